@@ -1,0 +1,1 @@
+"""Benchmarks behind the ``ecrec-bench`` command (one module per sub-command)."""

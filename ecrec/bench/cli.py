@@ -1,0 +1,45 @@
+"""``ecrec-bench``: the benchmark command line.
+
+Each sub-command lives in its own module of ``ecrec.bench`` and exposes
+``add_arguments(parser)`` and ``run(args) -> int``.  Benchmarks print ratios
+measured side by side in one run; absolute numbers on a shared machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command -> (module, one-line help)
+SUBCOMMANDS = {
+    "codec": ("ecrec.bench.codec", "erasure-codec throughput: delta update per kernel backend vs pyeclib encode/reconstruct"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ecrec-bench",
+        description="Benchmarks for ECRec. Each sub-command prints a table and can write JSON.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""The client SDK: what a PyTorch training loop uses to train against an ECRec cluster.
+
+    cluster = Cluster.connect("127.0.0.1:7000")
+    cluster.create_table("user", num_rows=1_000_000, dim=64, optimizer="adagrad", lr=0.05, seed=1)
+    emb = EmbeddingBag(cluster, "user", mode="sum")          # like torch.nn.EmbeddingBag
+    cluster.register_dense(mlp, optimizer="sgd", lr=0.1)     # the MLP lives on the servers too
+    for batch in data:
+        loss = loss_fn(mlp(emb(batch.indices, batch.offsets)), batch.labels)
+        loss.backward()
+        cluster.step()                                       # push every gradient; servers apply them
+
+Rows are pulled from the server that owns them (``ecrec.layout``); backward
+records the gradient of every pulled row; ``step`` sends one push per server
+carrying every table's rows and the dense gradients it is primary for, and
+returns when the servers have applied them.  When a server fails, calls report
+it to the coordinator, follow the map to the replacement and retry with the
+same push id, so a push is applied exactly once and the loop sees no exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from ecrec import transport
+from ecrec.config import ClientConfig
+from ecrec.layout import Layout
+from ecrec.tables import DenseSpec, TableSpec
+from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+
+log = logging.getLogger("ecrec.client")
+
+
+class ClusterError(RuntimeError):
+    """A cluster call failed for good (bad input, or no replacement within the retry deadline)."""
+
+
+@dataclass
+class _Pending:
+    table: str
+    ids: np.ndarray
+    rows: torch.Tensor
+
+
+class Cluster:
+    """A connection to one ECRec cluster (coordinator plus embedding servers)."""
+
+    def __init__(self, address: str, config: ClientConfig | None = None, worker: str | None = None):
+        self.config = config or ClientConfig()
+        self.address = address
+        self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
+        self._coordinator = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, self.config.max_message_bytes))
+        self._lock = threading.RLock()
+        self._stubs: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
+        self._pool = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="ecrec-client")
+        self._pending: list[_Pending] = []
+        self._dense: dict[str, torch.nn.Parameter] = {}
+        self._sequence = 0
+        self.map: cluster_pb2.ClusterMap | None = None
+        self.layout: Layout | None = None
+        self.stats = {"pushes": 0, "retries": 0, "push_bytes": 0, "pull_bytes": 0}
+
+    @classmethod
+    def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
+                wait_ready_s: float = 60.0) -> "Cluster":
+        """Connects and waits (up to ``wait_ready_s``) until every server index is served."""
+        cluster = cls(address, config, worker)
+        deadline = time.monotonic() + wait_ready_s
+        while True:
+            try:
+                cluster.refresh_map()
+                if cluster.map.ready:
+                    return cluster
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise ClusterError(f"coordinator {address}: {exc.details()}") from None
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:.0f} s")
+            time.sleep(0.1)
+
+    # --- the map ---------------------------------------------------------------------------------
+    def refresh_map(self) -> cluster_pb2.ClusterMap:
+        m = self._coordinator.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=self.config.rpc_timeout_s)
+        self._adopt(m)
+        return m
+
+    def _adopt(self, m: cluster_pb2.ClusterMap) -> None:
+        with self._lock:
+            if self.map is None or m.epoch >= self.map.epoch:
+                self.map = m
+                self.layout = Layout(m.num_servers, m.k, m.m)
+
+    def _address_of(self, index: int) -> str | None:
+        for s in self.map.servers:
+            if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
+                return s.address
+        return None
+
+    def _stub(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = transport.make_channel(address, self.config.max_message_bytes)
+                stub = self._stubs[address] = embedding_pb2_grpc.EmbeddingServerStub(channel)
+            return stub
+
+    def _call(self, index: int, method: str, request):
+        """Calls ``method`` on the server at ``index``; follows failures to the replacement and retries."""
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        while True:
+            with self._lock:
+                address = self._address_of(index)
+            if address is not None:
+                try:
+                    return getattr(self._stub(address), method)(request, timeout=self.config.rpc_timeout_s)
+                except grpc.RpcError as exc:
+                    if not transport.is_unavailable(exc):
+                        raise ClusterError(f"server {index} ({address}) {method}: {exc.code().name}: {exc.details()}") from None
+                    log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method, exc.code().name)
+                    self.stats["retries"] += 1
+                    self._report(address, f"{method}: {exc.code().name}")
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"server index {index} unreachable and not replaced within {self.config.retry_deadline_s:.0f} s "
+                    "(is a standby available?)"
+                )
+            time.sleep(0.05)
+            try:
+                self.refresh_map()
+            except grpc.RpcError as exc:
+                log.warning("coordinator unreachable (%s); retrying", exc.code().name)
+
+    def _report(self, address: str, detail: str) -> None:
+        try:
+            m = self._coordinator.ReportFailure(
+                coordinator_pb2.ReportFailureRequest(address=address, detail=detail), timeout=self.config.rpc_timeout_s)
+            self._adopt(m)
+        except grpc.RpcError as exc:
+            log.warning("reporting %s to the coordinator failed: %s", address, exc.code().name)
+
+    def _fan_out(self, method: str, requests: dict[int, object]) -> dict[int, object]:
+        futs = {i: self._pool.submit(self._call, i, method, r) for i, r in requests.items()}
+        return {i: f.result() for i, f in futs.items()}
+
+    # --- tables ----------------------------------------------------------------------------------
+    def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
+                     eps: float = 1e-10, initial_accumulator_value: float = 0.0, init: str = "uniform",
+                     init_scale: float = 0.0, seed: int = 0) -> TableSpec:
+        """Creates a table on every server (idempotent for the same spec)."""
+        spec = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer, lr=float(lr), eps=float(eps),
+                         initial_accumulator_value=float(initial_accumulator_value), init=init,
+                         init_scale=float(init_scale), seed=int(seed)).validate()
+        try:
+            m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise ClusterError(f"create_table {name!r}: {exc.code().name}: {exc.details()}") from None
+        self._adopt(m)
+        return spec
+
+    def table_spec(self, name: str) -> TableSpec:
+        for t in self.map.tables:
+            if t.name == name:
+                return TableSpec.from_proto(t)
+        self.refresh_map()
+        for t in self.map.tables:
+            if t.name == name:
+                return TableSpec.from_proto(t)
+        raise KeyError(f"unknown table {name!r}")
+
+    def _check_ids(self, name: str, ids) -> tuple[TableSpec, np.ndarray]:
+        spec = self.table_spec(name)
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"table {name!r}: ids must be integers, got {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= spec.num_rows):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise IndexError(f"table {name!r}: row id {bad} out of range [0, {spec.num_rows})")
+        return spec, ids
+
+    def _group_by_server(self, ids: np.ndarray):
+        servers, _ = self.layout.locate(ids)
+        order = np.argsort(servers, kind="stable")
+        bounds = np.searchsorted(servers[order], np.arange(self.layout.num_servers + 1))
+        return {i: order[bounds[i]:bounds[i + 1]] for i in range(self.layout.num_servers) if bounds[i + 1] > bounds[i]}
+
+    def pull(self, name: str, ids) -> torch.Tensor:
+        """Current weights of rows ``ids`` as a float32 tensor ``(len(ids), dim)``."""
+        spec, ids = self._check_ids(name, ids)
+        out = np.empty((len(ids), spec.dim), dtype=np.float32)
+        if len(ids) == 0:
+            return torch.from_numpy(out)
+        groups = self._group_by_server(ids)
+        requests = {i: embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table=name, ids=transport.ids_to_bytes(ids[pos]))],
+                                                 epoch=self.map.epoch)
+                    for i, pos in groups.items()}
+        replies = self._fan_out("Pull", requests)
+        for i, pos in groups.items():
+            data = replies[i].values[0]
+            self.stats["pull_bytes"] += len(data)
+            out[pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
+        return torch.from_numpy(out)
+
+    def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order."""
+        spec = self.table_spec(name)
+        replies = self._fan_out("ReadPayload", {i: embedding_pb2.ReadPayloadRequest(table=name, all_rows=True)
+                                                for i in range(self.layout.num_servers)})
+        ids = np.concatenate([transport.bytes_to_ids(r.ids) for r in replies.values()])
+        payload = np.concatenate([np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats) for r in replies.values()])
+        order = np.argsort(ids)
+        return ids[order], payload[order]
+
+    def read_dense_payload(self, name: str) -> np.ndarray:
+        """A dense tensor's payload (weights then optimizer state) from its primary."""
+        primary = self.layout.dense_servers(name)[0]
+        reply = self._call(primary, "ReadPayload", embedding_pb2.ReadPayloadRequest(dense=[name]))
+        return np.frombuffer(reply.dense[0].value, dtype="<f4").copy()
+
+    # --- dense parameters ------------------------------------------------------------------------
+    def register_dense(self, module: torch.nn.Module, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,
+                       initial_accumulator_value: float = 0.0, prefix: str = "") -> list[str]:
+        """Moves ``module``'s parameters to the servers: the first worker's values win, every worker loads them.
+
+        Afterwards ``step()`` pushes their gradients and loads the updated values.
+        """
+        names = []
+        for pname, param in module.named_parameters():
+            if not param.requires_grad:
+                continue
+            name = prefix + pname
+            spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr), eps=float(eps),
+                             initial_accumulator_value=float(initial_accumulator_value)).validate()
+            value = param.detach().to(torch.float32).cpu().numpy()
+            try:
+                m = self._coordinator.RegisterDense(
+                    coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
+                    timeout=self.config.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                raise ClusterError(f"register_dense {name!r}: {exc.code().name}: {exc.details()}") from None
+            self._adopt(m)
+            self._dense[name] = param
+            names.append(name)
+        self.pull_dense(names)
+        return names
+
+    def pull_dense(self, names: list[str] | None = None) -> None:
+        """Loads the servers' current values into the registered parameters."""
+        names = list(self._dense) if names is None else names
+        by_primary: dict[int, list[str]] = {}
+        for name in names:
+            by_primary.setdefault(self.layout.dense_servers(name)[0], []).append(name)
+        replies = self._fan_out("Pull", {i: embedding_pb2.PullRequest(dense=n, epoch=self.map.epoch) for i, n in by_primary.items()})
+        for reply in replies.values():
+            self._load_dense(reply.dense)
+
+    def _load_dense(self, values) -> None:
+        with torch.no_grad():
+            for v in values:
+                param = self._dense[v.name]
+                param.copy_(torch.tensor(transport.bytes_to_floats(v.value, tuple(param.shape))))
+
+    # --- training --------------------------------------------------------------------------------
+    def _record(self, table: str, ids: np.ndarray, rows: torch.Tensor) -> None:
+        with self._lock:
+            self._pending.append(_Pending(table, ids, rows))
+
+    def zero_grad(self) -> None:
+        """Drops recorded row gradients and dense gradients without pushing."""
+        with self._lock:
+            self._pending.clear()
+        for p in self._dense.values():
+            p.grad = None
+
+    def step(self) -> dict:
+        """Pushes every pending gradient (rows and dense) and returns when the servers applied them."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._sequence += 1
+            push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence)
+        per_table: dict[str, tuple[list, list]] = {}
+        for p in pending:
+            if p.rows.grad is None:
+                continue
+            ids_list, grad_list = per_table.setdefault(p.table, ([], []))
+            ids_list.append(p.ids)
+            grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
+        requests: dict[int, embedding_pb2.PushRequest] = {}
+
+        def request_for(index: int) -> embedding_pb2.PushRequest:
+            if index not in requests:
+                requests[index] = embedding_pb2.PushRequest(push_id=push_id, epoch=self.map.epoch, return_dense=True)
+            return requests[index]
+
+        for table, (ids_list, grad_list) in per_table.items():
+            ids = np.concatenate(ids_list)
+            grads = np.concatenate(grad_list)
+            for i, pos in self._group_by_server(ids).items():
+                request_for(i).tables.add(table=table, ids=transport.ids_to_bytes(ids[pos]),
+                                          grads=transport.floats_to_bytes(grads[pos]))
+        for name, param in self._dense.items():
+            if param.grad is None:
+                continue
+            request_for(self.layout.dense_servers(name)[0]).dense.add(
+                name=name, value=transport.floats_to_bytes(param.grad.detach().to(torch.float32).numpy()))
+            param.grad = None
+        if not requests:
+            return {"servers": 0, "rows": 0}
+        self.stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
+        replies = self._fan_out("Push", requests)
+        self.stats["pushes"] += 1
+        for reply in replies.values():
+            self._load_dense(reply.dense)
+        return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
+                "already_applied": sum(r.already_applied for r in replies.values())}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class EmbeddingBag(torch.nn.Module):
+    """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
+
+    Call it like ``torch.nn.EmbeddingBag`` (``indices`` 1-D with ``offsets``, or
+    2-D fixed-length bags). The rows it touches are pulled from their servers;
+    backward records their gradients, which ``cluster.step()`` pushes.
+    """
+
+    def __init__(self, cluster: Cluster, name: str, mode: str = "sum"):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        self.cluster = cluster
+        self.name = name
+        self.mode = mode
+        self.spec = cluster.table_spec(name)
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.dim
+
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        unique, inverse = torch.unique(input, return_inverse=True)
+        rows = self.cluster.pull(self.name, unique)
+        if torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            self.cluster._record(self.name, unique.numpy().astype(np.int64), rows)
+        return torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode,
+                                                 per_sample_weights=per_sample_weights)
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"

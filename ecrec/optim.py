@@ -1,0 +1,53 @@
+"""Server-side optimizers with ``torch.optim`` semantics, applied in place to payload rows.
+
+A payload row is ``[weights (d) | state (state_width * d)]`` in float32.  The
+same code updates embedding rows (after duplicate ids were summed, like a
+coalesced sparse gradient) and dense tensors (one row holding the whole tensor).
+
+- ``sgd``: ``w += -lr * g`` (``torch.optim.SGD``, no momentum).
+- ``adagrad``: ``s += g*g; w += -lr * g / (sqrt(s) + eps)``
+  (``torch.optim.Adagrad``, no lr decay / weight decay).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+OPTIMIZERS = {"sgd": 0, "adagrad": 1}  # name -> state floats per weight
+
+
+def state_width(name: str) -> int:
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}") from None
+
+
+def check_params(name: str, lr: float, eps: float, initial_accumulator_value: float, what: str) -> None:
+    state_width(name)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"{what}: lr must be finite and > 0, got {lr}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{what}: eps must be finite and >= 0, got {eps}")
+    if not (math.isfinite(initial_accumulator_value) and initial_accumulator_value >= 0):
+        raise ValueError(f"{what}: initial_accumulator_value must be finite and >= 0")
+    if name == "adagrad" and eps == 0 and initial_accumulator_value == 0:
+        raise ValueError(f"{what}: adagrad needs eps > 0 or initial_accumulator_value > 0 (division by zero)")
+
+
+def apply(name: str, rows: np.ndarray, grads: np.ndarray, dim: int, lr: float, eps: float) -> None:
+    """Updates ``rows`` (``(n, row_floats)`` float32, in place) with ``grads`` (``(n, dim)`` float32)."""
+    w = rows[:, :dim]
+    neg_lr = np.float32(-lr)
+    if name == "sgd":
+        w += neg_lr * grads
+    elif name == "adagrad":
+        s = rows[:, dim : 2 * dim]
+        s += grads * grads
+        std = np.sqrt(s)
+        std += np.float32(eps)
+        w += neg_lr * (grads / std)
+    else:
+        raise ValueError(f"unknown optimizer {name!r}")

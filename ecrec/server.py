@@ -1,0 +1,504 @@
+"""The embedding server: holds this server's shard of every table and its dense tensors.
+
+One process per server.  It registers with the coordinator, receives the
+cluster map (its index, the layout, the tables), and answers pulls and pushes
+for the rows the layout gives it.  A push is validated whole before anything
+changes, coalesced (duplicate ids summed), applied under the table's lock with a
+``torch.optim`` compatible optimizer, handed to the active fault-tolerance
+strategy with the old and new payload bytes, and acknowledged once the
+strategy's completion (if any) is done.  Each push id is applied at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ecrec import optim, transport
+from ecrec.config import ServerConfig
+from ecrec.layout import Layout
+from ecrec.strategies import FaultToleranceStrategy, get_strategy
+from ecrec.tables import DenseSpec, TableSpec, initial_payload
+from ecrec.transport import RequestError, invalid
+from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+
+log = logging.getLogger("ecrec.server")
+
+
+class TableShard:
+    """This server's rows of one table: a ``(slots, row_bytes)`` uint8 payload array."""
+
+    def __init__(self, spec: TableSpec, layout: Layout, index: int):
+        self.spec = spec
+        self.layout = layout
+        self.index = index
+        self.lock = threading.Lock()
+        self.owned_ids, self.owned_slots = layout.rows_of(index, spec.num_rows)
+        self.payload = np.zeros((layout.data_slots_per_server(spec.num_rows), spec.row_bytes), dtype=np.uint8)
+        self.floats = self.payload.view(np.float32)  # (slots, row_floats)
+        self.floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
+        self.row_updates = 0  # distinct rows updated, summed over pushes
+
+    def slots_for(self, ids: np.ndarray) -> np.ndarray:
+        """Validates that ``ids`` are in range and owned here; returns their slots."""
+        if ids.size == 0:
+            raise invalid(f"table {self.spec.name!r}: no row ids")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.spec.num_rows:
+            bad = lo if lo < 0 else hi
+            raise invalid(f"table {self.spec.name!r}: row id {bad} out of range [0, {self.spec.num_rows})")
+        servers, slots = self.layout.locate(ids)
+        wrong = servers != self.index
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"table {self.spec.name!r}: row {int(ids[i])} is owned by server {int(servers[i])}, "
+                f"not by server {self.index}; refresh the cluster map",
+            )
+        return slots
+
+
+class DenseShard:
+    """One dense tensor held here: its payload is a single row ``[weights | optimizer state]``."""
+
+    def __init__(self, spec: DenseSpec, initial_value: np.ndarray):
+        self.spec = spec
+        self.lock = threading.Lock()
+        self.floats = np.zeros((1, spec.numel * (1 + spec.state_width)), dtype=np.float32)
+        self.floats[0, : spec.numel] = initial_value.reshape(-1)
+        self.floats[0, spec.numel :] = np.float32(spec.initial_accumulator_value)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.floats[0, : self.spec.numel]
+
+
+class AppliedPushes:
+    """Push ids already applied on this server (bounded), so a retry is answered 'already applied'."""
+
+    def __init__(self, capacity: int = 1 << 20):
+        self.capacity = capacity
+        self._ids: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._worker_locks: dict[str, threading.Lock] = {}
+
+    def worker_lock(self, worker: str) -> threading.Lock:
+        with self._lock:
+            return self._worker_locks.setdefault(worker, threading.Lock())
+
+    def contains(self, key: tuple[str, int]) -> bool:
+        with self._lock:
+            return key in self._ids
+
+    def add(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            self._ids[key] = None
+            while len(self._ids) > self.capacity:
+                self._ids.popitem(last=False)
+
+
+class ServerState:
+    """Everything one embedding server holds; what a strategy sees of its server."""
+
+    def __init__(self, config: ServerConfig, server_id: str):
+        self.config = config
+        self.server_id = server_id
+        self.address = ""
+        self.index = -1
+        self.map: cluster_pb2.ClusterMap | None = None
+        self.layout: Layout | None = None
+        self.tables: dict[str, TableShard] = {}
+        self.dense: dict[str, DenseShard] = {}
+        self.strategy: FaultToleranceStrategy | None = None
+        self.applied = AppliedPushes()
+        self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
+        self._peers: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.map.epoch if self.map is not None else 0
+
+    def peer(self, index: int) -> embedding_pb2_grpc.EmbeddingServerStub:
+        """A stub for the server now at ``index`` in the map."""
+        address = next(s.address for s in self.map.servers if s.index == index)
+        with self.lock:
+            stub = self._peers.get(address)
+            if stub is None:
+                stub = embedding_pb2_grpc.EmbeddingServerStub(
+                    transport.make_channel(address, self.config.max_message_bytes)
+                )
+                self._peers[address] = stub
+            return stub
+
+    def table(self, name: str) -> TableShard:
+        shard = self.tables.get(name)
+        if shard is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown table {name!r}")
+        return shard
+
+    def dense_tensor(self, name: str) -> DenseShard:
+        dense = self.dense.get(name)
+        if dense is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown dense tensor {name!r} on server {self.index}")
+        return dense
+
+    def require_index(self) -> None:
+        if self.index < 0 or self.layout is None:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "this server holds no index yet (standby)")
+
+    # --- map changes -----------------------------------------------------------------------------
+    def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
+        with self.lock:
+            if self.map is not None and new_map.epoch < self.map.epoch:
+                return
+            if self.map is None or self.strategy is None:
+                cls = get_strategy(new_map.strategy)
+                self.strategy = cls(self, dict(new_map.strategy_options))
+            self.map = new_map
+            self.layout = Layout(new_map.num_servers, new_map.k, new_map.m)
+
+    def create_table(self, spec: TableSpec) -> bool:
+        """Creates the shard of ``spec``; False when an identical table already exists."""
+        self.require_index()
+        with self.lock:
+            existing = self.tables.get(spec.name)
+            if existing is not None:
+                if existing.spec != spec:
+                    raise RequestError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"table {spec.name!r} exists with a different spec ({existing.spec}); got {spec}",
+                    )
+                return False
+            shard = TableShard(spec, self.layout, self.index)
+            self.tables[spec.name] = shard
+        self.strategy.on_table_created(shard)
+        return True
+
+    def create_dense(self, spec: DenseSpec, initial: np.ndarray) -> bool:
+        self.require_index()
+        if self.index not in self.layout.dense_servers(spec.name):
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"dense tensor {spec.name!r} belongs to servers {self.layout.dense_servers(spec.name)}, not {self.index}",
+            )
+        with self.lock:
+            existing = self.dense.get(spec.name)
+            if existing is not None:
+                if existing.spec != spec:
+                    raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"dense tensor {spec.name!r} exists with a different spec")
+                return False
+            dense = DenseShard(spec, initial)
+            self.dense[spec.name] = dense
+        self.strategy.on_dense_created(dense)
+        return True
+
+
+def _parse_dense_spec(p: cluster_pb2.DenseSpec, value: bytes) -> tuple[DenseSpec, np.ndarray]:
+    try:
+        spec = DenseSpec.from_proto(p).validate()
+        initial = transport.bytes_to_floats(value, spec.shape)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+    if not np.isfinite(initial).all():
+        raise invalid(f"dense tensor {spec.name!r}: initial value has NaN or Inf")
+    return spec, initial
+
+
+def _handle(fn):
+    """Turns RequestError / ValueError into a gRPC status with the message; logs anything else."""
+
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except RequestError as exc:
+            context.abort(exc.code, exc.message)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except grpc.RpcError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {type(exc).__name__}: {exc}")
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
+    """The gRPC face of a :class:`ServerState`."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    # --- data plane ------------------------------------------------------------------------------
+    @_handle
+    def Pull(self, request, context):
+        st = self.state
+        st.require_index()
+        if not request.tables and not request.dense:
+            raise invalid("empty pull: name at least one table or dense tensor")
+        plans = []
+        for t in request.tables:
+            shard = st.table(t.table)
+            ids = transport.bytes_to_ids(t.ids)
+            plans.append((shard, shard.slots_for(ids)))
+        dense = [st.dense_tensor(name) for name in request.dense]
+        reply = embedding_pb2.PullReply()
+        for shard, slots in plans:
+            with shard.lock:
+                rows = shard.floats[slots, : shard.spec.dim]
+            reply.values.append(rows.tobytes())
+        for d in dense:
+            with d.lock:
+                value = d.weights.tobytes()
+            reply.dense.add(name=d.spec.name, value=value)
+        return reply
+
+    @_handle
+    def Push(self, request, context):
+        st = self.state
+        st.require_index()
+        if not request.tables and not request.dense:
+            raise invalid("empty push: no table rows and no dense gradients")
+        if not request.push_id.worker:
+            raise invalid("push_id.worker is required (it makes retries safe)")
+        # 1. validate everything before changing anything
+        table_plans = []
+        seen_tables = set()
+        for t in request.tables:
+            if t.table in seen_tables:
+                raise invalid(f"table {t.table!r} appears twice in one push")
+            seen_tables.add(t.table)
+            shard = st.table(t.table)
+            ids = transport.bytes_to_ids(t.ids)
+            slots = shard.slots_for(ids)
+            dim = shard.spec.dim
+            if len(t.grads) != 4 * dim * len(ids):
+                raise invalid(
+                    f"table {t.table!r}: {len(ids)} ids of dim {dim} need {4 * dim * len(ids)} gradient bytes, "
+                    f"got {len(t.grads)}"
+                )
+            grads = transport.bytes_to_floats(t.grads, (len(ids), dim))
+            if not np.isfinite(grads).all():
+                raise invalid(f"table {t.table!r}: gradient has NaN or Inf")
+            ids, slots, grads = _coalesce(ids, slots, grads)
+            table_plans.append((shard, ids, slots, grads))
+        dense_plans = []
+        seen_dense = set()
+        for g in request.dense:
+            if g.name in seen_dense:
+                raise invalid(f"dense tensor {g.name!r} appears twice in one push")
+            seen_dense.add(g.name)
+            d = st.dense_tensor(g.name)
+            if st.layout.dense_servers(g.name)[0] != st.index:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"server {st.index} is not the primary of {g.name!r}")
+            if len(g.value) != 4 * d.spec.numel:
+                raise invalid(f"dense tensor {g.name!r}: expected {4 * d.spec.numel} gradient bytes, got {len(g.value)}")
+            grad = transport.bytes_to_floats(g.value)
+            if not np.isfinite(grad).all():
+                raise invalid(f"dense tensor {g.name!r}: gradient has NaN or Inf")
+            dense_plans.append((d, grad))
+
+        key = (request.push_id.worker, request.push_id.sequence)
+        with st.applied.worker_lock(key[0]):
+            if st.applied.contains(key):
+                return self._push_reply(request, already_applied=True, rows=0)
+            # 2. apply: each table under its own lock; the strategy sees old and new bytes
+            strategy = st.strategy
+            need_old = strategy.needs_old_payload
+            completions = []
+            rows_updated = 0
+            for shard, ids, slots, grads in table_plans:
+                spec = shard.spec
+                with shard.lock:
+                    rows = shard.floats[slots]  # a copy: fancy indexing
+                    old = rows.view(np.uint8).copy() if need_old else None
+                    optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
+                    shard.floats[slots] = rows
+                    shard.row_updates += len(slots)
+                    c = strategy.on_update(shard, ids, slots, old, rows.view(np.uint8))
+                if c is not None:
+                    completions.append(c)
+                rows_updated += len(slots)
+            for d, grad in dense_plans:
+                spec = d.spec
+                with d.lock:
+                    old = d.floats.view(np.uint8).copy() if need_old else None
+                    optim.apply(spec.optimizer, d.floats, grad[None, :], spec.numel, spec.lr, spec.eps)
+                    c = strategy.on_dense_update(d, old, d.floats.view(np.uint8))
+                if c is not None:
+                    completions.append(c)
+            # 3. acknowledged only when the strategy's work (parity acks...) is done
+            for c in completions:
+                c.result(timeout=st.config.rpc_timeout_s)
+            st.applied.add(key)
+        return self._push_reply(request, already_applied=False, rows=rows_updated)
+
+    def _push_reply(self, request, already_applied: bool, rows: int):
+        reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows)
+        if request.return_dense:
+            for g in request.dense:
+                d = self.state.dense[g.name]
+                with d.lock:
+                    reply.dense.add(name=g.name, value=d.weights.tobytes())
+        return reply
+
+    @_handle
+    def ReadPayload(self, request, context):
+        st = self.state
+        st.require_index()
+        reply = embedding_pb2.ReadPayloadReply()
+        if request.table:
+            shard = st.table(request.table)
+            if request.all_rows:
+                order = np.argsort(shard.owned_ids, kind="stable")
+                ids, slots = shard.owned_ids[order], shard.owned_slots[order]
+            else:
+                ids = transport.bytes_to_ids(request.ids)
+                slots = shard.slots_for(ids)
+            with shard.lock:
+                payload = shard.payload[slots]
+            reply.ids = transport.ids_to_bytes(ids)
+            reply.payload = payload.tobytes()
+            reply.row_bytes = shard.spec.row_bytes
+        for name in request.dense:
+            d = st.dense_tensor(name)
+            with d.lock:
+                reply.dense.add(name=name, value=d.floats.tobytes())
+        return reply
+
+    @_handle
+    def Echo(self, request, context):
+        return request
+
+    # --- control plane ---------------------------------------------------------------------------
+    @_handle
+    def CreateTable(self, request, context):
+        try:
+            spec = TableSpec.from_proto(request).validate()
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+        self.state.create_table(spec)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @_handle
+    def CreateDense(self, request, context):
+        spec, initial = _parse_dense_spec(request.spec, request.initial_value)
+        self.state.create_dense(spec, initial)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @_handle
+    def UpdateClusterMap(self, request, context):
+        self.state.adopt_map(request)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @_handle
+    def Promote(self, request, context):
+        st = self.state
+        with st.lock:
+            if st.index >= 0 and st.index != request.index:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"this server already holds index {st.index}")
+            st.adopt_map(request.map)
+            st.index = request.index
+        log.info("promoted to index %d (epoch %d): creating %d tables", request.index, request.map.epoch, len(request.map.tables))
+        for t in request.map.tables:
+            st.create_table(TableSpec.from_proto(t))
+        for d in request.dense:
+            spec, initial = _parse_dense_spec(d.spec, d.initial_value)
+            st.create_dense(spec, initial)
+        st.strategy.on_recovery(request.index)
+        return embedding_pb2.Ack(epoch=st.epoch)
+
+
+def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
+    """Sums the gradients of duplicate ids (like ``torch.sparse`` coalesce); returns sorted unique rows."""
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    if len(uniq) == len(ids):
+        order = np.argsort(ids, kind="stable")
+        return ids[order], slots[order], grads[order]
+    summed = np.zeros((len(uniq), grads.shape[1]), dtype=np.float32)
+    np.add.at(summed, inverse.reshape(-1), grads)
+    return uniq, slots[first], summed
+
+
+class EmbeddingServer:
+    """Runs one embedding server: gRPC service, health, registration, strategy timer."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.state = ServerState(config, server_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+        self._grpc = transport.make_server(config.max_workers, config.max_message_bytes)
+        embedding_pb2_grpc.add_EmbeddingServerServicer_to_server(EmbeddingServicer(self.state), self._grpc)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self.port = transport.bind(self._grpc, config.host, config.port)
+        self.state.address = f"{config.host}:{self.port}"
+        self._stop = threading.Event()
+        self._timer_thread: threading.Thread | None = None
+
+    def start(self, register_timeout_s: float = 60.0) -> None:
+        self._grpc.start()
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._register(register_timeout_s)
+        self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
+        self._timer_thread.start()
+
+    def _register(self, timeout_s: float) -> None:
+        channel = transport.make_channel(self.config.coordinator)
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        deadline = time.monotonic() + timeout_s
+        request = coordinator_pb2.RegisterRequest(
+            address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
+            want_index=self.config.want_index,
+        )
+        while True:
+            try:
+                reply = stub.Register(request, timeout=self.config.rpc_timeout_s)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
+                time.sleep(0.2)
+        with self.state.lock:
+            if self.state.map is None or reply.map.epoch >= self.state.map.epoch:
+                self.state.adopt_map(reply.map)
+            if reply.index >= 0 and self.state.index < 0:
+                self.state.index = reply.index
+        log.info("registered at %s as %s (epoch %d)", self.state.address,
+                 f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
+
+    def _timer_loop(self) -> None:
+        while not self._stop.is_set():
+            strategy = self.state.strategy
+            interval = getattr(strategy, "timer_interval_s", None) if strategy else None
+            if self._stop.wait(interval or 0.5):
+                return
+            if interval and self.state.index >= 0:
+                try:
+                    strategy.on_timer()
+                except Exception:  # noqa: BLE001 - reported, never swallowed
+                    log.exception("strategy %s: on_timer failed", strategy.name)
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self._stop.set()
+        self._health.enter_graceful_shutdown()
+        if self.state.strategy is not None:
+            try:
+                self.state.strategy.close()
+            except Exception:  # noqa: BLE001
+                log.exception("strategy close failed")
+        self._grpc.stop(grace_s).wait()
+

@@ -1,0 +1,85 @@
+"""The fault-tolerance strategy interface: how a strategy plugs into an embedding server.
+
+The server calls its active strategy
+
+- when a table or dense tensor is created (``on_table_created``, ``on_dense_created``);
+- on every applied update, with the old and new payload bytes of the touched rows
+  (``on_update``, ``on_dense_update``), under the table's lock; the strategy may return
+  a :class:`Completion` that the server waits on -- outside the lock -- before it
+  acknowledges the worker (parity acknowledgements sit on this path);
+- periodically (``on_timer``, every ``timer_interval_s`` seconds when that is set);
+- when this server replaces a failed one (``on_recovery``), and at shutdown (``close``).
+
+Strategies are found by name through the ``ecrec.strategies`` entry-point group
+(``ecrec.strategies.registry``), so ``baselines/`` adds its own without touching the server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ecrec.server import DenseShard, ServerState, TableShard
+
+
+class Completion(Protocol):
+    """Something the server waits on before acknowledging a push."""
+
+    def result(self, timeout: float | None = None) -> object: ...
+
+
+class FaultToleranceStrategy:
+    """Base class; the default of every hook does nothing."""
+
+    name: ClassVar[str] = "?"
+    #: whether the old payload bytes of updated rows must be captured for ``on_update``
+    needs_old_payload: ClassVar[bool] = False
+    #: seconds between ``on_timer`` calls (None: never)
+    timer_interval_s: float | None = None
+
+    # --- cluster-level (coordinator side: no instance) ---------------------------------------------
+    @classmethod
+    def layout_params(cls, num_servers: int, k: int, m: int, options: dict) -> tuple[int, int, dict]:
+        """Validates the user's ``k``, ``m`` and options; returns the layout's ``(k, m)`` and options.
+
+        Strategies without parity spread rows round-robin: ``k = num_servers``, ``m = 0``.
+        """
+        if m:
+            raise ValueError(f"strategy {cls.name!r} keeps no parity: do not pass --m")
+        if options:
+            raise ValueError(f"strategy {cls.name!r} takes no options, got {sorted(options)}")
+        return num_servers, 0, {}
+
+    # --- server side -----------------------------------------------------------------------------
+    def __init__(self, server: "ServerState", options: dict):
+        self.server = server
+        self.options = dict(options)
+
+    def on_table_created(self, shard: "TableShard") -> None:
+        pass
+
+    def on_dense_created(self, dense: "DenseShard") -> None:
+        pass
+
+    def on_update(
+        self, shard: "TableShard", ids: np.ndarray, slots: np.ndarray, old: np.ndarray | None, new: np.ndarray
+    ) -> Completion | None:
+        """``old``/``new``: ``(len(slots), row_bytes)`` uint8 payloads (``old`` None unless needed)."""
+        return None
+
+    def on_dense_update(self, dense: "DenseShard", old: np.ndarray | None, new: np.ndarray) -> Completion | None:
+        return None
+
+    def on_timer(self) -> None:
+        pass
+
+    def on_recovery(self, failed_index: int) -> None:
+        """This server was just promoted to hold ``failed_index``; tables exist with initial values."""
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,104 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVER_STATE_UNSPECIFIED: _ClassVar[ServerState]
+    ACTIVE: _ClassVar[ServerState]
+    STANDBY: _ClassVar[ServerState]
+    FAILED: _ClassVar[ServerState]
+    RECOVERING: _ClassVar[ServerState]
+SERVER_STATE_UNSPECIFIED: ServerState
+ACTIVE: ServerState
+STANDBY: ServerState
+FAILED: ServerState
+RECOVERING: ServerState
+
+class TableSpec(_message.Message):
+    __slots__ = ("name", "num_rows", "dim", "optimizer", "lr", "eps", "initial_accumulator_value", "init", "init_scale", "seed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_ACCUMULATOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INIT_FIELD_NUMBER: _ClassVar[int]
+    INIT_SCALE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_rows: int
+    dim: int
+    optimizer: str
+    lr: float
+    eps: float
+    initial_accumulator_value: float
+    init: str
+    init_scale: float
+    seed: int
+    def __init__(self, name: _Optional[str] = ..., num_rows: _Optional[int] = ..., dim: _Optional[int] = ..., optimizer: _Optional[str] = ..., lr: _Optional[float] = ..., eps: _Optional[float] = ..., initial_accumulator_value: _Optional[float] = ..., init: _Optional[str] = ..., init_scale: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class DenseSpec(_message.Message):
+    __slots__ = ("name", "shape", "optimizer", "lr", "eps", "initial_accumulator_value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_ACCUMULATOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    optimizer: str
+    lr: float
+    eps: float
+    initial_accumulator_value: float
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., optimizer: _Optional[str] = ..., lr: _Optional[float] = ..., eps: _Optional[float] = ..., initial_accumulator_value: _Optional[float] = ...) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("index", "address", "state", "server_id")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    address: str
+    state: ServerState
+    server_id: str
+    def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ...) -> None: ...
+
+class ClusterMap(_message.Message):
+    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready")
+    class StrategyOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    num_servers: int
+    strategy: str
+    strategy_options: _containers.ScalarMap[str, str]
+    k: int
+    m: int
+    servers: _containers.RepeatedCompositeFieldContainer[ServerInfo]
+    tables: _containers.RepeatedCompositeFieldContainer[TableSpec]
+    dense: _containers.RepeatedCompositeFieldContainer[DenseSpec]
+    ready: bool
+    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ...) -> None: ...

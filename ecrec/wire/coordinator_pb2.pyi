@@ -1,0 +1,58 @@
+from ecrec.wire import cluster_pb2 as _cluster_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("address", "standby", "server_id", "want_index")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    WANT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    standby: bool
+    server_id: str
+    want_index: int
+    def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("map", "index")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    map: _cluster_pb2.ClusterMap
+    index: int
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., index: _Optional[int] = ...) -> None: ...
+
+class GetClusterMapRequest(_message.Message):
+    __slots__ = ("known_epoch",)
+    KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    known_epoch: int
+    def __init__(self, known_epoch: _Optional[int] = ...) -> None: ...
+
+class RegisterDenseRequest(_message.Message):
+    __slots__ = ("spec", "initial_value")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    spec: _cluster_pb2.DenseSpec
+    initial_value: bytes
+    def __init__(self, spec: _Optional[_Union[_cluster_pb2.DenseSpec, _Mapping]] = ..., initial_value: _Optional[bytes] = ...) -> None: ...
+
+class ReportFailureRequest(_message.Message):
+    __slots__ = ("address", "detail")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    detail: str
+    def __init__(self, address: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CoordinatorState(_message.Message):
+    __slots__ = ("map", "dense")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    map: _cluster_pb2.ClusterMap
+    dense: _containers.RepeatedCompositeFieldContainer[RegisterDenseRequest]
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ...) -> None: ...

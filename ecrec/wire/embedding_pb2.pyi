@@ -1,0 +1,138 @@
+from ecrec.wire import cluster_pb2 as _cluster_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Ack(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class PushId(_message.Message):
+    __slots__ = ("worker", "sequence")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    sequence: int
+    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class TableIds(_message.Message):
+    __slots__ = ("table", "ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("tables", "dense", "epoch")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableIds]
+    dense: _containers.RepeatedScalarFieldContainer[str]
+    epoch: int
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class PullReply(_message.Message):
+    __slots__ = ("values", "dense")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+
+class TableGrads(_message.Message):
+    __slots__ = ("table", "ids", "grads")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    grads: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ...) -> None: ...
+
+class DenseValue(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: bytes
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DENSE_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
+    dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
+    push_id: PushId
+    epoch: int
+    return_dense: bool
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., epoch: _Optional[int] = ..., return_dense: _Optional[bool] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("already_applied", "rows_updated", "dense")
+    ALREADY_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    already_applied: bool
+    rows_updated: int
+    dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
+    def __init__(self, already_applied: _Optional[bool] = ..., rows_updated: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("index", "map", "dense")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    map: _cluster_pb2.ClusterMap
+    dense: _containers.RepeatedCompositeFieldContainer[CreateDenseRequest]
+    def __init__(self, index: _Optional[int] = ..., map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[CreateDenseRequest, _Mapping]]] = ...) -> None: ...
+
+class CreateDenseRequest(_message.Message):
+    __slots__ = ("spec", "initial_value")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    spec: _cluster_pb2.DenseSpec
+    initial_value: bytes
+    def __init__(self, spec: _Optional[_Union[_cluster_pb2.DenseSpec, _Mapping]] = ..., initial_value: _Optional[bytes] = ...) -> None: ...
+
+class ReadPayloadRequest(_message.Message):
+    __slots__ = ("table", "ids", "all_rows", "dense")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    all_rows: bool
+    dense: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., all_rows: _Optional[bool] = ..., dense: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReadPayloadReply(_message.Message):
+    __slots__ = ("ids", "payload", "row_bytes", "dense")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    ids: bytes
+    payload: bytes
+    row_bytes: int
+    dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
+    def __init__(self, ids: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., row_bytes: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+
+class EchoMessage(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
