@@ -19,6 +19,7 @@ same push id, so a push is applied exactly once and the loop sees no exception.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -50,6 +51,24 @@ class _Pending:
     rows: torch.Tensor
 
 
+@dataclass(frozen=True)
+class Replacement:
+    """A server index that moved to a new process (a failure this client has seen)."""
+
+    index: int
+    old_address: str
+    new_address: str
+    epoch: int
+    wall_time: float
+
+
+def _live_address(m: cluster_pb2.ClusterMap, index: int) -> str | None:
+    for s in m.servers:
+        if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
+            return s.address
+    return None
+
+
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers)."""
 
@@ -66,6 +85,7 @@ class Cluster:
         self._sequence = 0
         self.map: cluster_pb2.ClusterMap | None = None
         self.layout: Layout | None = None
+        self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
         self.stats = {"pushes": 0, "retries": 0, "push_bytes": 0, "pull_bytes": 0}
 
     @classmethod
@@ -95,14 +115,17 @@ class Cluster:
     def _adopt(self, m: cluster_pb2.ClusterMap) -> None:
         with self._lock:
             if self.map is None or m.epoch >= self.map.epoch:
+                old = self.map
                 self.map = m
                 self.layout = Layout(m.num_servers, m.k, m.m)
+                if old is not None:
+                    for index in range(m.num_servers):
+                        before, after = _live_address(old, index), _live_address(m, index)
+                        if before is not None and after is not None and before != after:
+                            self.replacements.append(Replacement(index, before, after, m.epoch, time.time()))
 
     def _address_of(self, index: int) -> str | None:
-        for s in self.map.servers:
-            if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
-                return s.address
-        return None
+        return _live_address(self.map, index)
 
     def _stub(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
         with self._lock:
@@ -226,6 +249,13 @@ class Cluster:
         primary = self.layout.dense_servers(name)[0]
         reply = self._call(primary, "ReadPayload", embedding_pb2.ReadPayloadRequest(dense=[name]))
         return np.frombuffer(reply.dense[0].value, dtype="<f4").copy()
+
+    def strategy_call(self, command: str, args: dict | None = None, indices: list[int] | None = None) -> dict[int, dict]:
+        """Runs a strategy command on servers (all by default); returns each server's JSON result."""
+        request = embedding_pb2.StrategyCallRequest(command=command, args_json=json.dumps(args or {}))
+        indices = range(self.layout.num_servers) if indices is None else indices
+        replies = self._fan_out("StrategyCall", {i: request for i in indices})
+        return {i: json.loads(r.result_json) for i, r in replies.items()}
 
     # --- dense parameters ------------------------------------------------------------------------
     def register_dense(self, module: torch.nn.Module, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,

@@ -11,6 +11,7 @@ strategy's completion (if any) is done.  Each push id is applied at most once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -376,6 +377,20 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             with d.lock:
                 reply.dense.add(name=name, value=d.floats.tobytes())
         return reply
+
+    @_handle
+    def StrategyCall(self, request, context):
+        st = self.state
+        if st.strategy is None:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "no cluster map yet")
+        try:
+            args = json.loads(request.args_json) if request.args_json else {}
+        except json.JSONDecodeError as exc:
+            raise invalid(f"args_json is not JSON: {exc}") from None
+        if not isinstance(args, dict):
+            raise invalid("args_json must be a JSON object")
+        result = st.strategy.call(request.command, args)
+        return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
 
     @_handle
     def Echo(self, request, context):

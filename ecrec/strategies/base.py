@@ -8,7 +8,9 @@ The server calls its active strategy
   a :class:`Completion` that the server waits on -- outside the lock -- before it
   acknowledges the worker (parity acknowledgements sit on this path);
 - periodically (``on_timer``, every ``timer_interval_s`` seconds when that is set);
-- when this server replaces a failed one (``on_recovery``), and at shutdown (``close``).
+- when this server replaces a failed one (``on_recovery``), and at shutdown (``close``);
+- on a command from a client (``call``: the ``StrategyCall`` RPC, JSON in and out), e.g. the
+  checkpointing baselines' ``save`` and ``restore`` at a step boundary.
 
 Strategies are found by name through the ``ecrec.strategies`` entry-point group
 (``ecrec.strategies.registry``), so ``baselines/`` adds its own without touching the server.
@@ -78,7 +80,14 @@ class FaultToleranceStrategy:
     def on_recovery(self, failed_index: int) -> None:
         """This server was just promoted to hold ``failed_index``; tables exist with initial values."""
 
+    def call(self, command: str, args: dict) -> dict:
+        """A strategy command sent by a client or the benchmark (``StrategyCall``); ``stats`` by default."""
+        if command == "stats":
+            return self.stats()
+        raise ValueError(f"strategy {self.name!r} has no command {command!r}")
+
     def stats(self) -> dict:
+        """Counters worth reporting (bytes written, rows saved, lost updates...)."""
         return {}
 
     def close(self) -> None:

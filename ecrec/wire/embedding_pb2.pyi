@@ -131,6 +131,20 @@ class ReadPayloadReply(_message.Message):
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
     def __init__(self, ids: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., row_bytes: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
 
+class StrategyCallRequest(_message.Message):
+    __slots__ = ("command", "args_json")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    command: str
+    args_json: str
+    def __init__(self, command: _Optional[str] = ..., args_json: _Optional[str] = ...) -> None: ...
+
+class StrategyCallReply(_message.Message):
+    __slots__ = ("result_json",)
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    result_json: str
+    def __init__(self, result_json: _Optional[str] = ...) -> None: ...
+
 class EchoMessage(_message.Message):
     __slots__ = ("data",)
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -70,6 +70,11 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.ReadPayloadRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReadPayloadReply.FromString,
                 _registered_method=True)
+        self.StrategyCall = channel.unary_unary(
+                '/ecrec.wire.EmbeddingServer/StrategyCall',
+                request_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
+                _registered_method=True)
         self.Echo = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/Echo',
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.EchoMessage.SerializeToString,
@@ -130,6 +135,14 @@ class EmbeddingServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StrategyCall(self, request, context):
+        """A command of the active strategy (e.g. "save", "restore", "stats" for the
+        checkpointing baselines); arguments and result are JSON objects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Echo(self, request, context):
         """Round trip of opaque bytes: the benchmark's baseline.
         """
@@ -174,6 +187,11 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.ReadPayload,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReadPayloadRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.ReadPayloadReply.SerializeToString,
+            ),
+            'StrategyCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.StrategyCall,
+                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.SerializeToString,
             ),
             'Echo': grpc.unary_unary_rpc_method_handler(
                     servicer.Echo,
@@ -370,6 +388,33 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/ReadPayload',
             ecrec_dot_wire_dot_embedding__pb2.ReadPayloadRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.ReadPayloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StrategyCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.EmbeddingServer/StrategyCall',
+            ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
+            ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,32 @@
+"""Shared fixtures: local clusters of real processes on 127.0.0.1, always cleaned up by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ecrec.local import LocalCluster, LocalClusterSpec
+
+
+@pytest.fixture
+def make_cluster():
+    """Factory: ``make_cluster(servers=4, strategy="none", ...)`` -> a started LocalCluster.
+
+    Every process started through it is terminated at teardown, even when the test fails.
+    """
+    started: list[LocalCluster] = []
+
+    def factory(**kwargs) -> LocalCluster:
+        kwargs.setdefault("host", "127.0.0.1")
+        cluster = LocalCluster(LocalClusterSpec(**kwargs))
+        started.append(cluster)
+        return cluster.start()
+
+    yield factory
+    for cluster in started:
+        cluster.close()
+        for p in [*cluster.server_procs, cluster.coordinator_proc]:
+            if p is not None and p.poll() is None:  # belt and braces: kill by pid
+                os.kill(p.pid, signal.SIGKILL)
