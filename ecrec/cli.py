@@ -86,6 +86,9 @@ def _wait_for_signal(stop) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ecrec.transport import tune_allocator
+
+    tune_allocator()
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     if args.command == "coordinator":

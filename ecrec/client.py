@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 import uuid
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
@@ -79,7 +78,6 @@ class Cluster:
         self._coordinator = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, self.config.max_message_bytes))
         self._lock = threading.RLock()
         self._stubs: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
-        self._pool = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="ecrec-client")
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -170,8 +168,29 @@ class Cluster:
             log.warning("reporting %s to the coordinator failed: %s", address, exc.code().name)
 
     def _fan_out(self, method: str, requests: dict[int, object]) -> dict[int, object]:
-        futs = {i: self._pool.submit(self._call, i, method, r) for i, r in requests.items()}
-        return {i: f.result() for i, f in futs.items()}
+        """Sends one request per server index in parallel (gRPC futures, no threads on the fast path).
+
+        A call that fails because its server is gone falls back to ``_call``, which follows the
+        map to the replacement and retries the same request (same push id).
+        """
+        futs = {}
+        with self._lock:
+            for i, request in requests.items():
+                address = self._address_of(i)
+                if address is not None:
+                    futs[i] = getattr(self._stub(address), method).future(request, timeout=self.config.rpc_timeout_s)
+        replies = {}
+        for i, request in requests.items():
+            fut = futs.get(i)
+            if fut is not None:
+                try:
+                    replies[i] = fut.result()
+                    continue
+                except grpc.RpcError as exc:
+                    if not transport.is_unavailable(exc):
+                        raise ClusterError(f"server {i} {method}: {exc.code().name}: {exc.details()}") from None
+            replies[i] = self._call(i, method, request)
+        return replies
 
     # --- tables ----------------------------------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
@@ -355,7 +374,10 @@ class Cluster:
                 "already_applied": sum(r.already_applied for r in replies.values())}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            stubs, self._stubs = self._stubs, {}
+        self._coordinator = None
+        del stubs
 
 
 class EmbeddingBag(torch.nn.Module):

@@ -146,7 +146,9 @@ class StrategyCallReply(_message.Message):
     def __init__(self, result_json: _Optional[str] = ...) -> None: ...
 
 class EchoMessage(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "reply_bytes")
     DATA_FIELD_NUMBER: _ClassVar[int]
+    REPLY_BYTES_FIELD_NUMBER: _ClassVar[int]
     data: bytes
-    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+    reply_bytes: int
+    def __init__(self, data: _Optional[bytes] = ..., reply_bytes: _Optional[int] = ...) -> None: ...

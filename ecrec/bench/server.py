@@ -1,0 +1,145 @@
+"""``ecrec-bench server``: pull and push rows/s of the embedding servers beside a raw gRPC round trip.
+
+Starts local clusters (one server, then ``--servers`` servers), and measures in one run:
+
+- one server, raw stubs: a pull of ``--batch`` rows plus a push of their gradients, against
+  two ``Echo`` calls carrying exactly the same request and reply bytes to the same server
+  process (no table work).  The ratio is the server's efficiency: how close the pull/push
+  path comes to the transport's own round trip.
+- the whole cluster through the SDK (``Cluster.pull`` + ``Cluster.step``, fanned out to every
+  server in parallel), against the same echo fan-out.
+
+Each measurement alternates its two sides in rounds so machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent import futures
+
+import numpy as np
+import torch
+
+from ecrec import transport
+from ecrec.client import Cluster, EmbeddingBag
+from ecrec.local import LocalCluster, LocalClusterSpec
+from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--servers", type=int, default=4, help="servers of the cluster measurement (default 4)")
+    p.add_argument("--rows", type=int, default=200_000, help="rows of the table (default 200000)")
+    p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
+    p.add_argument("--batch", type=int, default=4096, help="rows per pull/push (default 4096)")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per side per round (default 2)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+
+
+def _rate(fn, rows_per_call: int, seconds: float) -> float:
+    fn()  # warm up
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return calls * rows_per_call / elapsed
+
+
+def _side_by_side(a, b, rows: int, seconds: float, rounds: int) -> tuple[float, float]:
+    ra, rb = [], []
+    for _ in range(rounds):
+        ra.append(_rate(a, rows, seconds))
+        rb.append(_rate(b, rows, seconds))
+    return statistics.median(ra), statistics.median(rb)
+
+
+def _single_server(args) -> dict:
+    with LocalCluster(LocalClusterSpec(servers=1)) as local:
+        client = Cluster.connect(local.coordinator_address)
+        client.create_table("bench", args.rows, args.dim, optimizer="sgd", lr=0.01)
+        stub = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(client.map.servers[0].address))
+        rng = np.random.default_rng(0)
+        ids = np.sort(rng.choice(args.rows, args.batch, replace=False)).astype(np.int64)
+        ids_b = transport.ids_to_bytes(ids)
+        grads_b = (rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 1e-3).tobytes()
+        pull_req = embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table="bench", ids=ids_b)])
+        seq = iter(range(1, 1 << 62))
+
+        def pull_push():
+            reply = stub.Pull(pull_req, timeout=30)
+            assert len(reply.values[0]) == 4 * args.dim * args.batch
+            stub.Push(embedding_pb2.PushRequest(
+                tables=[embedding_pb2.TableGrads(table="bench", ids=ids_b, grads=grads_b)],
+                push_id=embedding_pb2.PushId(worker="bench", sequence=next(seq))), timeout=30)
+
+        reply_bytes = 4 * args.dim * args.batch
+        echo_pull = embedding_pb2.EchoMessage(data=pull_req.SerializeToString(), reply_bytes=reply_bytes)
+        push_size = len(ids_b) + len(grads_b) + 32
+        echo_push = embedding_pb2.EchoMessage(data=bytes(push_size), reply_bytes=8)
+
+        def echo_pair():
+            stub.Echo(echo_pull, timeout=30)
+            stub.Echo(echo_push, timeout=30)
+
+        print(f"  one server: pull+push vs echo of the same bytes ({args.rounds} rounds)...", file=sys.stderr)
+        server_rate, echo_rate = _side_by_side(pull_push, echo_pair, args.batch, args.seconds, args.rounds)
+        client.close()
+    return {"pull_push_rows_per_s": server_rate, "raw_grpc_rows_per_s": echo_rate, "efficiency": server_rate / echo_rate}
+
+
+def _cluster(args) -> dict:
+    with LocalCluster(LocalClusterSpec(servers=args.servers)) as local:
+        client = Cluster.connect(local.coordinator_address)
+        client.create_table("bench", args.rows, args.dim, optimizer="sgd", lr=0.01)
+        bag = EmbeddingBag(client, "bench")
+        rng = np.random.default_rng(1)
+        ids = torch.from_numpy(np.sort(rng.choice(args.rows, args.batch, replace=False)).astype(np.int64))
+        offsets = torch.arange(0, args.batch, dtype=torch.int64)
+
+        def sdk_step():
+            bag(ids, offsets).sum().backward()
+            client.step()
+
+        stubs = [embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(s.address)) for s in client.map.servers]
+        per_server = -(-args.batch // args.servers)
+        echo_pull = embedding_pb2.EchoMessage(data=bytes(8 * per_server + 16), reply_bytes=4 * args.dim * per_server)
+        echo_push = embedding_pb2.EchoMessage(data=bytes((8 + 4 * args.dim) * per_server + 32), reply_bytes=8)
+        pool = futures.ThreadPoolExecutor(max_workers=2 * args.servers)
+
+        def echo_fan_out():
+            for message in (echo_pull, echo_push):
+                list(pool.map(lambda s: s.Echo(message, timeout=30), stubs))
+
+        print(f"  {args.servers} servers: SDK pull+step vs echo fan-out ({args.rounds} rounds)...", file=sys.stderr)
+        sdk_rate, echo_rate = _side_by_side(sdk_step, echo_fan_out, args.batch, args.seconds, args.rounds)
+        pool.shutdown()
+        client.close()
+    return {"servers": args.servers, "sdk_rows_per_s": sdk_rate, "raw_grpc_rows_per_s": echo_rate,
+            "efficiency": sdk_rate / echo_rate}
+
+
+def run(args) -> int:
+    torch.set_num_threads(1)  # the servers share this machine's cores with the client
+    if args.batch > args.rows:
+        print("ecrec-bench server: --batch must not exceed --rows", file=sys.stderr)
+        return 2
+    print(f"ecrec-bench server: {args.rows} rows x {args.dim} float32, {args.batch} rows per pull/push", file=sys.stderr)
+    single = _single_server(args)
+    cluster = _cluster(args)
+    print()
+    print(f"{'measurement':<44}{'rows/s':>14}{'raw gRPC rows/s':>18}{'ratio':>8}")
+    print(f"{'one server: pull+push (stubs)':<44}{single['pull_push_rows_per_s']:>14,.0f}"
+          f"{single['raw_grpc_rows_per_s']:>18,.0f}{single['efficiency']:>8.2f}")
+    print(f"{f'{args.servers} servers: SDK pull+step':<44}{cluster['sdk_rows_per_s']:>14,.0f}"
+          f"{cluster['raw_grpc_rows_per_s']:>18,.0f}{cluster['efficiency']:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                       "single_server": single, "cluster": cluster}, f, indent=2)
+    return 0

@@ -1,0 +1,178 @@
+"""Every bad request gets a clear gRPC status with a message and changes nothing.
+
+Requests are sent to real server processes with raw stubs (the SDK would refuse most of
+them before sending); after each, every server's rows and dense payloads are compared
+with a snapshot taken before.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from ecrec import transport
+from ecrec.client import Cluster, ClusterError
+from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+
+pytestmark = pytest.mark.cluster
+
+ROWS, DIM = 50, 4
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from ecrec.local import LocalCluster, LocalClusterSpec
+
+    local = LocalCluster(LocalClusterSpec(servers=2, host="127.0.0.1")).start()
+    try:
+        client = Cluster.connect(local.coordinator_address)
+        client.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.1)
+        client.register_dense(torch.nn.Linear(3, 2), prefix="mlp.")
+        yield local, client
+    finally:
+        local.close()
+
+
+def stub_for(client, index):
+    address = next(s.address for s in client.map.servers if s.index == index)
+    return embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(address))
+
+
+def snapshot(client):
+    ids, payload = client.read_payload("t")
+    dense = {n: client.read_dense_payload(n) for n in ("mlp.weight", "mlp.bias")}
+    return ids, payload.copy(), dense
+
+
+def owned(client, index, n=3):
+    servers, _ = client.layout.locate(np.arange(ROWS))
+    return np.flatnonzero(servers == index)[:n]
+
+
+def push(ids, grads=None, table="t", worker="w", seq=1, dense=()):
+    ids = np.asarray(ids, dtype=np.int64)
+    grads = np.ones((len(ids), DIM), np.float32) if grads is None else grads
+    return embedding_pb2.PushRequest(
+        tables=[embedding_pb2.TableGrads(table=table, ids=transport.ids_to_bytes(ids), grads=np.asarray(grads).tobytes())],
+        dense=list(dense), push_id=embedding_pb2.PushId(worker=worker, sequence=seq))
+
+
+def expect_error(call, code, words):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == code, info.value.details()
+    for w in words:
+        assert w in info.value.details(), info.value.details()
+
+
+def bad_pushes(client):
+    """(description, index, request, status, words in the message)."""
+    mine, other = owned(client, 0), owned(client, 1)
+    IA, NF, FP = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
+    nan = np.ones((len(mine), DIM), np.float32)
+    nan[1, 2] = np.nan
+    inf = np.ones((len(mine), DIM), np.float32)
+    inf[0, 0] = np.inf
+    primary = client.layout.dense_servers("mlp.weight")[0]
+    good_dense = embedding_pb2.DenseValue(name="mlp.weight", value=np.ones(6, np.float32).tobytes())
+    return [
+        ("unknown table", 0, push(mine, table="nope"), NF, ["nope"]),
+        ("id out of range", 0, push([ROWS + 7]), IA, ["out of range", str(ROWS + 7)]),
+        ("negative id", 0, push([-1]), IA, ["-1", "out of range"]),
+        ("wrong dimension", 0, push(mine, np.ones((len(mine), DIM + 1), np.float32)), IA, ["gradient bytes"]),
+        ("NaN gradient", 0, push(mine, nan), IA, ["NaN"]),
+        ("Inf gradient", 0, push(mine, inf), IA, ["Inf"]),
+        ("empty push", 0, embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker="w", sequence=1)), IA, ["empty push"]),
+        ("no ids", 0, push([]), IA, ["no row ids"]),
+        ("ids not int64 bytes", 0, embedding_pb2.PushRequest(
+            tables=[embedding_pb2.TableGrads(table="t", ids=b"\x01\x02\x03", grads=b"")],
+            push_id=embedding_pb2.PushId(worker="w", sequence=1)), IA, ["multiple of 8"]),
+        ("push to a non-owner", 0, push(other), FP, ["owned by server 1"]),
+        ("missing push id", 0, embedding_pb2.PushRequest(tables=push(mine).tables), IA, ["push_id"]),
+        ("valid table + invalid table in one push", 0, embedding_pb2.PushRequest(
+            tables=[push(mine).tables[0], push(mine, table="nope").tables[0]],
+            push_id=embedding_pb2.PushId(worker="w", sequence=9)), NF, ["nope"]),
+        ("valid rows + NaN dense gradient", primary, push(owned(client, primary), dense=[embedding_pb2.DenseValue(
+            name="mlp.weight", value=np.full(6, np.nan, np.float32).tobytes())]), IA, ["NaN"]),
+        ("dense gradient of wrong size", primary, embedding_pb2.PushRequest(dense=[embedding_pb2.DenseValue(
+            name="mlp.weight", value=np.ones(5, np.float32).tobytes())], push_id=embedding_pb2.PushId(worker="w", sequence=2)),
+         IA, ["24 gradient bytes"]),
+        ("dense push to a non-primary", 1 - primary, embedding_pb2.PushRequest(
+            dense=[good_dense], push_id=embedding_pb2.PushId(worker="w", sequence=3)), NF, ["mlp.weight"]),
+    ]
+
+
+def test_bad_pushes_are_refused_and_change_nothing(env):
+    _, client = env
+    before = snapshot(client)
+    for description, index, request, code, words in bad_pushes(client):
+        expect_error(lambda: stub_for(client, index).Push(request, timeout=10), code, words)
+        after = snapshot(client)
+        np.testing.assert_array_equal(after[1], before[1], err_msg=description)
+        for n in before[2]:
+            np.testing.assert_array_equal(after[2][n], before[2][n], err_msg=description)
+
+
+def test_bad_pulls(env):
+    _, client = env
+    stub = stub_for(client, 0)
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    pull = lambda ids, table="t": embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table=table, ids=transport.ids_to_bytes(np.asarray(ids, np.int64)))])
+    expect_error(lambda: stub.Pull(pull([1], "nope"), timeout=10), grpc.StatusCode.NOT_FOUND, ["nope"])
+    expect_error(lambda: stub.Pull(pull([ROWS]), timeout=10), IA, ["out of range"])
+    expect_error(lambda: stub.Pull(embedding_pb2.PullRequest(), timeout=10), IA, ["empty pull"])
+    expect_error(lambda: stub.Pull(pull(owned(client, 1)), timeout=10), grpc.StatusCode.FAILED_PRECONDITION, ["owned by server 1"])
+
+
+def test_malformed_message_is_refused(env):
+    _, client = env
+    address = next(s.address for s in client.map.servers if s.index == 0)
+    channel = transport.make_channel(address)
+    raw = channel.unary_unary("/ecrec.wire.EmbeddingServer/Push", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    before = snapshot(client)
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\xff\xff\xff\xff not a protobuf", timeout=10)
+    assert info.value.code() != grpc.StatusCode.OK
+    np.testing.assert_array_equal(snapshot(client)[1], before[1])
+
+
+def test_retried_push_applied_once(env):
+    _, client = env
+    stub = stub_for(client, 0)
+    before = snapshot(client)
+    request = push(owned(client, 0, 2), worker="retry-test", seq=42)
+    first = stub.Push(request, timeout=10)
+    middle = snapshot(client)
+    second = stub.Push(request, timeout=10)
+    assert not first.already_applied and second.already_applied and first.rows_updated == 2
+    assert not np.array_equal(middle[1], before[1])
+    np.testing.assert_array_equal(snapshot(client)[1], middle[1])
+
+
+def test_table_spec_conflicts(env):
+    local, client = env
+    again = client.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.1)  # identical: fine
+    assert again.num_rows == ROWS
+    with pytest.raises(ClusterError, match="different spec"):
+        client.create_table("t", ROWS, DIM + 1, optimizer="adagrad", lr=0.1)
+    stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(local.coordinator_address))
+    expect_error(lambda: stub.CreateTable(cluster_pb2.TableSpec(name="z", num_rows=-5, dim=4, optimizer="sgd", lr=0.1,
+                                                                init="uniform"), timeout=10),
+                 grpc.StatusCode.INVALID_ARGUMENT, ["num_rows"])
+    expect_error(lambda: stub.CreateTable(cluster_pb2.TableSpec(name="z", num_rows=5, dim=4, optimizer="adamw", lr=0.1,
+                                                                init="uniform"), timeout=10),
+                 grpc.StatusCode.INVALID_ARGUMENT, ["adamw"])
+    names = [t.name for t in stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=10).tables]
+    assert names == ["t"]
+
+
+def test_client_side_errors(env):
+    _, client = env
+    with pytest.raises(IndexError, match="out of range"):
+        client.pull("t", [ROWS])
+    with pytest.raises(TypeError, match="integers"):
+        client.pull("t", np.array([0.5]))
+    with pytest.raises(KeyError, match="nope"):
+        client.pull("nope", [0])

@@ -1,0 +1,175 @@
+"""End-to-end training through the SDK against real server processes on 127.0.0.1.
+
+A tiny DLRM trained on the cluster must end with the same embedding rows, optimizer
+state and dense weights (to float32 rounding) as the same model trained locally with
+``torch.nn.EmbeddingBag(sparse=True)`` and ``torch.optim``; the result must not depend
+on the number of servers; concurrent workers must lose no update.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+import torch
+
+from ecrec.client import Cluster, EmbeddingBag
+from ecrec.tables import TableSpec, initial_weights
+
+pytestmark = pytest.mark.cluster
+
+TABLES = [("user", 300, 8, "sum", 2), ("item", 120, 8, "mean", 3)]  # name, rows, dim, mode, ids per sample
+STEPS, BATCH = 200, 16
+
+
+class TinyDLRM(torch.nn.Module):
+    def __init__(self, bags: dict[str, torch.nn.Module]):
+        super().__init__()
+        torch.manual_seed(1234)
+        self.bags = bags  # not registered as submodules: the cluster holds them
+        self.bottom = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        self.top = torch.nn.Sequential(torch.nn.Linear(8 * 3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def forward(self, dense, sparse):
+        parts = [self.bottom(dense)] + [self.bags[name](ids) for name, ids in sparse.items()]
+        return self.top(torch.cat(parts, dim=1)).squeeze(1)
+
+
+def make_data(seed=0):
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(STEPS):
+        dense = torch.from_numpy(rng.standard_normal((BATCH, 4)).astype(np.float32))
+        sparse = {name: torch.from_numpy(rng.zipf(1.3, (BATCH, per)).astype(np.int64) % rows)
+                  for name, rows, _, _, per in TABLES}
+        label = torch.from_numpy((rng.random(BATCH) < 0.3).astype(np.float32))
+        batches.append((dense, sparse, label))
+    return batches
+
+
+def optimizer_kwargs(name):
+    return dict(lr=0.05) if name == "sgd" else dict(lr=0.05, eps=1e-8, initial_accumulator_value=0.1)
+
+
+def train_local(optimizer):
+    specs = {name: TableSpec(name, rows, dim, optimizer=optimizer, seed=5, **optimizer_kwargs(optimizer))
+             for name, rows, dim, _, _ in TABLES}
+    bags = {}
+    for name, rows, dim, mode, _ in TABLES:
+        bag = torch.nn.EmbeddingBag(rows, dim, mode=mode, sparse=True)
+        with torch.no_grad():
+            bag.weight.copy_(torch.from_numpy(initial_weights(specs[name], np.arange(rows))))
+        bags[name] = bag
+    model = TinyDLRM(bags)
+    opt_cls = torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad
+    sparse_opt = opt_cls([b.weight for b in bags.values()], **optimizer_kwargs(optimizer))
+    dense_opt = opt_cls(model.parameters(), **optimizer_kwargs(optimizer))
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for dense, sparse, label in make_data():
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        loss_fn(model(dense, sparse), label).backward()
+        sparse_opt.step()
+        dense_opt.step()
+    state = {name: b.weight.detach().numpy().copy() for name, b in bags.items()}
+    if optimizer == "adagrad":
+        for name, b in bags.items():
+            state[name + ".sum"] = sparse_opt.state[b.weight]["sum"].to_dense().numpy().copy()
+    dense = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    return state, dense
+
+
+def train_cluster(address, optimizer):
+    cluster = Cluster.connect(address)
+    for name, rows, dim, _, _ in TABLES:
+        cluster.create_table(name, rows, dim, optimizer=optimizer, seed=5, **optimizer_kwargs(optimizer))
+    bags = {name: EmbeddingBag(cluster, name, mode=mode) for name, _, _, mode, _ in TABLES}
+    model = TinyDLRM(bags)
+    cluster.register_dense(model, optimizer=optimizer, **optimizer_kwargs(optimizer))
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for dense, sparse, label in make_data():
+        loss_fn(model(dense, sparse), label).backward()
+        cluster.step()
+    state = {}
+    for name, _, dim, _, _ in TABLES:
+        ids, payload = cluster.read_payload(name)
+        assert (ids == np.arange(len(ids))).all()
+        state[name] = payload[:, :dim]
+        if optimizer == "adagrad":
+            state[name + ".sum"] = payload[:, dim:]
+    dense = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():  # the module's copy is the server's value
+        np.testing.assert_array_equal(cluster.read_dense_payload(n)[: p.numel()], p.detach().numpy().reshape(-1))
+    cluster.close()
+    return state, dense
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_cluster_training_matches_local_torch(make_cluster, optimizer):
+    local_rows, local_dense = train_local(optimizer)
+    results = []
+    for servers in (1, 4):
+        cluster = make_cluster(servers=servers)
+        results.append(train_cluster(cluster.coordinator_address, optimizer))
+        cluster.close()
+    for rows, dense in results:
+        assert rows.keys() == local_rows.keys()
+        for name in local_rows:
+            moved = np.abs(local_rows[name] - initial_or_zero(name, local_rows)).max()
+            assert moved > 1e-3, "training must have changed the rows, or the comparison proves nothing"
+            np.testing.assert_allclose(rows[name], local_rows[name], rtol=2e-4, atol=2e-5, err_msg=name)
+        for name in local_dense:
+            np.testing.assert_allclose(dense[name], local_dense[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    # 1 and 4 servers: the same arithmetic per row, so the same bits
+    for name in results[0][0]:
+        np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
+
+
+def initial_or_zero(name, rows):
+    base = name.split(".")[0]
+    spec = next(t for t in TABLES if t[0] == base)
+    if name.endswith(".sum"):
+        return np.full_like(rows[name], 0.1)
+    return initial_weights(TableSpec(base, spec[1], spec[2], seed=5), np.arange(spec[1]))
+
+
+def _worker(address, worker_index, steps, queue):
+    """Pushes gradient 1.0 for random rows; reports how often it pushed each row."""
+    try:
+        cluster = Cluster.connect(address, worker=f"w{worker_index}")
+        bag = EmbeddingBag(cluster, "counts")
+        rng = np.random.default_rng(worker_index)
+        counts = np.zeros(64, dtype=np.int64)
+        for _ in range(steps):
+            ids = torch.from_numpy(rng.integers(0, 64, 10))
+            bag(ids, torch.tensor([0])).sum().backward()  # one bag: d out / d row = multiplicity
+            np.add.at(counts, ids.numpy(), 1)
+            cluster.step()
+        queue.put(("ok", counts))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        queue.put(("error", repr(exc)))
+
+
+def test_concurrent_workers_lose_no_update(make_cluster):
+    cluster = make_cluster(servers=3)
+    client = Cluster.connect(cluster.coordinator_address)
+    client.create_table("counts", 64, 4, optimizer="sgd", lr=1.0, init="zeros")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(cluster.coordinator_address, i, 60, queue)) for i in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(status == "ok" for status, _ in results), results
+    expected = sum(counts for _, counts in results)
+    _, payload = client.read_payload("counts")
+    # every pushed gradient (1.0, lr 1.0) is in the rows: w = -count, exactly, in every column
+    np.testing.assert_array_equal(payload, -np.repeat(expected[:, None], 4, axis=1).astype(np.float32))
+    assert payload.sum() == -4 * 2 * 60 * 10
