@@ -1,0 +1,306 @@
+"""Delta-kernel backends: bit-exact against the GF(2^8) table, validation, registry, GPU fallback.
+
+GPU tests are marked ``gpu`` and skip unless cupy imports and a CUDA device is usable.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ecrec.kernels import KernelBackend, available_kernels, get_kernel, gf_mul, gf_mul_table, kernel_names
+from ecrec.kernels import gpu as gpu_mod
+from ecrec.kernels.gpu import cuda_kernels_dir
+
+CPU_KERNELS = [name for name in ("cpu", "isal", "numba", "numpy") if name in available_kernels()]
+
+
+def reference(parity, slots, coeffs, delta):
+    """Plain-Python semantics: rows applied one after another (duplicates accumulate)."""
+    out = parity.copy()
+    mul = gf_mul_table()
+    for r in range(len(slots)):
+        out[slots[r]] ^= mul[coeffs[r]][delta[r]]
+    return out
+
+
+def random_batch(rng, rows, width, b):
+    parity = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+    delta = rng.integers(0, 256, (b, width), dtype=np.uint8)
+    slots = rng.integers(0, rows, b)  # duplicates likely
+    coeffs = rng.integers(0, 256, b).astype(np.uint8)
+    coeffs[:2] = (0, 1)
+    return parity, slots, coeffs, delta
+
+
+# ------------------------------------------------------------------ GF(2^8)
+def test_gf_mul_known_values():
+    assert gf_mul(2, 0x80) == 0x1D  # x * x^7 = x^8 = x^4 + x^3 + x^2 + 1 (mod 0x11d)
+    assert gf_mul(0x53, 1) == 0x53 and gf_mul(0, 0x99) == 0
+    table = gf_mul_table()
+    assert table.shape == (256, 256) and table.dtype == np.uint8 and not table.flags.writeable
+    for a in (0, 1, 2, 3, 0x1D, 0x8E, 0xFF):
+        assert [gf_mul(a, b) for b in range(256)] == table[a].tolist()
+    assert np.array_equal(table, table.T)
+    # every non-zero element has an inverse: each row of a non-zero a is a permutation
+    assert all(len(set(table[a].tolist())) == 256 for a in range(1, 256))
+    with pytest.raises(ValueError, match="bytes"):
+        gf_mul(256, 1)
+
+
+# ------------------------------------------------------------------ CPU kernels
+@pytest.mark.parametrize("name", CPU_KERNELS)
+@pytest.mark.parametrize("width", [1, 3, 4, 7, 63, 64, 65, 1000, 4099])
+def test_cpu_kernel_bit_exact(name, width):
+    rng = np.random.default_rng(width)
+    kernel = get_kernel(name)
+    parity, slots, coeffs, delta = random_batch(rng, 9, width, 23)
+    expect = reference(parity, slots, coeffs, delta)
+    kernel.apply_delta_batch(parity, slots, coeffs, delta)
+    assert np.array_equal(parity, expect)
+
+
+@pytest.mark.parametrize("name", CPU_KERNELS)
+def test_cpu_kernel_layouts(name):
+    """Unaligned parity views, strided rows, a broadcast delta and int32 slots all work."""
+    rng = np.random.default_rng(7)
+    kernel = get_kernel(name)
+    parity, slots, coeffs, delta = random_batch(rng, 6, 130, 11)
+    expect = reference(parity, slots, coeffs, delta)
+    backing = np.zeros((6, 135), dtype=np.uint8)
+    backing[:, 3:133] = parity
+    view = backing[:, 3:133]  # rows not 4-byte aligned, row stride 135
+    kernel.apply_delta_batch(view, slots.astype(np.int32), coeffs, delta)
+    assert np.array_equal(view, expect)
+    assert not backing[:, :3].any() and not backing[:, 133:].any()  # neighbours untouched
+
+    one = delta[0]
+    bcast = np.broadcast_to(one, (4, 130))
+    par2 = parity.copy()
+    kernel.apply_delta_batch(par2, [0, 2, 2, 5], coeffs[:4], bcast)
+    assert np.array_equal(par2, reference(parity, [0, 2, 2, 5], coeffs[:4], np.stack([one] * 4)))
+
+
+@pytest.mark.parametrize("name", CPU_KERNELS)
+def test_cpu_kernel_duplicates_and_cancellation(name):
+    kernel = get_kernel(name)
+    rng = np.random.default_rng(3)
+    parity = rng.integers(0, 256, (2, 64), dtype=np.uint8)
+    before = parity.copy()
+    d = rng.integers(0, 256, (1, 64), dtype=np.uint8)
+    # the same delta twice on the same slot cancels (XOR), in one batch
+    kernel.apply_delta_batch(parity, [1, 1], [0x35, 0x35], np.concatenate([d, d]))
+    assert np.array_equal(parity, before)
+
+
+@pytest.mark.parametrize("name", CPU_KERNELS)
+def test_cpu_kernel_empty_batches(name):
+    kernel = get_kernel(name)
+    parity = np.ones((3, 5), dtype=np.uint8)
+    kernel.apply_delta_batch(parity, np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros((0, 5), np.uint8))
+    kernel.apply_delta_batch(parity[:, :0], [0], [3], np.zeros((1, 0), np.uint8))
+    assert (parity == 1).all()
+
+
+def test_kernel_validation_changes_nothing():
+    kernel = get_kernel("cpu")
+    rng = np.random.default_rng(1)
+    parity = rng.integers(0, 256, (4, 16), dtype=np.uint8)
+    before = parity.copy()
+    good = dict(slots=[0, 3], coeffs=[1, 2], delta=np.ones((2, 16), np.uint8))
+    bad_cases = [
+        (TypeError, "uint8", dict(parity=parity.astype(np.int16))),
+        (TypeError, "uint8", dict(delta=np.ones((2, 16), np.int32))),
+        (TypeError, "numpy array", dict(delta=[[1] * 16] * 2)),
+        (ValueError, "2-D", dict(parity=parity[0])),
+        (ValueError, "slot 4 out of range", dict(slots=[0, 4])),
+        (ValueError, "slot -1 out of range", dict(slots=[-1, 0])),
+        (ValueError, "batch sizes differ", dict(slots=[0, 1, 2])),
+        (ValueError, "batch sizes differ", dict(coeffs=[1])),
+        (ValueError, "width", dict(delta=np.ones((2, 15), np.uint8))),
+        (ValueError, "not a byte", dict(coeffs=[1, 256])),
+        (TypeError, "integers", dict(slots=[0.0, 1.0])),
+        (ValueError, "contiguous", dict(delta=np.ones((2, 32), np.uint8)[:, ::2])),
+    ]
+    for exc, match, override in bad_cases:
+        args = dict(parity=parity, **good)
+        args.update(override)
+        with pytest.raises(exc, match=match):
+            kernel.apply_delta_batch(args["parity"], args["slots"], args["coeffs"], args["delta"])
+        assert np.array_equal(parity, before), f"rejected call {override} mutated parity"
+    ro = parity.copy()
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        kernel.apply_delta_batch(ro, **good)
+
+
+# ------------------------------------------------------------------ registry
+def test_registry_names_and_errors():
+    assert set(kernel_names()) >= {"auto", "cpu", "gpu", "numba", "numpy", "isal"}
+    cpu = get_kernel("cpu")
+    assert isinstance(cpu, KernelBackend) and cpu.name == "cpu" and cpu.device == "cpu"
+    assert "cpu" in available_kernels() and "numpy" in available_kernels()
+    with pytest.raises(ValueError, match="unknown kernel 'tpu'"):
+        get_kernel("tpu")
+    with pytest.raises(TypeError):
+        get_kernel(3)
+
+
+# ------------------------------------------------------------------ CUDA source / fallback
+def test_cuda_sources_compile_with_nvcc(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    sources = sorted(cuda_kernels_dir().glob("*.cu"))
+    assert sources, f"no .cu files in {cuda_kernels_dir()}"
+    for src in sources:
+        out = tmp_path / (src.stem + ".ptx")
+        proc = subprocess.run(
+            [nvcc, "-ptx", "-arch=compute_90", str(src), "-o", str(out)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, f"nvcc failed on {src.name}:\n{proc.stderr}"
+        assert gpu_mod.FUNCTION_NAME in out.read_text()
+
+
+def _cupy_importable() -> bool:
+    try:
+        import cupy  # noqa: F401
+
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _kernel_log_records(caplog):
+    return [r for r in caplog.records if r.name.startswith("ecrec.kernels") and r.levelno >= logging.INFO]
+
+
+@pytest.mark.skipif(not _cupy_importable(), reason="cupy is not importable")
+def test_auto_falls_back_with_real_cupy_and_no_device(caplog):
+    if gpu_mod.probe()[0]:
+        assert get_kernel("auto").name == "gpu"  # a usable GPU: auto takes it
+        return
+    caplog.set_level(logging.INFO, logger="ecrec.kernels")
+    kernel = get_kernel("auto")
+    assert kernel.name == "cpu"
+    records = _kernel_log_records(caplog)
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "cupy imports but" in records[0].getMessage()
+    with pytest.raises(RuntimeError, match="kernel 'gpu' is not available"):
+        get_kernel("gpu")
+
+
+def test_auto_falls_back_when_cupy_import_fails(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    caplog.set_level(logging.INFO, logger="ecrec.kernels")
+    ok, why = gpu_mod.probe()
+    assert not ok and "cupy does not import" in why
+    kernel = get_kernel("auto")
+    assert kernel.name == "cpu"
+    records = _kernel_log_records(caplog)
+    assert len(records) == 1 and "cupy does not import" in records[0].getMessage()
+    with pytest.raises(RuntimeError, match="kernel 'gpu' is not available: cupy does not import"):
+        get_kernel("gpu")
+    assert "gpu" not in available_kernels()
+
+
+# ------------------------------------------------------------------ GPU
+gpu = pytest.mark.skipif(not gpu_mod.probe()[0], reason="needs cupy and a usable CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("width", [1, 3, 4, 5, 64, 1000, 4099])
+def test_gpu_kernel_matches_cpu(width):
+    import cupy as cp
+
+    rng = np.random.default_rng(width)
+    parity, slots, coeffs, delta = random_batch(rng, 17, width, 300)
+    expect = parity.copy()
+    get_kernel("cpu").apply_delta_batch(expect, slots, coeffs, delta)
+    kernel = get_kernel("gpu")
+    assert kernel.name == "gpu"
+    got = cp.asarray(parity)
+    kernel.apply_delta_batch(got, slots, coeffs, cp.asarray(delta))  # numpy slots/coeffs welcome
+    assert np.array_equal(cp.asnumpy(got), expect)
+    got = cp.asarray(parity)
+    kernel.apply_delta_batch(got, cp.asarray(slots), cp.asarray(coeffs), cp.asarray(delta))
+    assert np.array_equal(cp.asnumpy(got), expect)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_kernel_layouts_and_grid_limits():
+    import cupy as cp
+
+    kernel = get_kernel("gpu")
+    cpu = get_kernel("cpu")
+    rng = np.random.default_rng(5)
+    # unaligned parity view, broadcast delta
+    parity, slots, coeffs, delta = random_batch(rng, 8, 301, 40)
+    expect = parity.copy()
+    cpu.apply_delta_batch(expect, slots, coeffs, delta)
+    backing = cp.zeros((8, 305), dtype=cp.uint8)
+    backing[:, 1:302] = cp.asarray(parity)
+    view = backing[:, 1:302]
+    kernel.apply_delta_batch(view, slots, coeffs, cp.asarray(delta))
+    assert np.array_equal(cp.asnumpy(view), expect)
+    assert not cp.asnumpy(backing[:, :1]).any() and not cp.asnumpy(backing[:, 302:]).any()
+    one = cp.asarray(delta[0])
+    got = cp.asarray(parity)
+    kernel.apply_delta_batch(got, slots[:5], coeffs[:5], cp.broadcast_to(one, (5, 301)))
+    exp2 = parity.copy()
+    cpu.apply_delta_batch(exp2, slots[:5], coeffs[:5], np.broadcast_to(delta[0], (5, 301)))
+    assert np.array_equal(cp.asnumpy(got), exp2)
+    # more batch rows than gridDim.y allows, and a row wider than one grid-stride pass
+    parity, slots, coeffs, delta = random_batch(rng, 1000, 8, 70000)
+    expect = parity.copy()
+    cpu.apply_delta_batch(expect, slots, coeffs, delta)
+    got = cp.asarray(parity)
+    kernel.apply_delta_batch(got, slots, coeffs, cp.asarray(delta))
+    assert np.array_equal(cp.asnumpy(got), expect)
+    width = 9 * 1024 * 1024 + 3
+    parity = rng.integers(0, 256, (1, width), dtype=np.uint8)
+    delta = rng.integers(0, 256, (2, width), dtype=np.uint8)
+    expect = parity.copy()
+    cpu.apply_delta_batch(expect, [0, 0], [7, 0x8E], delta)
+    got = cp.asarray(parity)
+    kernel.apply_delta_batch(got, [0, 0], [7, 0x8E], cp.asarray(delta))
+    assert np.array_equal(cp.asnumpy(got), expect)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_kernel_validation_changes_nothing():
+    import cupy as cp
+
+    kernel = get_kernel("gpu")
+    parity = cp.zeros((4, 16), dtype=cp.uint8)
+    with pytest.raises(TypeError, match="cupy array"):
+        kernel.apply_delta_batch(np.zeros((4, 16), np.uint8), [0], [1], cp.ones((1, 16), cp.uint8))
+    with pytest.raises(ValueError, match="out of range"):
+        kernel.apply_delta_batch(parity, [4], [1], cp.ones((1, 16), cp.uint8))
+    assert not cp.asnumpy(parity).any()
+
+
+def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
+    """With no usable libisal the cpu kernel runs numba (checked in a fresh process)."""
+    import os
+
+    env = dict(os.environ, ECREC_ISAL_LIBRARY=str(tmp_path / "missing-libisal.so"))
+    code = (
+        "import numpy as np; from ecrec.kernels import get_kernel, gf_mul_table\n"
+        "k = get_kernel('cpu'); print(k.description)\n"
+        "p = np.zeros((2, 70), np.uint8); d = np.arange(140, dtype=np.uint8).reshape(2, 70)\n"
+        "k.apply_delta_batch(p, [1, 1], [3, 5], d)\n"
+        "m = gf_mul_table(); assert (p[1] == (m[3][d[0]] ^ m[5][d[1]])).all() and not p[0].any()\n"
+        "from ecrec.kernels import available_kernels; assert 'isal' not in available_kernels()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "cpu: numba"
