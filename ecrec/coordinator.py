@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from concurrent import futures
 
@@ -115,6 +116,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if s.index == index and s.state != FAILED:
                 return s
         return None
+
+    def _event_locked(self, kind: str, index: int, address: str) -> None:
+        self.map.events.add(kind=kind, index=index, address=address, wall_time=time.time(), epoch=self.map.epoch + 1)
+        if len(self.map.events) > 1000:
+            del self.map.events[: len(self.map.events) - 1000]
 
     def _bump_locked(self) -> cluster_pb2.ClusterMap:
         self.map.epoch += 1
@@ -238,6 +244,22 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         with self._lock:
             return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
 
+    def ReportRedundant(self, request, context):
+        with self._lock:
+            info = next((s for s in self.map.servers if s.index == request.index and s.server_id == request.server_id
+                         and s.state != FAILED), None)
+            if info is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"server {request.server_id!r} does not hold index {request.index}")
+            if info.state == RECOVERING:
+                info.state = ACTIVE
+                self._event_locked("redundant", info.index, info.address)
+            snapshot = self._bump_locked()
+        log.info("index %d fully redundant again (rebuild took %.2f s); epoch %d", request.index,
+                 request.rebuild_seconds, snapshot.epoch)
+        self._broadcast(snapshot)
+        return snapshot
+
     # --- helpers ---------------------------------------------------------------------------------
     def _not_ready_message(self) -> str:
         live = sum(1 for s in self.map.servers if s.index >= 0 and s.state in (ACTIVE, RECOVERING))
@@ -283,6 +305,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self.map.servers.remove(info)
             else:
                 info.state = FAILED
+                self._event_locked("failed", info.index, address)
             snapshot = self._bump_locked()
         log.warning("server %s (%s) declared failed; epoch %d", address, "standby" if was_standby else f"index {info.index}", snapshot.epoch)
         self._broadcast(snapshot)
@@ -313,7 +336,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 stub = self._handle(chosen.address).embedding
                 address, server_id = chosen.address, chosen.server_id
             try:
-                stub.Promote(embedding_pb2.PromoteRequest(index=index, map=new_map, dense=dense), timeout=self.config.rpc_timeout_s)
+                ack = stub.Promote(embedding_pb2.PromoteRequest(index=index, map=new_map, dense=dense), timeout=self.config.rpc_timeout_s)
             except grpc.RpcError as exc:
                 log.warning("promoting %s to index %d failed: %s", address, index, exc.details())
                 self._declare_failed(address)
@@ -325,10 +348,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 for s in self.map.servers:
                     if s.server_id == server_id:
                         s.index = index
-                        s.state = ACTIVE
+                        s.state = RECOVERING if ack.recovering else ACTIVE
                 self._wanted.pop(server_id, None)
+                self._event_locked("promoted", index, address)
+                if not ack.recovering:
+                    self._event_locked("redundant", index, address)
                 snapshot = self._bump_locked()
-            log.info("promoted %s to index %d (epoch %d)", address, index, snapshot.epoch)
+            log.info("promoted %s to index %d (epoch %d)%s", address, index, snapshot.epoch,
+                     "; it rebuilds in the background" if ack.recovering else "")
             self._broadcast(snapshot)
 
     def _monitor(self) -> None:

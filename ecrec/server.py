@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ecrec import optim, transport
+from ecrec import faults, optim, transport
 from ecrec.config import ServerConfig
 from ecrec.layout import Layout
 from ecrec.strategies import FaultToleranceStrategy, get_strategy
@@ -47,6 +47,7 @@ class TableShard:
         self.payload = np.zeros((layout.data_slots_per_server(spec.num_rows), spec.row_bytes), dtype=np.uint8)
         self.floats = self.payload.view(np.float32)  # (slots, row_floats)
         self.floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
+        self.versions = np.zeros(len(self.payload), dtype=np.int64)  # push sequence of each row's last update
         self.row_updates = 0  # distinct rows updated, summed over pushes
 
     def slots_for(self, ids: np.ndarray) -> np.ndarray:
@@ -78,6 +79,7 @@ class DenseShard:
         self.floats = np.zeros((1, spec.numel * (1 + spec.state_width)), dtype=np.float32)
         self.floats[0, : spec.numel] = initial_value.reshape(-1)
         self.floats[0, spec.numel :] = np.float32(spec.initial_accumulator_value)
+        self.version = 0
 
     @property
     def weights(self) -> np.ndarray:
@@ -85,25 +87,27 @@ class DenseShard:
 
 
 class AppliedPushes:
-    """Push ids already applied on this server (bounded), so a retry is answered 'already applied'."""
+    """Push ids applied on this server (bounded), each with what its acknowledgement waits for.
+
+    A retry of an applied push is answered "already applied" once that completion is done,
+    so a push is applied exactly once even when its first reply was lost.
+    """
 
     def __init__(self, capacity: int = 1 << 20):
         self.capacity = capacity
-        self._ids: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, int], object] = OrderedDict()
         self._lock = threading.Lock()
-        self._worker_locks: dict[str, threading.Lock] = {}
 
-    def worker_lock(self, worker: str) -> threading.Lock:
+    def get(self, key: tuple[str, int]):
+        """``(known, completion)``."""
         with self._lock:
-            return self._worker_locks.setdefault(worker, threading.Lock())
+            if key in self._ids:
+                return True, self._ids[key]
+            return False, None
 
-    def contains(self, key: tuple[str, int]) -> bool:
+    def add(self, key: tuple[str, int], completion=None) -> None:
         with self._lock:
-            return key in self._ids
-
-    def add(self, key: tuple[str, int]) -> None:
-        with self._lock:
-            self._ids[key] = None
+            self._ids[key] = completion
             while len(self._ids) > self.capacity:
                 self._ids.popitem(last=False)
 
@@ -116,13 +120,17 @@ class ServerState:
         self.server_id = server_id
         self.address = ""
         self.index = -1
+        self.promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
         self.map: cluster_pb2.ClusterMap | None = None
         self.layout: Layout | None = None
         self.tables: dict[str, TableShard] = {}
         self.dense: dict[str, DenseShard] = {}
         self.strategy: FaultToleranceStrategy | None = None
         self.applied = AppliedPushes()
+        self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
+        self.faults = faults.from_environment()
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
+        self.index_set = threading.Condition(self.lock)
         self._peers: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
 
     @property
@@ -131,7 +139,9 @@ class ServerState:
 
     def peer(self, index: int) -> embedding_pb2_grpc.EmbeddingServerStub:
         """A stub for the server now at ``index`` in the map."""
-        address = next(s.address for s in self.map.servers if s.index == index)
+        return self.peer_by_address(next(s.address for s in self.map.servers if s.index == index))
+
+    def peer_by_address(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
         with self.lock:
             stub = self._peers.get(address)
             if stub is None:
@@ -162,15 +172,27 @@ class ServerState:
         with self.lock:
             if self.map is not None and new_map.epoch < self.map.epoch:
                 return
-            if self.map is None or self.strategy is None:
-                cls = get_strategy(new_map.strategy)
-                self.strategy = cls(self, dict(new_map.strategy_options))
             self.map = new_map
             self.layout = Layout(new_map.num_servers, new_map.k, new_map.m)
+            if self.strategy is None:
+                cls = get_strategy(new_map.strategy)
+                self.strategy = cls(self, dict(new_map.strategy_options))
+            if self.index < 0 and not self.promoting:  # the map may tell this server its index first
+                mine = [s.index for s in new_map.servers if s.server_id == self.server_id and s.index >= 0
+                        and s.state == cluster_pb2.ACTIVE]
+                if mine and not new_map.tables:
+                    self.index = mine[0]
+            self.index_set.notify_all()
+
+    def wait_for_index(self, timeout_s: float = 10.0) -> None:
+        """Waits (a registration may be in flight) until this server holds an index and a strategy."""
+        with self.lock:
+            self.index_set.wait_for(lambda: self.index >= 0 and self.strategy is not None, timeout=timeout_s)
+            self.require_index()
 
     def create_table(self, spec: TableSpec) -> bool:
         """Creates the shard of ``spec``; False when an identical table already exists."""
-        self.require_index()
+        self.wait_for_index()
         with self.lock:
             existing = self.tables.get(spec.name)
             if existing is not None:
@@ -186,7 +208,7 @@ class ServerState:
         return True
 
     def create_dense(self, spec: DenseSpec, initial: np.ndarray) -> bool:
-        self.require_index()
+        self.wait_for_index()
         if self.index not in self.layout.dense_servers(spec.name):
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -254,6 +276,11 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             ids = transport.bytes_to_ids(t.ids)
             plans.append((shard, shard.slots_for(ids)))
         dense = [st.dense_tensor(name) for name in request.dense]
+        strategy = st.strategy
+        for shard, slots in plans:
+            strategy.ensure_rows(shard, None, slots)
+        for d in dense:
+            strategy.ensure_dense(d)
         reply = embedding_pb2.PullReply()
         for shard, slots in plans:
             with shard.lock:
@@ -311,39 +338,47 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             dense_plans.append((d, grad))
 
         key = (request.push_id.worker, request.push_id.sequence)
-        with st.applied.worker_lock(key[0]):
-            if st.applied.contains(key):
-                return self._push_reply(request, already_applied=True, rows=0)
-            # 2. apply: each table under its own lock; the strategy sees old and new bytes
-            strategy = st.strategy
-            need_old = strategy.needs_old_payload
-            completions = []
-            rows_updated = 0
-            for shard, ids, slots, grads in table_plans:
-                spec = shard.spec
-                with shard.lock:
-                    rows = shard.floats[slots]  # a copy: fancy indexing
-                    old = rows.view(np.uint8).copy() if need_old else None
-                    optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
-                    shard.floats[slots] = rows
-                    shard.row_updates += len(slots)
-                    c = strategy.on_update(shard, ids, slots, old, rows.view(np.uint8))
-                if c is not None:
-                    completions.append(c)
-                rows_updated += len(slots)
-            for d, grad in dense_plans:
-                spec = d.spec
-                with d.lock:
-                    old = d.floats.view(np.uint8).copy() if need_old else None
-                    optim.apply(spec.optimizer, d.floats, grad[None, :], spec.numel, spec.lr, spec.eps)
-                    c = strategy.on_dense_update(d, old, d.floats.view(np.uint8))
-                if c is not None:
-                    completions.append(c)
-            # 3. acknowledged only when the strategy's work (parity acks...) is done
-            for c in completions:
-                c.result(timeout=st.config.rpc_timeout_s)
-            st.applied.add(key)
-        return self._push_reply(request, already_applied=False, rows=rows_updated)
+        known, completion = st.applied.get(key)
+        if known:  # a retry: answer once the first attempt is acknowledged everywhere
+            if completion is not None:
+                completion.result(timeout=st.config.rpc_timeout_s)
+            return self._push_reply(request, already_applied=True, rows=0)
+        strategy = st.strategy
+        for shard, ids, slots, _ in table_plans:
+            strategy.ensure_rows(shard, ids, slots)
+        for d, _ in dense_plans:
+            strategy.ensure_dense(d)
+        st.faults.hit("before_local_commit")
+        # 2. apply, one push at a time; the strategy sees old and new bytes of every row
+        need_old = strategy.needs_old_payload
+        rows_updated = 0
+        with st.apply_lock:
+            known, completion = st.applied.get(key)  # a concurrent retry may have won
+            if not known:
+                strategy.begin_push(key)
+                for shard, ids, slots, grads in table_plans:
+                    spec = shard.spec
+                    with shard.lock:
+                        rows = shard.floats[slots]  # a copy: fancy indexing
+                        old = rows.view(np.uint8).copy() if need_old else None
+                        optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
+                        shard.floats[slots] = rows
+                        shard.row_updates += len(slots)
+                        strategy.on_update(shard, ids, slots, old, rows.view(np.uint8))
+                    rows_updated += len(slots)
+                for d, grad in dense_plans:
+                    spec = d.spec
+                    with d.lock:
+                        old = d.floats.view(np.uint8).copy() if need_old else None
+                        optim.apply(spec.optimizer, d.floats, grad[None, :], spec.numel, spec.lr, spec.eps)
+                        strategy.on_dense_update(d, old, d.floats.view(np.uint8))
+                completion = strategy.end_push()
+                st.applied.add(key, completion)
+        # 3. acknowledged only when the strategy's work (parity acks...) is done
+        if completion is not None:
+            completion.result(timeout=st.config.rpc_timeout_s)
+        st.faults.hit("after_parity_before_ack")
+        return self._push_reply(request, already_applied=known, rows=rows_updated)
 
     def _push_reply(self, request, already_applied: bool, rows: int):
         reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows)
@@ -367,6 +402,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             else:
                 ids = transport.bytes_to_ids(request.ids)
                 slots = shard.slots_for(ids)
+            st.strategy.ensure_rows(shard, ids, slots)
             with shard.lock:
                 payload = shard.payload[slots]
             reply.ids = transport.ids_to_bytes(ids)
@@ -374,6 +410,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             reply.row_bytes = shard.spec.row_bytes
         for name in request.dense:
             d = st.dense_tensor(name)
+            st.strategy.ensure_dense(d)
             with d.lock:
                 reply.dense.add(name=name, value=d.floats.tobytes())
         return reply
@@ -391,6 +428,27 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise invalid("args_json must be a JSON object")
         result = st.strategy.call(request.command, args)
         return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
+
+    def _strategy_rpc(self, method, request, context):
+        strategy = self.state.strategy
+        if strategy is None:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "no cluster map yet")
+        try:
+            return strategy.handle_rpc(method, request, context)
+        except NotImplementedError as exc:
+            raise RequestError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
+
+    @_handle
+    def ApplyParity(self, request, context):
+        return self._strategy_rpc("ApplyParity", request, context)
+
+    @_handle
+    def ResolveSource(self, request, context):
+        return self._strategy_rpc("ResolveSource", request, context)
+
+    @_handle
+    def ReadRows(self, request, context):
+        return self._strategy_rpc("ReadRows", request, context)
 
     @_handle
     def Echo(self, request, context):
@@ -429,14 +487,18 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"this server already holds index {st.index}")
             st.adopt_map(request.map)
             st.index = request.index
+            st.promoting = True
         log.info("promoted to index %d (epoch %d): creating %d tables", request.index, request.map.epoch, len(request.map.tables))
         for t in request.map.tables:
             st.create_table(TableSpec.from_proto(t))
         for d in request.dense:
             spec, initial = _parse_dense_spec(d.spec, d.initial_value)
             st.create_dense(spec, initial)
-        st.strategy.on_recovery(request.index)
-        return embedding_pb2.Ack(epoch=st.epoch)
+        try:
+            recovering = bool(st.strategy.on_recovery(request.index))
+        finally:
+            st.promoting = False
+        return embedding_pb2.Ack(epoch=st.epoch, recovering=recovering)
 
 
 def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
@@ -491,10 +553,9 @@ class EmbeddingServer:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
                 time.sleep(0.2)
         with self.state.lock:
-            if self.state.map is None or reply.map.epoch >= self.state.map.epoch:
-                self.state.adopt_map(reply.map)
             if reply.index >= 0 and self.state.index < 0:
                 self.state.index = reply.index
+            self.state.adopt_map(reply.map)  # ignored when a broadcast brought a newer map first
         log.info("registered at %s as %s (epoch %d)", self.state.address,
                  f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
 

@@ -65,6 +65,9 @@ class FaultToleranceStrategy:
     def on_dense_created(self, dense: "DenseShard") -> None:
         pass
 
+    def begin_push(self, push_id: tuple[str, int]) -> None:
+        """A push starts applying (pushes apply one at a time on a server, in this order)."""
+
     def on_update(
         self, shard: "TableShard", ids: np.ndarray, slots: np.ndarray, old: np.ndarray | None, new: np.ndarray
     ) -> Completion | None:
@@ -74,11 +77,30 @@ class FaultToleranceStrategy:
     def on_dense_update(self, dense: "DenseShard", old: np.ndarray | None, new: np.ndarray) -> Completion | None:
         return None
 
+    def end_push(self) -> Completion | None:
+        """Every update of the push was applied locally; what to wait for before acknowledging it."""
+        return None
+
+    def ensure_rows(self, shard: "TableShard", ids: np.ndarray, slots: np.ndarray) -> None:
+        """Called before rows are read or updated: a recovering server rebuilds them first."""
+
+    def ensure_dense(self, dense: "DenseShard") -> None:
+        """Called before a dense tensor is read or updated."""
+
+    def handle_rpc(self, method: str, request, context):
+        """Strategy-specific RPCs (``ApplyParity``, ``ResolveSource``, ``ReadRows``)."""
+        raise NotImplementedError(f"strategy {self.name!r} does not serve {method}")
+
     def on_timer(self) -> None:
         pass
 
-    def on_recovery(self, failed_index: int) -> None:
-        """This server was just promoted to hold ``failed_index``; tables exist with initial values."""
+    def on_recovery(self, failed_index: int) -> bool:
+        """This server was just promoted to hold ``failed_index``; tables exist with initial values.
+
+        Returns True when it keeps rebuilding in the background (it reports full redundancy
+        to the coordinator when done), False when the server is complete on return.
+        """
+        return False
 
     def call(self, command: str, args: dict) -> dict:
         """A strategy command sent by a client or the benchmark (``StrategyCall``); ``stats`` by default."""

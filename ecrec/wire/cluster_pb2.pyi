@@ -73,7 +73,7 @@ class ServerInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ...) -> None: ...
 
 class ClusterMap(_message.Message):
-    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready")
+    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events")
     class StrategyOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class ClusterMap(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     num_servers: int
     strategy: str
@@ -101,4 +102,19 @@ class ClusterMap(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TableSpec]
     dense: _containers.RepeatedCompositeFieldContainer[DenseSpec]
     ready: bool
-    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
+    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ...) -> None: ...
+
+class ClusterEvent(_message.Message):
+    __slots__ = ("kind", "index", "address", "wall_time", "epoch")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    index: int
+    address: str
+    wall_time: float
+    epoch: int
+    def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., address: _Optional[str] = ..., wall_time: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...

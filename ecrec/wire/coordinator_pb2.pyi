@@ -41,6 +41,16 @@ class RegisterDenseRequest(_message.Message):
     initial_value: bytes
     def __init__(self, spec: _Optional[_Union[_cluster_pb2.DenseSpec, _Mapping]] = ..., initial_value: _Optional[bytes] = ...) -> None: ...
 
+class ReportRedundantRequest(_message.Message):
+    __slots__ = ("index", "server_id", "rebuild_seconds")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    server_id: str
+    rebuild_seconds: float
+    def __init__(self, index: _Optional[int] = ..., server_id: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ...) -> None: ...
+
 class ReportFailureRequest(_message.Message):
     __slots__ = ("address", "detail")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]

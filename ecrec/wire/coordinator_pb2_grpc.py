@@ -60,6 +60,11 @@ class CoordinatorStub:
                 request_serializer=ecrec_dot_wire_dot_coordinator__pb2.ReportFailureRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
                 _registered_method=True)
+        self.ReportRedundant = channel.unary_unary(
+                '/ecrec.wire.Coordinator/ReportRedundant',
+                request_serializer=ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -100,6 +105,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRedundant(self, request, context):
+        """A promoted replacement finished rebuilding: the cluster is fully redundant again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +138,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'ReportFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFailure,
                     request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.ReportFailureRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.SerializeToString,
+            ),
+            'ReportRedundant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRedundant,
+                    request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.SerializeToString,
             ),
     }
@@ -263,6 +280,33 @@ class Coordinator:
             target,
             '/ecrec.wire.Coordinator/ReportFailure',
             ecrec_dot_wire_dot_coordinator__pb2.ReportFailureRequest.SerializeToString,
+            ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRedundant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.Coordinator/ReportRedundant',
+            ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.SerializeToString,
             ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,178 @@
+"""Parity rows held by one server, with per-row version vectors, and the log of unconfirmed batches.
+
+A :class:`ParityStore` holds this server's parity rows of one table (``ecrec.layout``
+says which stripes and which parity index) and, for every parity row, the version
+(owner push sequence) last applied for each of the stripe's ``k`` data positions.
+Applying a delta is skipped when its sequence is not newer than the recorded
+version, which makes a batch idempotent and lets a rebuilt row ignore deltas
+already contained in the snapshot it was encoded from.  While a row is being
+rebuilt (``built`` false) its incoming deltas wait in ``pending``.
+
+A :class:`SourceLog` keeps, per owner index, the batches this server applied
+that the owner has not yet confirmed as acknowledged everywhere, with what is
+needed to undo them (XOR the same delta again, restore the previous version).
+Recovery of a failed owner reads these logs (``DESIGN.md``, "The update path").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ecrec.codec import Codec
+from ecrec.layout import Layout
+from ecrec.tables import TableSpec, initial_payload
+
+ENCODE_CHUNK_STRIPES = 16384
+
+
+class ParityStore:
+    def __init__(self, spec: TableSpec, layout: Layout, index: int, codec: Codec):
+        self.spec = spec
+        self.layout = layout
+        self.index = index
+        self.codec = codec
+        self.stripes, self.parity_index, self.slots = layout.parity_rows_of(index, spec.num_rows)
+        n = layout.parity_slots_per_server(spec.num_rows)
+        self.parity = np.zeros((n, spec.row_bytes), dtype=np.uint8)
+        self.versions = np.zeros((n, layout.k), dtype=np.int64)
+        self.built = np.ones(n, dtype=bool)
+        self.pending: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # slot -> [(position, seq, delta)]
+        self.lock = threading.Lock()
+        self.slot_to_stripe = np.full(n, -1, dtype=np.int64)
+        self.slot_to_stripe[self.slots] = self.stripes
+        self.slot_to_parity_index = np.zeros(n, dtype=np.int64)
+        self.slot_to_parity_index[self.slots] = self.parity_index
+
+    # --- initial parity ----------------------------------------------------------------------------
+    def stripe_data_ids(self, stripes: np.ndarray) -> np.ndarray:
+        """``(len(stripes), k)`` row ids of the stripes' data positions (ids >= num_rows are virtual zeros)."""
+        return stripes[:, None] * self.layout.k + np.arange(self.layout.k)[None, :]
+
+    def encode_initial(self) -> None:
+        """Parity of the tables' initial rows (computable locally: initial rows are a pure function)."""
+        for start in range(0, len(self.slots), ENCODE_CHUNK_STRIPES):
+            stripes = self.stripes[start:start + ENCODE_CHUNK_STRIPES]
+            ids = self.stripe_data_ids(stripes)
+            valid = ids < self.spec.num_rows
+            data = np.zeros((len(stripes), self.layout.k, self.spec.row_bytes), dtype=np.uint8)
+            data[valid] = initial_payload(self.spec, ids[valid]).view(np.uint8)
+            parity = self.codec.encode_stripes(data)
+            j = self.parity_index[start:start + ENCODE_CHUNK_STRIPES]
+            self.parity[self.slots[start:start + ENCODE_CHUNK_STRIPES]] = parity[np.arange(len(stripes)), j]
+
+    # --- deltas --------------------------------------------------------------------------------------
+    def apply(self, seq: int, slots: np.ndarray, positions: np.ndarray, pidx: np.ndarray, deltas: np.ndarray):
+        """Applies one batch's deltas; returns ``(applied mask, previous versions, pended mask)`` for undo."""
+        with self.lock:
+            built = self.built[slots]
+            prev = self.versions[slots, positions]
+            fresh = built & (seq > prev)
+            if fresh.any():
+                self.codec.apply_delta(self.parity, positions[fresh], deltas[fresh], slots=slots[fresh],
+                                       parity_index=pidx[fresh])
+                self.versions[slots[fresh], positions[fresh]] = seq
+            pended = ~built
+            for r in np.flatnonzero(pended):
+                self.pending.setdefault(int(slots[r]), []).append((int(positions[r]), seq, deltas[r].copy()))
+        return fresh, prev, pended
+
+    def undo(self, seq: int, slots, positions, pidx, deltas, fresh, prev, pended) -> None:
+        """Cancels a batch applied by :meth:`apply` (XOR the same deltas again, restore versions)."""
+        with self.lock:
+            if fresh.any():
+                self.codec.apply_delta(self.parity, positions[fresh], deltas[fresh], slots=slots[fresh],
+                                       parity_index=pidx[fresh])
+                self.versions[slots[fresh], positions[fresh]] = prev[fresh]
+            for r in np.flatnonzero(pended):
+                waiting = self.pending.get(int(slots[r]))
+                if waiting:
+                    waiting[:] = [p for p in waiting if p[1] != seq]
+
+    # --- rebuild -------------------------------------------------------------------------------------
+    def mark_unbuilt(self) -> None:
+        with self.lock:
+            self.built[:] = False
+            self.built[np.setdiff1d(np.arange(len(self.built)), self.slots)] = True  # unused slots
+            self.pending.clear()
+
+    def build(self, slots: np.ndarray, parity_rows: np.ndarray, versions: np.ndarray) -> int:
+        """Installs rebuilt rows (encoded from data rows at ``versions``) and applies newer pending deltas."""
+        done = 0
+        with self.lock:
+            for r, slot in enumerate(slots.tolist()):
+                if self.built[slot]:
+                    continue
+                self.parity[slot] = parity_rows[r]
+                self.versions[slot] = versions[r]
+                for position, seq, delta in self.pending.pop(slot, []):
+                    if seq > self.versions[slot, position]:
+                        self.codec.apply_delta(self.parity[slot:slot + 1], np.array([position]), delta[None, :],
+                                               slots=np.array([0]), parity_index=np.array([self.slot_to_parity_index[slot]]))
+                        self.versions[slot, position] = seq
+                self.built[slot] = True
+                done += 1
+        return done
+
+    def unbuilt_slots(self) -> np.ndarray:
+        with self.lock:
+            return self.slots[~self.built[self.slots]]
+
+
+@dataclass
+class TableEntry:
+    table: str
+    slots: np.ndarray
+    positions: np.ndarray
+    pidx: np.ndarray
+    deltas: np.ndarray
+    fresh: np.ndarray
+    prev: np.ndarray
+    pended: np.ndarray
+
+
+@dataclass
+class DenseEntry:
+    name: str
+    delta: np.ndarray
+    applied: bool
+    prev_version: int
+
+
+@dataclass
+class LogEntry:
+    seq: int
+    push_id: tuple[str, int]
+    destinations: tuple[int, ...]
+    tables: list[TableEntry] = field(default_factory=list)
+    dense: list[DenseEntry] = field(default_factory=list)
+
+
+class SourceLog:
+    """Unconfirmed batches received from one owner index, oldest first."""
+
+    def __init__(self, source: int, history: int = 100_000):
+        self.source = source
+        self.source_id = ""
+        self.entries: OrderedDict[int, LogEntry] = OrderedDict()
+        self.confirmed_upto = 0
+        self.applied_upto = 0
+        self.committed: deque[tuple[str, int]] = deque(maxlen=history)
+
+    def confirm(self, upto: int) -> None:
+        if upto <= self.confirmed_upto:
+            return
+        self.confirmed_upto = upto
+        while self.entries:
+            seq, entry = next(iter(self.entries.items()))
+            if seq > upto:
+                break
+            self.entries.popitem(last=False)
+            self.committed.append(entry.push_id)
+
+    def affected_slots(self, table: str) -> np.ndarray:
+        parts = [t.slots for e in self.entries.values() for t in e.tables if t.table == table]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
