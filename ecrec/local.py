@@ -39,6 +39,9 @@ class LocalClusterSpec:
     log_level: str = "WARNING"
     health_interval_s: float = 0.5
     extra_env: dict = field(default_factory=dict)
+    #: extra environment of particular servers: key = index of an active server, "standby<n>" or "standby"
+    #: (e.g. ``{1: {"ECREC_FAULT": "after_partial_parity@20"}}`` for fault-injection tests)
+    server_env: dict = field(default_factory=dict)
 
 
 class LocalCluster:
@@ -47,17 +50,19 @@ class LocalCluster:
         self.coordinator_address: str | None = None
         self.coordinator_proc: subprocess.Popen | None = None
         self.server_procs: list[subprocess.Popen] = []
+        self.old_coordinator_procs: list[subprocess.Popen] = []
         self._closed = False
         atexit.register(self.close)
 
     # --- processes -------------------------------------------------------------------------------
-    def _env(self) -> dict:
+    def _env(self, extra: dict | None = None) -> dict:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         # one compute thread per server process: they share the machine's cores
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("NUMBA_NUM_THREADS", "1")
         env.update({k: str(v) for k, v in self.spec.extra_env.items()})
+        env.update({k: str(v) for k, v in (extra or {}).items()})
         return env
 
     def _cmd(self, *args: str) -> list[str]:
@@ -76,15 +81,29 @@ class LocalCluster:
         if s.state_path:
             args += ["--state-path", s.state_path]
         self.start_coordinator(args, timeout_s)
-        for _ in range(s.servers):
-            self.start_server()
-        for _ in range(s.standby):
-            self.start_server(standby=True)
+        for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
+            self.start_server(index=index, env=s.server_env.get(index))
+        for n in range(s.standby):
+            self.start_server(standby=True, env=s.server_env.get(f"standby{n}", s.server_env.get("standby")))
         self.wait_ready(timeout_s)
         return self
 
+    def restart_coordinator(self, timeout_s: float = 60.0) -> None:
+        """Starts a new coordinator on the same address (after the old one died); it reloads ``state_path``."""
+        if not self.spec.state_path:
+            raise ValueError("restart_coordinator needs state_path, or the map is lost")
+        old = self.coordinator_proc
+        if old is not None and old.poll() is None:
+            raise RuntimeError(f"coordinator {old.pid} is still running")
+        args = list(self._coordinator_args)
+        args[args.index("--port") + 1] = self.coordinator_address.rsplit(":", 1)[1]
+        self.start_coordinator(args, timeout_s)
+
     def start_coordinator(self, args: list[str], timeout_s: float = 60.0) -> None:
+        self._coordinator_args = args
         proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=None, env=self._env(), text=True)
+        if self.coordinator_proc is not None:
+            self.old_coordinator_procs.append(self.coordinator_proc)
         self.coordinator_proc = proc
         line = _read_line(proc, timeout_s)
         if not line.startswith(READY_PREFIX):
@@ -94,14 +113,14 @@ class LocalCluster:
         # keep draining its stdout so it never blocks on a full pipe
         threading.Thread(target=_drain, args=(proc,), daemon=True).start()
 
-    def start_server(self, standby: bool = False, index: int = -1) -> subprocess.Popen:
+    def start_server(self, standby: bool = False, index: int = -1, env: dict | None = None) -> subprocess.Popen:
         args = ["serve", "--coordinator", self.coordinator_address, "--host", self.spec.host, "--port", "0",
                 "--device", self.spec.device]
         if standby:
             args.append("--standby")
         if index >= 0:
             args += ["--index", str(index)]
-        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.DEVNULL, stderr=None, env=self._env())
+        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.DEVNULL, stderr=None, env=self._env(env))
         self.server_procs.append(proc)
         return proc
 
@@ -143,7 +162,7 @@ class LocalCluster:
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
-        for p in self.server_procs:
+        for p in [*self.server_procs, self.coordinator_proc]:
             if p.pid == pid:
                 p.wait(timeout=10)
 
@@ -151,7 +170,7 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
-        procs = [p for p in [*self.server_procs, self.coordinator_proc] if p is not None]
+        procs = [p for p in [*self.server_procs, *self.old_coordinator_procs, self.coordinator_proc] if p is not None]
         for p in procs:
             if p.poll() is None:
                 try:

@@ -147,6 +147,7 @@ class LogEntry:
     seq: int
     push_id: tuple[str, int]
     destinations: tuple[int, ...]
+    destination_ids: tuple[str, ...] = ()
     tables: list[TableEntry] = field(default_factory=list)
     dense: list[DenseEntry] = field(default_factory=list)
 

@@ -27,6 +27,6 @@ def make_cluster():
     yield factory
     for cluster in started:
         cluster.close()
-        for p in [*cluster.server_procs, cluster.coordinator_proc]:
+        for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc]:
             if p is not None and p.poll() is None:  # belt and braces: kill by pid
                 os.kill(p.pid, signal.SIGKILL)

@@ -308,8 +308,12 @@ class ErasureCoding(FaultToleranceStrategy):
                 self.inflight.discard(seq)
             return None
         destinations = sorted(batches)
+        ids = {s.index: s.server_id for s in self.server.map.servers
+               if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+        destination_ids = [ids.get(d, "") for d in destinations]
         for b in batches.values():
             b.destinations.extend(destinations)
+            b.destination_ids.extend(destination_ids)
         faults = self.server.faults
         if faults.armed("after_partial_parity") and len(destinations) >= 2:
             first = destinations[0]
@@ -376,7 +380,8 @@ class ErasureCoding(FaultToleranceStrategy):
                 self.server.faults.hit("before_parity_apply")
                 if b.seq in lg.entries or b.seq <= lg.confirmed_upto:
                     continue  # a re-sent batch: already applied
-                entry = LogEntry(b.seq, (b.push_id.worker, b.push_id.sequence), tuple(b.destinations))
+                entry = LogEntry(b.seq, (b.push_id.worker, b.push_id.sequence), tuple(b.destinations),
+                                 tuple(b.destination_ids))
                 for store, slots, positions, pidx, deltas in tables:
                     fresh, prev, pended = store.apply(b.seq, slots, positions, pidx, deltas)
                     entry.tables.append(TableEntry(store.spec.name, slots, positions, pidx, deltas, fresh, prev, pended))
@@ -410,7 +415,7 @@ class ErasureCoding(FaultToleranceStrategy):
             if not request.commit:
                 for seq, e in lg.entries.items():
                     reply.logged.add(seq=seq, push_id=embedding_pb2.PushId(worker=e.push_id[0], sequence=e.push_id[1]),
-                                     destinations=list(e.destinations))
+                                     destinations=list(e.destinations), destination_ids=list(e.destination_ids))
                 reply.confirmed_upto = lg.confirmed_upto
                 for w, s in lg.committed:
                     reply.committed.add(worker=w, sequence=s)
@@ -544,9 +549,13 @@ class ErasureCoding(FaultToleranceStrategy):
                 holders[e.seq].add(i)
                 info[e.seq] = e
             committed.update((c.worker, c.sequence) for c in r.committed)
+        # a destination is a witness only if the server that got the push still holds its index
+        # (a replacement promoted since knows nothing of the failed owner's earlier batches)
+        current = {s.index: s.server_id for s in self.server.map.servers
+                   if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
         undo, kept = [], []
         for seq, e in info.items():
-            needed = set(e.destinations) & survivors
+            needed = {d for d, sid in zip(e.destinations, e.destination_ids) if d in survivors and current.get(d) == sid}
             if seq <= confirmed or needed <= holders[seq]:
                 kept.append((e.push_id.worker, e.push_id.sequence))
             else:

@@ -156,7 +156,7 @@ class EchoMessage(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., reply_bytes: _Optional[int] = ...) -> None: ...
 
 class ParityBatch(_message.Message):
-    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense")
+    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense", "destination_ids")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class ParityBatch(_message.Message):
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
     source: int
     source_id: str
     seq: int
@@ -171,7 +172,8 @@ class ParityBatch(_message.Message):
     destinations: _containers.RepeatedScalarFieldContainer[int]
     tables: _containers.RepeatedCompositeFieldContainer[ParityDeltas]
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
-    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+    destination_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ParityDeltas(_message.Message):
     __slots__ = ("table", "parity_slots", "positions", "parity_index", "deltas")
@@ -218,14 +220,16 @@ class ResolveSourceRequest(_message.Message):
     def __init__(self, source: _Optional[int] = ..., commit: _Optional[bool] = ..., undo_seqs: _Optional[_Iterable[int]] = ..., replacement_id: _Optional[str] = ...) -> None: ...
 
 class LoggedPush(_message.Message):
-    __slots__ = ("seq", "push_id", "destinations")
+    __slots__ = ("seq", "push_id", "destinations", "destination_ids")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     push_id: PushId
     destinations: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ...) -> None: ...
+    destination_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResolveSourceReply(_message.Message):
     __slots__ = ("logged", "confirmed_upto", "committed")
