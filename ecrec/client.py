@@ -84,6 +84,7 @@ class Cluster:
         self.map: cluster_pb2.ClusterMap | None = None
         self.layout: Layout | None = None
         self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
+        self._last_live: dict[int, str] = {}
         self.stats = {"pushes": 0, "retries": 0, "push_bytes": 0, "pull_bytes": 0}
 
     @classmethod
@@ -113,14 +114,15 @@ class Cluster:
     def _adopt(self, m: cluster_pb2.ClusterMap) -> None:
         with self._lock:
             if self.map is None or m.epoch >= self.map.epoch:
-                old = self.map
                 self.map = m
                 self.layout = Layout(m.num_servers, m.k, m.m)
-                if old is not None:
-                    for index in range(m.num_servers):
-                        before, after = _live_address(old, index), _live_address(m, index)
-                        if before is not None and after is not None and before != after:
-                            self.replacements.append(Replacement(index, before, after, m.epoch, time.time()))
+                for index in range(m.num_servers):  # compare with the last live address seen, across FAILED maps
+                    before, after = self._last_live.get(index), _live_address(m, index)
+                    if after is None:
+                        continue
+                    if before is not None and before != after:
+                        self.replacements.append(Replacement(index, before, after, m.epoch, time.time()))
+                    self._last_live[index] = after
 
     def _address_of(self, index: int) -> str | None:
         return _live_address(self.map, index)
@@ -364,13 +366,14 @@ class Cluster:
                 name=name, value=transport.floats_to_bytes(param.grad.detach().to(torch.float32).numpy()))
             param.grad = None
         if not requests:
-            return {"servers": 0, "rows": 0}
+            return {"servers": 0, "rows": 0, "rows_by_server": {}, "already_applied": 0}
         self.stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
         replies = self._fan_out("Push", requests)
         self.stats["pushes"] += 1
         for reply in replies.values():
             self._load_dense(reply.dense)
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
+                "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}
 
     def close(self) -> None:

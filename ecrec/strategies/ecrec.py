@@ -28,7 +28,6 @@ Recovery (this server promoted to a failed index ``f``):
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -121,6 +120,7 @@ class DestinationSender:
                 break
             try:
                 st.server.peer_by_address(address).ApplyParity(message, timeout=st.server.config.rpc_timeout_s)
+                st.counters["parity_bytes_sent"] += message.ByteSize()
                 self.sent_confirm = max(self.sent_confirm, confirm)
                 break
             except grpc.RpcError as exc:
@@ -520,6 +520,7 @@ class ErasureCoding(FaultToleranceStrategy):
         for key in kept:
             self.server.applied.add(key, None)
         self.counters["resolve_s"] = time.perf_counter() - t0
+        self.counters["promoted_wall_time"] = self.recovery_started
         threading.Thread(target=self._background_rebuild, name="ecrec-rebuild", daemon=True).start()
         return True
 
@@ -862,7 +863,11 @@ class ErasureCoding(FaultToleranceStrategy):
         return {"checked": checked, "mismatched": mismatched}
 
     def stats(self) -> dict:
-        return {k: v for k, v in self.counters.items()} | {"recovering": self.recovering.is_set()}
+        parity_bytes = sum(len(store.slots) * store.spec.row_bytes for store in self.parity.values())
+        replica_bytes = sum(d.floats.nbytes for name, d in self.server.dense.items()
+                            if self.layout.dense_servers(name)[0] != self.server.index)
+        return {k: v for k, v in self.counters.items()} | {
+            "recovering": self.recovering.is_set(), "redundancy_bytes": parity_bytes + replica_bytes}
 
     def close(self) -> None:
         self.closed.set()
@@ -876,4 +881,3 @@ class _nullcontext:
         return False
 
 
-_ = json  # kept for symmetry with other strategies' commands

@@ -1,0 +1,329 @@
+"""The worker-side checkpoint driver: consistent cuts, rollback, interval choice and exact loss counting.
+
+    cluster = Cluster.connect(address)
+    driver = CheckpointDriver(cluster)            # reads the strategy and options from the cluster map
+    driver.start(step=0)                          # initial checkpoint; measures o_save and o_load
+    step = 0
+    while step < num_steps:
+        train_one_batch(data[step])
+        result = cluster.step()
+        resume = driver.after_step(step, result)  # may save; on a failure recovers
+        step = resume if resume is not None else step + 1
+
+What it does, by the recovery the run uses:
+
+- **full** (strategy ``full``, or a ``cpr*`` strategy whose ``recovery`` resolved to full):
+  saves are driven from here at step boundaries (``StrategyCall("save", {cut, step})`` on
+  every server at once), so the checkpoints of one *cut* form a consistent global state.
+  When the client's map shows a server index served by a new process it flushes
+  every server's writer, restores the newest cut complete on **every** server, reloads the
+  dense parameters into the worker, and returns the cut's step: the training loop rewinds
+  its data position there and the lost work is redone.
+- **partial** (``cpr``, ``cpr-mfu``, ``cpr-ssu``): servers save on their own timers and the
+  replacement restores itself (``on_recovery``); the driver only counts what was lost and
+  reloads the dense parameters.
+
+Interval: an explicit ``interval_steps``/``interval_s`` wins; otherwise the full-recovery
+interval is Daly's (or Young's) optimum from the *measured* save stall and the user's
+``mtbf_s`` (re-evaluated after every save), and with ``recovery=auto`` the choice between
+partial and full recovery is ``overhead.plan_recovery`` on the measured o_save and o_load.
+
+Exact loss counting: the driver adds up the rows every push it was given acknowledged
+(``cluster.step()``'s ``rows``) and, at a step boundary, asks every server for the row
+updates its state reflects (``stats.row_updates_total``; a replacement's counter restarts
+at its checkpoint's).  Their difference is exactly the row updates lost.  It is exact when
+every push of the job passes through :meth:`after_step` (one worker, or workers that hand
+their step results to one driver via :meth:`add_acked`) and nothing is pushed while the
+driver counts.  PLS = lost / all acknowledged row updates.
+
+Every call goes through the client (``Cluster.strategy_call``), so it has the client's RPC
+timeout and follows failures to the replacement; errors are raised, never swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+from baselines import overhead
+from baselines.storage import CheckpointError
+from ecrec.client import Cluster, ClusterError
+from ecrec.strategies import get_strategy
+from ecrec.wire import cluster_pb2
+
+log = logging.getLogger("baselines.driver")
+
+STRATEGIES = ("full", "cpr", "cpr-mfu", "cpr-ssu")
+
+
+@dataclass
+class FailureEvent:
+    step: int  # the step after which the failure was seen
+    indices: list[int]
+    recovery: str  # "partial" | "full"
+    lost_updates: int = 0  # partial: row updates lost by this failure
+    resume_step: int | None = None  # full: where the data position went back to
+    cut: int | None = None  # full: the restored cut
+    updates_rolled_back: int = 0  # full: acknowledged row updates undone (to be redone)
+    restored: dict = field(default_factory=dict)  # partial: index -> what the replacement restored
+    dense_rolled_back: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class CheckpointDriver:
+    """Drives the checkpointing baselines from the training loop (see the module docstring)."""
+
+    def __init__(self, cluster: Cluster, interval_steps: int | None = None, interval_s: float | None = None,
+                 mtbf_s: float | None = None, recovery: str | None = None):
+        if cluster.map is None:
+            cluster.refresh_map()
+        self.cluster = cluster
+        self.strategy = cluster.map.strategy
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"CheckpointDriver drives {STRATEGIES}; this cluster runs {self.strategy!r}")
+        cls = get_strategy(self.strategy)
+        self.opts = cls.options_from(dict(cluster.map.strategy_options))
+        self.full_only = cls.full_only
+        self.interval_steps = interval_steps if interval_steps is not None else self.opts.interval_steps
+        self.interval_s = interval_s if interval_s is not None else self.opts.interval_s
+        self.mtbf_s = mtbf_s if mtbf_s is not None else self.opts.mtbf_s
+        self.recovery = "full" if self.full_only else (recovery or self.opts.recovery)
+        if self.recovery not in ("partial", "full", "auto"):
+            raise ValueError(f"recovery must be partial, full or auto, got {self.recovery!r}")
+        if self.recovery == "auto" and (self.mtbf_s is None or self.opts.target_pls is None):
+            raise ValueError("recovery=auto needs mtbf_s and the strategy's target_pls")
+        for name, v in (("interval_steps", self.interval_steps), ("interval_s", self.interval_s), ("mtbf_s", self.mtbf_s)):
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
+        self.mode: str | None = None  # resolved recovery: "partial" | "full"
+        self.plan: overhead.RecoveryPlan | None = None
+        self.o_save_s: float | None = None  # EWMA of the measured save stall
+        self.o_load_s: float | None = None
+        self.full_interval_s: float | None = None  # driver-driven interval in seconds (explicit or modelled)
+        self.saves = 0
+        self.save_stall_s = 0.0
+        self.rows_acked_total = 0  # every row update acknowledged to the worker(s) since start
+        self.lost_updates = 0
+        self.updates_rolled_back = 0
+        self.steps_redone = 0
+        self.events: list[FailureEvent] = []
+        self._balance = 0  # acknowledged row updates the servers' state should reflect
+        self._seen = len(cluster.replacements)
+        self._addresses: dict[int, str] = self._live()
+        self._cut = 0
+        self._confirmed_cut: int | None = None
+        self._write_errors: dict[int, int] = {}
+        self._last_save_step: int | None = None
+        self._last_save_time = 0.0
+        self._started = False
+
+    # --- set-up ------------------------------------------------------------------------------------------
+    def start(self, step: int = 0) -> dict:
+        """Initial checkpoint (durable before returning) at ``step``; measures costs; resolves the recovery mode."""
+        self._balance = self._server_counters()
+        lists = self.cluster.strategy_call("list")
+        self._cut = max((c for r in lists.values() for c in r["cuts"]), default=0)
+        self._save(step)
+        flushed = self.cluster.strategy_call("flush")
+        failed = {i: f["last_error"] for i, f in flushed.items() if f["last_committed_cut"] != self._cut}
+        if failed:
+            raise CheckpointError(f"the initial checkpoint (cut {self._cut}) was not written on servers {failed}")
+        self._confirmed_cut = self._cut
+        probes = self.cluster.strategy_call("probe_load")
+        self.o_load_s = max(r["load_s"] for r in probes.values())
+        n = self.cluster.layout.num_servers
+        if self.recovery == "auto":
+            self.plan = overhead.plan_recovery(self.o_save_s, self.o_load_s, self.mtbf_s, n, self.opts.target_pls,
+                                               self.opts.o_res_s, self.opts.formula)
+            self.mode = self.plan.recovery
+            log.info("recovery plan: %s", self.plan)
+        else:
+            self.mode = self.recovery
+        self._update_interval()
+        if not self.full_only:
+            self.cluster.strategy_call("configure", self._configure_args())
+        self._started = True
+        return self.report()
+
+    def _configure_args(self) -> dict:
+        args = {"mode": self.mode}
+        if self.mode == "partial" and self.plan is not None and self.opts.interval_s is None:
+            args["interval_s"] = self.plan.partial_interval_s
+        return args
+
+    def _update_interval(self) -> None:
+        if self.mode != "full" or self.interval_s is not None or self.interval_steps is not None:
+            self.full_interval_s = self.interval_s
+            return
+        if self.mtbf_s is None:
+            raise ValueError("full recovery needs interval_steps, interval_s or mtbf_s")
+        self.full_interval_s = overhead.optimal_full_interval(max(self.o_save_s, 1e-6), self.mtbf_s, self.opts.formula)
+
+    # --- the training loop's hooks ------------------------------------------------------------------------
+    def add_acked(self, rows: int) -> None:
+        """Adds row updates acknowledged to a worker whose step results do not pass through :meth:`after_step`."""
+        self.rows_acked_total += int(rows)
+        self._balance += int(rows)
+
+    def after_step(self, step: int, result: dict | None = None) -> int | None:
+        """Call after batch ``step`` (0-based) was pushed; returns the step to resume from after a rollback."""
+        if not self._started:  # the servers' counters already include this step's rows
+            self.start(step + 1)
+            self.rows_acked_total += int(result.get("rows", 0)) if result else 0
+            return None
+        if result is not None:
+            self.add_acked(result.get("rows", 0))
+        if self._failures_pending():
+            return self._on_failure(step)
+        if self._due(step):
+            try:
+                self._save(step + 1)
+            except ClusterError:
+                if self._failures_pending():
+                    return self._on_failure(step)
+                raise
+        return None
+
+    def save_now(self, next_step: int, wait: bool = True) -> dict[int, dict]:
+        """A full save at a step boundary on every server now (``next_step``: the batch that comes next)."""
+        return self._save(next_step, wait=wait)
+
+    # --- saving -----------------------------------------------------------------------------------------------
+    def _due(self, step: int) -> bool:
+        if self.mode == "partial" and self.interval_steps is None:
+            return False  # the servers' timers save
+        if self.interval_steps is not None:
+            return (step + 1) - self._last_save_step >= self.interval_steps
+        if self.full_interval_s is not None:
+            return time.monotonic() - self._last_save_time >= self.full_interval_s
+        return False
+
+    def _save(self, next_step: int, wait: bool = False) -> dict[int, dict]:
+        self._cut += 1
+        cut = self._cut
+        args = {"kind": "full", "cut": cut, "step": int(next_step), "wait": bool(wait)}
+        if self._confirmed_cut is not None:
+            args["keep_cut"] = self._confirmed_cut
+        t0 = time.perf_counter()
+        replies = self.cluster.strategy_call("save", args)
+        stall = time.perf_counter() - t0
+        self.saves += 1
+        self.save_stall_s += stall
+        if not wait:  # o_save is the stall training pays (the write runs in the background): an EWMA
+            self.o_save_s = stall if self.o_save_s is None else 0.7 * self.o_save_s + 0.3 * stall
+        committed = [r["last_committed_cut"] for r in replies.values()]
+        self._confirmed_cut = None if any(c is None for c in committed) else min(committed)
+        for index, r in replies.items():
+            if r.get("write_errors", 0) > self._write_errors.get(index, 0):
+                self._write_errors[index] = r["write_errors"]
+                log.warning("server %d: a checkpoint write failed: %s", index, r.get("last_error"))
+        self._last_save_step = int(next_step)
+        self._last_save_time = time.monotonic()
+        if self._started:
+            self._update_interval()
+        return replies
+
+    # --- failures ---------------------------------------------------------------------------------------------
+    def _live(self) -> dict[int, str]:
+        m = self.cluster.map
+        return {s.index: s.address for s in m.servers
+                if s.index >= 0 and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+
+    def _replaced(self) -> list[int]:
+        """Indices now served by another process than when last looked at.
+
+        Compares the client's map with the addresses recorded here rather than relying only on
+        ``cluster.replacements``, which misses a replacement when the client adopted an intermediate
+        map where the index was FAILED (no live address) before the promoted one.
+        """
+        live = self._live()
+        replaced = {i for i, a in live.items() if self._addresses.get(i) not in (None, a)}
+        replaced |= {r.index for r in self.cluster.replacements[self._seen:]}
+        return sorted(replaced)
+
+    def _failures_pending(self) -> bool:
+        return bool(self._replaced())
+
+    def _server_counters(self) -> int:
+        return sum(int(r["row_updates_total"]) for r in self.cluster.strategy_call("stats").values())
+
+    def _on_failure(self, step: int) -> int | None:
+        t0 = time.perf_counter()
+        indices = self._replaced()
+        self._seen = len(self.cluster.replacements)
+        self._addresses.update(self._live())
+        if self.mode == "full":
+            return self._rollback(step, indices, t0)
+        counters = self._server_counters()
+        lost = self._balance - counters
+        if lost < 0:
+            raise CheckpointError(f"servers reflect {counters} row updates but only {self._balance} were acknowledged "
+                                  "to this driver: route every worker's step result through after_step/add_acked")
+        self._balance = counters
+        self.lost_updates += lost
+        stats = self.cluster.strategy_call("stats", indices=indices)
+        self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
+        dense = [d.name for d in self.cluster.map.dense if self.cluster.layout.dense_servers(d.name)[0] in indices]
+        self.cluster.pull_dense()
+        event = FailureEvent(step, indices, "partial", lost_updates=lost, dense_rolled_back=dense,
+                             restored={i: stats[i]["restored"] for i in indices}, seconds=time.perf_counter() - t0)
+        self.events.append(event)
+        log.warning("servers %s replaced after step %d: partial recovery, %d row updates lost (PLS so far %.3g)",
+                    indices, step, lost, self.pls())
+        return None
+
+    def _rollback(self, step: int, indices: list[int], t0: float) -> int:
+        flushed = self.cluster.strategy_call("flush")
+        for index, f in flushed.items():
+            if f.get("last_error"):
+                log.warning("server %d: last checkpoint error: %s", index, f["last_error"])
+        lists = self.cluster.strategy_call("list")
+        common = set.intersection(*(set(r["cuts"]) for r in lists.values()))
+        if not common:
+            raise CheckpointError("no checkpoint cut is complete on every server "
+                                  f"({ {i: r['cuts'] for i, r in lists.items()} }): cannot roll back")
+        cut = max(common)
+        log.info("rollback: complete cuts per server %s -> cut %d", {i: r["cuts"] for i, r in lists.items()}, cut)
+        restored = self.cluster.strategy_call("restore", {"cut": cut})
+        steps = {r["step"] for r in restored.values()}
+        if len(steps) != 1 or None in steps:
+            raise CheckpointError(f"cut {cut} records different steps on different servers: {steps}")
+        resume = steps.pop()
+        if not self.full_only:
+            self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
+        self.cluster.zero_grad()
+        self.cluster.pull_dense()
+        counters = self._server_counters()
+        rolled = self._balance - counters
+        self._balance = counters
+        self.updates_rolled_back += rolled
+        self.steps_redone += (step + 1) - resume
+        self._last_save_step = resume
+        self._last_save_time = time.monotonic()
+        event = FailureEvent(step, indices, "full", resume_step=resume, cut=cut, updates_rolled_back=rolled,
+                             seconds=time.perf_counter() - t0)
+        self.events.append(event)
+        log.warning("servers %s replaced after step %d: rolled every server back to cut %d; resuming at step %d",
+                    indices, step, cut, resume)
+        return resume
+
+    # --- reporting --------------------------------------------------------------------------------------------
+    def lost_now(self) -> int:
+        """Row updates lost so far, counted now (call at a step boundary)."""
+        if self.mode != "partial":
+            return self.lost_updates
+        return self.lost_updates + self._balance - self._server_counters()
+
+    def pls(self) -> float:
+        return overhead.pls(self.lost_updates, self.rows_acked_total)
+
+    def report(self) -> dict:
+        return {
+            "strategy": self.strategy, "mode": self.mode, "plan": self.plan.to_dict() if self.plan else None,
+            "o_save_s": self.o_save_s, "o_load_s": self.o_load_s, "interval_steps": self.interval_steps,
+            "full_interval_s": self.full_interval_s, "saves": self.saves, "save_stall_s": self.save_stall_s,
+            "rows_acked": self.rows_acked_total, "lost_updates": self.lost_updates, "pls": self.pls(),
+            "updates_rolled_back": self.updates_rolled_back, "steps_redone": self.steps_redone,
+            "failures": [asdict(e) for e in self.events],
+        }

@@ -1,0 +1,463 @@
+"""``ecrec-bench compare``: one workload, one failure trace, every strategy, one report.
+
+For each strategy it starts a local cluster (separate processes on 127.0.0.1, one standby),
+trains the same DLRM on the same data through the SDK, kills the same server (SIGKILL) at the
+same step, and measures side by side in one run:
+
+- failure-free throughput (steps before the failure) and its overhead against ``none`` (a
+  failure-free reference run of ``none`` is always made first; its final state is also the
+  reference of ``state_matches_failure_free``);
+- the failure: promotion of the standby, time back to full speed (``recovery_s``; for full
+  recovery that includes redoing the rolled-back steps), full redundancy, the longest step,
+  throughput while recovering over throughput before;
+- lost updates (counted exactly: the checkpoint driver's balance for ``cpr*``; the failed
+  shard's acknowledged row updates for ``none``; zero for ``ecrec`` when the state matches
+  the failure-free run bit for bit), PLS, test AUC and log loss;
+- memory held for redundancy over model bytes, checkpoint bytes written, network bytes.
+
+Prints a table, and writes ``--json`` and a ``--plot`` of throughput over time with the
+failure marked.  ``--workers W > 1`` launches W workers with torchrun, each on its own shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
+PRESETS = {
+    # a few minutes on 2 cores for every strategy
+    "quick": dict(servers=4, k=2, m=1, steps=300, fail_at=150, fail_server=1, batch_size=256, tables=8,
+                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50),
+    # a larger run: more steps and rows
+    "standard": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, batch_size=512, tables=26,
+                     rows_per_table=50_000, samples=300_000, embedding_dim=16, checkpoint_interval_steps=200),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="workload size (default quick)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default {','.join(STRATEGIES)})")
+    p.add_argument("--servers", type=int, help="embedding servers")
+    p.add_argument("--k", type=int, help="data rows per stripe (ecrec)")
+    p.add_argument("--m", type=int, help="parity rows per stripe (ecrec)")
+    p.add_argument("--steps", type=int, help="training steps per worker")
+    p.add_argument("--fail-at", type=int, help="step at which a server is killed (negative: no failure)")
+    p.add_argument("--fail-server", type=int, help="index of the server killed")
+    p.add_argument("--batch-size", type=int, help="samples per step per worker")
+    p.add_argument("--dataset", default="synthetic",
+                   help="synthetic (default; generated, Zipf ids with a planted signal) | criteo:PATH | movielens")
+    p.add_argument("--checkpoint-interval-steps", type=int, help="checkpoint interval of full/cpr* (default: preset)")
+    p.add_argument("--mtbf-hours", type=float, default=None,
+                   help="MTBF for the checkpoint interval model (used when no explicit interval is given)")
+    p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of throughput over time, failure marked")
+    p.add_argument("--work-dir", help="where data and checkpoints go (default: a temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+
+
+# --- data -----------------------------------------------------------------------------------------
+def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
+    """Writes the dataset as .npz (dense, ids, labels, table_sizes) and returns its description."""
+    from ecrec.workload.data import InMemoryDataset, write_synthetic_criteo
+
+    out = work / "data.npz"
+    if args.dataset == "synthetic":
+        tsv = work / "synthetic.tsv"
+        info = write_synthetic_criteo(tsv, num_samples=cfg["samples"], num_tables=cfg["tables"],
+                                      rows_per_table=cfg["rows_per_table"], seed=args.seed)
+        ds = InMemoryDataset.from_tsv(tsv, info.table_sizes)
+        desc = {"name": "synthetic", "samples": len(ds), "tables": len(info.table_sizes),
+                "rows_per_table": cfg["rows_per_table"], "oracle_auc": info.oracle_auc}
+    elif args.dataset.startswith("criteo:"):
+        path = args.dataset.split(":", 1)[1]
+        if not os.path.exists(path):
+            raise SystemExit(f"ecrec-bench compare: no such Criteo file {path!r}")
+        ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"])
+        desc = {"name": "criteo", "path": path, "samples": len(ds), "tables": ds.num_tables,
+                "rows_per_table": cfg["rows_per_table"]}
+    elif args.dataset == "movielens":
+        from ecrec.workload.movielens import load_movielens
+
+        try:
+            ml = load_movielens()
+        except FileNotFoundError as exc:
+            raise SystemExit(f"ecrec-bench compare: {exc}\n  fetch it with: python -m ecrec.workload.movielens fetch") from None
+        ds = ml.dataset()
+        desc = {"name": "movielens-100k", "samples": len(ds), "tables": ds.num_tables}
+    else:
+        raise SystemExit(f"ecrec-bench compare: unknown --dataset {args.dataset!r} (synthetic | criteo:PATH | movielens)")
+    np.savez(out, dense=ds.dense, ids=ds.ids, labels=ds.labels, table_sizes=np.asarray(ds.table_sizes))
+    return out, desc
+
+
+# --- one run ----------------------------------------------------------------------------------------
+def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None,
+                 progress_label: str) -> dict:
+    from ecrec.bench.trainer import TrainConfig, run
+    from ecrec.local import LocalCluster, LocalClusterSpec
+
+    options = {}
+    k = m = 0
+    if strategy == "ecrec":
+        k, m = cfg["k"], cfg["m"]
+    if strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
+        ckpt = work / f"ckpt-{progress_label}"
+        shutil.rmtree(ckpt, ignore_errors=True)
+        options["dir"] = str(ckpt)
+    local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m, options=options))
+    records_dir = work / f"records-{progress_label}"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    killed = {}
+    try:
+        local.start()
+        tcfg = TrainConfig(address=local.coordinator_address, data_path=str(data_path), strategy=strategy,
+                           steps=cfg["steps"], batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"],
+                           seed=args.seed, checkpoint_interval_steps=cfg["checkpoint_interval_steps"],
+                           mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(records_dir))
+
+        def kill():
+            killed["pid"] = local.pid_of_index(cfg["fail_server"])
+            killed["time"] = time.time()
+            local.kill(killed["pid"])
+
+        if args.workers > 1:
+            result = _run_torchrun(tcfg, args.workers, records_dir, fail_at, kill, progress_label)
+        else:
+            def on_step(step):
+                _progress(progress_label, step, cfg["steps"])
+                if fail_at is not None and step == fail_at and "pid" not in killed:
+                    kill()
+
+            result = run(tcfg, 0, 1, on_step)
+            _progress(progress_label, cfg["steps"], cfg["steps"], done=True)
+        cluster_map = local.cluster_map()
+        state = _final_state(result.get("cluster"), local) if args.workers == 1 else None
+        stats = _strategy_stats(local, strategy)
+    finally:
+        local.close()
+        if not args.keep:
+            shutil.rmtree(records_dir, ignore_errors=True)
+    return {"result": result, "killed": killed, "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time)
+                                                           for e in cluster_map.events],
+            "state": state, "stats": stats, "map": cluster_map}
+
+
+def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -> dict:
+    config_path = records_dir / "config.json"
+    config_path.write_text(json.dumps(dataclasses.asdict(tcfg)))
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--standalone", f"--nproc_per_node={workers}", "-m", "ecrec.bench.trainer", str(config_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    rank0 = records_dir / "rank0.jsonl"
+    try:
+        while proc.poll() is None:
+            step = _last_step(rank0)
+            _progress(label, step, tcfg.steps)
+            if fail_at is not None and step >= fail_at and not kill.__dict__.get("done"):
+                kill()
+                kill.__dict__["done"] = True
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun workers failed with exit code {proc.returncode}")
+    _progress(label, tcfg.steps, tcfg.steps, done=True)
+    records = []
+    for path in sorted(records_dir.glob("rank*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    records.sort(key=lambda r: r["end"])
+    summary = json.loads((records_dir / "rank0.result.json").read_text())
+    return {"records": records, "evaluation": summary["evaluation"], "driver": summary["driver"],
+            "client_bytes": summary["client_bytes"], "cluster": None}
+
+
+def _last_step(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def _progress(label: str, step: int, total: int, done: bool = False) -> None:
+    width = 30
+    filled = int(width * min(step, total) / max(total, 1))
+    end = "\n" if done else ""
+    print(f"\r  {label:<10} [{'#' * filled}{'.' * (width - filled)}] {min(step, total)}/{total}", end=end,
+          file=sys.stderr, flush=True)
+
+
+def _final_state(cluster, local) -> dict | None:
+    if cluster is None:
+        return None
+    state = {}
+    for t in cluster.refresh_map().tables:
+        _, payload = cluster.read_payload(t.name)
+        state[t.name] = payload.view(np.uint32).copy()
+    for d in cluster.map.dense:
+        state["dense:" + d.name] = cluster.read_dense_payload(d.name)[: int(np.prod(d.shape))].view(np.uint32).copy()
+    return state
+
+
+def _strategy_stats(local, strategy: str) -> dict:
+    from ecrec.client import Cluster
+
+    try:
+        c = Cluster.connect(local.coordinator_address, wait_ready_s=30)
+        return {str(i): v for i, v in c.strategy_call("stats").items()}
+    except Exception as exc:  # noqa: BLE001 - the report says so
+        return {"error": str(exc)}
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_at) -> dict:
+    records = run["result"]["records"]
+    ends = np.array([r["end"] for r in records])
+    starts = np.array([r["start"] for r in records])
+    samples = np.array([r["samples"] for r in records])
+    durations = ends - starts
+    kill_t = run["killed"].get("time")
+    warm = min(10, len(records) // 4)
+    before = slice(warm, fail_at if fail_at is not None else len(records))
+    rate = samples[before].sum() / max(ends[before][-1] - starts[before][0], 1e-9) if len(records[before]) else None
+    median_step = float(np.median(durations[before])) if len(records[before]) else None
+    out = {"strategy": strategy, "samples_per_s_failure_free": rate, "median_step_s": median_step}
+    events = run["events"]
+    if kill_t is not None:
+        after = ends > kill_t
+        out["max_stall_s"] = float(durations[after].max()) if after.any() else None
+        promoted = [e["wall_time"] for e in events if e["kind"] == "promoted" and e["wall_time"] >= kill_t]
+        redundant = [e["wall_time"] for e in events if e["kind"] == "redundant" and e["wall_time"] >= kill_t]
+        out["promotion_s"] = promoted[0] - kill_t if promoted else None
+        out["fully_redundant_s"] = (redundant[0] - kill_t) if redundant and strategy != "none" else None
+        # back to full speed: progress past the failure step, and the next steps at pre-failure speed
+        steps = np.array([r["step"] for r in records])
+        back = None
+        for i in np.flatnonzero(after & (steps >= fail_at)):
+            window = durations[i:i + 5]
+            if len(window) and np.median(window) <= 1.25 * median_step:
+                back = ends[i]
+                break
+        out["recovery_s"] = back - kill_t if back is not None else None
+        if promoted:
+            w0 = promoted[0]
+            w1 = max(redundant[0] if redundant else w0, w0 + 2.0)
+            inside = (ends > w0) & (ends <= w1)
+            during = samples[inside].sum() / (w1 - w0) if inside.any() else 0.0
+            out["throughput_during_recovery_ratio"] = during / rate if rate else None
+        else:
+            out["throughput_during_recovery_ratio"] = None
+    else:
+        out.update(max_stall_s=None, promotion_s=None, fully_redundant_s=None, recovery_s=None,
+                   throughput_during_recovery_ratio=None)
+    driver = run["result"].get("driver")
+    total_rows = int(sum(r["rows"] for r in records))
+    if driver:
+        out["lost_updates"] = driver["lost_updates"]
+        out["pls"] = driver["pls"]
+        out["updates_rolled_back"] = driver["updates_rolled_back"]
+        out["steps_redone"] = driver["steps_redone"]
+    elif strategy == "none" and kill_t is not None:
+        index = str(cfg["fail_server"])
+        lost = sum(int(r["rows_by_server"].get(index, r["rows_by_server"].get(int(index), 0)))
+                   for r in records if r["end"] <= kill_t)
+        out["lost_updates"], out["pls"] = lost, lost / max(total_rows, 1)
+    else:
+        out["lost_updates"], out["pls"] = None, None
+    ev = run["result"]["evaluation"]
+    out["test_auc"], out["test_logloss"] = ev.get("auc"), ev.get("logloss")
+    state, ref_state = run["state"], reference["state"] if reference else None
+    if state is not None and ref_state is not None:
+        out["state_matches_failure_free"] = state.keys() == ref_state.keys() and all(
+            np.array_equal(state[k], ref_state[k]) for k in ref_state)
+        if strategy == "ecrec" and out["state_matches_failure_free"] and out["lost_updates"] is None:
+            out["lost_updates"], out["pls"] = 0, 0.0
+    else:
+        out["state_matches_failure_free"] = None
+    stats = run["stats"]
+    model_bytes = _model_bytes(run["map"])
+    per_server = [v for v in stats.values() if isinstance(v, dict)]
+    redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)
+    out["memory_overhead"] = redundancy / model_bytes if model_bytes else None
+    out["checkpoint_bytes"] = int(sum(v.get("bytes_written", 0) for v in per_server))
+    out["network_bytes"] = int(run["result"]["client_bytes"] + sum(v.get("parity_bytes_sent", 0) for v in per_server))
+    out["rows_acknowledged"] = total_rows
+    out["elapsed_s"] = float(ends[-1] - starts[0]) if len(records) else None
+    out["timeline"] = _timeline(records, kill_t)
+    return out
+
+
+def _model_bytes(cluster_map) -> int:
+    from ecrec.tables import DenseSpec, TableSpec
+
+    total = sum(TableSpec.from_proto(t).row_bytes * t.num_rows for t in cluster_map.tables)
+    return total + sum(DenseSpec.from_proto(d).payload_bytes for d in cluster_map.dense)
+
+
+def _timeline(records, kill_t, bucket_s: float = 0.5) -> dict:
+    if not records:
+        return {"t": [], "samples_per_s": [], "failure_t": None}
+    t0 = records[0]["start"]
+    ends = np.array([r["end"] - t0 for r in records])
+    samples = np.array([r["samples"] for r in records])
+    edges = np.arange(0, ends.max() + bucket_s, bucket_s)
+    counts, _ = np.histogram(ends, bins=edges, weights=samples)
+    return {"t": [float(x) for x in edges[1:]], "samples_per_s": [float(c / bucket_s) for c in counts],
+            "failure_t": (kill_t - t0) if kill_t else None}
+
+
+# --- output -------------------------------------------------------------------------------------------
+COLUMNS = [
+    ("strategy", "strategy", "{}"),
+    ("samples_per_s_failure_free", "samples/s", "{:,.0f}"),
+    ("overhead_vs_none", "overhead", "{:+.1%}"),
+    ("recovery_s", "recovery s", "{:.2f}"),
+    ("fully_redundant_s", "redundant s", "{:.2f}"),
+    ("max_stall_s", "max stall s", "{:.2f}"),
+    ("throughput_during_recovery_ratio", "tput in rec.", "{:.2f}"),
+    ("lost_updates", "lost upd.", "{:,}"),
+    ("pls", "PLS", "{:.4f}"),
+    ("test_auc", "AUC", "{:.4f}"),
+    ("state_matches_failure_free", "exact", "{}"),
+    ("memory_overhead", "mem ovh", "{:.2f}"),
+    ("checkpoint_bytes", "ckpt MB", None),
+]
+
+
+def print_table(rows: list[dict]) -> None:
+    def fmt(row, key, f):
+        v = row.get(key)
+        if v is None:
+            return "-"
+        if key == "checkpoint_bytes":
+            return f"{v / 1e6:.1f}"
+        return f.format(v)
+
+    cells = [[title for _, title, _ in COLUMNS]] + [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def write_plot(path: str, rows: list[dict], fail_at) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("ecrec-bench compare: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for row in rows:
+        tl = row["timeline"]
+        if not tl["t"]:
+            continue
+        shift = tl["failure_t"] or 0.0
+        ax.plot(np.array(tl["t"]) - shift, tl["samples_per_s"], label=row["strategy"], linewidth=1.2)
+    ax.axvline(0.0, color="red", linestyle="--", linewidth=1, label=f"server killed (step {fail_at})")
+    ax.set_xlabel("seconds from the failure")
+    ax.set_ylabel("samples / s (0.5 s buckets)")
+    ax.set_title("Training throughput around one server failure")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    cfg = dict(PRESETS[args.preset])
+    for key in ("servers", "k", "m", "steps", "fail_at", "fail_server", "batch_size", "checkpoint_interval_steps"):
+        value = getattr(args, key)
+        if value is not None:
+            cfg[key] = value
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}", file=sys.stderr)
+        return 2
+    if not 0 <= cfg["fail_server"] < cfg["servers"]:
+        print(f"ecrec-bench compare: --fail-server must be in [0, {cfg['servers']})", file=sys.stderr)
+        return 2
+    if "ecrec" in strategies and cfg["k"] + cfg["m"] > cfg["servers"]:
+        print(f"ecrec-bench compare: k + m = {cfg['k'] + cfg['m']} exceeds --servers {cfg['servers']}", file=sys.stderr)
+        return 2
+    fail_at = cfg["fail_at"] if cfg["fail_at"] is not None and cfg["fail_at"] >= 0 else None
+    if fail_at is not None and fail_at >= cfg["steps"]:
+        print("ecrec-bench compare: --fail-at must be below --steps", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("ecrec-bench compare: --workers must be >= 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and "full" in strategies:
+        print("ecrec-bench compare: 'full' rolls back every worker's data position, which the torchrun launcher "
+              "does not coordinate yet; run it with --workers 1", file=sys.stderr)
+        return 2
+    from ecrec.transport import tune_allocator
+
+    tune_allocator()
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"ecrec-bench compare: preset {args.preset}, {cfg['servers']} servers, {cfg['steps']} steps x "
+          f"{cfg['batch_size']} samples, {args.workers} worker(s), kill server {cfg['fail_server']} at step {fail_at}",
+          file=sys.stderr)
+    try:
+        data_path, data_desc = prepare_data(args, cfg, work)
+        print(f"  data: {data_desc}", file=sys.stderr)
+        reference = run_strategy("none", args, cfg, data_path, work, None, "reference")
+        ref_summary = summarize("none (no failure)", reference, None, cfg, None)
+        rows = []
+        for strategy in strategies:
+            r = run_strategy(strategy, args, cfg, data_path, work, fail_at, strategy)
+            rows.append(summarize(strategy, r, reference, cfg, fail_at))
+        base = ref_summary["samples_per_s_failure_free"]
+        for row in rows:
+            rate = row["samples_per_s_failure_free"]
+            row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
+    finally:
+        if not args.keep and not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print_table(rows)
+    print(f"\nreference (none, no failure): {base:,.0f} samples/s, AUC {ref_summary['test_auc']:.4f}")
+    config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
+              "strategies": strategies, "cpu_count": os.cpu_count()}
+    if args.json:
+        report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
+                  "strategies": {row["strategy"]: row for row in rows}}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=_json_default)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        write_plot(args.plot, rows, fail_at)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")

@@ -1,0 +1,445 @@
+"""The CPR checkpointing baselines (``baselines/``) on real server processes on 127.0.0.1.
+
+- ``full``: a failure ends with the same state, bit for bit, as a failure-free run (the
+  rollback restores the last consistent cut and the worker replays from its step);
+- ``cpr`` / ``cpr-mfu``: the failed shard equals its checkpoint (plus MFU deltas) plus the
+  updates after recovery, the survivors lose nothing, and the lost-update count is exact;
+- ``cpr`` with ``recovery=auto`` and a tiny PLS target: the overhead model picks full recovery;
+- ``cpr-mfu`` saves hot rows more often than cold ones; ``cpr-ssu`` keeps its sample bounded;
+- a corrupted or torn checkpoint is refused with an error naming the file;
+- option validation, and the storage layer through fsspec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from baselines import storage
+from baselines.cpr import FullCheckpoint, PartialRecovery, PartialRecoveryMFU, PartialRecoverySSU
+from baselines.driver import CheckpointDriver
+from ecrec import optim
+from ecrec.client import Cluster, ClusterError, EmbeddingBag
+from ecrec.tables import TableSpec, initial_payload
+
+ROWS, DIM, BATCH = 90, 4, 10
+TABLE = dict(optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=3)
+
+
+def spec() -> TableSpec:
+    return TableSpec("t", ROWS, DIM, **TABLE)
+
+
+def connect(lc, rows: int = ROWS) -> tuple[Cluster, EmbeddingBag]:
+    """Connects and creates table ``t``.
+
+    Retries briefly on "holds no index yet": ``LocalCluster`` reports ready once the coordinator's map is
+    full, which can be before a server has processed its own Register reply (a race in ecrec, reported).
+    """
+    c = Cluster.connect(lc.coordinator_address)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            c.create_table("t", rows, DIM, **TABLE)
+            return c, EmbeddingBag(c, "t")
+        except ClusterError as exc:
+            transient = "holds no index yet" in str(exc) or "UNAVAILABLE" in str(exc)  # a loaded machine
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def make_batches(steps: int, seed: int = 0, hot: int = 0, rows: int = ROWS, batch: int = BATCH):
+    """Per step: distinct ids (``hot`` of them from ``[0, hot)`` every step) and a weight per id."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        cold = rng.choice(np.arange(hot, rows), batch - hot, replace=False)
+        ids = np.concatenate([np.arange(hot), cold]).astype(np.int64)
+        out.append((ids, rng.standard_normal((batch, DIM)).astype(np.float32)))
+    return out
+
+
+def train_step(cluster: Cluster, bag: EmbeddingBag, ids: np.ndarray, w: np.ndarray) -> dict:
+    """One bag per id, ``loss = sum(bag * w)``: the gradient of row ``ids[i]`` is exactly ``w[i]``."""
+    out = bag(torch.from_numpy(ids), torch.arange(len(ids)))
+    (out * torch.from_numpy(w)).sum().backward()
+    return cluster.step()
+
+
+def simulate(state: np.ndarray, batches, only: np.ndarray | None = None) -> np.ndarray:
+    """Applies ``batches`` to a local copy of the table payload, like the server does (optionally only rows in ``only``)."""
+    state = state.copy()
+    s = spec()
+    for ids, w in batches:
+        keep = np.ones(len(ids), bool) if only is None else np.isin(ids, only)
+        order = np.argsort(ids[keep])
+        rid, g = ids[keep][order], w[keep][order]
+        rows = state[rid]
+        optim.apply(s.optimizer, rows, g, s.dim, s.lr, s.eps)
+        state[rid] = rows
+    return state
+
+
+def owned_by(cluster: Cluster, index: int) -> np.ndarray:
+    servers, _ = cluster.layout.locate(np.arange(ROWS))
+    return np.flatnonzero(servers == index)
+
+
+def read_delta_ids(root: str, index: int) -> list[np.ndarray]:
+    st = storage.Storage.open(root)
+    return [storage.load_checkpoint(st, e.dirname).tables["t"].ids
+            for e in storage.scan(st, index) if e.delta is not None and e.complete]
+
+
+# --- full: rollback and replay -----------------------------------------------------------------------------
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.lin = torch.nn.Linear(DIM, 2)
+
+
+def run_full_model(make_cluster, strategy: str, options: dict, batches, kill_after: int | None):
+    lc = make_cluster(servers=2, standby=1 if kill_after is not None else 0, strategy=strategy, options=options,
+                      health_interval_s=0.2)
+    c, bag = connect(lc)
+    head = Head()
+    c.register_dense(head, optimizer="sgd", lr=0.05, prefix="head.")
+    driver = CheckpointDriver(c) if strategy != "none" else None
+    if driver:
+        driver.start(0)
+    step, executed = 0, 0
+    while step < len(batches):
+        ids, w = batches[step]
+        out = head.lin(bag(torch.from_numpy(ids), torch.arange(len(ids))))
+        (out * torch.from_numpy(w[:, :2])).sum().backward()
+        result = c.step()
+        executed += 1
+        resume = driver.after_step(step, result) if driver else None
+        if step == kill_after and executed == step + 1:  # kill once, between steps, once the last cut is on disk
+            c.strategy_call("flush")
+            lc.kill(lc.pid_of_index(c.layout.dense_servers("head.lin.weight")[0]))
+        step = resume if resume is not None else step + 1
+    ids, payload = c.read_payload("t")
+    dense = {n: c.read_dense_payload(n) for n in ("head.lin.weight", "head.lin.bias")}
+    params = {n: p.detach().numpy().copy() for n, p in head.named_parameters()}
+    return payload, dense, params, driver, executed
+
+
+@pytest.mark.cluster
+def test_full_failure_equals_failure_free_replay(make_cluster, tmp_path):
+    batches = make_batches(14, seed=1)
+    ref_payload, ref_dense, ref_params, _, _ = run_full_model(make_cluster, "none", {}, batches, None)
+    options = {"dir": str(tmp_path / "ckpt"), "interval_steps": 4}
+    payload, dense, params, driver, executed = run_full_model(make_cluster, "full", options, batches, kill_after=9)
+
+    # saves after steps 3 and 7 (cuts at steps 4 and 8); the failure is seen after step 10: back to 8
+    [event] = driver.events
+    assert event.recovery == "full" and event.resume_step == 8 and event.step == 10
+    assert driver.steps_redone == 3 and executed == len(batches) + 3
+    assert event.updates_rolled_back == 3 * BATCH  # steps 8, 9, 10 were undone
+    np.testing.assert_array_equal(payload.view(np.uint32), ref_payload.view(np.uint32))
+    for name in ref_dense:
+        np.testing.assert_array_equal(dense[name].view(np.uint32), ref_dense[name].view(np.uint32))
+    for name in ref_params:
+        np.testing.assert_array_equal(params[name], ref_params[name])
+    # real files: every server has complete checkpoints with a manifest that lists checksums
+    st = storage.Storage.open(options["dir"])
+    for index in (0, 1):
+        complete = [e for e in storage.scan(st, index) if e.complete]
+        assert complete, f"server {index} has no complete checkpoint"
+        manifest = storage.read_manifest(st, complete[-1].dirname)
+        assert manifest["tables"][0]["sha256"] and manifest["kind"] == "full"
+
+
+# --- cpr and cpr-mfu: partial recovery, exact loss ------------------------------------------------------------
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["cpr", "cpr-mfu"])
+def test_partial_recovery_exact(make_cluster, tmp_path, strategy):
+    root = str(tmp_path / "ckpt")
+    options = {"dir": root, "interval_s": 3600}
+    if strategy == "cpr-mfu":
+        options.update(mfu_fraction=0.1, mfu_interval_s=3600)
+    lc = make_cluster(servers=2, standby=1, strategy=strategy, options=options, health_interval_s=0.2)
+    c, bag = connect(lc)
+    driver = CheckpointDriver(c)
+    driver.start(0)
+    assert driver.mode == "partial"
+    batches = make_batches(16, seed=2, hot=3)
+    failed = 1
+    mine = owned_by(c, failed)
+
+    for step, (ids, w) in enumerate(batches):
+        result = train_step(c, bag, ids, w)
+        assert driver.after_step(step, result) is None  # partial recovery never rewinds the worker
+        if step == 4:
+            driver.save_now(5, wait=True)  # base checkpoint: state after 5 steps
+        if step == 7 and strategy == "cpr-mfu":
+            reply = c.strategy_call("save", {"kind": "partial", "wait": True}, indices=[failed])[failed]
+            assert reply["kind"] == "partial" and 0 < reply["rows"] <= 5  # ceil(0.1 * 45) rows at most
+        if step == 10:
+            lc.kill(lc.pid_of_index(failed))
+
+    init = initial_payload(spec(), np.arange(ROWS))
+    at_ckpt = simulate(init, batches[:5])
+    full_run = simulate(init, batches)
+    delta_ids = np.concatenate(read_delta_ids(root, failed) or [np.zeros(0, np.int64)])
+    restored = at_ckpt.copy()
+    if len(delta_ids):
+        restored[delta_ids] = simulate(init, batches[:8])[delta_ids]
+    expected_failed = simulate(restored, batches[11:], only=mine)
+
+    _, payload = c.read_payload("t")
+    survivors = np.setdiff1d(np.arange(ROWS), mine)
+    np.testing.assert_array_equal(payload[survivors].view(np.uint32), full_run[survivors].view(np.uint32))
+    np.testing.assert_array_equal(payload[mine].view(np.uint32), expected_failed[mine].view(np.uint32))
+
+    # lost: the failed shard's row updates of steps 5..10, minus those the delta captured (steps 5..7)
+    lost = sum(int(np.isin(ids, mine).sum()) for ids, _ in batches[5:11])
+    lost -= sum(int(np.isin(ids, delta_ids).sum()) for ids, _ in batches[5:8])
+    [event] = driver.events
+    assert event.indices == [failed] and event.recovery == "partial"
+    assert event.lost_updates == lost == driver.lost_updates
+    assert driver.rows_acked_total == len(batches) * BATCH
+    assert driver.pls() == pytest.approx(lost / (len(batches) * BATCH))
+    assert driver.lost_now() == lost  # nothing more lost since
+    assert event.restored[failed]["cut"] == 2  # the base saved after step 4
+    if strategy == "cpr-mfu":
+        assert len(delta_ids) > 0 and event.restored[failed]["deltas"] == [1]
+        assert set(np.arange(3)) & set(mine) <= set(delta_ids)  # the hot rows of that shard were in the delta
+    stats = c.strategy_call("stats")
+    assert stats[failed]["loads"] == 1 and stats[failed]["restored"]["seq"] is not None
+    assert stats[1 - failed]["saves"] == 2 and stats[1 - failed]["bytes_written"] > 0
+
+
+@pytest.mark.cluster
+def test_auto_recovery_picks_full_for_a_tiny_pls_target(make_cluster, tmp_path):
+    # target PLS 1e-9 would need a save every ~14 us: the model picks full recovery at Daly's interval
+    options = {"dir": str(tmp_path / "ckpt"), "mtbf_s": 3600, "target_pls": 1e-9}
+    lc = make_cluster(servers=2, standby=1, strategy="cpr", options=options, health_interval_s=0.2)
+    c, bag = connect(lc)
+    driver = CheckpointDriver(c, interval_steps=3)  # explicit steps win over the modelled seconds
+    report = driver.start(0)
+    assert report["mode"] == "full" and report["plan"]["recovery"] == "full"
+    assert report["plan"]["partial_overhead"] > report["plan"]["full_overhead"]
+    assert report["o_save_s"] > 0 and report["o_load_s"] > 0
+    assert all(s["mode"] == "full" for s in c.strategy_call("stats").values())
+    batches = make_batches(9, seed=6)
+    step, killed = 0, False
+    while step < len(batches):
+        resume = driver.after_step(step, train_step(c, bag, *batches[step]))
+        if step == 4 and not killed:
+            c.strategy_call("flush")
+            lc.kill(lc.pid_of_index(0))
+            killed = True
+        step = resume if resume is not None else step + 1
+    [event] = driver.events
+    assert event.recovery == "full" and event.step == 5 and event.resume_step == 3
+    # every step was redone after the rollback: the table is exactly the failure-free result
+    _, payload = c.read_payload("t")
+    expected = simulate(initial_payload(spec(), np.arange(ROWS)), batches)
+    np.testing.assert_array_equal(payload.view(np.uint32), expected.view(np.uint32))
+    assert c.strategy_call("stats", indices=[0])[0]["mode"] == "full"  # the replacement was told too
+
+
+# --- MFU and SSU ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.cluster
+def test_mfu_saves_hot_rows_more_often(make_cluster, tmp_path):
+    root = str(tmp_path / "ckpt")
+    lc = make_cluster(servers=2, strategy="cpr-mfu",
+                      options={"dir": root, "interval_s": 3600, "mfu_interval_s": 3600, "mfu_fraction": 0.1})
+    rows, hot = 200, 8
+    c, bag = connect(lc, rows)
+    driver = CheckpointDriver(c)
+    driver.start(0)
+    batches = make_batches(16, seed=3, hot=hot, rows=rows, batch=16)
+    for step, (ids, w) in enumerate(batches):
+        driver.after_step(step, train_step(c, bag, ids, w))
+        if step % 4 == 3:
+            c.strategy_call("save", {"kind": "partial", "wait": True})
+    saved = np.zeros(rows, int)
+    for index in (0, 1):
+        deltas = read_delta_ids(root, index)
+        assert len(deltas) == 4
+        for d in deltas:
+            assert len(d) <= 10  # ceil(0.1 * 100 owned rows)
+            saved[d] += 1
+    assert (saved[:hot] == 4).all(), saved[:hot]  # every hot row in every partial save
+    cold = saved[hot:]
+    assert cold.max() < 4 and cold.mean() < 1
+    stats = c.strategy_call("stats")
+    assert all(s["partial_saves"] == 4 and s["rows_saved_partial"] <= 40 for s in stats.values())
+
+
+@pytest.mark.cluster
+def test_ssu_sample_stays_bounded(make_cluster, tmp_path):
+    root = str(tmp_path / "ckpt")
+    cap = 5
+    lc = make_cluster(servers=2, strategy="cpr-ssu",
+                      options={"dir": root, "interval_s": 3600, "ssu_sample": cap, "ssu_interval_s": 0.25})
+    c, bag = connect(lc)
+    driver = CheckpointDriver(c)
+    driver.start(0)
+    deadline = time.monotonic() + 20
+    for step, (ids, w) in enumerate(make_batches(2000, seed=4)):
+        driver.after_step(step, train_step(c, bag, ids, w))
+        time.sleep(0.02)
+        if step % 10 == 9 and all(s["partial_saves"] >= 2 for s in c.strategy_call("stats").values()):
+            break  # the timer (every 0.25 s) did at least two partial saves on every server
+        assert time.monotonic() < deadline, "the timer did not drive two partial saves in 20 s"
+    c.strategy_call("flush")
+    stats = c.strategy_call("stats")
+    for index, s in stats.items():
+        assert s["ssu_sample_max"] == cap  # filled, never beyond
+        assert s["partial_saves"] >= 2, s  # the timer drives them
+        assert s["rows_saved_partial"] <= cap * s["partial_saves"]
+        for d in read_delta_ids(root, index):
+            assert 0 < len(d) <= cap
+    # a full restore (base + deltas) of a live server verifies and applies
+    info = c.strategy_call("restore", {}, indices=[0])[0]
+    assert info["deltas"] and info["seq"] == 1
+
+
+# --- corruption ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.cluster
+def test_corrupted_checkpoint_is_refused(make_cluster, tmp_path):
+    root = str(tmp_path / "ckpt")
+    lc = make_cluster(servers=2, strategy="full", options={"dir": root, "interval_steps": 100})
+    c, bag = connect(lc)
+    driver = CheckpointDriver(c)
+    driver.start(0)
+    batches = make_batches(3, seed=5)
+    for step, (ids, w) in enumerate(batches):
+        driver.after_step(step, train_step(c, bag, ids, w))
+    driver.save_now(3, wait=True)  # cut 2
+    _, before = c.read_payload("t")
+
+    # server 0: flip one byte of its table file -> checksum mismatch naming the file
+    path = os.path.join(root, "server-0", "ckpt-00000002", "table-000.bin")
+    with open(path, "r+b") as f:
+        f.seek(20)
+        b = f.read(1)
+        f.seek(20)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(ClusterError, match=r"DATA_LOSS: CheckpointCorrupt: .*table-000\.bin is corrupt: sha256"):
+        c.strategy_call("restore", {"cut": 2}, indices=[0])
+    # server 1: a torn checkpoint (no manifest) is not a complete cut and is not loaded
+    os.remove(os.path.join(root, "server-1", "ckpt-00000002", storage.MANIFEST))
+    assert c.strategy_call("list", indices=[1])[1]["cuts"] == [1]
+    with pytest.raises(ClusterError, match="no complete checkpoint of cut 2"):
+        c.strategy_call("restore", {"cut": 2}, indices=[1])
+    with pytest.raises(ClusterError, match="FAILED_PRECONDITION: CheckpointIncomplete: .*no MANIFEST.json.*torn"):
+        c.strategy_call("restore", {"seq": 2}, indices=[1])
+    # nothing was applied by the refused restores
+    _, after = c.read_payload("t")
+    np.testing.assert_array_equal(after.view(np.uint32), before.view(np.uint32))
+    # an intact older cut still restores
+    info = c.strategy_call("restore", {"cut": 1})
+    assert {r["step"] for r in info.values()} == {0}
+    _, restored = c.read_payload("t")
+    np.testing.assert_array_equal(restored.view(np.uint32), initial_payload(spec(), np.arange(ROWS)).view(np.uint32))
+
+
+# --- storage, unit level ---------------------------------------------------------------------------------------------
+
+def _snapshot(seq=1, delta=None):
+    ids = np.array([3, 5, 9], dtype=np.int64)
+    payload = np.arange(3 * 16, dtype=np.uint8).reshape(3, 16)
+    t = storage.TableSnapshot("t", {"num_rows": 10, "dim": 2, "optimizer": "adagrad", "row_bytes": 16}, ids, payload,
+                              row_updates=7, counts=np.array([1, 2, 3]) if delta else None)
+    return storage.Snapshot(0, seq, "delta" if delta else "full", "cpr", tables=[t],
+                            dense=[storage.DenseSnapshot("w", np.arange(4, dtype=np.float32))], delta=delta, cut=4, step=9)
+
+
+@pytest.mark.parametrize("url", ["local", "memory://ecrec-test-ckpt", "file"])
+def test_storage_round_trip_and_verification(tmp_path, url):
+    root = {"local": str(tmp_path), "file": f"file://{tmp_path}"}.get(url, url)
+    st = storage.Storage.open(root)
+    m = storage.write_checkpoint(st, _snapshot())
+    storage.write_checkpoint(st, _snapshot(delta=1))
+    assert m["bytes"] > 0
+    base, deltas, skipped = storage.latest_chain(st, 0)
+    assert base.seq == 1 and [d.delta for d in deltas] == [1] and not skipped
+    ck = storage.load_checkpoint(st, base.dirname)
+    assert ck.manifest["cut"] == 4 and ck.manifest["step"] == 9
+    np.testing.assert_array_equal(ck.tables["t"].ids, [3, 5, 9])
+    np.testing.assert_array_equal(ck.tables["t"].payload, _snapshot().tables[0].payload)
+    np.testing.assert_array_equal(ck.dense["w"], np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(storage.load_checkpoint(st, deltas[0].dirname).tables["t"].counts, [1, 2, 3])
+
+    # truncated data file
+    data = st.read(f"{base.dirname}/table-000.bin")
+    st.write_atomic(f"{base.dirname}/table-000.bin", [data[:-1]])
+    with pytest.raises(storage.CheckpointCorrupt, match=r"table-000\.bin has .* bytes.*truncated"):
+        storage.load_checkpoint(st, base.dirname)
+    # same size, one byte flipped
+    st.write_atomic(f"{base.dirname}/table-000.bin", [data[:-1] + bytes([data[-1] ^ 1])])
+    with pytest.raises(storage.CheckpointCorrupt, match="sha256"):
+        storage.load_checkpoint(st, base.dirname)
+    # garbage manifest
+    st.write_atomic(f"{deltas[0].dirname}/{storage.MANIFEST}", [b"{not json"])
+    with pytest.raises(storage.CheckpointCorrupt, match="not valid JSON"):
+        storage.load_checkpoint(st, deltas[0].dirname)
+    # a torn checkpoint (no manifest) is skipped by the chain and refused when asked for
+    st.write_atomic(f"{storage.checkpoint_dir(0, 2)}/table-000.bin", [b"partial"])
+    base2, _, skipped = storage.latest_chain(st, 0)
+    assert base2.seq == 1 and [e.seq for e in skipped] == [2]
+    with pytest.raises(storage.CheckpointIncomplete, match="torn"):
+        storage.load_checkpoint(st, storage.checkpoint_dir(0, 2))
+    if url.startswith("memory"):
+        st.remove_tree("server-0")
+    else:  # no temporary files are left behind by the atomic writes
+        leftovers = [f for _, _, files in os.walk(tmp_path) for f in files if f.startswith(".tmp-")]
+        assert leftovers == []
+
+
+# --- options ---------------------------------------------------------------------------------------------------------
+
+def test_options_are_validated(tmp_path):
+    d = str(tmp_path)
+    assert PartialRecovery.layout_params(4, 0, 0, {"dir": d, "interval_s": "30"}) == (4, 0, {"dir": d, "interval_s": "30"})
+    assert FullCheckpoint.layout_params(3, 0, 0, {"dir": d, "mtbf_s": "3600"})[:2] == (3, 0)
+    cases = [
+        (PartialRecovery, {"interval_s": "30"}, "needs --option dir"),
+        (PartialRecovery, {"dir": d}, "needs an interval"),
+        (PartialRecovery, {"dir": d, "interval_s": "-1"}, r"interval_s='-1'.*> 0"),
+        (PartialRecovery, {"dir": d, "interval_s": "soon"}, "not a number"),
+        (PartialRecovery, {"dir": d, "interval_s": "30", "mfu_fraction": "0.1"}, "unknown option"),
+        (PartialRecovery, {"dir": d, "target_pls": "2", "mtbf_s": "10"}, r"target_pls='2'.*< 1"),
+        (PartialRecovery, {"dir": d, "interval_s": "5", "recovery": "auto"}, "needs mtbf_s and target_pls"),
+        (PartialRecovery, {"dir": d, "interval_s": "5", "recovery": "maybe"}, "choose partial, full or auto"),
+        (PartialRecoveryMFU, {"dir": d, "interval_s": "5", "mfu_fraction": "0"}, "mfu_fraction"),
+        (PartialRecoverySSU, {"dir": d, "interval_s": "5", "ssu_sample": "0"}, "ssu_sample"),
+        (FullCheckpoint, {"dir": d}, "needs an interval"),
+        (FullCheckpoint, {"dir": d, "interval_s": "5", "keep": "1"}, "keep"),
+        (FullCheckpoint, {"dir": d, "interval_s": "5", "target_pls": "0.1"}, "unknown option"),
+        (FullCheckpoint, {"dir": "nosuchproto://x", "interval_s": "5"}, "nosuchproto"),
+    ]
+    for cls, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            cls.layout_params(4, 0, 0, options)
+    with pytest.raises(ValueError, match="keeps no parity"):
+        PartialRecovery.layout_params(4, 0, 1, {"dir": d, "interval_s": "5"})
+    # the partial interval follows from the PLS target: 2 * 0.01 * 4 * 3600
+    opts = PartialRecovery.options_from({"dir": d, "target_pls": "0.01", "mtbf_s": "3600"})
+    assert opts.recovery == "auto"
+
+
+def test_manifest_is_json_with_checksums(tmp_path):
+    st = storage.Storage.open(str(tmp_path))
+    storage.write_checkpoint(st, _snapshot())
+    with open(os.path.join(tmp_path, "server-0", "ckpt-00000001", storage.MANIFEST)) as f:
+        m = json.load(f)
+    assert m["format"] == storage.FORMAT and m["tables"][0]["row_updates"] == 7
+    assert {e["file"] for e in m["tables"] + m["dense"]} == {"table-000.bin", "dense-000.bin"}
+    assert all(len(e["sha256"]) == 64 and e["size"] > 0 for e in m["tables"] + m["dense"])
