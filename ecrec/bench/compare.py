@@ -78,7 +78,7 @@ def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
         tsv = work / "synthetic.tsv"
         info = write_synthetic_criteo(tsv, num_samples=cfg["samples"], num_tables=cfg["tables"],
                                       rows_per_table=cfg["rows_per_table"], seed=args.seed)
-        ds = InMemoryDataset.from_tsv(tsv, info.table_sizes)
+        ds = InMemoryDataset.from_tsv(tsv, info.table_sizes, num_sparse=len(info.table_sizes))
         desc = {"name": "synthetic", "samples": len(ds), "tables": len(info.table_sizes),
                 "rows_per_table": cfg["rows_per_table"], "oracle_auc": info.oracle_auc}
     elif args.dataset.startswith("criteo:"):
@@ -195,10 +195,16 @@ def _last_step(path: Path) -> int:
         return 0
 
 
+_last_progress: dict = {}
+
+
 def _progress(label: str, step: int, total: int, done: bool = False) -> None:
     width = 30
     filled = int(width * min(step, total) / max(total, 1))
-    end = "\n" if done else ""
+    if not done and _last_progress.get(label) == filled:
+        return  # redraw only when the bar moves
+    _last_progress[label] = filled
+    end = "\n" if done else ("" if sys.stderr.isatty() else "\n")
     print(f"\r  {label:<10} [{'#' * filled}{'.' * (width - filled)}] {min(step, total)}/{total}", end=end,
           file=sys.stderr, flush=True)
 

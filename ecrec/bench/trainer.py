@@ -85,7 +85,7 @@ def run(cfg: TrainConfig, rank: int = 0, world: int = 1, on_step=None) -> dict:
             t1 = time.time()
             for i, n in result.get("rows_by_server", {}).items():
                 rows_by_server[i] = rows_by_server.get(i, 0) + n
-            record = {"step": step, "start": t0, "end": t1, "samples": len(batch), "loss": float(loss),
+            record = {"step": step, "start": t0, "end": t1, "samples": len(batch), "loss": loss.item(),
                       "rows": result.get("rows", 0), "rows_by_server": result.get("rows_by_server", {}),
                       "rewind_to": resume}
             records.append(record)

@@ -606,6 +606,30 @@ class ErasureCoding(FaultToleranceStrategy):
                 return None
             raise
 
+    def _read_many(self, calls: list[tuple[int, embedding_pb2.ReadRowsRequest]]) -> list:
+        """Sends every ``(index, request)`` at once (gRPC futures); a reply is None when its server is gone."""
+        futures = []
+        for index, request in calls:
+            address = self.live_address(index)
+            if address is None or index == self.server.index:
+                futures.append((None, None))
+                continue
+            futures.append((address, self.server.peer_by_address(address).ReadRows.future(
+                request, timeout=self.server.config.rpc_timeout_s)))
+        replies = []
+        for address, fut in futures:
+            if fut is None:
+                replies.append(None)
+                continue
+            try:
+                replies.append(fut.result())
+            except grpc.RpcError as exc:
+                if not transport.is_unavailable(exc):
+                    raise
+                self.report_unreachable(address, f"ReadRows: {exc.code().name}")
+                replies.append(None)
+        return replies
+
     def _ids_of_slots(self, slots: np.ndarray) -> np.ndarray:
         layout, index = self.layout, self.server.index
         block, pos = np.divmod(slots, layout.k)
@@ -634,6 +658,7 @@ class ErasureCoding(FaultToleranceStrategy):
                 data_versions = np.zeros((k, n), dtype=np.int64)
                 parity_versions = np.zeros((m, n, k), dtype=np.int64)
                 member_ids = stripes[:, None] * k + np.arange(k)[None, :]
+                calls, targets = [], []
                 for t in range(k):
                     idt = member_ids[:, t]
                     mine = my_pos == t
@@ -643,49 +668,61 @@ class ErasureCoding(FaultToleranceStrategy):
                     owners = (stripes + t) % S
                     for srv in np.unique(owners[want]):
                         sel = np.flatnonzero(want & (owners == srv))
-                        r = self._read(int(srv), embedding_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(idt[sel])))
-                        if r is None:
-                            continue
-                        member_payload[t, sel] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
-                        data_versions[t, sel] = transport.bytes_to_ids(r.versions)
-                        member_ready[t, sel] = np.frombuffer(r.ready, dtype=np.uint8).astype(bool)
+                        calls.append((int(srv), embedding_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(idt[sel]))))
+                        targets.append((t, sel))
                 pservers = layout.parity_servers(stripes)
                 for j in range(m):
                     for srv in np.unique(pservers[:, j]):
                         sel = np.flatnonzero(pservers[:, j] == srv)
-                        r = self._read(int(srv), embedding_pb2.ReadRowsRequest(
+                        calls.append((int(srv), embedding_pb2.ReadRowsRequest(
                             table=spec.name, stripes=transport.ids_to_bytes(stripes[sel]),
-                            parity_index=transport.ids_to_bytes(np.full(len(sel), j))))
-                        if r is None:
-                            continue
-                        member_payload[k + j, sel] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
-                        parity_versions[j, sel] = transport.bytes_to_ids(r.versions).reshape(len(sel), k)
-                        member_ready[k + j, sel] = np.frombuffer(r.ready, dtype=np.uint8).astype(bool)
+                            parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
+                        targets.append((k + j, sel))
+                for (member, sel), r in zip(targets, self._read_many(calls)):
+                    if r is None:
+                        continue
+                    member_payload[member, sel] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
+                    member_ready[member, sel] = np.frombuffer(r.ready, dtype=np.uint8).astype(bool)
+                    if member < k:
+                        data_versions[member, sel] = transport.bytes_to_ids(r.versions)
+                    else:
+                        parity_versions[member - k, sel] = transport.bytes_to_ids(r.versions).reshape(len(sel), k)
                 # choose k members per row: ready data rows first, then ready parities whose versions agree
-                done_rows, payloads, versions = [], [], []
-                groups: dict[tuple, list[int]] = defaultdict(list)
+                done_rows, payloads = [], []
+                groups: dict[tuple, list] = defaultdict(list)
                 row_version = np.zeros(n, dtype=np.int64)
-                for r in range(n):
+                # fast path (vectorized): every other data member ready + the first ready parity agrees
+                own = np.arange(k)[:, None] == my_pos[None, :]
+                all_data = (member_ready[:k] | own).all(axis=0)
+                parity_ready = member_ready[k:]
+                has_parity = parity_ready.any(axis=0)
+                j0 = np.argmax(parity_ready, axis=0)
+                pv0 = parity_versions[j0, np.arange(n)]  # (n, k)
+                agree = ((data_versions.T == pv0) | own.T).all(axis=1)
+                fast = all_data & has_parity & agree
+                row_version[fast] = pv0[fast, my_pos[fast]]
+                for i in range(k):
+                    for j in range(m):
+                        rows = np.flatnonzero(fast & (my_pos == i) & (j0 == j))
+                        if len(rows):
+                            groups[(i, tuple(t for t in range(k) if t != i), (j,))].append(rows)
+                # slow path, row by row: lost data members, parities that must agree with each other
+                for r in np.flatnonzero(~fast & has_parity).tolist():
                     i = int(my_pos[r])
                     data_members = [t for t in range(k) if t != i and member_ready[t, r]]
                     parities = [j for j in range(m) if member_ready[k + j, r]]
-                    if len(data_members) + len(parities) < k or not parities:
+                    if len(data_members) + len(parities) < k:
                         continue
-                    lost_data = [t for t in range(k) if t != i and not member_ready[t, r]]
-                    need = k - len(data_members)
-                    chosen = parities[:need]
+                    chosen = parities[: k - len(data_members)]
                     pv = parity_versions[chosen, r]  # (len(chosen), k)
                     if (pv != pv[0]).any():
                         continue  # parities disagree: a delta is in flight, retry
-                    virtual_t = member_ids[r] >= spec.num_rows
-                    ok = all(virtual_t[t] or data_versions[t, r] == pv[0, t] for t in data_members)
-                    if not ok:
+                    if any(data_versions[t, r] != pv[0, t] for t in data_members):
                         continue  # a data row is newer than the parity: its delta is in flight
-                    del lost_data
                     row_version[r] = pv[0, i]
-                    groups[(i, tuple(data_members), tuple(chosen))].append(r)
-                for (i, data_members, chosen), rows in groups.items():
-                    rows = np.array(rows)
+                    groups[(i, tuple(data_members), tuple(chosen))].append(np.array([r]))
+                for (i, data_members, chosen), parts in groups.items():
+                    rows = np.concatenate(parts)
                     available = {t: member_payload[t, rows] for t in data_members}
                     available.update({k + j: member_payload[k + j, rows] for j in chosen})
                     out = self.codec.reconstruct_stripes(available, [i])[i]
@@ -725,18 +762,21 @@ class ErasureCoding(FaultToleranceStrategy):
         versions = np.zeros((n, k), dtype=np.int64)
         ready = np.ones(n, dtype=bool)
         ids = stripes[:, None] * k + np.arange(k)[None, :]
+        calls, targets = [], []
         for t in range(k):
             owners = (stripes + t) % S
             valid = ids[:, t] < spec.num_rows
             for srv in np.unique(owners[valid]):
                 sel = np.flatnonzero(valid & (owners == srv))
-                r = self._read(int(srv), embedding_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(ids[sel, t])))
-                if r is None:
-                    ready[sel] = False
-                    continue
-                data[sel, t] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), spec.row_bytes)
-                versions[sel, t] = transport.bytes_to_ids(r.versions)
-                ready[sel] &= np.frombuffer(r.ready, dtype=np.uint8).astype(bool)
+                calls.append((int(srv), embedding_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(ids[sel, t]))))
+                targets.append((t, sel))
+        for (t, sel), r in zip(targets, self._read_many(calls)):
+            if r is None:
+                ready[sel] = False
+                continue
+            data[sel, t] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), spec.row_bytes)
+            versions[sel, t] = transport.bytes_to_ids(r.versions)
+            ready[sel] &= np.frombuffer(r.ready, dtype=np.uint8).astype(bool)
         if not ready.any():
             return 0
         parity = self.codec.encode_stripes(data[ready])
