@@ -37,7 +37,15 @@ class ParityStore:
         self.codec = codec
         self.stripes, self.parity_index, self.slots = layout.parity_rows_of(index, spec.num_rows)
         n = layout.parity_slots_per_server(spec.num_rows)
-        self.parity = np.zeros((n, spec.row_bytes), dtype=np.uint8)
+        # with the GPU kernel the parity rows live in device memory; versions and logs stay on the host
+        self.on_device = codec.kernel.name == "gpu"
+        if self.on_device:
+            import cupy
+
+            self._xp = cupy
+        else:
+            self._xp = np
+        self.parity = self._xp.zeros((n, spec.row_bytes), dtype=np.uint8)
         self.versions = np.zeros((n, layout.k), dtype=np.int64)
         self.built = np.ones(n, dtype=bool)
         self.pending: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # slot -> [(position, seq, delta)]
@@ -62,7 +70,7 @@ class ParityStore:
             data[valid] = initial_payload(self.spec, ids[valid]).view(np.uint8)
             parity = self.codec.encode_stripes(data)
             j = self.parity_index[start:start + ENCODE_CHUNK_STRIPES]
-            self.parity[self.slots[start:start + ENCODE_CHUNK_STRIPES]] = parity[np.arange(len(stripes)), j]
+            self.set_rows(self.slots[start:start + ENCODE_CHUNK_STRIPES], parity[np.arange(len(stripes)), j])
 
     # --- deltas --------------------------------------------------------------------------------------
     def apply(self, seq: int, slots: np.ndarray, positions: np.ndarray, pidx: np.ndarray, deltas: np.ndarray):
@@ -71,21 +79,41 @@ class ParityStore:
             built = self.built[slots]
             prev = self.versions[slots, positions]
             fresh = built & (seq > prev)
-            if fresh.any():
-                self.codec.apply_delta(self.parity, positions[fresh], deltas[fresh], slots=slots[fresh],
-                                       parity_index=pidx[fresh])
+            if fresh.all():
+                self._xor(slots, positions, pidx, deltas)
+                self.versions[slots, positions] = seq
+            elif fresh.any():
+                self._xor(slots[fresh], positions[fresh], pidx[fresh], deltas[fresh])
                 self.versions[slots[fresh], positions[fresh]] = seq
             pended = ~built
-            for r in np.flatnonzero(pended):
-                self.pending.setdefault(int(slots[r]), []).append((int(positions[r]), seq, deltas[r].copy()))
+            if pended.any():
+                for r in np.flatnonzero(pended):
+                    self.pending.setdefault(int(slots[r]), []).append((int(positions[r]), seq, deltas[r].copy()))
         return fresh, prev, pended
+
+    def _xor(self, slots, positions, pidx, deltas) -> None:
+        """The hot path: arrays were validated by the caller (``ApplyParity``), so the kernel runs unchecked."""
+        coeffs = self.codec.coefficients[pidx, positions]
+        xp = self._xp
+        self.codec.kernel.apply_delta_batch(self.parity, xp.asarray(slots), xp.asarray(coeffs),
+                                            xp.ascontiguousarray(xp.asarray(deltas)), validated=True)
+
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        """Parity rows at ``slots`` as a host array (copied from the device when the GPU kernel is used)."""
+        out = self.parity[self._xp.asarray(slots)] if self.on_device else self.parity[slots]
+        return out.get() if self.on_device else out
+
+    def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        if self.on_device:
+            self.parity[self._xp.asarray(slots)] = self._xp.asarray(rows)
+        else:
+            self.parity[slots] = rows
 
     def undo(self, seq: int, slots, positions, pidx, deltas, fresh, prev, pended) -> None:
         """Cancels a batch applied by :meth:`apply` (XOR the same deltas again, restore versions)."""
         with self.lock:
             if fresh.any():
-                self.codec.apply_delta(self.parity, positions[fresh], deltas[fresh], slots=slots[fresh],
-                                       parity_index=pidx[fresh])
+                self._xor(slots[fresh], positions[fresh], pidx[fresh], deltas[fresh])
                 self.versions[slots[fresh], positions[fresh]] = prev[fresh]
             for r in np.flatnonzero(pended):
                 waiting = self.pending.get(int(slots[r]))
@@ -106,12 +134,12 @@ class ParityStore:
             for r, slot in enumerate(slots.tolist()):
                 if self.built[slot]:
                     continue
-                self.parity[slot] = parity_rows[r]
+                self.set_rows(np.array([slot]), parity_rows[r][None, :])
                 self.versions[slot] = versions[r]
                 for position, seq, delta in self.pending.pop(slot, []):
                     if seq > self.versions[slot, position]:
-                        self.codec.apply_delta(self.parity[slot:slot + 1], np.array([position]), delta[None, :],
-                                               slots=np.array([0]), parity_index=np.array([self.slot_to_parity_index[slot]]))
+                        self._xor(np.array([slot]), np.array([position]), np.array([self.slot_to_parity_index[slot]]),
+                                  delta[None, :])
                         self.versions[slot, position] = seq
                 self.built[slot] = True
                 done += 1

@@ -89,13 +89,20 @@ class KernelBackend(abc.ABC):
         """One line saying what actually runs (e.g. which CPU implementation)."""
         return self.name
 
-    def apply_delta_batch(self, parity: Any, slots: Any, coeffs: Any, delta: Any) -> None:
+    def apply_delta_batch(self, parity: Any, slots: Any, coeffs: Any, delta: Any, validated: bool = False) -> None:
         """``parity[slots[r]] ^= gf_mul(coeffs[r], delta[r])`` for every ``r``, in place.
 
         ``parity`` is ``(rows, width)`` uint8, ``slots`` ``(b,)`` integers in ``[0, rows)``,
         ``coeffs`` ``(b,)`` uint8 and ``delta`` ``(b, width)`` uint8.  Raises
         ``TypeError``/``ValueError`` before mutating anything when an argument is wrong.
+        ``validated=True`` skips those checks: for a caller on the hot path (the parity
+        store) that built the arrays itself (int64 slots in range, uint8 coefficients,
+        C-contiguous uint8 rows).
         """
+        if validated:
+            if len(slots) and parity.shape[1]:
+                self._apply(parity, slots, coeffs, delta)
+            return
         parity, slots, coeffs, delta = self._check(parity, slots, coeffs, delta)
         if slots.shape[0] == 0 or parity.shape[1] == 0:
             return

@@ -354,7 +354,7 @@ class ErasureCoding(FaultToleranceStrategy):
                 row_bytes = store.spec.row_bytes
                 if not (len(slots) == len(positions) == len(pidx)) or len(t.deltas) != len(slots) * row_bytes:
                     raise invalid(f"table {t.table!r}: inconsistent parity batch lengths")
-                if len(slots) and (slots.min() < 0 or slots.max() >= len(store.parity)
+                if len(slots) and (slots.min() < 0 or slots.max() >= len(store.built)
                                    or positions.min() < 0 or positions.max() >= self.layout.k
                                    or pidx.min() < 0 or pidx.max() >= self.layout.m):
                     raise invalid(f"table {t.table!r}: parity slot, position or index out of range")
@@ -486,7 +486,7 @@ class ErasureCoding(FaultToleranceStrategy):
         slots = self.layout.parity_slot(stripes, pidx)
         suspects = self._suspect_sources()
         with store.lock:
-            payload = store.parity[slots]
+            payload = store.rows(slots)
             versions = store.versions[slots]
             ready = store.built[slots].copy()
         if suspects:
@@ -889,7 +889,7 @@ class ErasureCoding(FaultToleranceStrategy):
                     data[sel, t] = np.frombuffer(r.payload, dtype=np.uint8).reshape(len(sel), spec.row_bytes)
             expected = self.codec.encode_stripes(data)[np.arange(len(slots)), store.slot_to_parity_index[slots]]
             with store.lock:
-                actual = store.parity[slots]
+                actual = store.rows(slots)
             mismatched += int((expected != actual).any(axis=1).sum())
             checked += len(slots)
         for name, dense in self.server.dense.items():
