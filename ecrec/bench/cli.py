@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "codec": ("ecrec.bench.codec", "erasure-codec throughput: delta update per kernel backend vs pyeclib encode/reconstruct"),
     "compare": ("ecrec.bench.compare", "train one DLRM under one failure with every strategy; report side by side"),
     "server": ("ecrec.bench.server", "pull/push rows/s of the servers beside a raw gRPC round trip of the same bytes"),
+    "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
 }
 
 

@@ -276,20 +276,15 @@ class ErasureCoding(FaultToleranceStrategy):
         delta = np.bitwise_xor(old, new)
         layout = self.layout
         stripes, positions = layout.stripe_of(ids)
-        dest = layout.parity_servers(stripes)  # (n, m)
-        m = layout.m
-        flat_dest = dest.reshape(-1)
-        rows = np.repeat(np.arange(len(ids)), m)
-        pidx = np.tile(np.arange(m, dtype=np.int64), len(ids))
-        order = np.argsort(flat_dest, kind="stable")
-        flat_dest, rows, pidx = flat_dest[order], rows[order], pidx[order]
-        bounds = np.flatnonzero(np.diff(flat_dest)) + 1
-        for part_rows, part_j, d in zip(np.split(rows, bounds), np.split(pidx, bounds), flat_dest[np.r_[0, bounds]]):
-            pslots = layout.parity_slot(stripes[part_rows], part_j)
-            self._batch(int(d)).tables.add(
-                table=shard.spec.name, parity_slots=transport.ids_to_bytes(pslots),
-                positions=transport.ids_to_bytes(positions[part_rows]), parity_index=transport.ids_to_bytes(part_j),
-                deltas=delta[part_rows].tobytes())
+        name = shard.spec.name
+        for j in range(layout.m):  # parity j of each row's stripe; a row's parities are on distinct servers
+            dest = (stripes + (layout.k + j)) % layout.num_servers
+            for d in np.unique(dest).tolist():
+                rows = np.flatnonzero(dest == d)
+                pslots = layout.parity_slot(stripes[rows], j)
+                self._batch(d).tables.add(
+                    table=name, parity_slots=pslots.tobytes(), positions=positions[rows].tobytes(),
+                    parity_index=np.full(len(rows), j, dtype=np.int64).tobytes(), deltas=delta[rows].tobytes())
         return None
 
     def on_dense_update(self, dense, old, new):

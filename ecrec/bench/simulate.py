@@ -1,0 +1,496 @@
+"""``ecrec-bench simulate``: CPR's checkpoint overhead model at production scale, fed with measured costs.
+
+``ecrec-bench compare`` measures every strategy on a small local cluster, where a failure
+happens once, on purpose.  What matters in production is the *expected* overhead of a job
+on hundreds of servers that fail at random.  This command evaluates the overhead model of
+``reference/CPR.md`` (the functions of ``baselines/overhead.py``) over growing clusters,
+with the per-operation costs taken from a ``compare`` report (``--from-compare``) or,
+without one, from defaults measured once on the development machine (printed as such).
+
+Per cluster of ``N`` servers holding a ``--model-gb`` model (``shard = model / N``) whose
+servers each fail every ``--mtbf-hours`` (``mtbf = per-server MTBF / N`` for the job):
+
+``full``
+    Daly's (or Young's) optimal interval and ``O_full = o_save/T + (o_load + o_res + T/2)/mtbf``.
+``cpr``
+    partial recovery at the interval of the target PLS (``T = 2 p N mtbf``) and
+    ``O_partial = o_save/T + (o_load + o_res)/mtbf``; the modelled PLS and CPR's own
+    choice (``plan_recovery``: partial or full) are reported beside it.
+``cpr-mfu`` / ``cpr-ssu``
+    ``cpr`` plus ``r - 1`` partial saves of a fraction ``f`` of the shard per interval that
+    cover a fraction ``h`` of the row updates (:func:`hot_partial_overhead`): hot rows lose
+    ``T/r``, so the same PLS allows a longer interval.
+``ecrec``
+    the steady parity-update overhead (a fraction, measured) plus, per failure, the
+    reschedule and the part of the rebuild of one shard that training does not overlap:
+    ``O = parity + (o_res + (1 - ratio) * shard / rebuild_rate) / mtbf`` (:func:`ecrec_overhead`).
+``none``
+    ``o_res / mtbf`` only: no time is spent, but every failure loses a shard's state.
+
+Costs scale with the shard: ``o_save = shard / save_rate`` (the training stall of a save,
+per server, servers saving in parallel), ``o_load = shard / load_rate``; ``--storage-gbps``
+caps the aggregate bandwidth of the checkpoint store (then a full save or a full rollback
+takes at least ``model / storage``).  Every input carries its ``source``: ``measured``
+(taken from the compare report), ``modelled`` (inferred from measured figures through the
+model), ``default`` (built in; see :data:`DEFAULTS` for how each was obtained) or ``given``
+(on the command line).  Every output figure is modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+from baselines import overhead
+
+STRATEGIES = ("full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec", "none")
+SOURCES = ("measured", "modelled", "default", "given")
+GB = 1e9
+MB = 1e6
+
+# The compare trainer's tables use Adagrad: each embedding weight carries one accumulator float.
+_COMPARE_FLOATS_PER_WEIGHT = 2
+
+
+@dataclass
+class Input:
+    value: float
+    unit: str
+    source: str  # one of SOURCES
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Built-in costs, measured on the development machine (2 shared cores, local disk, 127.0.0.1) with
+# `ecrec-bench compare --preset quick` (4 servers, 8 tables x 20,000 rows x dim 16, Adagrad; 5.1 MB of
+# embedding state per shard), full/cpr* run with the coordinator interval options set (see the module notes).
+DEFAULTS: dict[str, tuple[float, str, str]] = {
+    "save_bytes_per_s": (80e6, "bytes/s per server",
+                         "a full save's training stall per shard byte (driver's o_save of `full`), measured on the dev machine"),
+    "load_bytes_per_s": (100e6, "bytes/s per server",
+                         "verified checkpoint load (driver's o_load probe), measured on the dev machine"),
+    "reschedule_s": (1.0, "s", "kill -> standby promoted (`none`'s promotion_s), measured on the dev machine"),
+    "parity_overhead": (0.10, "fraction", "ecrec's failure-free overhead_vs_none, measured on the dev machine"),
+    "rebuild_bytes_per_s": (5e6, "bytes/s per server",
+                            "shard bytes / (ecrec fully_redundant_s - promotion_s), measured on the dev machine"),
+    "recovery_throughput_ratio": (0.8, "fraction", "ecrec's throughput_during_recovery_ratio, measured on the dev machine"),
+    "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
+    "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
+    "mfu_save_fraction": (0.05, "fraction", "f: rows in an MFU partial save (cpr.py's default mfu_fraction)"),
+    "mfu_update_coverage": (0.5, "fraction", "h: share of row updates that hit the MFU-saved rows (assumed; Zipf ids)"),
+    "ssu_save_fraction": (0.05, "fraction", "f: rows in an SSU partial save (assumed equal to MFU's)"),
+    "ssu_update_coverage": (0.5, "fraction", "h: share of row updates that hit the SSU-sampled rows (assumed)"),
+}
+
+
+# --- pure formulas (beside baselines/overhead.py's) -------------------------------------------------
+def hot_partial_overhead(o_save: float, o_load: float, mtbf: float, n_emb: int, target_pls: float,
+                         save_fraction: float, coverage: float, partial_per_interval: float = 4.0,
+                         o_res: float = 0.0) -> tuple[float, float, float]:
+    """CPR-MFU/SSU: partial recovery plus hot-row saves; returns ``(interval, overhead, pls)``.
+
+    Between two full saves ``T`` apart, ``r - 1`` partial saves (every ``T / r``) each write a
+    fraction ``f`` of the shard; the rows they write receive a fraction ``h`` of the updates,
+    which therefore lose ``T / r`` instead of ``T`` on a failure::
+
+        PLS = (h / r + 1 - h) * T / (2 N mtbf)          so   T = interval_for_pls(p, N, mtbf) / (h / r + 1 - h)
+        O   = o_save * (1 + (r - 1) f) / T + (o_load * (1 + (r - 1) f / 2) + o_res) / mtbf
+
+    (a restore reads the base and on average half the interval's deltas).  With ``h = 0`` or
+    ``r = 1`` this is plain partial recovery.
+    """
+    f, h, r = float(save_fraction), float(coverage), float(partial_per_interval)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"save_fraction must be in [0, 1], got {save_fraction}")
+    if not 0.0 <= h <= 1.0:
+        raise ValueError(f"coverage must be in [0, 1], got {coverage}")
+    if not (math.isfinite(r) and r >= 1.0):
+        raise ValueError(f"partial_per_interval must be >= 1, got {partial_per_interval}")
+    g = h / r + 1.0 - h  # lost updates relative to plain partial recovery at the same interval
+    t = overhead.interval_for_pls(target_pls, n_emb, mtbf) / g
+    extra = (r - 1.0) * f
+    o = overhead.partial_overhead(t, o_save * (1.0 + extra), o_load * (1.0 + extra / 2.0), mtbf, o_res)
+    return t, o, g * overhead.expected_pls(t, n_emb, mtbf)
+
+
+def ecrec_overhead(parity_fraction: float, o_res: float, rebuild_s: float, recovery_ratio: float,
+                   mtbf: float) -> float:
+    """ECRec: ``parity + (o_res + (1 - ratio) * rebuild_s) / mtbf`` (training goes on while rebuilding)."""
+    if not 0.0 <= recovery_ratio <= 1.0:
+        raise ValueError(f"recovery_ratio must be in [0, 1], got {recovery_ratio}")
+    if parity_fraction < 0 or o_res < 0 or rebuild_s < 0:
+        raise ValueError("parity_fraction, o_res and rebuild_s must be >= 0")
+    return parity_fraction + (o_res + (1.0 - recovery_ratio) * rebuild_s) / overhead._positive("mtbf", mtbf)
+
+
+def none_overhead(o_res: float, mtbf: float) -> float:
+    """No fault tolerance: only the reschedule costs time (the failed shard's state is lost)."""
+    return float(o_res) / overhead._positive("mtbf", mtbf)
+
+
+# --- the model per cluster size ---------------------------------------------------------------------
+def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: dict[str, Input],
+                 formula: str = "daly", storage_bytes_per_s: float | None = None) -> dict:
+    """Expected overhead (fraction of failure-free training time) of every strategy on ``servers`` servers."""
+    v = {name: inp.value for name, inp in inputs.items()}
+    n = int(servers)
+    mtbf = mtbf_hours * 3600.0 / n
+    shard = model_bytes / n
+    o_res = v["reschedule_s"]
+
+    def capped(own_s: float, total_bytes: float) -> float:
+        return max(own_s, total_bytes / storage_bytes_per_s) if storage_bytes_per_s else own_s
+
+    o_save = capped(shard / v["save_bytes_per_s"], model_bytes)  # every server saves at about the same time
+    o_load_one = capped(shard / v["load_bytes_per_s"], shard)  # partial: only the failed shard reloads
+    o_load_all = capped(shard / v["load_bytes_per_s"], model_bytes)  # full: every server rolls back
+    p = v["target_pls"]
+    out: dict = {}
+
+    t_full = overhead.optimal_full_interval(o_save, mtbf, formula)
+    out["full"] = {"overhead": overhead.full_overhead(t_full, o_save, o_load_all, mtbf, o_res),
+                   "interval_s": t_full, "o_save_s": o_save, "o_load_s": o_load_all, "pls": 0.0}
+
+    t_part = overhead.interval_for_pls(p, n, mtbf)
+    plan = overhead.plan_recovery(o_save, o_load_one, mtbf, n, p, o_res, formula)
+    out["cpr"] = {"overhead": overhead.partial_overhead(t_part, o_save, o_load_one, mtbf, o_res),
+                  "interval_s": t_part, "o_save_s": o_save, "o_load_s": o_load_one,
+                  "pls": overhead.expected_pls(t_part, n, mtbf), "plan": plan.recovery,
+                  "plan_overhead": min(plan.full_overhead, plan.partial_overhead)}
+    for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
+        t, o, pls = hot_partial_overhead(o_save, o_load_one, mtbf, n, p, v[f"{key}_save_fraction"],
+                                         v[f"{key}_update_coverage"], v["partial_saves_per_interval"], o_res)
+        out[name] = {"overhead": o, "interval_s": t, "o_save_s": o_save, "o_load_s": o_load_one, "pls": pls}
+
+    rebuild_s = shard / v["rebuild_bytes_per_s"]
+    out["ecrec"] = {"overhead": ecrec_overhead(v["parity_overhead"], o_res, rebuild_s, v["recovery_throughput_ratio"], mtbf),
+                    "rebuild_s": rebuild_s, "pls": 0.0}
+    out["none"] = {"overhead": none_overhead(o_res, mtbf), "pls": None,
+                   "note": "every failure loses the failed shard's state"}
+    return {"servers": n, "job_mtbf_s": mtbf, "shard_bytes": shard, "failures_per_day": 86400.0 / mtbf,
+            "strategies": out}
+
+
+# --- inputs ---------------------------------------------------------------------------------------------
+def default_inputs() -> dict[str, Input]:
+    return {name: Input(value, unit, "default", note) for name, (value, unit, note) in DEFAULTS.items()}
+
+
+def _num(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _stats_sum(entry: dict, key: str) -> float | None:
+    stats = entry.get("stats")
+    if not isinstance(stats, dict):
+        return None
+    values = [_num(s.get(key)) for s in stats.values() if isinstance(s, dict)]
+    values = [x for x in values if x is not None]
+    return sum(values) if values else None
+
+
+def compare_shard_bytes(config: dict) -> float | None:
+    """Embedding-state bytes of one server in a compare run, from its config (tables x rows x dim, Adagrad)."""
+    ds = config.get("dataset") if isinstance(config.get("dataset"), dict) else {}
+    tables = _num(ds.get("tables")) or _num(config.get("tables"))
+    rows = _num(ds.get("rows_per_table")) or _num(config.get("rows_per_table"))
+    dim, servers = _num(config.get("embedding_dim")), _num(config.get("servers"))
+    if not (tables and rows and dim and servers):
+        return None
+    return tables * rows * dim * 4.0 * _COMPARE_FLOATS_PER_WEIGHT / servers
+
+
+def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
+    """The inputs a compare report measures, and notes on those it could not give.
+
+    Uses the per-strategy fields ``summarize()`` writes; ``driver`` (the checkpoint driver's
+    report: ``o_save_s``, ``o_load_s``) and ``stats`` (the servers' strategy stats) are used
+    when a report carries them.  Shard bytes come from the report's config.
+    """
+    if not isinstance(report, dict) or not isinstance(report.get("strategies"), dict):
+        raise ValueError("not a compare report: no 'strategies' object")
+    cfg = report.get("config") or {}
+    st = {k: v for k, v in report["strategies"].items() if isinstance(v, dict)}
+    ref = report.get("reference") or {}
+    shard = compare_shard_bytes(cfg)
+    shard_note = f"{shard / MB:.2f} MB shard from the compare config" if shard else ""
+    found: dict[str, Input] = {}
+    missing: list[str] = []
+
+    def get(strategy: str, key: str) -> float | None:
+        return _num(st.get(strategy, {}).get(key))
+
+    def driver(strategy: str, key: str) -> float | None:
+        d = st.get(strategy, {}).get("driver")
+        return _num(d.get(key)) if isinstance(d, dict) else None
+
+    # save: the driver's measured stall, else full's failure-free slowdown spread over its saves
+    if shard:
+        o_save = driver("full", "o_save_s")
+        how = "full: driver o_save_s"
+        if not o_save:
+            ov, rate, interval = get("full", "overhead_vs_none"), get("full", "samples_per_s_failure_free"), \
+                _num(cfg.get("checkpoint_interval_steps"))
+            batch, base = _num(cfg.get("batch_size")), _num(ref.get("samples_per_s_failure_free"))
+            if ov is not None and ov > 0 and rate and interval and batch:
+                base = base or rate * (1.0 + ov)
+                o_save = ov * interval * batch / base  # stall per save = slowdown x steps per save x step time
+                how = f"full: overhead_vs_none {ov:+.1%} x {interval:.0f} steps/save"
+        if o_save:
+            found["save_bytes_per_s"] = Input(shard / o_save, "bytes/s per server", "measured",
+                                              f"{how} = {o_save * 1e3:.1f} ms per save; {shard_note}")
+        else:
+            missing.append("save_bytes_per_s: no 'full' run with a positive save cost in the report")
+    # load: the driver's probe, else cpr's promotion beyond none's (the replacement loads while promoted)
+    if shard:
+        o_load = next((x for x in (driver(s, "o_load_s") for s in ("full", "cpr", "cpr-mfu", "cpr-ssu")) if x), None)
+        how = "driver o_load_s"
+        if not o_load:
+            p_cpr, p_none = get("cpr", "promotion_s"), get("none", "promotion_s")
+            if p_cpr is not None and p_none is not None and p_cpr > p_none:
+                o_load, how = p_cpr - p_none, "cpr promotion_s - none promotion_s"
+        if o_load:
+            found["load_bytes_per_s"] = Input(shard / o_load, "bytes/s per server", "measured",
+                                              f"{how} = {o_load * 1e3:.1f} ms; {shard_note}")
+        else:
+            missing.append("load_bytes_per_s: no checkpoint load measured in the report")
+    for s in ("none", "ecrec"):
+        promo = get(s, "promotion_s")
+        if promo is not None and promo > 0:
+            found["reschedule_s"] = Input(promo, "s", "measured", f"{s}: kill -> standby promoted (promotion_s)")
+            break
+    else:
+        missing.append("reschedule_s: no promotion_s of 'none' or 'ecrec'")
+    ov = get("ecrec", "overhead_vs_none")
+    if ov is not None:
+        note = "ecrec: overhead_vs_none" + (f" ({ov:+.1%} measured, clamped to 0: noise)" if ov < 0 else "")
+        found["parity_overhead"] = Input(max(ov, 0.0), "fraction", "measured", note)
+    else:
+        missing.append("parity_overhead: no ecrec overhead_vs_none")
+    rows, secs = _stats_sum(st.get("ecrec", {}), "rows_rebuilt"), _stats_sum(st.get("ecrec", {}), "rebuild_s")
+    dim = _num(cfg.get("embedding_dim"))
+    if rows and secs and dim:
+        found["rebuild_bytes_per_s"] = Input(rows * dim * 4.0 * _COMPARE_FLOATS_PER_WEIGHT / secs, "bytes/s per server",
+                                             "measured", f"ecrec stats: {rows:.0f} rows rebuilt in {secs:.2f} s")
+    else:
+        red, promo = get("ecrec", "fully_redundant_s"), get("ecrec", "promotion_s") or 0.0
+        if shard and red is not None and red > promo:
+            found["rebuild_bytes_per_s"] = Input(shard / (red - promo), "bytes/s per server", "measured",
+                                                 f"ecrec: fully_redundant_s {red:.2f} s - promotion_s {promo:.2f} s; "
+                                                 f"{shard_note}")
+        else:
+            missing.append("rebuild_bytes_per_s: no ecrec fully_redundant_s in the report")
+    ratio = get("ecrec", "throughput_during_recovery_ratio")
+    if ratio is not None:
+        clamped = min(max(ratio, 0.0), 1.0)
+        note = "ecrec: throughput_during_recovery_ratio" + (f" ({ratio:.2f}, clamped)" if clamped != ratio else "")
+        found["recovery_throughput_ratio"] = Input(clamped, "fraction", "measured", note)
+    else:
+        missing.append("recovery_throughput_ratio: no ecrec throughput_during_recovery_ratio")
+    target = _num(cfg.get("target_pls"))
+    if target and 0 < target < 1:
+        found["target_pls"] = Input(target, "fraction", "measured", "the compare run's target_pls")
+    # MFU/SSU: the saved fraction from the servers' stats; the update coverage inverted from the PLS ratio
+    r = DEFAULTS["partial_saves_per_interval"][0]
+    pls_cpr = get("cpr", "pls")
+    for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
+        if name not in st:
+            continue
+        saved, saves = _stats_sum(st[name], "rows_saved_partial"), _stats_sum(st[name], "partial_saves")
+        shard_rows = shard / (dim * 4.0 * _COMPARE_FLOATS_PER_WEIGHT) if shard and dim else None
+        if saved and saves and shard_rows:
+            f = min(saved / saves / shard_rows, 1.0)
+            found[f"{key}_save_fraction"] = Input(f, "fraction", "measured",
+                                                  f"{name} stats: {saved:.0f} rows in {saves:.0f} partial saves")
+        pls = get(name, "pls")
+        if pls is not None and pls_cpr:
+            g = pls / pls_cpr  # = h / r + 1 - h at the same interval
+            h = min(max((1.0 - g) / (1.0 - 1.0 / r), 0.0), 1.0)
+            found[f"{key}_update_coverage"] = Input(h, "fraction", "modelled",
+                                                    f"from measured PLS {name} {pls:.4f} / cpr {pls_cpr:.4f} = h/r + 1 - h")
+    if not shard:
+        missing.append("shard bytes: the report's config lacks tables/rows_per_table/embedding_dim/servers")
+    return found, missing
+
+
+# --- command line ---------------------------------------------------------------------------------------
+def parse_servers(text: str) -> list[int]:
+    """``8..1024`` (the ends and the powers of two between) or ``8,16,100`` or ``64``."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            lo_s, hi_s = text.split("..", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo < 1 or hi < lo:
+                raise argparse.ArgumentTypeError(f"range {text!r}: need 1 <= start <= end")
+            out = [lo]
+            p = 1
+            while p <= lo:
+                p *= 2
+            while p < hi:
+                out.append(p)
+                p *= 2
+            if hi != lo:
+                out.append(hi)
+            return out
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a range START..END or a comma list of integers") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: server counts must be integers >= 1")
+    return values
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be finite and > 0")
+    return x
+
+
+def _fraction(text: str) -> float:
+    x = _positive_float(text)
+    if x >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1)")
+    return x
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--servers", type=parse_servers, default=parse_servers("8..1024"),
+                   help="cluster sizes: START..END (powers of two between) or a comma list (default 8..1024)")
+    p.add_argument("--mtbf-hours", type=_positive_float, default=24.0,
+                   help="MTBF of one server in hours; the job's is this / servers (default 24)")
+    p.add_argument("--model-gb", type=_positive_float, default=100.0,
+                   help="embedding state (weights + optimizer state) in GB, spread over the servers (default 100)")
+    p.add_argument("--from-compare", metavar="JSON", help="take the measured costs from an `ecrec-bench compare --json` report")
+    p.add_argument("--target-pls", type=_fraction, help="cpr*: target portion of lost updates (default 0.01)")
+    p.add_argument("--reschedule-s", type=float, help="reschedule cost per failure in seconds (overrides the measured one)")
+    p.add_argument("--storage-gbps", type=_positive_float,
+                   help="aggregate bandwidth of the checkpoint store in GB/s (default: unlimited, servers in parallel)")
+    p.add_argument("--formula", choices=overhead.FORMULAS, default="daly", help="full recovery's optimal interval (default daly)")
+    p.add_argument("--json", metavar="PATH", help="write config, inputs (with sources) and rows as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of expected overhead vs servers (log x)")
+
+
+def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
+    inputs = default_inputs()
+    notes: list[str] = []
+    if args.from_compare:
+        with open(args.from_compare) as f:
+            report = json.load(f)
+        found, notes = inputs_from_compare(report)
+        inputs.update(found)
+    if args.target_pls is not None:
+        inputs["target_pls"] = Input(args.target_pls, "fraction", "given", "--target-pls")
+    if args.reschedule_s is not None:
+        inputs["reschedule_s"] = Input(args.reschedule_s, "s", "given", "--reschedule-s")
+    return inputs, notes
+
+
+def _fmt_input(name: str, inp: Input) -> str:
+    if inp.unit.startswith("bytes/s"):
+        value = f"{inp.value / MB:,.1f} MB/s"
+    elif inp.unit == "fraction":
+        value = f"{inp.value:.4g}"
+    else:
+        value = f"{inp.value:.4g} {inp.unit}"
+    return f"  {name:<27} {value:>14}  {inp.source:<8}  {inp.note}"
+
+
+def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict]) -> None:
+    print(f"ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
+    storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
+    print(f"  model {config['model_gb']:g} GB over N servers, per-server MTBF {config['mtbf_hours']:g} h "
+          f"(job MTBF = {config['mtbf_hours']:g} h / N), {config['formula']} interval for full{storage}")
+    print(f"  costs: {config['from_compare'] or 'built-in defaults (measured once on the dev machine, see DEFAULTS)'}")
+    print("\ninputs (source: measured = from the compare report, modelled = inferred through the model, "
+          "default = built in, given = command line):")
+    for name, inp in inputs.items():
+        print(_fmt_input(name, inp))
+    for n in notes:
+        print(f"  (default used) {n}")
+    print("\nexpected overhead, % of failure-free training time (all modelled):")
+    head = ["servers", "job MTBF h"] + list(STRATEGIES) + ["cpr PLS", "CPR picks"]
+    cells = [head]
+    for r in rows:
+        s = r["strategies"]
+        cells.append([str(r["servers"]), f"{r['job_mtbf_s'] / 3600:.3g}"]
+                     + [f"{100 * s[name]['overhead']:.3f}" for name in STRATEGIES]
+                     + [f"{s['cpr']['pls']:.4f}", s["cpr"]["plan"]])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    for i, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print("\nnone loses the failed shard's state at every failure; ecrec's parity overhead is held constant across "
+          "cluster sizes; cpr* intervals come from the target PLS.")
+
+
+def write_plot(path: str, rows: list[dict], config: dict) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("ecrec-bench simulate: --plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr)
+        return False
+    xs = [r["servers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ys_all = []
+    for name in STRATEGIES:
+        ys = [100 * r["strategies"][name]["overhead"] for r in rows]
+        ys_all += ys
+        ax.plot(xs, ys, marker="o", label=name, linewidth=1.4)
+    ax.set_xscale("log", base=2)
+    if all(y > 0 for y in ys_all):
+        ax.set_yscale("log")
+    ax.set_xlabel("embedding servers")
+    ax.set_ylabel("expected overhead, % of training time (modelled)")
+    ax.set_title(f"{config['model_gb']:g} GB model, per-server MTBF {config['mtbf_hours']:g} h")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def run(args) -> int:
+    if args.reschedule_s is not None and not (math.isfinite(args.reschedule_s) and args.reschedule_s >= 0):
+        print("ecrec-bench simulate: --reschedule-s must be finite and >= 0", file=sys.stderr)
+        return 2
+    try:
+        inputs, notes = resolve_inputs(args)
+    except FileNotFoundError:
+        print(f"ecrec-bench simulate: no such file {args.from_compare!r}", file=sys.stderr)
+        return 2
+    except (json.JSONDecodeError, ValueError) as exc:
+        print(f"ecrec-bench simulate: cannot use {args.from_compare!r}: {exc}", file=sys.stderr)
+        return 2
+    config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "model_gb": args.model_gb,
+              "formula": args.formula, "storage_gbps": args.storage_gbps, "from_compare": args.from_compare,
+              "strategies": list(STRATEGIES)}
+    storage = args.storage_gbps * GB if args.storage_gbps else None
+    rows = [simulate_row(n, args.mtbf_hours, args.model_gb * GB, inputs, args.formula, storage) for n in args.servers]
+    print_report(config, inputs, notes, rows)
+    if args.json:
+        report = {"config": config, "inputs": {k: v.to_dict() for k, v in inputs.items()},
+                  "inputs_not_measured": notes, "rows_source": "modelled", "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot and write_plot(args.plot, rows, config):
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
