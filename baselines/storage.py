@@ -88,6 +88,8 @@ def _hash_chunks(chunks: list) -> tuple[int, str]:
     h = hashlib.sha256()
     size = 0
     for c in chunks:
+        if getattr(c, "nbytes", len(c)) == 0:
+            continue
         mv = memoryview(c).cast("B")
         h.update(mv)
         size += mv.nbytes
@@ -114,6 +116,8 @@ class LocalStorage(Storage):
         try:
             with os.fdopen(fd, "wb") as f:
                 for c in chunks:
+                    if getattr(c, "nbytes", len(c)) == 0:
+                        continue  # an empty array (a partial save with no rows of a table) cannot be cast
                     mv = memoryview(c).cast("B")
                     f.write(mv)
                     h.update(mv)
@@ -181,6 +185,8 @@ class FsspecStorage(Storage):
         try:
             with self.fs.open(tmp, "wb") as f:
                 for c in chunks:
+                    if getattr(c, "nbytes", len(c)) == 0:
+                        continue  # an empty array (a partial save with no rows of a table) cannot be cast
                     mv = memoryview(c).cast("B")
                     f.write(mv)
                     h.update(mv)

@@ -38,10 +38,12 @@ STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
 PRESETS = {
     # a few minutes on 2 cores for every strategy
     "quick": dict(servers=4, k=2, m=1, steps=300, fail_at=150, fail_server=1, batch_size=256, tables=8,
-                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50),
+                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50,
+                  cpr_interval_s=1.5, partial_interval_s=0.4),
     # a larger run: more steps and rows
     "standard": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, batch_size=512, tables=26,
-                     rows_per_table=50_000, samples=300_000, embedding_dim=16, checkpoint_interval_steps=200),
+                     rows_per_table=50_000, samples=300_000, embedding_dim=16, checkpoint_interval_steps=200,
+                  cpr_interval_s=8.0, partial_interval_s=2.0),
 }
 
 
@@ -117,6 +119,16 @@ def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fa
         ckpt = work / f"ckpt-{progress_label}"
         shutil.rmtree(ckpt, ignore_errors=True)
         options["dir"] = str(ckpt)
+        if args.mtbf_hours and not args.checkpoint_interval_steps:
+            options["mtbf_s"] = str(args.mtbf_hours * 3600)
+        elif strategy == "full":  # consistent cuts: the driver saves every N steps
+            options["interval_steps"] = str(cfg["checkpoint_interval_steps"])
+        else:  # partial recovery: each server saves on its own timer
+            options["interval_s"] = str(cfg["cpr_interval_s"])
+        if strategy == "cpr-mfu":
+            options["mfu_interval_s"] = str(cfg["partial_interval_s"])
+        if strategy == "cpr-ssu":
+            options["ssu_interval_s"] = str(cfg["partial_interval_s"])
     local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m, options=options))
     records_dir = work / f"records-{progress_label}"
     records_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +137,8 @@ def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fa
         local.start()
         tcfg = TrainConfig(address=local.coordinator_address, data_path=str(data_path), strategy=strategy,
                            steps=cfg["steps"], batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"],
-                           seed=args.seed, checkpoint_interval_steps=cfg["checkpoint_interval_steps"],
+                           seed=args.seed,
+                           checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
                            mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(records_dir))
 
         def kill():
