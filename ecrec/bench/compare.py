@@ -288,6 +288,8 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     driver = run["result"].get("driver")
     total_rows = int(sum(r["rows"] for r in records))
     if driver:
+        out["driver"] = {k: driver.get(k) for k in ("o_save_s", "o_load_s", "saves", "save_stall_s",
+                                                     "full_interval_s", "mode")}
         out["lost_updates"] = driver["lost_updates"]
         out["pls"] = driver["pls"]
         out["updates_rolled_back"] = driver["updates_rolled_back"]
@@ -319,6 +321,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     out["rows_acknowledged"] = total_rows
     out["elapsed_s"] = float(ends[-1] - starts[0]) if len(records) else None
     out["timeline"] = _timeline(records, kill_t)
+    out["stats"] = stats
     return out
 
 
@@ -448,7 +451,14 @@ def run(args) -> int:
         for strategy in strategies:
             r = run_strategy(strategy, args, cfg, data_path, work, fail_at, strategy)
             rows.append(summarize(strategy, r, reference, cfg, fail_at))
-        base = ref_summary["samples_per_s_failure_free"]
+        # the reference again after the strategies: machine drift shows as the spread of the two
+        print("  reference run again (drift check)", file=sys.stderr)
+        again = summarize("none (no failure)", run_strategy("none", args, cfg, data_path, work, None, "reference2"),
+                          None, cfg, None)
+        rates = [ref_summary["samples_per_s_failure_free"], again["samples_per_s_failure_free"]]
+        base = float(np.mean(rates))
+        ref_summary["samples_per_s_runs"] = rates
+        ref_summary["drift"] = abs(rates[1] - rates[0]) / base
         for row in rows:
             rate = row["samples_per_s_failure_free"]
             row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
@@ -457,7 +467,8 @@ def run(args) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print_table(rows)
-    print(f"\nreference (none, no failure): {base:,.0f} samples/s, AUC {ref_summary['test_auc']:.4f}")
+    print(f"\nreference (none, no failure): {base:,.0f} samples/s (before {rates[0]:,.0f}, after {rates[1]:,.0f}: "
+          f"drift {ref_summary['drift']:.1%}), AUC {ref_summary['test_auc']:.4f}")
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
               "strategies": strategies, "cpu_count": os.cpu_count()}
     if args.json:

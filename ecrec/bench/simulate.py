@@ -31,9 +31,11 @@ Costs scale with the shard: ``o_save = shard / save_rate`` (the training stall o
 per server, servers saving in parallel), ``o_load = shard / load_rate``; ``--storage-gbps``
 caps the aggregate bandwidth of the checkpoint store (then a full save or a full rollback
 takes at least ``model / storage``).  Every input carries its ``source``: ``measured``
-(taken from the compare report), ``modelled`` (inferred from measured figures through the
-model), ``default`` (built in; see :data:`DEFAULTS` for how each was obtained) or ``given``
-(on the command line).  Every output figure is modelled.
+(taken from the compare report), ``modelled`` (inferred from measured figures through an
+assumption, e.g. all of ``full``'s slowdown put on its saves when the report lacks the
+driver's save stall), ``default`` (built in; see :data:`DEFAULTS` for how each was
+obtained) or ``given`` (``--set NAME=VALUE``, ``--target-pls``, ``--reschedule-s``).  Every
+output figure is modelled.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 
@@ -66,25 +69,33 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs, measured on the development machine (2 shared cores, local disk, 127.0.0.1) with
-# `ecrec-bench compare --preset quick` (4 servers, 8 tables x 20,000 rows x dim 16, Adagrad; 5.1 MB of
-# embedding state per shard), full/cpr* run with the coordinator interval options set (see the module notes).
+# Built-in costs, measured on the development machine (2 shared, busy cores; local disk; 127.0.0.1) on
+# 2026-11-30 with `ecrec-bench compare --preset quick` (4 servers, 8 tables x 20,000 rows x dim 16, Adagrad:
+# 5.12 MB of embedding state per shard; one kill at step 150 of 300).  full/cpr* ran with the coordinator
+# interval options (interval_steps=50 / interval_s=2) and the driver report and server stats kept in the
+# report, which is what `inputs_from_compare` reads; the parity overhead is the median of six paired
+# failure-free none/ecrec runs.  Absolute rates are those of this Python prototype on 2 cores, not of a
+# production parameter server: pass --from-compare with a report from the machine you care about.
 DEFAULTS: dict[str, tuple[float, str, str]] = {
-    "save_bytes_per_s": (80e6, "bytes/s per server",
-                         "a full save's training stall per shard byte (driver's o_save of `full`), measured on the dev machine"),
-    "load_bytes_per_s": (100e6, "bytes/s per server",
-                         "verified checkpoint load (driver's o_load probe), measured on the dev machine"),
-    "reschedule_s": (1.0, "s", "kill -> standby promoted (`none`'s promotion_s), measured on the dev machine"),
-    "parity_overhead": (0.10, "fraction", "ecrec's failure-free overhead_vs_none, measured on the dev machine"),
-    "rebuild_bytes_per_s": (5e6, "bytes/s per server",
-                            "shard bytes / (ecrec fully_redundant_s - promotion_s), measured on the dev machine"),
-    "recovery_throughput_ratio": (0.8, "fraction", "ecrec's throughput_during_recovery_ratio, measured on the dev machine"),
+    "save_bytes_per_s": (326e6, "bytes/s per server",
+                         "dev machine: median driver o_save_s (training stall per save) of full/cpr* = 15.7 ms per 5.12 MB shard"),
+    "load_bytes_per_s": (164e6, "bytes/s per server",
+                         "dev machine: median driver o_load_s (verified load of a shard) of full/cpr* = 31.2 ms per 5.12 MB"),
+    "reschedule_s": (0.049, "s", "dev machine: none's promotion_s (kill -> standby promoted); production schedulers take "
+                                 "far longer, see --reschedule-s"),
+    "parity_overhead": (0.30, "fraction", "dev machine: median of 6 paired failure-free none/ecrec runs (range 0.10-0.49; "
+                                          "parity updates share the 2 cores with training)"),
+    "rebuild_bytes_per_s": (6.6e6, "bytes/s per server", "dev machine: ecrec stats, 40,000 rows (5.12 MB) rebuilt in 0.78 s"),
+    "recovery_throughput_ratio": (0.83, "fraction", "dev machine: ecrec's throughput_during_recovery_ratio"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
-    "mfu_save_fraction": (0.05, "fraction", "f: rows in an MFU partial save (cpr.py's default mfu_fraction)"),
-    "mfu_update_coverage": (0.5, "fraction", "h: share of row updates that hit the MFU-saved rows (assumed; Zipf ids)"),
-    "ssu_save_fraction": (0.05, "fraction", "f: rows in an SSU partial save (assumed equal to MFU's)"),
-    "ssu_update_coverage": (0.5, "fraction", "h: share of row updates that hit the SSU-sampled rows (assumed)"),
+    "mfu_save_fraction": (0.027, "fraction", "f, dev machine: cpr-mfu stats, 1,066 rows per partial save of 40,000 "
+                                             "(mfu_fraction 0.05, only rows changed since saved)"),
+    "mfu_update_coverage": (0.64, "fraction", "h: share of row updates hitting a shard's 5 % most updated rows, counted "
+                                              "offline on the quick preset's data (Zipf a=1.05)"),
+    "ssu_save_fraction": (0.051, "fraction", "f, dev machine: cpr-ssu stats, 2,043 rows per partial save of 40,000"),
+    "ssu_update_coverage": (0.53, "fraction", "h: share of an interval's row updates hitting the rows of a 1024-event "
+                                              "sample, counted offline on the quick preset's data"),
 }
 
 
@@ -101,8 +112,8 @@ def hot_partial_overhead(o_save: float, o_load: float, mtbf: float, n_emb: int, 
         PLS = (h / r + 1 - h) * T / (2 N mtbf)          so   T = interval_for_pls(p, N, mtbf) / (h / r + 1 - h)
         O   = o_save * (1 + (r - 1) f) / T + (o_load * (1 + (r - 1) f / 2) + o_res) / mtbf
 
-    (a restore reads the base and on average half the interval's deltas).  With ``h = 0`` or
-    ``r = 1`` this is plain partial recovery.
+    (a restore reads the base and on average half the interval's deltas).  With ``r = 1``, or
+    ``f = h = 0``, this is plain partial recovery (:func:`baselines.overhead.partial_overhead`).
     """
     f, h, r = float(save_fraction), float(coverage), float(partial_per_interval)
     if not 0.0 <= f <= 1.0:
@@ -125,12 +136,19 @@ def ecrec_overhead(parity_fraction: float, o_res: float, rebuild_s: float, recov
         raise ValueError(f"recovery_ratio must be in [0, 1], got {recovery_ratio}")
     if parity_fraction < 0 or o_res < 0 or rebuild_s < 0:
         raise ValueError("parity_fraction, o_res and rebuild_s must be >= 0")
-    return parity_fraction + (o_res + (1.0 - recovery_ratio) * rebuild_s) / overhead._positive("mtbf", mtbf)
+    return parity_fraction + (o_res + (1.0 - recovery_ratio) * rebuild_s) / _mtbf(mtbf)
 
 
 def none_overhead(o_res: float, mtbf: float) -> float:
     """No fault tolerance: only the reschedule costs time (the failed shard's state is lost)."""
-    return float(o_res) / overhead._positive("mtbf", mtbf)
+    return float(o_res) / _mtbf(mtbf)
+
+
+def _mtbf(mtbf: float) -> float:
+    mtbf = float(mtbf)
+    if not (math.isfinite(mtbf) and mtbf > 0):
+        raise ValueError(f"mtbf must be finite and > 0, got {mtbf}")
+    return mtbf
 
 
 # --- the model per cluster size ---------------------------------------------------------------------
@@ -232,10 +250,18 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
         d = st.get(strategy, {}).get("driver")
         return _num(d.get(key)) if isinstance(d, dict) else None
 
+    def driver_median(key: str) -> tuple[float | None, str]:
+        named = [(s, driver(s, key)) for s in ("full", "cpr", "cpr-mfu", "cpr-ssu")]
+        named = [(s, x) for s, x in named if x]
+        if not named:
+            return None, ""
+        xs = sorted(x for _, x in named)
+        return statistics.median(xs), f"median driver {key} of {', '.join(s for s, _ in named)}"
+
     # save: the driver's measured stall, else full's failure-free slowdown spread over its saves
     if shard:
-        o_save = driver("full", "o_save_s")
-        how = "full: driver o_save_s"
+        o_save, how = driver_median("o_save_s")
+        source = "measured"
         if not o_save:
             ov, rate, interval = get("full", "overhead_vs_none"), get("full", "samples_per_s_failure_free"), \
                 _num(cfg.get("checkpoint_interval_steps"))
@@ -243,22 +269,24 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
             if ov is not None and ov > 0 and rate and interval and batch:
                 base = base or rate * (1.0 + ov)
                 o_save = ov * interval * batch / base  # stall per save = slowdown x steps per save x step time
-                how = f"full: overhead_vs_none {ov:+.1%} x {interval:.0f} steps/save"
+                how = f"full's slowdown all put on its saves: overhead_vs_none {ov:+.1%} x {interval:.0f} steps/save"
+                source = "modelled"
         if o_save:
-            found["save_bytes_per_s"] = Input(shard / o_save, "bytes/s per server", "measured",
+            found["save_bytes_per_s"] = Input(shard / o_save, "bytes/s per server", source,
                                               f"{how} = {o_save * 1e3:.1f} ms per save; {shard_note}")
         else:
             missing.append("save_bytes_per_s: no 'full' run with a positive save cost in the report")
     # load: the driver's probe, else cpr's promotion beyond none's (the replacement loads while promoted)
     if shard:
-        o_load = next((x for x in (driver(s, "o_load_s") for s in ("full", "cpr", "cpr-mfu", "cpr-ssu")) if x), None)
-        how = "driver o_load_s"
+        o_load, how = driver_median("o_load_s")
+        source = "measured"
         if not o_load:
             p_cpr, p_none = get("cpr", "promotion_s"), get("none", "promotion_s")
             if p_cpr is not None and p_none is not None and p_cpr > p_none:
-                o_load, how = p_cpr - p_none, "cpr promotion_s - none promotion_s"
+                o_load, how = p_cpr - p_none, "cpr's promotion beyond none's put on its load: promotion_s difference"
+                source = "modelled"
         if o_load:
-            found["load_bytes_per_s"] = Input(shard / o_load, "bytes/s per server", "measured",
+            found["load_bytes_per_s"] = Input(shard / o_load, "bytes/s per server", source,
                                               f"{how} = {o_load * 1e3:.1f} ms; {shard_note}")
         else:
             missing.append("load_bytes_per_s: no checkpoint load measured in the report")
@@ -298,9 +326,9 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
     target = _num(cfg.get("target_pls"))
     if target and 0 < target < 1:
         found["target_pls"] = Input(target, "fraction", "measured", "the compare run's target_pls")
-    # MFU/SSU: the saved fraction from the servers' stats; the update coverage inverted from the PLS ratio
-    r = DEFAULTS["partial_saves_per_interval"][0]
-    pls_cpr = get("cpr", "pls")
+    # MFU/SSU: the saved fraction from the servers' stats.  Their update coverage is not inferred from the
+    # report: one failure loses the updates since the last save, uniform over the save cycle, so the ratio of
+    # two runs' PLS is mostly the luck of where each failure fell (set it with --set *_update_coverage=H).
     for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
         if name not in st:
             continue
@@ -310,12 +338,8 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
             f = min(saved / saves / shard_rows, 1.0)
             found[f"{key}_save_fraction"] = Input(f, "fraction", "measured",
                                                   f"{name} stats: {saved:.0f} rows in {saves:.0f} partial saves")
-        pls = get(name, "pls")
-        if pls is not None and pls_cpr:
-            g = pls / pls_cpr  # = h / r + 1 - h at the same interval
-            h = min(max((1.0 - g) / (1.0 - 1.0 / r), 0.0), 1.0)
-            found[f"{key}_update_coverage"] = Input(h, "fraction", "modelled",
-                                                    f"from measured PLS {name} {pls:.4f} / cpr {pls_cpr:.4f} = h/r + 1 - h")
+        else:
+            missing.append(f"{key}_save_fraction: no server stats of {name} in the report")
     if not shard:
         missing.append("shard bytes: the report's config lacks tables/rows_per_table/embedding_dim/servers")
     return found, missing
@@ -378,12 +402,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reschedule-s", type=float, help="reschedule cost per failure in seconds (overrides the measured one)")
     p.add_argument("--storage-gbps", type=_positive_float,
                    help="aggregate bandwidth of the checkpoint store in GB/s (default: unlimited, servers in parallel)")
+    p.add_argument("--set", metavar="NAME=VALUE", type=_setting, action="append",
+                   help="override one input, e.g. mfu_save_fraction=0.05 or mfu_update_coverage=0.6 "
+                        f"(repeatable; inputs: {', '.join(DEFAULTS)})")
     p.add_argument("--formula", choices=overhead.FORMULAS, default="daly", help="full recovery's optimal interval (default daly)")
     p.add_argument("--json", metavar="PATH", help="write config, inputs (with sources) and rows as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of expected overhead vs servers (log x)")
 
 
+def check_input(name: str, value: float) -> float:
+    """Raises ValueError when ``value`` is not a valid ``name`` input."""
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown input {name!r}; inputs: {', '.join(DEFAULTS)}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if name.endswith("bytes_per_s") and x <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if name == "target_pls" and not 0 < x < 1:
+        raise ValueError(f"target_pls must be in (0, 1), got {value}")
+    if name == "partial_saves_per_interval" and x < 1:
+        raise ValueError(f"partial_saves_per_interval must be >= 1, got {value}")
+    if name.endswith(("_fraction", "_coverage", "_ratio")) and not 0 <= x <= 1:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if x < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return x
+
+
+def _setting(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    try:
+        return name.strip(), check_input(name.strip(), float(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
+    """Defaults, then what ``--from-compare`` measured, then the command line (source ``given``)."""
     inputs = default_inputs()
     notes: list[str] = []
     if args.from_compare:
@@ -391,10 +449,14 @@ def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
             report = json.load(f)
         found, notes = inputs_from_compare(report)
         inputs.update(found)
+    given = list(args.set or [])
     if args.target_pls is not None:
-        inputs["target_pls"] = Input(args.target_pls, "fraction", "given", "--target-pls")
+        given.append(("target_pls", args.target_pls))
     if args.reschedule_s is not None:
-        inputs["reschedule_s"] = Input(args.reschedule_s, "s", "given", "--reschedule-s")
+        given.append(("reschedule_s", check_input("reschedule_s", args.reschedule_s)))
+    for name, value in given:
+        inputs[name] = Input(value, inputs[name].unit, "given", "command line")
+    notes = [n for n in notes if n.split(":", 1)[0] not in {name for name, _ in given}]
     return inputs, notes
 
 
@@ -408,14 +470,19 @@ def _fmt_input(name: str, inp: Input) -> str:
     return f"  {name:<27} {value:>14}  {inp.source:<8}  {inp.note}"
 
 
+def _pct(fraction: float) -> str:
+    x = 100.0 * fraction
+    return f"{x:.3f}" if x == 0 or x >= 0.001 else f"{x:.1e}"
+
+
 def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict]) -> None:
     print(f"ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
     storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
     print(f"  model {config['model_gb']:g} GB over N servers, per-server MTBF {config['mtbf_hours']:g} h "
           f"(job MTBF = {config['mtbf_hours']:g} h / N), {config['formula']} interval for full{storage}")
     print(f"  costs: {config['from_compare'] or 'built-in defaults (measured once on the dev machine, see DEFAULTS)'}")
-    print("\ninputs (source: measured = from the compare report, modelled = inferred through the model, "
-          "default = built in, given = command line):")
+    print("\ninputs (source: measured = from the compare report, modelled = inferred from its figures through an "
+          "assumption, default = built in, given = command line):")
     for name, inp in inputs.items():
         print(_fmt_input(name, inp))
     for n in notes:
@@ -426,15 +493,19 @@ def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows:
     for r in rows:
         s = r["strategies"]
         cells.append([str(r["servers"]), f"{r['job_mtbf_s'] / 3600:.3g}"]
-                     + [f"{100 * s[name]['overhead']:.3f}" for name in STRATEGIES]
+                     + [_pct(s[name]["overhead"]) for name in STRATEGIES]
                      + [f"{s['cpr']['pls']:.4f}", s["cpr"]["plan"]])
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     for i, row in enumerate(cells):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    worst = max(s["overhead"] for r in rows for s in r["strategies"].values())
+    if worst >= 0.5:
+        print(f"\ncaution: overheads reach {100 * worst:.0f} %: the model is first order (failures rare against the "
+              "checkpoint interval and the recovery); such figures only say that the strategy does not scale there.")
     print("\nnone loses the failed shard's state at every failure; ecrec's parity overhead is held constant across "
-          "cluster sizes; cpr* intervals come from the target PLS.")
+          "cluster sizes; cpr* intervals come from the target PLS.", flush=True)
 
 
 def write_plot(path: str, rows: list[dict], config: dict) -> bool:
@@ -443,6 +514,7 @@ def write_plot(path: str, rows: list[dict], config: dict) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullLocator
     except ImportError:
         print("ecrec-bench simulate: --plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr)
         return False
@@ -454,6 +526,8 @@ def write_plot(path: str, rows: list[dict], config: dict) -> bool:
         ys_all += ys
         ax.plot(xs, ys, marker="o", label=name, linewidth=1.4)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
     if all(y > 0 for y in ys_all):
         ax.set_yscale("log")
     ax.set_xlabel("embedding servers")
@@ -473,11 +547,17 @@ def run(args) -> int:
         return 2
     try:
         inputs, notes = resolve_inputs(args)
+        for name, inp in inputs.items():
+            check_input(name, inp.value)
     except FileNotFoundError:
         print(f"ecrec-bench simulate: no such file {args.from_compare!r}", file=sys.stderr)
         return 2
-    except (json.JSONDecodeError, ValueError) as exc:
-        print(f"ecrec-bench simulate: cannot use {args.from_compare!r}: {exc}", file=sys.stderr)
+    except json.JSONDecodeError as exc:
+        print(f"ecrec-bench simulate: {args.from_compare!r} is not JSON: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        where = f" (from {args.from_compare!r})" if args.from_compare else ""
+        print(f"ecrec-bench simulate: {exc}{where}", file=sys.stderr)
         return 2
     config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "model_gb": args.model_gb,
               "formula": args.formula, "storage_gbps": args.storage_gbps, "from_compare": args.from_compare,

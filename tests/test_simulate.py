@@ -1,0 +1,288 @@
+"""``ecrec-bench simulate``: the production-scale overhead model against hand-computed values,
+``--servers`` parsing, measured-vs-default sourcing from a compare report, and the CLI end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import pytest
+
+from baselines import overhead
+from ecrec.bench import cli, simulate
+from ecrec.bench.simulate import Input
+
+
+def explicit_inputs(**override) -> dict[str, Input]:
+    values = dict(save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
+                  rebuild_bytes_per_s=50e6, recovery_throughput_ratio=0.8, target_pls=0.01,
+                  partial_saves_per_interval=4.0, mfu_save_fraction=0.05, mfu_update_coverage=0.5,
+                  ssu_save_fraction=0.1, ssu_update_coverage=0.8)
+    values.update(override)
+    assert set(values) == set(simulate.DEFAULTS)
+    return {k: Input(v, "", "given") for k, v in values.items()}
+
+
+# --- the model by hand ------------------------------------------------------------------------------
+def test_row_by_hand_8_servers_young():
+    # 8 servers, per-server MTBF 24 h -> job MTBF 24 * 3600 / 8 = 10800 s; 8 GB model -> 1 GB shard
+    row = simulate.simulate_row(8, 24.0, 8e9, explicit_inputs(), formula="young")
+    s = row["strategies"]
+    assert row["job_mtbf_s"] == pytest.approx(10800.0)
+    assert row["shard_bytes"] == pytest.approx(1e9)
+    # o_save = 1e9 / 100e6 = 10 s, o_load = 1e9 / 200e6 = 5 s, o_res = 10 s
+    # full: T = sqrt(2 * 10 * 10800) = 464.758 s; O = 10/T + (5 + 10 + T/2)/10800
+    t = math.sqrt(2 * 10 * 10800)
+    assert s["full"]["interval_s"] == pytest.approx(464.758, abs=1e-3)
+    assert s["full"]["overhead"] == pytest.approx(10 / t + (5 + 10 + t / 2) / 10800)
+    assert s["full"]["overhead"] == pytest.approx(0.044422, abs=1e-6)
+    # cpr: T = 2 * 0.01 * 8 * 10800 = 1728 s; O = 10/1728 + (5 + 10)/10800 = 0.0071759; PLS = 0.01
+    assert s["cpr"]["interval_s"] == pytest.approx(1728.0)
+    assert s["cpr"]["overhead"] == pytest.approx(10 / 1728 + 15 / 10800)
+    assert s["cpr"]["overhead"] == pytest.approx(0.0071759, abs=1e-7)
+    assert s["cpr"]["pls"] == pytest.approx(0.01)
+    assert s["cpr"]["plan"] == "partial"
+    # cpr-mfu: f = 0.05, h = 0.5, r = 4: g = 0.5/4 + 0.5 = 0.625; T = 1728 / 0.625 = 2764.8 s
+    #   O = 10 * (1 + 3 * 0.05) / 2764.8 + (5 * (1 + 0.15 / 2) + 10) / 10800 = 0.0041594 + 0.0014236
+    assert s["cpr-mfu"]["interval_s"] == pytest.approx(2764.8)
+    assert s["cpr-mfu"]["overhead"] == pytest.approx(11.5 / 2764.8 + 15.375 / 10800)
+    assert s["cpr-mfu"]["overhead"] == pytest.approx(0.0055830, abs=1e-7)
+    assert s["cpr-mfu"]["pls"] == pytest.approx(0.01)  # the interval is chosen for the target PLS
+    # cpr-ssu: f = 0.1, h = 0.8: g = 0.2 + 0.2 = 0.4; T = 4320 s; O = 10 * 1.3 / 4320 + (5 * 1.15 + 10) / 10800
+    assert s["cpr-ssu"]["interval_s"] == pytest.approx(4320.0)
+    assert s["cpr-ssu"]["overhead"] == pytest.approx(13 / 4320 + 15.75 / 10800)
+    # ecrec: rebuild 1e9 / 50e6 = 20 s, 80 % of training goes on: O = 0.05 + (10 + 0.2 * 20) / 10800
+    assert s["ecrec"]["rebuild_s"] == pytest.approx(20.0)
+    assert s["ecrec"]["overhead"] == pytest.approx(0.05 + 14 / 10800)
+    # none: the reschedule only
+    assert s["none"]["overhead"] == pytest.approx(10 / 10800)
+
+
+def test_row_daly_matches_overhead_module_and_scales_with_servers():
+    inputs = explicit_inputs()
+    row = simulate.simulate_row(64, 24.0, 8e9, inputs)  # daly by default
+    mtbf, o_save, o_load = 24 * 3600 / 64, 8e9 / 64 / 100e6, 8e9 / 64 / 200e6  # 1350 s, 1.25 s, 0.625 s
+    t = overhead.daly_interval(o_save, mtbf)
+    assert row["strategies"]["full"]["interval_s"] == pytest.approx(t)
+    assert row["strategies"]["full"]["overhead"] == pytest.approx(overhead.full_overhead(t, o_save, o_load, mtbf, 10.0))
+    # the cpr interval 2 p N mtbf = 2 p * per-server MTBF does not depend on the cluster size
+    assert row["strategies"]["cpr"]["interval_s"] == pytest.approx(2 * 0.01 * 24 * 3600)
+    assert row["failures_per_day"] == pytest.approx(64.0)
+
+
+def test_storage_cap_bounds_full_saves_and_rollbacks():
+    # 8 GB over 8 servers, store at 0.5 GB/s: a save takes max(1e9/100e6, 8e9/0.5e9) = 16 s;
+    # a full rollback loads max(5, 16) = 16 s, a partial reload of one shard max(5, 2) = 5 s
+    row = simulate.simulate_row(8, 24.0, 8e9, explicit_inputs(), formula="young", storage_bytes_per_s=0.5e9)
+    s = row["strategies"]
+    assert s["full"]["o_save_s"] == pytest.approx(16.0)
+    assert s["full"]["o_load_s"] == pytest.approx(16.0)
+    assert s["cpr"]["o_load_s"] == pytest.approx(5.0)
+    t = math.sqrt(2 * 16 * 10800)
+    assert s["full"]["overhead"] == pytest.approx(16 / t + (16 + 10 + t / 2) / 10800)
+
+
+def test_hot_partial_reduces_to_partial_and_validates():
+    t, o, pls = simulate.hot_partial_overhead(2.0, 10.0, 3600.0, 4, 0.01, save_fraction=0.05, coverage=0.0)
+    assert t == pytest.approx(overhead.interval_for_pls(0.01, 4, 3600.0))  # 288 s
+    # zero coverage still pays for the partial saves: 2 * 1.15 / 288 + 10 * 1.075 / 3600
+    assert o == pytest.approx(2.3 / 288 + 10.75 / 3600)
+    assert pls == pytest.approx(0.01)
+    t1, o1, _ = simulate.hot_partial_overhead(2.0, 10.0, 3600.0, 4, 0.01, 0.5, 0.9, partial_per_interval=1)
+    assert (t1, o1) == pytest.approx((288.0, overhead.partial_overhead(288.0, 2.0, 10.0, 3600.0)))
+    for kw in (dict(save_fraction=1.5), dict(coverage=-0.1), dict(partial_per_interval=0.5)):
+        args = dict(save_fraction=0.05, coverage=0.5, partial_per_interval=4.0) | kw
+        with pytest.raises(ValueError):
+            simulate.hot_partial_overhead(2.0, 10.0, 3600.0, 4, 0.01, **args)
+    with pytest.raises(ValueError):
+        simulate.ecrec_overhead(0.1, 1.0, 5.0, 1.5, 3600.0)
+
+
+# --- --servers ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("8..1024", [8, 16, 32, 64, 128, 256, 512, 1024]),
+    ("10..100", [10, 16, 32, 64, 100]),
+    ("8..8", [8]),
+    ("8,16,100", [8, 16, 100]),
+    ("100, 8,8", [8, 100]),
+    ("64", [64]),
+])
+def test_parse_servers(text, expected):
+    assert simulate.parse_servers(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1024..8", "0..8", "a..b", "", "8,x", "0", "-4,8", "8..", "..8"])
+def test_parse_servers_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        simulate.parse_servers(text)
+
+
+# --- sourcing from a compare report -------------------------------------------------------------------
+SHARD = 8 * 20_000 * 16 * 4 * 2 / 4  # 5.12 MB: 8 tables x 20,000 rows x dim 16, Adagrad, over 4 servers
+
+
+def fake_report(**strategies) -> dict:
+    config = {"servers": 4, "k": 2, "m": 1, "steps": 300, "fail_at": 150, "batch_size": 256, "tables": 8,
+              "rows_per_table": 20_000, "embedding_dim": 16, "checkpoint_interval_steps": 50,
+              "dataset": {"name": "synthetic", "tables": 8, "rows_per_table": 20_000}}
+    base = {"none": {"strategy": "none", "promotion_s": 0.05, "overhead_vs_none": 0.01, "pls": 0.12},
+            "ecrec": {"strategy": "ecrec", "overhead_vs_none": 0.08, "promotion_s": 0.1, "fully_redundant_s": 0.9,
+                      "throughput_during_recovery_ratio": 0.75, "pls": 0.0}}
+    base.update(strategies)
+    return {"config": config, "reference": {"samples_per_s_failure_free": 5000.0}, "strategies": base}
+
+
+def test_compare_shard_bytes():
+    assert simulate.compare_shard_bytes(fake_report()["config"]) == pytest.approx(SHARD)
+    assert simulate.compare_shard_bytes({"servers": 4}) is None
+
+
+def test_sources_measured_and_default():
+    found, missing = simulate.inputs_from_compare(fake_report())
+    assert found["parity_overhead"].value == pytest.approx(0.08)
+    assert found["reschedule_s"].value == pytest.approx(0.05)  # none's promotion
+    # rebuild: shard / (fully_redundant_s - promotion_s) = 5.12e6 / 0.8
+    assert found["rebuild_bytes_per_s"].value == pytest.approx(SHARD / 0.8)
+    assert found["recovery_throughput_ratio"].value == pytest.approx(0.75)
+    assert {found[k].source for k in found} == {"measured"}
+    # no full / cpr run: save and load are not measured
+    assert "save_bytes_per_s" not in found and "load_bytes_per_s" not in found
+    assert any(m.startswith("save_bytes_per_s") for m in missing)
+    assert any(m.startswith("load_bytes_per_s") for m in missing)
+
+
+def test_sources_from_summary_fields():
+    report = fake_report(**{
+        "full": {"overhead_vs_none": 0.10, "samples_per_s_failure_free": 5000 / 1.1, "promotion_s": 0.06, "pls": 0.0},
+        "cpr": {"overhead_vs_none": 0.05, "promotion_s": 0.09, "pls": 0.02},
+        "cpr-mfu": {"overhead_vs_none": 0.05, "promotion_s": 0.08, "pls": 0.008},
+    })
+    found, missing = simulate.inputs_from_compare(report)
+    # no driver figures: full's slowdown is put on its saves (modelled):
+    # stall per save = 10 % x 50 steps x 256 samples / 5000 samples/s = 0.256 s -> 5.12e6 / 0.256 = 20 MB/s
+    assert found["save_bytes_per_s"].value == pytest.approx(SHARD / 0.256)
+    assert found["save_bytes_per_s"].source == "modelled"
+    # load = cpr promotion - none promotion = 0.04 s (modelled)
+    assert found["load_bytes_per_s"].value == pytest.approx(SHARD / 0.04)
+    assert found["load_bytes_per_s"].source == "modelled"
+    # one failure's PLS is luck: the coverage is never inferred from it; without stats no saved fraction either
+    assert not any(k.endswith("_update_coverage") for k in found)
+    assert "mfu_save_fraction" not in found
+    assert any(m.startswith("mfu_save_fraction") for m in missing)
+
+
+def test_sources_prefer_driver_and_stats_and_clamp():
+    report = fake_report(**{
+        "full": {"overhead_vs_none": -0.05, "driver": {"o_save_s": 0.02, "o_load_s": 0.05}},
+        "cpr": {"driver": {"o_save_s": 0.04, "o_load_s": 0.01}, "pls": 0.02},
+        "cpr-ssu": {"driver": {"o_save_s": 0.03, "o_load_s": 0.03}, "pls": 0.03,
+                    "stats": {"0": {"rows_saved_partial": 4000, "partial_saves": 20}, "1": {"error": "x"},
+                              "2": {"rows_saved_partial": 4000, "partial_saves": 20}}},
+    })
+    report["strategies"]["ecrec"].update(overhead_vs_none=-0.02, throughput_during_recovery_ratio=1.3,
+                                         stats={"1": {"rows_rebuilt": 40_000, "rebuild_s": 0.5}})
+    found, _ = simulate.inputs_from_compare(report)
+    assert found["save_bytes_per_s"].value == pytest.approx(SHARD / 0.03)  # median of 0.02, 0.04, 0.03
+    assert found["load_bytes_per_s"].value == pytest.approx(SHARD / 0.03)  # median of 0.05, 0.01, 0.03
+    assert found["parity_overhead"].value == 0.0 and "clamped" in found["parity_overhead"].note
+    assert found["recovery_throughput_ratio"].value == 1.0
+    assert found["rebuild_bytes_per_s"].value == pytest.approx(40_000 * 16 * 4 * 2 / 0.5)
+    # 8000 rows in 40 partial saves = 200 rows per save over 40,000 rows per shard
+    assert found["ssu_save_fraction"].value == pytest.approx(200 / 40_000)
+    assert found["save_bytes_per_s"].source == found["load_bytes_per_s"].source == "measured"
+    assert "ssu_update_coverage" not in found
+
+
+def test_not_a_compare_report():
+    with pytest.raises(ValueError, match="strategies"):
+        simulate.inputs_from_compare({"config": {}})
+
+
+# --- CLI end to end ------------------------------------------------------------------------------------
+def test_cli_defaults_writes_json(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert cli.main(["simulate", "--servers", "8..64", "--mtbf-hours", "24", "--model-gb", "8", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "default" in printed and "cpr-mfu" in printed
+    report = json.loads(out.read_text())
+    assert report["config"]["servers"] == [8, 16, 32, 64]
+    assert {v["source"] for v in report["inputs"].values()} == {"default"}
+    assert set(report["inputs"]) == set(simulate.DEFAULTS)
+    assert report["rows_source"] == "modelled"
+    assert [r["servers"] for r in report["rows"]] == [8, 16, 32, 64]
+    for r in report["rows"]:
+        assert set(r["strategies"]) == set(simulate.STRATEGIES)
+        assert all(r["strategies"][s]["overhead"] >= 0 for s in simulate.STRATEGIES)
+
+
+def test_cli_from_compare_and_overrides(tmp_path, capsys):
+    cmp_path, out = tmp_path / "compare.json", tmp_path / "sim.json"
+    cmp_path.write_text(json.dumps(fake_report()))
+    rc = cli.main(["simulate", "--servers", "8,1024", "--from-compare", str(cmp_path), "--target-pls", "0.02",
+                   "--reschedule-s", "60", "--storage-gbps", "10", "--formula", "young", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    inputs = report["inputs"]
+    assert inputs["parity_overhead"] == {"value": 0.08, "unit": "fraction", "source": "measured",
+                                         "note": "ecrec: overhead_vs_none"}
+    assert inputs["save_bytes_per_s"]["source"] == "default"
+    assert inputs["target_pls"]["source"] == "given" and inputs["target_pls"]["value"] == 0.02
+    assert inputs["reschedule_s"]["source"] == "given" and inputs["reschedule_s"]["value"] == 60.0
+    assert any(n.startswith("save_bytes_per_s") for n in report["inputs_not_measured"])
+    assert report["config"]["storage_gbps"] == 10 and report["config"]["formula"] == "young"
+    assert report["rows"][1]["strategies"]["cpr"]["pls"] == pytest.approx(0.02)
+    assert "measured" in capsys.readouterr().out
+
+
+def test_cli_set_overrides(tmp_path):
+    out = tmp_path / "sim.json"
+    assert cli.main(["simulate", "--servers", "8", "--set", "mfu_save_fraction=0.05", "--set", "mfu_update_coverage=0",
+                     "--set", "partial_saves_per_interval=1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["inputs"]["mfu_save_fraction"]["value"] == 0.05
+    assert report["inputs"]["mfu_save_fraction"]["source"] == "given"
+    assert report["inputs"]["ssu_save_fraction"]["source"] == "default"
+    s = report["rows"][0]["strategies"]
+    assert s["cpr-mfu"]["overhead"] == pytest.approx(s["cpr"]["overhead"])  # r = 1: plain partial recovery
+
+
+def test_cli_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "sim.png"
+    assert cli.main(["simulate", "--servers", "8..32", "--plot", str(png)]) == 0
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv", [
+    ["--servers", "64..8"], ["--servers", "x"], ["--mtbf-hours", "0"], ["--model-gb", "-1"],
+    ["--target-pls", "1.5"], ["--formula", "magic"], ["--storage-gbps", "nan"],
+    ["--set", "magic=1"], ["--set", "mfu_save_fraction"], ["--set", "mfu_save_fraction=2"],
+    ["--set", "save_bytes_per_s=0"], ["--set", "target_pls=x"], ["--set", "partial_saves_per_interval=0.5"],
+])
+def test_cli_argument_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["simulate", *argv])
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_cli_bad_compare_file(tmp_path, capsys):
+    assert cli.main(["simulate", "--from-compare", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert cli.main(["simulate", "--from-compare", str(bad)]) == 2
+    bad.write_text(json.dumps({"config": {}}))
+    assert cli.main(["simulate", "--from-compare", str(bad)]) == 2
+    assert "not a compare report" in capsys.readouterr().err
+    assert cli.main(["simulate", "--reschedule-s", "-1"]) == 2
+
+
+def test_cli_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "sim.png"
+    assert cli.main(["simulate", "--servers", "8", "--plot", str(png)]) == 0
+    assert "needs matplotlib" in capsys.readouterr().err
+    assert not png.exists()
