@@ -84,16 +84,27 @@ class Storage:
         raise NotImplementedError
 
 
-def _hash_chunks(chunks: list) -> tuple[int, str]:
+def _byte_views(chunks: list):
+    """Byte views of the chunks; empty ones are skipped (a zero-size array view cannot be cast)."""
+    for c in chunks:
+        if getattr(c, "nbytes", len(c)):
+            yield memoryview(c).cast("B")
+
+
+def _write_chunks(f, chunks: list) -> tuple[int, str]:
+    """Writes the chunks to ``f`` (None: only hashes them); returns ``(size, sha256 hex)``."""
     h = hashlib.sha256()
     size = 0
-    for c in chunks:
-        if getattr(c, "nbytes", len(c)) == 0:
-            continue
-        mv = memoryview(c).cast("B")
+    for mv in _byte_views(chunks):
+        if f is not None:
+            f.write(mv)
         h.update(mv)
         size += mv.nbytes
     return size, h.hexdigest()
+
+
+def _hash_chunks(chunks: list) -> tuple[int, str]:
+    return _write_chunks(None, chunks)
 
 
 class LocalStorage(Storage):
@@ -111,17 +122,9 @@ class LocalStorage(Storage):
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path) + ".")
-        h = hashlib.sha256()
-        size = 0
         try:
             with os.fdopen(fd, "wb") as f:
-                for c in chunks:
-                    if getattr(c, "nbytes", len(c)) == 0:
-                        continue  # an empty array (a partial save with no rows of a table) cannot be cast
-                    mv = memoryview(c).cast("B")
-                    f.write(mv)
-                    h.update(mv)
-                    size += mv.nbytes
+                size, digest = _write_chunks(f, chunks)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -136,7 +139,7 @@ class LocalStorage(Storage):
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        return size, h.hexdigest()
+        return size, digest
 
     def read(self, rel: str) -> bytes:
         with open(self._path(rel), "rb") as f:
@@ -180,17 +183,9 @@ class FsspecStorage(Storage):
         parent = path.rsplit("/", 1)[0]
         tmp = f"{parent}/.tmp-{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}"
         self.fs.makedirs(parent, exist_ok=True)
-        h = hashlib.sha256()
-        size = 0
         try:
             with self.fs.open(tmp, "wb") as f:
-                for c in chunks:
-                    if getattr(c, "nbytes", len(c)) == 0:
-                        continue  # an empty array (a partial save with no rows of a table) cannot be cast
-                    mv = memoryview(c).cast("B")
-                    f.write(mv)
-                    h.update(mv)
-                    size += mv.nbytes
+                size, digest = _write_chunks(f, chunks)
             self.fs.mv(tmp, path)
         except BaseException:
             try:
@@ -199,7 +194,7 @@ class FsspecStorage(Storage):
             except Exception:  # noqa: BLE001 - best effort cleanup; the original error is raised
                 pass
             raise
-        return size, h.hexdigest()
+        return size, digest
 
     def read(self, rel: str) -> bytes:
         return self.fs.cat_file(self._path(rel))

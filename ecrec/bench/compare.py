@@ -37,7 +37,7 @@ import numpy as np
 STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
 PRESETS = {
     # a few minutes on 2 cores for every strategy
-    "quick": dict(servers=4, k=2, m=1, steps=300, fail_at=150, fail_server=1, batch_size=256, tables=8,
+    "quick": dict(servers=4, k=2, m=1, steps=300, fail_at=175, fail_server=1, batch_size=256, tables=8,
                   rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50,
                   cpr_interval_s=1.5, partial_interval_s=0.4),
     # a larger run: more steps and rows
@@ -340,6 +340,7 @@ def _timeline(records, kill_t, bucket_s: float = 0.5) -> dict:
     samples = np.array([r["samples"] for r in records])
     edges = np.arange(0, ends.max() + bucket_s, bucket_s)
     counts, _ = np.histogram(ends, bins=edges, weights=samples)
+    edges, counts = edges[:-1], counts[:-1]  # the last bucket is cut short by the end of training
     return {"t": [float(x) for x in edges[1:]], "samples_per_s": [float(c / bucket_s) for c in counts],
             "failure_t": (kill_t - t0) if kill_t else None}
 
@@ -430,9 +431,12 @@ def run(args) -> int:
     if args.workers < 1:
         print("ecrec-bench compare: --workers must be >= 1", file=sys.stderr)
         return 2
-    if args.workers > 1 and "full" in strategies:
-        print("ecrec-bench compare: 'full' rolls back every worker's data position, which the torchrun launcher "
-              "does not coordinate yet; run it with --workers 1", file=sys.stderr)
+    checkpointing = [s for s in strategies if s in ("full", "cpr", "cpr-mfu", "cpr-ssu")]
+    if args.workers > 1 and checkpointing:
+        print(f"ecrec-bench compare: {', '.join(checkpointing)} need one checkpoint driver that sees every worker's "
+              "pushes (consistent cuts, rollback of every worker's data position, exact lost-update counts), which "
+              "the torchrun launcher does not coordinate yet; run them with --workers 1 (none and ecrec scale out)",
+              file=sys.stderr)
         return 2
     from ecrec.transport import tune_allocator
 
