@@ -478,8 +478,9 @@ def run(args) -> int:
     if args.json:
         report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
                   "strategies": {row["strategy"]: row for row in rows}}
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2, default=_json_default)
+        text = json.dumps(report, indent=2, default=_json_default)
+        with open(args.json, "w") as f:  # temporary paths (checkpoint dirs) are shown relative to the work dir
+            f.write(text.replace(str(work), "<work-dir>"))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         write_plot(args.plot, rows, fail_at)
