@@ -150,6 +150,10 @@ class Cluster:
                     log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method, exc.code().name)
                     self.stats["retries"] += 1
                     self._report(address, f"{method}: {exc.code().name}")
+                    with self._lock:
+                        moved = self._address_of(index)
+                    if moved is not None and moved != address:
+                        continue  # the coordinator's reply already names the replacement: retry there now
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"server index {index} unreachable and not replaced within {self.config.retry_deadline_s:.0f} s "

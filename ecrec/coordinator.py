@@ -63,6 +63,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._broadcast_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-broadcast")
         self._stop = threading.Event()
         self._wake = threading.Event()  # set to run the monitor now (a registration, a failure)
+        self._promote_lock = threading.Lock()
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self.map = cluster_pb2.ClusterMap(
             epoch=1, num_servers=spec.num_servers, strategy=spec.strategy, k=k, m=m,
@@ -240,7 +241,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if not known:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server at {request.address!r} in the map")
         log.info("client reports %s: %s", request.address, request.detail or "(no detail)")
-        self._check_server(request.address, reported=True)
+        if not self._check_server(request.address, reported=True):
+            try:  # promote a standby now, so the reply already names the replacement
+                self._promote_standbys()
+            except Exception:  # noqa: BLE001 - reported, never swallowed; the monitor retries
+                log.exception("promotion failed")
         with self._lock:
             return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
 
@@ -312,6 +317,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._wake.set()
 
     def _promote_standbys(self) -> None:
+        with self._promote_lock:  # the monitor and a client report may both try
+            self._promote_standbys_locked()
+
+    def _promote_standbys_locked(self) -> None:
         while not self._stop.is_set():
             with self._lock:
                 failed = sorted({s.index for s in self.map.servers if s.state == FAILED and s.index >= 0}

@@ -38,7 +38,7 @@ log = logging.getLogger("ecrec.server")
 class TableShard:
     """This server's rows of one table: a ``(slots, row_bytes)`` uint8 payload array."""
 
-    def __init__(self, spec: TableSpec, layout: Layout, index: int):
+    def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True):
         self.spec = spec
         self.layout = layout
         self.index = index
@@ -46,7 +46,8 @@ class TableShard:
         self.owned_ids, self.owned_slots = layout.rows_of(index, spec.num_rows)
         self.payload = np.zeros((layout.data_slots_per_server(spec.num_rows), spec.row_bytes), dtype=np.uint8)
         self.floats = self.payload.view(np.float32)  # (slots, row_floats)
-        self.floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
+        if initial_values:  # a replacement whose strategy rebuilds every row skips this
+            self.floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
         self.versions = np.zeros(len(self.payload), dtype=np.int64)  # push sequence of each row's last update
         self.row_updates = 0  # distinct rows updated, summed over pushes
 
@@ -202,7 +203,8 @@ class ServerState:
                         f"table {spec.name!r} exists with a different spec ({existing.spec}); got {spec}",
                     )
                 return False
-            shard = TableShard(spec, self.layout, self.index)
+            fill = not (self.promoting and self.strategy.rebuilds_rows)
+            shard = TableShard(spec, self.layout, self.index, initial_values=fill)
             self.tables[spec.name] = shard
         self.strategy.on_table_created(shard)
         return True
@@ -277,8 +279,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             plans.append((shard, shard.slots_for(ids)))
         dense = [st.dense_tensor(name) for name in request.dense]
         strategy = st.strategy
-        for shard, slots in plans:
-            strategy.ensure_rows(shard, None, slots)
+        strategy.ensure_rows(plans)
         for d in dense:
             strategy.ensure_dense(d)
         reply = embedding_pb2.PullReply()
@@ -344,8 +345,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 completion.result(timeout=st.config.rpc_timeout_s)
             return self._push_reply(request, already_applied=True, rows=0)
         strategy = st.strategy
-        for shard, ids, slots, _ in table_plans:
-            strategy.ensure_rows(shard, ids, slots)
+        strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
         for d, _ in dense_plans:
             strategy.ensure_dense(d)
         st.faults.hit("before_local_commit")
@@ -402,7 +402,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             else:
                 ids = transport.bytes_to_ids(request.ids)
                 slots = shard.slots_for(ids)
-            st.strategy.ensure_rows(shard, ids, slots)
+            st.strategy.ensure_rows([(shard, slots)])
             with shard.lock:
                 payload = shard.payload[slots]
             reply.ids = transport.ids_to_bytes(ids)

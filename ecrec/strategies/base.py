@@ -38,6 +38,8 @@ class FaultToleranceStrategy:
     name: ClassVar[str] = "?"
     #: whether the old payload bytes of updated rows must be captured for ``on_update``
     needs_old_payload: ClassVar[bool] = False
+    #: whether a promoted replacement rebuilds every row itself (then its tables skip initial values)
+    rebuilds_rows: ClassVar[bool] = False
     #: seconds between ``on_timer`` calls (None: never)
     timer_interval_s: float | None = None
 
@@ -81,8 +83,9 @@ class FaultToleranceStrategy:
         """Every update of the push was applied locally; what to wait for before acknowledging it."""
         return None
 
-    def ensure_rows(self, shard: "TableShard", ids: np.ndarray, slots: np.ndarray) -> None:
-        """Called before rows are read or updated: a recovering server rebuilds them first."""
+    def ensure_rows(self, items: "list[tuple[TableShard, np.ndarray]]") -> None:
+        """Called with ``(shard, slots)`` of every table a request touches, before the rows are read or
+        updated: a recovering server rebuilds them first."""
 
     def ensure_dense(self, dense: "DenseShard") -> None:
         """Called before a dense tensor is read or updated."""

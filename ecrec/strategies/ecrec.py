@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -49,7 +49,7 @@ log = logging.getLogger("ecrec.strategies.ecrec")
 
 OPTIONS = {
     "backend": "isa_l_rs_vand",
-    "rebuild_batch_rows": "2048",
+    "rebuild_batch_rows": "4096",
     "rebuild_pause_s": "0.002",
     "heartbeat_s": "0.2",
 }
@@ -141,6 +141,7 @@ class DestinationSender:
 class ErasureCoding(FaultToleranceStrategy):
     name = "ecrec"
     needs_old_payload = True
+    rebuilds_rows = True
 
     @classmethod
     def layout_params(cls, num_servers: int, k: int, m: int, options: dict) -> tuple[int, int, dict]:
@@ -184,6 +185,7 @@ class ErasureCoding(FaultToleranceStrategy):
         self.seq_lock = threading.Lock()
         self._current: dict | None = None
         self.recovering = threading.Event()
+        self._foreground_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-on-demand")
         self.rebuild_lock = threading.Lock()
         self.foreground = 0
         self.resolved_sources: dict[int, str] = {}  # failed index -> server id of the failed incarnation
@@ -569,17 +571,27 @@ class ErasureCoding(FaultToleranceStrategy):
         return kept + sorted(committed)
 
     # rebuild -----------------------------------------------------------------------------------------
-    def ensure_rows(self, shard, ids, slots) -> None:
+    def ensure_rows(self, items) -> None:
         if not self.recovering.is_set():
             return
-        built = self.data_built[shard.spec.name]
-        missing = slots[~built[slots]]
-        if len(missing):
-            self.foreground += 1
-            try:
-                self._rebuild_data(shard, np.unique(missing), foreground=True)
-            finally:
-                self.foreground -= 1
+        work = []
+        for shard, slots in items:
+            built = self.data_built[shard.spec.name]
+            missing = slots[~built[slots]]
+            if len(missing):
+                work.append((shard, np.unique(missing)))
+        if not work:
+            return
+        self.foreground += 1
+        try:
+            if len(work) == 1:
+                self._rebuild_data(*work[0], foreground=True)
+            else:  # the tables' member reads overlap: one round trip instead of one per table
+                futures = [self._foreground_pool.submit(self._rebuild_data, shard, slots, True) for shard, slots in work]
+                for f in futures:
+                    f.result()
+        finally:
+            self.foreground -= 1
 
     def ensure_dense(self, dense) -> None:
         if self.recovering.is_set() and not self.dense_built.get(dense.spec.name, True):
@@ -906,6 +918,7 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def close(self) -> None:
         self.closed.set()
+        self._foreground_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _nullcontext:
