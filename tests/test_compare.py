@@ -71,3 +71,43 @@ def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(compare.tempfile, "mkdtemp", must_not_run)
     assert cli.main(["compare", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def _fake_run(records, kill_t, events=()):
+    from ecrec.wire import cluster_pb2
+
+    return {"result": {"records": records, "evaluation": {}, "driver": None, "client_bytes": 0},
+            "killed": {"time": kill_t}, "events": list(events), "state": None, "stats": {},
+            "map": cluster_pb2.ClusterMap()}
+
+
+def _records(steps, t0=0.0, dt=0.1, rewind_at=None):
+    out, t = [], t0
+    for n, step in enumerate(steps):
+        out.append({"step": step, "start": t, "end": t + dt, "samples": 10, "rows": 5, "rows_by_server": {"1": 2},
+                    "rewind_to": rewind_at[1] if rewind_at and n == rewind_at[0] else None})
+        t += dt
+    return out
+
+
+def test_recovery_time_counts_the_replay_after_a_rollback():
+    """Full recovery rewinds to step 3 at the failure (step 5): training is back only once it passes step 5 again."""
+    steps = [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    records = _records(steps, rewind_at=(5, 3))
+    row = compare.summarize("full", _fake_run(records, kill_t=0.5), None, {"fail_server": 1}, 5)
+    # the kill is at 0.5; the replayed step 5 (the 9th record) ends at 0.9
+    assert row["recovery_s"] == pytest.approx(0.4)
+
+
+def test_recovery_time_without_rollback_and_lost_updates_of_none():
+    steps = list(range(12))
+    records = _records(steps)
+    records[5]["end"] += 0.3  # the step hit by the failure stalls
+    for r in records[6:]:
+        r["start"] += 0.3
+        r["end"] += 0.3
+    row = compare.summarize("none", _fake_run(records, kill_t=0.45), None, {"fail_server": 1}, 5)
+    assert row["max_stall_s"] == pytest.approx(0.4)
+    assert row["recovery_s"] == pytest.approx(0.9 - 0.45)  # the stalled step 5 ends at 0.9; full speed after it
+    # none loses every row update its failed server acknowledged before the failure: 4 steps x 2 rows
+    assert row["lost_updates"] == 8 and row["pls"] == pytest.approx(8 / (12 * 5))

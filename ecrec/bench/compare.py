@@ -267,8 +267,11 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
         out["fully_redundant_s"] = (redundant[0] - kill_t) if redundant and strategy != "none" else None
         # back to full speed: progress past the failure step, and the next steps at pre-failure speed
         steps = np.array([r["step"] for r in records])
+        # after a rollback (full recovery) progress counts only from the rewound position on
+        rewound = [i for i in np.flatnonzero(after) if records[i].get("rewind_to") is not None]
+        first = rewound[-1] + 1 if rewound else 0
         back = None
-        for i in np.flatnonzero(after & (steps >= fail_at)):
+        for i in np.flatnonzero(after & (steps >= fail_at) & (np.arange(len(records)) >= first)):
             window = durations[i:i + 5]
             if len(window) and np.median(window) <= 1.25 * median_step:
                 back = ends[i]
