@@ -327,6 +327,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         self._next_delta: dict[int, int] = {}
         self._base_seq: int | None = None  # seq of the newest full snapshot taken or restored
         self._next_full_at: float | None = None
+        self._updates_at_timer_save = -1  # row updates at the last timer save: an idle shard is not saved again
         self._next_partial_at: float | None = None
         self.needs_restore = False
         self._s = {
@@ -404,8 +405,10 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             kind = "partial"
         else:
             return
-        if self.server.tables or self.server.dense:
-            self.save(kind=kind, blocking=False)
+        updates = sum(shard.row_updates for shard in self.server.tables.values())
+        if (self.server.tables or self.server.dense) and updates != self._updates_at_timer_save:
+            self.save(kind=kind, blocking=False)  # an idle shard has nothing new: no save
+            self._updates_at_timer_save = updates
         if kind == "full":
             self._next_full_at = now + full
         if partial:

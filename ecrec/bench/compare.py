@@ -37,7 +37,7 @@ import numpy as np
 STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
 PRESETS = {
     # a few minutes on 2 cores for every strategy
-    "quick": dict(servers=4, k=2, m=1, steps=300, fail_at=175, fail_server=1, batch_size=256, tables=8,
+    "quick": dict(servers=4, k=2, m=1, steps=400, fail_at=300, fail_server=1, batch_size=256, tables=8,
                   rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50,
                   cpr_interval_s=1.5, partial_interval_s=0.4),
     # a larger run: more steps and rows
@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtbf-hours", type=float, default=None,
                    help="MTBF for the checkpoint interval model (used when no explicit interval is given)")
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds of failure-free throughput measurement (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of throughput over time, failure marked")
@@ -106,66 +108,135 @@ def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
 
 
 # --- one run ----------------------------------------------------------------------------------------
+class StrategyRun:
+    """One strategy's local cluster and worker, advanced in pieces so strategies can be interleaved."""
+
+    def __init__(self, strategy: str, label: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None):
+        from ecrec.bench.trainer import TrainConfig
+        from ecrec.local import LocalCluster, LocalClusterSpec
+
+        self.strategy, self.label, self.args, self.cfg, self.fail_at = strategy, label, args, cfg, fail_at
+        options = {}
+        k = m = 0
+        if strategy == "ecrec":
+            k, m = cfg["k"], cfg["m"]
+        if strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
+            ckpt = work / f"ckpt-{label}"
+            shutil.rmtree(ckpt, ignore_errors=True)
+            options["dir"] = str(ckpt)
+            if args.mtbf_hours and not args.checkpoint_interval_steps:
+                options["mtbf_s"] = str(args.mtbf_hours * 3600)
+            elif strategy == "full":  # consistent cuts: the driver saves every N steps
+                options["interval_steps"] = str(cfg["checkpoint_interval_steps"])
+            else:  # partial recovery: each server saves on its own timer
+                options["interval_s"] = str(cfg["cpr_interval_s"])
+            if strategy == "cpr-mfu":
+                options["mfu_interval_s"] = str(cfg["partial_interval_s"])
+            if strategy == "cpr-ssu":
+                options["ssu_interval_s"] = str(cfg["partial_interval_s"])
+        self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m,
+                                                   options=options))
+        self.records_dir = work / f"records-{label}"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.killed: dict = {}
+        self.trainer = None
+        self.local.start()
+        self.tcfg = TrainConfig(
+            address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
+            batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], seed=args.seed,
+            checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
+            mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(self.records_dir))
+
+    def kill(self) -> None:
+        self.killed["pid"] = self.local.pid_of_index(self.cfg["fail_server"])
+        self.killed["time"] = time.time()
+        self.local.kill(self.killed["pid"])
+
+    def _on_step(self, step: int) -> None:
+        _progress(self.label, step, self.cfg["steps"])
+        if self.fail_at is not None and step == self.fail_at and "pid" not in self.killed:
+            self.kill()
+
+    def advance(self, until: int) -> int:
+        """Trains (in this process) until step ``until``; returns the samples trained."""
+        if self.trainer is None:
+            from ecrec.bench.trainer import Trainer
+
+            self.trainer = Trainer(self.tcfg, 0, 1)
+        return self.trainer.advance(until, self._on_step)
+
+    def finish(self) -> dict:
+        """Trains to the end (the failure included) and collects the run's figures; stops the cluster."""
+        try:
+            if self.args.workers > 1:
+                result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at, self.kill, self.label)
+                state = None
+            else:
+                self.advance(self.cfg["steps"])
+                _progress(self.label, self.cfg["steps"], self.cfg["steps"], done=True)
+                result = self.trainer.finish()
+                state = _final_state(result.get("cluster"), self.local)
+            cluster_map = self.local.cluster_map()
+            stats = _strategy_stats(self.local, self.strategy)
+        finally:
+            self.close()
+        return {"result": result, "killed": self.killed, "state": state, "stats": stats, "map": cluster_map,
+                "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in cluster_map.events]}
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        self.local.close()
+        if not self.args.keep:
+            shutil.rmtree(self.records_dir, ignore_errors=True)
+
+
 def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None,
                  progress_label: str) -> dict:
-    from ecrec.bench.trainer import TrainConfig, run
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    """One strategy from start to end on its own (no interleaving)."""
+    run = StrategyRun(strategy, progress_label, args, cfg, data_path, work, fail_at)
+    return run.finish()
 
-    options = {}
-    k = m = 0
-    if strategy == "ecrec":
-        k, m = cfg["k"], cfg["m"]
-    if strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
-        ckpt = work / f"ckpt-{progress_label}"
-        shutil.rmtree(ckpt, ignore_errors=True)
-        options["dir"] = str(ckpt)
-        if args.mtbf_hours and not args.checkpoint_interval_steps:
-            options["mtbf_s"] = str(args.mtbf_hours * 3600)
-        elif strategy == "full":  # consistent cuts: the driver saves every N steps
-            options["interval_steps"] = str(cfg["checkpoint_interval_steps"])
-        else:  # partial recovery: each server saves on its own timer
-            options["interval_s"] = str(cfg["cpr_interval_s"])
-        if strategy == "cpr-mfu":
-            options["mfu_interval_s"] = str(cfg["partial_interval_s"])
-        if strategy == "cpr-ssu":
-            options["ssu_interval_s"] = str(cfg["partial_interval_s"])
-    local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m, options=options))
-    records_dir = work / f"records-{progress_label}"
-    records_dir.mkdir(parents=True, exist_ok=True)
-    killed = {}
+
+def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, work: Path, fail_at: int,
+                    rounds: int) -> tuple[dict, dict, dict]:
+    """Failure-free throughput measured side by side, then each strategy's failure.
+
+    Every strategy's cluster (and a failure-free ``none`` reference) is started; the steps up to
+    a little before the failure are trained in ``rounds`` slices, strategy after strategy in a
+    rotating order, so machine noise hits all alike; the per-round throughput ratios against the
+    reference give the overhead. Then each strategy trains on alone, through its failure (the
+    last ``max(50, checkpoint interval)`` steps before it run uninterrupted, so checkpoint cycles
+    are in their normal phase when the server dies).
+    """
+    names = ["reference", *strategies]
+    runs: dict[str, StrategyRun] = {}
     try:
-        local.start()
-        tcfg = TrainConfig(address=local.coordinator_address, data_path=str(data_path), strategy=strategy,
-                           steps=cfg["steps"], batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"],
-                           seed=args.seed,
-                           checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
-                           mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(records_dir))
-
-        def kill():
-            killed["pid"] = local.pid_of_index(cfg["fail_server"])
-            killed["time"] = time.time()
-            local.kill(killed["pid"])
-
-        if args.workers > 1:
-            result = _run_torchrun(tcfg, args.workers, records_dir, fail_at, kill, progress_label)
-        else:
-            def on_step(step):
-                _progress(progress_label, step, cfg["steps"])
-                if fail_at is not None and step == fail_at and "pid" not in killed:
-                    kill()
-
-            result = run(tcfg, 0, 1, on_step)
-            _progress(progress_label, cfg["steps"], cfg["steps"], done=True)
-        cluster_map = local.cluster_map()
-        state = _final_state(result.get("cluster"), local) if args.workers == 1 else None
-        stats = _strategy_stats(local, strategy)
+        for name in names:
+            runs[name] = StrategyRun("none" if name == "reference" else name, name, args, cfg, data_path, work,
+                                     None if name == "reference" else fail_at)
+        warm = min(10, fail_at // 4)
+        for run in runs.values():
+            run.advance(warm)
+        # the last steps before the failure run alone and uninterrupted, so checkpoint cycles (timers)
+        # are in a normal phase when the server dies
+        lead = max(cfg.get("checkpoint_interval_steps") or 0, 50)
+        end = max(warm + rounds, fail_at - lead)
+        bounds = np.linspace(warm, end, rounds + 1).astype(int)
+        rates: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                t0 = time.perf_counter()
+                samples = runs[name].advance(int(bounds[r + 1]))
+                rates[name].append(samples / max(time.perf_counter() - t0, 1e-9))
+        results = {}
+        for name in names:
+            results[name] = runs.pop(name).finish()
     finally:
-        local.close()
-        if not args.keep:
-            shutil.rmtree(records_dir, ignore_errors=True)
-    return {"result": result, "killed": killed, "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time)
-                                                           for e in cluster_map.events],
-            "state": state, "stats": stats, "map": cluster_map}
+        for run in runs.values():
+            run.close()
+    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds]}
 
 
 def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -> dict:
@@ -254,7 +325,8 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     kill_t = run["killed"].get("time")
     warm = min(10, len(records) // 4)
     before = slice(warm, fail_at if fail_at is not None else len(records))
-    rate = samples[before].sum() / max(ends[before][-1] - starts[before][0], 1e-9) if len(records[before]) else None
+    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices)
+    rate = samples[before].sum() / max(durations[before].sum(), 1e-9) if len(records[before]) else None
     median_step = float(np.median(durations[before])) if len(records[before]) else None
     out = {"strategy": strategy, "samples_per_s_failure_free": rate, "median_step_s": median_step}
     events = run["events"]
@@ -434,6 +506,9 @@ def run(args) -> int:
     if args.workers < 1:
         print("ecrec-bench compare: --workers must be >= 1", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print("ecrec-bench compare: --rounds must be >= 1", file=sys.stderr)
+        return 2
     checkpointing = [s for s in strategies if s in ("full", "cpr", "cpr-mfu", "cpr-ssu")]
     if args.workers > 1 and checkpointing:
         print(f"ecrec-bench compare: {', '.join(checkpointing)} need one checkpoint driver that sees every worker's "
@@ -452,32 +527,48 @@ def run(args) -> int:
     try:
         data_path, data_desc = prepare_data(args, cfg, work)
         print(f"  data: {data_desc}", file=sys.stderr)
-        reference = run_strategy("none", args, cfg, data_path, work, None, "reference")
+        side_by_side = args.workers == 1 and fail_at is not None and fail_at >= 100
+        if side_by_side:
+            results, rates, plan = run_interleaved(strategies, args, cfg, data_path, work, fail_at, args.rounds)
+            reference = results.pop("reference")
+        else:
+            reference = run_strategy("none", args, cfg, data_path, work, None, "reference")
+            results = {s: run_strategy(s, args, cfg, data_path, work, fail_at, s) for s in strategies}
         ref_summary = summarize("none (no failure)", reference, None, cfg, None)
-        rows = []
-        for strategy in strategies:
-            r = run_strategy(strategy, args, cfg, data_path, work, fail_at, strategy)
-            rows.append(summarize(strategy, r, reference, cfg, fail_at))
-        # the reference again after the strategies: machine drift shows as the spread of the two
-        print("  reference run again (drift check)", file=sys.stderr)
-        again = summarize("none (no failure)", run_strategy("none", args, cfg, data_path, work, None, "reference2"),
-                          None, cfg, None)
-        rates = [ref_summary["samples_per_s_failure_free"], again["samples_per_s_failure_free"]]
-        base = float(np.mean(rates))
-        ref_summary["samples_per_s_runs"] = rates
-        ref_summary["drift"] = abs(rates[1] - rates[0]) / base
-        for row in rows:
-            rate = row["samples_per_s_failure_free"]
-            row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
+        rows = [summarize(s, results[s], reference, cfg, fail_at) for s in strategies]
+        if side_by_side:
+            ref_rates = np.array(rates["reference"])
+            base = float(np.median(ref_rates))
+            ref_summary["samples_per_s_rounds"] = ref_rates.tolist()
+            ref_summary["noise"] = float((ref_rates.max() - ref_rates.min()) / base)
+            for row in rows:
+                mine = np.array(rates[row["strategy"]])
+                row["samples_per_s_failure_free"] = float(np.median(mine))
+                row["samples_per_s_rounds"] = mine.tolist()
+                row["overhead_vs_none"] = float(np.median(ref_rates / mine) - 1.0)
+            noise_text = (f"{len(ref_rates)} interleaved rounds, reference spread {ref_summary['noise']:.1%}")
+        else:
+            # the reference again after the strategies: machine drift shows as the spread of the two
+            print("  reference run again (drift check)", file=sys.stderr)
+            again = summarize("none (no failure)", run_strategy("none", args, cfg, data_path, work, None, "reference2"),
+                              None, cfg, None)
+            ref_rates = [ref_summary["samples_per_s_failure_free"], again["samples_per_s_failure_free"]]
+            base = float(np.mean(ref_rates))
+            ref_summary["samples_per_s_runs"] = ref_rates
+            ref_summary["noise"] = abs(ref_rates[1] - ref_rates[0]) / base
+            for row in rows:
+                rate = row["samples_per_s_failure_free"]
+                row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
+            noise_text = f"before {ref_rates[0]:,.0f}, after {ref_rates[1]:,.0f}: drift {ref_summary['noise']:.1%}"
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print_table(rows)
-    print(f"\nreference (none, no failure): {base:,.0f} samples/s (before {rates[0]:,.0f}, after {rates[1]:,.0f}: "
-          f"drift {ref_summary['drift']:.1%}), AUC {ref_summary['test_auc']:.4f}")
+    print(f"\nreference (none, no failure): {base:,.0f} samples/s ({noise_text}), AUC {ref_summary['test_auc']:.4f}")
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
-              "strategies": strategies, "cpu_count": os.cpu_count()}
+              "strategies": strategies, "cpu_count": os.cpu_count(),
+              "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after"}
     if args.json:
         report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
                   "strategies": {row["strategy"]: row for row in rows}}

@@ -47,59 +47,88 @@ def load_dataset(path: str):
         return InMemoryDataset(f["dense"], f["ids"], f["labels"], [int(x) for x in f["table_sizes"]])
 
 
-def run(cfg: TrainConfig, rank: int = 0, world: int = 1, on_step=None) -> dict:
-    """Trains ``cfg.steps`` steps on this rank's shard; returns the records and the evaluation."""
-    from ecrec.client import Cluster
-    from ecrec.workload.dlrm import DLRMSpec, build_cluster_dlrm, evaluate, loss_fn
+class Trainer:
+    """One worker's training, advanced in pieces (``advance``) so a benchmark can interleave strategies."""
 
-    torch.set_num_threads(1)
-    dataset = load_dataset(cfg.data_path)
-    train, test = dataset.split(cfg.test_fraction, shuffle=True, seed=cfg.seed)
-    train = train.shard(rank, world)
-    batches = list(train.repeat(cfg.batch_size, cfg.steps, shuffle=True, seed=cfg.seed + rank))
-    spec = DLRMSpec(num_dense=dataset.num_dense, table_sizes=tuple(dataset.table_sizes), embedding_dim=cfg.embedding_dim,
-                    bottom_mlp=tuple(cfg.bottom_mlp), top_mlp=tuple(cfg.top_mlp))
-    cluster = Cluster.connect(cfg.address, worker=f"rank{rank}")
-    model = build_cluster_dlrm(cluster, spec, optimizer=cfg.optimizer, lr=cfg.lr, seed=cfg.seed, eps=1e-8,
-                               initial_accumulator_value=0.1)
-    driver = None
-    if cfg.strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
-        from baselines.driver import CheckpointDriver
+    def __init__(self, cfg: TrainConfig, rank: int = 0, world: int = 1):
+        from ecrec.client import Cluster
+        from ecrec.workload.dlrm import DLRMSpec, build_cluster_dlrm
 
-        driver = CheckpointDriver(cluster, interval_steps=cfg.checkpoint_interval_steps, mtbf_s=cfg.mtbf_s)
-    records_path = os.path.join(cfg.records_dir, f"rank{rank}.jsonl") if cfg.records_dir else None
-    out = open(records_path, "w") if records_path else None
-    records = []
-    rows_by_server: dict[int, int] = {}
-    step, start = 0, time.time()
-    try:
-        while step < cfg.steps:
+        torch.set_num_threads(1)
+        self.cfg, self.rank = cfg, rank
+        dataset = load_dataset(cfg.data_path)
+        train, self.test = dataset.split(cfg.test_fraction, shuffle=True, seed=cfg.seed)
+        train = train.shard(rank, world)
+        self.batches = list(train.repeat(cfg.batch_size, cfg.steps, shuffle=True, seed=cfg.seed + rank))
+        spec = DLRMSpec(num_dense=dataset.num_dense, table_sizes=tuple(dataset.table_sizes),
+                        embedding_dim=cfg.embedding_dim, bottom_mlp=tuple(cfg.bottom_mlp), top_mlp=tuple(cfg.top_mlp))
+        self.cluster = Cluster.connect(cfg.address, worker=f"rank{rank}")
+        self.model = build_cluster_dlrm(self.cluster, spec, optimizer=cfg.optimizer, lr=cfg.lr, seed=cfg.seed,
+                                        eps=1e-8, initial_accumulator_value=0.1)
+        self.driver = None
+        if cfg.strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
+            from baselines.driver import CheckpointDriver
+
+            self.driver = CheckpointDriver(self.cluster, interval_steps=cfg.checkpoint_interval_steps,
+                                           mtbf_s=cfg.mtbf_s)
+        records_path = os.path.join(cfg.records_dir, f"rank{rank}.jsonl") if cfg.records_dir else None
+        self._out = open(records_path, "w") if records_path else None
+        self.records: list[dict] = []
+        self.step = 0
+        self.start = time.time()
+
+    def advance(self, until: int, on_step=None) -> int:
+        """Trains until the next step to run is ``until`` (a rollback may repeat steps); returns samples done."""
+        from ecrec.workload.dlrm import loss_fn
+
+        samples = 0
+        while self.step < min(until, self.cfg.steps):
+            step = self.step
             if on_step is not None:
                 on_step(step)
             t0 = time.time()
-            batch = batches[step]
-            loss = loss_fn(model.forward_batch(batch), batch.labels)
+            batch = self.batches[step]
+            loss = loss_fn(self.model.forward_batch(batch), batch.labels)
             loss.backward()
-            result = cluster.step()
-            resume = driver.after_step(step, result) if driver is not None else None
+            result = self.cluster.step()
+            resume = self.driver.after_step(step, result) if self.driver is not None else None
             t1 = time.time()
-            for i, n in result.get("rows_by_server", {}).items():
-                rows_by_server[i] = rows_by_server.get(i, 0) + n
             record = {"step": step, "start": t0, "end": t1, "samples": len(batch), "loss": loss.item(),
                       "rows": result.get("rows", 0), "rows_by_server": result.get("rows_by_server", {}),
                       "rewind_to": resume}
-            records.append(record)
-            if out:
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-            step = resume if resume is not None else step + 1
-        evaluation = evaluate(model, test.batches(4096)) if rank == 0 else {}
-    finally:
-        if out:
-            out.close()
-    return {"records": records, "evaluation": evaluation, "elapsed_s": time.time() - start,
-            "driver": driver.report() if driver is not None else None,
-            "client_bytes": cluster.stats["push_bytes"] + cluster.stats["pull_bytes"], "cluster": cluster}
+            self.records.append(record)
+            if self._out:
+                self._out.write(json.dumps(record) + "\n")
+                self._out.flush()
+            samples += len(batch)
+            self.step = resume if resume is not None else step + 1
+        return samples
+
+    def close(self) -> None:
+        if self._out:
+            self._out.close()
+            self._out = None
+
+    def finish(self) -> dict:
+        from ecrec.workload.dlrm import evaluate
+
+        self.close()
+        evaluation = evaluate(self.model, self.test.batches(4096)) if self.rank == 0 else {}
+        return {"records": self.records, "evaluation": evaluation, "elapsed_s": time.time() - self.start,
+                "driver": self.driver.report() if self.driver is not None else None,
+                "client_bytes": self.cluster.stats["push_bytes"] + self.cluster.stats["pull_bytes"],
+                "cluster": self.cluster}
+
+
+def run(cfg: TrainConfig, rank: int = 0, world: int = 1, on_step=None) -> dict:
+    """Trains ``cfg.steps`` steps on this rank's shard; returns the records and the evaluation."""
+    trainer = Trainer(cfg, rank, world)
+    try:
+        trainer.advance(cfg.steps, on_step)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer.finish()
 
 
 def main(argv: list[str] | None = None) -> int:
