@@ -51,6 +51,8 @@ OPTIONS = {
     "backend": "isa_l_rs_vand",
     "rebuild_batch_rows": "4096",
     "rebuild_pause_s": "0.002",
+    "rebuild_duty": "1.0",  # share of wall time the background rebuild may work (< 1 throttles it; on-demand
+    # rebuilds of the rows training touches then last longer, which cost more here than they save)
     "heartbeat_s": "0.2",
 }
 MAX_COALESCE = 64
@@ -160,6 +162,8 @@ class ErasureCoding(FaultToleranceStrategy):
         for key in ("rebuild_pause_s", "heartbeat_s"):
             if float(merged[key]) < 0:
                 raise ValueError(f"strategy 'ecrec': {key} must be >= 0")
+        if not 0 < float(merged["rebuild_duty"]) <= 1:
+            raise ValueError("strategy 'ecrec': rebuild_duty must be in (0, 1]")
         return k, m, merged
 
     def __init__(self, server, options: dict):
@@ -168,6 +172,7 @@ class ErasureCoding(FaultToleranceStrategy):
         self.heartbeat_s = float(opts["heartbeat_s"])
         self.rebuild_batch_rows = int(opts["rebuild_batch_rows"])
         self.rebuild_pause_s = float(opts["rebuild_pause_s"])
+        self.rebuild_duty = float(opts["rebuild_duty"])
         m = server.map
         kernel = "gpu" if server.config.device == "cuda" else "auto"
         self.codec = Codec(m.k, m.m, backend=opts["backend"], kernel=kernel)
@@ -828,9 +833,10 @@ class ErasureCoding(FaultToleranceStrategy):
                     todo = shard.owned_slots[~built[shard.owned_slots]]
                     if not len(todo):
                         break
+                    started = time.perf_counter()
                     self._rebuild_data(shard, todo[:batch])
                     self.server.faults.hit("during_rebuild")
-                    self._yield()
+                    self._yield(time.perf_counter() - started)
             for name, dense in list(self.server.dense.items()):
                 self._rebuild_dense(dense)
             for name, store in list(self.parity.items()):
@@ -838,10 +844,11 @@ class ErasureCoding(FaultToleranceStrategy):
                     todo = store.unbuilt_slots()
                     if not len(todo):
                         break
+                    started = time.perf_counter()
                     if self._rebuild_parity(store, todo[:batch]) == 0:
                         time.sleep(0.02)
                     self.server.faults.hit("during_rebuild")
-                    self._yield()
+                    self._yield(time.perf_counter() - started)
         except Exception:  # noqa: BLE001 - reported, never swallowed; the server stays recovering
             log.exception("background rebuild failed; this server stays RECOVERING")
             return
@@ -857,12 +864,14 @@ class ErasureCoding(FaultToleranceStrategy):
         except grpc.RpcError as exc:
             log.error("reporting full redundancy failed: %s", exc.details())
 
-    def _yield(self) -> None:
-        """Lets foreground requests go first: pause while any waits, and a little after each batch."""
+    def _yield(self, worked_s: float) -> None:
+        """Lets training go first: wait while a foreground request rebuilds, then rest so that the
+        background rebuild keeps to ``rebuild_duty`` of the wall time (at least ``rebuild_pause_s``)."""
         while self.foreground > 0 and not self.closed.is_set():
             time.sleep(0.001)
-        if self.rebuild_pause_s:
-            time.sleep(self.rebuild_pause_s)
+        rest = max(self.rebuild_pause_s, worked_s * (1.0 / self.rebuild_duty - 1.0))
+        if rest:
+            self.closed.wait(rest)
 
     # --- commands, stats -----------------------------------------------------------------------------
     def call(self, command: str, args: dict) -> dict:
