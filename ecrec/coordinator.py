@@ -28,7 +28,6 @@ from ecrec.config import CoordinatorConfig
 from ecrec.layout import Layout
 from ecrec.strategies import get_strategy
 from ecrec.tables import DenseSpec, TableSpec
-from ecrec.transport import RequestError, invalid
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
 log = logging.getLogger("ecrec.coordinator")

@@ -1,7 +1,6 @@
 """The layout is a pure function: every row has exactly one home, stripes span distinct servers,
 parity rotates, and the inverse maps agree with the forward ones."""
 
-import itertools
 
 import numpy as np
 import pytest

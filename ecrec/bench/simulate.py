@@ -476,7 +476,7 @@ def _pct(fraction: float) -> str:
 
 
 def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict]) -> None:
-    print(f"ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
+    print("ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
     storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
     print(f"  model {config['model_gb']:g} GB over N servers, per-server MTBF {config['mtbf_hours']:g} h "
           f"(job MTBF = {config['mtbf_hours']:g} h / N), {config['formula']} interval for full{storage}")

@@ -28,6 +28,7 @@ Recovery (this server promoted to a failed index ``f``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -180,6 +181,7 @@ class ErasureCoding(FaultToleranceStrategy):
         self.parity: dict[str, ParityStore] = {}
         self.data_built: dict[str, np.ndarray] = {}
         self.dense_built: dict[str, bool] = {}
+        self._pending_dense: dict[str, list] = {}  # dense deltas that arrived while the replica was rebuilt
         self.logs: dict[int, SourceLog] = {}
         self.log_lock = threading.Lock()
         self.senders: dict[int, DestinationSender] = {}
@@ -206,10 +208,6 @@ class ErasureCoding(FaultToleranceStrategy):
             if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
                 return s.address
         return None
-
-    def ready_address(self, index: int) -> str | None:
-        """Address of ``index`` if live; recovering servers answer per row (``ready`` flags)."""
-        return self.live_address(index)
 
     def failed_indices(self) -> set[int]:
         live = {s.index for s in self.server.map.servers if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
@@ -404,12 +402,6 @@ class ErasureCoding(FaultToleranceStrategy):
             self.counters["batches_applied"] += len(parsed)
         return embedding_pb2.ParityAck(applied_upto=lg.applied_upto)
 
-    @property
-    def _pending_dense(self) -> dict:
-        if not hasattr(self, "_pending_dense_store"):
-            self._pending_dense_store = {}
-        return self._pending_dense_store
-
     def _resolve_source(self, request: embedding_pb2.ResolveSourceRequest) -> embedding_pb2.ResolveSourceReply:
         lg = self.source_log(request.source)
         reply = embedding_pb2.ResolveSourceReply()
@@ -451,9 +443,8 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def _suspect_sources(self) -> set[int]:
         """Failed owners whose logged batches are not resolved yet (reads of affected rows must wait)."""
-        failed = self.failed_indices()
         with self.log_lock:
-            return {s for s, lg in self.logs.items() if lg.entries and s in failed}
+            return self._suspect_sources_locked()
 
     def _read_rows(self, request: embedding_pb2.ReadRowsRequest) -> embedding_pb2.ReadRowsReply:
         st = self.server
@@ -655,7 +646,7 @@ class ErasureCoding(FaultToleranceStrategy):
         deadline = time.monotonic() + deadline_s
         todo = slots
         while len(todo):
-            with self.rebuild_lock if not foreground else _nullcontext():
+            with self.rebuild_lock if not foreground else contextlib.nullcontext():
                 built = self.data_built[spec.name]
                 todo = todo[~built[todo]]
                 if not len(todo):
@@ -928,13 +919,3 @@ class ErasureCoding(FaultToleranceStrategy):
     def close(self) -> None:
         self.closed.set()
         self._foreground_pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
