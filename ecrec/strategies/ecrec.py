@@ -135,7 +135,8 @@ class DestinationSender:
                         fut.set_exception(err)
                     return
                 st.report_unreachable(address, f"ApplyParity: {exc.code().name}")
-                time.sleep(0.05)
+                if st.live_address(self.destination) in (None, address):
+                    time.sleep(0.05)  # not replaced yet (else retry at the replacement at once)
         for _, fut in items:
             if not fut.done():
                 fut.set_result(None)
