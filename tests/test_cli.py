@@ -1,0 +1,70 @@
+"""The ``ecrec-server`` command line: a local cluster starts, serves, and stops every process on Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ecrec.client import Cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_local_cluster_serves_and_stops_every_process(sig):
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "2",
+                             "--standby", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    children: set[int] = set()
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("coordinator at 127.0.0.1:"), line
+        address = line.split()[2]
+        cluster = Cluster.connect(address, wait_ready_s=60)
+        assert cluster.map.ready and cluster.map.num_servers == 2
+        assert all(s.address.startswith("127.0.0.1:") for s in cluster.map.servers)
+        cluster.create_table("t", 10, 4)
+        assert cluster.pull("t", [1, 2]).shape == (2, 4)
+        children = _children(proc.pid)
+        assert len(children) == 4  # coordinator, 2 servers, 1 standby
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children)
+    finally:
+        for pid in [proc.pid, *children]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_bad_command_lines_fail_clearly():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ecrec.cli", *a], capture_output=True, text=True, timeout=60)
+    r = run("coordinator", "--port", "0", "--servers", "3", "--strategy", "ecrec", "--k", "3", "--m", "1")
+    assert r.returncode == 2 and "exceeds" in r.stderr
+    r = run("coordinator", "--port", "0", "--servers", "3", "--strategy", "nope")
+    assert r.returncode == 2 and "unknown fault-tolerance strategy 'nope'" in r.stderr
+    r = run("coordinator", "--port", "0", "--servers", "2", "--option", "novalue")
+    assert r.returncode != 0 and "KEY=VALUE" in r.stderr
