@@ -244,20 +244,29 @@ class Cluster:
 
     def pull(self, name: str, ids) -> torch.Tensor:
         """Current weights of rows ``ids`` as a float32 tensor ``(len(ids), dim)``."""
-        spec, ids = self._check_ids(name, ids)
-        out = np.empty((len(ids), spec.dim), dtype=np.float32)
-        if len(ids) == 0:
-            return torch.from_numpy(out)
-        groups = self._group_by_server(ids)
-        requests = {i: embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table=name, ids=transport.ids_to_bytes(ids[pos]))],
-                                                 epoch=self.map.epoch)
-                    for i, pos in groups.items()}
-        replies = self._fan_out("Pull", requests)
-        for i, pos in groups.items():
-            data = replies[i].values[0]
-            self.stats["pull_bytes"] += len(data)
-            out[pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
-        return torch.from_numpy(out)
+        return self.pull_many({name: ids})[name]
+
+    def pull_many(self, requests: dict) -> dict[str, torch.Tensor]:
+        """Rows of several tables at once (``{table: ids}``): one request per server for all of them."""
+        checked = {name: self._check_ids(name, ids) for name, ids in requests.items()}
+        out = {name: np.empty((len(ids), spec.dim), dtype=np.float32) for name, (spec, ids) in checked.items()}
+        per_server: dict[int, list] = {}
+        for name, (spec, ids) in checked.items():
+            if len(ids):
+                for i, pos in self._group_by_server(ids).items():
+                    per_server.setdefault(i, []).append((name, spec, ids, pos))
+        if per_server:
+            requests_by_server = {
+                i: embedding_pb2.PullRequest(
+                    tables=[embedding_pb2.TableIds(table=name, ids=transport.ids_to_bytes(ids[pos]))
+                            for name, _, ids, pos in parts], epoch=self.map.epoch)
+                for i, parts in per_server.items()}
+            replies = self._fan_out("Pull", requests_by_server)
+            for i, parts in per_server.items():
+                for (name, spec, _, pos), data in zip(parts, replies[i].values):
+                    self.stats["pull_bytes"] += len(data)
+                    out[name][pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
+        return {name: torch.from_numpy(rows) for name, rows in out.items()}
 
     def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order."""
@@ -420,3 +429,39 @@ class EmbeddingBag(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Several cluster tables looked up together: one pull per server for all of them per call.
+
+    ``forward([(indices, offsets), ...])`` returns one bag tensor per table, in order, exactly as
+    the tables' :class:`EmbeddingBag` modules would, with a single fan-out instead of one per table.
+    """
+
+    def __init__(self, cluster: Cluster, names: list[str], mode: str = "sum"):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be distinct, got {names}")
+        self.cluster = cluster
+        self.names = list(names)
+        self.mode = mode
+        self.specs = [cluster.table_spec(n) for n in self.names]
+
+    def forward(self, inputs) -> list[torch.Tensor]:
+        if len(inputs) != len(self.names):
+            raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
+        uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
+        rows = self.cluster.pull_many({name: u for name, (u, _) in zip(self.names, uniques)})
+        outputs = []
+        for name, (unique, inverse), (_, offsets) in zip(self.names, uniques, inputs):
+            r = rows[name]
+            if torch.is_grad_enabled():
+                r.requires_grad_(True)
+                self.cluster._record(name, unique.numpy().astype(np.int64), r)
+            outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=self.mode))
+        return outputs
+
+    def extra_repr(self) -> str:
+        return f"{len(self.names)} tables, mode={self.mode!r}"

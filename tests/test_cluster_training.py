@@ -173,3 +173,36 @@ def test_concurrent_workers_lose_no_update(make_cluster):
     # every pushed gradient (1.0, lr 1.0) is in the rows: w = -count, exactly, in every column
     np.testing.assert_array_equal(payload, -np.repeat(expected[:, None], 4, axis=1).astype(np.float32))
     assert payload.sum() == -4 * 2 * 60 * 10
+
+
+def test_collection_lookup_equals_per_table_bags(make_cluster):
+    """EmbeddingBagCollection (one pull per server for every table) gives the same bags and the same
+    updates as one EmbeddingBag per table."""
+    from ecrec.client import EmbeddingBagCollection
+
+    results = []
+    for use_collection in (False, True):
+        local = make_cluster(servers=3)  # a fresh cluster each: same table names, same initial rows
+        cluster = Cluster.connect(local.coordinator_address)
+        names = [n for n, *_ in TABLES]
+        for name, (_, rows, dim, _, _) in zip(names, TABLES):
+            cluster.create_table(name, rows, dim, optimizer="adagrad", lr=0.1, seed=3)
+        bags = [EmbeddingBag(cluster, n) for n in names]
+        collection = EmbeddingBagCollection(cluster, names)
+        rng = np.random.default_rng(9)
+        outs = []
+        for _ in range(5):
+            inputs = [(torch.from_numpy(rng.integers(0, rows, 12)), torch.tensor([0, 4, 9])) for _, rows, *_ in TABLES]
+            got = collection(inputs) if use_collection else [b(i, o) for b, (i, o) in zip(bags, inputs)]
+            outs.append(torch.cat(got, dim=1).detach().clone())
+            torch.cat(got, dim=1).pow(2).sum().backward()
+            cluster.step()
+        rows_after = [cluster.read_payload(n)[1] for n in names]
+        results.append((outs, rows_after))
+        cluster.close()
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="distinct"):
+        EmbeddingBagCollection(Cluster.connect(local.coordinator_address), ["user", "user"])

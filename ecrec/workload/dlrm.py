@@ -112,6 +112,8 @@ class DLRM(nn.Module):
                 raise ValueError(f"embedding_factory made table {t} with dim {got}, expected {self.embedding_dim}")
             bags.append(bag)
         self.embeddings = nn.ModuleList(bags)
+        #: optional module looking all tables up at once (``ecrec.client.EmbeddingBagCollection``)
+        self.embedding_collection: nn.Module | None = None
         li, lj = torch.tril_indices(num_features, num_features, offset=-1)
         self.register_buffer("_pairs_i", li, persistent=False)
         self.register_buffer("_pairs_j", lj, persistent=False)
@@ -128,7 +130,10 @@ class DLRM(nn.Module):
         if dense.dim() != 2 or dense.shape[1] != self.num_dense:
             raise ValueError(f"dense must be (B, {self.num_dense}), got {tuple(dense.shape)}")
         bottom = self.bottom_mlp(dense)
-        embedded = [bag(indices, offsets) for bag, (indices, offsets) in zip(self.embeddings, sparse)]
+        if self.embedding_collection is not None:  # all tables in one lookup (one pull per server)
+            embedded = self.embedding_collection(sparse)
+        else:
+            embedded = [bag(indices, offsets) for bag, (indices, offsets) in zip(self.embeddings, sparse)]
         return self.top_mlp(self.interact(bottom, embedded)).squeeze(1)
 
     def forward_batch(self, batch) -> torch.Tensor:
@@ -258,6 +263,9 @@ def build_cluster_dlrm(cluster, spec: DLRMSpec, table_prefix: str = "emb", optim
         return EmbeddingBag(cluster, names[table_index], mode="sum")
 
     model = spec.build(factory, seed=seed)
+    from ecrec.client import EmbeddingBagCollection
+
+    model.embedding_collection = EmbeddingBagCollection(cluster, names, mode="sum")
     cluster.register_dense(dense_parameters(model), optimizer=dense_optimizer or optimizer,
                            lr=lr if dense_lr is None else dense_lr, eps=eps,
                            initial_accumulator_value=initial_accumulator_value,
