@@ -37,8 +37,8 @@ import numpy as np
 STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
 PRESETS = {
     # a few minutes on 2 cores for every strategy
-    "quick": dict(servers=4, k=2, m=1, steps=400, fail_at=300, fail_server=1, batch_size=256, tables=8,
-                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=50,
+    "quick": dict(servers=4, k=2, m=1, steps=1000, fail_at=700, fail_server=1, batch_size=256, tables=8,
+                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=100,
                   cpr_interval_s=1.5, partial_interval_s=0.4),
     # a larger run: more steps and rows
     "standard": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, batch_size=512, tables=26,
@@ -351,7 +351,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
         out["recovery_s"] = back - kill_t if back is not None else None
         if promoted:
             w0 = promoted[0]
-            w1 = max(redundant[0] if redundant else w0, w0 + 2.0)
+            w1 = min(max(redundant[0] if redundant else w0, w0 + 2.0), ends[-1])  # not past the end of training
             inside = (ends > w0) & (ends <= w1)
             during = samples[inside].sum() / (w1 - w0) if inside.any() else 0.0
             out["throughput_during_recovery_ratio"] = during / rate if rate else None
