@@ -419,13 +419,7 @@ class EmbeddingBag(torch.nn.Module):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        unique, inverse = torch.unique(input, return_inverse=True)
-        rows = self.cluster.pull(self.name, unique)
-        if torch.is_grad_enabled():
-            rows.requires_grad_(True)
-            self.cluster._record(self.name, unique.numpy().astype(np.int64), rows)
-        return torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode,
-                                                 per_sample_weights=per_sample_weights)
+        return _lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0]
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
@@ -452,16 +446,22 @@ class EmbeddingBagCollection(torch.nn.Module):
     def forward(self, inputs) -> list[torch.Tensor]:
         if len(inputs) != len(self.names):
             raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
-        uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
-        rows = self.cluster.pull_many({name: u for name, (u, _) in zip(self.names, uniques)})
-        outputs = []
-        for name, (unique, inverse), (_, offsets) in zip(self.names, uniques, inputs):
-            r = rows[name]
-            if torch.is_grad_enabled():
-                r.requires_grad_(True)
-                self.cluster._record(name, unique.numpy().astype(np.int64), r)
-            outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=self.mode))
-        return outputs
+        return _lookup(self.cluster, self.names, inputs, self.mode)
 
     def extra_repr(self) -> str:
         return f"{len(self.names)} tables, mode={self.mode!r}"
+
+
+def _lookup(cluster: Cluster, names: list[str], inputs, mode: str, per_sample_weights=None) -> list[torch.Tensor]:
+    """Bags of several tables from one pull per server; with autograd on, records the rows' gradients."""
+    uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
+    rows = cluster.pull_many({name: unique for name, (unique, _) in zip(names, uniques)})
+    outputs = []
+    for name, (unique, inverse), (_, offsets) in zip(names, uniques, inputs):
+        r = rows[name]
+        if torch.is_grad_enabled():
+            r.requires_grad_(True)
+            cluster._record(name, unique.numpy().astype(np.int64), r)
+        outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=mode,
+                                                         per_sample_weights=per_sample_weights))
+    return outputs
