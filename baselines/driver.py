@@ -49,8 +49,8 @@ from dataclasses import asdict, dataclass, field
 from baselines import overhead
 from baselines.storage import CheckpointError
 from ecrec.client import Cluster, ClusterError
+from ecrec.cluster_map import live_servers
 from ecrec.strategies import get_strategy
-from ecrec.wire import cluster_pb2
 
 log = logging.getLogger("baselines.driver")
 
@@ -226,9 +226,7 @@ class CheckpointDriver:
 
     # --- failures ---------------------------------------------------------------------------------------------
     def _live(self) -> dict[int, str]:
-        m = self.cluster.map
-        return {s.index: s.address for s in m.servers
-                if s.index >= 0 and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+        return {i: s.address for i, s in live_servers(self.cluster.map).items()}
 
     def _replaced(self) -> list[int]:
         """Indices now served by another process than when last looked at.

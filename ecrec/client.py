@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ecrec import transport
+from ecrec.cluster_map import live_address
 from ecrec.config import ClientConfig
 from ecrec.layout import Layout
 from ecrec.tables import DenseSpec, TableSpec
@@ -59,13 +60,6 @@ class Replacement:
     new_address: str
     epoch: int
     wall_time: float
-
-
-def _live_address(m: cluster_pb2.ClusterMap, index: int) -> str | None:
-    for s in m.servers:
-        if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
-            return s.address
-    return None
 
 
 class Cluster:
@@ -117,7 +111,7 @@ class Cluster:
                 self.map = m
                 self.layout = Layout(m.num_servers, m.k, m.m)
                 for index in range(m.num_servers):  # compare with the last live address seen, across FAILED maps
-                    before, after = self._last_live.get(index), _live_address(m, index)
+                    before, after = self._last_live.get(index), live_address(m, index)
                     if after is None:
                         continue
                     if before is not None and before != after:
@@ -125,7 +119,7 @@ class Cluster:
                     self._last_live[index] = after
 
     def _address_of(self, index: int) -> str | None:
-        return _live_address(self.map, index)
+        return live_address(self.map, index)
 
     def _stub(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
         with self._lock:

@@ -7,7 +7,6 @@ that registers (the layout is a pure function of it); ``ServerConfig`` and
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -70,7 +69,3 @@ class ClientConfig:
     retry_deadline_s: float = 120.0  # how long a call keeps retrying through failures
     max_message_bytes: int = 256 * 1024 * 1024
 
-
-def replace(obj, **changes):
-    """``dataclasses.replace`` re-exported so callers need one import."""
-    return dataclasses.replace(obj, **changes)

@@ -138,11 +138,8 @@ class ServerState:
     def epoch(self) -> int:
         return self.map.epoch if self.map is not None else 0
 
-    def peer(self, index: int) -> embedding_pb2_grpc.EmbeddingServerStub:
-        """A stub for the server now at ``index`` in the map."""
-        return self.peer_by_address(next(s.address for s in self.map.servers if s.index == index))
-
     def peer_by_address(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
+        """A (cached) stub for another server."""
         with self.lock:
             stub = self._peers.get(address)
             if stub is None:

@@ -40,11 +40,12 @@ import grpc
 import numpy as np
 
 from ecrec import transport
+from ecrec.cluster_map import live_address, live_servers
 from ecrec.codec import Codec
 from ecrec.parity import DenseEntry, LogEntry, ParityStore, SourceLog, TableEntry
 from ecrec.strategies.base import FaultToleranceStrategy
 from ecrec.transport import RequestError, invalid
-from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2
+from ecrec.wire import coordinator_pb2, coordinator_pb2_grpc, embedding_pb2
 
 log = logging.getLogger("ecrec.strategies.ecrec")
 
@@ -205,13 +206,10 @@ class ErasureCoding(FaultToleranceStrategy):
         return self.server.layout
 
     def live_address(self, index: int) -> str | None:
-        for s in self.server.map.servers:
-            if s.index == index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING):
-                return s.address
-        return None
+        return live_address(self.server.map, index)
 
     def failed_indices(self) -> set[int]:
-        live = {s.index for s in self.server.map.servers if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+        live = live_servers(self.server.map)
         return {i for i in range(self.layout.num_servers) if i not in live}
 
     def report_unreachable(self, address: str, detail: str) -> None:
@@ -309,9 +307,8 @@ class ErasureCoding(FaultToleranceStrategy):
                 self.inflight.discard(seq)
             return None
         destinations = sorted(batches)
-        ids = {s.index: s.server_id for s in self.server.map.servers
-               if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
-        destination_ids = [ids.get(d, "") for d in destinations]
+        live = live_servers(self.server.map)
+        destination_ids = [live[d].server_id if d in live else "" for d in destinations]
         for b in batches.values():
             b.destinations.extend(destinations)
             b.destination_ids.extend(destination_ids)
@@ -519,8 +516,7 @@ class ErasureCoding(FaultToleranceStrategy):
         return True
 
     def _peers(self) -> dict[int, str]:
-        return {s.index: s.address for s in self.server.map.servers
-                if s.index >= 0 and s.index != self.server.index and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+        return {i: s.address for i, s in live_servers(self.server.map).items() if i != self.server.index}
 
     def _resolve(self, f: int) -> list[tuple[str, int]]:
         """Step 1 of recovery: decide which of ``f``'s logged pushes stand; undo the others everywhere."""
@@ -546,8 +542,7 @@ class ErasureCoding(FaultToleranceStrategy):
             committed.update((c.worker, c.sequence) for c in r.committed)
         # a destination is a witness only if the server that got the push still holds its index
         # (a replacement promoted since knows nothing of the failed owner's earlier batches)
-        current = {s.index: s.server_id for s in self.server.map.servers
-                   if s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)}
+        current = {i: s.server_id for i, s in live_servers(self.server.map).items()}
         undo, kept = [], []
         for seq, e in info.items():
             needed = {d for d, sid in zip(e.destinations, e.destination_ids) if d in survivors and current.get(d) == sid}
