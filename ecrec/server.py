@@ -11,6 +11,7 @@ strategy's completion (if any) is done.  Each push id is applied at most once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -137,6 +138,11 @@ class ServerState:
     @property
     def epoch(self) -> int:
         return self.map.epoch if self.map is not None else 0
+
+    @functools.cached_property
+    def coordinator(self) -> coordinator_pb2_grpc.CoordinatorStub:
+        """A stub for the coordinator (one channel for the life of the server)."""
+        return coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.config.coordinator))
 
     def peer_by_address(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
         """A (cached) stub for another server."""
@@ -534,8 +540,7 @@ class EmbeddingServer:
         self._timer_thread.start()
 
     def _register(self, timeout_s: float) -> None:
-        channel = transport.make_channel(self.config.coordinator)
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        stub = self.state.coordinator
         deadline = time.monotonic() + timeout_s
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,

@@ -45,7 +45,7 @@ from ecrec.codec import Codec
 from ecrec.parity import DenseEntry, LogEntry, ParityStore, SourceLog, TableEntry
 from ecrec.strategies.base import FaultToleranceStrategy
 from ecrec.transport import RequestError, invalid
-from ecrec.wire import coordinator_pb2, coordinator_pb2_grpc, embedding_pb2
+from ecrec.wire import coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.strategies.ecrec")
 
@@ -213,13 +213,12 @@ class ErasureCoding(FaultToleranceStrategy):
         return {i for i in range(self.layout.num_servers) if i not in live}
 
     def report_unreachable(self, address: str, detail: str) -> None:
+        stub = self.server.coordinator
         try:
-            stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.server.config.coordinator))
             m = stub.ReportFailure(coordinator_pb2.ReportFailureRequest(address=address, detail=detail), timeout=5)
             self.server.adopt_map(m)
         except grpc.RpcError:
             try:
-                stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.server.config.coordinator))
                 self.server.adopt_map(stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=5))
             except grpc.RpcError as exc:
                 log.warning("coordinator unreachable: %s", exc.code().name)
@@ -845,8 +844,7 @@ class ErasureCoding(FaultToleranceStrategy):
         log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
                  self.counters["parity_rows_rebuilt"])
         try:
-            stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.server.config.coordinator))
-            stub.ReportRedundant(coordinator_pb2.ReportRedundantRequest(
+            self.server.coordinator.ReportRedundant(coordinator_pb2.ReportRedundantRequest(
                 index=self.server.index, server_id=self.server.server_id, rebuild_seconds=elapsed), timeout=10)
         except grpc.RpcError as exc:
             log.error("reporting full redundancy failed: %s", exc.details())
