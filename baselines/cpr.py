@@ -98,12 +98,11 @@ import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
-import grpc
 import numpy as np
 
 from baselines import overhead
+from baselines.options import CheckpointOptions, layout_params, parse_options
 from baselines.storage import (
     CheckpointCorrupt,
     CheckpointError,
@@ -117,9 +116,8 @@ from baselines.storage import (
     scan,
     write_checkpoint,
 )
-from ecrec.strategies.base import FaultToleranceStrategy
-from ecrec.tables import initial_payload
-from ecrec.transport import RequestError
+from ecrec import errors
+from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, StrategyHost
 
 log = logging.getLogger("baselines.cpr")
 
@@ -127,119 +125,14 @@ WAIT_TIMEOUT_S = 25.0  # a commanded save/restore waits at most this for the wri
 MAX_QUEUED = 1  # snapshots a commanded save may leave waiting behind the running write before it stalls
 
 
-# --- options --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    dir: str
-    interval_s: float | None = None
-    interval_steps: int | None = None
-    mtbf_s: float | None = None
-    o_res_s: float = 0.0
-    formula: str = "daly"
-    keep: int = 2
-    target_pls: float | None = None
-    recovery: str = "partial"
-    mfu_fraction: float = 0.05
-    mfu_interval_s: float | None = None
-    ssu_sample: int = 1024
-    ssu_interval_s: float | None = None
-
-
-COMMON = {"dir", "interval_s", "interval_steps", "mtbf_s", "o_res_s", "formula", "keep"}
-PARTIAL = COMMON | {"target_pls", "recovery"}
-
-
-def _float(name: str, value, lo: float | None = 0.0, lo_open: bool = True, hi: float | None = None,
-           hi_open: bool = False) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"option {name}={value!r}: not a number") from None
-    if not math.isfinite(x):
-        raise ValueError(f"option {name}={value!r}: must be finite")
-    if lo is not None and (x <= lo if lo_open else x < lo):
-        raise ValueError(f"option {name}={value!r}: must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and (x >= hi if hi_open else x > hi):
-        raise ValueError(f"option {name}={value!r}: must be {'<' if hi_open else '<='} {hi}")
-    return x
-
-
-def _int(name: str, value, lo: int) -> int:
-    try:
-        x = int(str(value))
-    except ValueError:
-        raise ValueError(f"option {name}={value!r}: not an integer") from None
-    if x < lo:
-        raise ValueError(f"option {name}={value!r}: must be >= {lo}")
-    return x
-
-
-def parse_options(strategy: str, variant: str | None, full_only: bool, options: dict) -> CheckpointOptions:
-    """Validates string options; raises ValueError naming the bad option."""
-    allowed = set(COMMON if full_only else PARTIAL)
-    if variant == "mfu":
-        allowed |= {"mfu_fraction", "mfu_interval_s"}
-    if variant == "ssu":
-        allowed |= {"ssu_sample", "ssu_interval_s"}
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ValueError(f"strategy {strategy!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
-    o = {k: str(v) for k, v in options.items()}
-    if not o.get("dir"):
-        raise ValueError(f"strategy {strategy!r} needs --option dir=<checkpoint directory or fsspec URL>")
-    Storage.open(o["dir"])  # an unknown URL scheme is reported here, on the coordinator
-    kw: dict = {"dir": o["dir"]}
-    for key in ("interval_s", "mtbf_s", "mfu_interval_s", "ssu_interval_s"):
-        if key in o:
-            kw[key] = _float(key, o[key])
-    if "o_res_s" in o:
-        kw["o_res_s"] = _float("o_res_s", o["o_res_s"], lo=0.0, lo_open=False)
-    if "interval_steps" in o:
-        kw["interval_steps"] = _int("interval_steps", o["interval_steps"], 1)
-    if "keep" in o:
-        kw["keep"] = _int("keep", o["keep"], 2 if full_only else 1)
-    if "formula" in o:
-        if o["formula"] not in overhead.FORMULAS:
-            raise ValueError(f"option formula={o['formula']!r}: choose one of {overhead.FORMULAS}")
-        kw["formula"] = o["formula"]
-    if "target_pls" in o:
-        kw["target_pls"] = _float("target_pls", o["target_pls"], lo=0.0, hi=1.0, hi_open=True)
-    if "mfu_fraction" in o:
-        kw["mfu_fraction"] = _float("mfu_fraction", o["mfu_fraction"], lo=0.0, hi=1.0)
-    if "ssu_sample" in o:
-        kw["ssu_sample"] = _int("ssu_sample", o["ssu_sample"], 1)
-    if full_only:
-        kw["recovery"] = "full"
-        if not any(k in kw for k in ("interval_s", "interval_steps", "mtbf_s")):
-            raise ValueError(f"strategy {strategy!r} needs an interval: --option interval_s=S, interval_steps=N, "
-                             "or mtbf_s=S (Young/Daly optimum from the measured save cost)")
-    else:
-        modelled = "mtbf_s" in kw and "target_pls" in kw
-        recovery = o.get("recovery", "auto" if modelled else "partial")
-        if recovery not in ("partial", "full", "auto"):
-            raise ValueError(f"option recovery={recovery!r}: choose partial, full or auto")
-        if recovery == "auto" and not modelled:
-            raise ValueError("option recovery=auto needs mtbf_s and target_pls (the overhead model)")
-        kw["recovery"] = recovery
-        if recovery == "full":
-            if not any(k in kw for k in ("interval_s", "interval_steps", "mtbf_s")):
-                raise ValueError(f"strategy {strategy!r} with recovery=full needs an interval: --option interval_s=S, "
-                                 "interval_steps=N, or mtbf_s=S")
-        elif "interval_s" not in kw and not modelled:
-            raise ValueError(f"strategy {strategy!r} needs an interval: --option interval_s=S, or target_pls=P "
-                             "with mtbf_s=S (interval = 2 * P * servers * mtbf_s)")
-    return CheckpointOptions(**kw)
-
-
 def _spec_dict(spec) -> dict:
     return {"num_rows": int(spec.num_rows), "dim": int(spec.dim), "optimizer": spec.optimizer, "row_bytes": int(spec.row_bytes)}
 
 
-def _status(exc: CheckpointError) -> RequestError:
-    """A gRPC status for a checkpoint that cannot be used: DATA_LOSS when corrupt, else FAILED_PRECONDITION."""
-    code = grpc.StatusCode.DATA_LOSS if isinstance(exc, CheckpointCorrupt) else grpc.StatusCode.FAILED_PRECONDITION
-    return RequestError(code, f"{type(exc).__name__}: {exc}")
+def _status(exc: CheckpointError) -> errors.EcrecError:
+    """The error that answers a checkpoint that cannot be used: DATA_LOSS when corrupt, else FAILED_PRECONDITION."""
+    cls = errors.DataLoss if isinstance(exc, CheckpointCorrupt) else errors.FailedPrecondition
+    return cls(f"{type(exc).__name__}: {exc}")
 
 
 # --- per-table accounting ------------------------------------------------------------------------------
@@ -248,7 +141,7 @@ class _TableAccount:
     """Counters of one table on this server (mutated under the table's lock)."""
 
     def __init__(self, shard, variant: str | None, sample_cap: int):
-        n = shard.payload.shape[0]
+        n = shard.num_slots
         self.updates = 0  # row updates the in-memory state reflects
         self.slot_to_id = np.full(n, -1, dtype=np.int64)
         self.slot_to_id[shard.owned_slots] = shard.owned_ids
@@ -299,20 +192,16 @@ class _CheckpointStrategy(FaultToleranceStrategy):
 
     @classmethod
     def options_from(cls, options: dict) -> CheckpointOptions:
+        """Typed options from strings (the spec's parser: ``baselines.options``)."""
         return parse_options(cls.name, cls.variant, cls.full_only, options)
 
     @classmethod
     def layout_params(cls, num_servers: int, k: int, m: int, options: dict) -> tuple[int, int, dict]:
-        if m:
-            raise ValueError(f"strategy {cls.name!r} keeps no parity (it checkpoints): do not pass --m")
-        if k not in (0, num_servers):
-            raise ValueError(f"strategy {cls.name!r} spreads rows over all {num_servers} servers: do not pass --k")
-        cls.options_from(options)
-        return num_servers, 0, {str(a): str(b) for a, b in options.items()}
+        return layout_params(cls.name, cls.variant, cls.full_only, num_servers, k, m, options)
 
-    def __init__(self, server, options: dict):
-        super().__init__(server, options)
-        self.opts = self.options_from(options)
+    def __init__(self, host: StrategyHost, options: CheckpointOptions):
+        super().__init__(host, options)
+        self.opts = options
         self.storage = Storage.open(self.opts.dir)
         # "partial" | "full"; None with recovery=auto until the driver's ``configure`` (no timer saves till then)
         self.mode: str | None = "full" if self.full_only else {"full": "full", "partial": "partial"}.get(self.opts.recovery)
@@ -345,7 +234,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             return self._interval_override
         if self.opts.interval_s is not None:
             return self.opts.interval_s
-        m = self.server.map
+        m = self.host.cluster_map
         if self.opts.target_pls is not None and self.opts.mtbf_s is not None and m is not None:
             return overhead.interval_for_pls(self.opts.target_pls, m.num_servers, self.opts.mtbf_s)
         return None
@@ -361,7 +250,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
 
     @property
     def timer_interval_s(self) -> float | None:  # read by the server's timer loop at every tick
-        if self.mode != "partial" or self.server.index < 0:
+        if self.mode != "partial" or self.host.index < 0:
             return None
         intervals = [x for x in (self.full_interval_s(), self.partial_interval_s()) if x is not None]
         if not intervals:
@@ -378,15 +267,17 @@ class _CheckpointStrategy(FaultToleranceStrategy):
     def on_table_created(self, shard) -> None:
         self._account(shard)
 
-    def on_update(self, shard, ids, slots, old, new):
-        acct = self._acct.get(shard.spec.name) or self._account(shard)
-        acct.updates += len(slots)
-        if acct.since_full is not None:
-            acct.since_full[slots] += 1  # slots are unique: the server coalesced the push
-        if acct.freq is not None:
-            acct.freq[slots] += 1
-        if acct.reservoir is not None:
-            acct.sample(np.asarray(slots, dtype=np.int64), self._rng)
+    def on_push(self, push: AppliedPush):
+        for update in push.tables:  # under the server's apply lock: snapshots see counters and rows agree
+            slots = update.slots
+            acct = self._acct.get(update.shard.spec.name) or self._account(update.shard)
+            acct.updates += len(slots)
+            if acct.since_full is not None:
+                acct.since_full[slots] += 1  # slots are unique: the server coalesced the push
+            if acct.freq is not None:
+                acct.freq[slots] += 1
+            if acct.reservoir is not None:
+                acct.sample(np.asarray(slots, dtype=np.int64), self._rng)
         return None
 
     def on_timer(self) -> None:
@@ -405,8 +296,9 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             kind = "partial"
         else:
             return
-        updates = sum(shard.row_updates for shard in self.server.tables.values())
-        if (self.server.tables or self.server.dense) and updates != self._updates_at_timer_save:
+        tables = self.host.tables()
+        updates = sum(shard.row_updates for shard in tables)
+        if (tables or self.host.dense_tensors()) and updates != self._updates_at_timer_save:
             self.save(kind=kind, blocking=False)  # an idle shard has nothing new: no save
             self._updates_at_timer_save = updates
         if kind == "full":
@@ -456,9 +348,9 @@ class _CheckpointStrategy(FaultToleranceStrategy):
 
     # --- saving ----------------------------------------------------------------------------------------------
     def _index(self) -> int:
-        index = self.server.index
+        index = self.host.index
         if index < 0:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "this server holds no index yet (standby)")
+            raise errors.FailedPrecondition("this server holds no index yet (standby)")
         return index
 
     def _alloc_seq(self) -> int:
@@ -493,8 +385,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             try:
                 self._pending[0].result(timeout=WAIT_TIMEOUT_S)
             except TimeoutError:
-                raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"a checkpoint write is still running after {WAIT_TIMEOUT_S:.0f} s") from None
+                raise errors.DeadlineExceeded(f"a checkpoint write is still running after {WAIT_TIMEOUT_S:.0f} s") from None
             except Exception:  # noqa: BLE001 - recorded in stats by _persist and reported in replies
                 pass
         return time.perf_counter() - t0 if waited else 0.0
@@ -504,9 +395,9 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         """Snapshot now (under each table's lock), persist in the background; see the module docstring."""
         index = self._index()
         if self.needs_restore:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"server {index} replaced a failed server and was not rolled back yet: restore a "
-                               "checkpoint cut first (CheckpointDriver does this on a failure)")
+            raise errors.FailedPrecondition(
+                f"server {index} replaced a failed server and was not rolled back yet: restore a "
+                "checkpoint cut first (CheckpointDriver does this on a failure)")
         if kind not in ("full", "partial"):
             raise ValueError(f"save kind must be 'full' or 'partial', got {kind!r}")
         if kind == "partial" and self.variant is None:
@@ -530,7 +421,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             if kind == "partial" and self._base_seq is None:
                 kind = "full"  # nothing to build a delta on yet
             t0 = time.perf_counter()
-            snap = self._snapshot_full(index, cut, step) if kind == "full" else self._snapshot_delta(index, cut, step)
+            with self.host.pushes_paused():  # rows and update counters from one instant
+                snap = self._snapshot_full(index, cut, step) if kind == "full" else self._snapshot_delta(index, cut, step)
             snap.snapshot_s = time.perf_counter() - t0
             rows = sum(len(t.ids) for t in snap.tables)
             with self._stats_lock:
@@ -551,28 +443,24 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         return reply
 
     def _tables(self) -> list:
-        with self.server.lock:  # the server's dicts may grow while a table is created
-            return sorted(self.server.tables.items())
+        return [(shard.spec.name, shard) for shard in self.host.tables()]
 
     def _dense(self) -> list:
-        with self.server.lock:
-            return sorted(self.server.dense.items())
+        return [(d.spec.name, d) for d in self.host.dense_tensors()]
 
     def _snapshot_full(self, index: int, cut, step) -> Snapshot:
         seq = self._alloc_seq()
         snap = Snapshot(index, seq, "full", self.name, cut=cut, step=step, wall_time=time.time())
         for name, shard in self._tables():
             acct = self._account(shard)
-            with shard.lock:
-                payload = shard.payload[shard.owned_slots]  # a copy (fancy indexing)
-                updates = acct.updates
-                acct.reset_capture()
-                if acct.reservoir is not None:
-                    acct.reset_sample()
+            payload = shard.read_payload(shard.owned_slots)  # a copy (fancy indexing)
+            updates = acct.updates
+            acct.reset_capture()
+            if acct.reservoir is not None:
+                acct.reset_sample()
             snap.tables.append(TableSnapshot(name, _spec_dict(shard.spec), shard.owned_ids, payload, updates))
         for name, d in self._dense():
-            with d.lock:
-                snap.dense.append(DenseSnapshot(name, d.floats[0].copy()))
+            snap.dense.append(DenseSnapshot(name, d.read()[0].view(np.float32)))
         self._base_seq = seq
         return snap
 
@@ -580,7 +468,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         """Slots a partial save considers (before dropping rows unchanged since their last save)."""
         if self.variant == "mfu":
             owned = shard.owned_slots
-            freq = acct.freq[owned]  # read without the lock: a slightly stale ranking is fine
+            freq = acct.freq[owned]
             hot = owned[freq > 0]
             k = max(1, math.ceil(self.opts.mfu_fraction * len(owned)))
             if len(hot) > k:
@@ -596,15 +484,14 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         for name, shard in self._tables():
             acct = self._account(shard)
             candidates = self._select(acct, shard)
-            with shard.lock:
-                if self.variant == "ssu":
-                    candidates = np.unique(acct.reservoir[:acct.res_size])
-                    acct.reset_sample()
-                slots = candidates[acct.since_full[candidates] > acct.captured[candidates]]
-                slots = np.sort(slots)
-                payload = shard.payload[slots]
-                counts = acct.since_full[slots].copy()
-                acct.captured[slots] = counts
+            if self.variant == "ssu":
+                candidates = np.unique(acct.reservoir[:acct.res_size])
+                acct.reset_sample()
+            slots = candidates[acct.since_full[candidates] > acct.captured[candidates]]
+            slots = np.sort(slots)
+            payload = shard.read_payload(slots)
+            counts = acct.since_full[slots].copy()
+            acct.captured[slots] = counts
             snap.tables.append(TableSnapshot(name, _spec_dict(shard.spec), acct.slot_to_id[slots], payload,
                                              acct.updates, counts))
         return snap
@@ -693,7 +580,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
                 return {"seq": None, "deltas": [], "load_s": 0.0, "skipped": [e.dirname for e in skipped]}
             t0 = time.perf_counter()
             loaded = [load_checkpoint(self.storage, base.dirname)] + [load_checkpoint(self.storage, d.dirname) for d in deltas]
-            self._apply(index, loaded)
+            with self.host.pushes_paused():
+                self._apply(index, loaded)
             load_s = time.perf_counter() - t0
             manifest = loaded[0].manifest
             self._base_seq = base.seq
@@ -716,11 +604,11 @@ class _CheckpointStrategy(FaultToleranceStrategy):
 
     def _apply(self, index: int, loaded) -> None:
         """Checks every table of every checkpoint against this server, then writes base + deltas in order."""
-        layout = self.server.layout
+        layout = self.host.layout
         plans = {}  # table -> [(slots, payload, counts, row_updates)] base first
         for n, ck in enumerate(loaded):
             for name, t in ck.tables.items():
-                shard = self.server.tables.get(name)
+                shard = dict(self._tables()).get(name)
                 if shard is None:
                     raise CheckpointError(f"{self.storage.describe(ck.dirname)} holds table {name!r}, unknown on this server")
                 if t.spec != _spec_dict(shard.spec):
@@ -737,34 +625,32 @@ class _CheckpointStrategy(FaultToleranceStrategy):
                     raise CheckpointError(f"{self.storage.describe(ck.dirname)}: delta of table {name!r} has no base")
                 plans.setdefault(name, []).append((slots, t.payload, t.counts, t.row_updates))
         for d_name, floats in loaded[0].dense.items():
-            d = self.server.dense.get(d_name)
-            if d is None or d.floats.size != floats.size:
+            d = dict(self._dense()).get(d_name)
+            if d is None or d.nbytes != floats.nbytes:
                 raise CheckpointError(f"{self.storage.describe(loaded[0].dirname)}: dense tensor {d_name!r} does not "
                                       "match this server's")
         for name, shard in self._tables():
             acct = self._account(shard)
-            with shard.lock:
-                acct.reset_capture()
-                if acct.reservoir is not None:
-                    acct.reset_sample()
-                steps = plans.get(name)
-                if steps is None:  # created after the checkpoint: back to its initial values
-                    shard.floats[shard.owned_slots] = initial_payload(shard.spec, shard.owned_ids)
-                    acct.updates = 0
-                    continue
-                for i, (slots, payload, counts, row_updates) in enumerate(steps):
-                    shard.payload[slots] = payload
-                    if i == 0:
-                        acct.updates = row_updates
-                    elif acct.since_full is not None and counts is not None:
-                        acct.since_full[slots] = counts
-                        acct.captured[slots] = counts
-                if acct.since_full is not None:
-                    acct.updates += int(acct.since_full.sum())
+            acct.reset_capture()
+            if acct.reservoir is not None:
+                acct.reset_sample()
+            steps = plans.get(name)
+            if steps is None:  # created after the checkpoint: back to its initial values
+                shard.reset_to_initial()
+                acct.updates = 0
+                continue
+            for i, (slots, payload, counts, row_updates) in enumerate(steps):
+                shard.write_payload(slots, payload)
+                if i == 0:
+                    acct.updates = row_updates
+                elif acct.since_full is not None and counts is not None:
+                    acct.since_full[slots] = counts
+                    acct.captured[slots] = counts
+            if acct.since_full is not None:
+                acct.updates += int(acct.since_full.sum())
+        dense = dict(self._dense())
         for d_name, floats in loaded[0].dense.items():
-            d = self.server.dense[d_name]
-            with d.lock:
-                d.floats[0, :] = floats
+            dense[d_name].write(np.ascontiguousarray(floats, dtype=np.float32).view(np.uint8).reshape(-1))
 
     # --- commands ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -845,7 +731,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         with self._stats_lock:
             out = dict(self._s)
         out.update(
-            strategy=self.name, index=self.server.index, mode=self.mode, needs_restore=self.needs_restore,
+            strategy=self.name, index=self.host.index, mode=self.mode, needs_restore=self.needs_restore,
             dir=self.storage.url, interval_s=self.full_interval_s(), partial_interval_s=self.partial_interval_s(),
             writing=sum(1 for f in list(self._pending) if not f.done()),
             row_updates={name: a.updates for name, a in self._acct.items()},

@@ -50,11 +50,10 @@ from baselines import overhead
 from baselines.storage import CheckpointError
 from ecrec.client import Cluster, ClusterError
 from ecrec.cluster_map import live_servers
-from ecrec.strategies import get_strategy
+from baselines.options import VARIANTS
+from ecrec.strategies import get_spec, names_of_kind
 
 log = logging.getLogger("baselines.driver")
-
-STRATEGIES = ("full", "cpr", "cpr-mfu", "cpr-ssu")
 
 
 @dataclass
@@ -80,11 +79,12 @@ class CheckpointDriver:
             cluster.refresh_map()
         self.cluster = cluster
         self.strategy = cluster.map.strategy
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"CheckpointDriver drives {STRATEGIES}; this cluster runs {self.strategy!r}")
-        cls = get_strategy(self.strategy)
-        self.opts = cls.options_from(dict(cluster.map.strategy_options))
-        self.full_only = cls.full_only
+        spec = get_spec(self.strategy)
+        if not spec.checkpoints:
+            raise ValueError(f"CheckpointDriver drives the checkpointing strategies ({', '.join(names_of_kind('checkpoint'))}); "
+                             f"this cluster runs {self.strategy!r}")
+        self.opts = spec.parse_options(dict(cluster.map.strategy_options))
+        self.full_only = VARIANTS[self.strategy][1]
         self.interval_steps = interval_steps if interval_steps is not None else self.opts.interval_steps
         self.interval_s = interval_s if interval_s is not None else self.opts.interval_s
         self.mtbf_s = mtbf_s if mtbf_s is not None else self.opts.mtbf_s

@@ -34,8 +34,9 @@ from ecrec import transport
 from ecrec.cluster_map import live_address
 from ecrec.config import ClientConfig
 from ecrec.layout import Layout
+from ecrec.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables import DenseSpec, TableSpec
-from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.client")
 
@@ -69,9 +70,13 @@ class Cluster:
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
-        self._coordinator = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, self.config.max_message_bytes))
         self._lock = threading.RLock()
-        self._stubs: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
+        self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
+                                             on_map=self._adopt)
+        self._coordinator = self.coordinator.stub
+        self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=self.config.rpc_timeout_s,
+                           retry_deadline_s=self.config.retry_deadline_s,
+                           max_message_bytes=self.config.max_message_bytes)
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -79,7 +84,12 @@ class Cluster:
         self.layout: Layout | None = None
         self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
         self._last_live: dict[int, str] = {}
-        self.stats = {"pushes": 0, "retries": 0, "push_bytes": 0, "pull_bytes": 0}
+        self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0}
+
+    @property
+    def stats(self) -> dict:
+        """Pushes made, calls retried after a failure, bytes pushed and pulled."""
+        return self._stats | {"retries": self.peers.retries}
 
     @classmethod
     def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
@@ -101,9 +111,7 @@ class Cluster:
 
     # --- the map ---------------------------------------------------------------------------------
     def refresh_map(self) -> cluster_pb2.ClusterMap:
-        m = self._coordinator.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=self.config.rpc_timeout_s)
-        self._adopt(m)
-        return m
+        return self.coordinator.get_map()
 
     def _adopt(self, m: cluster_pb2.ClusterMap) -> None:
         with self._lock:
@@ -118,79 +126,20 @@ class Cluster:
                         self.replacements.append(Replacement(index, before, after, m.epoch, time.time()))
                     self._last_live[index] = after
 
-    def _address_of(self, index: int) -> str | None:
-        return live_address(self.map, index)
-
-    def _stub(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
-        with self._lock:
-            stub = self._stubs.get(address)
-            if stub is None:
-                channel = transport.make_channel(address, self.config.max_message_bytes)
-                stub = self._stubs[address] = embedding_pb2_grpc.EmbeddingServerStub(channel)
-            return stub
-
     def _call(self, index: int, method: str, request):
         """Calls ``method`` on the server at ``index``; follows failures to the replacement and retries."""
-        deadline = time.monotonic() + self.config.retry_deadline_s
-        while True:
-            with self._lock:
-                address = self._address_of(index)
-            if address is not None:
-                try:
-                    return getattr(self._stub(address), method)(request, timeout=self.config.rpc_timeout_s)
-                except grpc.RpcError as exc:
-                    if not transport.is_unavailable(exc):
-                        raise ClusterError(f"server {index} ({address}) {method}: {exc.code().name}: {exc.details()}") from None
-                    log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method, exc.code().name)
-                    self.stats["retries"] += 1
-                    self._report(address, f"{method}: {exc.code().name}")
-                    with self._lock:
-                        moved = self._address_of(index)
-                    if moved is not None and moved != address:
-                        continue  # the coordinator's reply already names the replacement: retry there now
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"server index {index} unreachable and not replaced within {self.config.retry_deadline_s:.0f} s "
-                    "(is a standby available?)"
-                )
-            time.sleep(0.05)
-            try:
-                self.refresh_map()
-            except grpc.RpcError as exc:
-                log.warning("coordinator unreachable (%s); retrying", exc.code().name)
-
-    def _report(self, address: str, detail: str) -> None:
         try:
-            m = self._coordinator.ReportFailure(
-                coordinator_pb2.ReportFailureRequest(address=address, detail=detail), timeout=self.config.rpc_timeout_s)
-            self._adopt(m)
-        except grpc.RpcError as exc:
-            log.warning("reporting %s to the coordinator failed: %s", address, exc.code().name)
+            return self.peers.call(index, method, request)
+        except (PeerError, PeerUnreachable) as exc:
+            raise ClusterError(str(exc)) from None
 
     def _fan_out(self, method: str, requests: dict[int, object]) -> dict[int, object]:
-        """Sends one request per server index in parallel (gRPC futures, no threads on the fast path).
-
-        A call that fails because its server is gone falls back to ``_call``, which follows the
-        map to the replacement and retries the same request (same push id).
-        """
-        futs = {}
-        with self._lock:
-            for i, request in requests.items():
-                address = self._address_of(i)
-                if address is not None:
-                    futs[i] = getattr(self._stub(address), method).future(request, timeout=self.config.rpc_timeout_s)
-        replies = {}
-        for i, request in requests.items():
-            fut = futs.get(i)
-            if fut is not None:
-                try:
-                    replies[i] = fut.result()
-                    continue
-                except grpc.RpcError as exc:
-                    if not transport.is_unavailable(exc):
-                        raise ClusterError(f"server {i} {method}: {exc.code().name}: {exc.details()}") from None
-            replies[i] = self._call(i, method, request)
-        return replies
+        """One request per server index in parallel; a call whose server is gone follows the map to the
+        replacement and retries the same request (same push id)."""
+        try:
+            return self.peers.fan_out(method, requests)
+        except (PeerError, PeerUnreachable) as exc:
+            raise ClusterError(str(exc)) from None
 
     # --- tables ----------------------------------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
@@ -258,7 +207,7 @@ class Cluster:
             replies = self._fan_out("Pull", requests_by_server)
             for i, parts in per_server.items():
                 for (name, spec, _, pos), data in zip(parts, replies[i].values):
-                    self.stats["pull_bytes"] += len(data)
+                    self._stats["pull_bytes"] += len(data)
                     out[name][pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
         return {name: torch.from_numpy(rows) for name, rows in out.items()}
 
@@ -374,9 +323,9 @@ class Cluster:
             param.grad = None
         if not requests:
             return {"servers": 0, "rows": 0, "rows_by_server": {}, "already_applied": 0}
-        self.stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
+        self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
         replies = self._fan_out("Push", requests)
-        self.stats["pushes"] += 1
+        self._stats["pushes"] += 1
         for reply in replies.values():
             self._load_dense(reply.dense)
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
@@ -384,10 +333,7 @@ class Cluster:
                 "already_applied": sum(r.already_applied for r in replies.values())}
 
     def close(self) -> None:
-        with self._lock:
-            stubs, self._stubs = self._stubs, {}
-        self._coordinator = None
-        del stubs
+        self.peers.close()
 
 
 class EmbeddingBag(torch.nn.Module):

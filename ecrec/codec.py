@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ecrec.kernels import KernelBackend, get_kernel, gf_mul_table, is_device_array
+from ecrec.kernels import KernelBackend, get_kernel, gf_mul, gf_mul_table, is_device_array
 
-__all__ = ["Codec", "SUPPORTED_BACKENDS", "gf_mul"]
+__all__ = ["Codec", "SUPPORTED_BACKENDS", "check_code", "gf_mul"]
 
 #: pyeclib backends whose parity is byte-wise linear over GF(2^8)/0x11d.
 SUPPORTED_BACKENDS = ("isa_l_rs_vand", "isa_l_rs_cauchy")
@@ -53,22 +53,6 @@ DEFAULT_CHUNK_BYTES = 256 * 1024
 _HEADER_CACHE_SIZE = 16
 
 
-def gf_mul(a: Any, b: Any) -> Any:
-    """Product in GF(2^8) modulo 0x11d; ints give an int, arrays a uint8 array (broadcast)."""
-    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
-        a, b = int(a), int(b)
-        if not (0 <= a < 256 and 0 <= b < 256):
-            raise ValueError(f"gf_mul operands must be bytes in [0, 255], got {a} and {b}")
-        return int(gf_mul_table()[a, b])
-    a_arr, b_arr = np.asarray(a), np.asarray(b)
-    for label, arr in (("a", a_arr), ("b", b_arr)):
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"gf_mul operand {label} must hold integers, got dtype {arr.dtype}")
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 255):
-            raise ValueError(f"gf_mul operand {label} holds values outside [0, 255]")
-    return gf_mul_table()[a_arr.astype(np.intp), b_arr.astype(np.intp)]
-
-
 def _as_int(value: Any, label: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{label} must be an int, got {type(value).__name__}")
@@ -84,6 +68,37 @@ def _as_index(value: Any, label: str, upper: int) -> int:
 
 def _to_host(value: Any) -> Any:
     return value.get() if is_device_array(value) else value
+
+
+def check_code(k: Any, m: Any, backend: Any) -> tuple[int, int]:
+    """Validates a code's parameters without building it (no pyeclib call); returns ``(k, m)``.
+
+    Raises TypeError/ValueError naming the problem: k < 1, m < 1, too many fragments, an
+    unsupported backend, or a Vandermonde code that is not MDS for this k and m."""
+    k, m = _as_int(k, "k"), _as_int(m, "m")
+    if k < 1:
+        raise ValueError(f"k (data rows per stripe) must be >= 1, got {k}")
+    if m < 1:
+        raise ValueError(f"m (parity rows per stripe) must be >= 1, got {m}")
+    if k + m > MAX_FRAGMENTS:
+        raise ValueError(f"k + m must be <= {MAX_FRAGMENTS} (pyeclib/liberasurecode limit), got {k} + {m}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a pyeclib ec_type name, got {type(backend).__name__}")
+    if backend == "liberasurecode_rs_vand":
+        raise ValueError(
+            "backend 'liberasurecode_rs_vand' is not supported: its parity is linear over 16-bit "
+            "words, not bytes, so byte-wise GF(2^8) deltas would corrupt it; "
+            f"use one of {', '.join(SUPPORTED_BACKENDS)}"
+        )
+    if backend not in SUPPORTED_BACKENDS:
+        raise ValueError(f"unsupported backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)}")
+    if backend == "isa_l_rs_vand" and k > VAND_MDS_MAX_K.get(m, 0):
+        raise ValueError(
+            f"backend 'isa_l_rs_vand' is not MDS for k={k}, m={m}: ISA-L's Vandermonde-derived matrix "
+            "then has singular submatrices, so some sets of m lost rows could not be rebuilt; "
+            "use 'isa_l_rs_cauchy' (MDS for every k, m)"
+        )
+    return k, m
 
 
 class Codec:
@@ -104,29 +119,7 @@ class Codec:
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ):
-        k, m = _as_int(k, "k"), _as_int(m, "m")
-        if k < 1:
-            raise ValueError(f"k (data rows per stripe) must be >= 1, got {k}")
-        if m < 1:
-            raise ValueError(f"m (parity rows per stripe) must be >= 1, got {m}")
-        if k + m > MAX_FRAGMENTS:
-            raise ValueError(f"k + m must be <= {MAX_FRAGMENTS} (pyeclib/liberasurecode limit), got {k} + {m}")
-        if not isinstance(backend, str):
-            raise TypeError(f"backend must be a pyeclib ec_type name, got {type(backend).__name__}")
-        if backend == "liberasurecode_rs_vand":
-            raise ValueError(
-                "backend 'liberasurecode_rs_vand' is not supported: its parity is linear over 16-bit "
-                "words, not bytes, so byte-wise GF(2^8) deltas would corrupt it; "
-                f"use one of {', '.join(SUPPORTED_BACKENDS)}"
-            )
-        if backend not in SUPPORTED_BACKENDS:
-            raise ValueError(f"unsupported backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)}")
-        if backend == "isa_l_rs_vand" and k > VAND_MDS_MAX_K.get(m, 0):
-            raise ValueError(
-                f"backend 'isa_l_rs_vand' is not MDS for k={k}, m={m}: ISA-L's Vandermonde-derived matrix "
-                "then has singular submatrices, so some sets of m lost rows could not be rebuilt; "
-                "use 'isa_l_rs_cauchy' (MDS for every k, m)"
-            )
+        k, m = check_code(k, m, backend)
         chunk_bytes = _as_int(chunk_bytes, "chunk_bytes")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")

@@ -1,24 +1,46 @@
-"""Configuration dataclasses: one place for every knob of a cluster and a server.
+"""Configuration: one typed dataclass per process kind, each field documented once.
 
-``ClusterSpec`` is fixed when the coordinator starts and handed to every server
-that registers (the layout is a pure function of it); ``ServerConfig`` and
-``ClientConfig`` hold per-process settings such as timeouts.
+``ClusterSpec`` is fixed when the coordinator starts and handed to every server that registers
+(the layout is a pure function of it); ``ServerConfig``, ``CoordinatorConfig`` and
+``ClientConfig`` hold per-process settings such as time-outs.  Every field carries its help
+text (and, where the command line spells it differently, its flag) in its metadata, and the
+``ecrec-server`` command line is built from these fields by :func:`add_arguments`, so a knob
+exists in one place.  Strategy options are typed the same way, by each strategy's spec
+(``ecrec.strategies.spec``).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
+           cli: bool = True, default_factory: Any = None) -> Any:
+    """A documented dataclass field; ``flag`` overrides the command-line spelling, ``cli=False`` keeps
+    it off the command line."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "cli": cli}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+REQUIRED = dataclasses.MISSING
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
     """What every process of one cluster agrees on."""
 
-    num_servers: int
-    strategy: str = "none"
-    k: int = 0  # data rows per stripe (0: the strategy decides)
-    m: int = 0  # parity rows per stripe (0: no parity)
-    strategy_options: dict = field(default_factory=dict)
+    num_servers: int = option(REQUIRED, "number of active embedding servers in the cluster", flag="--servers")
+    strategy: str = option("none", "fault-tolerance strategy by name (entry-point group ecrec.strategies)")
+    k: int = option(0, "data rows per stripe (erasure-coding strategies; 0: the strategy decides)")
+    m: int = option(0, "parity rows per stripe = failures survived (erasure-coding strategies; 0: no parity)")
+    strategy_options: dict = option(None, "strategy options as KEY=VALUE strings", flag="--option",
+                                    default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_servers < 1:
@@ -36,36 +58,109 @@ class ClusterSpec:
 class ServerConfig:
     """Settings of one ``ecrec-server serve`` process."""
 
-    coordinator: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    device: str = "cpu"  # "cpu" | "cuda": where parity kernels run
-    standby: bool = False
-    want_index: int = -1
-    rpc_timeout_s: float = 10.0
-    max_workers: int = 16
-    max_message_bytes: int = 256 * 1024 * 1024
+    coordinator: str = option(REQUIRED, "coordinator address host:port")
+    host: str = option("127.0.0.1", "address to bind")
+    port: int = option(0, "port (0: any free port)")
+    device: Literal["cpu", "cuda"] = option("cpu", "where parity kernels run", choices=("cpu", "cuda"))
+    standby: bool = option(False, "register as a spare that replaces a failed server")
+    want_index: int = option(-1, "take this index (a restarted server replacing itself)", flag="--index")
+    rpc_timeout_s: float = option(10.0, "deadline of a call to another server (parity batches, row reads)")
+    coordinator_timeout_s: float = option(5.0, "deadline of a call to the coordinator (reports, map reads)")
+    register_timeout_s: float = option(60.0, "how long registration keeps retrying an unreachable coordinator")
+    max_workers: int = option(16, "gRPC handler threads")
+    max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
+    fault_spec: str = option("", "fault injection for tests (point@count,...); read from ECREC_FAULT", cli=False)
 
 
 @dataclass
 class CoordinatorConfig:
     """Settings of one ``ecrec-server coordinator`` process."""
 
-    cluster: ClusterSpec
-    host: str = "127.0.0.1"
-    port: int = 0
-    health_interval_s: float = 0.5
-    health_timeout_s: float = 1.0
-    failures_before_dead: int = 2
-    rpc_timeout_s: float = 30.0
-    state_path: str | None = None  # where the map is persisted (survives a coordinator restart)
+    cluster: ClusterSpec = option(REQUIRED, "the cluster (servers, strategy, k, m, options)", cli=False)
+    host: str = option("127.0.0.1", "address to bind")
+    port: int = option(7000, "port (0: any free port)")
+    health_interval_s: float = option(0.5, "seconds between health checks", flag="--health-interval")
+    health_timeout_s: float = option(1.0, "deadline of one health check")
+    failures_before_dead: int = option(2, "failed health checks in a row that declare a server failed")
+    rpc_timeout_s: float = option(30.0, "deadline of a call to a server (create table, promote, map update)")
+    state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
 
 
 @dataclass
 class ClientConfig:
     """Settings of a client (``ecrec.client.Cluster``)."""
 
-    rpc_timeout_s: float = 30.0
-    retry_deadline_s: float = 120.0  # how long a call keeps retrying through failures
-    max_message_bytes: int = 256 * 1024 * 1024
+    rpc_timeout_s: float = option(30.0, "deadline of one call to a server or the coordinator")
+    retry_deadline_s: float = option(120.0, "how long a call keeps retrying through failures")
+    max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
 
+
+# --- the command line, built from the fields ------------------------------------------------------------------
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def cli_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that appear on the command line."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
+
+
+def _field_type(cls: type, f: dataclasses.Field):
+    hints = typing.get_type_hints(cls)
+    t = hints[f.name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    if typing.get_origin(t) is Literal:
+        return str
+    if args and typing.get_origin(t) is not Literal:  # Optional[X] / X | None
+        t = args[0]
+    return t
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, *, defaults: dict | None = None,
+                  exclude: tuple[str, ...] = (), help_overrides: dict | None = None) -> None:
+    """Adds one flag per command-line field of ``cls`` (help text, type, default and choices from the field)."""
+    for f in cli_fields(cls):
+        if f.name in exclude:
+            continue
+        flag = flag_of(f)
+        t = _field_type(cls, f)
+        default = (defaults or {}).get(f.name, f.default)
+        required = default is dataclasses.MISSING
+        help_text = (help_overrides or {}).get(f.name) or (
+            f.metadata["help"] + ("" if required or default in (None, False, []) else f" (default {default})"))
+        if t is bool:
+            parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
+        elif t is dict:
+            parser.add_argument(flag, dest=f.name, action="append", default=[], metavar="KEY=VALUE", help=help_text)
+        else:
+            kwargs = dict(dest=f.name, type=t, help=help_text)
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+            if required:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = default
+            parser.add_argument(flag, **kwargs)
+
+
+def from_arguments(cls: type, args: argparse.Namespace, **extra: Any):
+    """Builds ``cls`` from parsed arguments (fields missing from ``args`` keep their defaults)."""
+    values = {f.name: getattr(args, f.name) for f in cli_fields(cls) if hasattr(args, f.name)}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("flag") == "--option" and f.name in values:
+            values[f.name] = parse_key_values(values[f.name])
+    values.update(extra)
+    return cls(**values)
+
+
+def parse_key_values(pairs: list[str] | dict) -> dict[str, str]:
+    """``["a=1", "b=x"]`` -> ``{"a": "1", "b": "x"}``; raises ValueError naming a malformed pair."""
+    if isinstance(pairs, dict):
+        return {str(k): str(v) for k, v in pairs.items()}
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, got {pair!r}")
+        options[key] = value
+    return options

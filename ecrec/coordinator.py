@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ecrec import transport
 from ecrec.config import CoordinatorConfig
 from ecrec.layout import Layout
-from ecrec.strategies import get_strategy
+from ecrec.strategies import get_spec
 from ecrec.tables import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
@@ -52,8 +52,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, config: CoordinatorConfig):
         self.config = config
         spec = config.cluster
-        self.strategy_cls = get_strategy(spec.strategy)
-        k, m, options = self.strategy_cls.layout_params(spec.num_servers, spec.k, spec.m, dict(spec.strategy_options))
+        self.strategy_spec = get_spec(spec.strategy)
+        k, m, options = self.strategy_spec.layout_params(spec.num_servers, spec.k, spec.m, dict(spec.strategy_options))
         self.layout = Layout(spec.num_servers, k, m)
         self._lock = threading.RLock()
         self._create_lock = threading.Lock()

@@ -57,21 +57,36 @@ class Layout:
         """``(stripe, position in stripe)`` of each row id."""
         return np.divmod(np.asarray(ids, dtype=np.int64), self.k)
 
+    def ids_of_slots(self, server: int, slots: np.ndarray) -> np.ndarray:
+        """Row ids of ``server``'s data slots (the inverse of :meth:`locate`; ids past the table's end are
+        virtual)."""
+        block, pos = np.divmod(np.asarray(slots, dtype=np.int64), self.k)
+        stripe = block * self.num_servers + (server - pos) % self.num_servers
+        return stripe * self.k + pos
+
     def rows_of(self, server: int, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row id held by ``server`` and its slot, sorted by slot."""
         slots = np.arange(self.data_slots_per_server(num_rows), dtype=np.int64)
-        block, pos = np.divmod(slots, self.k)
-        stripe = block * self.num_servers + (server - pos) % self.num_servers
-        ids = stripe * self.k + pos
+        ids = self.ids_of_slots(server, slots)
         keep = ids < num_rows
         return ids[keep], slots[keep]
+
+    # --- stripes ---------------------------------------------------------------------------------
+    def member_server(self, stripes: np.ndarray, member: int) -> np.ndarray:
+        """Server of member ``member`` (``0..k-1`` data, ``k..k+m-1`` parity) of each stripe."""
+        return (np.asarray(stripes, dtype=np.int64) + member) % self.num_servers
+
+    def stripe_row_ids(self, stripes: np.ndarray) -> np.ndarray:
+        """``(len(stripes), k)`` row ids of the stripes' data members (ids >= the row count are virtual
+        zero rows)."""
+        return np.asarray(stripes, dtype=np.int64)[:, None] * self.k + np.arange(self.k, dtype=np.int64)[None, :]
 
     # --- parity rows -----------------------------------------------------------------------------
     def parity_servers(self, stripes: np.ndarray) -> np.ndarray:
         """``(len(stripes), m)`` server of each parity of each stripe."""
         stripes = np.asarray(stripes, dtype=np.int64)
         j = np.arange(self.m, dtype=np.int64)
-        return (stripes[:, None] + self.k + j[None, :]) % self.num_servers
+        return self.member_server(stripes[:, None], self.k + j[None, :])
 
     def parity_slot(self, stripes: np.ndarray, parity_index: np.ndarray | int) -> np.ndarray:
         stripes = np.asarray(stripes, dtype=np.int64)
@@ -90,7 +105,7 @@ class Layout:
 
     def stripe_members(self, stripe: int) -> list[int]:
         """Servers of stripe ``stripe``: data positions ``0..k-1`` then parities."""
-        return [(stripe + t) % self.num_servers for t in range(self.k + self.m)]
+        return [int(self.member_server(stripe, t)) for t in range(self.k + self.m)]
 
     # --- dense parameters ------------------------------------------------------------------------
     def dense_servers(self, name: str) -> list[int]:

@@ -1,17 +1,19 @@
 """The embedding server: holds this server's shard of every table and its dense tensors.
 
-One process per server.  It registers with the coordinator, receives the
-cluster map (its index, the layout, the tables), and answers pulls and pushes
-for the rows the layout gives it.  A push is validated whole before anything
-changes, coalesced (duplicate ids summed), applied under the table's lock with a
-``torch.optim`` compatible optimizer, handed to the active fault-tolerance
-strategy with the old and new payload bytes, and acknowledged once the
-strategy's completion (if any) is done.  Each push id is applied at most once.
+One process per server.  It registers with the coordinator, receives the cluster map (its index,
+the layout, the tables), and answers pulls and pushes for the rows the layout gives it.  A push is
+validated whole before anything changes, coalesced (duplicate ids summed), applied with a
+``torch.optim`` compatible optimizer (``ecrec.shards``), handed once to the active fault-tolerance
+strategy with the old and new payload bytes (``on_push``), and acknowledged once the strategy's
+completion (if any) is done.  Each push id is applied at most once.
+
+:class:`ServerState` is what a strategy sees of its server (it implements
+:class:`ecrec.strategies.base.StrategyHost`); :class:`EmbeddingServicer` is the gRPC face.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import logging
 import os
@@ -25,67 +27,17 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ecrec import faults, optim, transport
+from ecrec import errors, faults, transport
 from ecrec.config import ServerConfig
 from ecrec.layout import Layout
-from ecrec.strategies import FaultToleranceStrategy, get_strategy
-from ecrec.tables import DenseSpec, TableSpec, initial_payload
-from ecrec.transport import RequestError, invalid
-from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+from ecrec.peers import CoordinatorClient, Peers
+from ecrec.shards import DenseShard, TableShard
+from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate
+from ecrec.strategies.registry import get_spec
+from ecrec.tables import DenseSpec, TableSpec
+from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2, embedding_pb2_grpc
 
 log = logging.getLogger("ecrec.server")
-
-
-class TableShard:
-    """This server's rows of one table: a ``(slots, row_bytes)`` uint8 payload array."""
-
-    def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True):
-        self.spec = spec
-        self.layout = layout
-        self.index = index
-        self.lock = threading.Lock()
-        self.owned_ids, self.owned_slots = layout.rows_of(index, spec.num_rows)
-        self.payload = np.zeros((layout.data_slots_per_server(spec.num_rows), spec.row_bytes), dtype=np.uint8)
-        self.floats = self.payload.view(np.float32)  # (slots, row_floats)
-        if initial_values:  # a replacement whose strategy rebuilds every row skips this
-            self.floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
-        self.versions = np.zeros(len(self.payload), dtype=np.int64)  # push sequence of each row's last update
-        self.row_updates = 0  # distinct rows updated, summed over pushes
-
-    def slots_for(self, ids: np.ndarray) -> np.ndarray:
-        """Validates that ``ids`` are in range and owned here; returns their slots."""
-        if ids.size == 0:
-            raise invalid(f"table {self.spec.name!r}: no row ids")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.spec.num_rows:
-            bad = lo if lo < 0 else hi
-            raise invalid(f"table {self.spec.name!r}: row id {bad} out of range [0, {self.spec.num_rows})")
-        servers, slots = self.layout.locate(ids)
-        wrong = servers != self.index
-        if wrong.any():
-            i = int(np.argmax(wrong))
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"table {self.spec.name!r}: row {int(ids[i])} is owned by server {int(servers[i])}, "
-                f"not by server {self.index}; refresh the cluster map",
-            )
-        return slots
-
-
-class DenseShard:
-    """One dense tensor held here: its payload is a single row ``[weights | optimizer state]``."""
-
-    def __init__(self, spec: DenseSpec, initial_value: np.ndarray):
-        self.spec = spec
-        self.lock = threading.Lock()
-        self.floats = np.zeros((1, spec.numel * (1 + spec.state_width)), dtype=np.float32)
-        self.floats[0, : spec.numel] = initial_value.reshape(-1)
-        self.floats[0, spec.numel :] = np.float32(spec.initial_accumulator_value)
-        self.version = 0
-
-    @property
-    def weights(self) -> np.ndarray:
-        return self.floats[0, : self.spec.numel]
 
 
 class AppliedPushes:
@@ -114,79 +66,123 @@ class AppliedPushes:
                 self._ids.popitem(last=False)
 
 
-class ServerState:
-    """Everything one embedding server holds; what a strategy sees of its server."""
+class PushSequencer:
+    """Numbers the pushes applied here: ``(epoch at the first push << 32) | count``.
 
-    def __init__(self, config: ServerConfig, server_id: str):
+    The number is the version stamped on every row a push changes; a later incarnation of the same
+    index starts above every earlier one (its first push sees a newer epoch)."""
+
+    def __init__(self):
+        self._base = 0
+        self._count = 0
+
+    def next(self, epoch: int) -> int:
+        if self._base == 0:
+            self._base = max(1, epoch) << 32
+        self._count += 1
+        return self._base | self._count
+
+
+class ServerState:
+    """Everything one embedding server holds; what a strategy sees of its server (``StrategyHost``)."""
+
+    def __init__(self, config: ServerConfig, server_id: str, services: transport.LateServices | None = None):
         self.config = config
-        self.server_id = server_id
+        self._server_id = server_id
         self.address = ""
         self.index = -1
-        self.promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
+        self._promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
         self.map: cluster_pb2.ClusterMap | None = None
-        self.layout: Layout | None = None
-        self.tables: dict[str, TableShard] = {}
-        self.dense: dict[str, DenseShard] = {}
+        self._layout: Layout | None = None
+        self._tables: dict[str, TableShard] = {}
+        self._dense: dict[str, DenseShard] = {}
         self.strategy: FaultToleranceStrategy | None = None
         self.applied = AppliedPushes()
+        self.sequencer = PushSequencer()
         self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
-        self.faults = faults.from_environment()
+        self.faults = faults.FaultInjector(config.fault_spec)
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
         self.index_set = threading.Condition(self.lock)
-        self._peers: dict[str, embedding_pb2_grpc.EmbeddingServerStub] = {}
+        self._services = services
+        self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
+                                             config.max_message_bytes, on_map=self.adopt_map)
+        self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=config.rpc_timeout_s,
+                           retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes)
+
+    # --- StrategyHost ----------------------------------------------------------------------------------------
+    @property
+    def server_id(self) -> str:
+        return self._server_id
+
+    @property
+    def layout(self) -> Layout | None:
+        return self._layout
+
+    @property
+    def cluster_map(self) -> cluster_pb2.ClusterMap | None:
+        return self.map
 
     @property
     def epoch(self) -> int:
         return self.map.epoch if self.map is not None else 0
 
-    @functools.cached_property
-    def coordinator(self) -> coordinator_pb2_grpc.CoordinatorStub:
-        """A stub for the coordinator (one channel for the life of the server)."""
-        return coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.config.coordinator))
-
-    def peer_by_address(self, address: str) -> embedding_pb2_grpc.EmbeddingServerStub:
-        """A (cached) stub for another server."""
-        with self.lock:
-            stub = self._peers.get(address)
-            if stub is None:
-                stub = embedding_pb2_grpc.EmbeddingServerStub(
-                    transport.make_channel(address, self.config.max_message_bytes)
-                )
-                self._peers[address] = stub
-            return stub
-
-    def table(self, name: str) -> TableShard:
-        shard = self.tables.get(name)
-        if shard is None:
-            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown table {name!r}")
-        return shard
-
-    def dense_tensor(self, name: str) -> DenseShard:
-        dense = self.dense.get(name)
-        if dense is None:
-            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown dense tensor {name!r} on server {self.index}")
-        return dense
+    @property
+    def promoting(self) -> bool:
+        return self._promoting
 
     def require_index(self) -> None:
-        if self.index < 0 or self.layout is None:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "this server holds no index yet (standby)")
+        if self.index < 0 or self._layout is None:
+            raise errors.FailedPrecondition("this server holds no index yet (standby)")
 
-    # --- map changes -----------------------------------------------------------------------------
+    def tables(self) -> list[TableShard]:
+        with self.lock:
+            return [self._tables[name] for name in sorted(self._tables)]
+
+    def table(self, name: str) -> TableShard:
+        shard = self._tables.get(name)
+        if shard is None:
+            raise errors.NotFound(f"unknown table {name!r}")
+        return shard
+
+    def dense_tensors(self) -> list[DenseShard]:
+        with self.lock:
+            return [self._dense[name] for name in sorted(self._dense)]
+
+    def dense(self, name: str) -> DenseShard:
+        d = self._dense.get(name)
+        if d is None:
+            raise errors.NotFound(f"unknown dense tensor {name!r} on server {self.index}")
+        return d
+
+    def pushes_paused(self) -> contextlib.AbstractContextManager:
+        return self.apply_lock
+
+    def mark_applied(self, push_id: tuple[str, int]) -> None:
+        self.applied.add(push_id, None)
+
+    # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
         with self.lock:
             if self.map is not None and new_map.epoch < self.map.epoch:
                 return
             self.map = new_map
-            self.layout = Layout(new_map.num_servers, new_map.k, new_map.m)
+            self._layout = Layout(new_map.num_servers, new_map.k, new_map.m)
             if self.strategy is None:
-                cls = get_strategy(new_map.strategy)
-                self.strategy = cls(self, dict(new_map.strategy_options))
-            if self.index < 0 and not self.promoting:  # the map may tell this server its index first
-                mine = [s.index for s in new_map.servers if s.server_id == self.server_id and s.index >= 0
+                self._start_strategy(new_map)
+            if self.index < 0 and not self._promoting:  # the map may tell this server its index first
+                mine = [s.index for s in new_map.servers if s.server_id == self._server_id and s.index >= 0
                         and s.state == cluster_pb2.ACTIVE]
                 if mine and not new_map.tables:
                     self.index = mine[0]
             self.index_set.notify_all()
+
+    def _start_strategy(self, m: cluster_pb2.ClusterMap) -> None:
+        spec = get_spec(m.strategy)
+        strategy = spec.load_class()(self, spec.parse_options(dict(m.strategy_options)))
+        if self._services is not None:
+            for add_servicer, servicer in strategy.services():
+                add_servicer(servicer, self._services)
+        self.strategy = strategy
 
     def wait_for_index(self, timeout_s: float = 10.0) -> None:
         """Waits (a registration may be in flight) until this server holds an index and a strategy."""
@@ -198,310 +194,64 @@ class ServerState:
         """Creates the shard of ``spec``; False when an identical table already exists."""
         self.wait_for_index()
         with self.lock:
-            existing = self.tables.get(spec.name)
+            existing = self._tables.get(spec.name)
             if existing is not None:
                 if existing.spec != spec:
-                    raise RequestError(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"table {spec.name!r} exists with a different spec ({existing.spec}); got {spec}",
-                    )
+                    raise errors.AlreadyExists(
+                        f"table {spec.name!r} exists with a different spec ({existing.spec}); got {spec}")
                 return False
-            fill = not (self.promoting and self.strategy.rebuilds_rows)
-            shard = TableShard(spec, self.layout, self.index, initial_values=fill)
-            self.tables[spec.name] = shard
+            fill = not (self._promoting and self.strategy.rebuilds_rows)
+            shard = TableShard(spec, self._layout, self.index, initial_values=fill)
+            self._tables[spec.name] = shard
         self.strategy.on_table_created(shard)
         return True
 
     def create_dense(self, spec: DenseSpec, initial: np.ndarray) -> bool:
         self.wait_for_index()
-        if self.index not in self.layout.dense_servers(spec.name):
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"dense tensor {spec.name!r} belongs to servers {self.layout.dense_servers(spec.name)}, not {self.index}",
-            )
+        if self.index not in self._layout.dense_servers(spec.name):
+            raise errors.FailedPrecondition(
+                f"dense tensor {spec.name!r} belongs to servers {self._layout.dense_servers(spec.name)}, not {self.index}")
         with self.lock:
-            existing = self.dense.get(spec.name)
+            existing = self._dense.get(spec.name)
             if existing is not None:
                 if existing.spec != spec:
-                    raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"dense tensor {spec.name!r} exists with a different spec")
+                    raise errors.AlreadyExists(f"dense tensor {spec.name!r} exists with a different spec")
                 return False
             dense = DenseShard(spec, initial)
-            self.dense[spec.name] = dense
+            self._dense[spec.name] = dense
         self.strategy.on_dense_created(dense)
         return True
 
+    def promote(self, index: int, new_map: cluster_pb2.ClusterMap, dense) -> bool:
+        """Takes ``index`` of a failed server: its tables and dense tensors, then the strategy's recovery.
+        Returns whether the strategy keeps rebuilding in the background."""
+        with self.lock:
+            if self.index >= 0 and self.index != index:
+                raise errors.FailedPrecondition(f"this server already holds index {self.index}")
+            self.adopt_map(new_map)
+            self.index = index
+            self._promoting = True
+        log.info("promoted to index %d (epoch %d): creating %d tables", index, new_map.epoch, len(new_map.tables))
+        try:
+            for t in new_map.tables:
+                self.create_table(TableSpec.from_proto(t))
+            for d in dense:
+                spec, initial = parse_dense_spec(d.spec, d.initial_value)
+                self.create_dense(spec, initial)
+            return bool(self.strategy.on_recovery(index))
+        finally:
+            self._promoting = False
 
-def _parse_dense_spec(p: cluster_pb2.DenseSpec, value: bytes) -> tuple[DenseSpec, np.ndarray]:
+
+def parse_dense_spec(p: cluster_pb2.DenseSpec, value: bytes) -> tuple[DenseSpec, np.ndarray]:
     try:
         spec = DenseSpec.from_proto(p).validate()
-        initial = transport.bytes_to_floats(value, spec.shape)
     except ValueError as exc:
-        raise invalid(str(exc)) from None
+        raise errors.InvalidRequest(str(exc)) from None
+    initial = transport.bytes_to_floats(value, spec.shape)
     if not np.isfinite(initial).all():
-        raise invalid(f"dense tensor {spec.name!r}: initial value has NaN or Inf")
+        raise errors.InvalidRequest(f"dense tensor {spec.name!r}: initial value has NaN or Inf")
     return spec, initial
-
-
-def _handle(fn):
-    """Turns RequestError / ValueError into a gRPC status with the message; logs anything else."""
-
-    def wrapper(self, request, context):
-        try:
-            return fn(self, request, context)
-        except RequestError as exc:
-            context.abort(exc.code, exc.message)
-        except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except grpc.RpcError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
-            log.exception("%s failed", fn.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {type(exc).__name__}: {exc}")
-
-    wrapper.__name__ = fn.__name__
-    return wrapper
-
-
-class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
-    """The gRPC face of a :class:`ServerState`."""
-
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    # --- data plane ------------------------------------------------------------------------------
-    @_handle
-    def Pull(self, request, context):
-        st = self.state
-        st.require_index()
-        if not request.tables and not request.dense:
-            raise invalid("empty pull: name at least one table or dense tensor")
-        plans = []
-        for t in request.tables:
-            shard = st.table(t.table)
-            ids = transport.bytes_to_ids(t.ids)
-            plans.append((shard, shard.slots_for(ids)))
-        dense = [st.dense_tensor(name) for name in request.dense]
-        strategy = st.strategy
-        strategy.ensure_rows(plans)
-        for d in dense:
-            strategy.ensure_dense(d)
-        reply = embedding_pb2.PullReply()
-        for shard, slots in plans:
-            with shard.lock:
-                rows = shard.floats[slots, : shard.spec.dim]
-            reply.values.append(rows.tobytes())
-        for d in dense:
-            with d.lock:
-                value = d.weights.tobytes()
-            reply.dense.add(name=d.spec.name, value=value)
-        return reply
-
-    @_handle
-    def Push(self, request, context):
-        st = self.state
-        st.require_index()
-        if not request.tables and not request.dense:
-            raise invalid("empty push: no table rows and no dense gradients")
-        if not request.push_id.worker:
-            raise invalid("push_id.worker is required (it makes retries safe)")
-        # 1. validate everything before changing anything
-        table_plans = []
-        seen_tables = set()
-        for t in request.tables:
-            if t.table in seen_tables:
-                raise invalid(f"table {t.table!r} appears twice in one push")
-            seen_tables.add(t.table)
-            shard = st.table(t.table)
-            ids = transport.bytes_to_ids(t.ids)
-            slots = shard.slots_for(ids)
-            dim = shard.spec.dim
-            if len(t.grads) != 4 * dim * len(ids):
-                raise invalid(
-                    f"table {t.table!r}: {len(ids)} ids of dim {dim} need {4 * dim * len(ids)} gradient bytes, "
-                    f"got {len(t.grads)}"
-                )
-            grads = transport.bytes_to_floats(t.grads, (len(ids), dim))
-            if not np.isfinite(grads).all():
-                raise invalid(f"table {t.table!r}: gradient has NaN or Inf")
-            ids, slots, grads = _coalesce(ids, slots, grads)
-            table_plans.append((shard, ids, slots, grads))
-        dense_plans = []
-        seen_dense = set()
-        for g in request.dense:
-            if g.name in seen_dense:
-                raise invalid(f"dense tensor {g.name!r} appears twice in one push")
-            seen_dense.add(g.name)
-            d = st.dense_tensor(g.name)
-            if st.layout.dense_servers(g.name)[0] != st.index:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"server {st.index} is not the primary of {g.name!r}")
-            if len(g.value) != 4 * d.spec.numel:
-                raise invalid(f"dense tensor {g.name!r}: expected {4 * d.spec.numel} gradient bytes, got {len(g.value)}")
-            grad = transport.bytes_to_floats(g.value)
-            if not np.isfinite(grad).all():
-                raise invalid(f"dense tensor {g.name!r}: gradient has NaN or Inf")
-            dense_plans.append((d, grad))
-
-        key = (request.push_id.worker, request.push_id.sequence)
-        known, completion = st.applied.get(key)
-        if known:  # a retry: answer once the first attempt is acknowledged everywhere
-            if completion is not None:
-                completion.result(timeout=st.config.rpc_timeout_s)
-            return self._push_reply(request, already_applied=True, rows=0)
-        strategy = st.strategy
-        strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
-        for d, _ in dense_plans:
-            strategy.ensure_dense(d)
-        st.faults.hit("before_local_commit")
-        # 2. apply, one push at a time; the strategy sees old and new bytes of every row
-        need_old = strategy.needs_old_payload
-        rows_updated = 0
-        with st.apply_lock:
-            known, completion = st.applied.get(key)  # a concurrent retry may have won
-            if not known:
-                strategy.begin_push(key)
-                for shard, ids, slots, grads in table_plans:
-                    spec = shard.spec
-                    with shard.lock:
-                        rows = shard.floats[slots]  # a copy: fancy indexing
-                        old = rows.view(np.uint8).copy() if need_old else None
-                        optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
-                        shard.floats[slots] = rows
-                        shard.row_updates += len(slots)
-                        strategy.on_update(shard, ids, slots, old, rows.view(np.uint8))
-                    rows_updated += len(slots)
-                for d, grad in dense_plans:
-                    spec = d.spec
-                    with d.lock:
-                        old = d.floats.view(np.uint8).copy() if need_old else None
-                        optim.apply(spec.optimizer, d.floats, grad[None, :], spec.numel, spec.lr, spec.eps)
-                        strategy.on_dense_update(d, old, d.floats.view(np.uint8))
-                completion = strategy.end_push()
-                st.applied.add(key, completion)
-        # 3. acknowledged only when the strategy's work (parity acks...) is done
-        if completion is not None:
-            completion.result(timeout=st.config.rpc_timeout_s)
-        st.faults.hit("after_parity_before_ack")
-        return self._push_reply(request, already_applied=known, rows=rows_updated)
-
-    def _push_reply(self, request, already_applied: bool, rows: int):
-        reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows)
-        if request.return_dense:
-            for g in request.dense:
-                d = self.state.dense[g.name]
-                with d.lock:
-                    reply.dense.add(name=g.name, value=d.weights.tobytes())
-        return reply
-
-    @_handle
-    def ReadPayload(self, request, context):
-        st = self.state
-        st.require_index()
-        reply = embedding_pb2.ReadPayloadReply()
-        if request.table:
-            shard = st.table(request.table)
-            if request.all_rows:
-                order = np.argsort(shard.owned_ids, kind="stable")
-                ids, slots = shard.owned_ids[order], shard.owned_slots[order]
-            else:
-                ids = transport.bytes_to_ids(request.ids)
-                slots = shard.slots_for(ids)
-            st.strategy.ensure_rows([(shard, slots)])
-            with shard.lock:
-                payload = shard.payload[slots]
-            reply.ids = transport.ids_to_bytes(ids)
-            reply.payload = payload.tobytes()
-            reply.row_bytes = shard.spec.row_bytes
-        for name in request.dense:
-            d = st.dense_tensor(name)
-            st.strategy.ensure_dense(d)
-            with d.lock:
-                reply.dense.add(name=name, value=d.floats.tobytes())
-        return reply
-
-    @_handle
-    def StrategyCall(self, request, context):
-        st = self.state
-        if st.strategy is None:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "no cluster map yet")
-        try:
-            args = json.loads(request.args_json) if request.args_json else {}
-        except json.JSONDecodeError as exc:
-            raise invalid(f"args_json is not JSON: {exc}") from None
-        if not isinstance(args, dict):
-            raise invalid("args_json must be a JSON object")
-        result = st.strategy.call(request.command, args)
-        return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
-
-    def _strategy_rpc(self, method, request, context):
-        strategy = self.state.strategy
-        if strategy is None:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "no cluster map yet")
-        try:
-            return strategy.handle_rpc(method, request, context)
-        except NotImplementedError as exc:
-            raise RequestError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
-
-    @_handle
-    def ApplyParity(self, request, context):
-        return self._strategy_rpc("ApplyParity", request, context)
-
-    @_handle
-    def ResolveSource(self, request, context):
-        return self._strategy_rpc("ResolveSource", request, context)
-
-    @_handle
-    def ReadRows(self, request, context):
-        return self._strategy_rpc("ReadRows", request, context)
-
-    @_handle
-    def Echo(self, request, context):
-        if request.reply_bytes > 0:
-            if request.reply_bytes > self.state.config.max_message_bytes:
-                raise invalid(f"reply_bytes {request.reply_bytes} exceeds the message limit")
-            return embedding_pb2.EchoMessage(data=bytes(request.reply_bytes))
-        return request
-
-    # --- control plane ---------------------------------------------------------------------------
-    @_handle
-    def CreateTable(self, request, context):
-        try:
-            spec = TableSpec.from_proto(request).validate()
-        except ValueError as exc:
-            raise invalid(str(exc)) from None
-        self.state.create_table(spec)
-        return embedding_pb2.Ack(epoch=self.state.epoch)
-
-    @_handle
-    def CreateDense(self, request, context):
-        spec, initial = _parse_dense_spec(request.spec, request.initial_value)
-        self.state.create_dense(spec, initial)
-        return embedding_pb2.Ack(epoch=self.state.epoch)
-
-    @_handle
-    def UpdateClusterMap(self, request, context):
-        self.state.adopt_map(request)
-        return embedding_pb2.Ack(epoch=self.state.epoch)
-
-    @_handle
-    def Promote(self, request, context):
-        st = self.state
-        with st.lock:
-            if st.index >= 0 and st.index != request.index:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"this server already holds index {st.index}")
-            st.adopt_map(request.map)
-            st.index = request.index
-            st.promoting = True
-        log.info("promoted to index %d (epoch %d): creating %d tables", request.index, request.map.epoch, len(request.map.tables))
-        for t in request.map.tables:
-            st.create_table(TableSpec.from_proto(t))
-        for d in request.dense:
-            spec, initial = _parse_dense_spec(d.spec, d.initial_value)
-            st.create_dense(spec, initial)
-        try:
-            recovering = bool(st.strategy.on_recovery(request.index))
-        finally:
-            st.promoting = False
-        return embedding_pb2.Ack(epoch=st.epoch, recovering=recovering)
 
 
 def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
@@ -517,13 +267,205 @@ def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     return uniq, slots[first], summed
 
 
+class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
+    """The gRPC face of a :class:`ServerState`."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    # --- data plane ------------------------------------------------------------------------------------------
+    @transport.service_method
+    def Pull(self, request, context):
+        st = self.state
+        st.require_index()
+        if not request.tables and not request.dense:
+            raise errors.InvalidRequest("empty pull: name at least one table or dense tensor")
+        plans = []
+        for t in request.tables:
+            shard = st.table(t.table)
+            plans.append((shard, shard.slots_for(transport.bytes_to_ids(t.ids))))
+        dense = [st.dense(name) for name in request.dense]
+        strategy = st.strategy
+        strategy.ensure_rows(plans)
+        for d in dense:
+            strategy.ensure_dense(d)
+        reply = embedding_pb2.PullReply()
+        for shard, slots in plans:
+            reply.values.append(shard.weights(slots).tobytes())
+        for d in dense:
+            reply.dense.add(name=d.spec.name, value=d.weights_bytes())
+        return reply
+
+    def _validate_push(self, request):
+        """Checks the whole push before anything changes; returns the coalesced table and dense plans."""
+        st = self.state
+        table_plans = []
+        seen_tables = set()
+        for t in request.tables:
+            if t.table in seen_tables:
+                raise errors.InvalidRequest(f"table {t.table!r} appears twice in one push")
+            seen_tables.add(t.table)
+            shard = st.table(t.table)
+            ids = transport.bytes_to_ids(t.ids)
+            slots = shard.slots_for(ids)
+            dim = shard.spec.dim
+            if len(t.grads) != 4 * dim * len(ids):
+                raise errors.InvalidRequest(
+                    f"table {t.table!r}: {len(ids)} ids of dim {dim} need {4 * dim * len(ids)} gradient bytes, "
+                    f"got {len(t.grads)}")
+            grads = transport.bytes_to_floats(t.grads, (len(ids), dim))
+            if not np.isfinite(grads).all():
+                raise errors.InvalidRequest(f"table {t.table!r}: gradient has NaN or Inf")
+            table_plans.append((shard, *_coalesce(ids, slots, grads)))
+        dense_plans = []
+        seen_dense = set()
+        for g in request.dense:
+            if g.name in seen_dense:
+                raise errors.InvalidRequest(f"dense tensor {g.name!r} appears twice in one push")
+            seen_dense.add(g.name)
+            d = st.dense(g.name)
+            if st.layout.dense_servers(g.name)[0] != st.index:
+                raise errors.FailedPrecondition(f"server {st.index} is not the primary of {g.name!r}")
+            if len(g.value) != 4 * d.spec.numel:
+                raise errors.InvalidRequest(
+                    f"dense tensor {g.name!r}: expected {4 * d.spec.numel} gradient bytes, got {len(g.value)}")
+            grad = transport.bytes_to_floats(g.value)
+            if not np.isfinite(grad).all():
+                raise errors.InvalidRequest(f"dense tensor {g.name!r}: gradient has NaN or Inf")
+            dense_plans.append((d, grad))
+        return table_plans, dense_plans
+
+    @transport.service_method
+    def Push(self, request, context):
+        st = self.state
+        st.require_index()
+        if not request.tables and not request.dense:
+            raise errors.InvalidRequest("empty push: no table rows and no dense gradients")
+        if not request.push_id.worker:
+            raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
+        table_plans, dense_plans = self._validate_push(request)
+        strategy = st.strategy
+        for d, _ in dense_plans:  # rebuilt before anything reads them, the reply of a retry included
+            strategy.ensure_dense(d)
+        key = (request.push_id.worker, request.push_id.sequence)
+        known, completion = st.applied.get(key)
+        if known:  # a retry: answer once the first attempt is acknowledged everywhere
+            if completion is not None:
+                completion.result(timeout=st.config.rpc_timeout_s)
+            return self._push_reply(request, already_applied=True, rows=0)
+        strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
+        st.faults.hit("before_local_commit")
+        # apply, one push at a time; the strategy sees the old and new bytes of everything it changed
+        keep_old = strategy.needs_old_payload
+        rows_updated = 0
+        with st.apply_lock:
+            known, completion = st.applied.get(key)  # a concurrent retry may have won
+            if not known:
+                push = AppliedPush(key, st.sequencer.next(st.epoch))
+                for shard, ids, slots, grads in table_plans:
+                    old, new = shard.apply_gradients(slots, grads, push.seq, keep_old)
+                    push.tables.append(TableUpdate(shard, ids, slots, old, new))
+                    rows_updated += len(slots)
+                for d, grad in dense_plans:
+                    old, new = d.apply_gradient(grad, push.seq, keep_old)
+                    push.dense.append(DenseUpdate(d, old, new))
+                completion = strategy.on_push(push)
+                st.applied.add(key, completion)
+        # acknowledged only when the strategy's work (parity acks...) is done
+        if completion is not None:
+            completion.result(timeout=st.config.rpc_timeout_s)
+        st.faults.hit("after_parity_before_ack")
+        return self._push_reply(request, already_applied=known, rows=rows_updated)
+
+    def _push_reply(self, request, already_applied: bool, rows: int):
+        reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows)
+        if request.return_dense:
+            for g in request.dense:
+                reply.dense.add(name=g.name, value=self.state.dense(g.name).weights_bytes())
+        return reply
+
+    @transport.service_method
+    def ReadPayload(self, request, context):
+        st = self.state
+        st.require_index()
+        reply = embedding_pb2.ReadPayloadReply()
+        if request.table:
+            shard = st.table(request.table)
+            if request.all_rows:
+                order = np.argsort(shard.owned_ids, kind="stable")
+                ids, slots = shard.owned_ids[order], shard.owned_slots[order]
+            else:
+                ids = transport.bytes_to_ids(request.ids)
+                slots = shard.slots_for(ids)
+            st.strategy.ensure_rows([(shard, slots)])
+            reply.ids = transport.ids_to_bytes(ids)
+            reply.payload = shard.read_payload(slots).tobytes()
+            reply.row_bytes = shard.spec.row_bytes
+        for name in request.dense:
+            d = st.dense(name)
+            st.strategy.ensure_dense(d)
+            reply.dense.add(name=name, value=d.read()[0].tobytes())
+        return reply
+
+    @transport.service_method
+    def StrategyCall(self, request, context):
+        st = self.state
+        if st.strategy is None:
+            raise errors.FailedPrecondition("no cluster map yet")
+        try:
+            args = json.loads(request.args_json) if request.args_json else {}
+        except json.JSONDecodeError as exc:
+            raise errors.InvalidRequest(f"args_json is not JSON: {exc}") from None
+        if not isinstance(args, dict):
+            raise errors.InvalidRequest("args_json must be a JSON object")
+        result = st.strategy.call(request.command, args)
+        return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
+
+    @transport.service_method
+    def Echo(self, request, context):
+        if request.reply_bytes > 0:
+            if request.reply_bytes > self.state.config.max_message_bytes:
+                raise errors.InvalidRequest(f"reply_bytes {request.reply_bytes} exceeds the message limit")
+            return embedding_pb2.EchoMessage(data=bytes(request.reply_bytes))
+        return request
+
+    # --- control plane ---------------------------------------------------------------------------------------
+    @transport.service_method
+    def CreateTable(self, request, context):
+        try:
+            spec = TableSpec.from_proto(request).validate()
+        except ValueError as exc:
+            raise errors.InvalidRequest(str(exc)) from None
+        self.state.create_table(spec)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @transport.service_method
+    def CreateDense(self, request, context):
+        spec, initial = parse_dense_spec(request.spec, request.initial_value)
+        self.state.create_dense(spec, initial)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @transport.service_method
+    def UpdateClusterMap(self, request, context):
+        self.state.adopt_map(request)
+        return embedding_pb2.Ack(epoch=self.state.epoch)
+
+    @transport.service_method
+    def Promote(self, request, context):
+        recovering = self.state.promote(request.index, request.map, request.dense)
+        return embedding_pb2.Ack(epoch=self.state.epoch, recovering=recovering)
+
+
 class EmbeddingServer:
     """Runs one embedding server: gRPC service, health, registration, strategy timer."""
 
     def __init__(self, config: ServerConfig):
         self.config = config
-        self.state = ServerState(config, server_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         self._grpc = transport.make_server(config.max_workers, config.max_message_bytes)
+        services = transport.LateServices()
+        self._grpc.add_generic_rpc_handlers((services,))
+        self.state = ServerState(config, server_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                                 services=services)
         embedding_pb2_grpc.add_EmbeddingServerServicer_to_server(EmbeddingServicer(self.state), self._grpc)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
@@ -532,15 +474,15 @@ class EmbeddingServer:
         self._stop = threading.Event()
         self._timer_thread: threading.Thread | None = None
 
-    def start(self, register_timeout_s: float = 60.0) -> None:
+    def start(self) -> None:
         self._grpc.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._register(register_timeout_s)
+        self._register(self.config.register_timeout_s)
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
 
     def _register(self, timeout_s: float) -> None:
-        stub = self.state.coordinator
+        stub = self.state.coordinator.stub
         deadline = time.monotonic() + timeout_s
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
@@ -585,4 +527,3 @@ class EmbeddingServer:
             except Exception:  # noqa: BLE001
                 log.exception("strategy close failed")
         self._grpc.stop(grace_s).wait()
-

@@ -7,13 +7,19 @@ remote call in ECRec goes through a stub made here and carries a timeout.
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 from concurrent import futures
 
 import grpc
 import numpy as np
 
+from ecrec import errors
+
 INT64 = np.dtype("<i8")
 FLOAT32 = np.dtype("<f4")
+
+log = logging.getLogger("ecrec.transport")
 
 
 def tune_allocator(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 20) -> bool:
@@ -55,6 +61,35 @@ def make_server(max_workers: int, max_message_bytes: int = 256 << 20) -> grpc.Se
     )
 
 
+class LateServices(grpc.GenericRpcHandler):
+    """Services registered after the gRPC server started (a strategy's, once the map names the strategy).
+
+    Added to the server before ``start()``; a generated ``add_XServicer_to_server(servicer, late)``
+    then registers into it as if it were the server.  Methods not registered answer UNIMPLEMENTED.
+    """
+
+    def __init__(self):
+        self._methods: dict[str, grpc.RpcMethodHandler] = {}
+        self._generic: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service_name: str, handlers: dict) -> None:
+        for method, handler in handlers.items():
+            self._methods[f"/{service_name}/{method}"] = handler
+
+    def service(self, handler_call_details):
+        handler = self._methods.get(handler_call_details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(handler_call_details)
+            if handler is not None:
+                return handler
+        return None
+
+
 def bind(server: grpc.Server, host: str, port: int) -> int:
     """Binds ``host:port`` (port 0: any free port); returns the port or raises naming the address."""
     try:
@@ -76,33 +111,51 @@ def floats_to_bytes(values: np.ndarray) -> bytes:
 
 def bytes_to_ids(data: bytes) -> np.ndarray:
     if len(data) % 8:
-        raise ValueError(f"ids must be little-endian int64 bytes: length {len(data)} is not a multiple of 8")
+        raise errors.InvalidRequest(f"ids must be little-endian int64 bytes: length {len(data)} is not a multiple of 8")
     return np.frombuffer(data, dtype=INT64).astype(np.int64, copy=False)
 
 
 def bytes_to_floats(data: bytes, shape: tuple[int, ...] | None = None) -> np.ndarray:
     if len(data) % 4:
-        raise ValueError(f"values must be little-endian float32 bytes: length {len(data)} is not a multiple of 4")
+        raise errors.InvalidRequest(f"values must be little-endian float32 bytes: length {len(data)} is not a multiple of 4")
     arr = np.frombuffer(data, dtype=FLOAT32).astype(np.float32, copy=False)
     if shape is not None:
         expected = int(np.prod(shape))
         if arr.size != expected:
-            raise ValueError(f"expected {expected} float32 values ({4 * expected} bytes) for shape {tuple(shape)}, got {arr.size}")
+            raise errors.InvalidRequest(f"expected {expected} float32 values ({4 * expected} bytes) for shape {tuple(shape)}, got {arr.size}")
         arr = arr.reshape(shape)
     return arr
 
 
-class RequestError(Exception):
-    """A request is invalid; carries the gRPC status code that answers it."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+def grpc_status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status that answers a domain error (:mod:`ecrec.errors`), or None for anything else."""
+    if isinstance(exc, errors.EcrecError):
+        return getattr(grpc.StatusCode, exc.status), exc.message
+    return None
 
 
-def invalid(message: str) -> RequestError:
-    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+def service_method(fn):
+    """Wraps a servicer method: domain errors become their gRPC status with the message, a plain
+    ``ValueError`` becomes INVALID_ARGUMENT, anything else is logged and answered INTERNAL.
+
+    The wrapped method raises instead of calling ``context.abort`` itself."""
+
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except grpc.RpcError:
+            raise
+        except errors.EcrecError as exc:
+            code, message = grpc_status_of(exc)
+            context.abort(code, message)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {type(exc).__name__}: {exc}")
+
+    return wrapper
 
 
 def is_unavailable(exc: BaseException) -> bool:

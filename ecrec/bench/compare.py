@@ -34,7 +34,21 @@ from pathlib import Path
 
 import numpy as np
 
-STRATEGIES = ("none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec")
+
+
+def strategy_names() -> list[str]:
+    """Every installed strategy, in report order (from the specs: nothing here lists them)."""
+    from ecrec.strategies import ordered
+
+    return ordered()
+
+
+def _kind(strategy: str) -> str:
+    """The kind of a strategy (``none``, ``erasure``, ``checkpoint``); a report label such as
+    ``none (no failure)`` names its strategy first."""
+    from ecrec.strategies import get_spec
+
+    return get_spec(strategy.split(" ", 1)[0]).kind
 PRESETS = {
     # a few minutes on 2 cores for every strategy
     "quick": dict(servers=4, k=2, m=1, steps=1000, fail_at=700, fail_server=1, batch_size=256, tables=8,
@@ -49,7 +63,8 @@ PRESETS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="workload size (default quick)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default {','.join(STRATEGIES)})")
+    p.add_argument("--strategies", default=None,
+                   help=f"comma-separated (default: every installed one, {','.join(strategy_names())})")
     p.add_argument("--servers", type=int, help="embedding servers")
     p.add_argument("--k", type=int, help="data rows per stripe (ecrec)")
     p.add_argument("--m", type=int, help="parity rows per stripe (ecrec)")
@@ -118,22 +133,23 @@ class StrategyRun:
         self.strategy, self.label, self.args, self.cfg, self.fail_at = strategy, label, args, cfg, fail_at
         options = {}
         k = m = 0
-        if strategy == "ecrec":
+        if _kind(strategy) == "erasure":
             k, m = cfg["k"], cfg["m"]
-        if strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
+        if _kind(strategy) == "checkpoint":
+            from baselines.options import VARIANTS
+
+            variant, full_only = VARIANTS[strategy]
             ckpt = work / f"ckpt-{label}"
             shutil.rmtree(ckpt, ignore_errors=True)
             options["dir"] = str(ckpt)
             if args.mtbf_hours and not args.checkpoint_interval_steps:
                 options["mtbf_s"] = str(args.mtbf_hours * 3600)
-            elif strategy == "full":  # consistent cuts: the driver saves every N steps
+            elif full_only:  # consistent cuts: the driver saves every N steps
                 options["interval_steps"] = str(cfg["checkpoint_interval_steps"])
             else:  # partial recovery: each server saves on its own timer
                 options["interval_s"] = str(cfg["cpr_interval_s"])
-            if strategy == "cpr-mfu":
-                options["mfu_interval_s"] = str(cfg["partial_interval_s"])
-            if strategy == "cpr-ssu":
-                options["ssu_interval_s"] = str(cfg["partial_interval_s"])
+            if variant is not None:
+                options[f"{variant}_interval_s"] = str(cfg["partial_interval_s"])
         self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m,
                                                    options=options))
         self.records_dir = work / f"records-{label}"
@@ -336,7 +352,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
         promoted = [e["wall_time"] for e in events if e["kind"] == "promoted" and e["wall_time"] >= kill_t]
         redundant = [e["wall_time"] for e in events if e["kind"] == "redundant" and e["wall_time"] >= kill_t]
         out["promotion_s"] = promoted[0] - kill_t if promoted else None
-        out["fully_redundant_s"] = (redundant[0] - kill_t) if redundant and strategy != "none" else None
+        out["fully_redundant_s"] = (redundant[0] - kill_t) if redundant and _kind(strategy) != "none" else None
         # back to full speed: progress past the failure step, and the next steps at pre-failure speed
         steps = np.array([r["step"] for r in records])
         # after a rollback (full recovery) progress counts only from the rewound position on
@@ -369,7 +385,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
         out["pls"] = driver["pls"]
         out["updates_rolled_back"] = driver["updates_rolled_back"]
         out["steps_redone"] = driver["steps_redone"]
-    elif strategy == "none" and kill_t is not None:
+    elif _kind(strategy) == "none" and kill_t is not None:
         index = str(cfg["fail_server"])
         lost = sum(int(r["rows_by_server"].get(index, r["rows_by_server"].get(int(index), 0)))
                    for r in records if r["end"] <= kill_t)
@@ -382,7 +398,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     if state is not None and ref_state is not None:
         out["state_matches_failure_free"] = state.keys() == ref_state.keys() and all(
             np.array_equal(state[k], ref_state[k]) for k in ref_state)
-        if strategy == "ecrec" and out["state_matches_failure_free"] and out["lost_updates"] is None:
+        if _kind(strategy) == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
             out["lost_updates"], out["pls"] = 0, 0.0
     else:
         out["state_matches_failure_free"] = None
@@ -492,15 +508,16 @@ def run(args) -> int:
         value = getattr(args, key)
         if value is not None:
             cfg[key] = value
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    known = strategy_names()
+    strategies = [s.strip() for s in (args.strategies or ",".join(known)).split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in known]
     if unknown:
-        print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}", file=sys.stderr)
+        print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
     if not 0 <= cfg["fail_server"] < cfg["servers"]:
         print(f"ecrec-bench compare: --fail-server must be in [0, {cfg['servers']})", file=sys.stderr)
         return 2
-    if "ecrec" in strategies and cfg["k"] + cfg["m"] > cfg["servers"]:
+    if any(_kind(s) == "erasure" for s in strategies) and cfg["k"] + cfg["m"] > cfg["servers"]:
         print(f"ecrec-bench compare: k + m = {cfg['k'] + cfg['m']} exceeds --servers {cfg['servers']}", file=sys.stderr)
         return 2
     fail_at = cfg["fail_at"] if cfg["fail_at"] is not None and cfg["fail_at"] >= 0 else None
@@ -513,7 +530,7 @@ def run(args) -> int:
     if args.rounds < 1:
         print("ecrec-bench compare: --rounds must be >= 1", file=sys.stderr)
         return 2
-    checkpointing = [s for s in strategies if s in ("full", "cpr", "cpr-mfu", "cpr-ssu")]
+    checkpointing = [s for s in strategies if _kind(s) == "checkpoint"]
     if args.workers > 1 and checkpointing:
         print(f"ecrec-bench compare: {', '.join(checkpointing)} need one checkpoint driver that sees every worker's "
               "pushes (consistent cuts, rollback of every worker's data position, exact lost-update counts), which "

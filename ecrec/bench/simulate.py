@@ -49,7 +49,17 @@ from dataclasses import asdict, dataclass
 
 from baselines import overhead
 
-STRATEGIES = ("full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec", "none")
+#: the strategies this model has a formula for (every one shipped; see ``simulate``), in report order
+MODELLED = frozenset({"none", "full", "cpr", "cpr-mfu", "cpr-ssu", "ecrec"})
+
+
+def _modelled_strategies() -> tuple[str, ...]:
+    from ecrec.strategies import ordered
+
+    return tuple(name for name in ordered() if name in MODELLED)
+
+
+STRATEGIES = _modelled_strategies()
 SOURCES = ("measured", "modelled", "default", "given")
 GB = 1e9
 MB = 1e6

@@ -66,7 +66,9 @@ class Trainer:
         self.model = build_cluster_dlrm(self.cluster, spec, optimizer=cfg.optimizer, lr=cfg.lr, seed=cfg.seed,
                                         eps=1e-8, initial_accumulator_value=0.1)
         self.driver = None
-        if cfg.strategy in ("full", "cpr", "cpr-mfu", "cpr-ssu"):
+        from ecrec.strategies import get_spec
+
+        if get_spec(cfg.strategy).checkpoints:
             from baselines.driver import CheckpointDriver
 
             self.driver = CheckpointDriver(self.cluster, interval_steps=cfg.checkpoint_interval_steps,

@@ -28,11 +28,8 @@ import numpy as np
 GF_POLY = 0x11D
 
 
-def gf_mul(a: int, b: int) -> int:
-    """Product of two bytes in GF(2^8) modulo 0x11d (slow, scalar; for tables and tests)."""
-    a, b = int(a), int(b)
-    if not (0 <= a < 256 and 0 <= b < 256):
-        raise ValueError(f"gf_mul operands must be bytes in [0, 255], got {a} and {b}")
+def _gf_mul_scalar(a: int, b: int) -> int:
+    """Shift-and-xor product (builds the table below)."""
     product = 0
     while b:
         if b & 1:
@@ -44,6 +41,24 @@ def gf_mul(a: int, b: int) -> int:
     return product
 
 
+def gf_mul(a: Any, b: Any) -> Any:
+    """Product in GF(2^8) modulo 0x11d; two ints give an int, arrays a uint8 array (broadcast).
+
+    Raises ValueError for an operand outside [0, 255] and TypeError for non-integer arrays."""
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        a, b = int(a), int(b)
+        if not (0 <= a < 256 and 0 <= b < 256):
+            raise ValueError(f"gf_mul operands must be bytes in [0, 255], got {a} and {b}")
+        return _gf_mul_scalar(a, b)
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    for label, arr in (("a", a_arr), ("b", b_arr)):
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"gf_mul operand {label} must hold integers, got dtype {arr.dtype}")
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 255):
+            raise ValueError(f"gf_mul operand {label} holds values outside [0, 255]")
+    return gf_mul_table()[a_arr.astype(np.intp), b_arr.astype(np.intp)]
+
+
 @functools.lru_cache(maxsize=1)
 def gf_mul_table() -> np.ndarray:
     """The full 256 x 256 multiplication table (read-only uint8, ``table[c][x] = c*x``)."""
@@ -53,7 +68,7 @@ def gf_mul_table() -> np.ndarray:
     for i in range(255):  # 2 generates the multiplicative group of GF(2^8)/0x11d
         exp[i] = x
         log[x] = i
-        x = gf_mul(x, 2)
+        x = _gf_mul_scalar(x, 2)
     exp[255:510] = exp[0:255]
     a = np.arange(256)
     table = exp[log[a][:, None] + log[a][None, :]].astype(np.uint8)

@@ -1,6 +1,7 @@
-"""Fault-tolerance strategies: the interface (``base``), the registry by name, and ``none``."""
+"""Fault-tolerance strategies: the interface (``base``), light specs found by name (``spec``,
+``registry``), ``none``, and the erasure-coding strategy (``erasure``)."""
 
-from ecrec.strategies.base import Completion, FaultToleranceStrategy
-from ecrec.strategies.registry import available, get_strategy
+from ecrec.strategies.registry import available, get_spec, names_of_kind, ordered
+from ecrec.strategies.spec import StrategySpec
 
-__all__ = ["Completion", "FaultToleranceStrategy", "available", "get_strategy"]
+__all__ = ["StrategySpec", "available", "get_spec", "names_of_kind", "ordered"]

@@ -1,29 +1,44 @@
-"""The fault-tolerance strategy interface: how a strategy plugs into an embedding server.
+"""The fault-tolerance strategy interface: what a strategy sees of its server, and what it is told.
 
-The server calls its active strategy
+A strategy runs inside an embedding server.  It sees the server only through the narrow
+:class:`StrategyHost` protocol (its index, layout and map, its shards through their methods, the
+peers, the coordinator, a pause of pushes) and imports nothing from ``ecrec.server``.  The server
+calls the strategy
 
 - when a table or dense tensor is created (``on_table_created``, ``on_dense_created``);
-- on every applied update, with the old and new payload bytes of the touched rows
-  (``on_update``, ``on_dense_update``), under the table's lock; the strategy may return
-  a :class:`Completion` that the server waits on -- outside the lock -- before it
-  acknowledges the worker (parity acknowledgements sit on this path);
+- once per applied push with everything it changed (``on_push`` with an :class:`AppliedPush`:
+  the old and new payload bytes of every touched row and dense tensor), under the server's apply
+  lock, so the strategy sees pushes in one total order; the strategy may return a
+  :class:`Completion` that the server waits on -- outside the lock -- before acknowledging;
+- before rows or dense tensors are read or updated (``ensure_rows``, ``ensure_dense``): a
+  recovering server rebuilds them first;
 - periodically (``on_timer``, every ``timer_interval_s`` seconds when that is set);
 - when this server replaces a failed one (``on_recovery``), and at shutdown (``close``);
-- on a command from a client (``call``: the ``StrategyCall`` RPC, JSON in and out), e.g. the
-  checkpointing baselines' ``save`` and ``restore`` at a step boundary.
+- on a command from a client (``call``: the ``StrategyCall`` RPC, JSON in and out).
 
-Strategies are found by name through the ``ecrec.strategies`` entry-point group
-(``ecrec.strategies.registry``), so ``baselines/`` adds its own without touching the server.
+A strategy that needs its own RPCs returns gRPC servicers from ``services()``; the server
+registers them when the strategy starts (the erasure-coding strategy's ``ParityService``).
+
+Strategies are found by name through light specs (``ecrec.strategies.spec``), so the
+coordinator and the benchmarks never import these classes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ecrec.server import DenseShard, ServerState, TableShard
+    from ecrec.config import ServerConfig
+    from ecrec.faults import FaultInjector
+    from ecrec.layout import Layout
+    from ecrec.peers import CoordinatorClient, Peers
+    from ecrec.shards import DenseShard, TableShard
+    from ecrec.wire import cluster_pb2
 
 
 class Completion(Protocol):
@@ -32,34 +47,98 @@ class Completion(Protocol):
     def result(self, timeout: float | None = None) -> object: ...
 
 
+@dataclass
+class TableUpdate:
+    """The rows of one table a push changed: ``old``/``new`` are ``(len(slots), row_bytes)`` uint8 payloads
+    (``old`` is None unless the strategy asked for it with ``needs_old_payload``)."""
+
+    shard: "TableShard"
+    ids: np.ndarray
+    slots: np.ndarray
+    old: np.ndarray | None
+    new: np.ndarray
+
+
+@dataclass
+class DenseUpdate:
+    """A dense tensor a push changed (this server is its primary); payload bytes as for rows."""
+
+    dense: "DenseShard"
+    old: np.ndarray | None
+    new: np.ndarray
+
+
+@dataclass
+class AppliedPush:
+    """One push as applied on this server: its id, the sequence it got here (also the version now
+    stamped on every row it changed) and what it changed."""
+
+    push_id: tuple[str, int]
+    seq: int
+    tables: list[TableUpdate] = field(default_factory=list)
+    dense: list[DenseUpdate] = field(default_factory=list)
+
+
+class StrategyHost(Protocol):
+    """What a strategy may use of its embedding server."""
+
+    config: "ServerConfig"
+    faults: "FaultInjector"
+    peers: "Peers"
+    coordinator: "CoordinatorClient"
+
+    @property
+    def index(self) -> int: ...  # -1 while a standby
+
+    @property
+    def server_id(self) -> str: ...  # this process's incarnation
+
+    @property
+    def layout(self) -> "Layout | None": ...
+
+    @property
+    def cluster_map(self) -> "cluster_pb2.ClusterMap | None": ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def promoting(self) -> bool: ...  # tables being created by a promotion (their rows get rebuilt)
+
+    def require_index(self) -> None: ...  # raises FailedPrecondition on a standby
+
+    def tables(self) -> "list[TableShard]": ...  # every table shard, by name
+
+    def table(self, name: str) -> "TableShard": ...  # raises NotFound
+
+    def dense_tensors(self) -> "list[DenseShard]": ...
+
+    def dense(self, name: str) -> "DenseShard": ...  # raises NotFound
+
+    def pushes_paused(self) -> contextlib.AbstractContextManager: ...  # no push applies inside
+
+    def mark_applied(self, push_id: tuple[str, int]) -> None: ...  # a retry of it is "already applied"
+
+
 class FaultToleranceStrategy:
-    """Base class; the default of every hook does nothing."""
+    """Base class; the default of every hook does nothing.  ``options`` is the strategy's typed options
+    (the dataclass of its spec)."""
 
     name: ClassVar[str] = "?"
-    #: whether the old payload bytes of updated rows must be captured for ``on_update``
+    #: whether the old payload bytes of updated rows must be captured for ``on_push``
     needs_old_payload: ClassVar[bool] = False
     #: whether a promoted replacement rebuilds every row itself (then its tables skip initial values)
     rebuilds_rows: ClassVar[bool] = False
     #: seconds between ``on_timer`` calls (None: never)
     timer_interval_s: float | None = None
 
-    # --- cluster-level (coordinator side: no instance) ---------------------------------------------
-    @classmethod
-    def layout_params(cls, num_servers: int, k: int, m: int, options: dict) -> tuple[int, int, dict]:
-        """Validates the user's ``k``, ``m`` and options; returns the layout's ``(k, m)`` and options.
+    def __init__(self, host: StrategyHost, options: Any):
+        self.host = host
+        self.options = options
 
-        Strategies without parity spread rows round-robin: ``k = num_servers``, ``m = 0``.
-        """
-        if m:
-            raise ValueError(f"strategy {cls.name!r} keeps no parity: do not pass --m")
-        if options:
-            raise ValueError(f"strategy {cls.name!r} takes no options, got {sorted(options)}")
-        return num_servers, 0, {}
-
-    # --- server side -----------------------------------------------------------------------------
-    def __init__(self, server: "ServerState", options: dict):
-        self.server = server
-        self.options = dict(options)
+    def services(self) -> list[tuple[Callable, object]]:
+        """``(add_XServicer_to_server, servicer)`` pairs the server registers for this strategy."""
+        return []
 
     def on_table_created(self, shard: "TableShard") -> None:
         pass
@@ -67,20 +146,8 @@ class FaultToleranceStrategy:
     def on_dense_created(self, dense: "DenseShard") -> None:
         pass
 
-    def begin_push(self, push_id: tuple[str, int]) -> None:
-        """A push starts applying (pushes apply one at a time on a server, in this order)."""
-
-    def on_update(
-        self, shard: "TableShard", ids: np.ndarray, slots: np.ndarray, old: np.ndarray | None, new: np.ndarray
-    ) -> Completion | None:
-        """``old``/``new``: ``(len(slots), row_bytes)`` uint8 payloads (``old`` None unless needed)."""
-        return None
-
-    def on_dense_update(self, dense: "DenseShard", old: np.ndarray | None, new: np.ndarray) -> Completion | None:
-        return None
-
-    def end_push(self) -> Completion | None:
-        """Every update of the push was applied locally; what to wait for before acknowledging it."""
+    def on_push(self, push: AppliedPush) -> Completion | None:
+        """A push was applied locally; what to wait for before acknowledging it."""
         return None
 
     def ensure_rows(self, items: "list[tuple[TableShard, np.ndarray]]") -> None:
@@ -90,15 +157,12 @@ class FaultToleranceStrategy:
     def ensure_dense(self, dense: "DenseShard") -> None:
         """Called before a dense tensor is read or updated."""
 
-    def handle_rpc(self, method: str, request, context):
-        """Strategy-specific RPCs (``ApplyParity``, ``ResolveSource``, ``ReadRows``)."""
-        raise NotImplementedError(f"strategy {self.name!r} does not serve {method}")
-
     def on_timer(self) -> None:
         pass
 
     def on_recovery(self, failed_index: int) -> bool:
-        """This server was just promoted to hold ``failed_index``; tables exist with initial values.
+        """This server was just promoted to hold ``failed_index``; tables exist (with initial values
+        unless ``rebuilds_rows``).
 
         Returns True when it keeps rebuilding in the background (it reports full redundancy
         to the coordinator when done), False when the server is complete on return.

@@ -1,28 +1,50 @@
-"""Finds fault-tolerance strategies by name through the ``ecrec.strategies`` entry points.
+"""Finds strategies by name: the ``ecrec.strategies`` entry points, each a light :class:`StrategySpec`.
 
-``pyproject.toml`` registers ``none`` (and the baselines register theirs); a
-third-party package can add a strategy by declaring an entry point in the same group.
+``pyproject.toml`` registers ``none`` and ``ecrec`` (and the baselines register theirs); a
+third-party package adds a strategy by declaring an entry point in the same group that names its
+spec.  Nothing here imports a server-side strategy class.
 """
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import entry_points
 
-from ecrec.strategies.base import FaultToleranceStrategy
+from ecrec.strategies.spec import StrategySpec
 
 GROUP = "ecrec.strategies"
 
 
 def available() -> list[str]:
+    """Names of the installed strategies, sorted."""
     return sorted(ep.name for ep in entry_points(group=GROUP))
 
 
-def get_strategy(name: str) -> type[FaultToleranceStrategy]:
+@functools.lru_cache(maxsize=None)
+def get_spec(name: str) -> StrategySpec:
+    """The spec registered under ``name``; ValueError naming the installed ones when there is none."""
     matches = [ep for ep in entry_points(group=GROUP) if ep.name == name]
     if not matches:
         names = ", ".join(available()) or "none registered: is the package installed (pip install -e .)?"
         raise ValueError(f"unknown fault-tolerance strategy {name!r}; available: {names}")
-    cls = matches[0].load()
-    if not (isinstance(cls, type) and issubclass(cls, FaultToleranceStrategy)):
-        raise TypeError(f"entry point {name!r} ({matches[0].value}) is not a FaultToleranceStrategy")
-    return cls
+    spec = matches[0].load()
+    if not isinstance(spec, StrategySpec):
+        raise TypeError(f"entry point {name!r} ({matches[0].value}) is not a StrategySpec")
+    if spec.name != name:
+        raise TypeError(f"entry point {name!r} ({matches[0].value}) describes strategy {spec.name!r}")
+    return spec
+
+
+def ordered() -> list[str]:
+    """Installed strategies in report order (each spec's ``rank``, then name)."""
+    return sorted(available(), key=lambda name: (get_spec(name).rank, name))
+
+
+def names_of_kind(kind: str) -> list[str]:
+    """Installed strategies of one kind (``none``, ``erasure``, ``checkpoint``), in report order."""
+    return [name for name in ordered() if get_spec(name).kind == kind]
+
+
+def get_strategy(name: str):
+    """The server-side class of strategy ``name`` (imports it: embedding servers only)."""
+    return get_spec(name).load_class()

@@ -75,21 +75,6 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
                 _registered_method=True)
-        self.ApplyParity = channel.unary_unary(
-                '/ecrec.wire.EmbeddingServer/ApplyParity',
-                request_serializer=ecrec_dot_wire_dot_embedding__pb2.ParityBatches.SerializeToString,
-                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.ParityAck.FromString,
-                _registered_method=True)
-        self.ResolveSource = channel.unary_unary(
-                '/ecrec.wire.EmbeddingServer/ResolveSource',
-                request_serializer=ecrec_dot_wire_dot_embedding__pb2.ResolveSourceRequest.SerializeToString,
-                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.ResolveSourceReply.FromString,
-                _registered_method=True)
-        self.ReadRows = channel.unary_unary(
-                '/ecrec.wire.EmbeddingServer/ReadRows',
-                request_serializer=ecrec_dot_wire_dot_embedding__pb2.ReadRowsRequest.SerializeToString,
-                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReadRowsReply.FromString,
-                _registered_method=True)
         self.Echo = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/Echo',
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.EchoMessage.SerializeToString,
@@ -153,28 +138,7 @@ class EmbeddingServerServicer:
     def StrategyCall(self, request, context):
         """A command of the active strategy (e.g. "save", "restore", "stats" for the
         checkpointing baselines); arguments and result are JSON objects.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ApplyParity(self, request, context):
-        """--- redundancy (erasure-coding strategy); owner -> parity servers ---
-        Deltas of one or more pushes of one owner, in sequence order.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ResolveSource(self, request, context):
-        """Recovery of a failed owner: list its logged batches, then undo the ones to drop.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReadRows(self, request, context):
-        """Rows with their versions, for rebuilding a failed server's rows.
+        (The erasure-coding strategy adds its own service, ParityService in parity.proto.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,21 +193,6 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.StrategyCall,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.SerializeToString,
-            ),
-            'ApplyParity': grpc.unary_unary_rpc_method_handler(
-                    servicer.ApplyParity,
-                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.ParityBatches.FromString,
-                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.ParityAck.SerializeToString,
-            ),
-            'ResolveSource': grpc.unary_unary_rpc_method_handler(
-                    servicer.ResolveSource,
-                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.ResolveSourceRequest.FromString,
-                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.ResolveSourceReply.SerializeToString,
-            ),
-            'ReadRows': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReadRows,
-                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReadRowsRequest.FromString,
-                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.ReadRowsReply.SerializeToString,
             ),
             'Echo': grpc.unary_unary_rpc_method_handler(
                     servicer.Echo,
@@ -467,87 +416,6 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/StrategyCall',
             ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ApplyParity(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ecrec.wire.EmbeddingServer/ApplyParity',
-            ecrec_dot_wire_dot_embedding__pb2.ParityBatches.SerializeToString,
-            ecrec_dot_wire_dot_embedding__pb2.ParityAck.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ResolveSource(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ecrec.wire.EmbeddingServer/ResolveSource',
-            ecrec_dot_wire_dot_embedding__pb2.ResolveSourceRequest.SerializeToString,
-            ecrec_dot_wire_dot_embedding__pb2.ResolveSourceReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReadRows(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ecrec.wire.EmbeddingServer/ReadRows',
-            ecrec_dot_wire_dot_embedding__pb2.ReadRowsRequest.SerializeToString,
-            ecrec_dot_wire_dot_embedding__pb2.ReadRowsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""Parity rows held by one server, with per-row version vectors, and the log of unconfirmed batches.
+"""Parity rows held by one server for one table, with per-row version vectors.
 
 A :class:`ParityStore` holds this server's parity rows of one table (``ecrec.layout``
 says which stripes and which parity index) and, for every parity row, the version
@@ -6,19 +6,13 @@ says which stripes and which parity index) and, for every parity row, the versio
 Applying a delta is skipped when its sequence is not newer than the recorded
 version, which makes a batch idempotent and lets a rebuilt row ignore deltas
 already contained in the snapshot it was encoded from.  While a row is being
-rebuilt (``built`` false) its incoming deltas wait in ``pending``.
-
-A :class:`SourceLog` keeps, per owner index, the batches this server applied
-that the owner has not yet confirmed as acknowledged everywhere, with what is
-needed to undo them (XOR the same delta again, restore the previous version).
-Recovery of a failed owner reads these logs (``DESIGN.md``, "The update path").
+rebuilt (``built`` false) its incoming deltas wait in ``pending``.  With the GPU kernel the
+parity rows live in device memory; versions and pending deltas stay on the host.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +24,8 @@ ENCODE_CHUNK_STRIPES = 16384
 
 
 class ParityStore:
+    """This server's parity rows of one table (see the module docstring)."""
+
     def __init__(self, spec: TableSpec, layout: Layout, index: int, codec: Codec):
         self.spec = spec
         self.layout = layout
@@ -56,15 +52,11 @@ class ParityStore:
         self.slot_to_parity_index[self.slots] = self.parity_index
 
     # --- initial parity ----------------------------------------------------------------------------
-    def stripe_data_ids(self, stripes: np.ndarray) -> np.ndarray:
-        """``(len(stripes), k)`` row ids of the stripes' data positions (ids >= num_rows are virtual zeros)."""
-        return stripes[:, None] * self.layout.k + np.arange(self.layout.k)[None, :]
-
     def encode_initial(self) -> None:
         """Parity of the tables' initial rows (computable locally: initial rows are a pure function)."""
         for start in range(0, len(self.slots), ENCODE_CHUNK_STRIPES):
             stripes = self.stripes[start:start + ENCODE_CHUNK_STRIPES]
-            ids = self.stripe_data_ids(stripes)
+            ids = self.layout.stripe_row_ids(stripes)
             valid = ids < self.spec.num_rows
             data = np.zeros((len(stripes), self.layout.k, self.spec.row_bytes), dtype=np.uint8)
             data[valid] = initial_payload(self.spec, ids[valid]).view(np.uint8)
@@ -148,60 +140,3 @@ class ParityStore:
     def unbuilt_slots(self) -> np.ndarray:
         with self.lock:
             return self.slots[~self.built[self.slots]]
-
-
-@dataclass
-class TableEntry:
-    table: str
-    slots: np.ndarray
-    positions: np.ndarray
-    pidx: np.ndarray
-    deltas: np.ndarray
-    fresh: np.ndarray
-    prev: np.ndarray
-    pended: np.ndarray
-
-
-@dataclass
-class DenseEntry:
-    name: str
-    delta: np.ndarray
-    applied: bool
-    prev_version: int
-
-
-@dataclass
-class LogEntry:
-    seq: int
-    push_id: tuple[str, int]
-    destinations: tuple[int, ...]
-    destination_ids: tuple[str, ...] = ()
-    tables: list[TableEntry] = field(default_factory=list)
-    dense: list[DenseEntry] = field(default_factory=list)
-
-
-class SourceLog:
-    """Unconfirmed batches received from one owner index, oldest first."""
-
-    def __init__(self, source: int, history: int = 100_000):
-        self.source = source
-        self.source_id = ""
-        self.entries: OrderedDict[int, LogEntry] = OrderedDict()
-        self.confirmed_upto = 0
-        self.applied_upto = 0
-        self.committed: deque[tuple[str, int]] = deque(maxlen=history)
-
-    def confirm(self, upto: int) -> None:
-        if upto <= self.confirmed_upto:
-            return
-        self.confirmed_upto = upto
-        while self.entries:
-            seq, entry = next(iter(self.entries.items()))
-            if seq > upto:
-                break
-            self.entries.popitem(last=False)
-            self.committed.append(entry.push_id)
-
-    def affected_slots(self, table: str) -> np.ndarray:
-        parts = [t.slots for e in self.entries.values() for t in e.tables if t.table == table]
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)

@@ -1,0 +1,224 @@
+"""Calling other processes of the cluster: one channel per address, a deadline on every call, failures
+reported to the coordinator, and the cluster map followed to a replacement.
+
+Everything that talks to an embedding server by *index* goes through :class:`Peers`: the client SDK
+(pulls, pushes, strategy commands), a server's parity sender and the rebuild engine's row reads.  A
+call that finds its server gone (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED) reports the address to
+the coordinator, whose reply is the new map; the call is then retried at the replacement the map
+names, until ``retry_deadline_s``.  Any other status is raised as :class:`PeerError` with the
+server's own message.  :class:`CoordinatorClient` is the one place that calls the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from ecrec import errors, transport
+from ecrec.cluster_map import live_address
+from ecrec.wire import (
+    cluster_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    embedding_pb2_grpc,
+    parity_pb2_grpc,
+)
+
+log = logging.getLogger("ecrec.peers")
+
+#: the services a peer serves, by the name callers use
+EMBEDDING = "embedding"
+PARITY = "parity"
+_STUBS = {EMBEDDING: embedding_pb2_grpc.EmbeddingServerStub, PARITY: parity_pb2_grpc.ParityServiceStub}
+
+
+class PeerError(errors.EcrecError):
+    """A peer answered a call with an error status (not "gone"): ``code`` is its gRPC status."""
+
+    def __init__(self, index: int, address: str, method: str, code: grpc.StatusCode, details: str):
+        super().__init__(f"server {index} ({address}) {method}: {code.name}: {details}")
+        self.index, self.address, self.method, self.code, self.details = index, address, method, code, details
+        self.status = code.name
+
+
+class PeerUnreachable(errors.Unavailable):
+    """A server index stayed unreachable (and unreplaced) until the retry deadline."""
+
+
+class CoordinatorClient:
+    """The coordinator's methods with a deadline each; maps it returns go to ``on_map``."""
+
+    def __init__(self, address: str, timeout_s: float, max_message_bytes: int = 256 << 20,
+                 on_map: Callable[[cluster_pb2.ClusterMap], None] | None = None):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, max_message_bytes))
+        self.on_map = on_map or (lambda m: None)
+
+    def get_map(self) -> cluster_pb2.ClusterMap:
+        m = self.stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=self.timeout_s)
+        self.on_map(m)
+        return m
+
+    def report_failure(self, address: str, detail: str) -> cluster_pb2.ClusterMap | None:
+        """Tells the coordinator ``address`` looks gone; adopts the map it answers (or, if the report
+        fails, the current map).  Returns the map, or None when the coordinator is unreachable too."""
+        try:
+            m = self.stub.ReportFailure(coordinator_pb2.ReportFailureRequest(address=address, detail=detail),
+                                        timeout=self.timeout_s)
+            self.on_map(m)
+            return m
+        except grpc.RpcError as exc:
+            log.warning("reporting %s to the coordinator failed: %s", address, exc.code().name)
+        try:
+            return self.get_map()
+        except grpc.RpcError as exc:
+            log.warning("coordinator %s unreachable: %s", self.address, exc.code().name)
+            return None
+
+    def report_redundant(self, index: int, server_id: str, rebuild_seconds: float) -> None:
+        m = self.stub.ReportRedundant(coordinator_pb2.ReportRedundantRequest(
+            index=index, server_id=server_id, rebuild_seconds=rebuild_seconds), timeout=self.timeout_s)
+        self.on_map(m)
+
+
+class Peers:
+    """Embedding servers by index (see the module docstring).
+
+    ``current_map`` returns the newest map this process knows; ``coordinator`` receives failure
+    reports (and its replies update that map through its ``on_map``).
+    """
+
+    def __init__(self, current_map: Callable[[], cluster_pb2.ClusterMap | None], coordinator: CoordinatorClient,
+                 timeout_s: float, retry_deadline_s: float, max_message_bytes: int = 256 << 20,
+                 retry_pause_s: float = 0.05):
+        self.current_map = current_map
+        self.coordinator = coordinator
+        self.timeout_s = timeout_s
+        self.retry_deadline_s = retry_deadline_s
+        self.max_message_bytes = max_message_bytes
+        self.retry_pause_s = retry_pause_s
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[str, str], object] = {}
+        self.retries = 0
+
+    # --- addressing ------------------------------------------------------------------------------------------
+    def address_of(self, index: int) -> str | None:
+        m = self.current_map()
+        return live_address(m, index) if m is not None else None
+
+    def stub(self, address: str, service: str = EMBEDDING):
+        """The (cached) stub of ``service`` at ``address``; one channel per address."""
+        key = (address, service)
+        with self._lock:
+            stub = self._stubs.get(key)
+            if stub is None:
+                channel = self._channels.get(address)
+                if channel is None:
+                    channel = self._channels[address] = transport.make_channel(address, self.max_message_bytes)
+                stub = self._stubs[key] = _STUBS[service](channel)
+            return stub
+
+    def report(self, address: str, detail: str) -> None:
+        self.coordinator.report_failure(address, detail)
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels, self._stubs = self._channels, {}, {}
+        for channel in channels.values():
+            channel.close()
+
+    # --- calls ---------------------------------------------------------------------------------------------------
+    def call(self, index: int, method: str, request, service: str = EMBEDDING, timeout_s: float | None = None,
+             retry_deadline_s: float | None = None, give_up: Callable[[], bool] | None = None):
+        """Calls ``method`` at the server holding ``index``; when it is gone, reports it, follows the map to
+        the replacement and retries the same request until the retry deadline (then PeerUnreachable).
+        ``give_up()`` returning True stops the retries early (PeerUnreachable)."""
+        deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        while True:
+            address = self.address_of(index)
+            if address is not None:
+                try:
+                    return getattr(self.stub(address, service), method)(request, timeout=timeout_s)
+                except grpc.RpcError as exc:
+                    if not transport.is_unavailable(exc):
+                        raise PeerError(index, address, method, exc.code(), exc.details()) from None
+                    log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method,
+                                exc.code().name)
+                    self.retries += 1
+                    self.report(address, f"{method}: {exc.code().name}")
+                    moved = self.address_of(index)
+                    if moved is not None and moved != address:
+                        continue  # the coordinator's reply already names the replacement: retry there now
+            if time.monotonic() > deadline or (give_up is not None and give_up()):
+                raise PeerUnreachable(f"server index {index} unreachable and not replaced within "
+                                      f"{self.retry_deadline_s:.0f} s (is a standby available?)")
+            time.sleep(self.retry_pause_s)
+            try:
+                self.coordinator.get_map()
+            except grpc.RpcError as exc:
+                log.warning("coordinator unreachable (%s); retrying", exc.code().name)
+
+    def call_once(self, index: int, method: str, request, service: str = EMBEDDING):
+        """One attempt at ``index``: the reply, or None when no live server holds it or it is gone (then
+        reported).  Other errors raise PeerError."""
+        return self.call_many([(index, method, request)], service)[0]
+
+    def call_many(self, calls: list[tuple[int, str, object]], service: str = EMBEDDING,
+                  tolerate_errors: bool = False) -> list:
+        """Sends every ``(index, method, request)`` at once (gRPC futures: one round trip for all) and
+        returns the replies in order; a reply is None when its server is not live or is gone (reported),
+        or, with ``tolerate_errors``, when it answered any error (logged)."""
+        pending = []
+        for index, method, request in calls:
+            address = self.address_of(index)
+            if address is None:
+                pending.append((index, None, method, None))
+                continue
+            fut = getattr(self.stub(address, service), method).future(request, timeout=self.timeout_s)
+            pending.append((index, address, method, fut))
+        replies = []
+        for index, address, method, fut in pending:
+            if fut is None:
+                replies.append(None)
+                continue
+            try:
+                replies.append(fut.result())
+            except grpc.RpcError as exc:
+                if not transport.is_unavailable(exc):
+                    error = PeerError(index, address, method, exc.code(), exc.details())
+                    if not tolerate_errors:
+                        raise error from None
+                    log.warning("%s", error)
+                else:
+                    self.report(address, f"{method}: {exc.code().name}")
+                replies.append(None)
+        return replies
+
+    def fan_out(self, method: str, requests: dict[int, object], service: str = EMBEDDING) -> dict[int, object]:
+        """One request per index in parallel (futures, no threads on the fast path); a call whose server is
+        gone falls back to :meth:`call`, which follows the map and retries the same request."""
+        futures = {}
+        for index, request in requests.items():
+            address = self.address_of(index)
+            if address is not None:
+                futures[index] = (address, getattr(self.stub(address, service), method).future(
+                    request, timeout=self.timeout_s))
+        replies = {}
+        for index, request in requests.items():
+            if index in futures:
+                address, fut = futures[index]
+                try:
+                    replies[index] = fut.result()
+                    continue
+                except grpc.RpcError as exc:
+                    if not transport.is_unavailable(exc):
+                        raise PeerError(index, address, method, exc.code(), exc.details()) from None
+            replies[index] = self.call(index, method, request, service)
+        return replies

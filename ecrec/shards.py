@@ -1,0 +1,231 @@
+"""A server's data: its shard of every table and its dense tensors, each guarded by its own lock.
+
+A :class:`TableShard` holds this server's rows of one table as a ``(slots, row_bytes)`` uint8
+payload (weights then optimizer state, float32), the *version* of every row (the push sequence
+that last changed it) and whether each row is *ready*.  Rows of a promoted replacement start not
+ready and become ready when the strategy installs their rebuilt bytes.  A :class:`DenseShard` is one
+dense tensor held here (its primary or a replica): one payload row, a version, and while it is
+rebuilt the replica deltas that arrived meanwhile.
+
+Everything a strategy or the server does to the data goes through the methods here; each takes the
+shard's lock for exactly the operation it names, so compound updates (a rebuilt row written and
+marked ready, a delta XORed and its version bumped) are atomic with respect to every reader.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ecrec import errors, optim
+from ecrec.layout import Layout
+from ecrec.tables import DenseSpec, TableSpec, initial_payload
+
+
+@dataclass
+class RowsRead:
+    """Rows read together with their versions and ready flags (copies)."""
+
+    payload: np.ndarray  # (n, row_bytes) uint8
+    versions: np.ndarray  # (n,) int64
+    ready: np.ndarray  # (n,) bool
+
+
+class TableShard:
+    """This server's rows of one table (see the module docstring)."""
+
+    def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True):
+        self.spec = spec
+        self.layout = layout
+        self.index = index
+        self._lock = threading.Lock()
+        self.owned_ids, self.owned_slots = layout.rows_of(index, spec.num_rows)
+        self.num_slots = layout.data_slots_per_server(spec.num_rows)
+        self._payload = np.zeros((self.num_slots, spec.row_bytes), dtype=np.uint8)
+        self._floats = self._payload.view(np.float32)  # (slots, row_floats)
+        if initial_values:  # a replacement whose strategy rebuilds every row skips this
+            self._floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
+        self._versions = np.zeros(self.num_slots, dtype=np.int64)
+        self._ready = np.ones(self.num_slots, dtype=bool)
+        self.row_updates = 0  # distinct rows updated, summed over pushes
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def nbytes(self) -> int:
+        return self._payload.nbytes
+
+    # --- addressing ------------------------------------------------------------------------------------------
+    def slots_for(self, ids: np.ndarray) -> np.ndarray:
+        """Validates that ``ids`` are in range and owned here; returns their slots."""
+        if ids.size == 0:
+            raise errors.InvalidRequest(f"table {self.spec.name!r}: no row ids")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.spec.num_rows:
+            bad = lo if lo < 0 else hi
+            raise errors.InvalidRequest(f"table {self.spec.name!r}: row id {bad} out of range [0, {self.spec.num_rows})")
+        servers, slots = self.layout.locate(ids)
+        wrong = servers != self.index
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise errors.FailedPrecondition(
+                f"table {self.spec.name!r}: row {int(ids[i])} is owned by server {int(servers[i])}, "
+                f"not by server {self.index}; refresh the cluster map"
+            )
+        return slots
+
+    # --- training --------------------------------------------------------------------------------------------
+    def apply_gradients(self, slots: np.ndarray, grads: np.ndarray, version: int,
+                        keep_old: bool) -> tuple[np.ndarray | None, np.ndarray]:
+        """Runs the table's optimizer on rows ``slots`` (unique) and stamps them with ``version``;
+        returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``)."""
+        spec = self.spec
+        with self._lock:
+            rows = self._floats[slots]  # a copy: fancy indexing
+            old = rows.view(np.uint8).copy() if keep_old else None
+            optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
+            self._floats[slots] = rows
+            self._versions[slots] = version
+            self.row_updates += len(slots)
+        return old, rows.view(np.uint8)
+
+    def weights(self, slots: np.ndarray) -> np.ndarray:
+        """The rows' weights (float32 ``(n, dim)``, a copy)."""
+        with self._lock:
+            return self._floats[slots, : self.spec.dim]
+
+    # --- reading and writing whole payloads ------------------------------------------------------------------
+    def read_payload(self, slots: np.ndarray) -> np.ndarray:
+        with self._lock:
+            return self._payload[slots]
+
+    def read(self, slots: np.ndarray) -> RowsRead:
+        """Payload, versions and ready flags of ``slots``, read atomically."""
+        with self._lock:
+            return RowsRead(self._payload[slots], self._versions[slots], self._ready[slots])
+
+    def write_payload(self, slots: np.ndarray, payload: np.ndarray) -> None:
+        with self._lock:
+            self._payload[slots] = payload
+
+    def reset_to_initial(self) -> None:
+        """Every owned row back to its initial value."""
+        with self._lock:
+            self._floats[self.owned_slots] = initial_payload(self.spec, self.owned_ids)
+
+    # --- rebuilding ------------------------------------------------------------------------------------------
+    def mark_unready(self) -> None:
+        """Every owned row is to be rebuilt (a promoted replacement)."""
+        with self._lock:
+            self._ready[:] = True
+            self._ready[self.owned_slots] = False
+
+    def unready(self, slots: np.ndarray) -> np.ndarray:
+        """Those of ``slots`` not ready yet."""
+        with self._lock:
+            return slots[~self._ready[slots]]
+
+    def unready_owned(self) -> np.ndarray:
+        with self._lock:
+            return self.owned_slots[~self._ready[self.owned_slots]]
+
+    def install(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> int:
+        """Writes rebuilt rows that are still not ready and marks them ready; returns how many."""
+        with self._lock:
+            fresh = ~self._ready[slots]
+            sl = slots[fresh]
+            self._payload[sl] = payload[fresh]
+            self._versions[sl] = versions[fresh]
+            self._ready[sl] = True
+            return int(fresh.sum())
+
+
+class DenseShard:
+    """One dense tensor held here: a single payload row ``[weights | optimizer state]`` (float32)."""
+
+    def __init__(self, spec: DenseSpec, initial_value: np.ndarray):
+        self.spec = spec
+        self._lock = threading.Lock()
+        self._floats = np.zeros((1, spec.numel * (1 + spec.state_width)), dtype=np.float32)
+        self._floats[0, : spec.numel] = initial_value.reshape(-1)
+        self._floats[0, spec.numel :] = np.float32(spec.initial_accumulator_value)
+        self._bytes = self._floats.view(np.uint8).reshape(-1)
+        self.version = 0
+        self.ready = True
+        self._pending: list[tuple[int, np.ndarray]] = []  # replica deltas that arrived while not ready
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes.nbytes
+
+    def apply_gradient(self, grad: np.ndarray, version: int, keep_old: bool) -> tuple[np.ndarray | None, np.ndarray]:
+        """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes."""
+        spec = self.spec
+        with self._lock:
+            old = self._bytes.copy() if keep_old else None
+            optim.apply(spec.optimizer, self._floats, grad[None, :], spec.numel, spec.lr, spec.eps)
+            self.version = version
+            return old, self._bytes.copy()
+
+    def weights_bytes(self) -> bytes:
+        with self._lock:
+            return self._floats[0, : self.spec.numel].tobytes()
+
+    def read(self) -> tuple[np.ndarray, int, bool]:
+        """``(payload bytes copy, version, ready)``."""
+        with self._lock:
+            return self._bytes.copy(), self.version, self.ready
+
+    def write(self, payload: np.ndarray, version: int | None = None) -> None:
+        with self._lock:
+            self._bytes[:] = payload
+            if version is not None:
+                self.version = version
+
+    # --- replication (deltas from the primary) -----------------------------------------------------------
+    def apply_delta(self, delta: np.ndarray, seq: int) -> tuple[bool, int]:
+        """XORs a replica delta newer than this copy (held back while not ready); returns
+        ``(applied, previous version)``."""
+        with self._lock:
+            prev = self.version
+            if self.ready and seq > self.version:
+                np.bitwise_xor(self._bytes, delta, out=self._bytes)
+                self.version = seq
+                return True, prev
+            if not self.ready:
+                self._pending.append((seq, delta.copy()))
+            return False, prev
+
+    def undo_delta(self, delta: np.ndarray, seq: int, applied: bool, prev_version: int) -> None:
+        """Cancels :meth:`apply_delta` (XOR again and restore the version, or drop the held-back delta)."""
+        with self._lock:
+            if applied:
+                np.bitwise_xor(self._bytes, delta, out=self._bytes)
+                self.version = prev_version
+            else:
+                self._pending[:] = [p for p in self._pending if p[0] != seq]
+
+    def mark_unready(self) -> None:
+        with self._lock:
+            self.ready = False
+            self._pending.clear()
+
+    def install(self, payload: np.ndarray, version: int) -> None:
+        """Installs a replica's payload and then the held-back deltas newer than it; marks ready."""
+        with self._lock:
+            self._bytes[:] = payload
+            self.version = version
+            for seq, delta in self._pending:
+                if seq > self.version:
+                    np.bitwise_xor(self._bytes, delta, out=self._bytes)
+                    self.version = seq
+            self._pending.clear()
+            self.ready = True

@@ -1,0 +1,61 @@
+"""The options of strategy ``ecrec`` and the check of its layout: typed, validated once, here.
+
+Light on purpose (no pyeclib, no server-side imports): the coordinator validates a cluster's
+options through the strategy's spec (``ecrec.strategies.builtin``) before any server starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ecrec.codec import SUPPORTED_BACKENDS, check_code
+from ecrec.config import option
+from ecrec.strategies.spec import options_to_strings, parse_options
+
+
+@dataclass(frozen=True)
+class ErasureOptions:
+    """``--option KEY=VALUE`` of strategy ``ecrec``."""
+
+    backend: str = option("isa_l_rs_vand", f"pyeclib code: one of {', '.join(SUPPORTED_BACKENDS)}")
+    rebuild_batch_rows: int = option(4096, "rows rebuilt per background batch")
+    rebuild_pause_s: float = option(0.002, "pause of the background rebuild between batches (s)")
+    rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]; below 1 "
+                                      "it throttles itself (on-demand rebuilds of the rows training touches "
+                                      "then last longer, which cost more here than they save)")
+    heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
+    rebuild_deadline_s: float = option(120.0, "a row that cannot be rebuilt for this long fails its request (s)")
+    partial_parity_wait_s: float = option(30.0, "fault injection after_partial_parity: wait for the first batch (s)")
+
+    def validate(self, strategy: str = "ecrec") -> "ErasureOptions":
+        if self.backend not in SUPPORTED_BACKENDS:
+            raise ValueError(f"strategy {strategy!r}: option backend={self.backend!r}: "
+                             f"choose one of {list(SUPPORTED_BACKENDS)}")
+        if self.rebuild_batch_rows < 1:
+            raise ValueError(f"strategy {strategy!r}: rebuild_batch_rows must be >= 1")
+        for key in ("rebuild_pause_s", "heartbeat_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"strategy {strategy!r}: {key} must be >= 0")
+        for key in ("rebuild_deadline_s", "partial_parity_wait_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"strategy {strategy!r}: {key} must be > 0")
+        if not 0 < self.rebuild_duty <= 1:
+            raise ValueError(f"strategy {strategy!r}: rebuild_duty must be in (0, 1]")
+        return self
+
+
+def parse(options: Mapping[str, str]) -> ErasureOptions:
+    return parse_options("ecrec", ErasureOptions, options)
+
+
+def layout_params(num_servers: int, k: int, m: int, options: Mapping[str, str]) -> tuple[int, int, dict[str, str]]:
+    """Validates ``k``, ``m`` (an MDS code that fits the servers) and the options; returns them with every
+    option spelled out, so all servers agree on the defaults."""
+    if k < 1 or m < 1:
+        raise ValueError(f"strategy 'ecrec' needs --k >= 1 and --m >= 1 (got k={k}, m={m})")
+    if k + m > num_servers:
+        raise ValueError(f"strategy 'ecrec': k + m = {k + m} exceeds the {num_servers} servers")
+    parsed = parse(options)
+    check_code(k, m, parsed.backend)
+    return k, m, options_to_strings(parsed)

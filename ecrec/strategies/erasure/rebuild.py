@@ -1,0 +1,340 @@
+"""Rebuilding a replacement's rows from the survivors, on demand and in the background.
+
+After a promotion every data row, parity row and dense replica held at the failed index is *not
+ready*.  A request touching a row that is not ready rebuilds it first (``ensure_rows``,
+``ensure_dense``: training never waits for the whole shard); a background thread rebuilds the rest
+in batches and then reports full redundancy to the coordinator.
+
+- data rows: ``Codec.reconstruct`` from ``k`` ready members of each stripe whose versions agree (a
+  parity row's version vector must equal the data rows' versions, else a delta is in flight: retry);
+- parity rows: re-encode the stripe's ``k`` data rows, at the versions read; deltas newer than that
+  snapshot, held back meanwhile by the parity store, are applied after, older ones skipped;
+- dense replicas: copy another replica, then the held-back newer deltas.
+
+Reads of stripe members go to every member server at once (:func:`gather_members`).  While a failed
+owner's batches are unresolved (``receiver.suspect_sources``) the rows they touched are not read.
+:func:`plan_data_rebuild` is the choice of members, as a pure function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ecrec import errors, transport
+from ecrec.codec import Codec
+from ecrec.peers import PARITY
+from ecrec.shards import DenseShard, TableShard
+from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure.parity_store import ParityStore
+from ecrec.strategies.erasure.receiver import ParityReceiver
+from ecrec.tables import TableSpec
+from ecrec.wire import parity_pb2
+
+log = logging.getLogger("ecrec.strategies.erasure")
+
+
+# --- reading stripe members --------------------------------------------------------------------------------------
+@dataclass
+class StripeMembers:
+    """What the members of ``n`` stripes hold: data members ``0..k-1``, then parities ``k..k+m-1``."""
+
+    payload: np.ndarray  # (k + m, n, row_bytes) uint8
+    ready: np.ndarray  # (k + m, n) bool: read, and ready to be used (virtual rows past the end: True)
+    answered: np.ndarray  # (k + m, n) bool: the member's server answered (or the row is virtual)
+    data_versions: np.ndarray  # (k, n) int64
+    parity_versions: np.ndarray  # (m, n, k) int64
+
+
+def gather_members(host: StrategyHost, spec: TableSpec, stripes: np.ndarray, want_data: np.ndarray,
+                   want_parity: bool, local: TableShard | None = None) -> StripeMembers:
+    """Reads the wanted members of ``stripes`` from their servers, all requests at once.
+
+    ``want_data``: ``(k, n)`` bool, which data members to read.  A member held by this server is read
+    from ``local`` when given (else it counts as not answered).  Data members past the table's end are
+    virtual zero rows: ready, version 0.
+    """
+    layout = host.layout
+    k, m, n = layout.k, layout.m, len(stripes)
+    row_bytes = spec.row_bytes
+    out = StripeMembers(np.zeros((k + m, n, row_bytes), dtype=np.uint8), np.zeros((k + m, n), dtype=bool),
+                        np.zeros((k + m, n), dtype=bool), np.zeros((k, n), dtype=np.int64),
+                        np.zeros((m, n, k), dtype=np.int64))
+    ids = layout.stripe_row_ids(stripes)  # (n, k)
+    calls, targets = [], []
+    for t in range(k):
+        virtual = ids[:, t] >= spec.num_rows
+        out.ready[t, virtual] = out.answered[t, virtual] = True
+        want = want_data[t] & ~virtual
+        owners = layout.member_server(stripes, t)
+        for srv in np.unique(owners[want]).tolist():
+            sel = np.flatnonzero(want & (owners == srv))
+            if srv == host.index:
+                if local is not None:
+                    rows = local.read(local.slots_for(ids[sel, t]))
+                    out.payload[t, sel], out.data_versions[t, sel], out.ready[t, sel] = rows.payload, rows.versions, rows.ready
+                    out.answered[t, sel] = True
+                continue
+            calls.append((srv, "ReadRows", parity_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(ids[sel, t]))))
+            targets.append((t, sel))
+    if want_parity:
+        pservers = layout.parity_servers(stripes)
+        for j in range(m):
+            for srv in np.unique(pservers[:, j]).tolist():
+                if srv == host.index:
+                    continue
+                sel = np.flatnonzero(pservers[:, j] == srv)
+                calls.append((srv, "ReadRows", parity_pb2.ReadRowsRequest(
+                    table=spec.name, stripes=transport.ids_to_bytes(stripes[sel]),
+                    parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
+                targets.append((k + j, sel))
+    for (member, sel), reply in zip(targets, host.peers.call_many(calls, PARITY)):
+        if reply is None:
+            continue
+        out.payload[member, sel] = np.frombuffer(reply.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
+        out.ready[member, sel] = np.frombuffer(reply.ready, dtype=np.uint8).astype(bool)
+        out.answered[member, sel] = True
+        versions = transport.bytes_to_ids(reply.versions)
+        if member < k:
+            out.data_versions[member, sel] = versions
+        else:
+            out.parity_versions[member - k, sel] = versions.reshape(len(sel), k)
+    return out
+
+
+# --- choosing members --------------------------------------------------------------------------------------------
+def plan_data_rebuild(members: StripeMembers, my_pos: np.ndarray, k: int, m: int):
+    """Which members rebuild each lost data row.
+
+    Returns ``(groups, versions)``: ``groups`` maps ``(position, data members, parity indices)`` to the
+    rows (indices into the stripes) rebuilt from exactly those members; ``versions`` is each row's
+    version after the rebuild.  A row is left out when fewer than ``k`` usable members agree: every
+    used parity's version vector must equal the used data rows' versions (else a delta is in flight).
+    """
+    n = len(my_pos)
+    groups: dict[tuple, list] = defaultdict(list)
+    row_version = np.zeros(n, dtype=np.int64)
+    ready = members.ready
+    # fast path (vectorized): every other data member ready + the first ready parity agrees
+    own = np.arange(k)[:, None] == my_pos[None, :]
+    all_data = (ready[:k] | own).all(axis=0)
+    parity_ready = ready[k:]
+    has_parity = parity_ready.any(axis=0)
+    j0 = np.argmax(parity_ready, axis=0)
+    pv0 = members.parity_versions[j0, np.arange(n)]  # (n, k)
+    agree = ((members.data_versions.T == pv0) | own.T).all(axis=1)
+    fast = all_data & has_parity & agree
+    row_version[fast] = pv0[fast, my_pos[fast]]
+    for i in range(k):
+        for j in range(m):
+            rows = np.flatnonzero(fast & (my_pos == i) & (j0 == j))
+            if len(rows):
+                groups[(i, tuple(t for t in range(k) if t != i), (j,))].append(rows)
+    # slow path, row by row: lost data members, parities that must agree with each other
+    for r in np.flatnonzero(~fast & has_parity).tolist():
+        i = int(my_pos[r])
+        data_members = [t for t in range(k) if t != i and ready[t, r]]
+        parities = [j for j in range(m) if ready[k + j, r]]
+        if len(data_members) + len(parities) < k:
+            continue
+        chosen = parities[: k - len(data_members)]
+        pv = members.parity_versions[chosen, r]  # (len(chosen), k)
+        if (pv != pv[0]).any():
+            continue  # parities disagree: a delta is in flight, retry
+        if any(members.data_versions[t, r] != pv[0, t] for t in data_members):
+            continue  # a data row is newer than the parity: its delta is in flight
+        row_version[r] = pv[0, i]
+        groups[(i, tuple(data_members), tuple(chosen))].append(np.array([r]))
+    return {key: np.concatenate(parts) for key, parts in groups.items()}, row_version
+
+
+# --- the engine --------------------------------------------------------------------------------------------------
+class RebuildEngine:
+    """A replacement's rebuild: on demand for requests, in the background for the rest."""
+
+    def __init__(self, host: StrategyHost, codec: Codec, receiver: ParityReceiver, options, closed: threading.Event,
+                 counters):
+        self.host = host
+        self.codec = codec
+        self.receiver = receiver
+        self.options = options
+        self.closed = closed
+        self.counters = counters
+        self.recovering = threading.Event()
+        self.lock = threading.Lock()  # one background batch at a time (on-demand rebuilds do not take it)
+        self.foreground = 0  # requests rebuilding their rows right now (the background yields to them)
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-on-demand")
+
+    def start(self) -> None:
+        """Marks everything held here not ready and starts the background rebuild."""
+        for shard in self.host.tables():
+            shard.mark_unready()
+            self.receiver.stores[shard.spec.name].mark_unbuilt()
+        for dense in self.host.dense_tensors():
+            dense.mark_unready()
+        self.recovering.set()
+
+    def run_in_background(self) -> None:
+        threading.Thread(target=self._background, name="ecrec-rebuild", daemon=True).start()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- on demand -------------------------------------------------------------------------------------------
+    def ensure_rows(self, items) -> None:
+        if not self.recovering.is_set():
+            return
+        work = []
+        for shard, slots in items:
+            missing = shard.unready(slots)
+            if len(missing):
+                work.append((shard, np.unique(missing)))
+        if not work:
+            return
+        self.foreground += 1
+        try:
+            if len(work) == 1:
+                self.rebuild_data(*work[0], foreground=True)
+            else:  # the tables' member reads overlap: one round trip instead of one per table
+                futures = [self._pool.submit(self.rebuild_data, shard, slots, True) for shard, slots in work]
+                for f in futures:
+                    f.result()
+        finally:
+            self.foreground -= 1
+
+    def ensure_dense(self, dense: DenseShard) -> None:
+        if self.recovering.is_set() and not dense.ready:
+            self.foreground += 1
+            try:
+                self.rebuild_dense(dense)
+            finally:
+                self.foreground -= 1
+
+    # --- data rows -------------------------------------------------------------------------------------------
+    def rebuild_data(self, shard: TableShard, slots: np.ndarray, foreground: bool = False) -> None:
+        """Rebuilds this server's data rows at ``slots`` from ``k`` consistent members of their stripes."""
+        spec, layout = shard.spec, self.host.layout
+        k, m = layout.k, layout.m
+        deadline = time.monotonic() + self.options.rebuild_deadline_s
+        todo = slots
+        while len(todo):
+            with self.lock if not foreground else contextlib.nullcontext():
+                todo = shard.unready(todo)
+                if not len(todo):
+                    return
+                stripes, my_pos = np.divmod(layout.ids_of_slots(self.host.index, todo), k)
+                want = np.arange(k)[:, None] != my_pos[None, :]
+                members = gather_members(self.host, spec, stripes, want, want_parity=True)
+                groups, row_version = plan_data_rebuild(members, my_pos, k, m)
+                done_rows, payloads = [], []
+                for (i, data_members, chosen), rows in groups.items():
+                    available = {t: members.payload[t, rows] for t in data_members}
+                    available.update({k + j: members.payload[k + j, rows] for j in chosen})
+                    payloads.append(self.codec.reconstruct_stripes(available, [i])[i])
+                    done_rows.append(rows)
+                if done_rows:
+                    rows = np.concatenate(done_rows)
+                    self.counters["rows_rebuilt"] += shard.install(todo[rows], np.concatenate(payloads), row_version[rows])
+                todo = shard.unready(todo)
+            if len(todo):
+                if time.monotonic() > deadline:
+                    raise errors.Unavailable(
+                        f"table {spec.name!r}: {len(todo)} rows cannot be rebuilt yet (members unavailable)")
+                time.sleep(0.01)
+
+    # --- parity rows -----------------------------------------------------------------------------------------
+    def rebuild_parity(self, store: ParityStore, slots: np.ndarray) -> int:
+        """Re-encodes parity rows from their stripes' data rows; returns how many were built."""
+        spec, layout = store.spec, self.host.layout
+        suspects = self.receiver.suspect_sources()
+        if suspects:
+            slots = slots[~np.isin(slots, self.receiver.unresolved_slots(spec.name, suspects))]
+        stripes = store.slot_to_stripe[slots]
+        pidx = store.slot_to_parity_index[slots]
+        want = np.ones((layout.k, len(slots)), dtype=bool)
+        members = gather_members(self.host, spec, stripes, want, want_parity=False)
+        ready = members.ready[: layout.k].all(axis=0) & members.answered[: layout.k].all(axis=0)
+        if not ready.any():
+            return 0
+        data = np.ascontiguousarray(members.payload[: layout.k, ready].transpose(1, 0, 2))
+        parity = self.codec.encode_stripes(data)
+        rows = parity[np.arange(int(ready.sum())), pidx[ready]]
+        built = store.build(slots[ready], rows, members.data_versions[:, ready].T)
+        self.counters["parity_rows_rebuilt"] += built
+        return built
+
+    # --- dense replicas --------------------------------------------------------------------------------------
+    def rebuild_dense(self, dense: DenseShard) -> None:
+        name = dense.spec.name
+        with self.lock:
+            if dense.ready:
+                return
+            deadline = time.monotonic() + self.options.rebuild_deadline_s
+            while True:
+                for index in self.host.layout.dense_servers(name):
+                    if index == self.host.index:
+                        continue
+                    reply = self.host.peers.call_once(index, "ReadRows", parity_pb2.ReadRowsRequest(dense=name), PARITY)
+                    if reply is not None and reply.ready == b"\x01":
+                        dense.install(np.frombuffer(reply.payload, dtype=np.uint8),
+                                      int(transport.bytes_to_ids(reply.versions)[0]))
+                        return
+                if time.monotonic() > deadline:
+                    raise errors.Unavailable(f"dense tensor {name!r}: no replica available")
+                time.sleep(0.02)
+
+    # --- in the background -----------------------------------------------------------------------------------
+    def _background(self) -> None:
+        t0 = time.perf_counter()
+        batch = self.options.rebuild_batch_rows
+        faults = self.host.faults
+        try:
+            for shard in self.host.tables():
+                while True:
+                    todo = shard.unready_owned()
+                    if not len(todo):
+                        break
+                    started = time.perf_counter()
+                    self.rebuild_data(shard, todo[:batch])
+                    faults.hit("during_rebuild")
+                    self._yield(time.perf_counter() - started)
+            for dense in self.host.dense_tensors():
+                self.rebuild_dense(dense)
+            for store in list(self.receiver.stores.values()):
+                while True:
+                    todo = store.unbuilt_slots()
+                    if not len(todo):
+                        break
+                    started = time.perf_counter()
+                    if self.rebuild_parity(store, todo[:batch]) == 0:
+                        time.sleep(0.02)
+                    faults.hit("during_rebuild")
+                    self._yield(time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - reported, never swallowed; the server stays recovering
+            log.exception("background rebuild failed; this server stays RECOVERING")
+            return
+        elapsed = time.perf_counter() - t0
+        self.counters["rebuild_s"] = elapsed
+        self.recovering.clear()
+        log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
+                 self.counters["parity_rows_rebuilt"])
+        try:
+            self.host.coordinator.report_redundant(self.host.index, self.host.server_id, elapsed)
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+            log.error("reporting full redundancy failed: %s", exc)
+
+    def _yield(self, worked_s: float) -> None:
+        """Lets training go first: wait while a foreground request rebuilds, then rest so that the
+        background rebuild keeps to ``rebuild_duty`` of the wall time (at least ``rebuild_pause_s``)."""
+        while self.foreground > 0 and not self.closed.is_set():
+            time.sleep(0.001)
+        rest = max(self.options.rebuild_pause_s, worked_s * (1.0 / self.options.rebuild_duty - 1.0))
+        if rest:
+            self.closed.wait(rest)

@@ -1,0 +1,89 @@
+"""Resolution of a failed owner's in-flight pushes: which stand (rolled forward) and which are undone.
+
+Run by the replacement of failed index ``f`` before it serves (``DESIGN.md``, step 5).  Every live
+server lists the batches of ``f`` it holds in its log.  A push is *kept* when it is confirmed, or when
+every surviving destination that received it from ``f`` still holds it: ``f`` may have acknowledged
+it, so the rebuilt rows include it and its push id joins the replacement's applied pushes (a retry is
+answered "already applied").  Any other push is *undone* where it was applied (XOR cancels) and the
+worker's retry applies it once.  A destination is a witness only while the server that received the
+batch still holds its index: a replacement promoted since knows nothing of ``f``'s earlier batches.
+
+:func:`decide` is the rule, as a pure function; :class:`Resolver` runs the protocol over the peers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ecrec.cluster_map import live_servers
+from ecrec.peers import PARITY
+from ecrec.strategies.base import StrategyHost
+from ecrec.wire import parity_pb2
+
+log = logging.getLogger("ecrec.strategies.erasure")
+
+
+@dataclass
+class Decision:
+    kept: list[tuple[str, int]] = field(default_factory=list)  # push ids that stand (logged ones)
+    undo: list[int] = field(default_factory=list)  # sequences to undo everywhere
+    committed: list[tuple[str, int]] = field(default_factory=list)  # push ids confirmed earlier
+
+
+def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict[int, str]) -> Decision:
+    """The keep-or-undo rule.  ``listings``: each surviving server's answer; ``current_ids``: index ->
+    server id of the server holding it now."""
+    survivors = set(listings)
+    confirmed = max((r.confirmed_upto for r in listings.values()), default=0)
+    holders: dict[int, set[int]] = defaultdict(set)
+    info: dict[int, parity_pb2.LoggedPush] = {}
+    committed: set[tuple[str, int]] = set()
+    for i, r in listings.items():
+        for e in r.logged:
+            holders[e.seq].add(i)
+            info[e.seq] = e
+        committed.update((c.worker, c.sequence) for c in r.committed)
+    decision = Decision(committed=sorted(committed))
+    for seq, e in info.items():
+        needed = {d for d, sid in zip(e.destinations, e.destination_ids) if d in survivors and current_ids.get(d) == sid}
+        if seq <= confirmed or needed <= holders[seq]:
+            decision.kept.append((e.push_id.worker, e.push_id.sequence))
+        else:
+            decision.undo.append(seq)
+    return decision
+
+
+class Resolver:
+    """Runs resolution from the replacement of a failed index (see the module docstring)."""
+
+    def __init__(self, host: StrategyHost, counters):
+        self.host = host
+        self.counters = counters
+
+    def resolve(self, failed: int) -> list[tuple[str, int]]:
+        """Lists, decides and commits; returns every push id that stands (kept and recently committed)."""
+        host = self.host
+        live = live_servers(host.cluster_map)
+        peers = [i for i in live if i != host.index]
+        listings: dict[int, parity_pb2.ResolveSourceReply] = {}
+        request = parity_pb2.ResolveSourceRequest(source=failed, replacement_id=host.server_id)
+        for i, reply in zip(peers, host.peers.call_many([(i, "ResolveSource", request) for i in peers], PARITY,
+                                                               tolerate_errors=True)):
+            if reply is None:
+                log.warning("resolution: server %d unreachable; it is treated as failed", i)
+            else:
+                listings[i] = reply
+        decision = decide(listings, {i: s.server_id for i, s in live.items()})
+        commit = parity_pb2.ResolveSourceRequest(source=failed, commit=True, undo_seqs=decision.undo,
+                                                 replacement_id=host.server_id)
+        commits = host.peers.call_many([(i, "ResolveSource", commit) for i in listings], PARITY, tolerate_errors=True)
+        for i, reply in zip(listings, commits):
+            if reply is None:
+                log.warning("resolution commit on server %d failed", i)
+        self.counters["resolved_kept"] = len(decision.kept)
+        self.counters["resolved_undone"] = len(decision.undo)
+        log.info("resolved index %d: %d logged pushes kept, %d undone (%d servers)", failed, len(decision.kept),
+                 len(decision.undo), len(listings))
+        return decision.kept + decision.committed

@@ -1,0 +1,56 @@
+"""``ParityService``: the erasure-coding strategy's gRPC edge between servers.
+
+``ApplyParity`` (owner -> parity server), ``ResolveSource`` (replacement -> survivors) and
+``ReadRows`` (rebuild -> stripe members).  Each method checks the request's shape, calls the part that
+owns the state (:class:`~ecrec.strategies.erasure.receiver.ParityReceiver`, the shards) and turns domain
+errors into gRPC status codes (:func:`ecrec.transport.service_method`); nothing else here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ecrec import errors, transport
+from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure.receiver import ParityReceiver
+from ecrec.wire import parity_pb2, parity_pb2_grpc
+
+
+class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
+    def __init__(self, host: StrategyHost, receiver: ParityReceiver):
+        self.host = host
+        self.receiver = receiver
+
+    @transport.service_method
+    def ApplyParity(self, request, context):
+        return self.receiver.apply(request)
+
+    @transport.service_method
+    def ResolveSource(self, request, context):
+        if not request.commit:
+            return self.receiver.list_source(request.source)
+        self.receiver.commit_resolution(request.source, request.undo_seqs, request.replacement_id)
+        return parity_pb2.ResolveSourceReply()
+
+    @transport.service_method
+    def ReadRows(self, request, context):
+        host = self.host
+        host.require_index()
+        if request.dense:
+            dense = host.dense(request.dense)
+            payload, version, ready = dense.read()
+            ready = ready and not self.receiver.dense_unresolved(request.dense)
+            return parity_pb2.ReadRowsReply(payload=payload.tobytes(),
+                                            versions=transport.ids_to_bytes(np.array([version])),
+                                            ready=bytes([1 if ready else 0]))
+        if request.ids:
+            shard = host.table(request.table)
+            rows = shard.read(shard.slots_for(transport.bytes_to_ids(request.ids)))
+            return parity_pb2.ReadRowsReply(payload=rows.payload.tobytes(), versions=transport.ids_to_bytes(rows.versions),
+                                            ready=rows.ready.astype(np.uint8).tobytes())
+        if not request.table:
+            raise errors.InvalidRequest("ReadRows needs a table (with ids or stripes) or a dense tensor")
+        payload, versions, ready = self.receiver.read_parity(
+            request.table, transport.bytes_to_ids(request.stripes), transport.bytes_to_ids(request.parity_index))
+        return parity_pb2.ReadRowsReply(payload=payload.tobytes(), versions=transport.ids_to_bytes(versions.reshape(-1)),
+                                        ready=ready.astype(np.uint8).tobytes())

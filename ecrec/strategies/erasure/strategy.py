@@ -1,0 +1,124 @@
+"""The ``ecrec`` strategy as the server sees it: wires the owner, receiver, resolution and rebuild parts.
+
+Every hook of :class:`~ecrec.strategies.base.FaultToleranceStrategy` delegates to the part that owns
+the state it touches (see the package docstring); this class holds only the wiring, the ``stats`` and
+``verify_parity`` commands.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ecrec import errors
+from ecrec.codec import Codec
+from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, StrategyHost
+from ecrec.strategies.erasure.options import ErasureOptions
+from ecrec.strategies.erasure.owner import ParityOwner
+from ecrec.strategies.erasure.rebuild import RebuildEngine, gather_members
+from ecrec.strategies.erasure.receiver import ParityReceiver
+from ecrec.strategies.erasure.resolution import Resolver
+from ecrec.strategies.erasure.service import ParityServicer
+from ecrec.wire import parity_pb2, parity_pb2_grpc
+
+
+class ErasureCoding(FaultToleranceStrategy):
+    name = "ecrec"
+    needs_old_payload = True
+    rebuilds_rows = True
+
+    def __init__(self, host: StrategyHost, options: ErasureOptions):
+        super().__init__(host, options)
+        layout = host.layout
+        kernel = "gpu" if host.config.device == "cuda" else "auto"
+        self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
+        self.closed = threading.Event()
+        self.counters = defaultdict(float)
+        self.owner = ParityOwner(host, options, self.closed, self.counters)
+        self.receiver = ParityReceiver(host, self.codec, self.counters)
+        self.resolver = Resolver(host, self.counters)
+        self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
+
+    def services(self):
+        return [(parity_pb2_grpc.add_ParityServiceServicer_to_server, ParityServicer(self.host, self.receiver))]
+
+    # --- creation ----------------------------------------------------------------------------------------------
+    def on_table_created(self, shard) -> None:
+        t0 = time.perf_counter()
+        encode = not self.host.promoting
+        self.receiver.add_table(shard, encode=encode)
+        if encode:
+            self.counters["initial_encode_s"] += time.perf_counter() - t0
+
+    # --- the hot path ------------------------------------------------------------------------------------------
+    def on_push(self, push: AppliedPush):
+        return self.owner.on_push(push)
+
+    def ensure_rows(self, items) -> None:
+        self.rebuild.ensure_rows(items)
+
+    def ensure_dense(self, dense) -> None:
+        self.rebuild.ensure_dense(dense)
+
+    # --- recovery ----------------------------------------------------------------------------------------------
+    def on_recovery(self, failed_index: int) -> bool:
+        t0 = time.perf_counter()
+        started = time.time()
+        self.rebuild.start()
+        for push_id in self.resolver.resolve(failed_index):
+            self.host.mark_applied(push_id)
+        self.counters["resolve_s"] = time.perf_counter() - t0
+        self.counters["promoted_wall_time"] = started
+        self.rebuild.run_in_background()
+        return True
+
+    # --- commands, stats -----------------------------------------------------------------------------------------
+    def call(self, command: str, args: dict) -> dict:
+        if command == "verify_parity":
+            return self.verify_parity()
+        return super().call(command, args)
+
+    def verify_parity(self) -> dict:
+        """Compares every parity row held here with a fresh encode of its stripe's current data rows, and
+        every dense replica with its primary."""
+        host, layout = self.host, self.host.layout
+        mismatched, checked = 0, 0
+        for name, store in self.receiver.stores.items():
+            slots = store.slots
+            if not len(slots):
+                continue
+            stripes = store.slot_to_stripe[slots]
+            want = np.ones((layout.k, len(slots)), dtype=bool)
+            members = gather_members(host, store.spec, stripes, want, want_parity=False, local=host.table(name))
+            if not members.answered[: layout.k].all():
+                raise errors.Unavailable(f"a server is unavailable for verification of table {name!r}")
+            data = np.ascontiguousarray(members.payload[: layout.k].transpose(1, 0, 2))
+            expected = self.codec.encode_stripes(data)[np.arange(len(slots)), store.slot_to_parity_index[slots]]
+            with store.lock:
+                actual = store.rows(slots)
+            mismatched += int((expected != actual).any(axis=1).sum())
+            checked += len(slots)
+        for dense in host.dense_tensors():
+            primary = layout.dense_servers(dense.spec.name)[0]
+            if primary == host.index:
+                continue
+            reply = host.peers.call_once(primary, "ReadRows", parity_pb2.ReadRowsRequest(dense=dense.spec.name), "parity")
+            checked += 1
+            if reply is None or reply.payload != dense.read()[0].tobytes():
+                mismatched += 1
+        return {"checked": checked, "mismatched": mismatched}
+
+    def stats(self) -> dict:
+        layout = self.host.layout
+        parity_bytes = sum(len(store.slots) * store.spec.row_bytes for store in self.receiver.stores.values())
+        replica_bytes = sum(d.nbytes for d in self.host.dense_tensors()
+                            if layout.dense_servers(d.spec.name)[0] != self.host.index)
+        return dict(self.counters) | {"recovering": self.rebuild.recovering.is_set(),
+                                      "redundancy_bytes": parity_bytes + replica_bytes}
+
+    def close(self) -> None:
+        self.closed.set()
+        self.rebuild.close()

@@ -1,0 +1,118 @@
+from ecrec.wire import embedding_pb2 as _embedding_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ParityBatch(_message.Message):
+    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense", "destination_ids")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    source: int
+    source_id: str
+    seq: int
+    push_id: _embedding_pb2.PushId
+    destinations: _containers.RepeatedScalarFieldContainer[int]
+    tables: _containers.RepeatedCompositeFieldContainer[ParityDeltas]
+    dense: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.DenseValue]
+    destination_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[_embedding_pb2.DenseValue, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ParityDeltas(_message.Message):
+    __slots__ = ("table", "parity_slots", "positions", "parity_index", "deltas")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARITY_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    PARITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    parity_slots: bytes
+    positions: bytes
+    parity_index: bytes
+    deltas: bytes
+    def __init__(self, table: _Optional[str] = ..., parity_slots: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., deltas: _Optional[bytes] = ...) -> None: ...
+
+class ParityBatches(_message.Message):
+    __slots__ = ("batches", "source", "source_id", "confirmed_upto")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[ParityBatch]
+    source: int
+    source_id: str
+    confirmed_upto: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[ParityBatch, _Mapping]]] = ..., source: _Optional[int] = ..., source_id: _Optional[str] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
+
+class ParityAck(_message.Message):
+    __slots__ = ("applied_upto",)
+    APPLIED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    applied_upto: int
+    def __init__(self, applied_upto: _Optional[int] = ...) -> None: ...
+
+class ResolveSourceRequest(_message.Message):
+    __slots__ = ("source", "commit", "undo_seqs", "replacement_id")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    UNDO_SEQS_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    source: int
+    commit: bool
+    undo_seqs: _containers.RepeatedScalarFieldContainer[int]
+    replacement_id: str
+    def __init__(self, source: _Optional[int] = ..., commit: _Optional[bool] = ..., undo_seqs: _Optional[_Iterable[int]] = ..., replacement_id: _Optional[str] = ...) -> None: ...
+
+class LoggedPush(_message.Message):
+    __slots__ = ("seq", "push_id", "destinations", "destination_ids")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    push_id: _embedding_pb2.PushId
+    destinations: _containers.RepeatedScalarFieldContainer[int]
+    destination_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResolveSourceReply(_message.Message):
+    __slots__ = ("logged", "confirmed_upto", "committed")
+    LOGGED_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    logged: _containers.RepeatedCompositeFieldContainer[LoggedPush]
+    confirmed_upto: int
+    committed: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.PushId]
+    def __init__(self, logged: _Optional[_Iterable[_Union[LoggedPush, _Mapping]]] = ..., confirmed_upto: _Optional[int] = ..., committed: _Optional[_Iterable[_Union[_embedding_pb2.PushId, _Mapping]]] = ...) -> None: ...
+
+class ReadRowsRequest(_message.Message):
+    __slots__ = ("table", "ids", "stripes", "parity_index", "dense")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    STRIPES_FIELD_NUMBER: _ClassVar[int]
+    PARITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    stripes: bytes
+    parity_index: bytes
+    dense: str
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., stripes: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., dense: _Optional[str] = ...) -> None: ...
+
+class ReadRowsReply(_message.Message):
+    __slots__ = ("payload", "versions", "ready")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    versions: bytes
+    ready: bytes
+    def __init__(self, payload: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., ready: _Optional[bytes] = ...) -> None: ...
