@@ -7,8 +7,8 @@ One thread block per (word range, batch row), the coefficient's 256-byte
 multiplication row in shared memory, and ``atomicXor`` on 32-bit words so duplicate
 slots in one batch accumulate (see the ``.cu`` file).
 
-The CUDA sources are read from ``ECREC_CUDA_KERNELS_DIR`` when set, else from the
-``cuda_kernels/`` folder next to the ``ecrec`` package.  Nothing here imports cupy at
+The CUDA sources are read from ``ECREC_CUDA_KERNELS_DIR`` when set, else from the package
+data ``ecrec.cuda_kernels`` (the repository's ``cuda_kernels/``, installed with the wheel).  Nothing here imports cupy at
 module import time: :func:`probe` says whether cupy imports, a device exists and the
 module compiles, and why not.
 """
@@ -16,12 +16,12 @@ module compiles, and why not.
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 from pathlib import Path
 
 import numpy as np
 
-import ecrec
 from ecrec.kernels.base import KernelBackend, gf_mul_table
 
 CUDA_KERNELS_ENV = "ECREC_CUDA_KERNELS_DIR"
@@ -33,11 +33,12 @@ _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y; more batch rows use the grid-s
 
 
 def cuda_kernels_dir() -> Path:
-    """Where the ``.cu`` sources are: ``$ECREC_CUDA_KERNELS_DIR`` or ``<repo>/cuda_kernels``."""
+    """Where the ``.cu`` sources are: ``$ECREC_CUDA_KERNELS_DIR``, else the installed package data
+    ``ecrec.cuda_kernels`` (the repository's ``cuda_kernels/``, found through ``importlib.resources``)."""
     env = os.environ.get(CUDA_KERNELS_ENV)
     if env:
         return Path(env)
-    return Path(ecrec.__file__).resolve().parent.parent / "cuda_kernels"
+    return Path(str(importlib.resources.files("ecrec.cuda_kernels")))
 
 
 class _Module:

@@ -43,8 +43,3 @@ def ordered() -> list[str]:
 def names_of_kind(kind: str) -> list[str]:
     """Installed strategies of one kind (``none``, ``erasure``, ``checkpoint``), in report order."""
     return [name for name in ordered() if get_spec(name).kind == kind]
-
-
-def get_strategy(name: str):
-    """The server-side class of strategy ``name`` (imports it: embedding servers only)."""
-    return get_spec(name).load_class()

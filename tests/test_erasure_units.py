@@ -1,0 +1,260 @@
+"""In-process unit tests of the erasure-coding strategy's parts, without processes or gRPC.
+
+The parity store (deltas, idempotence, undo, rows held back while rebuilt), the source log, the owner's
+batch building (each delta reaches the right parity row and parity then equals a fresh encode), the
+resolution rule, and the rebuild's choice of stripe members.  The multi-process tests
+(``test_ecrec_recovery.py``) check the same parts through the protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from ecrec.codec import Codec
+from ecrec.layout import Layout
+from ecrec.shards import DenseShard, TableShard
+from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate
+from ecrec.strategies.erasure.owner import build_batches
+from ecrec.strategies.erasure.parity_store import ParityStore
+from ecrec.strategies.erasure.rebuild import StripeMembers, plan_data_rebuild
+from ecrec.strategies.erasure.resolution import decide
+from ecrec.strategies.erasure.source_log import LogEntry, SourceLog, TableEntry
+from ecrec.tables import DenseSpec, TableSpec
+from ecrec.wire import embedding_pb2, parity_pb2
+
+SPEC = TableSpec("t", 37, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=5)
+
+
+@functools.lru_cache(maxsize=None)
+def codec(k: int, m: int) -> Codec:
+    return Codec(k, m, kernel="cpu")
+
+
+def all_rows(layout: Layout) -> dict[int, TableShard]:
+    return {s: TableShard(SPEC, layout, s) for s in range(layout.num_servers)}
+
+
+def data_rows(shards: dict[int, TableShard], layout: Layout, stripes: np.ndarray) -> np.ndarray:
+    """``(n, k, row_bytes)`` current data rows of ``stripes`` (virtual rows are zeros)."""
+    ids = layout.stripe_row_ids(stripes)
+    out = np.zeros((len(stripes), layout.k, SPEC.row_bytes), dtype=np.uint8)
+    servers, slots = layout.locate(ids)
+    for r, t in np.argwhere(ids < SPEC.num_rows):
+        out[r, t] = shards[int(servers[r, t])].read_payload(np.array([slots[r, t]]))[0]
+    return out
+
+
+def fresh_parity(shards, layout: Layout, store: ParityStore) -> np.ndarray:
+    stripes = store.slot_to_stripe[store.slots]
+    encoded = codec(layout.k, layout.m).encode_stripes(data_rows(shards, layout, stripes))
+    return encoded[np.arange(len(stripes)), store.slot_to_parity_index[store.slots]]
+
+
+def stores_for(layout: Layout) -> dict[int, ParityStore]:
+    out = {}
+    for s in range(layout.num_servers):
+        store = ParityStore(SPEC, layout, s, codec(layout.k, layout.m))
+        store.encode_initial()
+        out[s] = store
+    return out
+
+
+def push(shards, layout, seq: int, ids, rng) -> AppliedPush:
+    """Applies random gradients to ``ids`` on their owners (as a server would) and returns the pushes, one per
+    owner, as ``{owner: AppliedPush}``."""
+    ids = np.unique(np.asarray(ids, dtype=np.int64))
+    owners, slots = layout.locate(ids)
+    out = {}
+    for owner in np.unique(owners).tolist():
+        sel = owners == owner
+        grads = rng.standard_normal((int(sel.sum()), SPEC.dim)).astype(np.float32)
+        old, new = shards[owner].apply_gradients(slots[sel], grads, seq, keep_old=True)
+        out[owner] = AppliedPush(("w", seq), seq, [TableUpdate(shards[owner], ids[sel], slots[sel], old, new)])
+    return out
+
+
+def apply_batch(stores, destination: int, batch: parity_pb2.ParityBatch):
+    results = []
+    for t in batch.tables:
+        n = len(t.parity_slots) // 8
+        args = (np.frombuffer(t.parity_slots, np.int64), np.frombuffer(t.positions, np.int64),
+                np.frombuffer(t.parity_index, np.int64),
+                np.frombuffer(t.deltas, np.uint8).reshape(n, SPEC.row_bytes))
+        results.append((args, stores[destination].apply(batch.seq, *args)))
+    return results
+
+
+@pytest.mark.parametrize("servers,k,m", [(4, 2, 1), (5, 2, 2), (6, 3, 3)])
+def test_batches_keep_every_parity_row_equal_to_a_fresh_encode(servers, k, m):
+    layout = Layout(servers, k, m)
+    shards, stores = all_rows(layout), stores_for(layout)
+    rng = np.random.default_rng(servers * 10 + m)
+    for seq in range(1, 8):
+        for owner, applied in push(shards, layout, seq, rng.integers(0, SPEC.num_rows, 9), rng).items():
+            batches = build_batches(applied, layout, owner, f"owner{owner}")
+            stripes, _ = layout.stripe_of(applied.tables[0].ids)
+            expected = set(layout.parity_servers(stripes).reshape(-1).tolist())
+            assert set(batches) == expected and owner not in batches
+            for destination, batch in batches.items():
+                assert batch.seq == seq and batch.source == owner and (batch.push_id.worker, batch.push_id.sequence) == ("w", seq)
+                apply_batch(stores, destination, batch)
+    for s, store in stores.items():
+        np.testing.assert_array_equal(store.rows(store.slots), fresh_parity(shards, layout, store), err_msg=f"server {s}")
+
+
+def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versions():
+    layout = Layout(4, 2, 1)
+    shards, stores = all_rows(layout), stores_for(layout)
+    rng = np.random.default_rng(1)
+    before = {s: (st.rows(st.slots).copy(), st.versions.copy()) for s, st in stores.items()}
+    (owner, applied), = push(shards, layout, 5, [0, 7, 8], rng).items()  # rows 0, 7, 8: all on server 0
+    batches = build_batches(applied, layout, owner, "o")
+    applied_once = {}
+    for d, b in batches.items():
+        applied_once[d] = apply_batch(stores, d, b)
+    after_once = {s: st.rows(st.slots).copy() for s, st in stores.items()}
+    for d, b in batches.items():  # the re-sent batch: the versions say it is in already
+        for _, (fresh, _, _) in apply_batch(stores, d, b):
+            assert not fresh.any()
+    for s, st in stores.items():
+        np.testing.assert_array_equal(st.rows(st.slots), after_once[s])
+    assert any((after_once[s] != before[s][0]).any() for s in stores)
+    for d, results in applied_once.items():
+        for args, (fresh, prev, pended) in results:
+            stores[d].undo(5, *args, fresh, prev, pended)
+    for s, st in stores.items():
+        np.testing.assert_array_equal(st.rows(st.slots), before[s][0])
+        np.testing.assert_array_equal(st.versions, before[s][1])
+
+
+def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
+    layout = Layout(4, 2, 1)
+    shards, stores = all_rows(layout), stores_for(layout)
+    rng = np.random.default_rng(2)
+    (owner, first), = push(shards, layout, 3, [1], rng).items()
+    (d, b1), = build_batches(first, layout, owner, "o").items()
+    store = stores[d]
+    store.mark_unbuilt()
+    (args, (fresh, _, pended)), = apply_batch(stores, d, b1)
+    assert not fresh.any() and pended.all()
+    snapshot = data_rows(shards, layout, store.slot_to_stripe[args[0]])  # the rebuild reads at version 3
+    (_, second), = push(shards, layout, 4, [1], rng).items()
+    (_, b2), = build_batches(second, layout, owner, "o").items()
+    apply_batch(stores, d, b2)
+    versions = np.zeros((1, layout.k), dtype=np.int64)
+    versions[0, args[1][0]] = 3
+    parity = codec(2, 1).encode_stripes(snapshot)[:, 0]
+    assert store.build(args[0], parity, versions) == 1
+    # seq 3 was in the snapshot (skipped), seq 4 was not (applied after)
+    np.testing.assert_array_equal(store.rows(args[0]), fresh_parity(shards, layout, store)[np.searchsorted(store.slots, args[0])])
+    assert store.versions[args[0][0], args[1][0]] == 4
+
+
+def test_dense_replica_holds_deltas_back_while_rebuilt():
+    spec = DenseSpec("w", (3,), optimizer="sgd", lr=0.5)
+    primary, replica = DenseShard(spec, np.arange(3, dtype=np.float32)), DenseShard(spec, np.arange(3, dtype=np.float32))
+    old, new = primary.apply_gradient(np.ones(3, np.float32), 7, keep_old=True)
+    replica.mark_unready()
+    assert replica.apply_delta(np.bitwise_xor(old, new), 7) == (False, 0)
+    replica.install(old, 0)  # a copy of another replica taken before seq 7
+    payload, version, ready = replica.read()
+    assert ready and version == 7 and payload.tobytes() == primary.read()[0].tobytes()
+
+
+def test_source_log_confirmation_trims_and_remembers_push_ids():
+    log = SourceLog(2)
+    for seq in (11, 12, 13):
+        entry = LogEntry(seq, ("w", seq), (0, 1))
+        entry.tables.append(TableEntry("t", np.array([seq % 3]), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                                       np.zeros((1, 4), np.uint8), np.ones(1, bool), np.zeros(1, np.int64),
+                                       np.zeros(1, bool)))
+        log.entries[seq] = entry
+    np.testing.assert_array_equal(log.affected_slots("t"), [0, 1, 2])
+    log.confirm(12)
+    assert list(log.entries) == [13] and list(log.committed) == [("w", 11), ("w", 12)]
+    np.testing.assert_array_equal(log.affected_slots("t"), [1])
+    log.confirm(5)  # an older confirmation changes nothing
+    assert list(log.entries) == [13] and log.confirmed_upto == 12
+
+
+def _listing(logged, confirmed=0, committed=()):
+    reply = parity_pb2.ResolveSourceReply(confirmed_upto=confirmed)
+    for seq, destinations, ids in logged:
+        reply.logged.add(seq=seq, push_id=embedding_pb2.PushId(worker="w", sequence=seq), destinations=destinations,
+                         destination_ids=ids)
+    for s in committed:
+        reply.committed.add(worker="w", sequence=s)
+    return reply
+
+
+def test_resolution_keeps_pushes_held_by_every_surviving_destination_and_undoes_the_rest():
+    current = {0: "a", 2: "c", 3: "d"}  # index 1 failed; no other replaced
+    listings = {
+        0: _listing([(5, [0, 2], ["a", "c"]), (6, [0, 2], ["a", "c"]), (7, [0, 3], ["a", "d"])], confirmed=4, committed=[3]),
+        2: _listing([(5, [0, 2], ["a", "c"])], confirmed=4),
+        3: _listing([(7, [0, 3], ["a", "d"])], confirmed=4),
+    }
+    d = decide(listings, current)
+    assert sorted(d.kept) == [("w", 5), ("w", 7)]  # at every destination
+    assert d.undo == [6]  # at 0 only, 2 lacks it
+    assert d.committed == [("w", 3)]
+
+
+def test_resolution_ignores_a_destination_replaced_since_and_keeps_confirmed_pushes():
+    listings = {0: _listing([(5, [0, 2], ["a", "old-c"]), (6, [0, 2], ["a", "c"])], confirmed=6),
+                2: _listing([])}
+    d = decide(listings, {0: "a", 2: "c"})
+    assert sorted(d.kept) == [("w", 5), ("w", 6)] and d.undo == []  # 5: 2 was replaced; 6: confirmed
+    d = decide({0: _listing([(5, [0, 2], ["a", "c"])]), 2: _listing([])}, {0: "a", 2: "c"})
+    assert d.kept == [] and d.undo == [5]
+
+
+def _members(k, m, n, row_bytes=8, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (n, k, row_bytes), dtype=np.uint8)
+    parity = codec(k, m).encode_stripes(data)
+    payload = np.concatenate([data.transpose(1, 0, 2), parity.transpose(1, 0, 2)])
+    versions = rng.integers(1, 100, (k, n))
+    members = StripeMembers(payload.copy(), np.ones((k + m, n), bool), np.ones((k + m, n), bool), versions.copy(),
+                            np.repeat(versions.T[None], m, axis=0).copy())
+    return data, members
+
+
+def _rebuild(members, groups, k):
+    out = {}
+    for (i, data_members, chosen), rows in groups.items():
+        available = {t: members.payload[t, rows] for t in data_members} | {k + j: members.payload[k + j, rows] for j in chosen}
+        for r, row in zip(rows, codec(k, len(members.parity_versions)).reconstruct_stripes(available, [i])[i]):
+            out[int(r)] = row
+    return out
+
+
+def test_rebuild_plan_uses_agreeing_members_and_skips_rows_with_a_delta_in_flight():
+    k, m, n = 2, 1, 6
+    data, members = _members(k, m, n)
+    my_pos = np.array([0, 1, 0, 1, 0, 1])
+    members.parity_versions[0, 2, 1] += 1  # row 2: the parity has a delta the data row does not (in flight)
+    members.ready[1, 4] = False  # row 4: the other data member is not ready
+    groups, versions = plan_data_rebuild(members, my_pos, k, m)
+    rebuilt = _rebuild(members, groups, k)
+    assert sorted(rebuilt) == [0, 1, 3, 5]
+    for r, row in rebuilt.items():
+        np.testing.assert_array_equal(row, data[r, my_pos[r]])
+        assert versions[r] == members.parity_versions[0, r, my_pos[r]]
+
+
+def test_rebuild_plan_with_a_lost_data_member_uses_two_parities_that_agree():
+    k, m, n = 2, 2, 4
+    data, members = _members(k, m, n, seed=3)
+    my_pos = np.zeros(n, dtype=np.int64)
+    members.ready[1] = False  # the other data member of every stripe is lost too (m = 2)
+    members.parity_versions[1, 3, 0] += 1  # row 3: the parities disagree
+    groups, _ = plan_data_rebuild(members, my_pos, k, m)
+    assert all(key[1] == () and key[2] == (0, 1) for key in groups)
+    rebuilt = _rebuild(members, groups, k)
+    assert sorted(rebuilt) == [0, 1, 2]
+    for r, row in rebuilt.items():
+        np.testing.assert_array_equal(row, data[r, 0])
