@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from ecrec import transport
-from ecrec.cluster_map import live_address
+from ecrec.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
+from ecrec.courier import Courier
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables import DenseSpec, TableSpec
@@ -77,6 +78,7 @@ class Cluster:
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=self.config.rpc_timeout_s,
                            retry_deadline_s=self.config.retry_deadline_s,
                            max_message_bytes=self.config.max_message_bytes)
+        self.courier = Courier()
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -89,7 +91,8 @@ class Cluster:
     @property
     def stats(self) -> dict:
         """Pushes made, calls retried after a failure, bytes pushed and pulled."""
-        return self._stats | {"retries": self.peers.retries}
+        return self._stats | {"retries": self.peers.retries, "replayed": self.courier.stats["replayed"],
+                              "unconfirmed_pushes": self.courier.unconfirmed()}
 
     @classmethod
     def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
@@ -129,7 +132,7 @@ class Cluster:
     def _call(self, index: int, method: str, request):
         """Calls ``method`` on the server at ``index``; follows failures to the replacement and retries."""
         try:
-            return self.peers.call(index, method, request)
+            return self.peers.call(index, method, request, prepare=self._replay_if_replaced)
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
@@ -137,9 +140,41 @@ class Cluster:
         """One request per server index in parallel; a call whose server is gone follows the map to the
         replacement and retries the same request (same push id)."""
         try:
-            return self.peers.fan_out(method, requests)
+            return self.peers.fan_out(method, requests, prepare=self._replay_if_replaced)
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
+
+    def _replay_if_replaced(self, index: int) -> None:
+        """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
+        old one acknowledged and did not confirm, in order, with their push ids (``ecrec.courier``)."""
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        while True:
+            with self._lock:
+                live = live_servers(self.map).get(index) if self.map is not None else None
+            todo = self.courier.to_replay(index, live.server_id) if live is not None else []
+            if not todo:
+                return
+            log.warning("server index %d is served by a new process: replaying %d unconfirmed pushes", index, len(todo))
+            stub = self.peers.stub(live.address)
+            for key, request in todo:
+                replay = embedding_pb2.PushRequest()
+                replay.CopyFrom(request)
+                replay.ClearField("relay")
+                replay.ClearField("acks")
+                replay.replay = True
+                try:  # at this incarnation only: a replay must not continue at another one midway
+                    reply = stub.Push(replay, timeout=self.config.rpc_timeout_s)
+                except grpc.RpcError as exc:
+                    if not transport.is_unavailable(exc):
+                        raise ClusterError(f"replaying push {key} to server {index} ({live.address}): "
+                                           f"{exc.code().name}: {exc.details()}") from None
+                    self.peers.report(live.address, f"Push (replay): {exc.code().name}")
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"server index {index} unreachable and not replaced within "
+                                           f"{self.config.retry_deadline_s:.0f} s while replaying pushes") from None
+                    time.sleep(0.05)
+                    break  # start over at whatever serves the index now
+                self.courier.replayed(index, key, reply)
 
     # --- tables ----------------------------------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
@@ -204,7 +239,11 @@ class Cluster:
                     tables=[embedding_pb2.TableIds(table=name, ids=transport.ids_to_bytes(ids[pos]))
                             for name, _, ids, pos in parts], epoch=self.map.epoch)
                 for i, parts in per_server.items()}
+            for i, request in requests_by_server.items():
+                self.courier.attach(i, request)
             replies = self._fan_out("Pull", requests_by_server)
+            for i, reply in replies.items():
+                self.courier.received(i, reply)
             for i, parts in per_server.items():
                 for (name, spec, _, pos), data in zip(parts, replies[i].values):
                     self._stats["pull_bytes"] += len(data)
@@ -267,8 +306,12 @@ class Cluster:
         by_primary: dict[int, list[str]] = {}
         for name in names:
             by_primary.setdefault(self.layout.dense_servers(name)[0], []).append(name)
-        replies = self._fan_out("Pull", {i: embedding_pb2.PullRequest(dense=n, epoch=self.map.epoch) for i, n in by_primary.items()})
-        for reply in replies.values():
+        requests = {i: embedding_pb2.PullRequest(dense=n, epoch=self.map.epoch) for i, n in by_primary.items()}
+        for i, request in requests.items():
+            self.courier.attach(i, request)
+        replies = self._fan_out("Pull", requests)
+        for i, reply in replies.items():
+            self.courier.received(i, reply)
             self._load_dense(reply.dense)
 
     def _load_dense(self, values) -> None:
@@ -323,10 +366,13 @@ class Cluster:
             param.grad = None
         if not requests:
             return {"servers": 0, "rows": 0, "rows_by_server": {}, "already_applied": 0}
+        for i, request in requests.items():
+            self.courier.attach(i, request)
         self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
         replies = self._fan_out("Push", requests)
         self._stats["pushes"] += 1
-        for reply in replies.values():
+        for i, reply in replies.items():
+            self.courier.pushed(i, requests[i], reply)
             self._load_dense(reply.dense)
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},

@@ -11,7 +11,9 @@ Points (where the server calls :func:`hit`):
 - ``after_partial_parity``: a push's batch reached some parity servers, not all;
 - ``after_parity_before_ack``: every parity server applied the push, the worker has no ack;
 - ``before_parity_apply``: a parity server received a batch and dies before applying it;
-- ``during_rebuild``: a replacement dies in the middle of its background rebuild.
+- ``during_rebuild``: a replacement dies in the middle of its background rebuild;
+- ``during_replay``: a replacement dies after applying a push a worker replayed to it (the worker's
+  replay of its unconfirmed pushes then continues at the next replacement).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import os
 import signal
 import threading
 
-POINTS = ("before_local_commit", "after_partial_parity", "after_parity_before_ack", "before_parity_apply", "during_rebuild")
+POINTS = ("before_local_commit", "after_partial_parity", "after_parity_before_ack", "before_parity_apply", "during_rebuild",
+          "during_replay")
 ENV = "ECREC_FAULT"
 
 log = logging.getLogger("ecrec.faults")

@@ -135,13 +135,17 @@ class Peers:
 
     # --- calls ---------------------------------------------------------------------------------------------------
     def call(self, index: int, method: str, request, service: str = EMBEDDING, timeout_s: float | None = None,
-             retry_deadline_s: float | None = None, give_up: Callable[[], bool] | None = None):
+             retry_deadline_s: float | None = None, give_up: Callable[[], bool] | None = None,
+             prepare: Callable[[int], None] | None = None):
         """Calls ``method`` at the server holding ``index``; when it is gone, reports it, follows the map to
         the replacement and retries the same request until the retry deadline (then PeerUnreachable).
-        ``give_up()`` returning True stops the retries early (PeerUnreachable)."""
+        ``give_up()`` returning True stops the retries early (PeerUnreachable); ``prepare(index)`` runs before
+        every attempt (the client replays unconfirmed pushes to a replacement there)."""
         deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         while True:
+            if prepare is not None:
+                prepare(index)
             address = self.address_of(index)
             if address is not None:
                 try:
@@ -201,11 +205,15 @@ class Peers:
                 replies.append(None)
         return replies
 
-    def fan_out(self, method: str, requests: dict[int, object], service: str = EMBEDDING) -> dict[int, object]:
+    def fan_out(self, method: str, requests: dict[int, object], service: str = EMBEDDING,
+                prepare: Callable[[int], None] | None = None) -> dict[int, object]:
         """One request per index in parallel (futures, no threads on the fast path); a call whose server is
-        gone falls back to :meth:`call`, which follows the map and retries the same request."""
+        gone falls back to :meth:`call`, which follows the map and retries the same request.  ``prepare``
+        as in :meth:`call`."""
         futures = {}
         for index, request in requests.items():
+            if prepare is not None:
+                prepare(index)
             address = self.address_of(index)
             if address is not None:
                 futures[index] = (address, getattr(self.stub(address, service), method).future(
@@ -220,5 +228,5 @@ class Peers:
                 except grpc.RpcError as exc:
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
-            replies[index] = self.call(index, method, request, service)
+            replies[index] = self.call(index, method, request, service, prepare=prepare)
         return replies

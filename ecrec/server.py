@@ -41,27 +41,26 @@ log = logging.getLogger("ecrec.server")
 
 
 class AppliedPushes:
-    """Push ids applied on this server (bounded), each with what its acknowledgement waits for.
+    """Push ids applied on this server (bounded), each with the sequence it got here (0: applied by an earlier
+    incarnation of this index, kept by recovery).
 
-    A retry of an applied push is answered "already applied" once that completion is done,
-    so a push is applied exactly once even when its first reply was lost.
+    A retry of an applied push is answered "already applied", so a push is applied exactly once even when
+    its first reply was lost or its owner was replaced.
     """
 
     def __init__(self, capacity: int = 1 << 20):
         self.capacity = capacity
-        self._ids: OrderedDict[tuple[str, int], object] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]):
-        """``(known, completion)``."""
+    def get(self, key: tuple[str, int]) -> int | None:
+        """The push's sequence here, or None when it was not applied."""
         with self._lock:
-            if key in self._ids:
-                return True, self._ids[key]
-            return False, None
+            return self._ids.get(key)
 
-    def add(self, key: tuple[str, int], completion=None) -> None:
+    def add(self, key: tuple[str, int], seq: int = 0) -> None:
         with self._lock:
-            self._ids[key] = completion
+            self._ids[key] = seq
             while len(self._ids) > self.capacity:
                 self._ids.popitem(last=False)
 
@@ -158,7 +157,7 @@ class ServerState:
         return self.apply_lock
 
     def mark_applied(self, push_id: tuple[str, int]) -> None:
-        self.applied.add(push_id, None)
+        self.applied.add(push_id, 0)
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -175,6 +174,8 @@ class ServerState:
                 if mine and not new_map.tables:
                     self.index = mine[0]
             self.index_set.notify_all()
+            strategy = self.strategy
+        strategy.on_map_change()
 
     def _start_strategy(self, m: cluster_pb2.ClusterMap) -> None:
         spec = get_spec(m.strategy)
@@ -280,6 +281,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st.require_index()
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty pull: name at least one table or dense tensor")
+        watermarks = st.strategy.on_relay(request.relay) if request.relay else []
         plans = []
         for t in request.tables:
             shard = st.table(t.table)
@@ -289,7 +291,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         strategy.ensure_rows(plans)
         for d in dense:
             strategy.ensure_dense(d)
-        reply = embedding_pb2.PullReply()
+        reply = embedding_pb2.PullReply(watermarks=watermarks, server_id=st.server_id,
+                                        confirmed_upto=strategy.confirmed_upto())
         for shard, slots in plans:
             reply.values.append(shard.weights(slots).tobytes())
         for d in dense:
@@ -345,40 +348,49 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
         table_plans, dense_plans = self._validate_push(request)
         strategy = st.strategy
+        watermarks = strategy.on_relay(request.relay) if request.relay else []
+        if request.acks:
+            strategy.on_acks(request.acks)
         for d, _ in dense_plans:  # rebuilt before anything reads them, the reply of a retry included
             strategy.ensure_dense(d)
         key = (request.push_id.worker, request.push_id.sequence)
-        known, completion = st.applied.get(key)
-        if known:  # a retry: answer once the first attempt is acknowledged everywhere
-            if completion is not None:
-                completion.result(timeout=st.config.rpc_timeout_s)
-            return self._push_reply(request, already_applied=True, rows=0)
+        seq = st.applied.get(key)
+        if seq is not None:  # a retry (or a replay) of a push applied here or kept by recovery
+            return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
         strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
         st.faults.hit("before_local_commit")
         # apply, one push at a time; the strategy sees the old and new bytes of everything it changed
         keep_old = strategy.needs_old_payload
         rows_updated = 0
         with st.apply_lock:
-            known, completion = st.applied.get(key)  # a concurrent retry may have won
-            if not known:
-                push = AppliedPush(key, st.sequencer.next(st.epoch))
-                for shard, ids, slots, grads in table_plans:
-                    old, new = shard.apply_gradients(slots, grads, push.seq, keep_old)
-                    push.tables.append(TableUpdate(shard, ids, slots, old, new))
-                    rows_updated += len(slots)
-                for d, grad in dense_plans:
-                    old, new = d.apply_gradient(grad, push.seq, keep_old)
-                    push.dense.append(DenseUpdate(d, old, new))
-                completion = strategy.on_push(push)
-                st.applied.add(key, completion)
-        # acknowledged only when the strategy's work (parity acks...) is done
-        if completion is not None:
-            completion.result(timeout=st.config.rpc_timeout_s)
+            seq = st.applied.get(key)  # a concurrent retry may have won
+            if seq is not None:
+                return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
+            push = AppliedPush(key, st.sequencer.next(st.epoch))
+            for shard, ids, slots, grads in table_plans:
+                old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old)
+                push.tables.append(TableUpdate(shard, ids, slots, old, new, old_versions))
+                rows_updated += len(slots)
+            for d, grad in dense_plans:
+                old, new, old_version = d.apply_gradient(grad, push.seq, keep_old)
+                push.dense.append(DenseUpdate(d, old, new, old_version))
+            outcome = strategy.on_push(push)
+            st.applied.add(key, push.seq)
+        if request.replay:
+            st.faults.hit("during_replay")
+        # acknowledged once the strategy's completion (if any) is done
+        if outcome is not None and outcome.completion is not None:
+            outcome.completion.result(timeout=st.config.rpc_timeout_s)
         st.faults.hit("after_parity_before_ack")
-        return self._push_reply(request, already_applied=known, rows=rows_updated)
+        return self._push_reply(request, False, rows_updated, outcome, watermarks)
 
-    def _push_reply(self, request, already_applied: bool, rows: int):
-        reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows)
+    def _push_reply(self, request, already_applied: bool, rows: int, outcome, watermarks):
+        reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows,
+                                        server_id=self.state.server_id, watermarks=watermarks)
+        if outcome is not None:
+            reply.relay.extend(outcome.relay)
+            reply.seq = outcome.seq
+            reply.confirmed_upto = outcome.confirmed_upto
         if request.return_dense:
             for g in request.dense:
                 reply.dense.add(name=g.name, value=self.state.dense(g.name).weights_bytes())

@@ -80,18 +80,19 @@ class TableShard:
 
     # --- training --------------------------------------------------------------------------------------------
     def apply_gradients(self, slots: np.ndarray, grads: np.ndarray, version: int,
-                        keep_old: bool) -> tuple[np.ndarray | None, np.ndarray]:
+                        keep_old: bool) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Runs the table's optimizer on rows ``slots`` (unique) and stamps them with ``version``;
-        returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``)."""
+        returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``) and old versions."""
         spec = self.spec
         with self._lock:
             rows = self._floats[slots]  # a copy: fancy indexing
             old = rows.view(np.uint8).copy() if keep_old else None
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
             self._floats[slots] = rows
+            old_versions = self._versions[slots]
             self._versions[slots] = version
             self.row_updates += len(slots)
-        return old, rows.view(np.uint8)
+        return old, rows.view(np.uint8), old_versions
 
     def weights(self, slots: np.ndarray) -> np.ndarray:
         """The rows' weights (float32 ``(n, dim)``, a copy)."""
@@ -166,14 +167,16 @@ class DenseShard:
     def nbytes(self) -> int:
         return self._bytes.nbytes
 
-    def apply_gradient(self, grad: np.ndarray, version: int, keep_old: bool) -> tuple[np.ndarray | None, np.ndarray]:
-        """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes."""
+    def apply_gradient(self, grad: np.ndarray, version: int,
+                       keep_old: bool) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes and
+        the old version."""
         spec = self.spec
         with self._lock:
             old = self._bytes.copy() if keep_old else None
             optim.apply(spec.optimizer, self._floats, grad[None, :], spec.numel, spec.lr, spec.eps)
-            self.version = version
-            return old, self._bytes.copy()
+            old_version, self.version = self.version, version
+            return old, self._bytes.copy(), old_version
 
     def weights_bytes(self) -> bytes:
         with self._lock:
@@ -204,14 +207,19 @@ class DenseShard:
                 self._pending.append((seq, delta.copy()))
             return False, prev
 
-    def undo_delta(self, delta: np.ndarray, seq: int, applied: bool, prev_version: int) -> None:
-        """Cancels :meth:`apply_delta` (XOR again and restore the version, or drop the held-back delta)."""
+    def undo_delta(self, delta: np.ndarray, seq: int, old_version: int) -> bool:
+        """Cancels the delta of push ``seq`` if this copy holds it as its newest (XOR again, back to
+        ``old_version``), or drops it while held back; returns whether the bytes changed.  Resolution undoes
+        a suffix of pushes newest first, so a delta this copy holds is then always its newest."""
         with self._lock:
-            if applied:
-                np.bitwise_xor(self._bytes, delta, out=self._bytes)
-                self.version = prev_version
-            else:
+            if not self.ready:
                 self._pending[:] = [p for p in self._pending if p[0] != seq]
+                return False
+            if self.version != seq:
+                return False  # never applied here (or already undone)
+            np.bitwise_xor(self._bytes, delta, out=self._bytes)
+            self.version = old_version
+            return True
 
     def mark_unready(self) -> None:
         with self._lock:

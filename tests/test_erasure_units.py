@@ -71,19 +71,20 @@ def push(shards, layout, seq: int, ids, rng) -> AppliedPush:
     for owner in np.unique(owners).tolist():
         sel = owners == owner
         grads = rng.standard_normal((int(sel.sum()), SPEC.dim)).astype(np.float32)
-        old, new = shards[owner].apply_gradients(slots[sel], grads, seq, keep_old=True)
-        out[owner] = AppliedPush(("w", seq), seq, [TableUpdate(shards[owner], ids[sel], slots[sel], old, new)])
+        old, new, old_versions = shards[owner].apply_gradients(slots[sel], grads, seq, keep_old=True)
+        out[owner] = AppliedPush(("w", seq), seq, [TableUpdate(shards[owner], ids[sel], slots[sel], old, new, old_versions)])
     return out
 
 
 def apply_batch(stores, destination: int, batch: parity_pb2.ParityBatch):
+    """Applies a batch to the destination's store; returns ``[(args, old_versions, rows changed)]`` per table."""
     results = []
     for t in batch.tables:
         n = len(t.parity_slots) // 8
         args = (np.frombuffer(t.parity_slots, np.int64), np.frombuffer(t.positions, np.int64),
                 np.frombuffer(t.parity_index, np.int64),
                 np.frombuffer(t.deltas, np.uint8).reshape(n, SPEC.row_bytes))
-        results.append((args, stores[destination].apply(batch.seq, *args)))
+        results.append((args, np.frombuffer(t.old_versions, np.int64), stores[destination].apply(batch.seq, *args)))
     return results
 
 
@@ -117,14 +118,15 @@ def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versi
         applied_once[d] = apply_batch(stores, d, b)
     after_once = {s: st.rows(st.slots).copy() for s, st in stores.items()}
     for d, b in batches.items():  # the re-sent batch: the versions say it is in already
-        for _, (fresh, _, _) in apply_batch(stores, d, b):
-            assert not fresh.any()
+        for _, _, changed in apply_batch(stores, d, b):
+            assert changed == 0
     for s, st in stores.items():
         np.testing.assert_array_equal(st.rows(st.slots), after_once[s])
     assert any((after_once[s] != before[s][0]).any() for s in stores)
     for d, results in applied_once.items():
-        for args, (fresh, prev, pended) in results:
-            stores[d].undo(5, *args, fresh, prev, pended)
+        for args, old_versions, changed in results:
+            assert changed == len(args[0])
+            assert stores[d].undo(5, *args, old_versions) == len(args[0])
     for s, st in stores.items():
         np.testing.assert_array_equal(st.rows(st.slots), before[s][0])
         np.testing.assert_array_equal(st.versions, before[s][1])
@@ -138,8 +140,8 @@ def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
     (d, b1), = build_batches(first, layout, owner, "o").items()
     store = stores[d]
     store.mark_unbuilt()
-    (args, (fresh, _, pended)), = apply_batch(stores, d, b1)
-    assert not fresh.any() and pended.all()
+    (args, _, changed), = apply_batch(stores, d, b1)
+    assert changed == 0 and int(args[0][0]) in store.pending
     snapshot = data_rows(shards, layout, store.slot_to_stripe[args[0]])  # the rebuild reads at version 3
     (_, second), = push(shards, layout, 4, [1], rng).items()
     (_, b2), = build_batches(second, layout, owner, "o").items()
@@ -153,15 +155,42 @@ def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
     assert store.versions[args[0][0], args[1][0]] == 4
 
 
+def test_undo_of_a_delta_the_rebuilt_row_already_held_restores_the_row_before_it():
+    """A replacement parity server rebuilt a row from data that already held push 4; the owner re-sent push 4
+    (skipped: the row holds it); resolution then undoes push 4: the row must lose it all the same."""
+    layout = Layout(4, 2, 1)
+    shards, stores = all_rows(layout), stores_for(layout)
+    rng = np.random.default_rng(9)
+    (owner, applied), = push(shards, layout, 4, [3], rng).items()
+    (d, batch), = build_batches(applied, layout, owner, "o").items()
+    store = stores[d]
+    before = store.rows(store.slots).copy()
+    store.mark_unbuilt()
+    stripes = store.slot_to_stripe[store.slots]
+    versions = np.zeros((len(stripes), layout.k), dtype=np.int64)
+    ids = layout.stripe_row_ids(stripes)
+    versions[ids == 3] = 4  # the data row of id 3 holds push 4
+    assert store.build(store.slots, codec(2, 1).encode_stripes(data_rows(shards, layout, stripes))[:, 0], versions) == len(stripes)
+    (args, old_versions, changed), = apply_batch(stores, d, batch)
+    assert changed == 0  # the rebuilt row holds it already
+    assert store.undo(4, *args, old_versions) == 1
+    np.testing.assert_array_equal(store.rows(store.slots), before)
+    assert store.versions[args[0][0], args[1][0]] == 0
+
+
 def test_dense_replica_holds_deltas_back_while_rebuilt():
     spec = DenseSpec("w", (3,), optimizer="sgd", lr=0.5)
     primary, replica = DenseShard(spec, np.arange(3, dtype=np.float32)), DenseShard(spec, np.arange(3, dtype=np.float32))
-    old, new = primary.apply_gradient(np.ones(3, np.float32), 7, keep_old=True)
+    old, new, old_version = primary.apply_gradient(np.ones(3, np.float32), 7, keep_old=True)
+    assert old_version == 0
     replica.mark_unready()
     assert replica.apply_delta(np.bitwise_xor(old, new), 7) == (False, 0)
     replica.install(old, 0)  # a copy of another replica taken before seq 7
     payload, version, ready = replica.read()
     assert ready and version == 7 and payload.tobytes() == primary.read()[0].tobytes()
+    assert replica.undo_delta(np.bitwise_xor(old, new), 7, 0)  # resolution drops push 7 again
+    assert replica.read()[0].tobytes() == old.tobytes() and replica.version == 0
+    assert not replica.undo_delta(np.bitwise_xor(old, new), 7, 0)  # not held any more: nothing changes
 
 
 def test_source_log_confirmation_trims_and_remembers_push_ids():
@@ -169,8 +198,7 @@ def test_source_log_confirmation_trims_and_remembers_push_ids():
     for seq in (11, 12, 13):
         entry = LogEntry(seq, ("w", seq), (0, 1))
         entry.tables.append(TableEntry("t", np.array([seq % 3]), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                                       np.zeros((1, 4), np.uint8), np.ones(1, bool), np.zeros(1, np.int64),
-                                       np.zeros(1, bool)))
+                                       np.zeros((1, 4), np.uint8), np.zeros(1, np.int64)))
         log.entries[seq] = entry
     np.testing.assert_array_equal(log.affected_slots("t"), [0, 1, 2])
     log.confirm(12)
@@ -190,26 +218,36 @@ def _listing(logged, confirmed=0, committed=()):
     return reply
 
 
-def test_resolution_keeps_pushes_held_by_every_surviving_destination_and_undoes_the_rest():
+B = 7 << 32  # the failed incarnation's sequence base: its pushes are B|1, B|2, ...
+
+
+def test_resolution_keeps_the_longest_complete_prefix_and_undoes_everything_after():
     current = {0: "a", 2: "c", 3: "d"}  # index 1 failed; no other replaced
     listings = {
-        0: _listing([(5, [0, 2], ["a", "c"]), (6, [0, 2], ["a", "c"]), (7, [0, 3], ["a", "d"])], confirmed=4, committed=[3]),
-        2: _listing([(5, [0, 2], ["a", "c"])], confirmed=4),
-        3: _listing([(7, [0, 3], ["a", "d"])], confirmed=4),
+        0: _listing([(B + 5, [0, 2], ["a", "c"]), (B + 6, [0, 2], ["a", "c"]), (B + 7, [0, 3], ["a", "d"])],
+                    confirmed=B + 4, committed=[3]),
+        2: _listing([(B + 5, [0, 2], ["a", "c"])], confirmed=B + 4),
+        3: _listing([(B + 7, [0, 3], ["a", "d"])], confirmed=B + 4),
     }
     d = decide(listings, current)
-    assert sorted(d.kept) == [("w", 5), ("w", 7)]  # at every destination
-    assert d.undo == [6]  # at 0 only, 2 lacks it
+    assert d.kept == [("w", B + 5)] and d.kept_upto == B + 5  # at every destination
+    assert d.undo == [B + 6, B + 7]  # 6 is at 0 only; 7 is complete but follows an incomplete push
     assert d.committed == [("w", 3)]
 
 
+def test_resolution_stops_at_a_push_no_survivor_holds():
+    listings = {0: _listing([(B + 1, [0], ["a"]), (B + 3, [0], ["a"])]), 2: _listing([])}
+    d = decide(listings, {0: "a", 2: "c"})
+    assert d.kept == [("w", B + 1)] and d.undo == [B + 3]  # B|2 went to a server that is gone with it
+
+
 def test_resolution_ignores_a_destination_replaced_since_and_keeps_confirmed_pushes():
-    listings = {0: _listing([(5, [0, 2], ["a", "old-c"]), (6, [0, 2], ["a", "c"])], confirmed=6),
+    listings = {0: _listing([(B + 5, [0, 2], ["a", "old-c"]), (B + 6, [0, 2], ["a", "c"])], confirmed=B + 6),
                 2: _listing([])}
     d = decide(listings, {0: "a", 2: "c"})
-    assert sorted(d.kept) == [("w", 5), ("w", 6)] and d.undo == []  # 5: 2 was replaced; 6: confirmed
-    d = decide({0: _listing([(5, [0, 2], ["a", "c"])]), 2: _listing([])}, {0: "a", 2: "c"})
-    assert d.kept == [] and d.undo == [5]
+    assert sorted(d.kept) == [("w", B + 5), ("w", B + 6)] and d.undo == []  # 5: 2 was replaced; 6: confirmed
+    d = decide({0: _listing([(B + 5, [0, 2], ["a", "c"])], confirmed=B + 4), 2: _listing([])}, {0: "a", 2: "c"})
+    assert d.kept == [] and d.undo == [B + 5]
 
 
 def _members(k, m, n, row_bytes=8, seed=0):

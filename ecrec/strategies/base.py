@@ -7,9 +7,14 @@ calls the strategy
 
 - when a table or dense tensor is created (``on_table_created``, ``on_dense_created``);
 - once per applied push with everything it changed (``on_push`` with an :class:`AppliedPush`:
-  the old and new payload bytes of every touched row and dense tensor), under the server's apply
-  lock, so the strategy sees pushes in one total order; the strategy may return a
-  :class:`Completion` that the server waits on -- outside the lock -- before acknowledging;
+  the old and new payload bytes and old versions of every touched row and dense tensor), under the
+  server's apply lock, so the strategy sees pushes in one total order; it returns a
+  :class:`PushOutcome` (what goes back in the reply: batches for the worker to relay, the push's
+  sequence and the confirmation watermark) whose ``completion``, if any, the server waits on --
+  outside the lock -- before acknowledging;
+- with what a worker relays from other servers (``on_relay``: batches addressed to this server;
+  ``on_acks``: other servers' watermarks of this server's batches), before a pull or push is handled;
+- when the cluster map changes (``on_map_change``);
 - before rows or dense tensors are read or updated (``ensure_rows``, ``ensure_dense``): a
   recovering server rebuilds them first;
 - periodically (``on_timer``, every ``timer_interval_s`` seconds when that is set);
@@ -50,13 +55,15 @@ class Completion(Protocol):
 @dataclass
 class TableUpdate:
     """The rows of one table a push changed: ``old``/``new`` are ``(len(slots), row_bytes)`` uint8 payloads
-    (``old`` is None unless the strategy asked for it with ``needs_old_payload``)."""
+    (``old`` is None unless the strategy asked for it with ``needs_old_payload``); ``old_versions`` the
+    rows' versions before the push."""
 
     shard: "TableShard"
     ids: np.ndarray
     slots: np.ndarray
     old: np.ndarray | None
     new: np.ndarray
+    old_versions: np.ndarray | None = None
 
 
 @dataclass
@@ -66,6 +73,19 @@ class DenseUpdate:
     dense: "DenseShard"
     old: np.ndarray | None
     new: np.ndarray
+    old_version: int = 0
+
+
+@dataclass
+class PushOutcome:
+    """What a strategy answers for a push: what the server waits on before acknowledging (``completion``),
+    and what goes back in the reply (batches for the worker to relay, the push's sequence here, and the
+    sequence up to which this server's pushes are durable at their redundancy)."""
+
+    completion: Completion | None = None
+    relay: list = field(default_factory=list)  # embedding_pb2.RelayBatch
+    seq: int = 0
+    confirmed_upto: int = 0
 
 
 @dataclass
@@ -146,9 +166,28 @@ class FaultToleranceStrategy:
     def on_dense_created(self, dense: "DenseShard") -> None:
         pass
 
-    def on_push(self, push: AppliedPush) -> Completion | None:
-        """A push was applied locally; what to wait for before acknowledging it."""
+    def on_push(self, push: AppliedPush) -> PushOutcome | None:
+        """A push was applied locally; what to wait for before acknowledging it and what the reply carries."""
         return None
+
+    def on_retry(self, push_id: tuple[str, int], seq: int) -> PushOutcome | None:
+        """A retry of an applied push (``seq``: the sequence it got here, 0 if before this incarnation)."""
+        return None
+
+    def on_relay(self, relay: list) -> list:
+        """Batches of other servers a worker relayed to this one (``RelayBatch``); returns the watermarks
+        (``ParityWatermark``) the worker takes back to their owners."""
+        return []
+
+    def on_acks(self, acks: list) -> None:
+        """Watermarks of this server's own batches (``ParityWatermark``), relayed by a worker."""
+
+    def on_map_change(self) -> None:
+        """The server adopted a newer cluster map."""
+
+    def confirmed_upto(self) -> int:
+        """Every push applied here up to this sequence is durable at its redundancy (0: not tracked)."""
+        return 0
 
     def ensure_rows(self, items: "list[tuple[TableShard, np.ndarray]]") -> None:
         """Called with ``(shard, slots)`` of every table a request touches, before the rows are read or

@@ -31,23 +31,55 @@ class TableIds(_message.Message):
     ids: bytes
     def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
 
+class RelayBatch(_message.Message):
+    __slots__ = ("destination", "destination_id", "batch")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    destination: int
+    destination_id: str
+    batch: bytes
+    def __init__(self, destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., batch: _Optional[bytes] = ...) -> None: ...
+
+class ParityWatermark(_message.Message):
+    __slots__ = ("source", "source_id", "destination", "destination_id", "applied_upto")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    source: int
+    source_id: str
+    destination: int
+    destination_id: str
+    applied_upto: int
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., applied_upto: _Optional[int] = ...) -> None: ...
+
 class PullRequest(_message.Message):
-    __slots__ = ("tables", "dense", "epoch")
+    __slots__ = ("tables", "dense", "epoch", "relay")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableIds]
     dense: _containers.RepeatedScalarFieldContainer[str]
     epoch: int
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    relay: _containers.RepeatedCompositeFieldContainer[RelayBatch]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ...) -> None: ...
 
 class PullReply(_message.Message):
-    __slots__ = ("values", "dense")
+    __slots__ = ("values", "dense", "watermarks", "confirmed_upto", "server_id")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
-    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+    watermarks: _containers.RepeatedCompositeFieldContainer[ParityWatermark]
+    confirmed_upto: int
+    server_id: str
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., watermarks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ..., confirmed_upto: _Optional[int] = ..., server_id: _Optional[str] = ...) -> None: ...
 
 class TableGrads(_message.Message):
     __slots__ = ("table", "ids", "grads")
@@ -68,28 +100,44 @@ class DenseValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense")
+    __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense", "relay", "acks", "replay")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RETURN_DENSE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
     push_id: PushId
     epoch: int
     return_dense: bool
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., epoch: _Optional[int] = ..., return_dense: _Optional[bool] = ...) -> None: ...
+    relay: _containers.RepeatedCompositeFieldContainer[RelayBatch]
+    acks: _containers.RepeatedCompositeFieldContainer[ParityWatermark]
+    replay: bool
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., epoch: _Optional[int] = ..., return_dense: _Optional[bool] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("already_applied", "rows_updated", "dense")
+    __slots__ = ("already_applied", "rows_updated", "dense", "relay", "seq", "confirmed_upto", "server_id", "watermarks")
     ALREADY_APPLIED_FIELD_NUMBER: _ClassVar[int]
     ROWS_UPDATED_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     already_applied: bool
     rows_updated: int
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
-    def __init__(self, already_applied: _Optional[bool] = ..., rows_updated: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+    relay: _containers.RepeatedCompositeFieldContainer[RelayBatch]
+    seq: int
+    confirmed_upto: int
+    server_id: str
+    watermarks: _containers.RepeatedCompositeFieldContainer[ParityWatermark]
+    def __init__(self, already_applied: _Optional[bool] = ..., rows_updated: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ..., seq: _Optional[int] = ..., confirmed_upto: _Optional[int] = ..., server_id: _Optional[str] = ..., watermarks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
     __slots__ = ("index", "map", "dense")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ParityBatch(_message.Message):
-    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense", "destination_ids")
+    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense", "destination_ids", "destination", "destination_id", "prev_seq", "confirmed_upto")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -17,29 +17,49 @@ class ParityBatch(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PREV_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
     source: int
     source_id: str
     seq: int
     push_id: _embedding_pb2.PushId
     destinations: _containers.RepeatedScalarFieldContainer[int]
     tables: _containers.RepeatedCompositeFieldContainer[ParityDeltas]
-    dense: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.DenseValue]
+    dense: _containers.RepeatedCompositeFieldContainer[DenseDelta]
     destination_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[_embedding_pb2.DenseValue, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    destination: int
+    destination_id: str
+    prev_seq: int
+    confirmed_upto: int
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseDelta, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., prev_seq: _Optional[int] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
 
 class ParityDeltas(_message.Message):
-    __slots__ = ("table", "parity_slots", "positions", "parity_index", "deltas")
+    __slots__ = ("table", "parity_slots", "positions", "parity_index", "deltas", "old_versions")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PARITY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     PARITY_INDEX_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    OLD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     table: str
     parity_slots: bytes
     positions: bytes
     parity_index: bytes
     deltas: bytes
-    def __init__(self, table: _Optional[str] = ..., parity_slots: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., deltas: _Optional[bytes] = ...) -> None: ...
+    old_versions: bytes
+    def __init__(self, table: _Optional[str] = ..., parity_slots: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., deltas: _Optional[bytes] = ..., old_versions: _Optional[bytes] = ...) -> None: ...
+
+class DenseDelta(_message.Message):
+    __slots__ = ("name", "value", "old_version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    OLD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: bytes
+    old_version: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., old_version: _Optional[int] = ...) -> None: ...
 
 class ParityBatches(_message.Message):
     __slots__ = ("batches", "source", "source_id", "confirmed_upto")
@@ -54,10 +74,24 @@ class ParityBatches(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[_Union[ParityBatch, _Mapping]]] = ..., source: _Optional[int] = ..., source_id: _Optional[str] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
 
 class ParityAck(_message.Message):
-    __slots__ = ("applied_upto",)
+    __slots__ = ("applied_upto", "destination_id")
     APPLIED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
     applied_upto: int
-    def __init__(self, applied_upto: _Optional[int] = ...) -> None: ...
+    destination_id: str
+    def __init__(self, applied_upto: _Optional[int] = ..., destination_id: _Optional[str] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ("timeout_s",)
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    timeout_s: float
+    def __init__(self, timeout_s: _Optional[float] = ...) -> None: ...
+
+class FlushReply(_message.Message):
+    __slots__ = ("unconfirmed",)
+    UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    unconfirmed: int
+    def __init__(self, unconfirmed: _Optional[int] = ...) -> None: ...
 
 class ResolveSourceRequest(_message.Message):
     __slots__ = ("source", "commit", "undo_seqs", "replacement_id")

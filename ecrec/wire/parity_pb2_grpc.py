@@ -39,6 +39,11 @@ class ParityServiceStub:
                 request_serializer=ecrec_dot_wire_dot_parity__pb2.ParityBatches.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_parity__pb2.ParityAck.FromString,
                 _registered_method=True)
+        self.Flush = channel.unary_unary(
+                '/ecrec.wire.ParityService/Flush',
+                request_serializer=ecrec_dot_wire_dot_parity__pb2.FlushRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_parity__pb2.FlushReply.FromString,
+                _registered_method=True)
         self.ResolveSource = channel.unary_unary(
                 '/ecrec.wire.ParityService/ResolveSource',
                 request_serializer=ecrec_dot_wire_dot_parity__pb2.ResolveSourceRequest.SerializeToString,
@@ -55,7 +60,15 @@ class ParityServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ApplyParity(self, request, context):
-        """Deltas of one or more pushes of one owner, in sequence order.
+        """Deltas of one or more pushes of one owner, in sequence order (the owner's direct path; the
+        usual path is the relay through the worker, embedding.proto).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Flush(self, request, context):
+        """Deliver every batch of this server not yet applied at its destinations, directly, and wait.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +95,11 @@ def add_ParityServiceServicer_to_server(servicer, server):
                     servicer.ApplyParity,
                     request_deserializer=ecrec_dot_wire_dot_parity__pb2.ParityBatches.FromString,
                     response_serializer=ecrec_dot_wire_dot_parity__pb2.ParityAck.SerializeToString,
+            ),
+            'Flush': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flush,
+                    request_deserializer=ecrec_dot_wire_dot_parity__pb2.FlushRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_parity__pb2.FlushReply.SerializeToString,
             ),
             'ResolveSource': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveSource,
@@ -121,6 +139,33 @@ class ParityService:
             '/ecrec.wire.ParityService/ApplyParity',
             ecrec_dot_wire_dot_parity__pb2.ParityBatches.SerializeToString,
             ecrec_dot_wire_dot_parity__pb2.ParityAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flush(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.ParityService/Flush',
+            ecrec_dot_wire_dot_parity__pb2.FlushRequest.SerializeToString,
+            ecrec_dot_wire_dot_parity__pb2.FlushReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,6 +25,9 @@ class ErasureOptions:
                                       "it throttles itself (on-demand rebuilds of the rows training touches "
                                       "then last longer, which cost more here than they save)")
     heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
+    relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
+    max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
+    max_batch_bytes: int = option(4 << 20, "largest direct ApplyParity message (bytes)")
     rebuild_deadline_s: float = option(120.0, "a row that cannot be rebuilt for this long fails its request (s)")
     partial_parity_wait_s: float = option(30.0, "fault injection after_partial_parity: wait for the first batch (s)")
 
@@ -32,12 +35,13 @@ class ErasureOptions:
         if self.backend not in SUPPORTED_BACKENDS:
             raise ValueError(f"strategy {strategy!r}: option backend={self.backend!r}: "
                              f"choose one of {list(SUPPORTED_BACKENDS)}")
-        if self.rebuild_batch_rows < 1:
-            raise ValueError(f"strategy {strategy!r}: rebuild_batch_rows must be >= 1")
+        for key in ("rebuild_batch_rows", "max_unconfirmed", "max_batch_bytes"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"strategy {strategy!r}: {key} must be >= 1")
         for key in ("rebuild_pause_s", "heartbeat_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 0")
-        for key in ("rebuild_deadline_s", "partial_parity_wait_s"):
+        for key in ("rebuild_deadline_s", "partial_parity_wait_s", "relay_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be > 0")
         if not 0 < self.rebuild_duty <= 1:

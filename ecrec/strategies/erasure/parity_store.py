@@ -65,23 +65,22 @@ class ParityStore:
             self.set_rows(self.slots[start:start + ENCODE_CHUNK_STRIPES], parity[np.arange(len(stripes)), j])
 
     # --- deltas --------------------------------------------------------------------------------------
-    def apply(self, seq: int, slots: np.ndarray, positions: np.ndarray, pidx: np.ndarray, deltas: np.ndarray):
-        """Applies one batch's deltas; returns ``(applied mask, previous versions, pended mask)`` for undo."""
+    def apply(self, seq: int, slots: np.ndarray, positions: np.ndarray, pidx: np.ndarray, deltas: np.ndarray) -> int:
+        """Applies one batch's deltas where the row does not hold ``seq`` yet (rows being rebuilt hold them
+        back); returns how many rows changed."""
         with self.lock:
             built = self.built[slots]
-            prev = self.versions[slots, positions]
-            fresh = built & (seq > prev)
+            fresh = built & (seq > self.versions[slots, positions])
             if fresh.all():
                 self._xor(slots, positions, pidx, deltas)
                 self.versions[slots, positions] = seq
             elif fresh.any():
                 self._xor(slots[fresh], positions[fresh], pidx[fresh], deltas[fresh])
                 self.versions[slots[fresh], positions[fresh]] = seq
-            pended = ~built
-            if pended.any():
-                for r in np.flatnonzero(pended):
+            if not built.all():
+                for r in np.flatnonzero(~built):
                     self.pending.setdefault(int(slots[r]), []).append((int(positions[r]), seq, deltas[r].copy()))
-        return fresh, prev, pended
+            return int(fresh.sum())
 
     def _xor(self, slots, positions, pidx, deltas) -> None:
         """The hot path: arrays were validated by the caller (``ApplyParity``), so the kernel runs unchecked."""
@@ -101,16 +100,22 @@ class ParityStore:
         else:
             self.parity[slots] = rows
 
-    def undo(self, seq: int, slots, positions, pidx, deltas, fresh, prev, pended) -> None:
-        """Cancels a batch applied by :meth:`apply` (XOR the same deltas again, restore versions)."""
+    def undo(self, seq: int, slots, positions, pidx, deltas, old_versions) -> int:
+        """Cancels push ``seq`` where a parity row holds it as its newest delta of that data row (XOR again,
+        back to ``old_versions``: also right when the row was rebuilt from data that already held it), and
+        drops it where it is held back.  Resolution undoes a suffix of a source's pushes, newest first, so a
+        delta a row holds is then always the newest.  Returns how many rows changed."""
         with self.lock:
-            if fresh.any():
-                self._xor(slots[fresh], positions[fresh], pidx[fresh], deltas[fresh])
-                self.versions[slots[fresh], positions[fresh]] = prev[fresh]
-            for r in np.flatnonzero(pended):
+            built = self.built[slots]
+            held = built & (self.versions[slots, positions] == seq)
+            if held.any():
+                self._xor(slots[held], positions[held], pidx[held], deltas[held])
+                self.versions[slots[held], positions[held]] = old_versions[held]
+            for r in np.flatnonzero(~built):
                 waiting = self.pending.get(int(slots[r]))
                 if waiting:
                     waiting[:] = [p for p in waiting if p[1] != seq]
+            return int(held.sum())
 
     # --- rebuild -------------------------------------------------------------------------------------
     def mark_unbuilt(self) -> None:

@@ -1,10 +1,13 @@
 """The receiving side of the parity path: a server applies other owners' batches to its parity rows
 and dense replicas, and keeps them in a per-source log until the owner confirms them.
 
-A batch is validated whole before anything changes; applying is idempotent (per-row versions), so a
-re-sent batch changes nothing.  For a failed owner the log answers resolution: list what is held,
-then undo the batches resolution drops (XOR cancels) and forget the source.  While a failed owner's
-batches are unresolved, the rows they touched are not *ready* for a rebuild to read.
+Batches arrive relayed by workers (inside pulls and pushes) or directly from their owner, in any order;
+each source's batches form a chain (every batch names its predecessor) applied strictly in order, later
+ones held back until their predecessor arrives, duplicates skipped.  A batch is validated whole before
+anything of it changes.  For a failed owner the log answers resolution: close the chain and list what
+is held, then undo the batches resolution drops (XOR cancels, versions go back) and forget the
+incarnation.  While a failed owner's batches are unresolved, the rows they touched are not *ready* for a
+rebuild to read.
 """
 
 from __future__ import annotations
@@ -52,82 +55,157 @@ class ParityReceiver:
             raise errors.NotFound(f"unknown table {table!r}")
         return store
 
-    def source_log(self, source: int) -> SourceLog:
+    # --- applying ------------------------------------------------------------------------------------------
+    def _parse(self, b: parity_pb2.ParityBatch):
+        """Validates one batch before anything of it is applied; returns its tables and dense deltas."""
+        layout = self.host.layout
+        tables = []
+        for t in b.tables:
+            store = self.store(t.table)
+            slots = transport.bytes_to_ids(t.parity_slots)
+            positions = transport.bytes_to_ids(t.positions)
+            pidx = transport.bytes_to_ids(t.parity_index)
+            old_versions = transport.bytes_to_ids(t.old_versions)
+            row_bytes = store.spec.row_bytes
+            if (not (len(slots) == len(positions) == len(pidx) == len(old_versions))
+                    or len(t.deltas) != len(slots) * row_bytes):
+                raise errors.InvalidRequest(f"table {t.table!r}: inconsistent parity batch lengths")
+            if len(slots) and (slots.min() < 0 or slots.max() >= len(store.built)
+                               or positions.min() < 0 or positions.max() >= layout.k
+                               or pidx.min() < 0 or pidx.max() >= layout.m):
+                raise errors.InvalidRequest(f"table {t.table!r}: parity slot, position or index out of range")
+            if len(slots) and (store.slot_to_stripe[slots] < 0).any():
+                raise errors.FailedPrecondition(
+                    f"server {self.host.index} holds no parity row at some slot of {t.table!r}")
+            deltas = np.frombuffer(t.deltas, dtype=np.uint8).reshape(len(slots), row_bytes)
+            tables.append((store, slots, positions, pidx, deltas, old_versions))
+        dense = []
+        for d in b.dense:
+            shard = self.host.dense(d.name)
+            if len(d.value) != shard.nbytes:
+                raise errors.InvalidRequest(
+                    f"dense tensor {d.name!r}: delta of {len(d.value)} bytes, expected {shard.nbytes}")
+            dense.append((shard, np.frombuffer(d.value, dtype=np.uint8), d.old_version))
+        return tables, dense
+
+    def _apply_locked(self, lg: SourceLog, b: parity_pb2.ParityBatch, parsed) -> None:
+        self.host.faults.hit("before_parity_apply")
+        tables, dense = parsed
+        entry = LogEntry(b.seq, (b.push_id.worker, b.push_id.sequence), tuple(b.destinations), tuple(b.destination_ids))
+        for store, slots, positions, pidx, deltas, old_versions in tables:
+            store.apply(b.seq, slots, positions, pidx, deltas)
+            entry.tables.append(TableEntry(store.spec.name, slots, positions, pidx, deltas, old_versions))
+        for shard, delta, old_version in dense:
+            shard.apply_delta(delta, b.seq)
+            entry.dense.append(DenseEntry(shard.spec.name, delta, old_version))
+        lg.entries[b.seq] = entry
+        lg.applied_upto = b.seq
+        self.counters["batches_applied"] += 1
+
+    def receive(self, batches: list[parity_pb2.ParityBatch], strict: bool) -> dict[int, SourceLog]:
+        """Applies batches (any sources, any order): each source's chain strictly in the order its batches
+        name, later ones held back until their predecessor arrives; duplicates are skipped.  A batch addressed
+        to another incarnation of this server, or from a source incarnation already resolved, is refused:
+        with ``strict`` (the owner's direct call) as an error, else (relayed) it is dropped and counted.
+        Returns the logs of the sources seen (their watermarks answer the caller)."""
+        self.host.require_index()
+        seen: dict[int, SourceLog] = {}
+        for b in batches:
+            try:
+                parsed = self._parse(b)
+                with self.lock:
+                    lg = self._chain_for(b)
+                    seen[b.source] = lg
+                    if b.seq <= lg.applied_upto:
+                        self.counters["duplicate_batches"] += 1
+                    elif b.prev_seq == lg.applied_upto:
+                        self._apply_locked(lg, b, parsed)
+                        while lg.applied_upto in lg.held:  # successors that arrived first
+                            nxt, nxt_parsed = lg.held.pop(lg.applied_upto)
+                            self._apply_locked(lg, nxt, nxt_parsed)
+                    elif len(lg.held) < lg.max_held:
+                        lg.held[b.prev_seq] = (b, parsed)
+                        self.counters["held_back_batches"] += 1
+                    else:
+                        raise errors.ResourceExhausted(
+                            f"server {self.host.index}: {len(lg.held)} batches of source {b.source} wait for batch "
+                            f"{lg.applied_upto}'s successor; send the chain in order")
+                    lg.confirm(b.confirmed_upto)
+            except errors.EcrecError as exc:
+                if strict:
+                    raise
+                self.counters["refused_relayed_batches"] += 1
+                log.warning("relayed parity batch of source %d seq %d refused: %s", b.source, b.seq, exc)
+        return seen
+
+    def _chain_for(self, b: parity_pb2.ParityBatch) -> SourceLog:
+        """The log of ``b``'s source, checked against ``b``'s incarnations (call with the lock held)."""
+        if b.destination_id and b.destination_id != self.host.server_id:
+            self.counters["stale_batches"] += 1
+            raise errors.FailedPrecondition(
+                f"batch addressed to incarnation {b.destination_id} of server {b.destination}; this is "
+                f"{self.host.server_id}: the destination was replaced, refresh the map")
+        lg = self.logs.get(b.source)
+        if lg is None:
+            lg = self.logs[b.source] = SourceLog(b.source)
+        if b.source_id != lg.source_id:
+            if b.source_id in lg.resolved_ids:
+                raise errors.FailedPrecondition(
+                    f"source {b.source} incarnation {b.source_id} was replaced and resolved; batch refused")
+            if lg.entries and not lg.closed and lg.source_id:
+                # resolution of the previous incarnation never reached this server: keep what it applied
+                log.error("source %d changed incarnation (%s -> %s) with %d unresolved batches; keeping them",
+                          b.source, lg.source_id, b.source_id, len(lg.entries))
+                self.counters["unresolved_incarnation_switches"] += 1
+                for e in lg.entries.values():
+                    lg.committed.append(e.push_id)
+            lg.restart(b.source_id)
+        if lg.closed:
+            raise errors.FailedPrecondition(f"source {b.source} incarnation {b.source_id} is being resolved; batch refused")
+        return lg
+
+    def watermarks(self, seen: dict[int, SourceLog]) -> list[embedding_pb2.ParityWatermark]:
+        with self.lock:
+            return [embedding_pb2.ParityWatermark(source=s, source_id=lg.source_id, destination=self.host.index,
+                                                  destination_id=self.host.server_id, applied_upto=lg.applied_upto)
+                    for s, lg in seen.items() if lg.source_id]
+
+    def on_relay(self, relay) -> list[embedding_pb2.ParityWatermark]:
+        """Batches a worker relayed (serialized); returns the watermarks of their sources."""
+        batches = []
+        for r in relay:
+            b = parity_pb2.ParityBatch()
+            try:
+                b.ParseFromString(r.batch)
+            except Exception:  # noqa: BLE001 - a malformed relay is dropped and counted, never applied
+                self.counters["refused_relayed_batches"] += 1
+                log.warning("a relayed parity batch could not be parsed; dropped")
+                continue
+            batches.append(b)
+        return self.watermarks(self.receive(batches, strict=False))
+
+    def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
+        """The owner's direct call: its batches (or only its confirmation) in one message."""
+        self.host.require_index()
+        seen = self.receive(list(request.batches), strict=True)
+        with self.lock:
+            lg = seen.get(request.source) or self.logs.get(request.source)
+            if lg is None or lg.source_id != request.source_id:
+                return parity_pb2.ParityAck(applied_upto=0, destination_id=self.host.server_id)
+            lg.confirm(request.confirmed_upto)
+            return parity_pb2.ParityAck(applied_upto=lg.applied_upto, destination_id=self.host.server_id)
+
+    # --- resolution of a failed source (the survivors' side) ---------------------------------------------
+    def list_source(self, source: int) -> parity_pb2.ResolveSourceReply:
+        """Closes the chain of ``source``'s current incarnation (its later batches are refused, held-back ones
+        dropped) and lists what this server applied of it: logged entries, confirmation, recent commits."""
+        reply = parity_pb2.ResolveSourceReply()
         with self.lock:
             lg = self.logs.get(source)
             if lg is None:
                 lg = self.logs[source] = SourceLog(source)
-            return lg
-
-    # --- applying ------------------------------------------------------------------------------------------
-    def _parse(self, batches) -> list:
-        """Validates every batch of a message before anything is applied."""
-        layout = self.host.layout
-        parsed = []
-        for b in batches:
-            tables = []
-            for t in b.tables:
-                store = self.store(t.table)
-                slots = transport.bytes_to_ids(t.parity_slots)
-                positions = transport.bytes_to_ids(t.positions)
-                pidx = transport.bytes_to_ids(t.parity_index)
-                row_bytes = store.spec.row_bytes
-                if not (len(slots) == len(positions) == len(pidx)) or len(t.deltas) != len(slots) * row_bytes:
-                    raise errors.InvalidRequest(f"table {t.table!r}: inconsistent parity batch lengths")
-                if len(slots) and (slots.min() < 0 or slots.max() >= len(store.built)
-                                   or positions.min() < 0 or positions.max() >= layout.k
-                                   or pidx.min() < 0 or pidx.max() >= layout.m):
-                    raise errors.InvalidRequest(f"table {t.table!r}: parity slot, position or index out of range")
-                if len(slots) and (store.slot_to_stripe[slots] < 0).any():
-                    raise errors.FailedPrecondition(
-                        f"server {self.host.index} holds no parity row at some slot of {t.table!r}")
-                deltas = np.frombuffer(t.deltas, dtype=np.uint8).reshape(len(slots), row_bytes)
-                tables.append((store, slots, positions, pidx, deltas))
-            dense = []
-            for d in b.dense:
-                shard = self.host.dense(d.name)
-                if len(d.value) != shard.nbytes:
-                    raise errors.InvalidRequest(
-                        f"dense tensor {d.name!r}: delta of {len(d.value)} bytes, expected {shard.nbytes}")
-                dense.append((shard, np.frombuffer(d.value, dtype=np.uint8)))
-            parsed.append((b, tables, dense))
-        return parsed
-
-    def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
-        """Applies one owner's batches in order, logs them, and trims the log to its confirmation."""
-        self.host.require_index()
-        lg = self.source_log(request.source)
-        parsed = self._parse(request.batches)
-        with self.lock:
-            if lg.source_id != request.source_id:
-                if lg.entries and lg.source_id:
-                    log.warning("source %d changed incarnation (%s -> %s) with %d unresolved entries",
-                                request.source, lg.source_id, request.source_id, len(lg.entries))
-                lg.source_id = request.source_id
-            for b, tables, dense in parsed:
-                self.host.faults.hit("before_parity_apply")
-                if b.seq in lg.entries or b.seq <= lg.confirmed_upto:
-                    continue  # a re-sent batch: already applied
-                entry = LogEntry(b.seq, (b.push_id.worker, b.push_id.sequence), tuple(b.destinations),
-                                 tuple(b.destination_ids))
-                for store, slots, positions, pidx, deltas in tables:
-                    fresh, prev, pended = store.apply(b.seq, slots, positions, pidx, deltas)
-                    entry.tables.append(TableEntry(store.spec.name, slots, positions, pidx, deltas, fresh, prev, pended))
-                for shard, delta in dense:
-                    applied, prev_version = shard.apply_delta(delta, b.seq)
-                    entry.dense.append(DenseEntry(shard.spec.name, delta, applied, prev_version))
-                lg.entries[b.seq] = entry
-                lg.applied_upto = max(lg.applied_upto, b.seq)
-            lg.confirm(request.confirmed_upto)
-            self.counters["batches_applied"] += len(parsed)
-        return parity_pb2.ParityAck(applied_upto=lg.applied_upto)
-
-    # --- resolution of a failed source (the survivors' side) ---------------------------------------------
-    def list_source(self, source: int) -> parity_pb2.ResolveSourceReply:
-        """What this server holds of ``source``'s batches: logged entries, confirmation, recent commits."""
-        lg = self.source_log(source)
-        reply = parity_pb2.ResolveSourceReply()
-        with self.lock:
+            lg.closed = True
+            lg.held.clear()
             for seq, e in lg.entries.items():
                 reply.logged.add(seq=seq, push_id=embedding_pb2.PushId(worker=e.push_id[0], sequence=e.push_id[1]),
                                  destinations=list(e.destinations), destination_ids=list(e.destination_ids))
@@ -137,25 +215,33 @@ class ParityReceiver:
         return reply
 
     def commit_resolution(self, source: int, undo_seqs, replacement_id: str) -> None:
-        """Undoes ``undo_seqs`` of ``source`` (newest first), commits the rest, and forgets the source."""
-        lg = self.source_log(source)
+        """Undoes ``undo_seqs`` of ``source`` (newest first), commits the rest, and forgets the incarnation."""
         with self.lock:
+            lg = self.logs.get(source)
+            if lg is None:
+                return
             undo = set(undo_seqs)
+            undone = 0
             for seq in sorted(undo, reverse=True):
                 e = lg.entries.get(seq)
                 if e is None:
                     continue
+                undone += 1
                 for t in e.tables:
-                    self.stores[t.table].undo(seq, t.slots, t.positions, t.pidx, t.deltas, t.fresh, t.prev, t.pended)
+                    self.stores[t.table].undo(seq, t.slots, t.positions, t.pidx, t.deltas, t.old_versions)
                 for d in e.dense:
-                    self.host.dense(d.name).undo_delta(d.delta, seq, d.applied, d.prev_version)
-            self.counters["undone_batches"] += len(undo & set(lg.entries))
+                    self.host.dense(d.name).undo_delta(d.delta, seq, d.old_version)
+            self.counters["undone_batches"] += undone
             for seq, e in lg.entries.items():
                 if seq not in undo:
                     lg.committed.append(e.push_id)
-            lg.entries.clear()
+            if lg.source_id:
+                lg.resolved_ids.append(lg.source_id)
             lg.source_id = ""
-            lg.confirmed_upto = 0
+            lg.entries.clear()
+            lg.held.clear()
+            lg.applied_upto = lg.confirmed_upto = 0
+            lg.closed = False
             self.resolved_sources[source] = replacement_id
 
     # --- what a rebuild may read -------------------------------------------------------------------------

@@ -1,12 +1,16 @@
 """Resolution of a failed owner's in-flight pushes: which stand (rolled forward) and which are undone.
 
 Run by the replacement of failed index ``f`` before it serves (``DESIGN.md``, step 5).  Every live
-server lists the batches of ``f`` it holds in its log.  A push is *kept* when it is confirmed, or when
-every surviving destination that received it from ``f`` still holds it: ``f`` may have acknowledged
-it, so the rebuilt rows include it and its push id joins the replacement's applied pushes (a retry is
-answered "already applied").  Any other push is *undone* where it was applied (XOR cancels) and the
-worker's retry applies it once.  A destination is a witness only while the server that received the
-batch still holds its index: a replacement promoted since knows nothing of ``f``'s earlier batches.
+server closes ``f``'s chain (later batches of that incarnation are refused) and lists the batches of
+``f`` it applied.  ``f``'s pushes are numbered consecutively; the *kept* pushes are the longest prefix
+in which every push is confirmed or applied at every surviving destination that received it from
+``f``: the rebuilt rows include them, and their push ids join the replacement's applied pushes (a
+worker's replay of one is answered "already applied").  Every later push is *undone* wherever it was
+applied (XOR cancels, versions go back; newest first) and the workers' replay applies it once, in
+their order.  A prefix, not every complete push: a later push may share rows with an earlier
+incomplete one, and a row must never hold a later push without the earlier.  A destination is a
+witness only while the server that received the batch still holds its index: a replacement promoted
+since rebuilt its rows from data that held ``f``'s pushes, and ``f`` re-sent it the rest.
 
 :func:`decide` is the rule, as a pure function; :class:`Resolver` runs the protocol over the peers.
 """
@@ -30,6 +34,7 @@ class Decision:
     kept: list[tuple[str, int]] = field(default_factory=list)  # push ids that stand (logged ones)
     undo: list[int] = field(default_factory=list)  # sequences to undo everywhere
     committed: list[tuple[str, int]] = field(default_factory=list)  # push ids confirmed earlier
+    kept_upto: int = 0  # every push of the failed incarnation up to this sequence stands
 
 
 def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict[int, str]) -> Decision:
@@ -46,12 +51,22 @@ def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict
             info[e.seq] = e
         committed.update((c.worker, c.sequence) for c in r.committed)
     decision = Decision(committed=sorted(committed))
-    for seq, e in info.items():
+    if not info:
+        return decision
+    # the first push of this incarnation is (seq base | 1): every push from there on must be accounted for
+    kept_upto = confirmed if confirmed else ((min(info) >> 32) << 32)
+    while kept_upto + 1 in info:
+        e = info[kept_upto + 1]
         needed = {d for d, sid in zip(e.destinations, e.destination_ids) if d in survivors and current_ids.get(d) == sid}
-        if seq <= confirmed or needed <= holders[seq]:
-            decision.kept.append((e.push_id.worker, e.push_id.sequence))
+        if not needed <= holders[e.seq]:
+            break
+        kept_upto += 1
+    for seq in sorted(info):
+        if seq <= kept_upto:
+            decision.kept.append((info[seq].push_id.worker, info[seq].push_id.sequence))
         else:
             decision.undo.append(seq)
+    decision.kept_upto = kept_upto
     return decision
 
 
@@ -84,6 +99,6 @@ class Resolver:
                 log.warning("resolution commit on server %d failed", i)
         self.counters["resolved_kept"] = len(decision.kept)
         self.counters["resolved_undone"] = len(decision.undo)
-        log.info("resolved index %d: %d logged pushes kept, %d undone (%d servers)", failed, len(decision.kept),
-                 len(decision.undo), len(listings))
+        log.info("resolved index %d: %d logged pushes kept (up to seq %d), %d undone (%d servers)", failed,
+                 len(decision.kept), decision.kept_upto, len(decision.undo), len(listings))
         return decision.kept + decision.committed

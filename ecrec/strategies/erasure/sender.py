@@ -1,97 +1,99 @@
-"""Delivers one owner's parity batches to one destination index, in sequence order.
+"""The owner's direct path to one destination: batches the relay did not deliver in time, a restarted chain,
+flushes, and confirmations for an idle destination.
 
-One :class:`DestinationSender` (and one thread) per destination.  Queued batches are coalesced into
-one ``ApplyParity`` call (at most ``MAX_COALESCE``); an idle sender sends the owner's confirmation
-watermark alone every ``heartbeat_s`` so the destination can trim its log.  When the destination is
-gone the sender reports it, waits for the map to name a replacement and retries there; when the map
-shows no server at that index the batches are dropped (a replacement re-encodes from the data rows).
-Each batch's future completes when it was applied (or dropped), or fails with the destination's error.
+One :class:`DestinationSender` (and one thread) per destination index.  It wakes every
+``relay_timeout_s / 2`` (or when woken), takes from the owner's outbox the batches this destination has
+not acknowledged and that are overdue (or all of them after a restart or a flush), and sends them in
+sequence order in ``ApplyParity`` calls of at most ``max_batch_bytes``.  The destination's reply is an
+acknowledgement like a relayed watermark.  A destination that is gone is reported to the coordinator;
+the batches stay in the outbox and go to the replacement once the map names it.  Nothing is dropped: a
+refused call (any other status) is logged and retried at the next wake.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 
 import grpc
 
 from ecrec import transport
 from ecrec.peers import PARITY
-from ecrec.strategies.base import StrategyHost
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
-MAX_COALESCE = 64
-
 
 class DestinationSender:
-    """Sends one owner's batches to ``destination`` (see the module docstring)."""
+    """Direct delivery of one owner's batches to ``destination`` (see the module docstring).  ``owner`` is
+    the :class:`~ecrec.strategies.erasure.owner.ParityOwner` whose outbox it drains."""
 
-    def __init__(self, host: StrategyHost, destination: int, confirmed_upto: Callable[[], int],
-                 heartbeat_s: float, closed: threading.Event, counters):
-        self.host = host
+    def __init__(self, owner, destination: int):
+        self.owner = owner
         self.destination = destination
-        self.confirmed_upto = confirmed_upto
-        self.heartbeat_s = heartbeat_s
-        self.closed = closed
-        self.counters = counters
-        self.queue: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._due_now = False
+        self._send_lock = threading.Lock()  # one delivery to this destination at a time (thread or caller)
         self.sent_confirm = 0
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
-    def submit(self, batch: parity_pb2.ParityBatch) -> Future:
-        fut: Future = Future()
-        self.queue.put((batch, fut))
-        return fut
+    def wake(self, due_now: bool = False) -> None:
+        self._due_now = self._due_now or due_now
+        self._wake.set()
 
     def _run(self) -> None:
-        while not self.closed.is_set():
+        owner = self.owner
+        period = max(0.005, min(owner.options.relay_timeout_s / 2, owner.options.heartbeat_s))
+        while not owner.closed.is_set():
+            self._wake.wait(period)
+            self._wake.clear()
+            if owner.closed.is_set():
+                return
+            everything, self._due_now = self._due_now, False
+            entries = owner.due(self.destination, everything)
             try:
-                first = self.queue.get(timeout=self.heartbeat_s)
-            except queue.Empty:
-                confirm = self.confirmed_upto()
-                if confirm > self.sent_confirm:
-                    self._deliver([], confirm)
-                continue
-            items = [first]
-            while len(items) < MAX_COALESCE:
-                try:
-                    items.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
-            self._deliver(items, self.confirmed_upto())
+                if entries:
+                    self.deliver(entries)
+                elif owner.confirmed_upto() > self.sent_confirm and not owner.unconfirmed():
+                    self._send([], owner.confirmed_upto())  # an idle destination trims its log
+            except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
+                log.exception("parity sender to server %d", self.destination)
 
-    def _deliver(self, items: list, confirm: int) -> None:
-        host = self.host
-        message = parity_pb2.ParityBatches(batches=[b for b, _ in items], source=host.index,
-                                           source_id=host.server_id, confirmed_upto=confirm)
-        peers = host.peers
-        while not self.closed.is_set():
-            address = peers.address_of(self.destination)
-            if address is None:  # destination failed, not yet replaced: its replacement re-encodes
-                break
+    def deliver(self, entries: list, wait: bool = False, timeout_s: float | None = None) -> None:
+        """Sends ``entries``' batches for this destination, in order; with ``wait`` retries (following the map)
+        until they are applied or ``timeout_s`` passes."""
+        deadline = time.monotonic() + (timeout_s or self.owner.host.config.rpc_timeout_s)
+        while True:
+            messages = self.owner.messages_for(self.destination, entries)
+            if messages is None:  # no live server at the destination yet
+                ok = False
+            else:
+                ok = all(self._send(batches, confirmed) for batches, confirmed in messages)
+            if ok or not wait or time.monotonic() > deadline or self.owner.closed.is_set():
+                return
+            time.sleep(0.02)
+
+    def _send(self, batches: list[parity_pb2.ParityBatch], confirmed: int) -> bool:
+        owner, host = self.owner, self.owner.host
+        message = parity_pb2.ParityBatches(batches=batches, source=host.index, source_id=host.server_id,
+                                           confirmed_upto=confirmed)
+        with self._send_lock:
+            address = host.peers.address_of(self.destination)
+            if address is None:
+                return False
             try:
-                peers.stub(address, PARITY).ApplyParity(message, timeout=host.config.rpc_timeout_s)
-                self.counters["parity_bytes_sent"] += message.ByteSize()
-                self.sent_confirm = max(self.sent_confirm, confirm)
-                break
+                ack = host.peers.stub(address, PARITY).ApplyParity(message, timeout=host.config.rpc_timeout_s)
             except grpc.RpcError as exc:
-                if not transport.is_unavailable(exc):
-                    err = RuntimeError(f"parity server {self.destination} ({address}) refused a batch: "
-                                       f"{exc.code().name}: {exc.details()}")
-                    log.error("%s", err)
-                    for _, fut in items:
-                        fut.set_exception(err)
-                    return
-                peers.report(address, f"ApplyParity: {exc.code().name}")
-                if peers.address_of(self.destination) in (None, address):
-                    time.sleep(0.05)  # not replaced yet (else retry at the replacement at once)
-        for _, fut in items:
-            if not fut.done():
-                fut.set_result(None)
+                if transport.is_unavailable(exc):
+                    host.peers.report(address, f"ApplyParity: {exc.code().name}")
+                else:
+                    log.error("parity server %d (%s) refused %d batches: %s: %s; retrying later", self.destination,
+                              address, len(batches), exc.code().name, exc.details())
+                return False
+        owner.counters["parity_bytes_sent"] += message.ByteSize()
+        owner.counters["direct_batches"] += len(batches)
+        self.sent_confirm = max(self.sent_confirm, confirmed)
+        owner.ack(self.destination, ack.destination_id, ack.applied_upto)
+        return True

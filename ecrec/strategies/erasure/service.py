@@ -1,7 +1,8 @@
 """``ParityService``: the erasure-coding strategy's gRPC edge between servers.
 
-``ApplyParity`` (owner -> parity server), ``ResolveSource`` (replacement -> survivors) and
-``ReadRows`` (rebuild -> stripe members).  Each method checks the request's shape, calls the part that
+``ApplyParity`` (owner -> parity server, the direct path), ``Flush`` (deliver everything pending, e.g.
+before a verification), ``ResolveSource`` (replacement -> survivors) and ``ReadRows`` (rebuild ->
+stripe members).  Each method checks the request's shape, calls the part that
 owns the state (:class:`~ecrec.strategies.erasure.receiver.ParityReceiver`, the shards) and turns domain
 errors into gRPC status codes (:func:`ecrec.transport.service_method`); nothing else here.
 """
@@ -12,18 +13,28 @@ import numpy as np
 
 from ecrec import errors, transport
 from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import parity_pb2, parity_pb2_grpc
 
+MAX_FLUSH_S = 60.0
+
 
 class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
-    def __init__(self, host: StrategyHost, receiver: ParityReceiver):
+    def __init__(self, host: StrategyHost, owner: ParityOwner, receiver: ParityReceiver):
         self.host = host
+        self.owner = owner
         self.receiver = receiver
 
     @transport.service_method
     def ApplyParity(self, request, context):
         return self.receiver.apply(request)
+
+    @transport.service_method
+    def Flush(self, request, context):
+        if not 0 <= request.timeout_s <= MAX_FLUSH_S:
+            raise errors.InvalidRequest(f"timeout_s must be in [0, {MAX_FLUSH_S:.0f}], got {request.timeout_s}")
+        return parity_pb2.FlushReply(unconfirmed=self.owner.flush(request.timeout_s or 10.0))
 
     @transport.service_method
     def ResolveSource(self, request, context):

@@ -17,22 +17,21 @@ import numpy as np
 
 @dataclass
 class TableEntry:
+    """A batch's deltas of one table, as applied (or held back) here."""
+
     table: str
     slots: np.ndarray
     positions: np.ndarray
     pidx: np.ndarray
     deltas: np.ndarray
-    fresh: np.ndarray
-    prev: np.ndarray
-    pended: np.ndarray
+    old_versions: np.ndarray
 
 
 @dataclass
 class DenseEntry:
     name: str
     delta: np.ndarray
-    applied: bool
-    prev_version: int
+    old_version: int
 
 
 @dataclass
@@ -46,15 +45,32 @@ class LogEntry:
 
 
 class SourceLog:
-    """Unconfirmed batches received from one owner index, oldest first."""
+    """What this server holds of one owner index: the chain of the owner's current incarnation (batches are
+    applied strictly in the order they name, later ones held back meanwhile) and the applied batches the
+    owner has not confirmed yet, oldest first."""
 
-    def __init__(self, source: int, history: int = 100_000):
+    def __init__(self, source: int, history: int = 100_000, max_held: int = 256):
         self.source = source
-        self.source_id = ""
+        self.source_id = ""  # the incarnation of the chain
         self.entries: OrderedDict[int, LogEntry] = OrderedDict()
         self.confirmed_upto = 0
-        self.applied_upto = 0
+        self.applied_upto = 0  # the chain is applied up to this batch
+        self.held: dict[int, object] = {}  # prev_seq -> a batch that arrived before its predecessor
+        self.max_held = max_held
+        self.closed = False  # resolution closed this incarnation: its batches are refused
+        self.resolved_ids: deque[str] = deque(maxlen=16)  # earlier incarnations, resolved: refused
         self.committed: deque[tuple[str, int]] = deque(maxlen=history)
+
+    def restart(self, source_id: str) -> None:
+        """A chain for a new incarnation of the source (the previous one was resolved)."""
+        if self.source_id:
+            self.resolved_ids.append(self.source_id)
+        self.source_id = source_id
+        self.entries.clear()
+        self.held.clear()
+        self.applied_upto = 0
+        self.confirmed_upto = 0
+        self.closed = False
 
     def confirm(self, upto: int) -> None:
         if upto <= self.confirmed_upto:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ecrec import errors
 from ecrec.codec import Codec
-from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, StrategyHost
+from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, PushOutcome, StrategyHost
 from ecrec.strategies.erasure.options import ErasureOptions
 from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.rebuild import RebuildEngine, gather_members
@@ -43,7 +43,8 @@ class ErasureCoding(FaultToleranceStrategy):
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
 
     def services(self):
-        return [(parity_pb2_grpc.add_ParityServiceServicer_to_server, ParityServicer(self.host, self.receiver))]
+        return [(parity_pb2_grpc.add_ParityServiceServicer_to_server,
+                 ParityServicer(self.host, self.owner, self.receiver))]
 
     # --- creation ----------------------------------------------------------------------------------------------
     def on_table_created(self, shard) -> None:
@@ -56,6 +57,21 @@ class ErasureCoding(FaultToleranceStrategy):
     # --- the hot path ------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush):
         return self.owner.on_push(push)
+
+    def on_retry(self, push_id, seq: int):
+        return PushOutcome(relay=self.owner.relay_for(seq), seq=seq, confirmed_upto=self.owner.confirmed_upto())
+
+    def on_relay(self, relay):
+        return self.receiver.on_relay(relay)
+
+    def on_acks(self, acks) -> None:
+        self.owner.on_acks(acks)
+
+    def on_map_change(self) -> None:
+        self.owner.on_map_change()
+
+    def confirmed_upto(self) -> int:
+        return self.owner.confirmed_upto()
 
     def ensure_rows(self, items) -> None:
         self.rebuild.ensure_rows(items)
@@ -83,8 +99,9 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def verify_parity(self) -> dict:
         """Compares every parity row held here with a fresh encode of its stripe's current data rows, and
-        every dense replica with its primary."""
+        every dense replica with its primary, once every server has delivered its pending batches."""
         host, layout = self.host, self.host.layout
+        self.flush_cluster()
         mismatched, checked = 0, 0
         for name, store in self.receiver.stores.items():
             slots = store.slots
@@ -111,14 +128,29 @@ class ErasureCoding(FaultToleranceStrategy):
                 mismatched += 1
         return {"checked": checked, "mismatched": mismatched}
 
+    def flush_cluster(self, timeout_s: float = 30.0) -> None:
+        """Every server (this one included) delivers its unconfirmed batches directly and waits for them."""
+        from ecrec.cluster_map import live_servers
+
+        peers = [i for i in live_servers(self.host.cluster_map) if i != self.host.index]
+        request = parity_pb2.FlushRequest(timeout_s=timeout_s)
+        left = self.owner.flush(timeout_s)
+        replies = self.host.peers.call_many([(i, "Flush", request) for i in peers], "parity")
+        if left or any(r is None or r.unconfirmed for r in replies):
+            raise errors.Unavailable("some servers could not deliver their pending parity batches; retry")
+
     def stats(self) -> dict:
         layout = self.host.layout
         parity_bytes = sum(len(store.slots) * store.spec.row_bytes for store in self.receiver.stores.values())
         replica_bytes = sum(d.nbytes for d in self.host.dense_tensors()
                             if layout.dense_servers(d.spec.name)[0] != self.host.index)
+        log_entries = sum(len(lg.entries) for lg in self.receiver.logs.values())
         return dict(self.counters) | {"recovering": self.rebuild.recovering.is_set(),
-                                      "redundancy_bytes": parity_bytes + replica_bytes}
+                                      "redundancy_bytes": parity_bytes + replica_bytes,
+                                      "unconfirmed_pushes": self.owner.unconfirmed(), "log_entries": log_entries,
+                                      "confirmed_upto": self.owner.confirmed_upto()}
 
     def close(self) -> None:
         self.closed.set()
+        self.owner.close()
         self.rebuild.close()

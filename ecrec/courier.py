@@ -1,0 +1,120 @@
+"""What a worker carries for the servers: parity batches from owners to their parity servers, the parity
+servers' watermarks back to the owners, and every push until its owner says it is durable.
+
+ECRec's parity path rides on the requests a worker sends every step anyway (``DESIGN.md``, "The update
+path"; ``docs/push-path.md``): a push reply carries the owner's parity batches, the worker attaches them
+to its next pull or push to each destination, and the destination's reply carries watermarks that the
+worker hands to the owner with its next push.  No RPC of its own.
+
+A push is acknowledged before its parity is applied, so until its owner reports it *confirmed* (applied
+at every parity server) the worker keeps it.  When the owner's index is served by a new incarnation (the
+owner failed and was replaced), the worker replays its unconfirmed pushes to the replacement, in order and
+with their push ids, before anything else it sends there: the replacement answers those recovery kept
+"already applied" and applies the others once.  So an acknowledged push survives the owner's failure in
+its parity servers or in this worker; it is lost only if the owner and this worker both fail before it is
+confirmed -- and then the worker's run has ended (its process is gone), and a restarted worker starts
+from what the servers hold (with a new worker name).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ecrec.wire import embedding_pb2
+
+log = logging.getLogger("ecrec.courier")
+
+
+@dataclass
+class HeldPush:
+    """A push acknowledged by ``server_id`` as sequence ``seq`` and not yet confirmed there."""
+
+    request: embedding_pb2.PushRequest
+    seq: int
+    server_id: str
+
+
+class Courier:
+    """One worker's relay of parity batches and watermarks, and its unconfirmed pushes, per server index."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._outgoing: dict[int, list[embedding_pb2.RelayBatch]] = {}  # destination index -> batches
+        self._acks: dict[int, dict[tuple[int, str], embedding_pb2.ParityWatermark]] = {}  # owner index -> latest
+        self._held: dict[int, OrderedDict[tuple[str, int], HeldPush]] = {}  # owner index -> pushes, oldest first
+        self.stats = {"relayed": 0, "replayed": 0, "replayed_already_applied": 0}
+
+    # --- what goes out --------------------------------------------------------------------------------------
+    def attach(self, index: int, request) -> None:
+        """Puts the batches for server ``index`` (and, on a push, the watermarks of its own batches) into
+        ``request``.  They leave the courier: a destination that is gone or replaced does not need them (its
+        owner sends the replacement everything it has not applied)."""
+        with self._lock:
+            relay = self._outgoing.pop(index, None)
+            acks = self._acks.pop(index, None) if isinstance(request, embedding_pb2.PushRequest) else None
+        if relay:
+            request.relay.extend(relay)
+            self.stats["relayed"] += len(relay)
+        if acks:
+            request.acks.extend(acks.values())
+
+    # --- what comes back ----------------------------------------------------------------------------------------
+    def received(self, index: int, reply) -> None:
+        """A pull or push reply of server ``index``: destinations' watermarks to take to their owners; for a
+        push, its batches to deliver; and the server's confirmation, which releases held pushes."""
+        with self._lock:
+            for wm in reply.watermarks:
+                self._acks.setdefault(wm.source, {})[(wm.destination, wm.destination_id)] = wm
+            if isinstance(reply, embedding_pb2.PushReply):
+                for r in reply.relay:
+                    self._outgoing.setdefault(r.destination, []).append(r)
+            held = self._held.get(index)
+            if held and reply.server_id:
+                for key in [k for k, h in held.items() if h.server_id == reply.server_id and 0 < h.seq <= reply.confirmed_upto]:
+                    del held[key]
+
+    def pushed(self, index: int, request: embedding_pb2.PushRequest, reply: embedding_pb2.PushReply) -> None:
+        """Server ``index`` acknowledged ``request``; keep it until confirmed (if its strategy confirms)."""
+        self.received(index, reply)
+        key = (request.push_id.worker, request.push_id.sequence)
+        with self._lock:
+            held = self._held.setdefault(index, OrderedDict())
+            if reply.seq > reply.confirmed_upto and reply.server_id:
+                held[key] = HeldPush(request, reply.seq, reply.server_id)
+                held.move_to_end(key)
+            else:
+                held.pop(key, None)  # durable already (or a strategy without confirmations)
+
+    # --- replay -----------------------------------------------------------------------------------------------
+    def to_replay(self, index: int, server_id: str) -> list[tuple[tuple[str, int], embedding_pb2.PushRequest]]:
+        """The held pushes of ``index`` acknowledged by another incarnation than ``server_id``, oldest first."""
+        with self._lock:
+            held = self._held.get(index)
+            if not held:
+                return []
+            return [(key, h.request) for key, h in held.items() if h.server_id != server_id]
+
+    def replayed(self, index: int, key: tuple[str, int], reply: embedding_pb2.PushReply) -> None:
+        self.stats["replayed"] += 1
+        self.received(index, reply)
+        with self._lock:
+            held = self._held.get(index, {})
+            h = held.get(key)
+            if h is None:
+                return
+            if reply.already_applied and reply.seq == 0 or reply.seq <= reply.confirmed_upto:
+                self.stats["replayed_already_applied"] += int(reply.already_applied)
+                del held[key]  # kept by recovery (durable) or confirmed already
+            else:
+                h.seq, h.server_id = reply.seq, reply.server_id
+
+    def unconfirmed(self) -> int:
+        with self._lock:
+            return sum(len(h) for h in self._held.values())
+
+    def pending_relay(self) -> int:
+        with self._lock:
+            return sum(len(r) for r in self._outgoing.values())
