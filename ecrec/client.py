@@ -147,6 +147,8 @@ class Cluster:
     def _replay_if_replaced(self, index: int) -> None:
         """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
         old one acknowledged and did not confirm, in order, with their push ids (``ecrec.courier``)."""
+        if not self.courier.holds(index):
+            return
         deadline = time.monotonic() + self.config.retry_deadline_s
         while True:
             with self._lock:

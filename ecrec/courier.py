@@ -73,7 +73,10 @@ class Courier:
                     self._outgoing.setdefault(r.destination, []).append(r)
             held = self._held.get(index)
             if held and reply.server_id:
-                for key in [k for k, h in held.items() if h.server_id == reply.server_id and 0 < h.seq <= reply.confirmed_upto]:
+                while held:  # oldest first: confirmation is a prefix
+                    key, h = next(iter(held.items()))
+                    if h.server_id != reply.server_id or not 0 < h.seq <= reply.confirmed_upto:
+                        break
                     del held[key]
 
     def pushed(self, index: int, request: embedding_pb2.PushRequest, reply: embedding_pb2.PushReply) -> None:
@@ -89,6 +92,10 @@ class Courier:
                 held.pop(key, None)  # durable already (or a strategy without confirmations)
 
     # --- replay -----------------------------------------------------------------------------------------------
+    def holds(self, index: int) -> bool:
+        """Whether pushes to ``index`` wait for their confirmation (read without the lock: a hint)."""
+        return bool(self._held.get(index))
+
     def to_replay(self, index: int, server_id: str) -> list[tuple[tuple[str, int], embedding_pb2.PushRequest]]:
         """The held pushes of ``index`` acknowledged by another incarnation than ``server_id``, oldest first."""
         with self._lock:

@@ -10,7 +10,8 @@ Points (where the server calls :func:`hit`):
 - ``before_local_commit``: a push was validated, nothing applied yet;
 - ``after_partial_parity``: a push's batch reached some parity servers, not all;
 - ``after_parity_before_ack``: every parity server applied the push, the worker has no ack;
-- ``before_parity_apply``: a parity server received a batch and dies before applying it;
+- ``before_parity_apply``: a parity server received a batch and dies before applying it (counted once
+  per push the batch carries);
 - ``during_rebuild``: a replacement dies in the middle of its background rebuild;
 - ``during_replay``: a replacement dies after applying a push a worker replayed to it (the worker's
   replay of its unconfirmed pushes then continues at the next replacement).

@@ -65,6 +65,32 @@ class AppliedPushes:
                 self._ids.popitem(last=False)
 
 
+class HandlerCounters:
+    """Calls, seconds and CPU seconds (of the handling thread) per data-plane method of this server."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def measure(self, method: str):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            with self._lock:
+                self.calls[method] = self.calls.get(method, 0) + 1
+                self.seconds[method] = self.seconds.get(method, 0.0) + wall
+                self.cpu_seconds[method] = self.cpu_seconds.get(method, 0.0) + cpu
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds)}
+
+
 class PushSequencer:
     """Numbers the pushes applied here: ``(epoch at the first push << 32) | count``.
 
@@ -98,6 +124,7 @@ class ServerState:
         self.strategy: FaultToleranceStrategy | None = None
         self.applied = AppliedPushes()
         self.sequencer = PushSequencer()
+        self.handlers = HandlerCounters()
         self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
         self.faults = faults.FaultInjector(config.fault_spec)
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
@@ -277,6 +304,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     # --- data plane ------------------------------------------------------------------------------------------
     @transport.service_method
     def Pull(self, request, context):
+        with self.state.handlers.measure("Pull"):
+            return self._pull(request)
+
+    def _pull(self, request):
         st = self.state
         st.require_index()
         if not request.tables and not request.dense:
@@ -340,6 +371,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
 
     @transport.service_method
     def Push(self, request, context):
+        with self.state.handlers.measure("Push"):
+            return self._push(request)
+
+    def _push(self, request):
         st = self.state
         st.require_index()
         if not request.tables and not request.dense:
@@ -431,6 +466,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         if not isinstance(args, dict):
             raise errors.InvalidRequest("args_json must be a JSON object")
         result = st.strategy.call(request.command, args)
+        if request.command == "stats":
+            result = dict(result, server=st.handlers.snapshot())
         return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
 
     @transport.service_method

@@ -17,8 +17,8 @@ from ecrec.codec import Codec
 from ecrec.layout import Layout
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate
-from ecrec.strategies.erasure.owner import build_batches
-from ecrec.strategies.erasure.parity_store import ParityStore
+from ecrec.strategies.erasure.owner import PushGroup, build_batches
+from ecrec.strategies.erasure.parity_store import ParityArena, place_rows
 from ecrec.strategies.erasure.rebuild import StripeMembers, plan_data_rebuild
 from ecrec.strategies.erasure.resolution import decide
 from ecrec.strategies.erasure.source_log import LogEntry, SourceLog, TableEntry
@@ -47,19 +47,27 @@ def data_rows(shards: dict[int, TableShard], layout: Layout, stripes: np.ndarray
     return out
 
 
-def fresh_parity(shards, layout: Layout, store: ParityStore) -> np.ndarray:
-    stripes = store.slot_to_stripe[store.slots]
+class Store:
+    """One server's arena holding table ``SPEC`` (what the receiver builds for each row width)."""
+
+    def __init__(self, layout: Layout, index: int):
+        self.arena = ParityArena(SPEC.row_bytes, layout, index, codec(layout.k, layout.m))
+        self.part = self.arena.add_table(SPEC)
+        self.arena.encode_initial(self.part)
+        self.slots = self.part.slots
+
+    def rows(self, slots):
+        return self.arena.rows(slots)
+
+
+def fresh_parity(shards, layout: Layout, store: Store) -> np.ndarray:
+    stripes = store.arena.slot_to_stripe[store.slots]
     encoded = codec(layout.k, layout.m).encode_stripes(data_rows(shards, layout, stripes))
-    return encoded[np.arange(len(stripes)), store.slot_to_parity_index[store.slots]]
+    return encoded[np.arange(len(stripes)), store.arena.slot_to_parity_index[store.slots]]
 
 
-def stores_for(layout: Layout) -> dict[int, ParityStore]:
-    out = {}
-    for s in range(layout.num_servers):
-        store = ParityStore(SPEC, layout, s, codec(layout.k, layout.m))
-        store.encode_initial()
-        out[s] = store
-    return out
+def stores_for(layout: Layout) -> dict[int, Store]:
+    return {s: Store(layout, s) for s in range(layout.num_servers)}
 
 
 def push(shards, layout, seq: int, ids, rng) -> AppliedPush:
@@ -76,15 +84,30 @@ def push(shards, layout, seq: int, ids, rng) -> AppliedPush:
     return out
 
 
+def batches_of(*pushes: AppliedPush, layout, source: int, source_id: str = "o") -> dict:
+    """The owner's batches for consecutive ``pushes`` coalesced into one group."""
+    group = PushGroup(pushes[0].seq, pushes[0].seq, 0.0)
+    for p in pushes:
+        group.add(p)
+    return build_batches(group, layout, source, source_id)
+
+
 def apply_batch(stores, destination: int, batch: parity_pb2.ParityBatch):
-    """Applies a batch to the destination's store; returns ``[(args, old_versions, rows changed)]`` per table."""
+    """Applies a batch to the destination's arena (placed as the receiver places it); returns
+    ``[(args, old_versions, rows changed)]`` per delta group."""
     results = []
+    store = stores[destination]
     for t in batch.tables:
+        assert list(t.tables) == [SPEC.name]
         n = len(t.parity_slots) // 8
-        args = (np.frombuffer(t.parity_slots, np.int64), np.frombuffer(t.positions, np.int64),
-                np.frombuffer(t.parity_index, np.int64),
-                np.frombuffer(t.deltas, np.uint8).reshape(n, SPEC.row_bytes))
-        results.append((args, np.frombuffer(t.old_versions, np.int64), stores[destination].apply(batch.seq, *args)))
+        local, positions = np.frombuffer(t.parity_slots, np.int64), np.frombuffer(t.positions, np.int64)
+        counts = np.frombuffer(t.table_rows, np.int64)
+        slots, checked = place_rows(local, counts, np.array([store.part.offset]), np.array([store.part.count]),
+                                    positions, store.arena.layout.k, store.arena.slot_to_stripe)
+        assert checked == n
+        seqs = np.frombuffer(t.seqs, np.int64)
+        args = (slots, positions, int(t.parity), np.frombuffer(t.deltas, np.uint8).reshape(n, SPEC.row_bytes))
+        results.append(((seqs, *args), np.frombuffer(t.old_versions, np.int64), store.arena.apply(seqs, *args)))
     return results
 
 
@@ -95,12 +118,13 @@ def test_batches_keep_every_parity_row_equal_to_a_fresh_encode(servers, k, m):
     rng = np.random.default_rng(servers * 10 + m)
     for seq in range(1, 8):
         for owner, applied in push(shards, layout, seq, rng.integers(0, SPEC.num_rows, 9), rng).items():
-            batches = build_batches(applied, layout, owner, f"owner{owner}")
+            batches = batches_of(applied, layout=layout, source=owner, source_id=f"owner{owner}")
             stripes, _ = layout.stripe_of(applied.tables[0].ids)
             expected = set(layout.parity_servers(stripes).reshape(-1).tolist())
             assert set(batches) == expected and owner not in batches
             for destination, batch in batches.items():
-                assert batch.seq == seq and batch.source == owner and (batch.push_id.worker, batch.push_id.sequence) == ("w", seq)
+                assert batch.seq == batch.first_seq == seq and batch.source == owner
+                assert [(p.worker, p.sequence) for p in batch.push_ids] == [("w", seq)]
                 apply_batch(stores, destination, batch)
     for s, store in stores.items():
         np.testing.assert_array_equal(store.rows(store.slots), fresh_parity(shards, layout, store), err_msg=f"server {s}")
@@ -110,9 +134,9 @@ def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versi
     layout = Layout(4, 2, 1)
     shards, stores = all_rows(layout), stores_for(layout)
     rng = np.random.default_rng(1)
-    before = {s: (st.rows(st.slots).copy(), st.versions.copy()) for s, st in stores.items()}
+    before = {s: (st.rows(st.slots).copy(), st.arena.versions.copy()) for s, st in stores.items()}
     (owner, applied), = push(shards, layout, 5, [0, 7, 8], rng).items()  # rows 0, 7, 8: all on server 0
-    batches = build_batches(applied, layout, owner, "o")
+    batches = batches_of(applied, layout=layout, source=owner)
     applied_once = {}
     for d, b in batches.items():
         applied_once[d] = apply_batch(stores, d, b)
@@ -125,11 +149,11 @@ def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versi
     assert any((after_once[s] != before[s][0]).any() for s in stores)
     for d, results in applied_once.items():
         for args, old_versions, changed in results:
-            assert changed == len(args[0])
-            assert stores[d].undo(5, *args, old_versions) == len(args[0])
+            assert changed == len(args[1])
+            assert stores[d].arena.undo(*args, old_versions) == len(args[1])
     for s, st in stores.items():
         np.testing.assert_array_equal(st.rows(st.slots), before[s][0])
-        np.testing.assert_array_equal(st.versions, before[s][1])
+        np.testing.assert_array_equal(st.arena.versions, before[s][1])
 
 
 def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
@@ -137,22 +161,23 @@ def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
     shards, stores = all_rows(layout), stores_for(layout)
     rng = np.random.default_rng(2)
     (owner, first), = push(shards, layout, 3, [1], rng).items()
-    (d, b1), = build_batches(first, layout, owner, "o").items()
+    (d, b1), = batches_of(first, layout=layout, source=owner).items()
     store = stores[d]
-    store.mark_unbuilt()
+    store.arena.mark_unbuilt()
     (args, _, changed), = apply_batch(stores, d, b1)
-    assert changed == 0 and int(args[0][0]) in store.pending
-    snapshot = data_rows(shards, layout, store.slot_to_stripe[args[0]])  # the rebuild reads at version 3
+    seqs, slots, positions = args[:3]
+    assert changed == 0 and int(slots[0]) in store.arena.pending
+    snapshot = data_rows(shards, layout, store.arena.slot_to_stripe[slots])  # the rebuild reads at version 3
     (_, second), = push(shards, layout, 4, [1], rng).items()
-    (_, b2), = build_batches(second, layout, owner, "o").items()
+    (_, b2), = batches_of(second, layout=layout, source=owner).items()
     apply_batch(stores, d, b2)
     versions = np.zeros((1, layout.k), dtype=np.int64)
-    versions[0, args[1][0]] = 3
+    versions[0, positions[0]] = 3
     parity = codec(2, 1).encode_stripes(snapshot)[:, 0]
-    assert store.build(args[0], parity, versions) == 1
+    assert store.arena.build(slots, parity, versions) == 1
     # seq 3 was in the snapshot (skipped), seq 4 was not (applied after)
-    np.testing.assert_array_equal(store.rows(args[0]), fresh_parity(shards, layout, store)[np.searchsorted(store.slots, args[0])])
-    assert store.versions[args[0][0], args[1][0]] == 4
+    np.testing.assert_array_equal(store.rows(slots), fresh_parity(shards, layout, store)[np.searchsorted(store.slots, slots)])
+    assert store.arena.versions[slots[0], positions[0]] == 4
 
 
 def test_undo_of_a_delta_the_rebuilt_row_already_held_restores_the_row_before_it():
@@ -162,20 +187,21 @@ def test_undo_of_a_delta_the_rebuilt_row_already_held_restores_the_row_before_it
     shards, stores = all_rows(layout), stores_for(layout)
     rng = np.random.default_rng(9)
     (owner, applied), = push(shards, layout, 4, [3], rng).items()
-    (d, batch), = build_batches(applied, layout, owner, "o").items()
+    (d, batch), = batches_of(applied, layout=layout, source=owner).items()
     store = stores[d]
     before = store.rows(store.slots).copy()
-    store.mark_unbuilt()
-    stripes = store.slot_to_stripe[store.slots]
+    store.arena.mark_unbuilt()
+    stripes = store.arena.slot_to_stripe[store.slots]
     versions = np.zeros((len(stripes), layout.k), dtype=np.int64)
     ids = layout.stripe_row_ids(stripes)
     versions[ids == 3] = 4  # the data row of id 3 holds push 4
-    assert store.build(store.slots, codec(2, 1).encode_stripes(data_rows(shards, layout, stripes))[:, 0], versions) == len(stripes)
+    encoded = codec(2, 1).encode_stripes(data_rows(shards, layout, stripes))[:, 0]
+    assert store.arena.build(store.slots, encoded, versions) == len(stripes)
     (args, old_versions, changed), = apply_batch(stores, d, batch)
     assert changed == 0  # the rebuilt row holds it already
-    assert store.undo(4, *args, old_versions) == 1
+    assert store.arena.undo(*args, old_versions) == 1
     np.testing.assert_array_equal(store.rows(store.slots), before)
-    assert store.versions[args[0][0], args[1][0]] == 0
+    assert store.arena.versions[args[1][0], args[2][0]] == 0
 
 
 def test_dense_replica_holds_deltas_back_while_rebuilt():
@@ -196,23 +222,26 @@ def test_dense_replica_holds_deltas_back_while_rebuilt():
 def test_source_log_confirmation_trims_and_remembers_push_ids():
     log = SourceLog(2)
     for seq in (11, 12, 13):
-        entry = LogEntry(seq, ("w", seq), (0, 1))
-        entry.tables.append(TableEntry("t", np.array([seq % 3]), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                                       np.zeros((1, 4), np.uint8), np.zeros(1, np.int64)))
+        entry = LogEntry(seq, seq, [("w", seq)], (0, 1))
+        entry.tables.append(TableEntry(SPEC.row_bytes, np.array([seq % 3]), np.zeros(1, np.int64), 0,
+                                       np.zeros((1, 4), np.uint8), np.zeros(1, np.int64), np.array([seq])))
         log.entries[seq] = entry
-    np.testing.assert_array_equal(log.affected_slots("t"), [0, 1, 2])
+    np.testing.assert_array_equal(log.affected_slots(SPEC.row_bytes), [0, 1, 2])
     log.confirm(12)
     assert list(log.entries) == [13] and list(log.committed) == [("w", 11), ("w", 12)]
-    np.testing.assert_array_equal(log.affected_slots("t"), [1])
+    np.testing.assert_array_equal(log.affected_slots(SPEC.row_bytes), [1])
     log.confirm(5)  # an older confirmation changes nothing
     assert list(log.entries) == [13] and log.confirmed_upto == 12
 
 
 def _listing(logged, confirmed=0, committed=()):
+    """A survivor's answer; ``logged``: ``(seq, destinations, ids)`` (one push) or ``(first, seq, destinations,
+    ids)`` (a batch of pushes first..seq)."""
     reply = parity_pb2.ResolveSourceReply(confirmed_upto=confirmed)
-    for seq, destinations, ids in logged:
-        reply.logged.add(seq=seq, push_id=embedding_pb2.PushId(worker="w", sequence=seq), destinations=destinations,
-                         destination_ids=ids)
+    for item in logged:
+        first, seq, destinations, ids = item if len(item) == 4 else (item[0], *item)
+        reply.logged.add(seq=seq, first_seq=first, destinations=destinations, destination_ids=ids,
+                         push_ids=[embedding_pb2.PushId(worker="w", sequence=q) for q in range(first, seq + 1)])
     for s in committed:
         reply.committed.add(worker="w", sequence=s)
     return reply
@@ -239,6 +268,13 @@ def test_resolution_stops_at_a_push_no_survivor_holds():
     listings = {0: _listing([(B + 1, [0], ["a"]), (B + 3, [0], ["a"])]), 2: _listing([])}
     d = decide(listings, {0: "a", 2: "c"})
     assert d.kept == [("w", B + 1)] and d.undo == [B + 3]  # B|2 went to a server that is gone with it
+
+
+def test_resolution_keeps_or_undoes_a_coalesced_batch_whole():
+    listings = {0: _listing([(B + 1, B + 3, [0, 2], ["a", "c"]), (B + 4, B + 6, [0, 2], ["a", "c"])]),
+                2: _listing([(B + 1, B + 3, [0, 2], ["a", "c"])])}
+    d = decide(listings, {0: "a", 2: "c"})
+    assert d.kept == [("w", B + 1), ("w", B + 2), ("w", B + 3)] and d.undo == [B + 6] and d.kept_upto == B + 3
 
 
 def test_resolution_ignores_a_destination_replaced_since_and_keeps_confirmed_pushes():

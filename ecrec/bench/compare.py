@@ -163,6 +163,13 @@ class StrategyRun:
             checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
             mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(self.records_dir))
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far (user + system, from the processes' own counters): this process (the worker),
+        the cluster's servers (standbys included) and its coordinator."""
+        return {"worker": time.process_time(),
+                "servers": sum(process_cpu_seconds(p.pid) for p in self.local.server_procs),
+                "coordinator": process_cpu_seconds(self.local.coordinator_proc.pid)}
+
     def kill(self) -> None:
         self.killed["pid"] = self.local.pid_of_index(self.cfg["fail_server"])
         self.killed["time"] = time.time()
@@ -207,6 +214,16 @@ class StrategyRun:
             shutil.rmtree(self.records_dir, ignore_errors=True)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process from ``/proc/PID/stat`` (0 when it is gone or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None,
                  progress_label: str) -> dict:
     """One strategy from start to end on its own (no interleaving)."""
@@ -240,19 +257,28 @@ def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, wor
         end = max(warm + rounds, fail_at - lead)
         bounds = np.linspace(warm, end, rounds + 1).astype(int)
         rates: dict[str, list[float]] = {n: [] for n in names}
+        cpu: dict[str, dict[str, float]] = {n: {"worker": 0.0, "servers": 0.0, "coordinator": 0.0} for n in names}
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
+                before = runs[name].cpu_seconds()
                 t0 = time.perf_counter()
                 samples = runs[name].advance(int(bounds[r + 1]))
                 rates[name].append(samples / max(time.perf_counter() - t0, 1e-9))
+                after = runs[name].cpu_seconds()
+                for part in cpu[name]:
+                    cpu[name][part] += after[part] - before[part]
+        steps = int(bounds[-1] - bounds[0])
+        cpu_ms = {n: {part: 1e3 * v / max(steps, 1) for part, v in parts.items()} for n, parts in cpu.items()}
+        for parts in cpu_ms.values():
+            parts["total"] = parts["worker"] + parts["servers"] + parts["coordinator"]
         results = {}
         for name in names:
             results[name] = runs.pop(name).finish()
     finally:
         for run in runs.values():
             run.close()
-    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds]}
+    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds], "cpu_ms_per_step": cpu_ms}
 
 
 def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -> dict:
@@ -445,6 +471,7 @@ COLUMNS = [
     ("strategy", "strategy", "{}"),
     ("samples_per_s_failure_free", "samples/s", "{:,.0f}"),
     ("overhead_vs_none", "overhead", "{:+.1%}"),
+    ("cpu_overhead_vs_none", "cpu ovh", "{:+.1%}"),
     ("recovery_s", "recovery s", "{:.2f}"),
     ("fully_redundant_s", "redundant s", "{:.2f}"),
     ("max_stall_s", "max stall s", "{:.2f}"),
@@ -561,12 +588,15 @@ def run(args) -> int:
             ref_rates = np.array(rates["reference"])
             base = float(np.median(ref_rates))
             ref_summary["samples_per_s_rounds"] = ref_rates.tolist()
+            ref_summary["cpu_ms_per_step"] = plan["cpu_ms_per_step"]["reference"]
             ref_summary["noise"] = float((ref_rates.max() - ref_rates.min()) / base)
             for row in rows:
                 mine = np.array(rates[row["strategy"]])
                 row["samples_per_s_failure_free"] = float(np.median(mine))
                 row["samples_per_s_rounds"] = mine.tolist()
                 row["overhead_vs_none"] = float(np.median(ref_rates / mine) - 1.0)
+                row["cpu_ms_per_step"] = plan["cpu_ms_per_step"][row["strategy"]]
+                row["cpu_overhead_vs_none"] = row["cpu_ms_per_step"]["total"] / ref_summary["cpu_ms_per_step"]["total"] - 1.0
             noise_text = (f"{len(ref_rates)} interleaved rounds, reference spread {ref_summary['noise']:.1%}")
         else:
             # the reference again after the strategies: machine drift shows as the spread of the two
@@ -587,6 +617,13 @@ def run(args) -> int:
     print()
     print_table(rows)
     print(f"\nreference (none, no failure): {base:,.0f} samples/s ({noise_text}), AUC {ref_summary['test_auc']:.4f}")
+    if ref_summary.get("cpu_ms_per_step"):
+        print("CPU ms per failure-free step (user + system, from each process's counters):")
+        for row in [ref_summary, *rows]:
+            c = row.get("cpu_ms_per_step")
+            if c:
+                print(f"  {row['strategy']:<18} worker {c['worker']:6.2f}  servers {c['servers']:6.2f}  "
+                      f"coordinator {c['coordinator']:5.2f}  total {c['total']:6.2f}")
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
               "strategies": strategies, "cpu_count": os.cpu_count(),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after"}

@@ -127,6 +127,32 @@ class KernelBackend(abc.ABC):
     def _apply(self, parity: Any, slots: Any, coeffs: Any, delta: Any) -> None:
         """Does the work on validated arrays: ``slots`` int64, ``coeffs`` uint8, both 1-D."""
 
+    def apply_versioned(self, parity: Any, slots: np.ndarray, positions: np.ndarray, coeff_row: np.ndarray,
+                        delta: Any, versions: np.ndarray, built: np.ndarray, seqs: np.ndarray) -> int:
+        """The parity store's hot path, on validated arrays, row after row: where the parity row is built and
+        its version ``versions[slots[r], positions[r]]`` is below ``seqs[r]``, applies
+        ``parity[slots[r]] ^= gf_mul(coeff_row[positions[r]], delta[r])`` and sets that version to ``seqs[r]``.
+        ``versions`` is ``(rows, k)`` int64, ``built`` ``(rows,)`` bool (host arrays).  A (slot, position) may
+        come more than once, with increasing ``seqs``.  Returns how many rows were applied.  Backends may fuse
+        this into one loop."""
+        k = versions.shape[1]
+        flat = versions.reshape(-1)
+        where = slots * k + positions
+        # a row repeated with a newer push applies as well: every copy is compared with the version before
+        fresh = built[slots] & (seqs > flat[where])
+        if not fresh.any():
+            return 0
+        if not fresh.all():
+            slots, positions, delta, where, seqs = slots[fresh], positions[fresh], delta[fresh], where[fresh], seqs[fresh]
+        xp = self._xp()
+        coeffs = coeff_row[positions]
+        if xp is np:
+            self._apply(parity, slots, coeffs, np.ascontiguousarray(delta))
+        else:
+            self._apply(parity, xp.asarray(slots), xp.asarray(coeffs), xp.ascontiguousarray(xp.asarray(delta)))
+        np.maximum.at(flat, where, seqs)
+        return int(len(slots))
+
     # --- validation ---------------------------------------------------------------------------
     def _xp(self):
         return np

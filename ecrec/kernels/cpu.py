@@ -177,6 +177,18 @@ class _Isal:
             lib.ec_init_tables(1, 1, coef.ctypes.data, self.tables[c].ctypes.data)
         self.use_mad = True
         self._loop = _build_isal_loop(lib.gf_vect_mad, lib.ec_encode_data_update)
+        self._versioned = _build_isal_versioned(lib.gf_vect_mad, lib.ec_encode_data_update)
+
+    def apply_versioned(self, parity, slots, positions, coeff_row, delta, versions, built, seqs) -> int:
+        """:meth:`KernelBackend.apply_versioned` in one numba loop calling ISA-L per row."""
+        width = parity.shape[1]
+        if width >= 2**31 or not delta.flags.c_contiguous:
+            return -1  # the caller falls back to the generic path
+        min_mad = _ISAL_MAD_MIN_LEN if self.use_mad else 2**31
+        return self._versioned(
+            parity.ctypes.data, parity.strides[0], delta.ctypes.data, delta.strides[0], slots, positions,
+            coeff_row, versions.reshape(-1), built, seqs, versions.shape[1], self.tables.ctypes.data, width, min_mad,
+        )  # fmt: skip
 
     def apply(self, parity: np.ndarray, slots: np.ndarray, coeffs: np.ndarray, delta: np.ndarray) -> None:
         width = parity.shape[1]
@@ -238,6 +250,40 @@ def _build_isal_loop(mad, update):
                 update(width, 1, 1, 0, tbl, src, coding_addr)
 
     return loop
+
+
+def _build_isal_versioned(mad, update):
+    from numba import njit
+
+    @njit(nogil=True, boundscheck=False)
+    def versioned(p_addr, p_stride, d_addr, d_stride, slots, positions, coeff_row, vflat, built, seqs, k, t_addr,
+                  width, min_mad):  # pragma: no cover - numba
+        coding = np.empty(1, dtype=np.uint64)
+        coding_addr = coding.ctypes.data
+        applied = 0
+        for r in range(slots.shape[0]):
+            s = slots[r]
+            if not built[s]:
+                continue
+            w = s * k + positions[r]
+            if seqs[r] <= vflat[w]:
+                continue
+            vflat[w] = seqs[r]
+            applied += 1
+            c = coeff_row[positions[r]]
+            if c == 0:
+                continue
+            dst = p_addr + s * p_stride
+            src = d_addr + r * d_stride
+            tbl = t_addr + np.int64(c) * 32
+            if width >= min_mad:
+                mad(width, 1, 0, tbl, src, dst)
+            else:
+                coding[0] = dst
+                update(width, 1, 1, 0, tbl, src, coding_addr)
+        return applied
+
+    return versioned
 
 
 def _isal_candidates() -> list[str]:
@@ -338,6 +384,12 @@ class IsalKernel(KernelBackend):
     def _apply(self, parity, slots, coeffs, delta) -> None:
         self._isal.apply(parity, slots, coeffs, delta)
 
+    def apply_versioned(self, parity, slots, positions, coeff_row, delta, versions, built, seqs) -> int:
+        applied = self._isal.apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs)
+        if applied < 0:
+            return super().apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs)
+        return applied
+
 
 class CpuKernel(KernelBackend):
     """The CPU backend servers use: ISA-L when usable, else numba (see the module docstring)."""
@@ -364,6 +416,9 @@ class CpuKernel(KernelBackend):
 
     def _apply(self, parity, slots, coeffs, delta) -> None:
         self.impl._apply(parity, slots, coeffs, delta)
+
+    def apply_versioned(self, parity, slots, positions, coeff_row, delta, versions, built, seqs) -> int:
+        return self.impl.apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs)
 
 
 def _warm_up(kernel: KernelBackend) -> None:

@@ -8,11 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ParityBatch(_message.Message):
-    __slots__ = ("source", "source_id", "seq", "push_id", "destinations", "tables", "dense", "destination_ids", "destination", "destination_id", "prev_seq", "confirmed_upto")
+    __slots__ = ("source", "source_id", "seq", "push_id", "first_seq", "push_ids", "destinations", "tables", "dense", "destination_ids", "destination", "destination_id", "prev_seq", "confirmed_upto")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PUSH_IDS_FIELD_NUMBER: _ClassVar[int]
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +27,8 @@ class ParityBatch(_message.Message):
     source_id: str
     seq: int
     push_id: _embedding_pb2.PushId
+    first_seq: int
+    push_ids: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.PushId]
     destinations: _containers.RepeatedScalarFieldContainer[int]
     tables: _containers.RepeatedCompositeFieldContainer[ParityDeltas]
     dense: _containers.RepeatedCompositeFieldContainer[DenseDelta]
@@ -33,33 +37,39 @@ class ParityBatch(_message.Message):
     destination_id: str
     prev_seq: int
     confirmed_upto: int
-    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseDelta, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., prev_seq: _Optional[int] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., first_seq: _Optional[int] = ..., push_ids: _Optional[_Iterable[_Union[_embedding_pb2.PushId, _Mapping]]] = ..., destinations: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[_Union[ParityDeltas, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseDelta, _Mapping]]] = ..., destination_ids: _Optional[_Iterable[str]] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., prev_seq: _Optional[int] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
 
 class ParityDeltas(_message.Message):
-    __slots__ = ("table", "parity_slots", "positions", "parity_index", "deltas", "old_versions")
-    TABLE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("tables", "table_rows", "parity_slots", "positions", "parity", "deltas", "old_versions", "seqs")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ROWS_FIELD_NUMBER: _ClassVar[int]
     PARITY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    PARITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARITY_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
     OLD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
-    table: str
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    table_rows: bytes
     parity_slots: bytes
     positions: bytes
-    parity_index: bytes
+    parity: int
     deltas: bytes
     old_versions: bytes
-    def __init__(self, table: _Optional[str] = ..., parity_slots: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., deltas: _Optional[bytes] = ..., old_versions: _Optional[bytes] = ...) -> None: ...
+    seqs: bytes
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., table_rows: _Optional[bytes] = ..., parity_slots: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., parity: _Optional[int] = ..., deltas: _Optional[bytes] = ..., old_versions: _Optional[bytes] = ..., seqs: _Optional[bytes] = ...) -> None: ...
 
 class DenseDelta(_message.Message):
-    __slots__ = ("name", "value", "old_version")
+    __slots__ = ("name", "value", "old_version", "seq")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     OLD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: bytes
     old_version: int
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., old_version: _Optional[int] = ...) -> None: ...
+    seq: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., old_version: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ParityBatches(_message.Message):
     __slots__ = ("batches", "source", "source_id", "confirmed_upto")
@@ -106,16 +116,20 @@ class ResolveSourceRequest(_message.Message):
     def __init__(self, source: _Optional[int] = ..., commit: _Optional[bool] = ..., undo_seqs: _Optional[_Iterable[int]] = ..., replacement_id: _Optional[str] = ...) -> None: ...
 
 class LoggedPush(_message.Message):
-    __slots__ = ("seq", "push_id", "destinations", "destination_ids")
+    __slots__ = ("seq", "push_id", "destinations", "destination_ids", "first_seq", "push_ids")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PUSH_IDS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     push_id: _embedding_pb2.PushId
     destinations: _containers.RepeatedScalarFieldContainer[int]
     destination_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., destination_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    first_seq: int
+    push_ids: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.PushId]
+    def __init__(self, seq: _Optional[int] = ..., push_id: _Optional[_Union[_embedding_pb2.PushId, _Mapping]] = ..., destinations: _Optional[_Iterable[int]] = ..., destination_ids: _Optional[_Iterable[str]] = ..., first_seq: _Optional[int] = ..., push_ids: _Optional[_Iterable[_Union[_embedding_pb2.PushId, _Mapping]]] = ...) -> None: ...
 
 class ResolveSourceReply(_message.Message):
     __slots__ = ("logged", "confirmed_upto", "committed")

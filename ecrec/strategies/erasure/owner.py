@@ -34,51 +34,101 @@ from ecrec import errors
 from ecrec.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
 from ecrec.strategies.erasure.sender import DestinationSender
-from ecrec.wire import embedding_pb2, parity_pb2
+from ecrec.wire import cluster_pb2, embedding_pb2, parity_pb2
 
 
-def build_batches(push: AppliedPush, layout, source: int, source_id: str) -> dict[int, parity_pb2.ParityBatch]:
-    """One :class:`ParityBatch` per destination index holding every delta of ``push`` meant for it."""
+@dataclass
+class PushGroup:
+    """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination."""
+
+    first_seq: int
+    last_seq: int
+    started: float
+    last_push: float = 0.0
+    push_ids: list[tuple[str, int]] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)  # (table, row_bytes, ids, deltas, old_versions, seq)
+    dense: list[tuple] = field(default_factory=list)  # (name, delta, old_version, seq)
+    nbytes: int = 0
+
+    def add(self, push: AppliedPush) -> None:
+        """Keeps ``push``'s deltas (computed in place of its old payload bytes, which are the server's copy)."""
+        self.last_seq = push.seq
+        self.push_ids.append(push.push_id)
+        for u in push.tables:
+            if len(u.ids):
+                np.bitwise_xor(u.old, u.new, out=u.old)
+                self.rows.append((u.shard.spec.name, u.shard.spec.row_bytes, u.ids, u.old, u.old_versions, push.seq))
+                self.nbytes += u.old.nbytes
+        for u in push.dense:
+            self.dense.append((u.dense.spec.name, np.bitwise_xor(u.old, u.new).reshape(-1), u.old_version, push.seq))
+            self.nbytes += u.old.nbytes
+
+
+def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict[int, parity_pb2.ParityBatch]:
+    """One :class:`ParityBatch` per destination index holding every delta of ``group`` meant for it.
+
+    Vectorized over the group's tables and pushes: the rows of one row width are concatenated (push after
+    push, table after table) and one stable sort by destination splits them, keeping that order."""
     batches: dict[int, parity_pb2.ParityBatch] = {}
-    push_id = embedding_pb2.PushId(worker=push.push_id[0], sequence=push.push_id[1])
+    push_ids = [embedding_pb2.PushId(worker=w, sequence=q) for w, q in group.push_ids]
 
     def batch(destination: int) -> parity_pb2.ParityBatch:
         b = batches.get(destination)
         if b is None:
-            b = batches[destination] = parity_pb2.ParityBatch(source=source, source_id=source_id, seq=push.seq,
-                                                              push_id=push_id)
+            b = batches[destination] = parity_pb2.ParityBatch(source=source, source_id=source_id, seq=group.last_seq,
+                                                              first_seq=group.first_seq, push_ids=push_ids)
         return b
 
-    for update in push.tables:
-        delta = np.bitwise_xor(update.old, update.new)
-        stripes, positions = layout.stripe_of(update.ids)
-        old_versions = update.old_versions
-        name = update.shard.spec.name
-        for j in range(layout.m):  # parity j of each row's stripe; a row's parities are on distinct servers
-            dest = layout.member_server(stripes, layout.k + j)
-            for d in np.unique(dest).tolist():
-                rows = np.flatnonzero(dest == d)
+    by_width: dict[int, list] = {}
+    for row in group.rows:
+        by_width.setdefault(row[1], []).append(row)
+    k, m, servers = layout.k, layout.m, layout.num_servers
+    for segments in by_width.values():
+        names = [seg[0] for seg in segments]
+        counts = np.array([len(seg[2]) for seg in segments])
+        if len(segments) == 1:
+            _, _, ids, delta, old_versions, seq = segments[0]
+            seqs = np.full(len(ids), seq, dtype=np.int64)
+        else:
+            ids = np.concatenate([seg[2] for seg in segments])
+            delta = np.concatenate([seg[3] for seg in segments])
+            old_versions = np.concatenate([seg[4] for seg in segments])
+            seqs = np.repeat(np.array([seg[5] for seg in segments], dtype=np.int64), counts)
+        segment_of_row = np.repeat(np.arange(len(segments)), counts)
+        stripes, positions = np.divmod(ids, k)
+        block = stripes // servers
+        for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
+            dest = (stripes + (k + j)) % servers
+            order = np.argsort(dest, kind="stable")  # by destination, keeping push and table order
+            bounds = np.searchsorted(dest[order], np.arange(servers + 1))
+            slots_j, positions_j, seqs_j = (block * m + j)[order], positions[order], seqs[order]
+            delta_j = delta[order]
+            versions_j, segment_j = old_versions[order].astype(np.int64, copy=False), segment_of_row[order]
+            for d in range(servers):
+                b0, b1 = bounds[d], bounds[d + 1]
+                if b0 == b1:
+                    continue
                 batch(d).tables.add(
-                    table=name, parity_slots=layout.parity_slot(stripes[rows], j).tobytes(),
-                    positions=positions[rows].tobytes(),
-                    parity_index=np.full(len(rows), j, dtype=np.int64).tobytes(), deltas=delta[rows].tobytes(),
-                    old_versions=old_versions[rows].astype(np.int64).tobytes())
-    for update in push.dense:
-        delta = np.bitwise_xor(update.old, update.new).reshape(-1)
-        for d in layout.dense_servers(update.dense.spec.name)[1:]:
-            batch(d).dense.add(name=update.dense.spec.name, value=delta.tobytes(), old_version=update.old_version)
+                    tables=names, table_rows=np.bincount(segment_j[b0:b1], minlength=len(segments)).tobytes(),
+                    parity_slots=slots_j[b0:b1].tobytes(), positions=positions_j[b0:b1].tobytes(), parity=j,
+                    deltas=delta_j[b0:b1].tobytes(), old_versions=versions_j[b0:b1].tobytes(),
+                    seqs=seqs_j[b0:b1].tobytes())
+    for name, delta, old_version, seq in group.dense:
+        for d in layout.dense_servers(name)[1:]:
+            batch(d).dense.add(name=name, value=delta.tobytes(), old_version=old_version, seq=seq)
     return batches
 
 
 @dataclass
 class OutboxEntry:
-    """One push's batches, until every destination has applied its own."""
+    """One group's batches, until every destination has applied its own."""
 
-    seq: int
-    push_id: tuple[str, int]
+    seq: int  # the group's last push
+    first_seq: int
     created: float
     batches: dict[int, parity_pb2.ParityBatch]
     pending: set[int] = field(default_factory=set)  # destinations that have not acknowledged it
+    relayed: bool = True  # went back in a push reply (else it is due for direct delivery at once)
 
 
 @dataclass
@@ -105,6 +155,8 @@ class ParityOwner:
         self.lock = threading.Condition()
         self._confirmed = 0  # every push up to this is applied everywhere
         self._last_seq = 0
+        self._group: PushGroup | None = None  # pushes not closed into batches yet
+        self._eager = False  # close every group at once (a server is recovering or missing)
 
     # --- state read by others -------------------------------------------------------------------------------
     def confirmed_upto(self) -> int:
@@ -112,8 +164,11 @@ class ParityOwner:
             return self._confirmed
 
     def unconfirmed(self) -> int:
+        """Pushes not yet applied at every destination (in closed batches or the open group)."""
         with self.lock:
-            return len(self.outbox)
+            if not self.outbox and self._group is None:
+                return 0
+            return self._last_seq - self._confirmed
 
     def _chain(self, destination: int) -> Chain:
         """The chain to the incarnation now serving ``destination`` (call with the lock held)."""
@@ -132,63 +187,99 @@ class ParityOwner:
 
     # --- a push -----------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush) -> PushOutcome:
-        host = self.host
-        batches = build_batches(push, host.layout, host.index, host.server_id)
-        destinations = sorted(batches)
-        live = live_servers(host.cluster_map)
-        destination_ids = [live[d].server_id if d in live else "" for d in destinations]
-        for b in batches.values():
-            b.destinations.extend(destinations)
-            b.destination_ids.extend(destination_ids)
-        relay = []
+        """Adds the push to the open group; when the group is full (pushes, bytes) or old, or while any server
+        recovers (a rebuild reads parity: it must not lag), closes it: its batches go back in this reply."""
+        options, faults = self.options, self.host.faults
         with self.lock:
             self._wait_for_room()
+            group = self._group
+            if group is None:
+                group = self._group = PushGroup(push.seq, push.seq, time.monotonic())
+            group.add(push)
+            group.last_push = time.monotonic()
             self._last_seq = push.seq
-            if not batches:
-                if not self.outbox:
-                    self._confirmed = push.seq
-                return PushOutcome(seq=push.seq, confirmed_upto=self._confirmed)
-            entry = OutboxEntry(push.seq, push.push_id, time.monotonic(), batches, set(destinations))
-            self.outbox[push.seq] = entry
-            for d in destinations:
-                chain = self._chain(d)
-                self._address(batches[d], d, chain)
-                if chain.server_id:
-                    relay.append(embedding_pb2.RelayBatch(destination=d, destination_id=chain.server_id,
-                                                          batch=batches[d].SerializeToString()))
+            close = (len(group.push_ids) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
+                     or time.monotonic() - group.started >= options.coalesce_s or self._eager
+                     or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
+            entry, relay = self._close_locked(relayed=True) if close else (None, [])
             confirmed = self._confirmed
+        if entry is not None:
+            self._after_close(entry)
+        return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
+
+    def _close_locked(self, relayed: bool):
+        """Turns the open group into batches in the outbox; returns the entry and its relay (call with the lock)."""
+        group, self._group = self._group, None
+        if group is None:
+            return None, []
+        batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
+        if not batches:
+            if not self.outbox:
+                self._confirmed = group.last_seq
+            return None, []
+        destinations = sorted(batches)
+        destination_ids = [self._chain(d).server_id for d in destinations]
+        entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), batches, set(destinations), relayed)
+        self.outbox[group.last_seq] = entry
+        relay = []
+        for d in destinations:
+            b = batches[d]
+            b.destinations.extend(destinations)
+            b.destination_ids.extend(destination_ids)
+            chain = self._chain(d)
+            self._address(b, d, chain)
+            if chain.server_id and relayed:
+                relay.append(embedding_pb2.RelayBatch(destination=d, destination_id=chain.server_id,
+                                                      batch=b.SerializeToString()))
+        self.counters["batches_built"] += len(batches)
         self.counters["relay_batches"] += len(relay)
+        return entry, relay
+
+    def _after_close(self, entry: OutboxEntry) -> None:
+        destinations = sorted(entry.batches)
         for d in destinations:  # each destination's sender delivers what the relay does not, in time
-            self.sender(d)
-        faults = host.faults
+            sender = self.senders.get(d) or self.sender(d)
+            if not entry.relayed:
+                sender.wake(due_now=True)
+        faults = self.host.faults
         if faults.armed("after_partial_parity") and len(destinations) >= 2:
             self.sender(destinations[0]).deliver([entry], wait=True, timeout_s=self.options.partial_parity_wait_s)
             faults.hit("after_partial_parity")
         if faults.armed("after_parity_before_ack"):  # every destination applies it before the worker hears back
             for d in destinations:
                 self.sender(d).deliver([entry], wait=True, timeout_s=self.options.partial_parity_wait_s)
-        return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
+
+    def on_timer(self) -> None:
+        """Closes a group no push came to for ``relay_timeout_s`` (training paused or ended); its batches go
+        directly."""
+        with self.lock:
+            group = self._group
+            if group is None or time.monotonic() - group.last_push < self.options.relay_timeout_s:
+                return
+            entry, _ = self._close_locked(relayed=False)
+        if entry is not None:
+            self._after_close(entry)
 
     def _wait_for_room(self) -> None:
         """Backpressure: at most ``max_unconfirmed`` pushes wait for their parity (call with the lock held)."""
         limit = self.options.max_unconfirmed
-        if len(self.outbox) < limit:
+        if self._last_seq - self._confirmed < limit:
             return
         for sender in list(self.senders.values()):
             sender.wake(due_now=True)
         deadline = time.monotonic() + self.host.config.rpc_timeout_s
-        while len(self.outbox) >= limit:
+        while self._last_seq - self._confirmed >= limit:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise errors.Unavailable(
-                    f"server {self.host.index}: {len(self.outbox)} pushes wait for their parity servers to apply them "
-                    f"(limit {limit}); a parity server is slow or unreachable")
+                    f"server {self.host.index}: {self._last_seq - self._confirmed} pushes wait for their parity "
+                    f"servers to apply them (limit {limit}); a parity server is slow or unreachable")
             self.lock.wait(left)
 
     def relay_for(self, seq: int) -> list[embedding_pb2.RelayBatch]:
         """The relay batches of an unconfirmed push again (its first reply was lost)."""
         with self.lock:
-            entry = self.outbox.get(seq)
+            entry = next((e for e in self.outbox.values() if e.first_seq <= seq <= e.seq), None)
             if entry is None:
                 return []
             return [embedding_pb2.RelayBatch(destination=d, destination_id=entry.batches[d].destination_id,
@@ -214,7 +305,7 @@ class ParityOwner:
                     break
                 self.outbox.popitem(last=False)
                 self._confirmed = seq
-            if not self.outbox:
+            if not self.outbox and self._group is None:
                 self._confirmed = max(self._confirmed, self._last_seq)
             if self._confirmed != before:
                 self.lock.notify_all()
@@ -228,10 +319,13 @@ class ParityOwner:
 
     # --- destinations replaced -----------------------------------------------------------------------------------
     def on_map_change(self) -> None:
-        """Restarts the chain of every destination whose server changed, with every batch it has not applied."""
-        live = live_servers(self.host.cluster_map)
+        """Restarts the chain of every destination whose server changed, with every batch it has not applied;
+        while a server recovers or is missing, groups close at every push."""
+        m = self.host.cluster_map
+        live = live_servers(m)
         restarted = []
         with self.lock:
+            self._eager = len(live) < m.num_servers or any(s.state == cluster_pb2.RECOVERING for s in live.values())
             for d, chain in list(self.chains.items()):
                 now = live[d].server_id if d in live else ""
                 if now == chain.server_id:
@@ -263,7 +357,8 @@ class ParityOwner:
                 return []
             if chain.restarted:
                 everything, chain.restarted = True, False
-            return [e for e in self.outbox.values() if destination in e.pending and (everything or e.created <= cutoff)]
+            return [e for e in self.outbox.values()
+                    if destination in e.pending and (everything or not e.relayed or e.created <= cutoff)]
 
     def messages_for(self, destination: int, entries: list[OutboxEntry]) -> list[tuple[list, int]] | None:
         """``entries``' batches for ``destination`` still unacknowledged there, as messages of at most
@@ -296,6 +391,10 @@ class ParityOwner:
             destinations = sorted({d for e in self.outbox.values() for d in e.pending})
         for d in destinations:
             self.sender(d).wake(due_now=True)
+        with self.lock:
+            entry, _ = self._close_locked(relayed=False)
+        if entry is not None:
+            self._after_close(entry)
         deadline = time.monotonic() + timeout_s
         with self.lock:
             while self.outbox and not self.closed.is_set():
@@ -303,7 +402,7 @@ class ParityOwner:
                 if left <= 0:
                     break
                 self.lock.wait(min(left, 0.05))
-            return len(self.outbox)
+            return self._last_seq - self._confirmed if self.outbox else 0
 
     def close(self) -> None:
         for sender in list(self.senders.values()):

@@ -33,7 +33,7 @@ from ecrec.codec import Codec
 from ecrec.peers import PARITY
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure.parity_store import ParityStore
+from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.tables import TableSpec
 from ecrec.wire import parity_pb2
@@ -176,7 +176,8 @@ class RebuildEngine:
         """Marks everything held here not ready and starts the background rebuild."""
         for shard in self.host.tables():
             shard.mark_unready()
-            self.receiver.stores[shard.spec.name].mark_unbuilt()
+        for arena in list(self.receiver.arenas.values()):
+            arena.mark_unbuilt()
         for dense in self.host.dense_tensors():
             dense.mark_unready()
         self.recovering.set()
@@ -250,14 +251,15 @@ class RebuildEngine:
                 time.sleep(0.01)
 
     # --- parity rows -----------------------------------------------------------------------------------------
-    def rebuild_parity(self, store: ParityStore, slots: np.ndarray) -> int:
-        """Re-encodes parity rows from their stripes' data rows; returns how many were built."""
-        spec, layout = store.spec, self.host.layout
+    def rebuild_parity(self, arena: ParityArena, part: TableParity, slots: np.ndarray) -> int:
+        """Re-encodes a table's parity rows (arena ``slots``) from their stripes' data rows; returns how many
+        were built."""
+        spec, layout = part.spec, self.host.layout
         suspects = self.receiver.suspect_sources()
         if suspects:
-            slots = slots[~np.isin(slots, self.receiver.unresolved_slots(spec.name, suspects))]
-        stripes = store.slot_to_stripe[slots]
-        pidx = store.slot_to_parity_index[slots]
+            slots = slots[~np.isin(slots, self.receiver.unresolved_slots(arena, suspects))]
+        stripes = arena.slot_to_stripe[slots]
+        pidx = arena.slot_to_parity_index[slots]
         want = np.ones((layout.k, len(slots)), dtype=bool)
         members = gather_members(self.host, spec, stripes, want, want_parity=False)
         ready = members.ready[: layout.k].all(axis=0) & members.answered[: layout.k].all(axis=0)
@@ -266,7 +268,7 @@ class RebuildEngine:
         data = np.ascontiguousarray(members.payload[: layout.k, ready].transpose(1, 0, 2))
         parity = self.codec.encode_stripes(data)
         rows = parity[np.arange(int(ready.sum())), pidx[ready]]
-        built = store.build(slots[ready], rows, members.data_versions[:, ready].T)
+        built = arena.build(slots[ready], rows, members.data_versions[:, ready].T)
         self.counters["parity_rows_rebuilt"] += built
         return built
 
@@ -307,13 +309,13 @@ class RebuildEngine:
                     self._yield(time.perf_counter() - started)
             for dense in self.host.dense_tensors():
                 self.rebuild_dense(dense)
-            for store in list(self.receiver.stores.values()):
+            for arena, part in list(self.receiver.parts.values()):
                 while True:
-                    todo = store.unbuilt_slots()
+                    todo = arena.unbuilt(part)
                     if not len(todo):
                         break
                     started = time.perf_counter()
-                    if self.rebuild_parity(store, todo[:batch]) == 0:
+                    if self.rebuild_parity(arena, part, todo[:batch]) == 0:
                         time.sleep(0.02)
                     faults.hit("during_rebuild")
                     self._yield(time.perf_counter() - started)

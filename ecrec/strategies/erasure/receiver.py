@@ -22,7 +22,7 @@ from ecrec.cluster_map import live_servers
 from ecrec.codec import Codec
 from ecrec.shards import TableShard
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure.parity_store import ParityStore
+from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
 from ecrec.strategies.erasure.source_log import DenseEntry, LogEntry, SourceLog, TableEntry
 from ecrec.wire import embedding_pb2, parity_pb2
 
@@ -36,68 +36,104 @@ class ParityReceiver:
         self.host = host
         self.codec = codec
         self.counters = counters
-        self.stores: dict[str, ParityStore] = {}
+        self.arenas: dict[int, ParityArena] = {}  # row width -> the parity rows of every table that wide
+        self.parts: dict[str, tuple[ParityArena, TableParity]] = {}
+        self._names_cache: dict[tuple, tuple] = {}
         self.logs: dict[int, SourceLog] = {}
         self.lock = threading.Lock()  # guards the logs
         self.resolved_sources: dict[int, str] = {}  # failed index -> server id of the replacement that resolved it
 
     # --- stores --------------------------------------------------------------------------------------------
-    def add_table(self, shard: TableShard, encode: bool) -> ParityStore:
-        store = ParityStore(shard.spec, self.host.layout, self.host.index, self.codec)
+    def add_table(self, shard: TableShard, encode: bool) -> TableParity:
+        """Adds a table's parity rows to the arena of its row width (initial parity encoded when ``encode``)."""
+        width = shard.spec.row_bytes
+        with self.lock:
+            arena = self.arenas.get(width)
+            if arena is None:
+                arena = self.arenas[width] = ParityArena(width, self.host.layout, self.host.index, self.codec)
+        part = arena.add_table(shard.spec)
         if encode:
-            store.encode_initial()
-        self.stores[shard.spec.name] = store
-        return store
+            arena.encode_initial(part)
+        self.parts[shard.spec.name] = (arena, part)
+        return part
 
-    def store(self, table: str) -> ParityStore:
-        store = self.stores.get(table)
-        if store is None:
+    def part(self, table: str) -> tuple[ParityArena, TableParity]:
+        found = self.parts.get(table)
+        if found is None:
             raise errors.NotFound(f"unknown table {table!r}")
-        return store
+        return found
 
     # --- applying ------------------------------------------------------------------------------------------
+    def _tables_of(self, names) -> tuple[ParityArena, np.ndarray, np.ndarray]:
+        """The arena of ``names`` with each table's offset and parity-slot count (cached per list of names:
+        an owner sends the same list with every batch)."""
+        key = tuple(names)
+        found = self._names_cache.get(key)
+        if found is None:
+            parts = [self.part(name) for name in key]
+            arena = parts[0][0]
+            if any(a is not arena for a, _ in parts):
+                raise errors.InvalidRequest(f"tables {list(key)} have rows of different widths in one delta group")
+            found = (arena, np.array([p.offset for _, p in parts], dtype=np.int64),
+                     np.array([p.count for _, p in parts], dtype=np.int64))
+            self._names_cache[key] = found
+        return found
+
     def _parse(self, b: parity_pb2.ParityBatch):
-        """Validates one batch before anything of it is applied; returns its tables and dense deltas."""
+        """Validates one batch before anything of it is applied; returns its deltas per arena and dense deltas."""
         layout = self.host.layout
         tables = []
         for t in b.tables:
-            store = self.store(t.table)
-            slots = transport.bytes_to_ids(t.parity_slots)
+            if not t.tables:
+                raise errors.InvalidRequest("parity deltas must name their tables")
+            arena, offsets, limits = self._tables_of(t.tables)
+            counts = transport.bytes_to_ids(t.table_rows)
+            local = transport.bytes_to_ids(t.parity_slots)
             positions = transport.bytes_to_ids(t.positions)
-            pidx = transport.bytes_to_ids(t.parity_index)
             old_versions = transport.bytes_to_ids(t.old_versions)
-            row_bytes = store.spec.row_bytes
-            if (not (len(slots) == len(positions) == len(pidx) == len(old_versions))
-                    or len(t.deltas) != len(slots) * row_bytes):
-                raise errors.InvalidRequest(f"table {t.table!r}: inconsistent parity batch lengths")
-            if len(slots) and (slots.min() < 0 or slots.max() >= len(store.built)
-                               or positions.min() < 0 or positions.max() >= layout.k
-                               or pidx.min() < 0 or pidx.max() >= layout.m):
-                raise errors.InvalidRequest(f"table {t.table!r}: parity slot, position or index out of range")
-            if len(slots) and (store.slot_to_stripe[slots] < 0).any():
-                raise errors.FailedPrecondition(
-                    f"server {self.host.index} holds no parity row at some slot of {t.table!r}")
-            deltas = np.frombuffer(t.deltas, dtype=np.uint8).reshape(len(slots), row_bytes)
-            tables.append((store, slots, positions, pidx, deltas, old_versions))
+            seqs = transport.bytes_to_ids(t.seqs)
+            n = len(local)
+            if (len(counts) != len(offsets) or len(positions) != n or len(old_versions) != n or len(seqs) != n
+                    or len(t.deltas) != n * arena.row_bytes or t.parity >= layout.m):
+                raise errors.InvalidRequest(f"tables {list(t.tables)}: inconsistent parity batch lengths or parity index")
+            if n == 0:
+                continue
+            if (seqs - b.first_seq).view(np.uint64).max() > b.seq - b.first_seq:
+                raise errors.InvalidRequest(f"tables {list(t.tables)}: a delta's push is not in this batch "
+                                            f"({b.first_seq}..{b.seq})")
+            slots, checked = place_rows(local, counts, offsets, limits, positions, layout.k, arena.slot_to_stripe)
+            if checked != n:
+                if checked < 0:
+                    raise errors.InvalidRequest(f"tables {list(t.tables)}: the rows per table do not add up to {n}")
+                table = t.tables[int(np.searchsorted(np.cumsum(counts), checked, side="right"))]
+                raise errors.InvalidRequest(
+                    f"table {table!r}: parity slot {int(local[checked])} or stripe position {int(positions[checked])} "
+                    f"is out of range, or server {self.host.index} holds no parity row there")
+            deltas = np.frombuffer(t.deltas, dtype=np.uint8).reshape(n, arena.row_bytes)
+            tables.append((arena, slots, positions, int(t.parity), deltas, old_versions, seqs))
         dense = []
         for d in b.dense:
             shard = self.host.dense(d.name)
             if len(d.value) != shard.nbytes:
                 raise errors.InvalidRequest(
                     f"dense tensor {d.name!r}: delta of {len(d.value)} bytes, expected {shard.nbytes}")
-            dense.append((shard, np.frombuffer(d.value, dtype=np.uint8), d.old_version))
+            if not b.first_seq <= d.seq <= b.seq:
+                raise errors.InvalidRequest(f"dense tensor {d.name!r}: push {d.seq} is not in this batch")
+            dense.append((shard, np.frombuffer(d.value, dtype=np.uint8), d.old_version, d.seq))
         return tables, dense
 
     def _apply_locked(self, lg: SourceLog, b: parity_pb2.ParityBatch, parsed) -> None:
-        self.host.faults.hit("before_parity_apply")
+        for _ in range(max(1, len(b.push_ids))):  # counted per push the batch carries
+            self.host.faults.hit("before_parity_apply")
         tables, dense = parsed
-        entry = LogEntry(b.seq, (b.push_id.worker, b.push_id.sequence), tuple(b.destinations), tuple(b.destination_ids))
-        for store, slots, positions, pidx, deltas, old_versions in tables:
-            store.apply(b.seq, slots, positions, pidx, deltas)
-            entry.tables.append(TableEntry(store.spec.name, slots, positions, pidx, deltas, old_versions))
-        for shard, delta, old_version in dense:
-            shard.apply_delta(delta, b.seq)
-            entry.dense.append(DenseEntry(shard.spec.name, delta, old_version))
+        entry = LogEntry(b.seq, b.first_seq, [(p.worker, p.sequence) for p in b.push_ids], tuple(b.destinations),
+                         tuple(b.destination_ids))
+        for arena, slots, positions, parity, deltas, old_versions, seqs in tables:
+            arena.apply(seqs, slots, positions, parity, deltas)
+            entry.tables.append(TableEntry(arena.row_bytes, slots, positions, parity, deltas, old_versions, seqs))
+        for shard, delta, old_version, seq in dense:
+            shard.apply_delta(delta, seq)
+            entry.dense.append(DenseEntry(shard.spec.name, delta, old_version, seq))
         lg.entries[b.seq] = entry
         lg.applied_upto = b.seq
         self.counters["batches_applied"] += 1
@@ -152,13 +188,19 @@ class ParityReceiver:
             if b.source_id in lg.resolved_ids:
                 raise errors.FailedPrecondition(
                     f"source {b.source} incarnation {b.source_id} was replaced and resolved; batch refused")
+            current = live_servers(self.host.cluster_map).get(b.source)
+            if current is None or current.server_id != b.source_id:
+                self.counters["foreign_batches"] += 1
+                raise errors.FailedPrecondition(
+                    f"batch from {b.source_id}, which server {self.host.index}'s map (epoch {self.host.epoch}) does "
+                    f"not name as index {b.source}: refused until the map does")
             if lg.entries and not lg.closed and lg.source_id:
                 # resolution of the previous incarnation never reached this server: keep what it applied
                 log.error("source %d changed incarnation (%s -> %s) with %d unresolved batches; keeping them",
                           b.source, lg.source_id, b.source_id, len(lg.entries))
                 self.counters["unresolved_incarnation_switches"] += 1
                 for e in lg.entries.values():
-                    lg.committed.append(e.push_id)
+                    lg.committed.extend(e.push_ids)
             lg.restart(b.source_id)
         if lg.closed:
             raise errors.FailedPrecondition(f"source {b.source} incarnation {b.source_id} is being resolved; batch refused")
@@ -207,8 +249,9 @@ class ParityReceiver:
             lg.closed = True
             lg.held.clear()
             for seq, e in lg.entries.items():
-                reply.logged.add(seq=seq, push_id=embedding_pb2.PushId(worker=e.push_id[0], sequence=e.push_id[1]),
-                                 destinations=list(e.destinations), destination_ids=list(e.destination_ids))
+                reply.logged.add(seq=seq, first_seq=e.first_seq, destinations=list(e.destinations),
+                                 destination_ids=list(e.destination_ids),
+                                 push_ids=[embedding_pb2.PushId(worker=w, sequence=q) for w, q in e.push_ids])
             reply.confirmed_upto = lg.confirmed_upto
             for w, s in lg.committed:
                 reply.committed.add(worker=w, sequence=s)
@@ -228,13 +271,13 @@ class ParityReceiver:
                     continue
                 undone += 1
                 for t in e.tables:
-                    self.stores[t.table].undo(seq, t.slots, t.positions, t.pidx, t.deltas, t.old_versions)
-                for d in e.dense:
-                    self.host.dense(d.name).undo_delta(d.delta, seq, d.old_version)
+                    self.arenas[t.arena].undo(t.seqs, t.slots, t.positions, t.parity, t.deltas, t.old_versions)
+                for d in reversed(e.dense):
+                    self.host.dense(d.name).undo_delta(d.delta, d.seq, d.old_version)
             self.counters["undone_batches"] += undone
             for seq, e in lg.entries.items():
                 if seq not in undo:
-                    lg.committed.append(e.push_id)
+                    lg.committed.extend(e.push_ids)
             if lg.source_id:
                 lg.resolved_ids.append(lg.source_id)
             lg.source_id = ""
@@ -253,10 +296,10 @@ class ParityReceiver:
         with self.lock:
             return {s for s, lg in self.logs.items() if lg.entries and s in failed}
 
-    def unresolved_slots(self, table: str, suspects: set[int]) -> np.ndarray:
-        """Parity slots of ``table`` touched by unresolved batches of ``suspects``."""
+    def unresolved_slots(self, arena: ParityArena, suspects: set[int]) -> np.ndarray:
+        """Arena slots touched by unresolved batches of ``suspects``."""
         with self.lock:
-            parts = [self.logs[s].affected_slots(table) for s in suspects]
+            parts = [self.logs[s].affected_slots(arena.row_bytes) for s in suspects]
         parts = [p for p in parts if len(p)]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
@@ -270,16 +313,16 @@ class ParityReceiver:
         layout = self.host.layout
         if len(stripes) != len(parity_index) or len(stripes) == 0:
             raise errors.InvalidRequest("stripes and parity_index must be non-empty and of equal length")
-        store = self.store(table)
+        arena, part = self.part(table)
+        if (stripes.min() < 0 or stripes.max() >= layout.num_stripes(part.spec.num_rows)
+                or parity_index.min() < 0 or parity_index.max() >= layout.m):
+            raise errors.InvalidRequest(f"table {table!r}: stripe or parity index out of range")
         holders = layout.parity_servers(stripes)[np.arange(len(stripes)), parity_index]
         if (holders != self.host.index).any():
             raise errors.FailedPrecondition(f"server {self.host.index} does not hold those parity rows")
-        slots = layout.parity_slot(stripes, parity_index)
+        slots = part.arena_slots(layout.parity_slot(stripes, parity_index))
         suspects = self.suspect_sources()
-        with store.lock:
-            payload = store.rows(slots)
-            versions = store.versions[slots]
-            ready = store.built[slots].copy()
+        payload, versions, ready = arena.read(slots)
         if suspects:
-            ready &= ~np.isin(slots, self.unresolved_slots(table, suspects))
+            ready &= ~np.isin(slots, self.unresolved_slots(arena, suspects))
         return payload, versions, ready

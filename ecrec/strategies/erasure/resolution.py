@@ -39,7 +39,7 @@ class Decision:
 
 def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict[int, str]) -> Decision:
     """The keep-or-undo rule.  ``listings``: each surviving server's answer; ``current_ids``: index ->
-    server id of the server holding it now."""
+    server id of the server holding it now.  A logged batch covers consecutive pushes ``first_seq``..``seq``."""
     survivors = set(listings)
     confirmed = max((r.confirmed_upto for r in listings.values()), default=0)
     holders: dict[int, set[int]] = defaultdict(set)
@@ -53,17 +53,19 @@ def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict
     decision = Decision(committed=sorted(committed))
     if not info:
         return decision
+    starts = {e.first_seq: e for e in info.values()}
     # the first push of this incarnation is (seq base | 1): every push from there on must be accounted for
     kept_upto = confirmed if confirmed else ((min(info) >> 32) << 32)
-    while kept_upto + 1 in info:
-        e = info[kept_upto + 1]
+    while kept_upto + 1 in starts:
+        e = starts[kept_upto + 1]
         needed = {d for d, sid in zip(e.destinations, e.destination_ids) if d in survivors and current_ids.get(d) == sid}
         if not needed <= holders[e.seq]:
             break
-        kept_upto += 1
+        kept_upto = e.seq
     for seq in sorted(info):
+        ids = [(p.worker, p.sequence) for p in info[seq].push_ids]
         if seq <= kept_upto:
-            decision.kept.append((info[seq].push_id.worker, info[seq].push_id.sequence))
+            decision.kept.extend(ids)
         else:
             decision.undo.append(seq)
     decision.kept_upto = kept_upto

@@ -17,14 +17,15 @@ import numpy as np
 
 @dataclass
 class TableEntry:
-    """A batch's deltas of one table, as applied (or held back) here."""
+    """A batch's deltas in one parity arena (the tables of one row width), as applied or held back here."""
 
-    table: str
-    slots: np.ndarray
+    arena: int  # the arena's row width
+    slots: np.ndarray  # arena slots
     positions: np.ndarray
-    pidx: np.ndarray
+    parity: int  # which parity of the stripes
     deltas: np.ndarray
     old_versions: np.ndarray
+    seqs: np.ndarray  # the push of each row's delta
 
 
 @dataclass
@@ -32,12 +33,16 @@ class DenseEntry:
     name: str
     delta: np.ndarray
     old_version: int
+    seq: int
 
 
 @dataclass
 class LogEntry:
+    """One batch: pushes ``first_seq``..``seq`` of the source."""
+
     seq: int
-    push_id: tuple[str, int]
+    first_seq: int
+    push_ids: list[tuple[str, int]]
     destinations: tuple[int, ...]
     destination_ids: tuple[str, ...] = ()
     tables: list[TableEntry] = field(default_factory=list)
@@ -81,8 +86,9 @@ class SourceLog:
             if seq > upto:
                 break
             self.entries.popitem(last=False)
-            self.committed.append(entry.push_id)
+            self.committed.extend(entry.push_ids)
 
-    def affected_slots(self, table: str) -> np.ndarray:
-        parts = [t.slots for e in self.entries.values() for t in e.tables if t.table == table]
+    def affected_slots(self, arena: int) -> np.ndarray:
+        """Arena slots (of the arena of that row width) that logged batches touched."""
+        parts = [t.slots for e in self.entries.values() for t in e.tables if t.arena == arena]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)

@@ -32,6 +32,7 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def __init__(self, host: StrategyHost, options: ErasureOptions):
         super().__init__(host, options)
+        self.timer_interval_s = max(0.005, options.relay_timeout_s / 2)  # closes groups no push closed
         layout = host.layout
         kernel = "gpu" if host.config.device == "cuda" else "auto"
         self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
@@ -56,13 +57,21 @@ class ErasureCoding(FaultToleranceStrategy):
 
     # --- the hot path ------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush):
-        return self.owner.on_push(push)
+        t0 = time.thread_time()
+        try:
+            return self.owner.on_push(push)
+        finally:
+            self.counters["on_push_cpu_s"] += time.thread_time() - t0
 
     def on_retry(self, push_id, seq: int):
         return PushOutcome(relay=self.owner.relay_for(seq), seq=seq, confirmed_upto=self.owner.confirmed_upto())
 
     def on_relay(self, relay):
-        return self.receiver.on_relay(relay)
+        t0 = time.thread_time()
+        try:
+            return self.receiver.on_relay(relay)
+        finally:
+            self.counters["on_relay_cpu_s"] += time.thread_time() - t0
 
     def on_acks(self, acks) -> None:
         self.owner.on_acks(acks)
@@ -72,6 +81,9 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def confirmed_upto(self) -> int:
         return self.owner.confirmed_upto()
+
+    def on_timer(self) -> None:
+        self.owner.on_timer()
 
     def ensure_rows(self, items) -> None:
         self.rebuild.ensure_rows(items)
@@ -103,19 +115,18 @@ class ErasureCoding(FaultToleranceStrategy):
         host, layout = self.host, self.host.layout
         self.flush_cluster()
         mismatched, checked = 0, 0
-        for name, store in self.receiver.stores.items():
-            slots = store.slots
+        for name, (arena, part) in self.receiver.parts.items():
+            slots = part.slots
             if not len(slots):
                 continue
-            stripes = store.slot_to_stripe[slots]
+            stripes = arena.slot_to_stripe[slots]
             want = np.ones((layout.k, len(slots)), dtype=bool)
-            members = gather_members(host, store.spec, stripes, want, want_parity=False, local=host.table(name))
+            members = gather_members(host, part.spec, stripes, want, want_parity=False, local=host.table(name))
             if not members.answered[: layout.k].all():
                 raise errors.Unavailable(f"a server is unavailable for verification of table {name!r}")
             data = np.ascontiguousarray(members.payload[: layout.k].transpose(1, 0, 2))
-            expected = self.codec.encode_stripes(data)[np.arange(len(slots)), store.slot_to_parity_index[slots]]
-            with store.lock:
-                actual = store.rows(slots)
+            expected = self.codec.encode_stripes(data)[np.arange(len(slots)), arena.slot_to_parity_index[slots]]
+            actual = arena.read(slots)[0]
             mismatched += int((expected != actual).any(axis=1).sum())
             checked += len(slots)
         for dense in host.dense_tensors():
@@ -141,7 +152,7 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def stats(self) -> dict:
         layout = self.host.layout
-        parity_bytes = sum(len(store.slots) * store.spec.row_bytes for store in self.receiver.stores.values())
+        parity_bytes = sum(len(part.slots) * arena.row_bytes for arena, part in self.receiver.parts.values())
         replica_bytes = sum(d.nbytes for d in self.host.dense_tensors()
                             if layout.dense_servers(d.spec.name)[0] != self.host.index)
         log_entries = sum(len(lg.entries) for lg in self.receiver.logs.values())

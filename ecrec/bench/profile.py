@@ -1,0 +1,123 @@
+"""``ecrec-bench profile``: where a server's CPU goes while a worker trains, sampled with py-spy.
+
+Starts a local cluster of the chosen strategy, trains the quick preset's DLRM in this process, and
+while it trains samples one server (``--server``, default 1) and this worker with ``py-spy record``
+(a sampling profiler: it reads the running process from outside and changes nothing in it).  Prints the
+functions with the most samples (own time, then inclusive), the processes' CPU per step, and writes
+py-spy's raw collapsed stacks (``--out DIR``: one ``*.folded`` file per process, for flamegraph.pl or
+speedscope).
+
+    ecrec-bench profile --strategy ecrec --seconds 8
+    ecrec-bench profile --strategy none --server 0 --out /tmp/prof
+
+py-spy comes with the ``dev`` extra (``pip install py-spy``); it needs permission to read another
+process's memory (root, or ``kernel.yama.ptrace_scope = 0``).  To profile a server you run yourself:
+``py-spy record --pid PID --duration 10 --format raw --output server.folded`` (or ``py-spy top --pid PID``).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--strategy", default="ecrec", help="strategy of the cluster (default ecrec)")
+    p.add_argument("--servers", type=int, default=4, help="embedding servers (default 4)")
+    p.add_argument("--k", type=int, default=2, help="data rows per stripe (erasure strategies; default 2)")
+    p.add_argument("--m", type=int, default=1, help="parity rows per stripe (erasure strategies; default 1)")
+    p.add_argument("--server", type=int, default=1, help="index of the server to sample (default 1)")
+    p.add_argument("--seconds", type=float, default=8.0, help="how long to sample (default 8)")
+    p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
+    p.add_argument("--top", type=int, default=25, help="functions to list (default 25)")
+    p.add_argument("--out", help="directory for the collapsed stacks (default: a temporary one)")
+    p.epilog = "example: ecrec-bench profile --strategy ecrec --seconds 8"
+
+
+def _summarize(folded: Path, top: int) -> list[str]:
+    """Top functions by own and by inclusive samples from py-spy's raw (collapsed) output."""
+    own, inclusive = collections.Counter(), collections.Counter()
+    total = 0
+    for line in folded.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0].strip() + " (" + f.split(" (")[-1] if " (" in f else f for f in stack.split(";")]
+        if frames:
+            own[frames[-1]] += n
+        for frame in set(frames[1:]):
+            inclusive[frame] += n
+    lines = [f"  {total} samples"]
+    lines += ["  own time:"] + [f"    {100 * n / max(total, 1):5.1f}%  {name}" for name, n in own.most_common(top)]
+    lines += ["  inclusive:"] + [f"    {100 * n / max(total, 1):5.1f}%  {name}" for name, n in inclusive.most_common(top)]
+    return lines
+
+
+def run(args) -> int:
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        print("ecrec-bench profile: py-spy is not installed (pip install py-spy, or the dev extra)", file=sys.stderr)
+        return 2
+    from argparse import Namespace
+
+    from ecrec.bench import compare
+
+    if not 0 <= args.server < args.servers:
+        print(f"ecrec-bench profile: --server must be in [0, {args.servers})", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ecrec-profile-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(compare.PRESETS["quick"], servers=args.servers, k=args.k, m=args.m, steps=100_000)
+    cargs = Namespace(dataset="synthetic", seed=0, mtbf_hours=None, checkpoint_interval_steps=None, workers=1,
+                      keep=False)
+    data_path, _ = compare.prepare_data(cargs, cfg, out)
+    run_ = compare.StrategyRun(args.strategy, args.strategy, cargs, cfg, data_path, out, None)
+    try:
+        run_.advance(30)  # warm up (tables, numba, first pulls)
+        server_pid = run_.local.pid_of_index(args.server)
+        procs = {f"server{args.server}": server_pid, "worker": os.getpid()}
+        stop = threading.Event()
+        recorders = {name: subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", str(args.rate),
+             "--format", "raw", "--output", str(out / f"{name}.folded"), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in procs.items()}
+        before = run_.cpu_seconds()
+        step0 = run_.trainer.step
+        t0 = time.perf_counter()
+
+        def train():
+            while not stop.is_set():
+                run_.advance(run_.trainer.step + 10)
+
+        worker = threading.Thread(target=train, daemon=True)
+        worker.start()
+        for name, rec in recorders.items():
+            _, err = rec.communicate(timeout=args.seconds + 60)
+            if rec.returncode != 0:
+                print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
+        stop.set()
+        worker.join()
+        steps = run_.trainer.step - step0
+        after = run_.cpu_seconds()
+        elapsed = time.perf_counter() - t0
+    finally:
+        run_.close()
+    print(f"ecrec-bench profile: strategy {args.strategy}, {steps} steps in {elapsed:.1f} s "
+          f"({1e3 * elapsed / max(steps, 1):.2f} ms per step)")
+    for part in ("worker", "servers", "coordinator"):
+        print(f"  CPU {part:<12} {1e3 * (after[part] - before[part]) / max(steps, 1):6.2f} ms per step")
+    for name in procs:
+        folded = out / f"{name}.folded"
+        if folded.exists():
+            print(f"\n{name} ({folded}):")
+            print("\n".join(_summarize(folded, args.top)))
+    return 0
