@@ -157,26 +157,27 @@ class Cluster:
             if not todo:
                 return
             log.warning("server index %d is served by a new process: replaying %d unconfirmed pushes", index, len(todo))
-            stub = self.peers.stub(live.address)
-            for key, request in todo:
-                replay = embedding_pb2.PushRequest()
-                replay.CopyFrom(request)
-                replay.ClearField("relay")
-                replay.ClearField("acks")
-                replay.replay = True
-                try:  # at this incarnation only: a replay must not continue at another one midway
-                    reply = stub.Push(replay, timeout=self.config.rpc_timeout_s)
-                except grpc.RpcError as exc:
-                    if not transport.is_unavailable(exc):
-                        raise ClusterError(f"replaying push {key} to server {index} ({live.address}): "
-                                           f"{exc.code().name}: {exc.details()}") from None
-                    self.peers.report(live.address, f"Push (replay): {exc.code().name}")
-                    if time.monotonic() > deadline:
-                        raise ClusterError(f"server index {index} unreachable and not replaced within "
-                                           f"{self.config.retry_deadline_s:.0f} s while replaying pushes") from None
-                    time.sleep(0.05)
-                    break  # start over at whatever serves the index now
-                self.courier.replayed(index, key, reply)
+            request = embedding_pb2.ReplayRequest()
+            for _, held in todo:
+                push = request.pushes.add()
+                push.CopyFrom(held)
+                push.ClearField("relay")
+                push.ClearField("acks")
+                push.replay = True
+            try:  # at this incarnation only: a replay must not continue at another one midway
+                reply = self.peers.stub(live.address).Replay(request, timeout=self.config.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                if not transport.is_unavailable(exc):
+                    raise ClusterError(f"replaying {len(todo)} pushes to server {index} ({live.address}): "
+                                       f"{exc.code().name}: {exc.details()}") from None
+                self.peers.report(live.address, f"Replay: {exc.code().name}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"server index {index} unreachable and not replaced within "
+                                       f"{self.config.retry_deadline_s:.0f} s while replaying pushes") from None
+                time.sleep(0.05)
+                continue  # start over at whatever serves the index now
+            for (key, _), push_reply in zip(todo, reply.replies):
+                self.courier.replayed(index, key, push_reply)
 
     # --- tables ----------------------------------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -106,6 +107,27 @@ class Peers:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[str, str], object] = {}
         self.retries = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _parallel(self, calls: list) -> list:
+        """Runs ``[(fn, args, kwargs)]`` at once and returns ``[(result, exception)]`` in order: the last in this
+        thread, the others on long-lived threads.  Blocking gRPC calls on a few threads cost less CPU here than
+        futures, which start a new polling thread whenever a channel has no call in flight (measured: 0.99 vs
+        1.6 ms of CPU per fan-out of four calls)."""
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ecrec-peers")
+
+        def run(fn, args, kwargs):
+            try:
+                return fn(*args, **kwargs), None
+            except Exception as exc:  # noqa: BLE001 - handed to the caller with the others
+                return None, exc
+
+        futures = [self._pool.submit(run, *call) for call in calls[:-1]]
+        last = [run(*calls[-1])] if calls else []
+        return [f.result() for f in futures] + last
 
     # --- addressing ------------------------------------------------------------------------------------------
     def address_of(self, index: int) -> str | None:
@@ -130,6 +152,9 @@ class Peers:
     def close(self) -> None:
         with self._lock:
             channels, self._channels, self._stubs = self._channels, {}, {}
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         for channel in channels.values():
             channel.close()
 
@@ -176,57 +201,60 @@ class Peers:
 
     def call_many(self, calls: list[tuple[int, str, object]], service: str = EMBEDDING,
                   tolerate_errors: bool = False) -> list:
-        """Sends every ``(index, method, request)`` at once (gRPC futures: one round trip for all) and
-        returns the replies in order; a reply is None when its server is not live or is gone (reported),
+        """Sends every ``(index, method, request)`` at once (one round trip for all) and returns the replies in
+        order; a reply is None when its server is not live or is gone (reported),
         or, with ``tolerate_errors``, when it answered any error (logged)."""
-        pending = []
+        pending, work = [], []
         for index, method, request in calls:
             address = self.address_of(index)
-            if address is None:
-                pending.append((index, None, method, None))
-                continue
-            fut = getattr(self.stub(address, service), method).future(request, timeout=self.timeout_s)
-            pending.append((index, address, method, fut))
+            pending.append((index, address, method))
+            if address is not None:
+                work.append((getattr(self.stub(address, service), method), (request,), {"timeout": self.timeout_s}))
+        results = iter(self._parallel(work))
         replies = []
-        for index, address, method, fut in pending:
-            if fut is None:
+        for index, address, method in pending:
+            if address is None:
                 replies.append(None)
                 continue
-            try:
-                replies.append(fut.result())
-            except grpc.RpcError as exc:
-                if not transport.is_unavailable(exc):
-                    error = PeerError(index, address, method, exc.code(), exc.details())
-                    if not tolerate_errors:
-                        raise error from None
-                    log.warning("%s", error)
-                else:
-                    self.report(address, f"{method}: {exc.code().name}")
-                replies.append(None)
+            reply, exc = next(results)
+            if exc is None:
+                replies.append(reply)
+                continue
+            if not isinstance(exc, grpc.RpcError):
+                raise exc
+            if not transport.is_unavailable(exc):
+                error = PeerError(index, address, method, exc.code(), exc.details())
+                if not tolerate_errors:
+                    raise error from None
+                log.warning("%s", error)
+            else:
+                self.report(address, f"{method}: {exc.code().name}")
+            replies.append(None)
         return replies
 
     def fan_out(self, method: str, requests: dict[int, object], service: str = EMBEDDING,
                 prepare: Callable[[int], None] | None = None) -> dict[int, object]:
-        """One request per index in parallel (futures, no threads on the fast path); a call whose server is
-        gone falls back to :meth:`call`, which follows the map and retries the same request.  ``prepare``
-        as in :meth:`call`."""
-        futures = {}
+        """One request per index in parallel; a call whose server is gone falls back to :meth:`call`, which
+        follows the map and retries the same request.  ``prepare`` as in :meth:`call`."""
+        sent, work = [], []
         for index, request in requests.items():
             if prepare is not None:
                 prepare(index)
             address = self.address_of(index)
             if address is not None:
-                futures[index] = (address, getattr(self.stub(address, service), method).future(
-                    request, timeout=self.timeout_s))
+                sent.append((index, address))
+                work.append((getattr(self.stub(address, service), method), (request,), {"timeout": self.timeout_s}))
+        outcome = {index: (address, *result) for (index, address), result in zip(sent, self._parallel(work))}
         replies = {}
         for index, request in requests.items():
-            if index in futures:
-                address, fut = futures[index]
-                try:
-                    replies[index] = fut.result()
+            if index in outcome:
+                address, reply, exc = outcome[index]
+                if exc is None:
+                    replies[index] = reply
                     continue
-                except grpc.RpcError as exc:
-                    if not transport.is_unavailable(exc):
-                        raise PeerError(index, address, method, exc.code(), exc.details()) from None
+                if not isinstance(exc, grpc.RpcError):
+                    raise exc
+                if not transport.is_unavailable(exc):
+                    raise PeerError(index, address, method, exc.code(), exc.details()) from None
             replies[index] = self.call(index, method, request, service, prepare=prepare)
         return replies

@@ -372,20 +372,51 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     @transport.service_method
     def Push(self, request, context):
         with self.state.handlers.measure("Push"):
-            return self._push(request)
+            plans = self._validate(request)
+            watermarks = self._receive_relayed(request)
+            return self._apply(request, plans, watermarks)
 
-    def _push(self, request):
+    @transport.service_method
+    def Replay(self, request, context):
+        """A worker's unconfirmed pushes, in order: validated whole, the rows they touch rebuilt once (a
+        replacement rebuilds on demand), then each applied exactly once as :meth:`Push` would."""
+        with self.state.handlers.measure("Replay"):
+            if not request.pushes:
+                raise errors.InvalidRequest("empty replay")
+            plans = [self._validate(push) for push in request.pushes]
+            strategy = self.state.strategy
+            needed: dict[str, tuple] = {}
+            for table_plans, _ in plans:
+                for shard, _, slots, _ in table_plans:
+                    shard_slots = needed.setdefault(shard.spec.name, (shard, []))[1]
+                    shard_slots.append(slots)
+            strategy.ensure_rows([(shard, np.unique(np.concatenate(parts))) for shard, parts in needed.values()])
+            reply = embedding_pb2.ReplayReply()
+            for push, push_plans in zip(request.pushes, plans):
+                reply.replies.append(self._apply(push, push_plans, [], replayed=True))
+            return reply
+
+    def _validate(self, request):
         st = self.state
         st.require_index()
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty push: no table rows and no dense gradients")
         if not request.push_id.worker:
             raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
-        table_plans, dense_plans = self._validate_push(request)
-        strategy = st.strategy
+        return self._validate_push(request)
+
+    def _receive_relayed(self, request) -> list:
+        strategy = self.state.strategy
         watermarks = strategy.on_relay(request.relay) if request.relay else []
         if request.acks:
             strategy.on_acks(request.acks)
+        return watermarks
+
+    def _apply(self, request, plans, watermarks, replayed: bool = False):
+        """Applies one validated push once (a known push id is answered "already applied")."""
+        st = self.state
+        table_plans, dense_plans = plans
+        strategy = st.strategy
         for d, _ in dense_plans:  # rebuilt before anything reads them, the reply of a retry included
             strategy.ensure_dense(d)
         key = (request.push_id.worker, request.push_id.sequence)
@@ -411,7 +442,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 push.dense.append(DenseUpdate(d, old, new, old_version))
             outcome = strategy.on_push(push)
             st.applied.add(key, push.seq)
-        if request.replay:
+        if replayed or request.replay:
             st.faults.hit("during_replay")
         # acknowledged once the strategy's completion (if any) is done
         if outcome is not None and outcome.completion is not None:

@@ -127,6 +127,15 @@ class KernelBackend(abc.ABC):
     def _apply(self, parity: Any, slots: Any, coeffs: Any, delta: Any) -> None:
         """Does the work on validated arrays: ``slots`` int64, ``coeffs`` uint8, both 1-D."""
 
+    def warm_up(self) -> None:
+        """Compiles whatever this backend compiles lazily (a server does this at start, not in a request)."""
+        xp = self._xp()
+        parity = xp.zeros((2, 8), dtype=np.uint8)
+        delta = xp.ones((2, 8), dtype=np.uint8)
+        self.apply_delta_batch(parity, xp.zeros(2, dtype=np.int64), xp.ones(2, dtype=np.uint8), delta)
+        self.apply_versioned(parity, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.uint8),
+                             delta, np.zeros((2, 2), dtype=np.int64), np.ones(2, dtype=bool), np.ones(2, dtype=np.int64))
+
     def apply_versioned(self, parity: Any, slots: np.ndarray, positions: np.ndarray, coeff_row: np.ndarray,
                         delta: Any, versions: np.ndarray, built: np.ndarray, seqs: np.ndarray) -> int:
         """The parity store's hot path, on validated arrays, row after row: where the parity row is built and

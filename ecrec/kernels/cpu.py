@@ -229,10 +229,14 @@ class _Isal:
 
 
 def _build_isal_loop(mad, update):
-    from numba import njit
+    from numba import njit, types
 
-    # not cache=True: the ctypes entry points are process-local addresses (compiles in ~0.3 s)
-    @njit(nogil=True, boundscheck=False)
+    ip = types.intp
+    signature = types.void(ip, ip, ip, ip, types.Array(types.int64, 1, "C", readonly=True),
+                           types.Array(types.uint8, 1, "C", readonly=True), ip, ip, ip)
+
+    # not cache=True: the ctypes entry points are process-local addresses (compiles in ~0.3 s), eagerly
+    @njit(signature, nogil=True, boundscheck=False)
     def loop(p_addr, p_stride, d_addr, d_stride, slots, coeffs, t_addr, width, min_mad):  # pragma: no cover
         coding = np.empty(1, dtype=np.uint64)  # ec_encode_data_update wants an array of dest pointers
         coding_addr = coding.ctypes.data
@@ -253,9 +257,18 @@ def _build_isal_loop(mad, update):
 
 
 def _build_isal_versioned(mad, update):
-    from numba import njit
+    from numba import njit, types
 
-    @njit(nogil=True, boundscheck=False)
+    def ro(dtype):  # read-only arrays (frombuffer) and writable ones both convert to this
+        return types.Array(dtype, 1, "C", readonly=True)
+
+    rw_i64, rw_bool = types.Array(types.int64, 1, "C"), types.Array(types.boolean, 1, "C")
+    ip = types.intp
+    signature = types.int64(ip, ip, ip, ip, ro(types.int64), ro(types.int64), ro(types.uint8), rw_i64, rw_bool,
+                            ro(types.int64), ip, ip, ip, ip)
+
+    # compiled eagerly (explicit signature): not in the first request of a replacement
+    @njit(signature, nogil=True, boundscheck=False)
     def versioned(p_addr, p_stride, d_addr, d_stride, slots, positions, coeff_row, vflat, built, seqs, k, t_addr,
                   width, min_mad):  # pragma: no cover - numba
         coding = np.empty(1, dtype=np.uint64)

@@ -139,6 +139,18 @@ class PushReply(_message.Message):
     watermarks: _containers.RepeatedCompositeFieldContainer[ParityWatermark]
     def __init__(self, already_applied: _Optional[bool] = ..., rows_updated: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ..., seq: _Optional[int] = ..., confirmed_upto: _Optional[int] = ..., server_id: _Optional[str] = ..., watermarks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ...) -> None: ...
 
+class ReplayRequest(_message.Message):
+    __slots__ = ("pushes",)
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ...) -> None: ...
+
+class ReplayReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[PushReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[PushReply, _Mapping]]] = ...) -> None: ...
+
 class PromoteRequest(_message.Message):
     __slots__ = ("index", "map", "dense")
     INDEX_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.PushRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.Replay = channel.unary_unary(
+                '/ecrec.wire.EmbeddingServer/Replay',
+                request_serializer=ecrec_dot_wire_dot_embedding__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReplayReply.FromString,
+                _registered_method=True)
         self.CreateTable = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/CreateTable',
                 request_serializer=ecrec_dot_wire_dot_cluster__pb2.TableSpec.SerializeToString,
@@ -95,6 +100,14 @@ class EmbeddingServerServicer:
     def Push(self, request, context):
         """Gradients of one worker step for the rows and dense tensors this server
         owns; applied atomically (all validated first) and exactly once per push id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Replay(self, request, context):
+        """A worker's unconfirmed pushes to this index, re-sent in order to a replacement: each applied
+        exactly once, as Push would (those recovery kept answer already_applied).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,6 +176,11 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.PushRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.PushReply.SerializeToString,
+            ),
+            'Replay': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replay,
+                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.ReplayRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.ReplayReply.SerializeToString,
             ),
             'CreateTable': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTable,
@@ -254,6 +272,33 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/Push',
             ecrec_dot_wire_dot_embedding__pb2.PushRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.EmbeddingServer/Replay',
+            ecrec_dot_wire_dot_embedding__pb2.ReplayRequest.SerializeToString,
+            ecrec_dot_wire_dot_embedding__pb2.ReplayReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,9 +21,9 @@ class ErasureOptions:
     backend: str = option("isa_l_rs_vand", f"pyeclib code: one of {', '.join(SUPPORTED_BACKENDS)}")
     rebuild_batch_rows: int = option(4096, "rows rebuilt per background batch")
     rebuild_pause_s: float = option(0.002, "pause of the background rebuild between batches (s)")
-    rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]; below 1 "
-                                      "it throttles itself (on-demand rebuilds of the rows training touches "
-                                      "then last longer, which cost more here than they save)")
+    rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
+    rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "
+                                               "rebuilt on demand first); in (0, 1]")
     heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
     coalesce_pushes: int = option(8, "consecutive pushes an owner coalesces into one batch per parity server")
@@ -48,8 +48,9 @@ class ErasureOptions:
         for key in ("rebuild_deadline_s", "partial_parity_wait_s", "relay_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be > 0")
-        if not 0 < self.rebuild_duty <= 1:
-            raise ValueError(f"strategy {strategy!r}: rebuild_duty must be in (0, 1]")
+        for key in ("rebuild_duty", "rebuild_duty_training"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"strategy {strategy!r}: {key} must be in (0, 1]")
         return self
 
 

@@ -191,6 +191,8 @@ class ParityOwner:
         recovers (a rebuild reads parity: it must not lag), closes it: its batches go back in this reply."""
         options, faults = self.options, self.host.faults
         with self.lock:
+            if self._last_seq == 0:  # this incarnation's first push: sequences are consecutive from here
+                self._confirmed = push.seq - 1
             self._wait_for_room()
             group = self._group
             if group is None:
@@ -324,8 +326,16 @@ class ParityOwner:
         m = self.host.cluster_map
         live = live_servers(m)
         restarted = []
+        entry = None
         with self.lock:
+            was_eager = self._eager
             self._eager = len(live) < m.num_servers or any(s.state == cluster_pb2.RECOVERING for s in live.values())
+            if self._eager and not was_eager:
+                # a server failed: its replacement's rebuild needs every parity server current, now: the open
+                # group and every batch the workers hold go directly
+                entry, _ = self._close_locked(relayed=False)
+                for e in self.outbox.values():
+                    e.relayed = False
             for d, chain in list(self.chains.items()):
                 now = live[d].server_id if d in live else ""
                 if now == chain.server_id:
@@ -336,9 +346,14 @@ class ParityOwner:
                         self._address(entry.batches[d], d, fresh)
                 if now:
                     restarted.append(d)
+        if entry is not None:
+            self._after_close(entry)
         for d in restarted:
             self.counters["chains_restarted"] += 1
             self.sender(d).wake(due_now=True)
+        if self._eager:
+            for sender in list(self.senders.values()):
+                sender.wake(due_now=True)
 
     # --- direct delivery -----------------------------------------------------------------------------------------
     def sender(self, destination: int) -> DestinationSender:

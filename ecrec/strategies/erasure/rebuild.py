@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,60 +52,84 @@ class StripeMembers:
     parity_versions: np.ndarray  # (m, n, k) int64
 
 
+@dataclass
+class StripeRead:
+    """What to read of ``stripes`` of one table: the data members ``want_data`` (``(k, n)`` bool) and, with
+    ``want_parity``, every parity member."""
+
+    spec: TableSpec
+    stripes: np.ndarray
+    want_data: np.ndarray
+    want_parity: bool
+    local: TableShard | None = None  # members held here are read from it (else they count as not answered)
+
+
 def gather_members(host: StrategyHost, spec: TableSpec, stripes: np.ndarray, want_data: np.ndarray,
                    want_parity: bool, local: TableShard | None = None) -> StripeMembers:
-    """Reads the wanted members of ``stripes`` from their servers, all requests at once.
+    """The members of one table's ``stripes`` (see :func:`gather_many`)."""
+    return gather_many(host, [StripeRead(spec, stripes, want_data, want_parity, local)])[0]
 
-    ``want_data``: ``(k, n)`` bool, which data members to read.  A member held by this server is read
-    from ``local`` when given (else it counts as not answered).  Data members past the table's end are
-    virtual zero rows: ready, version 0.
+
+def gather_many(host: StrategyHost, reads: list[StripeRead]) -> list[StripeMembers]:
+    """Reads the wanted members of several tables' stripes from their servers: one request per server for
+    everything it holds of them (sections of one ``ReadRows``), all requests at once.
+
+    Data members past the table's end are virtual zero rows: ready, version 0.
     """
     layout = host.layout
-    k, m, n = layout.k, layout.m, len(stripes)
-    row_bytes = spec.row_bytes
-    out = StripeMembers(np.zeros((k + m, n, row_bytes), dtype=np.uint8), np.zeros((k + m, n), dtype=bool),
-                        np.zeros((k + m, n), dtype=bool), np.zeros((k, n), dtype=np.int64),
-                        np.zeros((m, n, k), dtype=np.int64))
-    ids = layout.stripe_row_ids(stripes)  # (n, k)
-    calls, targets = [], []
-    for t in range(k):
-        virtual = ids[:, t] >= spec.num_rows
-        out.ready[t, virtual] = out.answered[t, virtual] = True
-        want = want_data[t] & ~virtual
-        owners = layout.member_server(stripes, t)
-        for srv in np.unique(owners[want]).tolist():
-            sel = np.flatnonzero(want & (owners == srv))
-            if srv == host.index:
-                if local is not None:
-                    rows = local.read(local.slots_for(ids[sel, t]))
-                    out.payload[t, sel], out.data_versions[t, sel], out.ready[t, sel] = rows.payload, rows.versions, rows.ready
-                    out.answered[t, sel] = True
-                continue
-            calls.append((srv, "ReadRows", parity_pb2.ReadRowsRequest(table=spec.name, ids=transport.ids_to_bytes(ids[sel, t]))))
-            targets.append((t, sel))
-    if want_parity:
-        pservers = layout.parity_servers(stripes)
-        for j in range(m):
-            for srv in np.unique(pservers[:, j]).tolist():
+    k, m = layout.k, layout.m
+    outs = []
+    per_server: dict[int, list] = {}  # server -> [(read number, member, rows, section)]
+    for n_read, read in enumerate(reads):
+        spec, stripes, n = read.spec, read.stripes, len(read.stripes)
+        out = StripeMembers(np.zeros((k + m, n, spec.row_bytes), dtype=np.uint8), np.zeros((k + m, n), dtype=bool),
+                            np.zeros((k + m, n), dtype=bool), np.zeros((k, n), dtype=np.int64),
+                            np.zeros((m, n, k), dtype=np.int64))
+        outs.append(out)
+        ids = layout.stripe_row_ids(stripes)  # (n, k)
+        for t in range(k):
+            virtual = ids[:, t] >= spec.num_rows
+            out.ready[t, virtual] = out.answered[t, virtual] = True
+            want = read.want_data[t] & ~virtual
+            owners = layout.member_server(stripes, t)
+            for srv in np.unique(owners[want]).tolist():
+                sel = np.flatnonzero(want & (owners == srv))
                 if srv == host.index:
+                    if read.local is not None:
+                        rows = read.local.read(read.local.slots_for(ids[sel, t]))
+                        out.payload[t, sel], out.data_versions[t, sel], out.ready[t, sel] = \
+                            rows.payload, rows.versions, rows.ready
+                        out.answered[t, sel] = True
                     continue
-                sel = np.flatnonzero(pservers[:, j] == srv)
-                calls.append((srv, "ReadRows", parity_pb2.ReadRowsRequest(
-                    table=spec.name, stripes=transport.ids_to_bytes(stripes[sel]),
-                    parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
-                targets.append((k + j, sel))
-    for (member, sel), reply in zip(targets, host.peers.call_many(calls, PARITY)):
+                per_server.setdefault(srv, []).append((n_read, t, sel, parity_pb2.ReadRowsRequest(
+                    table=spec.name, ids=transport.ids_to_bytes(ids[sel, t]))))
+        if read.want_parity:
+            pservers = layout.parity_servers(stripes)
+            for j in range(m):
+                for srv in np.unique(pservers[:, j]).tolist():
+                    if srv == host.index:
+                        continue
+                    sel = np.flatnonzero(pservers[:, j] == srv)
+                    per_server.setdefault(srv, []).append((n_read, k + j, sel, parity_pb2.ReadRowsRequest(
+                        table=spec.name, stripes=transport.ids_to_bytes(stripes[sel]),
+                        parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
+    servers = sorted(per_server)
+    calls = [(srv, "ReadRows", parity_pb2.ReadRowsRequest(sections=[sec for *_, sec in per_server[srv]]))
+             for srv in servers]
+    for srv, reply in zip(servers, host.peers.call_many(calls, PARITY)):
         if reply is None:
             continue
-        out.payload[member, sel] = np.frombuffer(reply.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
-        out.ready[member, sel] = np.frombuffer(reply.ready, dtype=np.uint8).astype(bool)
-        out.answered[member, sel] = True
-        versions = transport.bytes_to_ids(reply.versions)
-        if member < k:
-            out.data_versions[member, sel] = versions
-        else:
-            out.parity_versions[member - k, sel] = versions.reshape(len(sel), k)
-    return out
+        for (n_read, member, sel, _), section in zip(per_server[srv], reply.sections):
+            out, row_bytes = outs[n_read], reads[n_read].spec.row_bytes
+            out.payload[member, sel] = np.frombuffer(section.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
+            out.ready[member, sel] = np.frombuffer(section.ready, dtype=np.uint8).astype(bool)
+            out.answered[member, sel] = True
+            versions = transport.bytes_to_ids(section.versions)
+            if member < k:
+                out.data_versions[member, sel] = versions
+            else:
+                out.parity_versions[member - k, sel] = versions.reshape(len(sel), k)
+    return outs
 
 
 # --- choosing members --------------------------------------------------------------------------------------------
@@ -170,7 +193,7 @@ class RebuildEngine:
         self.recovering = threading.Event()
         self.lock = threading.Lock()  # one background batch at a time (on-demand rebuilds do not take it)
         self.foreground = 0  # requests rebuilding their rows right now (the background yields to them)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-on-demand")
+        self.last_request = 0.0  # when a pull or push last came in (monotonic)
 
     def start(self) -> None:
         """Marks everything held here not ready and starts the background rebuild."""
@@ -180,18 +203,20 @@ class RebuildEngine:
             arena.mark_unbuilt()
         for dense in self.host.dense_tensors():
             dense.mark_unready()
+        self.last_request = time.monotonic()  # a promotion usually meets training: start gently
         self.recovering.set()
 
     def run_in_background(self) -> None:
         threading.Thread(target=self._background, name="ecrec-rebuild", daemon=True).start()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        pass
 
     # --- on demand -------------------------------------------------------------------------------------------
     def ensure_rows(self, items) -> None:
         if not self.recovering.is_set():
             return
+        self.last_request = time.monotonic()
         work = []
         for shard, slots in items:
             missing = shard.unready(slots)
@@ -201,16 +226,13 @@ class RebuildEngine:
             return
         self.foreground += 1
         try:
-            if len(work) == 1:
-                self.rebuild_data(*work[0], foreground=True)
-            else:  # the tables' member reads overlap: one round trip instead of one per table
-                futures = [self._pool.submit(self.rebuild_data, shard, slots, True) for shard, slots in work]
-                for f in futures:
-                    f.result()
+            self.rebuild_data(work, foreground=True)
         finally:
             self.foreground -= 1
 
     def ensure_dense(self, dense: DenseShard) -> None:
+        if self.recovering.is_set():
+            self.last_request = time.monotonic()
         if self.recovering.is_set() and not dense.ready:
             self.foreground += 1
             try:
@@ -219,35 +241,41 @@ class RebuildEngine:
                 self.foreground -= 1
 
     # --- data rows -------------------------------------------------------------------------------------------
-    def rebuild_data(self, shard: TableShard, slots: np.ndarray, foreground: bool = False) -> None:
-        """Rebuilds this server's data rows at ``slots`` from ``k`` consistent members of their stripes."""
-        spec, layout = shard.spec, self.host.layout
+    def rebuild_data(self, work: list[tuple[TableShard, np.ndarray]], foreground: bool = False) -> None:
+        """Rebuilds this server's data rows (``(shard, slots)`` per table) from ``k`` consistent members of their
+        stripes: one round of reads for every table, repeated for rows whose members do not agree yet."""
+        layout = self.host.layout
         k, m = layout.k, layout.m
         deadline = time.monotonic() + self.options.rebuild_deadline_s
-        todo = slots
-        while len(todo):
+        while work:
             with self.lock if not foreground else contextlib.nullcontext():
-                todo = shard.unready(todo)
-                if not len(todo):
+                work = [(shard, shard.unready(slots)) for shard, slots in work]
+                work = [(shard, slots) for shard, slots in work if len(slots)]
+                if not work:
                     return
-                stripes, my_pos = np.divmod(layout.ids_of_slots(self.host.index, todo), k)
-                want = np.arange(k)[:, None] != my_pos[None, :]
-                members = gather_members(self.host, spec, stripes, want, want_parity=True)
-                groups, row_version = plan_data_rebuild(members, my_pos, k, m)
-                done_rows, payloads = [], []
-                for (i, data_members, chosen), rows in groups.items():
-                    available = {t: members.payload[t, rows] for t in data_members}
-                    available.update({k + j: members.payload[k + j, rows] for j in chosen})
-                    payloads.append(self.codec.reconstruct_stripes(available, [i])[i])
-                    done_rows.append(rows)
-                if done_rows:
-                    rows = np.concatenate(done_rows)
-                    self.counters["rows_rebuilt"] += shard.install(todo[rows], np.concatenate(payloads), row_version[rows])
-                todo = shard.unready(todo)
-            if len(todo):
+                reads, positions = [], []
+                for shard, slots in work:
+                    stripes, my_pos = np.divmod(layout.ids_of_slots(self.host.index, slots), k)
+                    reads.append(StripeRead(shard.spec, stripes, np.arange(k)[:, None] != my_pos[None, :], True))
+                    positions.append(my_pos)
+                for (shard, slots), members, my_pos in zip(work, gather_many(self.host, reads), positions):
+                    groups, row_version = plan_data_rebuild(members, my_pos, k, m)
+                    done_rows, payloads = [], []
+                    for (i, data_members, chosen), rows in groups.items():
+                        available = {t: members.payload[t, rows] for t in data_members}
+                        available.update({k + j: members.payload[k + j, rows] for j in chosen})
+                        payloads.append(self.codec.reconstruct_stripes(available, [i])[i])
+                        done_rows.append(rows)
+                    if done_rows:
+                        rows = np.concatenate(done_rows)
+                        self.counters["rows_rebuilt"] += shard.install(slots[rows], np.concatenate(payloads),
+                                                                       row_version[rows])
+                work = [(shard, shard.unready(slots)) for shard, slots in work]
+                work = [(shard, slots) for shard, slots in work if len(slots)]
+            if work:
                 if time.monotonic() > deadline:
-                    raise errors.Unavailable(
-                        f"table {spec.name!r}: {len(todo)} rows cannot be rebuilt yet (members unavailable)")
+                    left = ", ".join(f"{shard.spec.name!r}: {len(slots)}" for shard, slots in work)
+                    raise errors.Unavailable(f"rows cannot be rebuilt yet (members unavailable or in flight): {left}")
                 time.sleep(0.01)
 
     # --- parity rows -----------------------------------------------------------------------------------------
@@ -293,20 +321,30 @@ class RebuildEngine:
                 time.sleep(0.02)
 
     # --- in the background -----------------------------------------------------------------------------------
+    def training_active(self) -> bool:
+        """Whether a pull or push came in the last quarter second (the background rebuild then holds back)."""
+        return time.monotonic() - self.last_request < 0.25
+
     def _background(self) -> None:
         t0 = time.perf_counter()
-        batch = self.options.rebuild_batch_rows
+        # the worker that met the failure replays its unconfirmed pushes right after the promotion: let that
+        # (and the rows it needs, rebuilt on demand) go first
+        self.closed.wait(0.05)
+        while self.foreground > 0 and not self.closed.is_set():
+            time.sleep(0.001)
         faults = self.host.faults
         try:
-            for shard in self.host.tables():
-                while True:
-                    todo = shard.unready_owned()
-                    if not len(todo):
-                        break
-                    started = time.perf_counter()
-                    self.rebuild_data(shard, todo[:batch])
-                    faults.hit("during_rebuild")
-                    self._yield(time.perf_counter() - started)
+            shards = self.host.tables()
+            while True:  # data rows: every table's next rows in one round of reads
+                todo = [(shard, shard.unready_owned()) for shard in shards]
+                todo = [(shard, slots) for shard, slots in todo if len(slots)]
+                if not todo:
+                    break
+                per_table = max(1, self.options.rebuild_batch_rows // len(todo))
+                started = time.perf_counter()
+                self.rebuild_data([(shard, slots[:per_table]) for shard, slots in todo])
+                faults.hit("during_rebuild")
+                self._yield(time.perf_counter() - started)
             for dense in self.host.dense_tensors():
                 self.rebuild_dense(dense)
             for arena, part in list(self.receiver.parts.values()):
@@ -315,7 +353,7 @@ class RebuildEngine:
                     if not len(todo):
                         break
                     started = time.perf_counter()
-                    if self.rebuild_parity(arena, part, todo[:batch]) == 0:
+                    if self.rebuild_parity(arena, part, todo[:self.options.rebuild_batch_rows]) == 0:
                         time.sleep(0.02)
                     faults.hit("during_rebuild")
                     self._yield(time.perf_counter() - started)
@@ -334,9 +372,12 @@ class RebuildEngine:
 
     def _yield(self, worked_s: float) -> None:
         """Lets training go first: wait while a foreground request rebuilds, then rest so that the
-        background rebuild keeps to ``rebuild_duty`` of the wall time (at least ``rebuild_pause_s``)."""
+        background rebuild keeps to ``rebuild_duty`` of the wall time (``rebuild_duty_training`` while training
+        requests come in; at least ``rebuild_pause_s``)."""
         while self.foreground > 0 and not self.closed.is_set():
             time.sleep(0.001)
-        rest = max(self.options.rebuild_pause_s, worked_s * (1.0 / self.options.rebuild_duty - 1.0))
+        duty = self.options.rebuild_duty_training if self.training_active() else self.options.rebuild_duty
+        duty = min(duty, self.options.rebuild_duty)
+        rest = max(self.options.rebuild_pause_s, worked_s * (1.0 / duty - 1.0))
         if rest:
             self.closed.wait(rest)

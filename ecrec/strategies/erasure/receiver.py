@@ -39,6 +39,10 @@ class ParityReceiver:
         self.arenas: dict[int, ParityArena] = {}  # row width -> the parity rows of every table that wide
         self.parts: dict[str, tuple[ParityArena, TableParity]] = {}
         self._names_cache: dict[tuple, tuple] = {}
+        # compile the hot path now, not in the first request (a replacement's first batches meet training)
+        codec.kernel.warm_up()
+        place_rows(np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64),
+                   np.zeros(1, np.int64), 1, np.zeros(1, np.int64))
         self.logs: dict[int, SourceLog] = {}
         self.lock = threading.Lock()  # guards the logs
         self.resolved_sources: dict[int, str] = {}  # failed index -> server id of the replacement that resolved it

@@ -45,8 +45,15 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ReadRows(self, request, context):
+        self.host.require_index()
+        if request.sections:
+            if any(section.sections for section in request.sections):
+                raise errors.InvalidRequest("ReadRows sections cannot hold sections")
+            return parity_pb2.ReadRowsReply(sections=[self._read(section) for section in request.sections])
+        return self._read(request)
+
+    def _read(self, request) -> parity_pb2.ReadRowsReply:
         host = self.host
-        host.require_index()
         if request.dense:
             dense = host.dense(request.dense)
             payload, version, ready = dense.read()

@@ -1,0 +1,215 @@
+"""The parity path between real server objects in one process: an owner's coalesced batches reach a parity
+server in any order, once or twice, from the right incarnations only, and parity ends equal to a fresh
+encode.  No gRPC: the batches go straight from the owner's outbox to the receiver, as a worker would relay
+them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from ecrec import errors
+from ecrec.config import ServerConfig
+from ecrec.server import ServerState
+from ecrec.strategies.base import AppliedPush, TableUpdate
+from ecrec.strategies.builtin import ECREC
+from ecrec.tables import TableSpec
+from ecrec.wire import cluster_pb2, parity_pb2
+
+S, K, M = 4, 2, 1
+TABLES = [TableSpec("a", 300, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=1),
+          TableSpec("b", 200, 4, optimizer="sgd", lr=0.1, seed=2),
+          TableSpec("c", 120, 6, optimizer="sgd", lr=0.1, seed=3)]  # another row width: another arena
+
+
+def cluster_map(epoch: int = 3, ids=None) -> cluster_pb2.ClusterMap:
+    ids = ids or [f"s{i}" for i in range(S)]
+    m = cluster_pb2.ClusterMap(epoch=epoch, num_servers=S, strategy="ecrec", k=K, m=M)
+    m.strategy_options.update(ECREC.layout_params(S, K, M, {"coalesce_pushes": "3"})[2])
+    for i, sid in enumerate(ids):
+        m.servers.add(index=i, address=f"127.0.0.1:{1 + i}", state=cluster_pb2.ACTIVE, server_id=sid)
+    return m
+
+
+@pytest.fixture
+def servers():
+    """Four server states (index i, id s<i>) with every table, initial parity encoded."""
+    out = []
+    for i in range(S):
+        st = ServerState(ServerConfig(coordinator="127.0.0.1:1", rpc_timeout_s=0.5), server_id=f"s{i}")
+        st.index = i
+        st.adopt_map(cluster_map())
+        for spec in TABLES:
+            st.create_table(spec)
+        out.append(st)
+    yield out
+    for st in out:
+        st.strategy.close()
+
+
+def push(owner: ServerState, worker_seq: int, rng) -> AppliedPush:
+    """Applies random gradients to some of ``owner``'s rows of every table (as the server's Push does)."""
+    p = AppliedPush(("w", worker_seq), owner.sequencer.next(owner.epoch))
+    for shard in owner.tables():
+        ids = np.unique(rng.choice(shard.owned_ids, size=min(12, len(shard.owned_ids)), replace=True))
+        grads = rng.standard_normal((len(ids), shard.spec.dim)).astype(np.float32)
+        old, new, old_versions = shard.apply_gradients(shard.slots_for(ids), grads, p.seq, keep_old=True)
+        p.tables.append(TableUpdate(shard, ids, shard.slots_for(ids), old, new, old_versions))
+    return p
+
+
+def relay_of(owner: ServerState, pushes) -> dict[int, list]:
+    """Every relay batch the owner's replies carried for ``pushes``, by destination."""
+    out: dict[int, list] = {}
+    for p in pushes:
+        for r in owner.strategy.on_push(p).relay:
+            out.setdefault(r.destination, []).append(r)
+    return out
+
+
+def fresh_encode_matches(servers, index: int) -> None:
+    """Every parity row held at ``index`` equals a fresh encode of its stripe's data rows."""
+    st = servers[index]
+    codec = st.strategy.codec
+    for name, (arena, part) in st.strategy.receiver.parts.items():
+        stripes = arena.slot_to_stripe[part.slots]
+        ids = st.layout.stripe_row_ids(stripes)
+        owners, slots = st.layout.locate(ids)
+        data = np.zeros((len(stripes), K, part.spec.row_bytes), dtype=np.uint8)
+        for r, t in np.argwhere(ids < part.spec.num_rows):
+            data[r, t] = servers[int(owners[r, t])].table(name).read_payload(np.array([slots[r, t]]))[0]
+        expected = codec.encode_stripes(data)[np.arange(len(stripes)), arena.slot_to_parity_index[part.slots]]
+        np.testing.assert_array_equal(arena.rows(part.slots), expected, err_msg=f"table {name} at server {index}")
+
+
+def test_coalesced_batches_applied_in_any_order_and_twice_give_a_fresh_encode(servers):
+    rng = np.random.default_rng(0)
+    owner = servers[0]
+    relay = relay_of(owner, [push(owner, q, rng) for q in range(1, 10)])  # 9 pushes: 3 groups of 3
+    assert relay and all(len(batches) == 3 for batches in relay.values())
+    for d, batches in relay.items():
+        receiver = servers[d].strategy.receiver
+        order = list(reversed(batches)) + [batches[0]]  # newest first (held back), then a duplicate
+        watermarks = receiver.on_relay(order)
+        assert [(w.source, w.source_id, w.applied_upto) for w in watermarks] == [(0, "s0", (3 << 32) + 9)]
+        assert receiver.counters["held_back_batches"] == 2 and receiver.counters["duplicate_batches"] == 1
+        fresh_encode_matches(servers, d)
+        base = 3 << 32  # the owner's first push came at epoch 3
+        entries = receiver.logs[0].entries
+        assert [(e.first_seq - base, e.seq - base, len(e.push_ids)) for e in entries.values()] == \
+            [(1, 3, 3), (4, 6, 3), (7, 9, 3)]
+
+
+def test_the_owner_confirms_once_every_destination_applied(servers):
+    rng = np.random.default_rng(1)
+    owner = servers[1]
+    pushes = [push(owner, q, rng) for q in range(1, 4)]
+    relay = relay_of(owner, pushes)
+    before = pushes[0].seq - 1  # nothing of this incarnation before its first push
+    assert owner.strategy.owner.confirmed_upto() == before and owner.strategy.owner.unconfirmed() == 3
+    destinations = sorted(relay)
+    assert len(destinations) >= 2
+    first = servers[destinations[0]].strategy.receiver.on_relay(relay[destinations[0]])
+    owner.strategy.on_acks(first)
+    assert owner.strategy.owner.confirmed_upto() == before, "confirmed before every destination applied"
+    for d in destinations[1:]:
+        owner.strategy.on_acks(servers[d].strategy.receiver.on_relay(relay[d]))
+    assert owner.strategy.owner.confirmed_upto() == pushes[-1].seq and owner.strategy.owner.unconfirmed() == 0
+
+
+def test_batches_for_another_incarnation_or_from_an_unknown_source_are_refused_and_change_nothing(servers):
+    rng = np.random.default_rng(2)
+    owner = servers[2]
+    relay = relay_of(owner, [push(owner, q, rng) for q in range(1, 4)])
+    d, batches = next(iter(relay.items()))
+    receiver = servers[d].strategy.receiver
+    before = {name: arena.rows(part.slots).copy() for name, (arena, part) in receiver.parts.items()}
+
+    stale = parity_pb2.ParityBatch.FromString(batches[0].batch)
+    stale.destination_id = "an-earlier-process"
+    with pytest.raises(errors.FailedPrecondition, match="replaced"):
+        receiver.receive([stale], strict=True)
+    foreign = parity_pb2.ParityBatch.FromString(batches[0].batch)
+    foreign.source_id = "not-in-the-map"
+    with pytest.raises(errors.FailedPrecondition, match="does not name"):
+        receiver.receive([foreign], strict=True)
+    relayed = receiver.on_relay([r.__class__(destination=d, batch=stale.SerializeToString()) for r in batches[:1]])
+    assert relayed == [] and receiver.counters["refused_relayed_batches"] == 1
+    bad = parity_pb2.ParityBatch.FromString(batches[0].batch)
+    bad.tables[0].positions = np.full(len(bad.tables[0].positions) // 8, K, dtype=np.int64).tobytes()
+    with pytest.raises(errors.InvalidRequest, match="out of range"):
+        receiver.receive([bad], strict=True)
+    for name, (arena, part) in receiver.parts.items():
+        np.testing.assert_array_equal(arena.rows(part.slots), before[name])
+    assert 2 not in receiver.logs or not receiver.logs[2].entries
+
+
+def test_resolution_undoes_a_suffix_and_refuses_the_resolved_incarnation(servers):
+    rng = np.random.default_rng(3)
+    owner = servers[3]
+    pushes = [push(owner, q, rng) for q in range(1, 7)]
+    relay = relay_of(owner, pushes)  # 2 groups of 3
+    d = sorted(relay)[0]
+    receiver = servers[d].strategy.receiver
+    arenas = {name: (arena, part) for name, (arena, part) in receiver.parts.items()}
+    snapshot = {name: arena.rows(part.slots).copy() for name, (arena, part) in arenas.items()}
+    receiver.on_relay(relay[d][:1])  # group 1 (pushes 1-3)
+    after_first = {name: arena.rows(part.slots).copy() for name, (arena, part) in arenas.items()}
+    receiver.on_relay(relay[d][1:])  # group 2 (pushes 4-6)
+    listing = receiver.list_source(3)
+    assert [len(e.push_ids) for e in listing.logged] == [3, 3]
+    receiver.commit_resolution(3, [listing.logged[1].seq], "s3-replacement")  # keep group 1, undo group 2
+    for name, (arena, part) in arenas.items():
+        np.testing.assert_array_equal(arena.rows(part.slots), after_first[name], err_msg=name)
+        assert not np.array_equal(after_first[name], snapshot[name]) or name == "c"
+    with pytest.raises(errors.FailedPrecondition, match="resolved"):
+        receiver.receive([parity_pb2.ParityBatch.FromString(relay[d][1].batch)], strict=True)
+    assert [c for c in receiver.logs[3].committed][-3:] == [("w", 1), ("w", 2), ("w", 3)]
+
+
+@pytest.mark.parametrize("kernel", ["generic", "fused"])
+def test_a_row_repeated_with_newer_pushes_applies_in_order(kernel):
+    """One batch may carry a row once per push; the versioned apply must take each newer one, skip the rest."""
+    from ecrec.kernels import KernelBackend, get_kernel
+
+    impl = get_kernel("cpu")
+    rng = np.random.default_rng(4)
+    parity = rng.integers(0, 256, (6, 64), dtype=np.uint8)
+    expect = parity.copy()
+    versions = np.array([[5, 0], [0, 0], [2, 9], [0, 0], [0, 0], [0, 0]], dtype=np.int64)
+    built = np.array([True, True, True, True, False, True])
+    slots = np.array([0, 0, 2, 2, 4, 0])
+    positions = np.array([0, 0, 0, 1, 0, 0])
+    seqs = np.array([6, 7, 3, 9, 8, 5])
+    coeff_row = np.array([7, 3], dtype=np.uint8)
+    delta = rng.integers(0, 256, (6, 64), dtype=np.uint8)
+    from ecrec.kernels.base import gf_mul_table
+
+    mul = gf_mul_table()
+    for r in (0, 1, 2):  # seq 6 and 7 over version 5; seq 3 over 2; seq 9 not over 9; row 4 unbuilt; seq 5 old
+        expect[slots[r]] ^= mul[coeff_row[positions[r]]][delta[r]]
+    call = KernelBackend.apply_versioned if kernel == "generic" else type(impl).apply_versioned
+    applied = call(impl, parity, slots, positions, coeff_row, delta, versions, built, seqs)
+    assert applied == 3
+    np.testing.assert_array_equal(parity, expect)
+    assert versions[0, 0] == 7 and versions[2, 0] == 3 and versions[2, 1] == 9 and versions[4, 0] == 0
+
+
+def test_every_arrival_order_of_three_groups_ends_the_same(servers):
+    rng = np.random.default_rng(5)
+    owner = servers[0]
+    relay = relay_of(owner, [push(owner, q, rng) for q in range(1, 10)])
+    d = sorted(relay)[0]
+    receiver = servers[d].strategy.receiver
+    results = set()
+    for order in itertools.permutations(relay[d]):
+        receiver.list_source(0)  # forget the previous round: resolve keeping nothing applied, then re-apply
+        receiver.commit_resolution(0, [e.seq for e in receiver.list_source(0).logged], "again")
+        receiver.logs[0].resolved_ids.clear()
+        receiver.on_relay(list(order))
+        results.add(tuple(arena.rows(part.slots).tobytes() for arena, part in receiver.parts.values()))
+    assert len(results) == 1
+    fresh_encode_matches(servers, d)
