@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     lo.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where parity kernels run (default cpu)")
     lo.add_argument("--state-path", default=None, help="file where the coordinator persists the map")
+    lo.add_argument("--token-file", default=None,
+                    help="shared secret every process checks on every call (ecrec.security); clients pass the same "
+                         "file as ClientConfig(token_file=...)")
     _add_strategy_args(lo, defaults={"num_servers": 4})
     return parser
 
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(LocalClusterSpec(
         servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,
         options=options, host=args.host, device=args.device, state_path=args.state_path,
-        log_level=args.log_level,
+        log_level=args.log_level, server_security={"token_file": args.token_file} if args.token_file else {},
     ))
     try:
         cluster.start()

@@ -74,11 +74,11 @@ class Cluster:
         self.incarnation = uuid.uuid4().hex[:12]  # this process: a restarted worker with the same name is another
         self._lock = threading.RLock()
         self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
-                                             on_map=self._adopt)
+                                             on_map=self._adopt, security=self.config.security)
         self._coordinator = self.coordinator.stub
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=self.config.rpc_timeout_s,
                            retry_deadline_s=self.config.retry_deadline_s,
-                           max_message_bytes=self.config.max_message_bytes)
+                           max_message_bytes=self.config.max_message_bytes, security=self.config.security)
         self.courier = Courier()
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
@@ -382,7 +382,30 @@ class Cluster:
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}
 
-    def close(self) -> None:
+    def wait_confirmed(self, timeout_s: float = 30.0) -> int:
+        """Waits until every push this worker made is *confirmed* (its parity applied at every destination),
+        so that its owner may fail later without the worker's help; returns how many are still unconfirmed
+        after ``timeout_s``.  Confirmations ride on replies, so this pulls a few rows meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while self.courier.unconfirmed():
+            if time.monotonic() > deadline or not self.map or not self.map.tables:
+                break
+            t = self.map.tables[0]
+            self.pull(t.name, np.arange(min(t.num_rows, 8 * self.map.num_servers)))
+            time.sleep(0.02)
+        return self.courier.unconfirmed()
+
+    def close(self, confirm_timeout_s: float = 10.0) -> None:
+        """Waits (up to ``confirm_timeout_s``) for this worker's pushes to be confirmed, then closes the channels.
+        A push still unconfirmed is logged: its owner failing before delivering its parity would lose it."""
+        try:
+            left = self.wait_confirmed(confirm_timeout_s) if confirm_timeout_s > 0 else self.courier.unconfirmed()
+        except Exception as exc:  # noqa: BLE001 - reported; closing goes on
+            left = self.courier.unconfirmed()
+            log.warning("closing worker %s: could not wait for confirmations: %s", self.worker, exc)
+        if left:
+            log.warning("closing worker %s with %d unconfirmed pushes: an owner that fails before it delivers their "
+                        "parity loses them", self.worker, left)
         self.peers.close()
 
 

@@ -54,8 +54,28 @@ class ClusterSpec:
             )
 
 
+@dataclass(kw_only=True)
+class SecurityOptions:
+    """Transport security, the same four options on every process (``ecrec.security``)."""
+
+    tls_cert: str | None = option(None, "PEM certificate this process presents: mutual TLS on every port and "
+                                        "channel (with --tls-key and --tls-ca)")
+    tls_key: str | None = option(None, "PEM private key of --tls-cert")
+    tls_ca: str | None = option(None, "PEM certificate of the CA that signed every process's certificate")
+    token_file: str | None = option(None, "file holding a shared secret every call carries and every process checks")
+
+    @property
+    def security(self):
+        """The loaded :class:`ecrec.security.Security` (files read once; raises naming an unusable file)."""
+        cached = self.__dict__.get("_security")
+        if cached is None:
+            from ecrec.security import Security
+            cached = self.__dict__["_security"] = Security(self.tls_cert, self.tls_key, self.tls_ca, self.token_file)
+        return cached
+
+
 @dataclass
-class ServerConfig:
+class ServerConfig(SecurityOptions):
     """Settings of one ``ecrec-server serve`` process."""
 
     coordinator: str = option(REQUIRED, "coordinator address host:port")
@@ -73,7 +93,7 @@ class ServerConfig:
 
 
 @dataclass
-class CoordinatorConfig:
+class CoordinatorConfig(SecurityOptions):
     """Settings of one ``ecrec-server coordinator`` process."""
 
     cluster: ClusterSpec = option(REQUIRED, "the cluster (servers, strategy, k, m, options)", cli=False)
@@ -91,7 +111,7 @@ class CoordinatorConfig:
 
 
 @dataclass
-class ClientConfig:
+class ClientConfig(SecurityOptions):
     """Settings of a client (``ecrec.client.Cluster``)."""
 
     rpc_timeout_s: float = option(30.0, "deadline of one call to a server or the coordinator")

@@ -47,12 +47,12 @@ RECOVERING = cluster_pb2.RECOVERING
 class _ServerHandle:
     """Stubs for one server address (health checks go to its health address when it has one)."""
 
-    def __init__(self, address: str, health_address: str = ""):
-        self.channel = transport.make_channel(address)
+    def __init__(self, address: str, health_address: str = "", security=None):
+        self.channel = transport.make_channel(address, security=security)
         self.embedding = embedding_pb2_grpc.EmbeddingServerStub(self.channel)
         self.health_address = health_address or address
         self.health = health_pb2_grpc.HealthStub(
-            self.channel if not health_address else transport.make_channel(health_address))
+            self.channel if not health_address else transport.make_channel(health_address, security=security))
         self.failed_checks = 0
         self.first_failed_at = 0.0  # monotonic time of the first check of the current run of failures
         self.map_epoch = 0  # the newest map this server acknowledged
@@ -140,7 +140,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         h = self._handles.get(address)
         if h is None:
             info = next((s for s in self.map.servers if s.address == address), None)
-            h = self._handles[address] = _ServerHandle(address, info.health_address if info is not None else "")
+            h = self._handles[address] = _ServerHandle(address, info.health_address if info is not None else "",
+                                                                 self.config.security)
         return h
 
     def _servers(self, state=None) -> list[cluster_pb2.ServerInfo]:
@@ -176,7 +177,13 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if s.state == FAILED:
                 continue
             h = self._handle(s.address)
-            fut = self._broadcast_pool.submit(h.embedding.UpdateClusterMap, snapshot, timeout=self.config.rpc_timeout_s)
+            if self._stop.is_set():
+                return  # stopping: the pool is shut down
+            try:
+                fut = self._broadcast_pool.submit(h.embedding.UpdateClusterMap, snapshot,
+                                                  timeout=self.config.rpc_timeout_s)
+            except RuntimeError:  # the pool was shut down meanwhile (the coordinator stops)
+                return
             fut.add_done_callback(lambda f, h=h, epoch=snapshot.epoch: self._map_sent(h, epoch, f))
 
     def _map_sent(self, h: _ServerHandle, epoch: int, fut) -> None:
@@ -205,6 +212,16 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def Register(self, request, context):
         if not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address is required")
+        with self._lock:
+            holder = next((s for s in self.map.servers if s.address == request.address and s.state != FAILED
+                           and s.server_id != request.server_id), None)
+            leased = holder is not None and self._leases.get(holder.server_id, 0.0) > time.monotonic()
+            holder_id = holder.server_id if holder is not None else ""
+        if leased and self._answers(request.address):
+            # a live server holds this address: the caller is mistaken or hostile, not a restart of it
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"{request.address} is held by live server {holder_id} (its lease is current and it answers "
+                          "health checks); a restarted server registers once the old one is gone")
         with self._lock:
             for s in self.map.servers:
                 if s.address == request.address and s.state != FAILED:
@@ -235,6 +252,16 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._broadcast(snapshot)
         self._wake.set()
         return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s)
+
+    def _answers(self, address: str) -> bool:
+        """Whether the server registered at ``address`` answers a health check now."""
+        with self._lock:
+            h = self._handle(address)
+        try:
+            resp = h.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.config.health_timeout_s)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
 
     def RenewLease(self, request, context):
         """Extends a server's lease while the map holds it (active, recovering or standby), else refuses: a
@@ -525,9 +552,9 @@ class CoordinatorServer:
     def __init__(self, coordinator: Coordinator):
         self.coordinator = coordinator
         config = coordinator.config
-        self._grpc = transport.make_server(max_workers=16)
+        self._grpc = transport.make_server(max_workers=16, security=config.security)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, self._grpc)
-        self.port = transport.bind(self._grpc, config.host, config.port)
+        self.port = transport.bind(self._grpc, config.host, config.port, config.security)
         self.address = f"{config.host}:{self.port}"
         self._grpc.start()
         with coordinator._lock:

@@ -42,6 +42,19 @@ class LocalClusterSpec:
     #: extra environment of particular servers: key = index of an active server, "standby<n>" or "standby"
     #: (e.g. ``{1: {"ECREC_FAULT": "after_partial_parity@20"}}`` for fault-injection tests)
     server_env: dict = field(default_factory=dict)
+    #: transport security (``ecrec.security``) as option name -> path (``tls_cert``, ``tls_key``, ``tls_ca``,
+    #: ``token_file``) for the servers, the coordinator (default: the servers') and this object's own calls
+    #: (default: the servers')
+    server_security: dict = field(default_factory=dict)
+    #: more coordinator settings as field name -> value (``lease_s``, ``failure_timeout_s``, ...)
+    coordinator_options: dict = field(default_factory=dict)
+    coordinator_security: dict | None = None
+    client_security: dict | None = None
+
+    def security_of(self, role: str) -> dict:
+        """The security options of ``role`` (``server``, ``coordinator`` or ``client``)."""
+        chosen = {"coordinator": self.coordinator_security, "client": self.client_security}.get(role)
+        return dict(self.server_security if chosen is None else chosen)
 
 
 class LocalCluster:
@@ -68,6 +81,18 @@ class LocalCluster:
     def _cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "ecrec.cli", "--log-level", self.spec.log_level, *args]
 
+    @staticmethod
+    def _security_args(options: dict) -> list[str]:
+        return [a for name, path in sorted(options.items()) for a in ("--" + name.replace("_", "-"), str(path))]
+
+    def client_config(self, **overrides):
+        """A :class:`~ecrec.config.ClientConfig` with this cluster's client security (and ``overrides``)."""
+        from ecrec.config import ClientConfig
+        return ClientConfig(**{**self.spec.security_of("client"), **overrides})
+
+    def _channel(self):
+        return transport.make_channel(self.coordinator_address, security=self.client_config().security)
+
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
         s = self.spec
         args = ["coordinator", "--host", s.host, "--port", "0", "--servers", str(s.servers), "--strategy", s.strategy,
@@ -80,6 +105,9 @@ class LocalCluster:
             args += ["--option", f"{key}={value}"]
         if s.state_path:
             args += ["--state-path", s.state_path]
+        args += self._security_args(s.security_of("coordinator"))
+        args += [a for name, value in sorted(s.coordinator_options.items())
+                 for a in ("--" + name.replace("_", "-"), str(value))]
         self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
             self.start_server(index=index, env=s.server_env.get(index))
@@ -115,7 +143,7 @@ class LocalCluster:
 
     def start_server(self, standby: bool = False, index: int = -1, env: dict | None = None) -> subprocess.Popen:
         args = ["serve", "--coordinator", self.coordinator_address, "--host", self.spec.host, "--port", "0",
-                "--device", self.spec.device]
+                "--device", self.spec.device, *self._security_args(self.spec.server_security)]
         if standby:
             args.append("--standby")
         if index >= 0:
@@ -127,7 +155,7 @@ class LocalCluster:
     def wait_ready(self, timeout_s: float = 60.0):
         """Waits until every index has an active server; returns the map."""
         deadline = time.monotonic() + timeout_s
-        stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.coordinator_address))
+        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel())
         want_standby = self.spec.standby
         while True:
             for p in [self.coordinator_proc, *self.server_procs]:
@@ -147,7 +175,7 @@ class LocalCluster:
             time.sleep(0.1)
 
     def cluster_map(self):
-        stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(self.coordinator_address))
+        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel())
         return stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=10)
 
     def pid_of_index(self, index: int) -> int:
@@ -161,10 +189,20 @@ class LocalCluster:
         raise LookupError(f"no live local process serves index {index}")
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Sends ``sig`` to one of this cluster's processes; waits for it to end when ``sig`` ends it."""
         os.kill(pid, sig)
+        if sig in (signal.SIGSTOP, signal.SIGCONT):
+            return
         for p in [*self.server_procs, self.coordinator_proc]:
-            if p.pid == pid:
+            if p is not None and p.pid == pid:
                 p.wait(timeout=10)
+
+    def pause(self, pid: int) -> None:
+        """Freezes a process (SIGSTOP): it keeps its sockets but answers nothing, like a long GC pause."""
+        self.kill(pid, signal.SIGSTOP)
+
+    def resume(self, pid: int) -> None:
+        self.kill(pid, signal.SIGCONT)
 
     def close(self) -> None:
         if self._closed:
@@ -174,6 +212,7 @@ class LocalCluster:
         for p in procs:
             if p.poll() is None:
                 try:
+                    p.send_signal(signal.SIGCONT)  # a paused process handles SIGTERM only once resumed
                     p.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass

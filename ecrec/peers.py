@@ -54,10 +54,10 @@ class CoordinatorClient:
     """The coordinator's methods with a deadline each; maps it returns go to ``on_map``."""
 
     def __init__(self, address: str, timeout_s: float, max_message_bytes: int = 256 << 20,
-                 on_map: Callable[[cluster_pb2.ClusterMap], None] | None = None):
+                 on_map: Callable[[cluster_pb2.ClusterMap], None] | None = None, security=None):
         self.address = address
         self.timeout_s = timeout_s
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, max_message_bytes))
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, max_message_bytes, security))
         self.on_map = on_map or (lambda m: None)
 
     def get_map(self) -> cluster_pb2.ClusterMap:
@@ -96,8 +96,9 @@ class Peers:
 
     def __init__(self, current_map: Callable[[], cluster_pb2.ClusterMap | None], coordinator: CoordinatorClient,
                  timeout_s: float, retry_deadline_s: float, max_message_bytes: int = 256 << 20,
-                 retry_pause_s: float = 0.05, identity: Callable[[], tuple] | None = None):
+                 retry_pause_s: float = 0.05, identity: Callable[[], tuple] | None = None, security=None):
         self.current_map = current_map
+        self.security = security
         self.identity = identity or (lambda: ())
         self.coordinator = coordinator
         self.timeout_s = timeout_s
@@ -143,7 +144,8 @@ class Peers:
             if stub is None:
                 channel = self._channels.get(address)
                 if channel is None:
-                    channel = self._channels[address] = transport.make_channel(address, self.max_message_bytes)
+                    channel = self._channels[address] = transport.make_channel(address, self.max_message_bytes,
+                                                                                          self.security)
                 stub = self._stubs[key] = _STUBS[service](channel)
             return stub
 

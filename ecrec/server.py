@@ -165,6 +165,34 @@ class PushSequencer:
         return self._base | self._count
 
 
+def validate_map(new_map: cluster_pb2.ClusterMap, current: cluster_pb2.ClusterMap | None) -> None:
+    """Raises ``InvalidRequest`` naming the problem when ``new_map`` cannot be a map of this cluster: a shape
+    that differs from ``current`` (servers, k, m, strategy and its options are fixed at the cluster's start),
+    or server entries with impossible indices or two live holders of one index."""
+    if new_map.epoch < 0 or new_map.num_servers <= 0:
+        raise errors.InvalidRequest(f"cluster map epoch {new_map.epoch} with {new_map.num_servers} servers is invalid")
+    if new_map.k < 0 or new_map.m < 0 or new_map.k + new_map.m > new_map.num_servers:
+        raise errors.InvalidRequest(f"cluster map k={new_map.k} m={new_map.m} does not fit {new_map.num_servers} "
+                                    "servers")
+    holders: dict[int, str] = {}
+    for s in new_map.servers:
+        if s.index < -1 or s.index >= new_map.num_servers:
+            raise errors.InvalidRequest(f"cluster map names index {s.index} of {new_map.num_servers} servers")
+        if s.index >= 0 and s.state != cluster_pb2.FAILED:
+            if s.index in holders and holders[s.index] != s.server_id:
+                raise errors.InvalidRequest(f"cluster map names two live holders of index {s.index}")
+            holders[s.index] = s.server_id
+    if current is None:
+        return
+    for field in ("num_servers", "k", "m", "strategy"):
+        if getattr(new_map, field) != getattr(current, field):
+            raise errors.InvalidRequest(f"cluster map changes {field} from {getattr(current, field)!r} to "
+                                        f"{getattr(new_map, field)!r}; a cluster's shape is fixed at its start")
+    if dict(new_map.strategy_options) != dict(current.strategy_options):
+        raise errors.InvalidRequest("cluster map changes the strategy's options; they are fixed at the cluster's "
+                                    "start")
+
+
 class ServerState:
     """Everything one embedding server holds; what a strategy sees of its server (``StrategyHost``)."""
 
@@ -191,10 +219,12 @@ class ServerState:
         self.index_set = threading.Condition(self.lock)
         self._services = services
         self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
-                                             config.max_message_bytes, on_map=self.adopt_map)
+                                             config.max_message_bytes, on_map=self.adopt_map,
+                                             security=config.security)
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=config.rpc_timeout_s,
                            retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes,
-                           identity=lambda: (("ecrec-caller", self._server_id), ("ecrec-epoch", str(self.epoch))))
+                           identity=lambda: (("ecrec-caller", self._server_id), ("ecrec-epoch", str(self.epoch))),
+                           security=config.security)
 
     # --- StrategyHost ----------------------------------------------------------------------------------------
     @property
@@ -286,6 +316,9 @@ class ServerState:
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
+        """Adopts ``new_map`` unless it is older than this server's; a map that changes the cluster's shape
+        (servers, code, strategy) or names impossible indices is refused with ``InvalidRequest``."""
+        validate_map(new_map, self.map)
         with self.lock:
             if self.map is not None and new_map.epoch < self.map.epoch:
                 return
@@ -656,7 +689,8 @@ class EmbeddingServer:
 
     def __init__(self, config: ServerConfig):
         self.config = config
-        self._grpc = transport.make_server(config.max_workers, config.max_message_bytes)
+        security = config.security  # reads the certificate, key, CA and token files (an unusable one raises here)
+        self._grpc = transport.make_server(config.max_workers, config.max_message_bytes, security)
         services = transport.LateServices()
         self._grpc.add_generic_rpc_handlers((services,))
         self.state = ServerState(config, server_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
@@ -664,12 +698,12 @@ class EmbeddingServer:
         embedding_pb2_grpc.add_EmbeddingServerServicer_to_server(EmbeddingServicer(self.state), self._grpc)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        self.port = transport.bind(self._grpc, config.host, config.port)
+        self.port = transport.bind(self._grpc, config.host, config.port, security)
         self.state.address = f"{config.host}:{self.port}"
         # the coordinator's health checks have threads of their own: a server busy with pushes still answers
-        self._health_grpc = transport.make_server(2)
+        self._health_grpc = transport.make_server(2, security=security)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
-        self.health_port = transport.bind(self._health_grpc, config.host, 0)
+        self.health_port = transport.bind(self._health_grpc, config.host, 0, security)
         self._stop = threading.Event()
         self.stopped = threading.Event()  # set when this server stops (replaced: its lease was refused)
         self._timer_thread: threading.Thread | None = None
@@ -678,7 +712,15 @@ class EmbeddingServer:
         self._grpc.start()
         self._health_grpc.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._register(self.config.register_timeout_s)
+        # start the strategy (and compile its kernels) from the current map before registering: a compile holds
+        # the interpreter for seconds, and a registered server that cannot answer its health checks is declared
+        # failed
+        deadline = time.monotonic() + self.config.register_timeout_s
+        while self.state.map is None and time.monotonic() < deadline:
+            self.state.refresh_map()
+            if self.state.map is None:
+                time.sleep(0.2)
+        self._register(max(1.0, deadline - time.monotonic()))
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
         threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()

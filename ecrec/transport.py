@@ -50,15 +50,23 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-def make_channel(address: str, max_message_bytes: int = 256 << 20) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+def make_channel(address: str, max_message_bytes: int = 256 << 20, security=None) -> grpc.Channel:
+    """A channel to ``address``; with ``security`` (:class:`ecrec.security.Security`) TLS and/or the token."""
+    return _security().secure_channel(address, channel_options(max_message_bytes), security)
 
 
-def make_server(max_workers: int, max_message_bytes: int = 256 << 20) -> grpc.Server:
+def make_server(max_workers: int, max_message_bytes: int = 256 << 20, security=None) -> grpc.Server:
+    """A gRPC server; with ``security`` every call is checked (token, roles) before its handler runs."""
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ecrec-rpc"),
         options=channel_options(max_message_bytes),
+        interceptors=_security().interceptors(security),
     )
+
+
+def _security():
+    from ecrec import security  # late: ecrec.security imports the configuration, which may import this module
+    return security
 
 
 class LateServices(grpc.GenericRpcHandler):
@@ -90,15 +98,10 @@ class LateServices(grpc.GenericRpcHandler):
         return None
 
 
-def bind(server: grpc.Server, host: str, port: int) -> int:
-    """Binds ``host:port`` (port 0: any free port); returns the port or raises naming the address."""
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as exc:
-        raise OSError(f"cannot bind {host}:{port}: {exc}") from exc
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port} (in use or not a local address)")
-    return bound
+def bind(server: grpc.Server, host: str, port: int, security=None) -> int:
+    """Binds ``host:port`` (port 0: any free port), with TLS when ``security`` has it; returns the port or
+    raises naming the address."""
+    return _security().bind(server, host, port, security)
 
 
 def ids_to_bytes(ids: np.ndarray) -> bytes:

@@ -30,3 +30,9 @@ def make_cluster():
         for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc]:
             if p is not None and p.poll() is None:  # belt and braces: kill by pid
                 os.kill(p.pid, signal.SIGKILL)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("nemesis")
+    group.addoption("--nemesis-seed", default=None, help="seed of the nemesis's fault schedule (default: random)")
+    group.addoption("--nemesis-faults", default=50, type=int, help="faults the nemesis injects (default 50)")

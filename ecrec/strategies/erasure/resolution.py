@@ -88,7 +88,9 @@ class Resolver:
         host = self.host
         answers: dict[int, object] = {}
         todo = list(servers)
+        pause, attempt = 0.05, 0
         while True:
+            attempt += 1
             replies = host.peers.call_many([(i, "ResolveSource", request) for i in todo], PARITY, tolerate_errors=True)
             for i, reply in zip(todo, replies):
                 if reply is not None:
@@ -101,8 +103,11 @@ class Resolver:
             if time.monotonic() > deadline:
                 raise errors.Unavailable(f"resolution of a failed index: servers {todo} did not answer within "
                                          f"{self.options.resolve_deadline_s:.0f} s and are not declared failed")
-            log.warning("resolution: servers %s did not answer yet; retrying", todo)
-            time.sleep(0.1)
+            if attempt in (1, 10) or attempt % 50 == 0:
+                log.warning("resolution: servers %s did not answer yet (attempt %d); retrying until %.0f s", todo,
+                            attempt, self.options.resolve_deadline_s)
+            time.sleep(pause)
+            pause = min(1.0, pause * 1.5)
 
     def resolve(self, failed: int) -> list[tuple[str, int]]:
         """Lists, decides and commits; returns every push id that stands (kept and recently committed).

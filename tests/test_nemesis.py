@@ -1,0 +1,251 @@
+"""The nemesis: a seeded random schedule of faults while two workers train, then a check that every
+acknowledged push was applied exactly once and every parity row equals a fresh encode.
+
+Faults drawn: SIGKILL of a server; SIGSTOP of a server longer than the failure timeout and lease, then
+SIGCONT (the old process must serve and acknowledge nothing, and exit); the coordinator SIGKILLed while it
+promotes a replacement, then restarted from its state file; a worker restarted under the same name.  Two
+workers push at once throughout.  At the end, two servers of one stripe are killed at once (more than m):
+the map must report DATA_LOSS naming the table within seconds, and a read of a lost row must fail with it.
+
+Partitions (servers in network namespaces on veth links) are not drawn yet: the cluster's processes all
+share loopback here; a pause is the fault that looks the same from the outside (a member that stops
+answering and comes back).
+
+The checker's workload counts: SGD with lr=1 on a table initialized to zeros, gradient 1 on every element
+of each looked-up row, so a row must end at exactly minus the number of acknowledged pushes that touched
+it (any order).  Run: ``pytest -m nemesis`` (about 3 minutes; ``--nemesis-faults 200`` for a longer run,
+``--nemesis-seed N`` to repeat a schedule).  A failure prints its seed.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ecrec.client import Cluster, ClusterError, EmbeddingBag
+from ecrec.config import ClientConfig
+from ecrec.wire import cluster_pb2
+
+pytestmark = [pytest.mark.nemesis, pytest.mark.cluster]
+
+ROWS, DIM, BAG = 400, 4, 6
+TIMING = dict(lease_s=2.0, failure_timeout_s=1.0, failures_before_dead=3, health_timeout_s=0.5)
+WORKER = dict(rpc_timeout_s=2.0, retry_deadline_s=120.0)
+
+
+class CountingWorker(threading.Thread):
+    """Pushes bags of distinct random rows until stopped; records every acknowledged push; restarts itself
+    (a new client under the same name) when asked."""
+
+    def __init__(self, address: str, name: str, seed: int):
+        super().__init__(name=f"nemesis-{name}", daemon=True)
+        self.address, self.worker, self.rng = address, name, np.random.default_rng(seed)
+        self.counts = np.zeros(ROWS, np.int64)
+        self.acked = 0
+        self.restarts = 0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.restart = threading.Event()
+        self.restarted = threading.Event()
+
+    def connect(self) -> Cluster:
+        return Cluster.connect(self.address, config=ClientConfig(**WORKER), worker=self.worker)
+
+    def run(self) -> None:
+        torch.set_num_threads(1)
+        try:
+            client = self.connect()
+            bag = EmbeddingBag(client, "t")
+            while not self.stop.is_set():
+                if self.restart.is_set():  # a clean restart: a new process would start its sequence at 1 again
+                    client.close(confirm_timeout_s=60.0)
+                    client = self.connect()
+                    bag = EmbeddingBag(client, "t")
+                    self.restarts += 1
+                    self.restart.clear()
+                    self.restarted.set()
+                ids = self.rng.choice(ROWS, BAG, replace=False)
+                bag(torch.as_tensor(ids)[None, :]).sum().backward()
+                client.step()  # returns only once acknowledged; raises if it cannot be
+                self.counts[ids] += 1
+                self.acked += 1
+            client.close(confirm_timeout_s=60.0)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.error = exc
+
+
+class Nemesis:
+    def __init__(self, local, rng: random.Random, log):
+        self.local, self.rng, self.log = local, rng, log
+        self.faults = collections.Counter()
+        self.violations: list[str] = []
+
+    def map(self):
+        return self.local.cluster_map()
+
+    def active(self, m) -> list:
+        return [s for s in m.servers if s.index >= 0 and s.state == cluster_pb2.ACTIVE]
+
+    def wait_redundant(self, timeout_s: float = 60.0, standby: int = 1) -> None:
+        """Until every index is active (no recovery running) and ``standby`` spares are registered."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                m = self.map()
+                if (m.ready and len(self.active(m)) == m.num_servers
+                        and sum(1 for s in m.servers if s.index < 0 and s.state == cluster_pb2.STANDBY) >= standby):
+                    return
+            except Exception:  # noqa: BLE001 - the coordinator may be restarting
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not fully redundant {timeout_s} s after the last fault: {self.map()}")
+            time.sleep(0.05)
+
+    def victim(self):
+        m = self.map()
+        s = self.rng.choice(self.active(m))
+        return s, self.local.pid_of_index(s.index)
+
+    def kill(self) -> None:
+        s, pid = self.victim()
+        self.log(f"SIGKILL server {s.index} (pid {pid})")
+        self.local.kill(pid)
+        self.local.start_server(standby=True)
+        self.faults["sigkill"] += 1
+
+    def pause(self) -> None:
+        s, pid = self.victim()
+        pause_s = TIMING["failure_timeout_s"] + TIMING["lease_s"] + self.rng.uniform(0.5, 1.5)
+        self.log(f"SIGSTOP server {s.index} (pid {pid}) for {pause_s:.1f} s")
+        self.local.pause(pid)
+        time.sleep(pause_s)
+        self.local.resume(pid)
+        self.faults["pause"] += 1
+        proc = next(p for p in self.local.server_procs if p.pid == pid)
+        replaced = any(x.index == s.index and x.server_id != s.server_id for x in self.map().servers)
+        if replaced:
+            try:
+                proc.wait(timeout=20)  # it learns through its lease that it was replaced, and stops
+            except Exception:  # noqa: BLE001
+                self.violations.append(f"paused server {s.index} (pid {pid}) still runs 20 s after its replacement")
+        self.local.start_server(standby=True)
+
+    def kill_coordinator_during_promotion(self) -> None:
+        s, pid = self.victim()
+        epoch = self.map().epoch
+        self.log(f"SIGKILL server {s.index} (pid {pid}), then the coordinator while it promotes")
+        self.local.kill(pid)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the failure is recorded: the promotion is under way
+            m = self.map()
+            if m.epoch > epoch and any(x.server_id == s.server_id and x.state == cluster_pb2.FAILED for x in m.servers):
+                break
+            time.sleep(0.005)
+        self.local.kill(self.local.coordinator_proc.pid)
+        time.sleep(self.rng.uniform(0.0, 0.5))
+        self.local.restart_coordinator()
+        self.local.start_server(standby=True)
+        self.faults["sigkill"] += 1
+        self.faults["coordinator_killed_in_promotion"] += 1
+
+
+def test_nemesis(make_cluster, tmp_path, request):
+    seed = request.config.getoption("--nemesis-seed")
+    seed = int(seed) if seed is not None else random.SystemRandom().randrange(1 << 30)
+    want_faults = int(request.config.getoption("--nemesis-faults"))
+    print(f"\nnemesis seed {seed} (rerun: pytest -m nemesis --nemesis-seed {seed})")
+    rng = random.Random(seed)
+    events: list[str] = []
+    t0 = time.monotonic()
+
+    def log(line: str) -> None:
+        events.append(f"{time.monotonic() - t0:7.2f} {line}")
+
+    local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
+                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING)
+    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
+    setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
+    setup.close()
+    workers = [CountingWorker(local.coordinator_address, f"w{i}", seed + i) for i in range(2)]
+    for w in workers:
+        w.start()
+    nemesis = Nemesis(local, rng, log)
+
+    def fail(why: str) -> None:
+        pytest.fail(f"nemesis seed {seed}: {why}\n" + "\n".join(events[-40:]), pytrace=False)
+
+    try:
+        while sum(nemesis.faults.values()) < want_faults:
+            kind = rng.choices(["kill", "pause", "coordinator", "worker"], weights=[3, 2, 1, 3])[0]
+            if kind == "worker":
+                w = rng.choice(workers)
+                log(f"restart worker {w.worker} under the same name")
+                w.restarted.clear()
+                w.restart.set()
+                if not w.restarted.wait(120):
+                    fail(f"worker {w.worker} did not restart")
+                nemesis.faults["worker_restart"] += 1
+                continue
+            {"kill": nemesis.kill, "pause": nemesis.pause,
+             "coordinator": nemesis.kill_coordinator_during_promotion}[kind]()
+            nemesis.wait_redundant()
+            for w in workers:
+                if w.error is not None:
+                    fail(f"worker {w.worker} failed: {w.error!r}")
+        before = [w.acked for w in workers]
+        time.sleep(0.5)
+        if not all(w.acked > b for w, b in zip(workers, before)):
+            fail("training stopped making progress")
+    finally:
+        for w in workers:
+            w.stop.set()
+        for w in workers:
+            w.join(120)
+    for w in workers:
+        if w.error is not None:
+            fail(f"worker {w.worker} failed: {w.error!r}")
+
+    # exactly once: every row is minus the number of acknowledged pushes that touched it
+    checker = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=60.0))
+    counts = sum(w.counts for w in workers)
+    ids, payload = checker.read_payload("t")
+    actual = -payload[:, :DIM]
+    lost = int(np.clip(counts[:, None] - actual, 0, None).sum())
+    extra = int(np.clip(actual - counts[:, None], 0, None).sum())
+    verify = checker.strategy_call("verify_parity")
+    mismatched = sum(v["mismatched"] for v in verify.values())
+    checked = sum(v["checked"] for v in verify.values())
+    acked = sum(w.acked for w in workers)
+    report = (f"nemesis seed {seed}: {acked} pushes acknowledged, {sum(nemesis.faults.values())} faults injected "
+              f"({dict(nemesis.faults)}), {lost} updates lost, {extra} applied twice, {mismatched} parity rows "
+              f"mismatched of {checked}, {time.monotonic() - t0:.0f} s")
+    print(report)
+    if lost or extra or mismatched or nemesis.violations or not checked:
+        fail(report + "; " + "; ".join(nemesis.violations))
+
+    # more failures than m in one stripe: a clear DATA_LOSS, within seconds, in the map and on a read
+    nemesis.wait_redundant()
+    victims = [s for s in nemesis.active(checker.refresh_map()) if s.index in (0, 1)]
+    t_kill = time.monotonic()
+    for s in victims:
+        local.kill(local.pid_of_index(s.index))
+    while True:
+        m = checker.refresh_map()
+        if len(m.data_loss):
+            break
+        if time.monotonic() - t_kill > 30:
+            fail(f"no data loss in the map 30 s after killing servers 0 and 1: {m}")
+        time.sleep(0.05)
+    print(f"data loss reported {time.monotonic() - t_kill:.2f} s after two servers of a stripe were killed: "
+          f"{[(d.table, d.stripe_count, list(d.indices)) for d in m.data_loss]}")
+    assert [d.table for d in m.data_loss] == ["t"]
+    layout_servers = checker.layout.locate(np.arange(ROWS))[0]
+    lost_rows = np.flatnonzero(np.isin(layout_servers, [0, 1]))[:4]
+    with pytest.raises(ClusterError, match="DATA_LOSS"):
+        checker.pull("t", lost_rows)

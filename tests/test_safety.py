@@ -1,0 +1,202 @@
+"""Faults beyond crash-stop: a paused server that resumes after its replacement, more failures than the
+code survives, a restarted worker reusing its name, and callers that send what no member of the cluster
+would.  Real processes on 127.0.0.1.
+
+The counting workload: SGD with lr=1 and a gradient of 1 on every looked-up element, so after ``n``
+acknowledged pushes touching a row, the row is exactly its initial value minus ``n`` (small integers:
+float32 is exact), whatever the order.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from ecrec import transport
+from ecrec.client import Cluster, ClusterError, EmbeddingBag
+from ecrec.config import ClientConfig
+from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc, parity_pb2, parity_pb2_grpc
+
+pytestmark = pytest.mark.cluster
+
+ROWS, DIM = 60, 4
+FAST = dict(rpc_timeout_s=4.0, retry_deadline_s=60.0)  # a call to a paused server gives up after 4 s
+
+
+def counting_push(client: Cluster, ids) -> None:
+    """One acknowledged push of gradient 1 on every element of rows ``ids`` (distinct)."""
+    bag = EmbeddingBag(client, "t")
+    bag(torch.as_tensor(np.asarray(ids, np.int64))[None, :]).sum().backward()
+    client.step()
+
+
+def start(make_cluster, **kwargs):
+    local = make_cluster(strategy="ecrec", k=2, m=1, **kwargs)
+    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
+    setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")  # integer counts: exact in float32
+    setup.close()
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(**FAST), worker="counter")
+    initial = client.read_payload("t")[1].copy()
+    return local, client, initial
+
+
+def assert_counts(client, initial, counts):
+    payload = client.read_payload("t")[1]
+    expected = initial.copy()
+    expected[:, :DIM] -= counts[:, None]
+    np.testing.assert_array_equal(payload.view(np.uint32), expected.view(np.uint32))
+    verify = client.strategy_call("verify_parity")
+    assert all(v["mismatched"] == 0 for v in verify.values()), verify
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledges_nothing(make_cluster):
+    local, client, initial = start(make_cluster, servers=3, standby=1)
+    counts = np.zeros(ROWS)
+    rng = np.random.default_rng(0)
+
+    def push_some():
+        ids = rng.choice(ROWS, 8, replace=False)
+        counting_push(client, ids)
+        counts[ids] += 1
+
+    for _ in range(5):
+        push_some()
+    victim = next(s for s in client.refresh_map().servers if s.index == 1)
+    pid = local.pid_of_index(1)
+    local.pause(pid)
+    try:
+        for _ in range(5):  # training goes on: the client times out, reports, follows the map to the replacement
+            push_some()
+        m = wait_for(lambda: (lambda m: m if any(s.index == 1 and s.server_id != victim.server_id
+                                                  and s.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING)
+                                                  for s in m.servers) else None)(client.refresh_map()),
+                     30, "a replacement of the paused server")
+    finally:
+        local.resume(pid)
+    # the old process is awake now, with its old map and rows; it must not act on any of them
+    old = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(victim.address))
+    old_parity = parity_pb2_grpc.ParityServiceStub(transport.make_channel(victim.address))
+    ids = np.arange(ROWS, dtype=np.int64)
+    refused = []
+    for call in [
+        lambda: old.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(
+            table="t", ids=transport.ids_to_bytes(ids))], epoch=victim_epoch(m)), timeout=5),
+        lambda: old.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(
+            table="t", ids=transport.ids_to_bytes(ids))]), timeout=5),
+        lambda: old.Push(embedding_pb2.PushRequest(
+            tables=[embedding_pb2.TableGrads(table="t", ids=transport.ids_to_bytes(ids[:2]),
+                                             grads=np.ones((2, DIM), np.float32).tobytes())],
+            push_id=embedding_pb2.PushId(worker="late", sequence=1, incarnation="x")), timeout=5),
+        lambda: old_parity.ReadRows(parity_pb2.ReadRowsRequest(table="t", ids=transport.ids_to_bytes(ids[:2])),
+                                    timeout=5),
+    ]:
+        try:
+            call()
+            refused.append(None)
+        except grpc.RpcError as exc:
+            refused.append(exc.code())
+    # UNAVAILABLE: it stopped serving (its lease was refused) or is gone; CANCELLED: it is shutting down; never
+    # an answer
+    assert all(code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
+               for code in refused), refused
+    proc = next(p for p in local.server_procs if p.pid == pid)
+    wait_for(lambda: proc.poll() is not None, 20, "the replaced process to exit")
+    for _ in range(5):
+        push_some()
+    assert_counts(client, initial, counts)
+
+
+def victim_epoch(m) -> int:
+    return m.epoch
+
+
+def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
+    local, client, initial = start(make_cluster, servers=3, standby=2)
+    counting_push(client, np.arange(10))
+    pids = [local.pid_of_index(1), local.pid_of_index(2)]
+    started = time.monotonic()
+    for pid in pids:  # every stripe spans all three servers: two lost members of a k=2 m=1 stripe
+        local.kill(pid)
+    m = wait_for(lambda: (lambda m: m if len(m.data_loss) else None)(client.refresh_map()), 30, "data loss in the map")
+    took = time.monotonic() - started
+    assert [d.table for d in m.data_loss] == ["t"]
+    assert m.data_loss[0].stripe_count > 0 and len(m.data_loss[0].stripes) > 0
+    assert set(m.data_loss[0].indices) & {1, 2}
+    assert any(e.kind == "data_loss" for e in m.events)
+    # a read of a lost row fails at once with DATA_LOSS naming the table, not after the retry deadline
+    lost_rows = np.flatnonzero(client.layout.locate(np.arange(ROWS))[0] != 0)[:4]
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"DATA_LOSS.*'?t'?"):
+        client.pull("t", lost_rows)
+    assert time.monotonic() - t0 < FAST["retry_deadline_s"] / 2
+    print(f"data loss in the map {took:.2f} s after the kills")
+
+
+def test_a_restarted_worker_with_the_same_name_is_applied(make_cluster):
+    local, client, initial = start(make_cluster, servers=3)
+    counts = np.zeros(ROWS)
+    for step in range(4):
+        ids = np.arange(step, step + 10)
+        counting_push(client, ids)
+        counts[ids] += 1
+    client.close()
+    again = Cluster.connect(local.coordinator_address, config=ClientConfig(**FAST), worker="counter")  # sequence 1 again
+    for step in range(4):
+        ids = np.arange(step, step + 10)
+        counting_push(again, ids)
+        counts[ids] += 1
+    assert_counts(again, initial, counts)
+
+
+def test_maps_and_parity_from_strangers_are_refused_and_change_nothing(make_cluster):
+    local, client, initial = start(make_cluster, servers=3)
+    counting_push(client, np.arange(20))
+    before = client.read_payload("t")[1].copy()
+    server = client.refresh_map().servers[0]
+    stub = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(server.address))
+    parity = parity_pb2_grpc.ParityServiceStub(transport.make_channel(server.address))
+    for change, expected in [("k", "changes k"), ("num_servers", "changes num_servers"),
+                             ("strategy", "changes strategy"), ("servers", "two live holders")]:
+        bad = cluster_pb2.ClusterMap()
+        bad.CopyFrom(client.map)
+        bad.epoch = 10 ** 6
+        if change == "k":
+            bad.k = 1
+        elif change == "num_servers":
+            bad.num_servers = 4
+        elif change == "strategy":
+            bad.strategy = "none"
+        else:
+            bad.servers.add(index=0, address="127.0.0.1:1", server_id="evil", state=cluster_pb2.ACTIVE)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.UpdateClusterMap(bad, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and expected in info.value.details()
+    batch = parity_pb2.ParityBatches(source=1, source_id="a-stranger", batches=[parity_pb2.ParityBatch(
+        source=1, source_id="a-stranger", seq=1, first_seq=1)])
+    with pytest.raises(grpc.RpcError) as info:
+        parity.ApplyParity(batch, timeout=5, metadata=(("ecrec-caller", "a-stranger"), ("ecrec-epoch", "1")))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+    assert client.refresh_map().epoch < 10 ** 6
+    np.testing.assert_array_equal(client.read_payload("t")[1].view(np.uint32), before.view(np.uint32))
+    verify = client.strategy_call("verify_parity")
+    assert all(v["mismatched"] == 0 for v in verify.values()), verify
+    # the servers still take real pushes after all that
+    counting_push(client, np.arange(5))
+    counts = np.zeros(ROWS)
+    counts[:20] += 1
+    counts[:5] += 1
+    assert_counts(client, initial, counts)

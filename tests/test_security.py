@@ -1,0 +1,169 @@
+"""Authentication and roles: mutual TLS on every port, a shared token, and who may call what.
+
+Certificates are made at run time with ``trustme`` (one CA; common names ``ecrec-server``,
+``ecrec-coordinator`` and a client's).  Real processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from ecrec import security, transport
+from ecrec.client import Cluster, EmbeddingBag
+from ecrec.config import ClientConfig
+from ecrec.wire import (cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc,
+                        parity_pb2, parity_pb2_grpc)
+
+trustme = pytest.importorskip("trustme")
+
+
+def issue(ca, directory, name: str) -> dict:
+    cert = ca.issue_cert("127.0.0.1", "localhost", common_name=name)
+    cert.cert_chain_pems[0].write_to_path(str(directory / f"{name}.pem"))
+    cert.private_key_pem.write_to_path(str(directory / f"{name}.key"))
+    return {"tls_cert": str(directory / f"{name}.pem"), "tls_key": str(directory / f"{name}.key"),
+            "tls_ca": str(directory / "ca.pem")}
+
+
+@pytest.fixture
+def pki(tmp_path):
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    return ca, tmp_path
+
+
+def train_a_little(client: Cluster, steps: int = 5) -> None:
+    bag = EmbeddingBag(client, "t")
+    for step in range(steps):
+        ids = torch.tensor([[step % 40, (step * 7) % 40]])
+        bag(ids).sum().backward()
+        client.step()
+
+
+def code_of(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details() or ""
+
+
+# --- options ------------------------------------------------------------------------------------------------------
+def test_options_name_what_is_wrong(tmp_path):
+    with pytest.raises(security.SecurityError, match="missing --tls-ca, --tls-key"):
+        security.Security(tls_cert=str(tmp_path / "x.pem"))
+    with pytest.raises(security.SecurityError, match=r"--token-file .*missing"):
+        security.Security(token_file=str(tmp_path / "missing"))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(security.SecurityError, match="is empty"):
+        security.Security(token_file=str(tmp_path / "empty"))
+    (tmp_path / "spaced").write_text("two words")
+    with pytest.raises(security.SecurityError, match="printable ASCII"):
+        security.Security(token_file=str(tmp_path / "spaced"))
+    assert not ClientConfig().security.enabled
+
+
+def test_exposed_addresses_are_recognized():
+    assert security.is_loopback("127.0.0.1") and security.is_loopback("::1") and security.is_loopback("localhost")
+    assert not security.is_loopback("0.0.0.0") and not security.is_loopback("10.1.2.3")
+    assert not security.is_loopback("")
+
+
+def test_the_command_line_refuses_an_unusable_certificate(tmp_path):
+    from ecrec.cli import main
+
+    rc = main(["coordinator", "--port", "0", "--servers", "2", "--tls-cert", str(tmp_path / "nope.pem"),
+               "--tls-key", str(tmp_path / "nope.key"), "--tls-ca", str(tmp_path / "ca.pem")])
+    assert rc == 2
+
+
+# --- mutual TLS -----------------------------------------------------------------------------------------------------
+@pytest.mark.cluster
+def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
+    ca, d = pki
+    srv, coord, alice = issue(ca, d, "ecrec-server"), issue(ca, d, "ecrec-coordinator"), issue(ca, d, "alice")
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_security=srv, coordinator_security=coord,
+                         client_security=alice)
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(**alice))
+    client.create_table("t", 40, 4, optimizer="sgd", lr=1.0)
+    train_a_little(client)
+    before = client.read_payload("t")[1].copy()
+    verify = client.strategy_call("verify_parity")
+    assert all(v["mismatched"] == 0 for v in verify.values()) and sum(v["checked"] for v in verify.values()) > 0
+
+    server = client.map.servers[0]
+    alice_sec = ClientConfig(**alice).security
+    emb = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(server.address, security=alice_sec))
+    par = parity_pb2_grpc.ParityServiceStub(transport.make_channel(server.address, security=alice_sec))
+    coo = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(local.coordinator_address, security=alice_sec))
+    hostile_map = cluster_pb2.ClusterMap()
+    hostile_map.CopyFrom(client.map)
+    hostile_map.epoch = 10 ** 6
+    for call, what in [
+        (lambda: emb.UpdateClusterMap(hostile_map, timeout=5), "coordinator"),
+        (lambda: emb.Promote(embedding_pb2.PromoteRequest(index=0, map=hostile_map), timeout=5), "coordinator"),
+        (lambda: emb.CreateTable(cluster_pb2.TableSpec(name="x", num_rows=4, dim=2, optimizer="sgd", lr=0.1),
+                                 timeout=5), "coordinator"),
+        (lambda: par.ApplyParity(parity_pb2.ParityBatches(source=1, source_id="stranger"), timeout=5), "server"),
+        (lambda: par.ResolveSource(parity_pb2.ResolveSourceRequest(source=1, commit=True), timeout=5), "server"),
+        (lambda: coo.Register(coordinator_pb2.RegisterRequest(address=server.address, server_id="evil"), timeout=5),
+         "server"),
+    ]:
+        code, details = code_of(call)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (code, details)
+        assert f"only by the {what}" in details and "the caller is client" in details, details
+    # nothing changed: same map epoch everywhere, same rows, parity still consistent
+    assert client.refresh_map().epoch < 10 ** 6
+    assert all(s.state == cluster_pb2.ACTIVE for s in client.map.servers)
+    np.testing.assert_array_equal(client.read_payload("t")[1].view(np.uint32), before.view(np.uint32))
+    verify = client.strategy_call("verify_parity")
+    assert all(v["mismatched"] == 0 for v in verify.values())
+
+    # a plain channel, or a certificate from another CA, does not get through at all
+    plain = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(server.address))
+    code, _ = code_of(lambda: plain.Echo(embedding_pb2.EchoMessage(data=b"x"), timeout=3))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    other_ca = trustme.CA()
+    other_dir = d / "other"
+    other_dir.mkdir()
+    other_ca.cert_pem.write_to_path(str(other_dir / "ca.pem"))
+    mallory = issue(other_ca, other_dir, "ecrec-coordinator")
+    mallory["tls_ca"] = str(d / "ca.pem")  # trusts our CA, but its own certificate is not ours
+    stranger = embedding_pb2_grpc.EmbeddingServerStub(
+        transport.make_channel(server.address, security=ClientConfig(**mallory).security))
+    code, _ = code_of(lambda: stranger.UpdateClusterMap(hostile_map, timeout=3))
+    assert code == grpc.StatusCode.UNAVAILABLE  # the handshake fails
+    assert client.refresh_map().epoch < 10 ** 6
+
+
+# --- token ------------------------------------------------------------------------------------------------------------
+@pytest.mark.cluster
+def test_token_cluster_refuses_calls_without_the_token(make_cluster, tmp_path):
+    (tmp_path / "token").write_text("s3cret-token\n")
+    (tmp_path / "wrong").write_text("not-it")
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_security={"token_file": str(tmp_path / "token")})
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(token_file=str(tmp_path / "token")))
+    client.create_table("t", 40, 4, optimizer="sgd", lr=1.0)
+    train_a_little(client)
+    before = client.read_payload("t")[1].copy()
+
+    server = client.map.servers[1]
+    for label, sec in [("no token", None), ("wrong", ClientConfig(token_file=str(tmp_path / "wrong")).security)]:
+        emb = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(server.address, security=sec))
+        ids = np.array([0, 1], np.int64)
+        push = embedding_pb2.PushRequest(
+            tables=[embedding_pb2.TableGrads(table="t", ids=transport.ids_to_bytes(ids),
+                                             grads=np.ones((2, 4), np.float32).tobytes())],
+            push_id=embedding_pb2.PushId(worker="intruder", sequence=1))
+        code, details = code_of(lambda: emb.Push(push, timeout=5))
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "--token-file" in details, (label, code, details)
+        coo = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(local.coordinator_address, security=sec))
+        code, _ = code_of(lambda: coo.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=5))
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+    np.testing.assert_array_equal(client.read_payload("t")[1].view(np.uint32), before.view(np.uint32))
+    # health checks stay open (liveness probes carry no secret)
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(transport.make_channel(server.health_address))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
