@@ -46,6 +46,9 @@ class LocalClusterSpec:
     #: ``token_file``) for the servers, the coordinator (default: the servers') and this object's own calls
     #: (default: the servers')
     server_security: dict = field(default_factory=dict)
+    #: where each new server process runs: ``() -> (command prefix, host to bind)``, e.g. a fresh network
+    #: namespace (``["ip", "netns", "exec", "ns3"]``, ``"10.213.0.13"``); None: here, on ``host``
+    server_placement: object = None
     #: more coordinator settings as field name -> value (``lease_s``, ``failure_timeout_s``, ...)
     coordinator_options: dict = field(default_factory=dict)
     coordinator_security: dict | None = None
@@ -142,13 +145,14 @@ class LocalCluster:
         threading.Thread(target=_drain, args=(proc,), daemon=True).start()
 
     def start_server(self, standby: bool = False, index: int = -1, env: dict | None = None) -> subprocess.Popen:
-        args = ["serve", "--coordinator", self.coordinator_address, "--host", self.spec.host, "--port", "0",
+        prefix, host = self.spec.server_placement() if self.spec.server_placement else ([], self.spec.host)
+        args = ["serve", "--coordinator", self.coordinator_address, "--host", host, "--port", "0",
                 "--device", self.spec.device, *self._security_args(self.spec.server_security)]
         if standby:
             args.append("--standby")
         if index >= 0:
             args += ["--index", str(index)]
-        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.DEVNULL, stderr=None, env=self._env(env))
+        proc = subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.DEVNULL, stderr=None, env=self._env(env))
         self.server_procs.append(proc)
         return proc
 

@@ -7,9 +7,11 @@ promotes a replacement, then restarted from its state file; a worker restarted u
 workers push at once throughout.  At the end, two servers of one stripe are killed at once (more than m):
 the map must report DATA_LOSS naming the table within seconds, and a read of a lost row must fail with it.
 
-Partitions (servers in network namespaces on veth links) are not drawn yet: the cluster's processes all
-share loopback here; a pause is the fault that looks the same from the outside (a member that stops
-answering and comes back).
+Partitions: when the test runs as root and ``ip netns`` works, every server runs in a network namespace
+of its own on a veth link to a bridge (``tests/netlab.py``), the coordinator and the workers on the bridge's
+address, and a partition takes one server's link down for longer than the failure timeout and lease,
+then up again (the cut-off server must stop serving and exit, like a paused one).  Otherwise the cluster
+runs on 127.0.0.1 and partitions are left out of the schedule (the report says so).
 
 The checker's workload counts: SGD with lr=1 on a table initialized to zeros, gradient 1 on every element
 of each looked-up row, so a row must end at exactly minus the number of acknowledged pushes that touched
@@ -81,8 +83,8 @@ class CountingWorker(threading.Thread):
 
 
 class Nemesis:
-    def __init__(self, local, rng: random.Random, log):
-        self.local, self.rng, self.log = local, rng, log
+    def __init__(self, local, rng: random.Random, log, lab=None):
+        self.local, self.rng, self.log, self.lab = local, rng, log, lab
         self.faults = collections.Counter()
         self.violations: list[str] = []
 
@@ -127,13 +129,30 @@ class Nemesis:
         time.sleep(pause_s)
         self.local.resume(pid)
         self.faults["pause"] += 1
+        self._back(s, pid, "paused")
+
+    def partition(self) -> None:
+        s, pid = self.victim()
+        host = s.address.rsplit(":", 1)[0]
+        cut_s = TIMING["failure_timeout_s"] + TIMING["lease_s"] + self.rng.uniform(0.5, 1.5)
+        self.log(f"partition server {s.index} (pid {pid}, {host}) for {cut_s:.1f} s")
+        self.lab.cut(host)
+        try:
+            time.sleep(cut_s)
+        finally:
+            self.lab.heal(host)
+        self.faults["partition"] += 1
+        self._back(s, pid, "partitioned")
+
+    def _back(self, s, pid: int, how: str) -> None:
+        """A server that was cut off is back: if it was replaced meanwhile it must stop (through its lease)."""
         proc = next(p for p in self.local.server_procs if p.pid == pid)
         replaced = any(x.index == s.index and x.server_id != s.server_id for x in self.map().servers)
         if replaced:
             try:
                 proc.wait(timeout=20)  # it learns through its lease that it was replaced, and stops
             except Exception:  # noqa: BLE001
-                self.violations.append(f"paused server {s.index} (pid {pid}) still runs 20 s after its replacement")
+                self.violations.append(f"{how} server {s.index} (pid {pid}) still runs 20 s after its replacement")
         self.local.start_server(standby=True)
 
     def kill_coordinator_during_promotion(self) -> None:
@@ -155,7 +174,24 @@ class Nemesis:
         self.faults["coordinator_killed_in_promotion"] += 1
 
 
-def test_nemesis(make_cluster, tmp_path, request):
+@pytest.fixture
+def netlab():
+    """A bridge and namespaces for partitions, or None (with the reason printed) where they cannot be made."""
+    from netlab import NetLab
+
+    ok, why = NetLab.available()
+    if not ok:
+        print(f"partitions left out of the schedule: {why}")
+        yield None
+        return
+    lab = NetLab()
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def test_nemesis(netlab, make_cluster, tmp_path, request):
     seed = request.config.getoption("--nemesis-seed")
     seed = int(seed) if seed is not None else random.SystemRandom().randrange(1 << 30)
     want_faults = int(request.config.getoption("--nemesis-faults"))
@@ -167,22 +203,26 @@ def test_nemesis(make_cluster, tmp_path, request):
     def log(line: str) -> None:
         events.append(f"{time.monotonic() - t0:7.2f} {line}")
 
+    placement = dict(host=netlab.bridge_ip, server_placement=netlab.place) if netlab is not None else {}
     local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
-                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING)
+                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING, **placement)
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
     setup.close()
     workers = [CountingWorker(local.coordinator_address, f"w{i}", seed + i) for i in range(2)]
     for w in workers:
         w.start()
-    nemesis = Nemesis(local, rng, log)
+    nemesis = Nemesis(local, rng, log, netlab)
 
     def fail(why: str) -> None:
         pytest.fail(f"nemesis seed {seed}: {why}\n" + "\n".join(events[-40:]), pytrace=False)
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
-            kind = rng.choices(["kill", "pause", "coordinator", "worker"], weights=[3, 2, 1, 3])[0]
+            kinds, weights = ["kill", "pause", "coordinator", "worker"], [3, 2, 1, 3]
+            if netlab is not None:
+                kinds, weights = kinds + ["partition"], weights + [2]
+            kind = rng.choices(kinds, weights=weights)[0]
             if kind == "worker":
                 w = rng.choice(workers)
                 log(f"restart worker {w.worker} under the same name")
@@ -192,7 +232,7 @@ def test_nemesis(make_cluster, tmp_path, request):
                     fail(f"worker {w.worker} did not restart")
                 nemesis.faults["worker_restart"] += 1
                 continue
-            {"kill": nemesis.kill, "pause": nemesis.pause,
+            {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
              "coordinator": nemesis.kill_coordinator_during_promotion}[kind]()
             nemesis.wait_redundant()
             for w in workers:

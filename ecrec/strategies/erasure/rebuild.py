@@ -472,10 +472,21 @@ class RebuildEngine:
         self.recovering.clear()
         log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
                  self.counters["parity_rows_rebuilt"])
-        try:
-            self.host.coordinator.report_redundant(self.host.index, self.host.server_id, elapsed)
-        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
-            log.error("reporting full redundancy failed: %s", exc)
+        pause, attempt = 0.1, 0
+        while not self.closed.is_set():  # the coordinator may be restarting: the report must reach it
+            attempt += 1
+            try:
+                self.host.coordinator.report_redundant(self.host.index, self.host.server_id, elapsed)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported; retried while the coordinator is unreachable
+                if not transport.is_unavailable(exc):
+                    log.error("the coordinator refused the report of full redundancy: %s", exc)
+                    return
+                if attempt in (1, 10) or attempt % 50 == 0:
+                    log.warning("reporting full redundancy failed (coordinator unreachable, attempt %d); retrying",
+                                attempt)
+            self.closed.wait(pause)
+            pause = min(2.0, pause * 2)
 
     def _yield(self, worked_s: float) -> None:
         """Lets training go first: wait while a foreground request rebuilds, then rest so that the
