@@ -248,6 +248,7 @@ def test_cli_set_overrides(tmp_path):
     assert s["cpr-mfu"]["overhead"] == pytest.approx(s["cpr"]["overhead"])  # r = 1: plain partial recovery
 
 
+@pytest.mark.slow
 def test_cli_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "sim.png"
