@@ -314,3 +314,18 @@ def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "cpu: numba"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(gpu_mod.probe()[0], reason="a GPU works here: scripts/gpu_check.sh runs the GPU tests")
+def test_gpu_check_without_a_gpu_fails_and_says_why(tmp_path):
+    """The prepared GPU check must not pass on a machine where nothing on the GPU path ran."""
+    import os
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"no GPU: {gpu_mod.probe()[1]} -- nothing on the GPU path was checked" in proc.stderr
+    assert "== pytest" not in proc.stdout and not (tmp_path / "pytest-gpu.xml").exists()
