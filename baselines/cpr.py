@@ -216,7 +216,10 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         self._next_delta: dict[int, int] = {}
         self._base_seq: int | None = None  # seq of the newest full snapshot taken or restored
         self._next_full_at: float | None = None
-        self._updates_at_timer_save = -1  # row updates at the last timer save: an idle shard is not saved again
+        # row updates at the last snapshot (taken with pushes paused): the timer skips a shard with nothing new
+        # since (counted before the snapshot instead, pushes landing in between made the next save empty), or
+        # nothing at all yet (its initial values are known; the first save is the driver's cut, not a race with it)
+        self._updates_at_snapshot = 0
         self._next_partial_at: float | None = None
         self.needs_restore = False
         self._s = {
@@ -298,9 +301,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             return
         tables = self.host.tables()
         updates = sum(shard.row_updates for shard in tables)
-        if (tables or self.host.dense_tensors()) and updates != self._updates_at_timer_save:
+        if (tables or self.host.dense_tensors()) and updates != self._updates_at_snapshot:
             self.save(kind=kind, blocking=False)  # an idle shard has nothing new: no save
-            self._updates_at_timer_save = updates
         if kind == "full":
             self._next_full_at = now + full
         if partial:
@@ -423,6 +425,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             t0 = time.perf_counter()
             with self.host.pushes_paused():  # rows and update counters from one instant
                 snap = self._snapshot_full(index, cut, step) if kind == "full" else self._snapshot_delta(index, cut, step)
+                self._updates_at_snapshot = sum(shard.row_updates for shard in self.host.tables())
             snap.snapshot_s = time.perf_counter() - t0
             rows = sum(len(t.ids) for t in snap.tables)
             with self._stats_lock:

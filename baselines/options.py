@@ -84,7 +84,11 @@ def parse_options(strategy: str, variant: str | None, full_only: bool, options: 
     o = {k: str(v) for k, v in options.items()}
     if not o.get("dir"):
         raise ValueError(f"strategy {strategy!r} needs --option dir=<checkpoint directory or fsspec URL>")
-    Storage.open(o["dir"])  # an unknown URL scheme is reported here, on the coordinator
+    storage = Storage.open(o["dir"])  # an unknown URL scheme is reported here, on the coordinator
+    if storage.process_local:  # the servers and the replacement are other processes: they would see nothing
+        raise ValueError(f"option dir={o['dir']!r}: {storage.process_local}, but every server process writes its "
+                         "own checkpoints and a replacement must read the failed server's; use a directory or a "
+                         "URL every server reaches (file://, s3://, gs://...)")
     kw: dict = {"dir": o["dir"]}
     for key in ("interval_s", "mtbf_s", "mfu_interval_s", "ssu_interval_s"):
         if key in o:

@@ -71,6 +71,12 @@ class Storage:
     def describe(self, rel: str) -> str:
         return f"{self.url.rstrip('/')}/{rel}"
 
+    @property
+    def process_local(self) -> str | None:
+        """Why only this process sees what is written here (e.g. fsspec's ``memory://``), or None when other
+        processes on the same hosts see it too."""
+        return None
+
     def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -177,6 +183,17 @@ class FsspecStorage(Storage):
 
     def _path(self, rel: str) -> str:
         return f"{self.root}/{rel}"
+
+    @property
+    def process_local(self) -> str | None:
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        fs = self.fs
+        while fs is not None:  # cached or wrapped filesystems hold the target in ``.fs``
+            if isinstance(fs, MemoryFileSystem):
+                return "fsspec's memory filesystem lives inside one process"
+            fs = getattr(fs, "fs", None)
+        return None
 
     def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:
         path = self._path(rel)

@@ -98,8 +98,11 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
         s = self.spec
-        args = ["coordinator", "--host", s.host, "--port", "0", "--servers", str(s.servers), "--strategy", s.strategy,
-                "--health-interval", str(s.health_interval_s)]
+        # a coordinator that may be restarted (state_path) must get its address back: take a port outside the
+        # kernel's ephemeral range, which nothing else on this host is handed in the meantime
+        port = free_port_outside_ephemeral_range(s.host) if s.state_path else 0
+        args = ["coordinator", "--host", s.host, "--port", str(port), "--servers", str(s.servers),
+                "--strategy", s.strategy, "--health-interval", str(s.health_interval_s)]
         if s.k:
             args += ["--k", str(s.k)]
         if s.m:
@@ -237,6 +240,29 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def free_port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
+    """A port that is free now and below the kernel's ephemeral range (``ip_local_port_range``), so no
+    ``bind(0)`` or outgoing connection on this host can take it while its owner restarts."""
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low} on {host}")
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

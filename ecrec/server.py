@@ -344,7 +344,16 @@ class ServerState:
         self.strategy = strategy
 
     def wait_for_index(self, timeout_s: float = 10.0) -> None:
-        """Waits (a registration may be in flight) until this server holds an index and a strategy."""
+        """Makes sure this server holds its index and a strategy before it creates anything.
+
+        The coordinator counts a server (and may call it) as soon as it answered its Register; the reply, or the
+        map broadcast after it, may still be on its way here.  So a server that holds no index yet asks the
+        coordinator for the map instead of waiting for those messages (``adopt_map`` takes the index it names
+        and builds the strategy).  Only a standby, which holds no index in the map either, is refused."""
+        with self.lock:
+            ready = self.index >= 0 and self.strategy is not None
+        if not ready:
+            self.refresh_map()
         with self.lock:
             self.index_set.wait_for(lambda: self.index >= 0 and self.strategy is not None, timeout=timeout_s)
             self.require_index()
@@ -684,11 +693,28 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         return embedding_pb2.Ack(epoch=self.state.epoch, recovering=recovering)
 
 
+def check_device(device: str) -> None:
+    """``--device cuda`` needs a usable GPU kernel (cupy, a CUDA device, the kernel compiled and self-tested):
+    raises RuntimeError naming what is missing.  ``cpu`` needs nothing: parity work then runs on the CPU
+    even where a GPU works."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise ValueError(f"--device must be cpu or cuda, got {device!r}")
+    from ecrec.kernels import gpu
+
+    ok, why = gpu.probe()
+    if not ok:
+        raise RuntimeError(f"--device cuda: no usable GPU for the parity kernel: {why}; not registering "
+                           "(run with --device cpu, or fix the CUDA setup)")
+
+
 class EmbeddingServer:
     """Runs one embedding server: gRPC service, health service on its own port, registration, lease, timer."""
 
     def __init__(self, config: ServerConfig):
         self.config = config
+        check_device(config.device)  # before binding or registering: a server that cannot serve takes no index
         security = config.security  # reads the certificate, key, CA and token files (an unusable one raises here)
         self._grpc = transport.make_server(config.max_workers, config.max_message_bytes, security)
         services = transport.LateServices()

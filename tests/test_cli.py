@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -32,13 +33,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """One line of ``proc``'s stdout, or "" when none comes within ``timeout_s`` (``readline`` alone can block forever)."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline() if ready else ""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_local_cluster_serves_and_stops_every_process(sig):
     proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "2",
                              "--standby", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     children: set[int] = set()
     try:
-        line = proc.stdout.readline()
+        line = _read_line(proc, timeout_s=120)  # a start that hangs fails here, not at CI's limit
         assert line.startswith("coordinator at 127.0.0.1:"), line
         address = line.split()[2]
         cluster = Cluster.connect(address, wait_ready_s=60)
@@ -67,4 +74,12 @@ def test_bad_command_lines_fail_clearly():
     r = run("coordinator", "--port", "0", "--servers", "3", "--strategy", "nope")
     assert r.returncode == 2 and "unknown fault-tolerance strategy 'nope'" in r.stderr
     r = run("coordinator", "--port", "0", "--servers", "2", "--option", "novalue")
-    assert r.returncode != 0 and "KEY=VALUE" in r.stderr
+    assert r.returncode == 2 and "ecrec-server coordinator: --option takes KEY=VALUE, got 'novalue'" in r.stderr
+    # a checkpoint directory only one process can see is refused before anything starts
+    r = run("coordinator", "--port", "0", "--servers", "2", "--strategy", "cpr", "--option", "dir=memory://ckpt",
+            "--option", "interval_s=5")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "ecrec-server coordinator: option dir='memory://ckpt': fsspec's memory filesystem lives inside one process" \
+        in r.stderr
+    r = run("local", "--servers", "2", "--option", "novalue")
+    assert r.returncode == 2 and "ecrec-server local: --option takes KEY=VALUE, got 'novalue'" in r.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ecrec.bench import cli, compare
@@ -32,10 +33,15 @@ def test_quick_none_and_ecrec(tmp_path):
         assert row["checkpoint_bytes"] == 0  # neither strategy checkpoints
         assert row["network_bytes"] > 0
         assert 0.0 <= row["test_auc"] <= 1.0 and row["test_logloss"] > 0
+        assert row["promotion_s"] is not None and row["promotion_s"] > 0  # each run met its failure
     ecrec, none = report["strategies"]["ecrec"], report["strategies"]["none"]
     # ecrec recovers the exact state: nothing lost
     assert ecrec["state_matches_failure_free"] is True
     assert ecrec["lost_updates"] == 0 and ecrec["pls"] == 0.0
+    # ... which the servers' own counters confirm (the two lines above follow from the state comparison)
+    assert all(s.get("rows_lost", 0) == 0 and s.get("parity_rows_lost", 0) == 0 for s in ecrec["stats"].values()), ecrec["stats"]
+    assert sum(s.get("rows_rebuilt", 0) for s in ecrec["stats"].values()) > 0
+    assert ecrec["fully_redundant_s"] is not None and ecrec["fully_redundant_s"] >= ecrec["promotion_s"]
     assert ecrec["test_auc"] == report["reference"]["test_auc"]  # same state, same evaluation
     # none loses the killed shard's updates
     assert none["state_matches_failure_free"] is False
@@ -111,3 +117,137 @@ def test_recovery_time_without_rollback_and_lost_updates_of_none():
     assert row["recovery_s"] == pytest.approx(0.9 - 0.45)  # the stalled step 5 ends at 0.9; full speed after it
     # none loses every row update its failed server acknowledged before the failure: 4 steps x 2 rows
     assert row["lost_updates"] == 8 and row["pls"] == pytest.approx(8 / (12 * 5))
+
+
+def test_throughput_while_recovering_counts_every_worker():
+    """Two workers stepping side by side at an unchanged pace through the failure: the ratio is exactly 1
+    (it used to compare both workers' wall-clock samples with one worker's rate: 2.00)."""
+    records = []
+    for rank in (0, 1):
+        for r in _records(list(range(40))):
+            records.append(dict(r, rank=rank))
+    records.sort(key=lambda r: r["end"])
+    events = [{"kind": "promoted", "index": 1, "wall_time": 2.05}]
+    row = compare.summarize("none", _fake_run(records, kill_t=2.0, events=events), None, {"fail_server": 1}, 20)
+    assert row["samples_per_s_failure_free"] == pytest.approx(2 * 10 / 0.1)  # both workers, 10 samples / 0.1 s
+    # promotion at 2.05, window 2 s (no "redundant" event): steps ending in (2.05, 4.0] are 2.1 .. 4.0
+    assert row["throughput_during_recovery_ratio"] == pytest.approx((2 * 20 * 10 / 1.95) / 200)
+
+
+# --- the workloads and launchers a user can pick, end to end at a small size ---------------------------------
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+    """The quick preset at a CI-friendly size (the same code path; only the sizes differ)."""
+    monkeypatch.setitem(compare.PRESETS, "quick", dict(
+        compare.PRESETS["quick"], batch_size=64, tables=3, rows_per_table=400, samples=4000, embedding_dim=8,
+        checkpoint_interval_steps=20, cpr_interval_s=1.0, partial_interval_s=0.3))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1800)
+def test_two_workers_under_torchrun_meet_the_failure(tmp_path, tiny_preset):
+    """``--workers 2``: torchrun starts two ranks that create the tables and register the dense layers at
+    once; every strategy's run (not only the first) meets the kill, and ``none`` keeps its pace through it."""
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["compare", "--strategies", "none,ecrec", "--workers", "2", "--steps", "40", "--fail-at", "20",
+                   "--rounds", "1", "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    assert report["config"]["workers"] == 2
+    assert report["config"]["throughput_measurement"] == "sequential runs, reference before and after"
+    for name in ("none", "ecrec"):
+        row = report["strategies"][name]
+        assert row["promotion_s"] is not None and row["promotion_s"] > 0, (name, row["stats"])
+        assert row["max_stall_s"] is not None and row["throughput_during_recovery_ratio"] is not None, name
+        assert row["rows_acknowledged"] > 0 and row["samples_per_s_failure_free"] > 0
+        # two ranks' states interleave differently run to run: there is no failure-free state to compare with
+        assert row["state_matches_failure_free"] is None
+    ecrec = report["strategies"]["ecrec"]
+    assert ecrec["fully_redundant_s"] is not None
+    stats = ecrec["stats"]
+    assert sum(s.get("rows_rebuilt", 0) for s in stats.values()) > 0, stats  # a replacement rebuilt rows
+    assert all(s.get("rows_lost", 0) == 0 and s.get("parity_rows_lost", 0) == 0 for s in stats.values()), stats
+    assert report["strategies"]["none"]["lost_updates"] > 0
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1800)
+def test_side_by_side_overhead_rounds(tmp_path, tiny_preset):
+    """``--fail-at >= 100`` with one worker: every strategy and a failure-free reference train in interleaved
+    slices; the overhead is the median over the slices of reference / strategy throughput, minus 1."""
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["compare", "--strategies", "none,ecrec", "--steps", "130", "--fail-at", "100", "--rounds", "2",
+                   "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    plan = report["config"]["throughput_measurement"]
+    # warm-up min(10, 100 // 4) = 10 steps; the last max(20, 50) steps before the failure run alone
+    assert plan["rounds"] == 2 and plan["bounds"] == [10, 30, 50]
+    ref = report["reference"]["samples_per_s_rounds"]
+    assert len(ref) == 2 and all(r > 0 for r in ref)
+    for name in ("none", "ecrec"):
+        row = report["strategies"][name]
+        mine = row["samples_per_s_rounds"]
+        assert len(mine) == 2
+        assert row["overhead_vs_none"] == pytest.approx(float(np.median(np.array(ref) / np.array(mine))) - 1.0)
+        assert row["samples_per_s_failure_free"] == pytest.approx(float(np.median(mine)))
+        assert set(row["cpu_ms_per_step"]) == {"worker", "servers", "coordinator", "total"}
+        assert row["promotion_s"] is not None
+    assert report["strategies"]["ecrec"]["state_matches_failure_free"] is True
+
+
+def _atomic_movielens(directory, ratings: int = 3000, users: int = 60, items: int = 80, seed: int = 0):
+    """A fake ml-100k in RecBole's atomic format (real MovieLens needs the network)."""
+    rng = np.random.default_rng(seed)
+    d = directory / "ml-100k"
+    d.mkdir(parents=True)
+    inter = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    for _ in range(ratings):
+        inter.append(f"{rng.integers(1, users + 1)}\t{rng.integers(1, items + 1)}\t{rng.integers(1, 6)}\t"
+                     f"{874965758 + int(rng.integers(0, 10_000_000))}")
+    (d / "ml-100k.inter").write_text("\n".join(inter) + "\n")
+    genders, jobs = ("M", "F"), ("technician", "other", "writer", "artist")
+    (d / "ml-100k.user").write_text("user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n" + "".join(
+        f"{u}\t{18 + u % 50}\t{genders[u % 2]}\t{jobs[u % 4]}\t{10000 + 37 * u}\n" for u in range(1, users + 1)))
+    genres = ("Action", "Comedy", "Drama", "Thriller")
+    (d / "ml-100k.item").write_text("item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n" + "".join(
+        f"{i}\tMovie {i}\t{1950 + i % 45}\t{genres[i % 4]} {genres[(i + 1) % 4]}\n" for i in range(1, items + 1)))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("dataset", ["criteo", "movielens"])
+def test_real_format_datasets(tmp_path, tiny_preset, monkeypatch, dataset):
+    """``--dataset criteo:PATH`` (a Criteo TSV, ids hashed into rows_per_table rows) and ``--dataset movielens``
+    (from ``$ECREC_DATA/ml-100k``) train through a failure like the synthetic set, ecrec bit-exact."""
+    from ecrec.workload.data import write_synthetic_criteo
+
+    if dataset == "criteo":
+        tsv = tmp_path / "day_0.tsv"
+        write_synthetic_criteo(tsv, 3000, num_tables=26, rows_per_table=300, seed=2)
+        arg, name, samples, tables = f"criteo:{tsv}", "criteo", 3000, 26
+    else:
+        _atomic_movielens(tmp_path)
+        monkeypatch.setenv("ECREC_DATA", str(tmp_path))
+        arg, name, samples, tables = "movielens", "movielens-100k", 3000, 9
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["compare", "--strategies", "ecrec", "--dataset", arg, "--steps", "24", "--fail-at", "12",
+                   "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    desc = report["config"]["dataset"]
+    assert desc["name"] == name and desc["samples"] == samples and desc["tables"] == tables
+    row = report["strategies"]["ecrec"]
+    assert row["state_matches_failure_free"] is True and row["lost_updates"] == 0
+    assert row["promotion_s"] is not None and 0.0 <= row["test_auc"] <= 1.0
+
+
+def test_unknown_or_missing_dataset_is_refused(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit, match=r"no such Criteo file '.*missing\.tsv'"):
+        cli.main(["compare", "--strategies", "none", "--dataset", f"criteo:{tmp_path / 'missing.tsv'}"])
+    monkeypatch.setenv("ECREC_DATA", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match="fetch it with: python -m ecrec.workload.movielens fetch"):
+        cli.main(["compare", "--strategies", "none", "--dataset", "movielens"])
+    with pytest.raises(SystemExit, match=r"unknown --dataset 'imagenet' \(synthetic \| criteo:PATH \| movielens\)"):
+        cli.main(["compare", "--strategies", "none", "--dataset", "imagenet"])

@@ -8,6 +8,8 @@ injection armed in one server's environment (``ecrec.faults``).  The training lo
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -56,8 +58,6 @@ def train(address, on_step=None):
 
 
 def wait_redundant(cluster, failures: int, timeout_s: float = 60.0):
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         m = cluster.refresh_map()
@@ -112,7 +112,10 @@ def kill_index(local, index):
 ])
 def test_injected_failure_is_recovered_bit_exactly(make_cluster, point, index, count):
     expected = baseline(make_cluster, 4, 2, 1)
-    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+    # after_partial_parity: the dying push reached one parity server; a long relay timeout keeps the owner's
+    # direct sends from completing it at the others however slowly the machine runs
+    options = {"relay_timeout_s": "5"} if point == "after_partial_parity" else {}
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options,
                          server_env={index: {"ECREC_FAULT": f"{point}@{count}"}})
     victim = local.pid_of_index(index)
     cluster, names = train(local.coordinator_address)
@@ -121,6 +124,11 @@ def test_injected_failure_is_recovered_bit_exactly(make_cluster, point, index, c
     assert_same(final_state(cluster, names), expected)
     stats = cluster.strategy_call("stats", indices=[index])[index]
     assert stats["rows_rebuilt"] > 0
+    # bit-exact either way; what resolution decided tells "kept" from "undone"
+    if point == "after_parity_before_ack":  # every parity server applied every push before its ack: all kept
+        assert stats["resolved_undone"] == 0 and stats["resolved_kept"] >= 1, stats
+    if point == "after_partial_parity":  # the dying push is held by one parity server only: undone there
+        assert stats["resolved_undone"] >= 1, stats
 
 
 def test_replacement_killed_during_rebuild(make_cluster):
@@ -128,7 +136,6 @@ def test_replacement_killed_during_rebuild(make_cluster):
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
                          options={"rebuild_batch_rows": "32", "rebuild_pause_s": "0.02"},
                          server_env={"standby0": {"ECREC_FAULT": "during_rebuild@3"}})
-    import time
 
     def on_step(step):
         if step == 20:
@@ -162,23 +169,35 @@ def test_two_servers_killed_at_once_with_m2(make_cluster):
     assert_same(final_state(cluster, names), expected)
 
 
-def test_second_failure_during_rebuild_with_m2(make_cluster):
+def test_second_failure_during_rebuild_with_m2(make_cluster, tmp_path):
+    """Server 3 dies while the replacement of server 1 rebuilds: every standby is armed to hold its background
+    rebuild after its first batch until the test creates a file, so the second failure meets the rebuild in
+    progress however fast the machine is."""
     expected = baseline(make_cluster, 5, 2, 2)
+    release = tmp_path / "release-rebuild"
     local = make_cluster(servers=5, standby=2, strategy="ecrec", k=2, m=2,
-                         options={"rebuild_batch_rows": "16", "rebuild_pause_s": "0.05"})
-    seen_recovering = []
+                         options={"rebuild_batch_rows": "16"},
+                         server_env={"standby": {"ECREC_FAULT": f"during_rebuild@1:hold={release}"}})
+    seen = {}
 
     def on_step(step):
         if step == 15:
             kill_index(local, 1)
+            deadline = time.monotonic() + 120  # a liveness bound (the promotion), not a measurement
+            while not any(s.index == 1 and s.state == 4 for s in local.cluster_map().servers):  # 4 = RECOVERING
+                assert time.monotonic() < deadline, "index 1 was never taken by a rebuilding replacement"
+                time.sleep(0.02)
         if step == 17:
             m = local.cluster_map()
-            seen_recovering.append(any(s.index == 1 and s.state == 4 for s in m.servers))
+            seen["recovering"] = [s.index for s in m.servers if s.state == 4]
+            seen["redundant_before"] = [e.index for e in m.events if e.kind == "redundant"]
             kill_index(local, 3)
+            release.touch()
 
     cluster, names = train(local.coordinator_address, on_step)
-    wait_redundant(cluster, 2)
-    assert seen_recovering == [True], "the second failure must hit while the first replacement rebuilds"
+    m = wait_redundant(cluster, 2)
+    assert seen["recovering"] == [1] and seen["redundant_before"] == [], seen
+    assert sorted(e.index for e in m.events if e.kind == "redundant") == [1, 3]
     assert_same(final_state(cluster, names), expected)
 
 

@@ -17,7 +17,8 @@ from ecrec.kernels import KernelBackend, available_kernels, get_kernel, gf_mul, 
 from ecrec.kernels import gpu as gpu_mod
 from ecrec.kernels.gpu import cuda_kernels_dir
 
-CPU_KERNELS = [name for name in ("cpu", "isal", "numba", "numpy") if name in available_kernels()]
+# every CPU kernel, unfiltered: if ISA-L (or numba) stops loading here its cases fail instead of vanishing
+CPU_KERNELS = ["cpu", "isal", pytest.param("numba", marks=pytest.mark.slow), "numpy"]
 
 
 def reference(parity, slots, coeffs, delta):
@@ -140,6 +141,13 @@ def test_kernel_validation_changes_nothing():
 
 
 # ------------------------------------------------------------------ registry
+def test_cpu_kernel_is_isal_from_the_pyeclib_wheel():
+    """The README's CPU figures are ISA-L's ``gf_vect_mad`` (shipped inside pyeclib's wheel): ``cpu`` must pick it."""
+    kernel = get_kernel("cpu")
+    assert kernel.description.startswith("cpu: isal (gf_vect_mad, libisal"), kernel.description
+    assert {"cpu", "isal", "numpy"} <= set(available_kernels())
+
+
 def test_registry_names_and_errors():
     assert set(kernel_names()) >= {"auto", "cpu", "gpu", "numba", "numpy", "isal"}
     cpu = get_kernel("cpu")
@@ -152,6 +160,7 @@ def test_registry_names_and_errors():
 
 
 # ------------------------------------------------------------------ CUDA source / fallback
+@pytest.mark.slow
 def test_cuda_sources_compile_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -288,6 +297,7 @@ def test_gpu_kernel_validation_changes_nothing():
     assert not cp.asnumpy(parity).any()
 
 
+@pytest.mark.slow
 def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
     """With no usable libisal the cpu kernel runs numba (checked in a fresh process)."""
     import os
@@ -304,3 +314,18 @@ def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "cpu: numba"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(gpu_mod.probe()[0], reason="a GPU works here: scripts/gpu_check.sh runs the GPU tests")
+def test_gpu_check_without_a_gpu_fails_and_says_why(tmp_path):
+    """The prepared GPU check must not pass on a machine where nothing on the GPU path ran."""
+    import os
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"no GPU: {gpu_mod.probe()[1]} -- nothing on the GPU path was checked" in proc.stderr
+    assert "== pytest" not in proc.stdout and not (tmp_path / "pytest-gpu.xml").exists()

@@ -191,6 +191,7 @@ def netlab():
         lab.close()
 
 
+@pytest.mark.timeout(1800)
 def test_nemesis(netlab, make_cluster, tmp_path, request):
     seed = request.config.getoption("--nemesis-seed")
     seed = int(seed) if seed is not None else random.SystemRandom().randrange(1 << 30)

@@ -248,6 +248,7 @@ def test_cli_set_overrides(tmp_path):
     assert s["cpr-mfu"]["overhead"] == pytest.approx(s["cpr"]["overhead"])  # r = 1: plain partial recovery
 
 
+@pytest.mark.slow
 def test_cli_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "sim.png"
@@ -255,17 +256,26 @@ def test_cli_plot(tmp_path):
     assert png.stat().st_size > 1000
 
 
-@pytest.mark.parametrize("argv", [
-    ["--servers", "64..8"], ["--servers", "x"], ["--mtbf-hours", "0"], ["--model-gb", "-1"],
-    ["--target-pls", "1.5"], ["--formula", "magic"], ["--storage-gbps", "nan"],
-    ["--set", "magic=1"], ["--set", "mfu_save_fraction"], ["--set", "mfu_save_fraction=2"],
-    ["--set", "save_bytes_per_s=0"], ["--set", "target_pls=x"], ["--set", "partial_saves_per_interval=0.5"],
+@pytest.mark.parametrize("argv, message", [
+    (["--servers", "64..8"], "argument --servers: range '64..8': need 1 <= start <= end"),
+    (["--servers", "x"], "argument --servers: 'x': expected a range START..END or a comma list of integers"),
+    (["--mtbf-hours", "0"], "argument --mtbf-hours: '0' must be finite and > 0"),
+    (["--model-gb", "-1"], "argument --model-gb: '-1' must be finite and > 0"),
+    (["--target-pls", "1.5"], "argument --target-pls: '1.5' must be in (0, 1)"),
+    (["--formula", "magic"], "argument --formula: invalid choice: 'magic'"),
+    (["--storage-gbps", "nan"], "argument --storage-gbps: 'nan' must be finite and > 0"),
+    (["--set", "magic=1"], "argument --set: unknown input 'magic'; inputs: save_bytes_per_s,"),
+    (["--set", "mfu_save_fraction"], "argument --set: 'mfu_save_fraction': expected NAME=VALUE"),
+    (["--set", "mfu_save_fraction=2"], "argument --set: mfu_save_fraction must be in [0, 1], got 2.0"),
+    (["--set", "save_bytes_per_s=0"], "argument --set: save_bytes_per_s must be > 0, got 0.0"),
+    (["--set", "target_pls=x"], "argument --set: could not convert string to float: 'x'"),
+    (["--set", "partial_saves_per_interval=0.5"], "argument --set: partial_saves_per_interval must be >= 1, got 0.5"),
 ])
-def test_cli_argument_errors(argv, capsys):
+def test_cli_argument_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["simulate", *argv])
     assert exc.value.code == 2
-    assert "error" in capsys.readouterr().err
+    assert f"ecrec-bench simulate: error: {message}" in capsys.readouterr().err
 
 
 def test_cli_bad_compare_file(tmp_path, capsys):

@@ -47,6 +47,7 @@ def test_invalid_dense_spec():
         DenseSpec("w", (0, 3)).validate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sgd", "adagrad"])
 def test_optimizer_matches_torch_sparse(name):
     rng = np.random.default_rng(0)

@@ -289,13 +289,14 @@ def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     rank0 = records_dir / "rank0.jsonl"
+    killed = False  # per run (a flag on ``kill``, a bound method, was shared by every strategy's run)
     try:
         while proc.poll() is None:
             step = _last_step(rank0)
             _progress(label, step, tcfg.steps)
-            if fail_at is not None and step >= fail_at and not kill.__dict__.get("done"):
+            if fail_at is not None and step >= fail_at and not killed:
                 kill()
-                kill.__dict__["done"] = True
+                killed = True
             time.sleep(0.05)
     finally:
         if proc.poll() is None:
@@ -305,7 +306,8 @@ def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -
     _progress(label, tcfg.steps, tcfg.steps, done=True)
     records = []
     for path in sorted(records_dir.glob("rank*.jsonl")):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+        rank = int(path.stem[len("rank"):])
+        records += [dict(json.loads(line), rank=rank) for line in path.read_text().splitlines() if line]
     records.sort(key=lambda r: r["end"])
     summary = json.loads((records_dir / "rank0.result.json").read_text())
     return {"records": records, "evaluation": summary["evaluation"], "driver": summary["driver"],
@@ -366,10 +368,18 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     durations = ends - starts
     kill_t = run["killed"].get("time")
     warm = min(10, len(records) // 4)
-    before = slice(warm, fail_at if fail_at is not None else len(records))
-    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices)
-    rate = samples[before].sum() / max(durations[before].sum(), 1e-9) if len(records[before]) else None
-    median_step = float(np.median(durations[before])) if len(records[before]) else None
+    # the steps before the failure, by step number (W workers' records interleave; a rollback repeats steps)
+    steps_done = np.array([r["step"] for r in records])
+    before = steps_done >= warm
+    if fail_at is not None:
+        before &= steps_done < fail_at
+        if kill_t is not None:
+            before &= ends <= kill_t
+    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices), times the
+    # workers that step side by side, so it compares with the wall-clock throughput while recovering
+    workers = len({r.get("rank", 0) for r in records}) or 1
+    rate = workers * samples[before].sum() / max(durations[before].sum(), 1e-9) if before.any() else None
+    median_step = float(np.median(durations[before])) if before.any() else None
     out = {"strategy": strategy, "samples_per_s_failure_free": rate, "median_step_s": median_step}
     events = run["events"]
     if kill_t is not None:

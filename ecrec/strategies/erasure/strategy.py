@@ -34,7 +34,7 @@ class ErasureCoding(FaultToleranceStrategy):
         super().__init__(host, options)
         self.timer_interval_s = max(0.005, options.relay_timeout_s / 2)  # closes groups no push closed
         layout = host.layout
-        kernel = "gpu" if host.config.device == "cuda" else "auto"
+        kernel = "gpu" if host.config.device == "cuda" else "cpu"  # --device says where parity work runs
         self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
         self.closed = threading.Event()
         self.counters = defaultdict(float)
@@ -165,7 +165,8 @@ class ErasureCoding(FaultToleranceStrategy):
         return dict(self.counters) | {"recovering": self.rebuild.recovering.is_set(),
                                       "redundancy_bytes": parity_bytes + replica_bytes,
                                       "unconfirmed_pushes": self.owner.unconfirmed(), "log_entries": log_entries,
-                                      "confirmed_upto": self.owner.confirmed_upto()}
+                                      "confirmed_upto": self.owner.confirmed_upto(), "kernel": self.codec.kernel.name,
+                                      "parity_on_device": any(arena.on_device for arena, _ in self.receiver.parts.values())}
 
     def close(self) -> None:
         self.closed.set()

@@ -1,0 +1,71 @@
+"""``ecrec-bench codec`` and ``ecrec-bench server`` end to end at a small size, and their argument errors.
+
+The figures themselves are measurements (nothing here asserts a speed); what is asserted is that each command
+runs what the README says it runs, checks its kernels against each other, and writes a complete report.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ecrec.bench import cli
+from ecrec.kernels import gpu as gpu_mod
+
+
+def test_codec_bench_measures_every_operation(tmp_path, capsys):
+    out = tmp_path / "codec.json"
+    assert cli.main(["codec", "--size-mib", "0.25", "--repeat", "1", "--k", "4", "--m", "2", "--kernel", "cpu",
+                     "--kernel", "numpy", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "codec"
+    assert {k: report["config"][k] for k in ("size_mib", "k", "m", "backend", "row_bytes", "repeat")} == {
+        "size_mib": 0.25, "k": 4, "m": 2, "backend": "isa_l_rs_vand", "row_bytes": 1024, "repeat": 1}
+    ops = {(f["op"], f["impl"].split(" ")[0]) for f in report["figures"]}
+    assert ops == {("delta_batch", "cpu:"), ("delta_stripe", "cpu:"), ("delta_batch", "numpy"),
+                   ("delta_stripe", "numpy"), ("encode", "pyeclib"), ("encode_stripes", "pyeclib"),
+                   ("reconstruct_1", "pyeclib"), ("reconstruct_2", "pyeclib")}
+    assert all(f["best_gbps"] > 0 and f["median_gbps"] > 0 for f in report["figures"])
+    encode = next(f["best_gbps"] for f in report["figures"] if f["op"] == "encode")
+    for f in report["figures"]:
+        if f["op"] == "delta_batch":
+            assert report["delta_over_encode"][f["impl"]] == pytest.approx(f["best_gbps"] / encode)
+    printed = capsys.readouterr().out
+    assert "delta update / pyeclib encode (best GB/s over best GB/s):" in printed and "reconstruct_2" in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeat", "0"], "error: --repeat, --row-bytes and --size-mib must be positive"),
+    (["--kernel", "tpu"], "error: unknown kernel 'tpu'"),
+    (["--k", "6", "--m", "5"], "not MDS"),
+])
+def test_codec_bench_argument_errors(argv, message, capsys):
+    assert cli.main(["codec", "--size-mib", "0.25", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_mod.probe()[0], reason="a GPU works here")
+def test_codec_bench_refuses_an_explicit_gpu_kernel_without_a_gpu(capsys):
+    assert cli.main(["codec", "--size-mib", "0.25", "--kernel", "gpu"]) == 2
+    assert f"error: kernel 'gpu' is not available: {gpu_mod.probe()[1]}" in capsys.readouterr().err
+
+
+@pytest.mark.cluster
+def test_server_bench_compares_with_raw_grpc(tmp_path, capsys):
+    out = tmp_path / "server.json"
+    assert cli.main(["server", "--servers", "2", "--rows", "2000", "--dim", "8", "--batch", "256", "--seconds", "0.2",
+                     "--rounds", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    single, cluster = report["single_server"], report["cluster"]
+    assert single["pull_push_rows_per_s"] > 0 and single["raw_grpc_rows_per_s"] > 0
+    assert single["efficiency"] == pytest.approx(single["pull_push_rows_per_s"] / single["raw_grpc_rows_per_s"])
+    assert cluster["servers"] == 2 and cluster["sdk_rows_per_s"] > 0
+    assert cluster["efficiency"] == pytest.approx(cluster["sdk_rows_per_s"] / cluster["raw_grpc_rows_per_s"])
+    printed = capsys.readouterr().out
+    assert "one server: pull+push (stubs)" in printed and "2 servers: SDK pull+step" in printed
+
+
+def test_server_bench_refuses_a_batch_larger_than_the_table(capsys):
+    assert cli.main(["server", "--rows", "100", "--batch", "200"]) == 2
+    assert "ecrec-bench server: --batch must not exceed --rows" in capsys.readouterr().err
