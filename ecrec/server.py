@@ -13,6 +13,7 @@ completion (if any) is done.  Each push id is applied at most once.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -65,14 +66,22 @@ class AppliedPushes:
                 self._ids.popitem(last=False)
 
 
+#: upper bounds (seconds) of the request-latency histogram buckets; a last bucket takes the rest (+Inf)
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 class HandlerCounters:
-    """Calls, seconds and CPU seconds (of the handling thread) per data-plane method of this server."""
+    """Calls, seconds, CPU seconds (of the handling thread) and a latency histogram per data-plane method of
+    this server, and the rows pulled and pushed; read by ``stats`` and by the metrics endpoint
+    (``ecrec.metrics``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
+        self.latency_counts: dict[str, list[int]] = {}  # per method: calls per bucket of LATENCY_BUCKETS_S, +Inf last
+        self.rows: dict[str, int] = {}  # "pulled", "pushed": rows served and rows updated
 
     @contextlib.contextmanager
     def measure(self, method: str):
@@ -81,14 +90,30 @@ class HandlerCounters:
             yield
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            bucket = bisect.bisect_left(LATENCY_BUCKETS_S, wall)
             with self._lock:
                 self.calls[method] = self.calls.get(method, 0) + 1
                 self.seconds[method] = self.seconds.get(method, 0.0) + wall
                 self.cpu_seconds[method] = self.cpu_seconds.get(method, 0.0) + cpu
+                counts = self.latency_counts.get(method)
+                if counts is None:
+                    counts = self.latency_counts[method] = [0] * (len(LATENCY_BUCKETS_S) + 1)
+                counts[bucket] += 1
+
+    def count_rows(self, kind: str, rows: int) -> None:
+        with self._lock:
+            self.rows[kind] = self.rows.get(kind, 0) + rows
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds)}
+            return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds),
+                    "rows": dict(self.rows)}
+
+    def latency_histograms(self) -> dict[str, tuple[tuple[float, ...], list[int], float]]:
+        """Per method: (bucket upper bounds, calls per bucket with a last +Inf bucket, total seconds)."""
+        with self._lock:
+            return {method: (LATENCY_BUCKETS_S, list(counts), self.seconds[method])
+                    for method, counts in self.latency_counts.items()}
 
 
 class PushSequencer:
@@ -115,6 +140,7 @@ class ServerState:
         self.config = config
         self._server_id = server_id
         self.address = ""
+        self.metrics_address = ""  # host:port of the Prometheus endpoint, when one is served (ecrec.metrics)
         self.index = -1
         self._promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
         self.map: cluster_pb2.ClusterMap | None = None
@@ -185,6 +211,13 @@ class ServerState:
 
     def mark_applied(self, push_id: tuple[str, int]) -> None:
         self.applied.add(push_id, 0)
+
+    def status(self) -> dict:
+        """Who this server is and what it holds (``ecrec-server status``, the metrics endpoint)."""
+        return {"index": self.index, "epoch": self.epoch, "server_id": self._server_id, "address": self.address,
+                "metrics_address": self.metrics_address,
+                "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
+                "dense_tensors": len(self.dense_tensors())}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -326,6 +359,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                                         confirmed_upto=strategy.confirmed_upto())
         for shard, slots in plans:
             reply.values.append(shard.weights(slots).tobytes())
+        st.handlers.count_rows("pulled", sum(len(slots) for _, slots in plans))
         for d in dense:
             reply.dense.add(name=d.spec.name, value=d.weights_bytes())
         return reply
@@ -442,6 +476,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 push.dense.append(DenseUpdate(d, old, new, old_version))
             outcome = strategy.on_push(push)
             st.applied.add(key, push.seq)
+        st.handlers.count_rows("pushed", rows_updated)
         if replayed or request.replay:
             st.faults.hit("during_replay")
         # acknowledged once the strategy's completion (if any) is done
@@ -498,7 +533,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise errors.InvalidRequest("args_json must be a JSON object")
         result = st.strategy.call(request.command, args)
         if request.command == "stats":
-            result = dict(result, server=st.handlers.snapshot())
+            result = dict(result, server=st.handlers.snapshot() | st.status())
         return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
 
     @transport.service_method
