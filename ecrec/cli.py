@@ -1,5 +1,6 @@
 """``ecrec-server``: run a coordinator, an embedding server, or a whole local cluster; show a cluster.
 
+examples:
     ecrec-server coordinator --port 7000 --servers 4 --strategy ecrec --k 2 --m 1
     ecrec-server serve --coordinator 127.0.0.1:7000 [--standby] [--device cuda] [--metrics-port 9101]
     ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1

@@ -450,12 +450,14 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     @classmethod
     def from_configs(cls, cluster: Cluster, tables, *, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,
-                     initial_accumulator_value: float = 0.0, seed: int = 0) -> "EmbeddingBagCollection":
+                     initial_accumulator_value: float = 0.0, seed: int = 0,
+                     on_table=None) -> "EmbeddingBagCollection":
         """A collection shaped like ``torchrec.EmbeddingBagCollection(tables=tables)``: one cluster table per
         ``torchrec.EmbeddingBagConfig`` (``name``, ``num_embeddings``, ``embedding_dim``, ``pooling`` SUM or
         MEAN, ``feature_names``; created, or reused when it exists with the same spec), trained on the servers
         with ``optimizer``/``lr``.  Initial values are uniform in ``[weight_init_min, weight_init_max]`` (default
-        ``±sqrt(1/num_embeddings)``, TorchRec's default range), drawn from ``seed``.
+        ``±sqrt(1/num_embeddings)``, TorchRec's default range), drawn from ``seed``.  ``on_table(created,
+        total)`` is called after each table is created (a progress bar).
         """
         tables = list(tables)
         if not tables:
@@ -489,10 +491,12 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(f"table {name!r}: weight_init_min/max must be unset or symmetric (-a, a), "
                                  f"got ({low}, {high})")
             scales.append(scale)
-        for config, scale in zip(tables, scales):  # every config checked before anything is created
+        for n, (config, scale) in enumerate(zip(tables, scales)):  # every config checked before anything is created
             cluster.create_table(config.name, config.num_embeddings, config.embedding_dim, optimizer=optimizer, lr=lr,
                                  eps=eps, initial_accumulator_value=initial_accumulator_value, init="uniform",
                                  init_scale=scale, seed=seed)
+            if on_table is not None:
+                on_table(n + 1, len(tables))
         collection = cls(cluster, [c.name for c in tables], modes)
         collection._configs = tables
         collection.features = [(f, i) for i, c in enumerate(tables) for f in c.feature_names]

@@ -19,8 +19,6 @@ from ecrec.client import Cluster, EmbeddingBagCollection
 HAS_TORCHREC = importlib.util.find_spec("torchrec") is not None
 needs_torchrec = pytest.mark.skipif(not HAS_TORCHREC, reason="the torchrec extra is not installed")
 
-pytestmark = pytest.mark.cluster
-
 
 def random_jagged(generator: torch.Generator, keys: list[str], rows: dict[str, int], batch: int):
     """Per feature ``batch`` bags of 0..4 ids (some empty), feature after feature."""
@@ -32,6 +30,7 @@ def random_jagged(generator: torch.Generator, keys: list[str], rows: dict[str, i
     return torch.cat(values), lengths
 
 
+@pytest.mark.cluster
 def test_lookup_jagged_without_torchrec(make_cluster):
     local = make_cluster(servers=2)
     cluster = Cluster.connect(local.coordinator_address)
@@ -76,6 +75,7 @@ def _torchrec_twin(cluster, configs):
     return reference
 
 
+@pytest.mark.cluster
 @needs_torchrec
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_matches_torchrec_collection_step_for_step(make_cluster, optimizer):
@@ -128,6 +128,7 @@ def _torchrec_twin_initial(config, seed: int) -> np.ndarray:
     return initial_weights(spec, np.arange(config.num_embeddings, dtype=np.int64))
 
 
+@pytest.mark.cluster
 @needs_torchrec
 def test_from_configs_refuses_what_it_cannot_do(make_cluster):
     import torchrec
@@ -154,6 +155,7 @@ def test_from_configs_refuses_what_it_cannot_do(make_cluster):
         collection(weighted)
 
 
+@pytest.mark.cluster
 @needs_torchrec
 def test_stands_in_torchrec_dlrm(make_cluster):
     """TorchRec's DLRM, given our collection instead of its own, trains through the cluster."""
@@ -177,3 +179,64 @@ def test_stands_in_torchrec_dlrm(make_cluster):
     logits.sum().backward()
     assert cluster.step()["rows"] > 0
     assert not torch.equal(cluster.pull("t0", np.arange(50)), before)
+
+
+def _dlrm_batches(spec, steps: int, batch: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        dense = torch.randn(batch, spec.num_dense, generator=generator)
+        sparse = []
+        for rows in spec.table_sizes:
+            lengths = torch.randint(0, 4, (batch,), generator=generator)
+            sparse.append((torch.randint(0, rows, (int(lengths.sum()),), generator=generator),
+                           torch.cumsum(lengths, 0) - lengths))
+        labels = (torch.rand(batch, generator=generator) < 0.3).float()
+        out.append((dense, sparse, labels))
+    return out
+
+
+@needs_torchrec
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_torchrec_dlrm_computes_our_dlrm(optimizer):
+    """The benchmark's DLRM built from TorchRec's has our DLRM's initial function and training trajectory."""
+    from ecrec.workload.dlrm import DLRMSpec, build_local_dlrm, local_optimizer, loss_fn
+
+    spec = DLRMSpec(num_dense=5, table_sizes=(40, 30, 20), embedding_dim=4, bottom_mlp=(8,), top_mlp=(8, 6))
+    ours = build_local_dlrm(spec, seed=3)
+    theirs = build_local_dlrm(spec, seed=3, arch="torchrec")
+    assert type(theirs).__name__ == "TorchRecDLRM"
+    optimizers = [local_optimizer(m, optimizer, lr=0.1, eps=1e-8, initial_accumulator_value=0.1) for m in (ours, theirs)]
+    for dense, sparse, labels in _dlrm_batches(spec, steps=8, batch=16):
+        logits = [m(dense, sparse) for m in (ours, theirs)]
+        torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-6)
+        for model, out, opt in zip((ours, theirs), logits, optimizers):
+            opt.zero_grad()
+            loss_fn(out, labels).backward()
+            opt.step()
+    table = theirs.embeddings[0].embedding_bags["emb1"].weight.detach()
+    torch.testing.assert_close(table, ours.embeddings[1].weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cluster
+@needs_torchrec
+def test_torchrec_dlrm_on_the_cluster_matches_the_local_one(make_cluster):
+    """``build_cluster_dlrm(arch="torchrec")``: TorchRec's DLRM over cluster tables trains like the local one."""
+    from ecrec.workload.dlrm import DLRMSpec, build_cluster_dlrm, build_local_dlrm, local_optimizer, loss_fn
+
+    spec = DLRMSpec(num_dense=5, table_sizes=(40, 30), embedding_dim=4, bottom_mlp=(8,), top_mlp=(6,))
+    local = make_cluster(servers=2)
+    cluster = Cluster.connect(local.coordinator_address)
+    remote = build_cluster_dlrm(cluster, spec, optimizer="adagrad", lr=0.1, seed=4, arch="torchrec")
+    reference = build_local_dlrm(spec, seed=4, arch="torchrec")
+    optimizer = local_optimizer(reference, "adagrad", lr=0.1)
+    for dense, sparse, labels in _dlrm_batches(spec, steps=5, batch=8, seed=1):
+        out_remote, out_local = remote(dense, sparse), reference(dense, sparse)
+        torch.testing.assert_close(out_remote, out_local, rtol=1e-5, atol=1e-6)
+        loss_fn(out_remote, labels).backward()
+        cluster.step()
+        optimizer.zero_grad()
+        loss_fn(out_local, labels).backward()
+        optimizer.step()
+    weight = reference.embeddings[0].embedding_bags["emb0"].weight.detach()
+    torch.testing.assert_close(cluster.pull("emb0", np.arange(40)), weight, rtol=1e-5, atol=1e-6)

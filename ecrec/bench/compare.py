@@ -321,18 +321,10 @@ def _last_step(path: Path) -> int:
         return 0
 
 
-_last_progress: dict = {}
-
-
 def _progress(label: str, step: int, total: int, done: bool = False) -> None:
-    width = 30
-    filled = int(width * min(step, total) / max(total, 1))
-    if not done and _last_progress.get(label) == filled:
-        return  # redraw only when the bar moves
-    _last_progress[label] = filled
-    end = "\n" if done else ("" if sys.stderr.isatty() else "\n")
-    print(f"\r  {label:<10} [{'#' * filled}{'.' * (width - filled)}] {min(step, total)}/{total}", end=end,
-          file=sys.stderr, flush=True)
+    from ecrec import console
+
+    console.progress(label, step, total, done)  # rich bars on a terminal, plain lines in a log
 
 
 def _final_state(cluster, local) -> dict | None:
@@ -494,12 +486,9 @@ def print_table(rows: list[dict]) -> None:
             return f"{v / 1e6:.1f}"
         return f.format(v)
 
-    cells = [[title for _, title, _ in COLUMNS]] + [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    for n, row in enumerate(cells):
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    from ecrec import console
+
+    console.print_table([title for _, title, _ in COLUMNS], [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows])
 
 
 def write_plot(path: str, rows: list[dict], fail_at) -> None:
