@@ -23,6 +23,7 @@ def live_address(m: cluster_pb2.ClusterMap, index: int) -> str | None:
 
 
 def fully_redundant(m: cluster_pb2.ClusterMap) -> bool:
-    """Every index is held by an ``ACTIVE`` server: none missing, failed, or still rebuilding (``RECOVERING``)."""
+    """Every index is held by an ``ACTIVE`` server: none missing, failed, or still rebuilding (``RECOVERING``),
+    and no stripe was lost (``data_loss``)."""
     active = {s.index for s in m.servers if s.index >= 0 and s.state == cluster_pb2.ACTIVE}
-    return bool(m.ready) and active == set(range(m.num_servers))
+    return bool(m.ready) and active == set(range(m.num_servers)) and not m.data_loss

@@ -114,6 +114,9 @@ class ServerCollector:
         yield GaugeMetricFamily("ecrec_server_epoch", "the cluster-map epoch this server holds", value=status["epoch"])
         yield GaugeMetricFamily("ecrec_server_index", "this server's index (-1: standby)", value=status["index"])
         yield GaugeMetricFamily("ecrec_server_data_rows", "data rows this server holds", value=status["data_rows"])
+        yield GaugeMetricFamily("ecrec_server_lease_remaining_seconds",
+                                "seconds left of this server's lease from the coordinator (0: none; it stops serving)",
+                                value=status["lease_remaining_s"])
         strategy = state.strategy
         if strategy is None:
             return
@@ -175,13 +178,19 @@ class CoordinatorCollector:
                                    labels=["kind"])
         last = GaugeMetricFamily("ecrec_cluster_last_event_timestamp_seconds", "wall time of the last event, by kind",
                                  labels=["kind"])
-        for kind in ("failed", "promoted", "redundant"):
+        for kind in ("failed", "promoted", "redundant", "data_loss"):
             of_kind = [e for e in cluster_map.events if e.kind == kind]
             events.add_metric([kind], len(of_kind))
             if of_kind:
                 last.add_metric([kind], of_kind[-1].wall_time)
         yield events
         yield last
+        lost = GaugeMetricFamily("ecrec_cluster_data_loss_stripes",
+                                 "stripes that lost more than m members at once (unrecoverable), by table",
+                                 labels=["table"])
+        for loss in cluster_map.data_loss:
+            lost.add_metric([loss.table], loss.stripe_count)
+        yield lost
 
 
 @dataclass

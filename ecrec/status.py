@@ -7,7 +7,7 @@ how many rows are still to rebuild.  :func:`collect` returns all of it as a dict
 :func:`render` prints it as a table.
 
 A cluster is *fully redundant* when every index is held by an ``ACTIVE`` server that answers its
-health check as serving and is not rebuilding; the command exits 0 then, 1 otherwise (2 when the
+health check as serving and is not rebuilding, and no stripe was lost; the command exits 0 then, 1 otherwise (2 when the
 coordinator cannot be reached), so a script can wait on it (``--wait``).
 """
 
@@ -32,14 +32,16 @@ class CoordinatorUnreachable(RuntimeError):
     """The coordinator did not answer ``GetClusterMap``."""
 
 
-def _probe(address: str, timeout_s: float) -> dict:
-    """Health and stats of one server; errors are reported in the result, never raised."""
+def _probe(address: str, health_address: str, timeout_s: float) -> dict:
+    """Health (asked on the server's health port when it has one, as the coordinator does) and stats of one
+    server; errors are reported in the result, never raised."""
     channel = transport.make_channel(address)
+    health_channel = transport.make_channel(health_address) if health_address else channel
     out: dict = {"health": "", "stats": None, "error": ""}
     try:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                              timeout=timeout_s)
+            reply = health_pb2_grpc.HealthStub(health_channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                     timeout=timeout_s)
             out["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.RpcError as exc:
             out["health"] = "UNREACHABLE"
@@ -54,6 +56,8 @@ def _probe(address: str, timeout_s: float) -> dict:
         return out
     finally:
         channel.close()
+        if health_channel is not channel:
+            health_channel.close()
 
 
 def collect(address: str, timeout_s: float = 5.0) -> dict:
@@ -70,7 +74,8 @@ def collect(address: str, timeout_s: float = 5.0) -> dict:
         channel.close()
     probed = [s for s in cluster_map.servers if s.state != cluster_pb2.FAILED]
     with futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(probed)))) as pool:
-        probes = dict(zip((s.server_id for s in probed), pool.map(lambda s: _probe(s.address, timeout_s), probed)))
+        probes = dict(zip((s.server_id for s in probed),
+                          pool.map(lambda s: _probe(s.address, s.health_address, timeout_s), probed)))
     now = time.time()
     servers = [_server_row(info, probes.get(info.server_id), cluster_map, now) for info in cluster_map.servers]
     redundant = fully_redundant(cluster_map) and all(
@@ -82,6 +87,8 @@ def collect(address: str, timeout_s: float = 5.0) -> dict:
         "dense_tensors": len(cluster_map.dense), "servers": servers,
         "events": [{"kind": e.kind, "index": e.index, "address": e.address, "wall_time": e.wall_time,
                     "epoch": e.epoch} for e in cluster_map.events[-20:]],
+        "data_loss": [{"table": d.table, "stripe_count": d.stripe_count, "stripes": list(d.stripes),
+                       "indices": list(d.indices), "wall_time": d.wall_time} for d in cluster_map.data_loss],
     }
 
 
@@ -94,7 +101,8 @@ def _server_row(info, probe: dict | None, cluster_map, now: float) -> dict:
     recovering = bool(stats.get("recovering", False)) or info.state == cluster_pb2.RECOVERING
     events = [e for e in cluster_map.events if info.index >= 0 and e.index == info.index][-EVENTS_PER_SERVER:]
     return {
-        "index": info.index, "address": info.address, "state": cluster_pb2.ServerState.Name(info.state),
+        "index": info.index, "address": info.address, "health_address": info.health_address or None,
+        "state": cluster_pb2.ServerState.Name(info.state),
         "incarnation": info.server_id, "epoch": server.get("epoch"),
         "rows_held": None if data_rows is None else data_rows + parity_rows,
         "data_rows": data_rows, "parity_rows": parity_rows if data_rows is not None else None,
@@ -102,6 +110,7 @@ def _server_row(info, probe: dict | None, cluster_map, now: float) -> dict:
         "rebuild_rows_total": total, "rebuild_rows_pending": pending if total is not None else None,
         "health": (probe or {}).get("health") or ("-" if info.state == cluster_pb2.FAILED else "UNREACHABLE"),
         "metrics": server.get("metrics_address") or None,
+        "lease_remaining_s": server.get("lease_remaining_s"),
         "error": (probe or {}).get("error", ""),
         "last_events": [{"kind": e.kind, "seconds_ago": round(now - e.wall_time, 1), "epoch": e.epoch}
                         for e in events],
@@ -127,7 +136,8 @@ def render(status: dict, stream=None) -> None:
     summary = (f"cluster at {status['coordinator']}: epoch {status['epoch']}, {status['num_servers']} indices, "
                f"strategy {status['strategy']}" + (f" (k={status['k']}, m={status['m']})" if status['m'] else "")
                + f", {len(status['tables'])} tables; "
-               + ("fully redundant" if status["fully_redundant"] else "NOT fully redundant"))
+               + ("fully redundant" if status["fully_redundant"] else "NOT fully redundant")
+               + "".join(f"; DATA LOSS: {d['stripe_count']} stripes of {d['table']!r}" for d in status["data_loss"]))
     headers = ["index", "address", "state", "incarnation", "epoch", "rows held", "rebuild", "health", "last events"]
     rows = []
     for s in status["servers"]:
