@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ecrec.cluster_map import fully_redundant
 
@@ -98,15 +98,7 @@ class ServerCollector:
             cpu.add_metric([method], handlers["cpu_seconds"][method])
         yield requests
         yield cpu
-        latency = HistogramMetricFamily("ecrec_server_request_duration_seconds",
-                                        "wall time of a data-plane request, by method", labels=["method"])
-        for method, (bounds, counts, total_s) in sorted(state.handlers.latency_histograms().items()):
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(str, bounds), "+Inf"], counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            latency.add_metric([method], buckets, total_s)
-        yield latency
+        yield from state.handlers.latency.collect()  # prometheus_client's Histogram, observed per request
         rows = handlers.get("rows", {})
         yield CounterMetricFamily("ecrec_server_rows_pulled", "rows served to pulls", value=rows.get("pulled", 0))
         yield CounterMetricFamily("ecrec_server_rows_pushed", "rows updated by pushes", value=rows.get("pushed", 0))

@@ -13,7 +13,6 @@ completion (if any) is done.  Each push id is applied at most once.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import logging
@@ -27,6 +26,7 @@ from collections import OrderedDict
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Histogram
 
 from ecrec import errors, faults, transport
 from ecrec.config import ServerConfig
@@ -112,7 +112,9 @@ class HandlerCounters:
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
-        self.latency_counts: dict[str, list[int]] = {}  # per method: calls per bucket of LATENCY_BUCKETS_S, +Inf last
+        # per method: prometheus_client's own histogram (in no registry: ecrec.metrics.ServerCollector yields it)
+        self.latency = Histogram("ecrec_server_request_duration_seconds", "wall time of a data-plane request, by method",
+                                 ["method"], buckets=LATENCY_BUCKETS_S, registry=None)
         self.rows: dict[str, int] = {}  # "pulled", "pushed": rows served and rows updated
 
     @contextlib.contextmanager
@@ -122,15 +124,11 @@ class HandlerCounters:
             yield
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            bucket = bisect.bisect_left(LATENCY_BUCKETS_S, wall)
             with self._lock:
                 self.calls[method] = self.calls.get(method, 0) + 1
                 self.seconds[method] = self.seconds.get(method, 0.0) + wall
                 self.cpu_seconds[method] = self.cpu_seconds.get(method, 0.0) + cpu
-                counts = self.latency_counts.get(method)
-                if counts is None:
-                    counts = self.latency_counts[method] = [0] * (len(LATENCY_BUCKETS_S) + 1)
-                counts[bucket] += 1
+            self.latency.labels(method).observe(wall)
 
     def count_rows(self, kind: str, rows: int) -> None:
         with self._lock:
@@ -140,12 +138,6 @@ class HandlerCounters:
         with self._lock:
             return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds),
                     "rows": dict(self.rows)}
-
-    def latency_histograms(self) -> dict[str, tuple[tuple[float, ...], list[int], float]]:
-        """Per method: (bucket upper bounds, calls per bucket with a last +Inf bucket, total seconds)."""
-        with self._lock:
-            return {method: (LATENCY_BUCKETS_S, list(counts), self.seconds[method])
-                    for method, counts in self.latency_counts.items()}
 
 
 class Lease:

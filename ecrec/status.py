@@ -148,19 +148,43 @@ def render(status: dict, stream=None) -> None:
     console.print_table(headers, rows, title=summary, align="rllrrrrll", stream=stream)
 
 
+def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
+    """Progress bars (stderr; ``ecrec.console``) of the servers rebuilding, one per index, while ``--wait``
+    polls; a bar closes when its server is rebuilt (or the wait ends)."""
+    seen = set()
+    for row in status["servers"]:
+        total = row["rebuild_rows_total"]
+        label = f"rebuild {row['index']}"
+        if row["index"] < 0 or not total or not (row["recovering"] or label in bars):
+            continue
+        seen.add(label)
+        done = total - (row["rebuild_rows_pending"] or 0) if row["recovering"] else total
+        bars[label] = (done, total)
+        console.progress(label, done, total, done=not row["recovering"], plain_steps=10)
+        if not row["recovering"]:
+            del bars[label]
+    for label in [label for label in bars if label not in seen or finished]:
+        done, total = bars.pop(label)
+        console.progress(label, done, total, done=True, plain_steps=10)
+
+
 def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None) -> int:
-    """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant);
-    returns the exit status."""
+    """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, with
+    a progress bar of each rebuild on stderr meanwhile); returns the exit status."""
     if wait_s < 0:
         raise ValueError(f"--wait must be >= 0 seconds, got {wait_s}")
     deadline = time.monotonic() + wait_s
+    bars: dict[str, tuple[int, int]] = {}  # rebuild progress shown while waiting: label -> (done, total)
     while True:
         try:
             status = collect(address, timeout_s)
         except CoordinatorUnreachable as exc:
             status = None
             error = str(exc)
-        if (status is not None and status["fully_redundant"]) or time.monotonic() >= deadline:
+        finished = (status is not None and status["fully_redundant"]) or time.monotonic() >= deadline
+        if wait_s > 0 and status is not None:
+            _show_rebuilds(status, bars, finished)
+        if finished:
             break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if status is None:

@@ -78,6 +78,9 @@ def test_status_through_a_failure_and_a_slow_rebuild(make_cluster):
 
     r = status("--coordinator", local.coordinator_address, "--wait", "60", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
+    bars = [line for line in r.stderr.splitlines() if line.strip().startswith("rebuild 1")]
+    if bars:  # still rebuilding when --wait began: a plain progress bar (stderr is no terminal) up to complete
+        assert bars[-1].split() == ["rebuild", "1", "[##########]", "300/300"], bars
     report = json.loads(r.stdout)
     row = next(s for s in report["servers"] if s["index"] == 1)
     assert row["state"] == "ACTIVE" and row["rebuild_rows_pending"] == 0 and row["rows_held"] == 300

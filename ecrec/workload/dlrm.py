@@ -198,6 +198,12 @@ def local_embedding_factory(table_prefix: str = "emb", seed: int = 0, sparse: bo
 ARCHS = ("ecrec", "torchrec", "auto")
 
 
+def _mlps_only(spec: DLRMSpec, seed: int) -> DLRM:
+    """Our DLRM of ``spec`` and ``seed`` with a placeholder per table: its seeded MLPs initialize TorchRec's."""
+    return DLRM(spec.num_dense, [1] * len(spec.table_sizes), spec.embedding_dim, spec.bottom_mlp, spec.top_mlp,
+                embedding_factory=lambda t, rows, dim: nn.Identity(), seed=seed)
+
+
 def resolve_arch(arch: str) -> str:
     """``ecrec`` (our :class:`DLRM`), ``torchrec`` (TorchRec's, ``ecrec.workload.torchrec_dlrm``), or ``auto``:
     TorchRec's when the ``torchrec`` extra is installed, else ours."""
@@ -224,7 +230,7 @@ def build_local_dlrm(spec: DLRMSpec, table_prefix: str = "emb", seed: int = 0, i
             raise ValueError(f"arch 'torchrec' initializes tables uniformly, got init {init!r}")
         names = spec.table_names(table_prefix)
         collection = torchrec_dlrm.local_collection(spec, names, seed=seed, init=init, init_scale=init_scale)
-        return torchrec_dlrm.TorchRecDLRM(spec, collection, names, seed=seed)
+        return torchrec_dlrm.TorchRecDLRM(spec, collection, names, _mlps_only(spec, seed))
     factory = local_embedding_factory(table_prefix, seed=seed, sparse=sparse, init=init, init_scale=init_scale)
     return spec.build(factory, seed=seed)
 
@@ -303,7 +309,7 @@ def build_cluster_dlrm(cluster, spec: DLRMSpec, table_prefix: str = "emb", optim
         collection = EmbeddingBagCollection.from_configs(
             cluster, configs, optimizer=optimizer, lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value,
             seed=seed, on_table=on_table)
-        model = torchrec_dlrm.TorchRecDLRM(spec, collection, names, seed=seed)
+        model = torchrec_dlrm.TorchRecDLRM(spec, collection, names, _mlps_only(spec, seed))
     else:
         for n, (name, rows) in enumerate(zip(names, spec.table_sizes)):
             cluster.create_table(name, rows, spec.embedding_dim, optimizer=optimizer, lr=lr, eps=eps,

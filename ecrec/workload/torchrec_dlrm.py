@@ -48,14 +48,13 @@ class _DenseArchs(nn.Module):
 
 
 class TorchRecDLRM(nn.Module):
-    """``torchrec.models.dlrm.DLRM`` over ``collection``, initialized like our DLRM of ``spec`` and ``seed``;
-    ``forward(dense, sparse)`` returns logits ``(B,)``."""
+    """``torchrec.models.dlrm.DLRM`` over ``collection``, its MLPs initialized from ``ours`` (our
+    ``ecrec.workload.dlrm.DLRM`` of the same ``spec``; tables not needed); ``forward(dense, sparse)`` returns
+    logits ``(B,)``.  ``ecrec.workload.dlrm.build_local_dlrm``/``build_cluster_dlrm(arch="torchrec")`` make one."""
 
-    def __init__(self, spec, collection: nn.Module, feature_names: Sequence[str], seed: int = 0):
+    def __init__(self, spec, collection: nn.Module, feature_names: Sequence[str], ours: nn.Module):
         super().__init__()
         from torchrec.models.dlrm import DLRM as TorchRecModel
-
-        from ecrec.workload.dlrm import DLRM
 
         if not spec.top_mlp:
             raise ValueError("TorchRec's over arch needs at least one hidden layer (top_mlp must not be empty)")
@@ -64,10 +63,7 @@ class TorchRecDLRM(nn.Module):
         self.model = TorchRecModel(embedding_bag_collection=collection, dense_in_features=spec.num_dense,
                                    dense_arch_layer_sizes=[*spec.bottom_mlp, spec.embedding_dim],
                                    over_arch_layer_sizes=[*spec.top_mlp, 1], dense_device=torch.device("cpu"))
-        # our DLRM's seeded MLPs (tables left out: a placeholder per table) give the initial values
-        ours = DLRM(spec.num_dense, [1] * len(spec.table_sizes), spec.embedding_dim, spec.bottom_mlp, spec.top_mlp,
-                    embedding_factory=lambda t, rows, dim: nn.Identity(), seed=seed)
-        self._copy_mlps(ours)
+        self._copy_mlps(ours)  # our DLRM's seeded MLPs give the initial values
         self.embeddings = nn.ModuleList([collection])  # what ecrec.workload.dlrm.embedding_parameters reads
 
     def _copy_mlps(self, ours) -> None:
