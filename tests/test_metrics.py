@@ -169,3 +169,20 @@ def test_rebuild_progress_and_recovering_from_stats():
 def test_bad_metrics_port_is_refused():
     with pytest.raises(ValueError, match="--metrics-port must be 0..65535"):
         metrics.serve(metrics.CoordinatorCollector(lambda: None), "127.0.0.1", 70000)
+
+
+def test_the_readme_lists_every_metric():
+    """Every metric a server's strategy or the coordinator exports is in the README's list."""
+    from pathlib import Path
+
+    from ecrec.wire import cluster_pb2
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = {name + ("_total" if kind == "counter" else "")
+             for _, entries in metrics.STRATEGY_METRICS.values() for name, kind, _ in entries.values()}
+    names |= {family.name for family in metrics.CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect()}
+    names |= {"ecrec_rebuild_progress_ratio", "ecrec_server_requests_total", "ecrec_server_request_duration_seconds",
+              "ecrec_server_rows_pulled_total", "ecrec_server_rows_pushed_total", "ecrec_server_epoch",
+              "ecrec_server_lease_remaining_seconds"}
+    missing = sorted(name for name in names if f"`{name}`" not in readme)
+    assert not missing, f"not in the README's metrics list: {missing}"

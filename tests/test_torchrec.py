@@ -240,3 +240,27 @@ def test_torchrec_dlrm_on_the_cluster_matches_the_local_one(make_cluster):
         optimizer.step()
     weight = reference.embeddings[0].embedding_bags["emb0"].weight.detach()
     torch.testing.assert_close(cluster.pull("emb0", np.arange(40)), weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cluster
+@needs_torchrec
+def test_the_readme_snippet_runs(make_cluster):
+    """The README's TorchRec example, run as printed against a real cluster (its address swapped in)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### TorchRec", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    local = make_cluster(servers=2)
+    assert '"127.0.0.1:7000"' in snippet
+    namespace: dict = {}
+    exec(compile(snippet.replace('"127.0.0.1:7000"', f'"{local.coordinator_address}"'), "README.md", "exec"),
+         namespace)
+    cluster, ebc, model = namespace["cluster"], namespace["ebc"], namespace["model"]
+    assert namespace["logits"].shape == (2, 1)
+    assert not list(ebc.parameters())  # nothing of the tables was registered as a dense tensor
+    assert cluster.table_spec("users").num_rows == 100_000 and cluster.table_spec("items").dim == 16
+    registered = {name for name, _ in model.named_parameters()}
+    assert registered and all(not name.startswith("sparse_arch") for name in registered)
+    cluster.close()
