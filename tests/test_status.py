@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ecrec.client import Cluster
 
@@ -49,6 +51,13 @@ def test_status_through_a_failure_and_a_slow_rebuild(make_cluster):
         assert s["state"] == "ACTIVE" and s["health"] == "SERVING" and s["epoch"] == report["epoch"]
         assert s["data_rows"] == 200 and s["parity_rows"] == 100 and s["rows_held"] == 300
         assert s["incarnation"] and s["address"].startswith("127.0.0.1:")
+    # the standard gRPC health service, on each server's own health port and on its main port
+    for s in active:
+        assert s["health_address"] and s["health_address"] != s["address"]
+        for address in (s["health_address"], s["address"]):
+            with grpc.insecure_channel(address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, address
     standby = [s for s in report["servers"] if s["index"] < 0]
     assert len(standby) == 1 and standby[0]["state"] == "STANDBY" and standby[0]["rows_held"] == 0
 
