@@ -1,8 +1,10 @@
-"""``ecrec-server``: run a coordinator, an embedding server, or a whole local cluster.
+"""``ecrec-server``: run a coordinator, an embedding server, or a whole local cluster; show a cluster.
 
+examples:
     ecrec-server coordinator --port 7000 --servers 4 --strategy ecrec --k 2 --m 1
-    ecrec-server serve --coordinator 127.0.0.1:7000 [--standby] [--device cuda]
+    ecrec-server serve --coordinator 127.0.0.1:7000 [--standby] [--device cuda] [--metrics-port 9101]
     ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1
+    ecrec-server status --coordinator 127.0.0.1:7000 [--json] [--wait 60]
 
 Every process binds 127.0.0.1 unless ``--host`` says otherwise and stops
 cleanly on SIGTERM or Ctrl-C.
@@ -11,13 +13,13 @@ cleanly on SIGTERM or Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 import threading
 
 from ecrec.config import ClusterSpec, CoordinatorConfig, ServerConfig, add_arguments, from_arguments, parse_key_values
+from ecrec.logs import FORMATS
 
 
 def _add_strategy_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING...); default INFO")
+    parser.add_argument("--log-format", default="text", choices=FORMATS,
+                        help="log lines as text or as one JSON object per line (default text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -56,7 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--token-file", default=None,
                     help="shared secret every process checks on every call (ecrec.security); clients pass the same "
                          "file as ClientConfig(token_file=...)")
+    lo.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics: the coordinator on this port, server i on port+1+i, "
+                         "standbys after them (default off)")
     _add_strategy_args(lo, defaults={"num_servers": 4})
+
+    st = sub.add_parser("status", help="show a cluster's servers, rows, rebuild progress and events",
+                        description="Show a cluster: every server's index, address, state, incarnation, epoch, "
+                                    "rows held, rebuild progress, health and last events. Exits 0 when the "
+                                    "cluster is fully redundant, 1 when it is not, 2 when the coordinator "
+                                    "cannot be reached.",
+                        epilog="example: ecrec-server status --coordinator 127.0.0.1:7000 --wait 120 && echo redundant")
+    st.add_argument("--coordinator", required=True, help="coordinator address host:port")
+    st.add_argument("--json", action="store_true", help="print the status as JSON instead of a table")
+    st.add_argument("--timeout", type=float, default=5.0, help="deadline of each call in seconds (default 5)")
+    st.add_argument("--wait", type=float, default=0.0,
+                    help="poll up to this many seconds until the cluster is fully redundant (default 0: once)")
     return parser
 
 
@@ -74,39 +93,70 @@ def _wait_for_signal(stop, done: threading.Event | None = None) -> None:
     stop()
 
 
+def _stop_all(*stops):
+    def stop() -> None:
+        for s in stops:
+            if s is not None:
+                s()
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ecrec import logs
     from ecrec.transport import tune_allocator
 
+    try:
+        logs.configure(args.log_level, args.log_format, process_kind=args.command)
+    except ValueError as exc:
+        print(f"ecrec-server: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "status":
+        from ecrec import status
+
+        try:
+            return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait)
+        except (status.CoordinatorUnreachable, ValueError) as exc:
+            print(f"ecrec-server status: {exc}", file=sys.stderr)
+            return status.EXIT_UNREACHABLE
+
     tune_allocator()
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     if args.command == "coordinator":
+        from ecrec import metrics
         from ecrec.coordinator import Coordinator
 
         try:
             spec = from_arguments(ClusterSpec, args)
-            coordinator = Coordinator(from_arguments(CoordinatorConfig, args, cluster=spec))
+            config = from_arguments(CoordinatorConfig, args, cluster=spec)
+            coordinator = Coordinator(config)
+            endpoint = None
+            if config.metrics_port is not None:  # before the gRPC service starts: a port in use stops nothing
+                endpoint = metrics.serve(metrics.CoordinatorCollector(lambda: coordinator.GetClusterMap(None, None)),
+                                         config.host, config.metrics_port)
             running = coordinator.start()
         except (ValueError, OSError, TypeError) as exc:
             print(f"ecrec-server coordinator: {exc}", file=sys.stderr)
             return 2
         print(f"ECREC_COORDINATOR {running.address}", flush=True)
-        _wait_for_signal(running.stop)
+        _wait_for_signal(_stop_all(running.stop, endpoint and endpoint.close))
         return 0
 
     if args.command == "serve":
-        from ecrec import faults
+        from ecrec import faults, metrics
         from ecrec.server import EmbeddingServer
 
         try:
             config = from_arguments(ServerConfig, args, fault_spec=os.environ.get(faults.ENV, ""))
             server = EmbeddingServer(config)
+            endpoint = None
+            if config.metrics_port is not None:
+                endpoint = metrics.serve(metrics.ServerCollector(server.state), config.host, config.metrics_port)
+                server.state.metrics_address = endpoint.address
             server.start()
         except (OSError, RuntimeError, ValueError) as exc:
             print(f"ecrec-server serve: {exc}", file=sys.stderr)
             return 2
-        _wait_for_signal(server.stop, server.stopped)
+        _wait_for_signal(_stop_all(server.stop, endpoint and endpoint.close), server.stopped)
         return 0
 
     # local
@@ -117,20 +167,44 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ecrec-server local: {exc}", file=sys.stderr)
         return 2
-    cluster = LocalCluster(LocalClusterSpec(
-        servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,
-        options=options, host=args.host, device=args.device, state_path=args.state_path,
-        log_level=args.log_level, server_security={"token_file": args.token_file} if args.token_file else {},
-    ))
     try:
+        cluster = LocalCluster(LocalClusterSpec(
+            servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,
+            options=options, host=args.host, device=args.device, state_path=args.state_path,
+            log_level=args.log_level, log_format=args.log_format, metrics_port=args.metrics_port,
+            server_security={"token_file": args.token_file} if args.token_file else {},
+        ))
         cluster.start()
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, ValueError) as exc:
         print(f"ecrec-server local: {exc}", file=sys.stderr)
         return 2
     print(f"coordinator at {cluster.coordinator_address} ({args.num_servers} servers, {args.standby} standby, "
           f"strategy {args.strategy}); Ctrl-C stops them all", flush=True)
+    print(ready_message(cluster.coordinator_address, cluster.metrics_addresses()), flush=True)
     _wait_for_signal(cluster.close)
     return 0
+
+
+def ready_message(address: str, metrics_addresses: dict | None = None) -> str:
+    """What ``ecrec-server local`` prints once the cluster is ready: how to connect, watch and inspect it."""
+    lines = [
+        "",
+        "Connect from Python (paste into a shell started from this environment):",
+        "",
+        "    import torch",
+        "    from ecrec.client import Cluster, EmbeddingBag",
+        f'    cluster = Cluster.connect("{address}")',
+        '    cluster.create_table("user", num_rows=100_000, dim=16, optimizer="adagrad", lr=0.05, seed=1)',
+        '    emb = EmbeddingBag(cluster, "user", mode="sum")',
+        "    out = emb(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2]))   # two bags of two rows",
+        "    out.sum().backward(); cluster.step()                           # push the gradients",
+        "",
+        f"Cluster state: ecrec-server status --coordinator {address}",
+    ]
+    if metrics_addresses:
+        lines.append("Prometheus metrics: " + ", ".join(f"{name} http://{a}/metrics"
+                                                       for name, a in metrics_addresses.items()))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

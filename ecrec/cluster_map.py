@@ -20,3 +20,10 @@ def live_servers(m: cluster_pb2.ClusterMap) -> dict[int, cluster_pb2.ServerInfo]
 def live_address(m: cluster_pb2.ClusterMap, index: int) -> str | None:
     server = live_servers(m).get(index)
     return server.address if server is not None else None
+
+
+def fully_redundant(m: cluster_pb2.ClusterMap) -> bool:
+    """Every index is held by an ``ACTIVE`` server: none missing, failed, or still rebuilding (``RECOVERING``),
+    and no stripe was lost (``data_loss``)."""
+    active = {s.index for s in m.servers if s.index >= 0 and s.state == cluster_pb2.ACTIVE}
+    return bool(m.ready) and active == set(range(m.num_servers)) and not m.data_loss

@@ -89,6 +89,7 @@ class ServerConfig(SecurityOptions):
     register_timeout_s: float = option(60.0, "how long registration keeps retrying an unreachable coordinator")
     max_workers: int = option(16, "gRPC handler threads")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
+    metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
     fault_spec: str = option("", "fault injection for tests (point@count,...); read from ECREC_FAULT", cli=False)
 
 
@@ -108,6 +109,7 @@ class CoordinatorConfig(SecurityOptions):
                                  "the lease of the server it replaces ran out (unless its process is gone)")
     rpc_timeout_s: float = option(30.0, "deadline of a call to a server (create table, promote, map update)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
+    metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
 
 
 @dataclass

@@ -37,6 +37,10 @@ class LocalClusterSpec:
     device: str = "cpu"
     state_path: str | None = None
     log_level: str = "WARNING"
+    log_format: str = "text"
+    #: Prometheus metrics: the coordinator on this port, active server i on port + 1 + i, standby n after
+    #: them (port + 1 + servers + n); None: off
+    metrics_port: int | None = None
     health_interval_s: float = 0.5
     extra_env: dict = field(default_factory=dict)
     #: extra environment of particular servers: key = index of an active server, "standby<n>" or "standby"
@@ -63,6 +67,10 @@ class LocalClusterSpec:
 class LocalCluster:
     def __init__(self, spec: LocalClusterSpec | None = None, **kwargs):
         self.spec = spec or LocalClusterSpec(**kwargs)
+        port = self.spec.metrics_port
+        if port is not None and not 1 <= port <= 65535 - 1 - self.spec.servers - self.spec.standby:
+            raise ValueError(f"metrics port must leave room for {1 + self.spec.servers + self.spec.standby} "
+                             f"consecutive ports in 1..65535, got {port}")
         self.coordinator_address: str | None = None
         self.coordinator_proc: subprocess.Popen | None = None
         self.server_procs: list[subprocess.Popen] = []
@@ -82,7 +90,16 @@ class LocalCluster:
         return env
 
     def _cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "ecrec.cli", "--log-level", self.spec.log_level, *args]
+        return [sys.executable, "-m", "ecrec.cli", "--log-level", self.spec.log_level,
+                "--log-format", self.spec.log_format, *args]
+
+    def metrics_addresses(self) -> dict[str, str]:
+        """``{"coordinator": host:port, "server 0": ..., "standby 0": ...}`` when metrics are on, else ``{}``."""
+        base, s = self.spec.metrics_port, self.spec
+        if base is None:
+            return {}
+        names = ["coordinator", *(f"server {i}" for i in range(s.servers)), *(f"standby {n}" for n in range(s.standby))]
+        return {name: f"{s.host}:{base + offset}" for offset, name in enumerate(names)}
 
     @staticmethod
     def _security_args(options: dict) -> list[str]:
@@ -114,11 +131,16 @@ class LocalCluster:
         args += self._security_args(s.security_of("coordinator"))
         args += [a for name, value in sorted(s.coordinator_options.items())
                  for a in ("--" + name.replace("_", "-"), str(value))]
+        metrics = s.metrics_port is not None
+        if metrics:
+            args += ["--metrics-port", str(s.metrics_port)]
         self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
-            self.start_server(index=index, env=s.server_env.get(index))
+            self.start_server(index=index, env=s.server_env.get(index),
+                              metrics_port=s.metrics_port + 1 + index if metrics else None)
         for n in range(s.standby):
-            self.start_server(standby=True, env=s.server_env.get(f"standby{n}", s.server_env.get("standby")))
+            self.start_server(standby=True, env=s.server_env.get(f"standby{n}", s.server_env.get("standby")),
+                              metrics_port=s.metrics_port + 1 + s.servers + n if metrics else None)
         self.wait_ready(timeout_s)
         return self
 
@@ -147,10 +169,13 @@ class LocalCluster:
         # keep draining its stdout so it never blocks on a full pipe
         threading.Thread(target=_drain, args=(proc,), daemon=True).start()
 
-    def start_server(self, standby: bool = False, index: int = -1, env: dict | None = None) -> subprocess.Popen:
+    def start_server(self, standby: bool = False, index: int = -1, env: dict | None = None,
+                     metrics_port: int | None = None) -> subprocess.Popen:
         prefix, host = self.spec.server_placement() if self.spec.server_placement else ([], self.spec.host)
         args = ["serve", "--coordinator", self.coordinator_address, "--host", host, "--port", "0",
                 "--device", self.spec.device, *self._security_args(self.spec.server_security)]
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port)]
         if standby:
             args.append("--standby")
         if index >= 0:

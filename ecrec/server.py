@@ -26,6 +26,7 @@ from collections import OrderedDict
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Histogram
 
 from ecrec import errors, faults, transport
 from ecrec.config import ServerConfig
@@ -97,14 +98,24 @@ class AppliedPushes:
             return len(self._marks) + len(self._recent)
 
 
+#: upper bounds (seconds) of the request-latency histogram buckets; a last bucket takes the rest (+Inf)
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 class HandlerCounters:
-    """Calls, seconds and CPU seconds (of the handling thread) per data-plane method of this server."""
+    """Calls, seconds, CPU seconds (of the handling thread) and a latency histogram per data-plane method of
+    this server, and the rows pulled and pushed; read by ``stats`` and by the metrics endpoint
+    (``ecrec.metrics``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
+        # per method: prometheus_client's own histogram (in no registry: ecrec.metrics.ServerCollector yields it)
+        self.latency = Histogram("ecrec_server_request_duration_seconds", "wall time of a data-plane request, by method",
+                                 ["method"], buckets=LATENCY_BUCKETS_S, registry=None)
+        self.rows: dict[str, int] = {}  # "pulled", "pushed": rows served and rows updated
 
     @contextlib.contextmanager
     def measure(self, method: str):
@@ -117,10 +128,16 @@ class HandlerCounters:
                 self.calls[method] = self.calls.get(method, 0) + 1
                 self.seconds[method] = self.seconds.get(method, 0.0) + wall
                 self.cpu_seconds[method] = self.cpu_seconds.get(method, 0.0) + cpu
+            self.latency.labels(method).observe(wall)
+
+    def count_rows(self, kind: str, rows: int) -> None:
+        with self._lock:
+            self.rows[kind] = self.rows.get(kind, 0) + rows
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds)}
+            return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds),
+                    "rows": dict(self.rows)}
 
 
 class Lease:
@@ -200,6 +217,7 @@ class ServerState:
         self.config = config
         self._server_id = server_id
         self.address = ""
+        self.metrics_address = ""  # host:port of the Prometheus endpoint, when one is served (ecrec.metrics)
         self.index = -1
         self._promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
         self.map: cluster_pb2.ClusterMap | None = None
@@ -313,6 +331,14 @@ class ServerState:
 
     def mark_applied(self, push_id: tuple[str, int]) -> None:
         self.applied.add(push_id, 0)
+
+    def status(self) -> dict:
+        """Who this server is and what it holds (``ecrec-server status``, the metrics endpoint)."""
+        return {"index": self.index, "epoch": self.epoch, "server_id": self._server_id, "address": self.address,
+                "metrics_address": self.metrics_address,
+                "lease_remaining_s": max(0.0, self.lease.until - time.monotonic()) if self.lease.valid() else 0.0,
+                "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
+                "dense_tensors": len(self.dense_tensors())}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -477,6 +503,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                                         confirmed_upto=strategy.confirmed_upto())
         for shard, slots in plans:
             reply.values.append(shard.weights(slots).tobytes())
+        st.handlers.count_rows("pulled", sum(len(slots) for _, slots in plans))
         for d in dense:
             reply.dense.add(name=d.spec.name, value=d.weights_bytes())
         return reply
@@ -597,6 +624,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             st.applied.add(key, push.seq)
             if outcome is not None and outcome.confirmed_upto:
                 st.applied.confirmed(outcome.confirmed_upto)
+        st.handlers.count_rows("pushed", rows_updated)
         if replayed or request.replay:
             st.faults.hit("during_replay")
         # acknowledged once the strategy's completion (if any) is done
@@ -655,7 +683,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise errors.InvalidRequest("args_json must be a JSON object")
         result = st.strategy.call(request.command, args)
         if request.command == "stats":
-            result = dict(result, server=st.handlers.snapshot())
+            result = dict(result, server=st.handlers.snapshot() | st.status())
         return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
 
     @transport.service_method

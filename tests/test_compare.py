@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -25,6 +26,8 @@ def test_quick_none_and_ecrec(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["config"]["steps"] == 40 and report["config"]["fail_at"] == 20
     assert report["config"]["strategies"] == ["none", "ecrec"]
+    # the DLRM: TorchRec's when the torchrec extra is installed (--model auto), ours otherwise
+    assert report["config"]["model"] == ("torchrec" if importlib.util.find_spec("torchrec") else "ecrec")
     assert set(report["strategies"]) == {"none", "ecrec"}
     for name, row in report["strategies"].items():
         missing = [key for key in REQUIRED if key not in row]
@@ -77,6 +80,15 @@ def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(compare.tempfile, "mkdtemp", must_not_run)
     assert cli.main(["compare", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_model_torchrec_without_the_extra_is_refused(monkeypatch, capsys):
+    from ecrec.workload import torchrec_dlrm
+
+    monkeypatch.setattr(torchrec_dlrm, "available", lambda: False)
+    monkeypatch.setattr(compare, "prepare_data", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("started")))
+    assert cli.main(["compare", "--model", "torchrec"]) == 2
+    assert "needs the torchrec extra" in capsys.readouterr().err
 
 
 def _fake_run(records, kill_t, events=()):

@@ -20,17 +20,30 @@ SUBCOMMANDS = {
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
 }
 
+# sub-command -> an example shown at the end of its --help
+EXAMPLES = {
+    "codec": "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json codec.json",
+    "compare": "ecrec-bench compare --preset quick --strategies none,ecrec,cpr --json compare.json --plot compare.png",
+    "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
+    "server": "ecrec-bench server --rows 200000 --json server.json",
+    "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecrec-bench",
         description="Benchmarks for ECRec. Each sub-command prints a table and can write JSON.",
+        epilog="example: ecrec-bench compare --preset quick --json compare.json --plot compare.png",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        example = EXAMPLES.get(name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip(),
+                           epilog=f"example: {example}" if example else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser

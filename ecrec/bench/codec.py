@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 
+from ecrec import console
+
 DEFAULT_KERNELS = ("cpu", "gpu", "numba", "numpy")
 
 
@@ -231,11 +233,9 @@ def _print_table(report: dict) -> None:
         f"codec bench: {cfg['backend']} k={cfg['k']} m={cfg['m']}, {cfg['size_mib']:g} MiB per call, "
         f"rows of {cfg['row_bytes']} B, best/median of {cfg['repeat']} ({cfg['processor']})"
     )
-    head = f"{'operation':<16} {'implementation':<52} {'best GB/s':>10} {'median GB/s':>12}  unit"
-    print(head)
-    print("-" * len(head))
-    for f in report["figures"]:
-        print(f"{f['op']:<16} {f['impl']:<52} {f['best_gbps']:>10.2f} {f['median_gbps']:>12.2f}  {f['unit']}")
+    console.print_table(["operation", "implementation", "best GB/s", "median GB/s", "unit"],
+                        [[f["op"], f["impl"], f"{f['best_gbps']:.2f}", f"{f['median_gbps']:.2f}", f["unit"]]
+                         for f in report["figures"]], align="llrrl")
     print()
     print("delta update / pyeclib encode (best GB/s over best GB/s):")
     for impl, ratio in report["delta_over_encode"].items():

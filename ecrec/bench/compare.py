@@ -80,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
     p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds of failure-free throughput measurement (default 5)")
+    p.add_argument("--model", choices=["auto", "ecrec", "torchrec"], default="auto",
+                   help="the DLRM: TorchRec's (torchrec.models.dlrm.DLRM over our cluster collection), ours, or auto "
+                        "(default: TorchRec's when the torchrec extra is installed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of throughput over time, failure marked")
@@ -161,7 +164,8 @@ class StrategyRun:
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
             batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], seed=args.seed,
             checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
-            mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(self.records_dir))
+            mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(self.records_dir),
+            model=getattr(args, "model", "auto"))
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds so far (user + system, from the processes' own counters): this process (the worker),
@@ -323,18 +327,10 @@ def _last_step(path: Path) -> int:
         return 0
 
 
-_last_progress: dict = {}
-
-
 def _progress(label: str, step: int, total: int, done: bool = False) -> None:
-    width = 30
-    filled = int(width * min(step, total) / max(total, 1))
-    if not done and _last_progress.get(label) == filled:
-        return  # redraw only when the bar moves
-    _last_progress[label] = filled
-    end = "\n" if done else ("" if sys.stderr.isatty() else "\n")
-    print(f"\r  {label:<10} [{'#' * filled}{'.' * (width - filled)}] {min(step, total)}/{total}", end=end,
-          file=sys.stderr, flush=True)
+    from ecrec import console
+
+    console.progress(label, step, total, done)  # rich bars on a terminal, plain lines in a log
 
 
 def _final_state(cluster, local) -> dict | None:
@@ -504,12 +500,9 @@ def print_table(rows: list[dict]) -> None:
             return f"{v / 1e6:.1f}"
         return f.format(v)
 
-    cells = [[title for _, title, _ in COLUMNS]] + [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    for n, row in enumerate(cells):
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    from ecrec import console
+
+    console.print_table([title for _, title, _ in COLUMNS], [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows])
 
 
 def write_plot(path: str, rows: list[dict], fail_at) -> None:
@@ -574,13 +567,21 @@ def run(args) -> int:
               "the torchrun launcher does not coordinate yet; run them with --workers 1 (none and ecrec scale out)",
               file=sys.stderr)
         return 2
+    from ecrec.workload.dlrm import resolve_arch
+
+    try:
+        args.model = resolve_arch(getattr(args, "model", "auto"))
+    except ValueError as exc:
+        print(f"ecrec-bench compare: --model: {exc}", file=sys.stderr)
+        return 2
     from ecrec.transport import tune_allocator
 
     tune_allocator()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-compare-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"ecrec-bench compare: preset {args.preset}, {cfg['servers']} servers, {cfg['steps']} steps x "
-          f"{cfg['batch_size']} samples, {args.workers} worker(s), kill server {cfg['fail_server']} at step {fail_at}",
+          f"{cfg['batch_size']} samples, {args.workers} worker(s), kill server {cfg['fail_server']} at step {fail_at}, "
+          f"{'TorchRec' if args.model == 'torchrec' else 'our'} DLRM",
           file=sys.stderr)
     try:
         data_path, data_desc = prepare_data(args, cfg, work)
@@ -635,6 +636,7 @@ def run(args) -> int:
                 print(f"  {row['strategy']:<18} worker {c['worker']:6.2f}  servers {c['servers']:6.2f}  "
                       f"coordinator {c['coordinator']:5.2f}  total {c['total']:6.2f}")
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
+              "model": args.model,
               "strategies": strategies, "cpu_count": os.cpu_count(),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after"}
     if args.json:

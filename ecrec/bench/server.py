@@ -24,7 +24,7 @@ from concurrent import futures
 import numpy as np
 import torch
 
-from ecrec import transport
+from ecrec import console, transport
 from ecrec.client import Cluster, EmbeddingBag
 from ecrec.local import LocalCluster, LocalClusterSpec
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
@@ -133,11 +133,12 @@ def run(args) -> int:
     single = _single_server(args)
     cluster = _cluster(args)
     print()
-    print(f"{'measurement':<44}{'rows/s':>14}{'raw gRPC rows/s':>18}{'ratio':>8}")
-    print(f"{'one server: pull+push (stubs)':<44}{single['pull_push_rows_per_s']:>14,.0f}"
-          f"{single['raw_grpc_rows_per_s']:>18,.0f}{single['efficiency']:>8.2f}")
-    print(f"{f'{args.servers} servers: SDK pull+step':<44}{cluster['sdk_rows_per_s']:>14,.0f}"
-          f"{cluster['raw_grpc_rows_per_s']:>18,.0f}{cluster['efficiency']:>8.2f}")
+    console.print_table(["measurement", "rows/s", "raw gRPC rows/s", "ratio"], [
+        ["one server: pull+push (stubs)", f"{single['pull_push_rows_per_s']:,.0f}",
+         f"{single['raw_grpc_rows_per_s']:,.0f}", f"{single['efficiency']:.2f}"],
+        [f"{args.servers} servers: SDK pull+step", f"{cluster['sdk_rows_per_s']:,.0f}",
+         f"{cluster['raw_grpc_rows_per_s']:,.0f}", f"{cluster['efficiency']:.2f}"],
+    ])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},

@@ -38,6 +38,8 @@ class TrainConfig:
     mtbf_s: float | None = None
     records_dir: str = ""
     extra: dict = field(default_factory=dict)
+    #: the DLRM: "ecrec" (ecrec.workload.dlrm.DLRM), "torchrec" (TorchRec's), "auto" (TorchRec's when installed)
+    model: str = "auto"
 
 
 def load_dataset(path: str):
@@ -52,7 +54,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, rank: int = 0, world: int = 1):
         from ecrec.client import Cluster
-        from ecrec.workload.dlrm import DLRMSpec, build_cluster_dlrm
+        from ecrec.workload.dlrm import DLRMSpec, build_cluster_dlrm, resolve_arch
 
         torch.set_num_threads(1)
         self.cfg, self.rank = cfg, rank
@@ -63,8 +65,10 @@ class Trainer:
         spec = DLRMSpec(num_dense=dataset.num_dense, table_sizes=tuple(dataset.table_sizes),
                         embedding_dim=cfg.embedding_dim, bottom_mlp=tuple(cfg.bottom_mlp), top_mlp=tuple(cfg.top_mlp))
         self.cluster = Cluster.connect(cfg.address, worker=f"rank{rank}")
+        self.arch = resolve_arch(cfg.model)
         self.model = build_cluster_dlrm(self.cluster, spec, optimizer=cfg.optimizer, lr=cfg.lr, seed=cfg.seed,
-                                        eps=1e-8, initial_accumulator_value=0.1)
+                                        eps=1e-8, initial_accumulator_value=0.1, arch=self.arch,
+                                        progress=f"{cfg.strategy} tables" if rank == 0 else None)
         self.driver = None
         from ecrec.strategies import get_spec
 
@@ -117,6 +121,7 @@ class Trainer:
         self.close()
         evaluation = evaluate(self.model, self.test.batches(4096)) if self.rank == 0 else {}
         return {"records": self.records, "evaluation": evaluation, "elapsed_s": time.time() - self.start,
+                "model": self.arch,
                 "driver": self.driver.report() if self.driver is not None else None,
                 "client_bytes": self.cluster.stats["push_bytes"] + self.cluster.stats["pull_bytes"],
                 "cluster": self.cluster}

@@ -161,7 +161,10 @@ def dense_parameters(model: DLRM) -> nn.Module:
     Its ``named_parameters()`` are the model's own parameter objects, named as in
     the model (``bottom_mlp.0.weight`` ...), so ``cluster.register_dense(
     dense_parameters(model), ...)`` loads the servers' values into the model.
+    (A TorchRec-built model, ``ecrec.workload.torchrec_dlrm``, names its own.)
     """
+    if hasattr(model, "dense_module"):
+        return model.dense_module()
     return _DenseParts(model)
 
 
@@ -192,9 +195,42 @@ def local_embedding_factory(table_prefix: str = "emb", seed: int = 0, sparse: bo
     return factory
 
 
+ARCHS = ("ecrec", "torchrec", "auto")
+
+
+def _mlps_only(spec: DLRMSpec, seed: int) -> DLRM:
+    """Our DLRM of ``spec`` and ``seed`` with a placeholder per table: its seeded MLPs initialize TorchRec's."""
+    return DLRM(spec.num_dense, [1] * len(spec.table_sizes), spec.embedding_dim, spec.bottom_mlp, spec.top_mlp,
+                embedding_factory=lambda t, rows, dim: nn.Identity(), seed=seed)
+
+
+def resolve_arch(arch: str) -> str:
+    """``ecrec`` (our :class:`DLRM`), ``torchrec`` (TorchRec's, ``ecrec.workload.torchrec_dlrm``), or ``auto``:
+    TorchRec's when the ``torchrec`` extra is installed, else ours."""
+    from ecrec.workload import torchrec_dlrm
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown DLRM arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if arch == "auto":
+        return "torchrec" if torchrec_dlrm.available() else "ecrec"
+    if arch == "torchrec" and not torchrec_dlrm.available():
+        raise ValueError("arch 'torchrec' needs the torchrec extra: pip install -e '.[torchrec]' "
+                         "&& pip install --no-deps torchrec==1.8.0")
+    return arch
+
+
 def build_local_dlrm(spec: DLRMSpec, table_prefix: str = "emb", seed: int = 0, init: str = "uniform",
-                     init_scale: float = 0.0, sparse: bool = True) -> DLRM:
-    """The reference model: local sparse ``EmbeddingBag`` s, same initial values as :func:`build_cluster_dlrm`."""
+                     init_scale: float = 0.0, sparse: bool = True, arch: str = "ecrec") -> DLRM:
+    """The reference model: local sparse ``EmbeddingBag`` s (or, with ``arch="torchrec"``, TorchRec's DLRM and
+    ``EmbeddingBagCollection``), same initial values as :func:`build_cluster_dlrm`."""
+    if resolve_arch(arch) == "torchrec":
+        from ecrec.workload import torchrec_dlrm
+
+        if init != "uniform":
+            raise ValueError(f"arch 'torchrec' initializes tables uniformly, got init {init!r}")
+        names = spec.table_names(table_prefix)
+        collection = torchrec_dlrm.local_collection(spec, names, seed=seed, init=init, init_scale=init_scale)
+        return torchrec_dlrm.TorchRecDLRM(spec, collection, names, _mlps_only(spec, seed))
     factory = local_embedding_factory(table_prefix, seed=seed, sparse=sparse, init=init, init_scale=init_scale)
     return spec.build(factory, seed=seed)
 
@@ -241,7 +277,8 @@ def local_optimizer(model: DLRM, optimizer: str = "sgd", lr: float = 0.1, dense_
 def build_cluster_dlrm(cluster, spec: DLRMSpec, table_prefix: str = "emb", optimizer: str = "sgd", lr: float = 0.1,
                        seed: int = 0, dense_optimizer: str | None = None, dense_lr: float | None = None,
                        init: str = "uniform", init_scale: float = 0.0, eps: float = 1e-10,
-                       initial_accumulator_value: float = 0.0, dense_prefix: str | None = None) -> DLRM:
+                       initial_accumulator_value: float = 0.0, dense_prefix: str | None = None,
+                       arch: str = "ecrec", progress: str | None = None) -> DLRM:
     """Creates the tables on ``cluster``, builds the DLRM on them and registers its MLPs.
 
     Tables are ``f"{table_prefix}{t}"`` (``optimizer``/``lr``, initial values
@@ -249,23 +286,43 @@ def build_cluster_dlrm(cluster, spec: DLRMSpec, table_prefix: str = "emb", optim
     (default: the tables' ones) under ``dense_prefix`` (default
     ``f"{table_prefix}."``).  Every worker may call this: tables and dense tensors
     are created once, and every worker loads the first one's MLP values.  Train
-    with ``loss.backward(); cluster.step()``.
+    with ``loss.backward(); cluster.step()``.  ``arch="torchrec"`` builds TorchRec's
+    DLRM over the cluster tables (see :func:`resolve_arch`); ``progress`` names a
+    progress bar of the table creation (``ecrec.console``).
     """
-    from ecrec.client import EmbeddingBag  # the SDK pulls in gRPC; import only when a cluster is used
+    from ecrec import console
+    from ecrec.client import EmbeddingBag, EmbeddingBagCollection  # the SDK pulls in gRPC: only for a cluster
 
     names = spec.table_names(table_prefix)
-    for name, rows in zip(names, spec.table_sizes):
-        cluster.create_table(name, rows, spec.embedding_dim, optimizer=optimizer, lr=lr, eps=eps,
-                             initial_accumulator_value=initial_accumulator_value, init=init,
-                             init_scale=init_scale, seed=seed)
+    if resolve_arch(arch) == "torchrec":
+        from ecrec.workload import torchrec_dlrm
 
-    def factory(table_index: int, num_rows: int, dim: int) -> nn.Module:
-        return EmbeddingBag(cluster, names[table_index], mode="sum")
+        if init != "uniform":
+            raise ValueError(f"arch 'torchrec' initializes tables uniformly, got init {init!r}")
+        configs = torchrec_dlrm.table_configs(spec, names)
+        if init_scale:
+            for config in configs:
+                config.weight_init_min, config.weight_init_max = -init_scale, init_scale
+        on_table = None
+        if progress:
+            on_table = lambda done, total: console.progress(progress, done, total, done=done == total, plain_steps=1)
+        collection = EmbeddingBagCollection.from_configs(
+            cluster, configs, optimizer=optimizer, lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value,
+            seed=seed, on_table=on_table)
+        model = torchrec_dlrm.TorchRecDLRM(spec, collection, names, _mlps_only(spec, seed))
+    else:
+        for n, (name, rows) in enumerate(zip(names, spec.table_sizes)):
+            cluster.create_table(name, rows, spec.embedding_dim, optimizer=optimizer, lr=lr, eps=eps,
+                                 initial_accumulator_value=initial_accumulator_value, init=init,
+                                 init_scale=init_scale, seed=seed)
+            if progress:
+                console.progress(progress, n + 1, len(names), done=n + 1 == len(names), plain_steps=1)
 
-    model = spec.build(factory, seed=seed)
-    from ecrec.client import EmbeddingBagCollection
+        def factory(table_index: int, num_rows: int, dim: int) -> nn.Module:
+            return EmbeddingBag(cluster, names[table_index], mode="sum")
 
-    model.embedding_collection = EmbeddingBagCollection(cluster, names, mode="sum")
+        model = spec.build(factory, seed=seed)
+        model.embedding_collection = EmbeddingBagCollection(cluster, names, mode="sum")
     cluster.register_dense(dense_parameters(model), optimizer=dense_optimizer or optimizer,
                            lr=lr if dense_lr is None else dense_lr, eps=eps,
                            initial_accumulator_value=initial_accumulator_value,

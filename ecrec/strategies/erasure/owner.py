@@ -232,6 +232,7 @@ class ParityOwner:
             if chain.server_id and relayed:
                 relay.append(embedding_pb2.RelayBatch(destination=d, destination_id=chain.server_id,
                                                       batch=b.SerializeToString()))
+                self.counters["parity_bytes_relayed"] += len(relay[-1].batch)
         self.counters["batches_built"] += len(batches)
         self.counters["relay_batches"] += len(relay)
         return entry, relay

@@ -141,6 +141,8 @@ class ParityReceiver:
         lg.entries[b.seq] = entry
         lg.applied_upto = b.seq
         self.counters["batches_applied"] += 1
+        self.counters["delta_bytes_applied"] += (sum(t[4].nbytes for t in tables)
+                                                 + sum(delta.nbytes for _, delta, _, _ in dense))
 
     def receive(self, batches: list[parity_pb2.ParityBatch], strict: bool) -> dict[int, SourceLog]:
         """Applies batches (any sources, any order): each source's chain strictly in the order its batches

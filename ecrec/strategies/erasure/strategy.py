@@ -162,11 +162,24 @@ class ErasureCoding(FaultToleranceStrategy):
         replica_bytes = sum(d.nbytes for d in self.host.dense_tensors()
                             if layout.dense_servers(d.spec.name)[0] != self.host.index)
         log_entries = sum(len(lg.entries) for lg in self.receiver.logs.values())
-        return dict(self.counters) | {"recovering": self.rebuild.recovering.is_set(),
+        recovering = self.rebuild.recovering.is_set()
+        return dict(self.counters) | {"recovering": recovering,
                                       "redundancy_bytes": parity_bytes + replica_bytes,
                                       "unconfirmed_pushes": self.owner.unconfirmed(), "log_entries": log_entries,
                                       "confirmed_upto": self.owner.confirmed_upto(), "kernel": self.codec.kernel.name,
-                                      "parity_on_device": any(arena.on_device for arena, _ in self.receiver.parts.values())}
+                                      "parity_on_device": any(arena.on_device for arena, _ in self.receiver.parts.values())
+                                      } | self._rebuild_progress(recovering)
+
+    def _rebuild_progress(self, recovering: bool) -> dict:
+        """Rows this server holds (data and parity) and how many still wait for the rebuild (0 when none runs)."""
+        data_rows = sum(len(shard.owned_ids) for shard in self.host.tables())
+        parity_rows = sum(len(part.slots) for _, part in self.receiver.parts.values())
+        pending = 0
+        if recovering:
+            pending = (sum(len(shard.unready_owned()) for shard in self.host.tables())
+                       + sum(arena.unbuilt_count for arena in list(self.receiver.arenas.values())))
+        return {"parity_rows": parity_rows, "rebuild_rows_total": data_rows + parity_rows,
+                "rebuild_rows_pending": pending}
 
     def close(self) -> None:
         self.closed.set()

@@ -1,0 +1,196 @@
+"""``ecrec-server status``: a cluster's state in one command, from its coordinator and every server.
+
+The coordinator gives the map (indices, addresses, states, epoch, events); each server that is not
+declared failed is asked, in parallel and with a deadline, for its gRPC health and its ``stats``
+(``StrategyCall``): the epoch it holds, the rows it holds (data and parity) and, while it rebuilds,
+how many rows are still to rebuild.  :func:`collect` returns all of it as a dict (``--json``);
+:func:`render` prints it as a table.
+
+A cluster is *fully redundant* when every index is held by an ``ACTIVE`` server that answers its
+health check as serving and is not rebuilding, and no stripe was lost; the command exits 0 then, 1 otherwise (2 when the
+coordinator cannot be reached), so a script can wait on it (``--wait``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ecrec import console, transport
+from ecrec.cluster_map import fully_redundant
+from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
+
+EXIT_REDUNDANT, EXIT_NOT_REDUNDANT, EXIT_UNREACHABLE = 0, 1, 2
+EVENTS_PER_SERVER = 3
+
+
+class CoordinatorUnreachable(RuntimeError):
+    """The coordinator did not answer ``GetClusterMap``."""
+
+
+def _probe(address: str, health_address: str, timeout_s: float) -> dict:
+    """Health (asked on the server's health port when it has one, as the coordinator does) and stats of one
+    server; errors are reported in the result, never raised."""
+    channel = transport.make_channel(address)
+    health_channel = transport.make_channel(health_address) if health_address else channel
+    out: dict = {"health": "", "stats": None, "error": ""}
+    try:
+        try:
+            reply = health_pb2_grpc.HealthStub(health_channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                     timeout=timeout_s)
+            out["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as exc:
+            out["health"] = "UNREACHABLE"
+            out["error"] = f"health: {exc.code().name}: {exc.details()}"
+            return out
+        try:
+            reply = embedding_pb2_grpc.EmbeddingServerStub(channel).StrategyCall(
+                embedding_pb2.StrategyCallRequest(command="stats"), timeout=timeout_s)
+            out["stats"] = json.loads(reply.result_json)
+        except grpc.RpcError as exc:
+            out["error"] = f"stats: {exc.code().name}: {exc.details()}"
+        return out
+    finally:
+        channel.close()
+        if health_channel is not channel:
+            health_channel.close()
+
+
+def collect(address: str, timeout_s: float = 5.0) -> dict:
+    """The cluster behind the coordinator at ``address``, with what each server says of itself."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
+    channel = transport.make_channel(address)
+    try:
+        cluster_map = coordinator_pb2_grpc.CoordinatorStub(channel).GetClusterMap(
+            coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+    probed = [s for s in cluster_map.servers if s.state != cluster_pb2.FAILED]
+    with futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(probed)))) as pool:
+        probes = dict(zip((s.server_id for s in probed),
+                          pool.map(lambda s: _probe(s.address, s.health_address, timeout_s), probed)))
+    now = time.time()
+    servers = [_server_row(info, probes.get(info.server_id), cluster_map, now) for info in cluster_map.servers]
+    redundant = fully_redundant(cluster_map) and all(
+        s["health"] == "SERVING" and not s["recovering"] for s in servers if s["state"] == "ACTIVE")
+    return {
+        "coordinator": address, "epoch": cluster_map.epoch, "num_servers": cluster_map.num_servers,
+        "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m, "ready": cluster_map.ready,
+        "fully_redundant": redundant, "tables": [t.name for t in cluster_map.tables],
+        "dense_tensors": len(cluster_map.dense), "servers": servers,
+        "events": [{"kind": e.kind, "index": e.index, "address": e.address, "wall_time": e.wall_time,
+                    "epoch": e.epoch} for e in cluster_map.events[-20:]],
+        "data_loss": [{"table": d.table, "stripe_count": d.stripe_count, "stripes": list(d.stripes),
+                       "indices": list(d.indices), "wall_time": d.wall_time} for d in cluster_map.data_loss],
+    }
+
+
+def _server_row(info, probe: dict | None, cluster_map, now: float) -> dict:
+    stats = (probe or {}).get("stats") or {}
+    server = stats.get("server", {})
+    data_rows = server.get("data_rows")
+    parity_rows = stats.get("parity_rows", 0)
+    total, pending = stats.get("rebuild_rows_total"), stats.get("rebuild_rows_pending", 0)
+    recovering = bool(stats.get("recovering", False)) or info.state == cluster_pb2.RECOVERING
+    events = [e for e in cluster_map.events if info.index >= 0 and e.index == info.index][-EVENTS_PER_SERVER:]
+    return {
+        "index": info.index, "address": info.address, "health_address": info.health_address or None,
+        "state": cluster_pb2.ServerState.Name(info.state),
+        "incarnation": info.server_id, "epoch": server.get("epoch"),
+        "rows_held": None if data_rows is None else data_rows + parity_rows,
+        "data_rows": data_rows, "parity_rows": parity_rows if data_rows is not None else None,
+        "recovering": recovering,
+        "rebuild_rows_total": total, "rebuild_rows_pending": pending if total is not None else None,
+        "health": (probe or {}).get("health") or ("-" if info.state == cluster_pb2.FAILED else "UNREACHABLE"),
+        "metrics": server.get("metrics_address") or None,
+        "lease_remaining_s": server.get("lease_remaining_s"),
+        "error": (probe or {}).get("error", ""),
+        "last_events": [{"kind": e.kind, "seconds_ago": round(now - e.wall_time, 1), "epoch": e.epoch}
+                        for e in events],
+    }
+
+
+def _rebuild_text(row: dict) -> str:
+    total, pending = row["rebuild_rows_total"], row["rebuild_rows_pending"]
+    if total is None or (total == 0 and not row["recovering"]):
+        return "-"
+    if not row["recovering"]:
+        return "complete"
+    done = total - (pending or 0)
+    return f"{done:,}/{total:,} ({100.0 * done / total if total else 100.0:.0f}%)"
+
+
+def _events_text(row: dict) -> str:
+    return ", ".join(f"{e['kind']} {e['seconds_ago']:.0f}s ago" for e in row["last_events"]) or "-"
+
+
+def render(status: dict, stream=None) -> None:
+    """Prints ``status`` (from :func:`collect`) as a summary line and a table of servers."""
+    summary = (f"cluster at {status['coordinator']}: epoch {status['epoch']}, {status['num_servers']} indices, "
+               f"strategy {status['strategy']}" + (f" (k={status['k']}, m={status['m']})" if status['m'] else "")
+               + f", {len(status['tables'])} tables; "
+               + ("fully redundant" if status["fully_redundant"] else "NOT fully redundant")
+               + "".join(f"; DATA LOSS: {d['stripe_count']} stripes of {d['table']!r}" for d in status["data_loss"]))
+    headers = ["index", "address", "state", "incarnation", "epoch", "rows held", "rebuild", "health", "last events"]
+    rows = []
+    for s in status["servers"]:
+        rows.append([s["index"] if s["index"] >= 0 else "-", s["address"], s["state"], s["incarnation"],
+                     "-" if s["epoch"] is None else s["epoch"],
+                     "-" if s["rows_held"] is None else f"{s['rows_held']:,}", _rebuild_text(s), s["health"],
+                     _events_text(s)])
+    console.print_table(headers, rows, title=summary, align="rllrrrrll", stream=stream)
+
+
+def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
+    """Progress bars (stderr; ``ecrec.console``) of the servers rebuilding, one per index, while ``--wait``
+    polls; a bar closes when its server is rebuilt (or the wait ends)."""
+    seen = set()
+    for row in status["servers"]:
+        total = row["rebuild_rows_total"]
+        label = f"rebuild {row['index']}"
+        if row["index"] < 0 or not total or not (row["recovering"] or label in bars):
+            continue
+        seen.add(label)
+        done = total - (row["rebuild_rows_pending"] or 0) if row["recovering"] else total
+        bars[label] = (done, total)
+        console.progress(label, done, total, done=not row["recovering"], plain_steps=10)
+        if not row["recovering"]:
+            del bars[label]
+    for label in [label for label in bars if label not in seen or finished]:
+        done, total = bars.pop(label)
+        console.progress(label, done, total, done=True, plain_steps=10)
+
+
+def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None) -> int:
+    """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, with
+    a progress bar of each rebuild on stderr meanwhile); returns the exit status."""
+    if wait_s < 0:
+        raise ValueError(f"--wait must be >= 0 seconds, got {wait_s}")
+    deadline = time.monotonic() + wait_s
+    bars: dict[str, tuple[int, int]] = {}  # rebuild progress shown while waiting: label -> (done, total)
+    while True:
+        try:
+            status = collect(address, timeout_s)
+        except CoordinatorUnreachable as exc:
+            status = None
+            error = str(exc)
+        finished = (status is not None and status["fully_redundant"]) or time.monotonic() >= deadline
+        if wait_s > 0 and status is not None:
+            _show_rebuilds(status, bars, finished)
+        if finished:
+            break
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if status is None:
+        raise CoordinatorUnreachable(error)
+    if as_json:
+        print(json.dumps(status, indent=2), file=stream, flush=True)
+    else:
+        render(status, stream)
+    return EXIT_REDUNDANT if status["fully_redundant"] else EXIT_NOT_REDUNDANT

@@ -1,0 +1,161 @@
+"""What people read: rich bars and tables on a terminal, plain lines in logs, JSON log lines, examples in every
+``--help``, and what ``ecrec-server local`` prints once its cluster is ready (pasted, it works)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ecrec import console, logs
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_progress_prints_a_line_when_the_bar_moves():
+    out = io.StringIO()
+    for step in range(0, 101):
+        console.progress("plain", step, 100, stream=out, plain_steps=10)
+    console.progress("plain", 100, 100, done=True, stream=out, plain_steps=10)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  plain      [..........] 0/100"
+    assert lines[1] == "  plain      [#.........] 10/100"
+    assert lines[-1] == "  plain      [##########] 100/100"
+    assert len(lines) == 12  # 11 positions of the bar, and the closing line
+    with pytest.raises(ValueError, match="must be >= 0"):
+        console.progress("bad", -1, 10, stream=out)
+
+
+def test_rich_progress_on_a_terminal(monkeypatch):
+    monkeypatch.delenv("ECREC_PLAIN", raising=False)
+    out = FakeTerminal()
+    for step in range(5):
+        console.progress("rich", step, 4, stream=out)
+    console.progress("rich", 4, 4, done=True, stream=out)
+    text = out.getvalue()
+    assert "rich" in text and "4/4" in text and "[#" not in text  # rich's bar, not the plain one
+    assert console._live is None  # every bar done: the live display is closed
+
+
+def test_tables_plain_and_rich(monkeypatch):
+    monkeypatch.delenv("ECREC_PLAIN", raising=False)
+    plain = io.StringIO()
+    console.print_table(["name", "value"], [["a", 1], ["longer", 22]], stream=plain)
+    assert plain.getvalue().splitlines() == ["name    value", "------  -----", "a           1", "longer     22"]
+    rich = FakeTerminal()
+    console.print_table(["name", "value"], [["a", 1], ["longer", 22]], title="T", stream=rich)
+    assert "longer" in rich.getvalue() and "──" in rich.getvalue()  # rich's rule under the header
+    monkeypatch.setenv("ECREC_PLAIN", "1")
+    forced = FakeTerminal()
+    console.print_table(["name", "value"], [["a", 1]], stream=forced)
+    assert forced.getvalue().splitlines()[1] == "----  -----"
+    with pytest.raises(ValueError, match="a row has 1 cells for 2 columns"):
+        console.print_table(["name", "value"], [["a"]], stream=plain)
+    with pytest.raises(ValueError, match="align needs one of"):
+        console.print_table(["name", "value"], [["a", 1]], align="lx", stream=plain)
+
+
+def test_json_log_lines():
+    record = logging.LogRecord("ecrec.server", logging.WARNING, __file__, 1, "server %s failed", ("x",), None)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    entry = json.loads(logs.JsonFormatter("serve").format(record))
+    assert entry["level"] == "WARNING" and entry["logger"] == "ecrec.server" and entry["process"] == "serve"
+    assert entry["message"] == "server x failed" and "RuntimeError: boom" in entry["exception"]
+    assert entry["time"].endswith("+00:00") and entry["pid"] == os.getpid()
+    with pytest.raises(ValueError, match="log format must be one of text, json"):
+        logs.configure("INFO", "xml")
+    with pytest.raises(ValueError, match="unknown log level 'LOUD'"):
+        logs.configure("LOUD", "text")
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_command_help_shows_an_example():
+    from ecrec import cli
+    from ecrec.bench import cli as bench_cli
+
+    for parser in (cli.build_parser(), bench_cli.build_parser()):
+        commands = _subparsers(parser)
+        assert commands
+        assert "example" in parser.format_help()
+        for name, sub in commands.items():
+            text = sub.format_help()
+            assert "example: " in text, f"{parser.prog} {name} --help shows no example"
+            assert f"{parser.prog} {name}" in text.split("example: ", 1)[1], f"{name}: the example runs another command"
+    assert set(_subparsers(cli.build_parser())) == {"coordinator", "serve", "local", "status"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+@pytest.mark.cluster
+def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
+    from test_metrics import free_port_range
+
+    base = free_port_range(3)
+    stderr_path = tmp_path / "stderr.log"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "INFO", "--log-format", "json",
+                                 "local", "--servers", "2", "--metrics-port", str(base)],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    children: set[int] = set()
+    try:
+        lines = [proc.stdout.readline()]
+        while not lines[-1].startswith("Prometheus metrics:"):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "the local cluster stopped printing before its metrics line"
+        children = _children(proc.pid)
+        address = lines[0].split()[2]
+        assert lines[0].startswith("coordinator at 127.0.0.1:")
+        snippet = "\n".join(line[4:].rstrip() for line in lines if line.startswith("    "))
+        assert f'Cluster.connect("{address}")' in snippet
+        assert any(f"ecrec-server status --coordinator {address}" in line for line in lines)
+        assert f"coordinator http://127.0.0.1:{base}/metrics" in lines[-1]
+        assert f"server 1 http://127.0.0.1:{base + 2}/metrics" in lines[-1]
+        namespace: dict = {}
+        exec(compile(snippet, "<the printed snippet>", "exec"), namespace)  # pasted as printed, it works
+        assert namespace["out"].shape == (2, 16)
+        assert namespace["cluster"].table_spec("user").num_rows == 100_000
+        namespace["cluster"].close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        for pid in [proc.pid, *children]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    entries = [json.loads(line) for line in stderr_path.read_text().splitlines() if line.strip()]
+    assert entries, "no log line"
+    kinds = {e["process"] for e in entries}
+    assert {"coordinator", "serve"} <= kinds, kinds
+    assert any("registered" in e["message"] for e in entries)
+    assert all({"time", "level", "logger", "pid", "message"} <= set(e) for e in entries)

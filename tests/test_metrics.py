@@ -1,0 +1,188 @@
+"""Prometheus metrics: a real cluster's endpoints scraped over HTTP while it trains, and the mapping of a
+strategy's stats to metrics in one process."""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from ecrec import metrics
+from ecrec.client import Cluster, EmbeddingBag
+
+
+def free_port_range(count: int) -> int:
+    """A base port such that ``base .. base + count - 1`` are free on 127.0.0.1 right now."""
+    for _ in range(200):
+        base = random.randint(20_000, 60_000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def scrape(address: str) -> dict[tuple, float]:
+    """``{(sample name, (label, value)...): value}`` of one endpoint."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def _train(cluster, emb, steps: int, generator: torch.Generator) -> None:
+    for _ in range(steps):
+        ids = torch.randint(0, 600, (64,), generator=generator)
+        emb(ids, torch.arange(0, 64, 4)).pow(2).sum().backward()
+        cluster.step()
+
+
+@pytest.mark.cluster
+def test_endpoints_count_while_training_and_through_a_failure(make_cluster):
+    base = free_port_range(5)
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1, metrics_port=base,
+                         options={"coalesce_pushes": 1})
+    addresses = local.metrics_addresses()
+    assert addresses["coordinator"] == f"127.0.0.1:{base}" and addresses["standby 0"] == f"127.0.0.1:{base + 4}"
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("t", 600, 8, optimizer="adagrad", lr=0.1, seed=3)
+    emb = EmbeddingBag(cluster, "t")
+    generator = torch.Generator().manual_seed(0)
+
+    # scrape from another thread while the loop trains: the endpoints answer under load
+    scrapes: list[dict] = []
+    stop = threading.Event()
+
+    def scraper():
+        while not stop.is_set():
+            scrapes.append(scrape(addresses["server 0"]))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=scraper)
+    thread.start()
+    try:
+        _train(cluster, emb, 10, generator)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert scrapes, "no scrape completed during training"
+    servers_before = [scrape(addresses[f"server {i}"]) for i in range(3)]
+    coordinator_before = scrape(addresses["coordinator"])
+    _train(cluster, emb, 10, generator)
+    # every server delivers its pending parity batches (and the parity checks out)
+    assert cluster.strategy_call("verify_parity", indices=[0])[0]["mismatched"] == 0
+    servers_after = [scrape(addresses[f"server {i}"]) for i in range(3)]
+
+    for before, after in zip(servers_before, servers_after):
+        for method in ("Pull", "Push"):
+            assert value(after, "ecrec_server_requests_total", method=method) >= \
+                value(before, "ecrec_server_requests_total", method=method) + 10
+            assert value(after, "ecrec_server_request_duration_seconds_count", method=method) == \
+                value(after, "ecrec_server_requests_total", method=method)
+            assert value(after, "ecrec_server_request_duration_seconds_bucket", method=method, le="+Inf") == \
+                value(after, "ecrec_server_request_duration_seconds_count", method=method)
+            assert value(after, "ecrec_server_request_duration_seconds_sum", method=method) > 0
+        assert value(after, "ecrec_server_rows_pulled_total") > value(before, "ecrec_server_rows_pulled_total")
+        assert value(after, "ecrec_server_rows_pushed_total") > value(before, "ecrec_server_rows_pushed_total")
+        assert value(after, "ecrec_server_data_rows") == 200  # 600 rows over 3 servers
+        assert value(after, "ecrec_recovering") == 0 and value(after, "ecrec_rebuild_progress_ratio") == 1.0
+        assert value(after, "ecrec_parity_rows") > 0
+        assert 0 < value(after, "ecrec_server_lease_remaining_seconds") <= 3  # holds a lease from the coordinator
+    sent = lambda scraped: sum(value(s, "ecrec_parity_batches_sent_total") for s in scraped)
+    applied = lambda scraped: sum(value(s, "ecrec_parity_batches_applied_total") for s in scraped)
+    delta_bytes = lambda scraped: sum(value(s, "ecrec_parity_delta_bytes_applied_total") for s in scraped)
+    assert sent(servers_after) > sent(servers_before)
+    assert applied(servers_after) > applied(servers_before) and delta_bytes(servers_after) > delta_bytes(servers_before)
+    assert value(coordinator_before, "ecrec_cluster_ready") == 1
+    assert value(coordinator_before, "ecrec_cluster_fully_redundant") == 1
+    assert value(coordinator_before, "ecrec_cluster_servers", state="active") == 3
+    assert value(coordinator_before, "ecrec_cluster_servers", state="standby") == 1
+    assert value(coordinator_before, "ecrec_cluster_tables") == 1
+
+    # a failure: the coordinator's epoch and events move; the standby takes index 1 and rebuilds
+    local.kill(local.pid_of_index(1))
+    _train(cluster, emb, 5, generator)
+    deadline = time.monotonic() + 60
+    while True:
+        coordinator_after = scrape(addresses["coordinator"])
+        if value(coordinator_after, "ecrec_cluster_fully_redundant") == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert value(coordinator_after, "ecrec_cluster_epoch") > value(coordinator_before, "ecrec_cluster_epoch")
+    assert value(coordinator_after, "ecrec_cluster_events", kind="failed") == 1
+    assert value(coordinator_after, "ecrec_cluster_events", kind="promoted") == 1
+    assert value(coordinator_after, "ecrec_cluster_fully_redundant") == 1
+    replacement = scrape(addresses["standby 0"])
+    assert value(replacement, "ecrec_server_index") == 1
+    assert value(replacement, "ecrec_server_epoch") == value(coordinator_after, "ecrec_cluster_epoch")
+    rebuilt = value(replacement, "ecrec_rebuild_data_rows_total") + value(replacement, "ecrec_rebuild_parity_rows_total")
+    assert rebuilt == value(replacement, "ecrec_rebuild_rows") > 0
+    assert value(replacement, "ecrec_rebuild_rows_pending") == 0 and value(replacement, "ecrec_recovering") == 0
+    assert value(replacement, "process_cpu_seconds_total") > 0  # this process's own CPU and memory too
+
+
+def test_checkpoint_stats_become_metrics():
+    stats = {"saves": 3, "partial_saves": 1, "bytes_written": 4096, "persist_s_total": 0.5, "persist_s_last": 0.2,
+             "loads": 1, "load_s_last": 0.04, "load_bytes_last": 2048, "interval_s": None, "dir": "/tmp/x"}
+    got = {m.name: m for m in metrics.strategy_metrics(stats)}
+    assert got["ecrec_checkpoint_saves"].type == "counter"
+    assert got["ecrec_checkpoint_saves"].samples[0].value == 3
+    assert got["ecrec_checkpoint_bytes_written"].samples[0].value == 4096
+    assert got["ecrec_checkpoint_last_load_seconds"].type == "gauge"
+    assert got["ecrec_checkpoint_last_load_bytes"].samples[0].value == 2048
+    assert got["ecrec_checkpoint_write_errors"].samples[0].value == 0  # not reported yet: 0, never missing
+    assert not any(name.startswith("ecrec_parity") for name in got)  # no ecrec group without its marker
+
+
+def test_rebuild_progress_and_recovering_from_stats():
+    stats = {"redundancy_bytes": 10, "recovering": True, "rebuild_rows_total": 200, "rebuild_rows_pending": 50,
+             "rows_rebuilt": 120, "parity_rows_rebuilt": 30}
+    got = {m.name: m.samples[0].value for m in metrics.strategy_metrics(stats)}
+    assert got["ecrec_recovering"] == 1.0
+    assert got["ecrec_rebuild_progress_ratio"] == pytest.approx(0.75)
+    assert got["ecrec_rebuild_data_rows"] == 120 and got["ecrec_parity_batches_sent"] == 0
+    assert {m.name for m in metrics.strategy_metrics({})} == set()  # strategy "none": nothing to export
+
+
+def test_bad_metrics_port_is_refused():
+    with pytest.raises(ValueError, match="--metrics-port must be 0..65535"):
+        metrics.serve(metrics.CoordinatorCollector(lambda: None), "127.0.0.1", 70000)
+
+
+def test_the_readme_lists_every_metric():
+    """Every metric a server's strategy or the coordinator exports is in the README's list."""
+    from pathlib import Path
+
+    from ecrec.wire import cluster_pb2
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = {name + ("_total" if kind == "counter" else "")
+             for _, entries in metrics.STRATEGY_METRICS.values() for name, kind, _ in entries.values()}
+    names |= {family.name for family in metrics.CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect()}
+    names |= {"ecrec_rebuild_progress_ratio", "ecrec_server_requests_total", "ecrec_server_request_duration_seconds",
+              "ecrec_server_rows_pulled_total", "ecrec_server_rows_pushed_total", "ecrec_server_epoch",
+              "ecrec_server_lease_remaining_seconds"}
+    missing = sorted(name for name in names if f"`{name}`" not in readme)
+    assert not missing, f"not in the README's metrics list: {missing}"
