@@ -57,15 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal(stop) -> None:
-    done = threading.Event()
+def _wait_for_signal(stop, done: threading.Event | None = None) -> None:
+    """Waits for SIGTERM/SIGINT (or ``done``: the process stopped on its own), then stops."""
+    done = done or threading.Event()
 
     def handler(signum, frame):
         done.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    done.wait()
+    while not done.wait(0.5):
+        pass
     stop()
 
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, RuntimeError, ValueError) as exc:
             print(f"ecrec-server serve: {exc}", file=sys.stderr)
             return 2
-        _wait_for_signal(server.stop)
+        _wait_for_signal(server.stop, server.stopped)
         return 0
 
     # local

@@ -71,6 +71,7 @@ class Cluster:
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
+        self.incarnation = uuid.uuid4().hex[:12]  # this process: a restarted worker with the same name is another
         self._lock = threading.RLock()
         self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
                                              on_map=self._adopt)
@@ -340,7 +341,7 @@ class Cluster:
         with self._lock:
             pending, self._pending = self._pending, []
             self._sequence += 1
-            push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence)
+            push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
         per_table: dict[str, tuple[list, list]] = {}
         for p in pending:
             if p.rows.grad is None:

@@ -81,7 +81,11 @@ class CoordinatorConfig:
     port: int = option(7000, "port (0: any free port)")
     health_interval_s: float = option(0.5, "seconds between health checks", flag="--health-interval")
     health_timeout_s: float = option(1.0, "deadline of one health check")
-    failures_before_dead: int = option(2, "failed health checks in a row that declare a server failed")
+    failures_before_dead: int = option(3, "failed health checks in a row that declare a server failed ...")
+    failure_timeout_s: float = option(1.5, "... over at least this many seconds (a refused connection declares it "
+                                           "at once: the process is gone)")
+    lease_s: float = option(3.0, "a server serves only while its lease lasts; a replacement is promoted only after "
+                                 "the lease of the server it replaces ran out (unless its process is gone)")
     rpc_timeout_s: float = option(30.0, "deadline of a call to a server (create table, promote, map update)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
 

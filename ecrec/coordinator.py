@@ -1,19 +1,25 @@
 """The coordinator: keeps the cluster map, creates tables, watches servers, promotes standbys.
 
-The map (servers by index, standbys, tables, dense specs, the strategy and its
-parameters) changes only here, and every change increases its **epoch** and is
-pushed to every server.  Clients read the map with ``GetClusterMap`` and refresh
-it when a call fails.  Servers are watched with the standard gRPC health
-service; a server that fails ``failures_before_dead`` checks in a row (or that a
-client reports and that then fails a check) is declared failed, and a standby
-is promoted to its index.  With ``state_path`` the map is persisted (atomically)
-so a restarted coordinator keeps it.
+The map (servers by index, standbys, tables, dense specs, the strategy and its parameters) changes only
+here, and every change increases its **epoch** and is pushed to every server (retried until each has it;
+servers also learn the newest epoch with every lease renewal).  Clients read the map with
+``GetClusterMap`` and refresh it when a call fails.
+
+Failure detection and fencing: every server holds a **lease** it renews (``RenewLease``); it serves only
+while its lease lasts, and a renewal is refused once it has been declared failed.  Servers are watched
+with the standard gRPC health service on a port of their own (a busy server still answers).  A server is
+declared failed when a connection to it is refused (the process is gone) or when it misses
+``failures_before_dead`` checks in a row spanning at least ``failure_timeout_s`` (a client's report only
+triggers a check).  Its replacement is promoted once it is surely not serving: at once when its process
+is gone, else only after its lease has run out.  With ``state_path`` the map and promotions in progress are
+persisted (atomically), so a restarted coordinator keeps them and finishes the promotions.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -39,13 +45,30 @@ RECOVERING = cluster_pb2.RECOVERING
 
 
 class _ServerHandle:
-    """Stubs for one server address."""
+    """Stubs for one server address (health checks go to its health address when it has one)."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, health_address: str = ""):
         self.channel = transport.make_channel(address)
         self.embedding = embedding_pb2_grpc.EmbeddingServerStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.health_address = health_address or address
+        self.health = health_pb2_grpc.HealthStub(
+            self.channel if not health_address else transport.make_channel(health_address))
         self.failed_checks = 0
+        self.first_failed_at = 0.0  # monotonic time of the first check of the current run of failures
+        self.map_epoch = 0  # the newest map this server acknowledged
+
+
+def _connection_refused(address: str, timeout_s: float) -> bool:
+    """Whether a TCP connection to ``address`` is refused: nothing listens there, so the process is gone (a
+    paused or partitioned process still accepts, or times out)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
@@ -64,6 +87,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._wake = threading.Event()  # set to run the monitor now (a registration, a failure)
         self._promote_lock = threading.Lock()
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
+        self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
+        self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
+        self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
+        self._map_pusher = threading.Event()  # wakes the map broadcaster
         self.map = cluster_pb2.ClusterMap(
             epoch=1, num_servers=spec.num_servers, strategy=spec.strategy, k=k, m=m,
         )
@@ -86,13 +113,20 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self.map.epoch = saved.epoch + 1
         for d in state.dense:
             self._dense[d.spec.name] = d
+        for p in state.promoting:
+            self._promoting[p.server_id] = p
+        # every server's lease is unknown: wait a whole lease before promoting over any of them
+        now = time.monotonic()
+        for s in self.map.servers:
+            self._leases[s.server_id] = now + self.config.lease_s
         log.info("restored the cluster map from %s (epoch %d, %d tables)", path, self.map.epoch, len(self.map.tables))
 
     def _save_locked(self) -> None:
         path = self.config.state_path
         if not path:
             return
-        state = coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()))
+        state = coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()),
+                                                 promoting=list(self._promoting.values()))
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".coordinator-state-")
         with os.fdopen(fd, "wb") as f:
@@ -105,7 +139,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def _handle(self, address: str) -> _ServerHandle:
         h = self._handles.get(address)
         if h is None:
-            h = self._handles[address] = _ServerHandle(address)
+            info = next((s for s in self.map.servers if s.address == address), None)
+            h = self._handles[address] = _ServerHandle(address, info.health_address if info is not None else "")
         return h
 
     def _servers(self, state=None) -> list[cluster_pb2.ServerInfo]:
@@ -136,12 +171,35 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         return snapshot
 
     def _broadcast(self, snapshot: cluster_pb2.ClusterMap) -> None:
+        """Sends the map to every server not declared failed; the broadcaster retries those that missed it."""
         for s in snapshot.servers:
             if s.state == FAILED:
                 continue
-            stub = self._handle(s.address).embedding
-            fut = self._broadcast_pool.submit(stub.UpdateClusterMap, snapshot, timeout=self.config.rpc_timeout_s)
-            fut.add_done_callback(lambda f, a=s.address: f.exception() and log.warning("map update to %s failed: %s", a, f.exception()))
+            h = self._handle(s.address)
+            fut = self._broadcast_pool.submit(h.embedding.UpdateClusterMap, snapshot, timeout=self.config.rpc_timeout_s)
+            fut.add_done_callback(lambda f, h=h, epoch=snapshot.epoch: self._map_sent(h, epoch, f))
+
+    def _map_sent(self, h: _ServerHandle, epoch: int, fut) -> None:
+        if fut.exception() is None:
+            h.map_epoch = max(h.map_epoch, epoch)
+        else:
+            log.debug("map update to %s failed: %s", h.health_address, fut.exception())
+            self._map_pusher.set()
+
+    def _rebroadcast(self) -> None:
+        """Sends the current map again to every live server that has not acknowledged it (or a newer one)."""
+        with self._lock:
+            epoch = self.map.epoch
+            behind = [s for s in self.map.servers if s.state != FAILED and self._handle(s.address).map_epoch < epoch]
+            snapshot = cluster_pb2.ClusterMap()
+            snapshot.CopyFrom(self.map)
+        for s in behind:
+            h = self._handle(s.address)
+            try:
+                h.embedding.UpdateClusterMap(snapshot, timeout=self.config.health_timeout_s)
+                h.map_epoch = max(h.map_epoch, epoch)
+            except grpc.RpcError:
+                pass
 
     # --- RPCs ------------------------------------------------------------------------------------
     def Register(self, request, context):
@@ -151,8 +209,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             for s in self.map.servers:
                 if s.address == request.address and s.state != FAILED:
                     if s.server_id == request.server_id:  # a retried Register
-                        return coordinator_pb2.RegisterReply(map=self.map, index=s.index)
+                        self._leases[s.server_id] = time.monotonic() + self.config.lease_s
+                        return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s)
                     s.state = FAILED  # the same address re-registers: the old process is gone
+                    self._gone.add(s.server_id)
             taken = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
             forming = len(self.map.tables) == 0 and len(self._dense) == 0
             index = -1
@@ -164,16 +224,52 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                     index = free[0] if free else -1
             info = self.map.servers.add(
                 index=index, address=request.address, server_id=request.server_id or request.address,
-                state=ACTIVE if index >= 0 else STANDBY,
+                state=ACTIVE if index >= 0 else STANDBY, health_address=request.health_address,
             )
             if index < 0 and request.want_index >= 0:
                 self._wanted[info.server_id] = request.want_index
-            self._handle(request.address).failed_checks = 0
+            self._handles.pop(request.address, None)  # a new process at this address: new stubs, new counters
+            self._leases[info.server_id] = time.monotonic() + self.config.lease_s
             snapshot = self._bump_locked()
         log.info("registered %s as %s (epoch %d)", request.address, f"index {index}" if index >= 0 else "standby", snapshot.epoch)
         self._broadcast(snapshot)
         self._wake.set()
-        return coordinator_pb2.RegisterReply(map=snapshot, index=index)
+        return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s)
+
+    def RenewLease(self, request, context):
+        """Extends a server's lease while the map holds it (active, recovering or standby), else refuses: a
+        server that has been declared failed stops serving at once."""
+        with self._lock:
+            info = next((s for s in self.map.servers if s.server_id == request.server_id and s.state != FAILED), None)
+            if info is None:
+                return coordinator_pb2.RenewLeaseReply(granted=False, epoch=self.map.epoch,
+                                                       reason="not in the cluster map (declared failed or unknown)")
+            if request.index >= 0 and info.index != request.index and info.state != STANDBY:
+                return coordinator_pb2.RenewLeaseReply(granted=False, epoch=self.map.epoch,
+                                                       reason=f"holds index {info.index}, not {request.index}")
+            self._leases[request.server_id] = time.monotonic() + self.config.lease_s
+            return coordinator_pb2.RenewLeaseReply(granted=True, lease_s=self.config.lease_s, epoch=self.map.epoch)
+
+    def ReportDataLoss(self, request, context):
+        """A replacement cannot rebuild some stripes: recorded in the map (and its events) for every client."""
+        with self._lock:
+            info = next((s for s in self.map.servers if s.index == request.index and s.server_id == request.server_id
+                         and s.state != FAILED), None)
+            if info is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"server {request.server_id!r} does not hold index {request.index}")
+            known = {(d.table, tuple(d.stripes)) for d in self.map.data_loss}
+            new = [d for d in request.lost if (d.table, tuple(d.stripes)) not in known]
+            for d in new:
+                self.map.data_loss.append(d)
+                self._event_locked("data_loss", request.index, info.address)
+            snapshot = self._bump_locked() if new else None
+        if snapshot is not None:
+            log.error("index %d reports data loss: %s", request.index,
+                      "; ".join(f"table {d.table!r}: {d.stripe_count} stripes" for d in new))
+            self._broadcast(snapshot)
+        with self._lock:
+            return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
 
     def GetClusterMap(self, request, context):
         with self._lock:
@@ -240,8 +336,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if not known:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server at {request.address!r} in the map")
         log.info("client reports %s: %s", request.address, request.detail or "(no detail)")
-        if not self._check_server(request.address, reported=True):
-            try:  # promote a standby now, so the reply already names the replacement
+        if not self._check_server(request.address):
+            try:  # promote a standby now when it is safe, so the reply already names the replacement
                 self._promote_standbys()
             except Exception:  # noqa: BLE001 - reported, never swallowed; the monitor retries
                 log.exception("promotion failed")
@@ -283,8 +379,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         return "; ".join(errors) or None
 
     # --- failure detection and promotion ---------------------------------------------------------
-    def _check_server(self, address: str, reported: bool = False) -> bool:
-        """Health-checks ``address``; declares it failed when it has failed enough checks. True if alive."""
+    def _check_server(self, address: str) -> bool:
+        """Health-checks ``address``; declares it failed when nothing listens there any more (its process is
+        gone), or when it has failed ``failures_before_dead`` checks in a row over at least
+        ``failure_timeout_s``.  True if alive."""
         h = self._handle(address)
         try:
             resp = h.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.config.health_timeout_s)
@@ -294,16 +392,23 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if alive:
             h.failed_checks = 0
             return True
+        now = time.monotonic()
+        if h.failed_checks == 0:
+            h.first_failed_at = now
         h.failed_checks += 1
-        if reported or h.failed_checks >= self.config.failures_before_dead:
-            self._declare_failed(address)
+        gone = _connection_refused(address, self.config.health_timeout_s)
+        if gone or (h.failed_checks >= self.config.failures_before_dead
+                    and now - h.first_failed_at >= self.config.failure_timeout_s):
+            self._declare_failed(address, gone)
         return False
 
-    def _declare_failed(self, address: str) -> None:
+    def _declare_failed(self, address: str, gone: bool = False) -> None:
         with self._lock:
             info = next((s for s in self.map.servers if s.address == address and s.state != FAILED), None)
             if info is None:
                 return
+            if gone:
+                self._gone.add(info.server_id)
             was_standby = info.state == STANDBY
             if was_standby:
                 self.map.servers.remove(info)
@@ -311,9 +416,16 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 info.state = FAILED
                 self._event_locked("failed", info.index, address)
             snapshot = self._bump_locked()
-        log.warning("server %s (%s) declared failed; epoch %d", address, "standby" if was_standby else f"index {info.index}", snapshot.epoch)
+        log.warning("server %s (%s) declared failed (%s); epoch %d", address,
+                    "standby" if was_standby else f"index {info.index}",
+                    "its process is gone" if gone else "missed its health checks", snapshot.epoch)
         self._broadcast(snapshot)
         self._wake.set()
+
+    def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo]) -> bool:
+        """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out."""
+        now = time.monotonic()
+        return all(s.server_id in self._gone or self._leases.get(s.server_id, 0.0) <= now for s in failed)
 
     def _promote_standbys(self) -> None:
         with self._promote_lock:  # the monitor and a client report may both try
@@ -322,16 +434,25 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def _promote_standbys_locked(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                failed = sorted({s.index for s in self.map.servers if s.state == FAILED and s.index >= 0}
-                                - {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED})
+                failed_entries = [s for s in self.map.servers if s.state == FAILED and s.index >= 0]
+                held = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
+                failed = sorted({s.index for s in failed_entries} - held)
                 standbys = [s for s in self.map.servers if s.state == STANDBY]
-                if not failed or not standbys:
+                pending = next((p for p in self._promoting.values()
+                                if p.index in failed and any(s.server_id == p.server_id for s in standbys)), None)
+                if pending is not None:  # finish a promotion begun before (by this or a crashed coordinator)
+                    index = pending.index
+                    chosen = next(s for s in standbys if s.server_id == pending.server_id)
+                elif not failed or not standbys:
                     return
-                # a restarted server that asked for this index first, else any standby
-                index = failed[0]
-                chosen = next((s for s in standbys if self._wanted.get(s.server_id) in failed), standbys[0])
-                if self._wanted.get(chosen.server_id) in failed:
-                    index = self._wanted[chosen.server_id]
+                else:
+                    # a restarted server that asked for this index first, else any standby
+                    index = failed[0]
+                    chosen = next((s for s in standbys if self._wanted.get(s.server_id) in failed), standbys[0])
+                    if self._wanted.get(chosen.server_id) in failed:
+                        index = self._wanted[chosen.server_id]
+                if not self._safe_to_replace([s for s in failed_entries if s.index == index]):
+                    return  # its lease has not run out: it may still be serving (the monitor retries)
                 new_map = cluster_pb2.ClusterMap()
                 new_map.CopyFrom(self.map)
                 new_map.epoch += 1
@@ -343,12 +464,20 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                          for name, d in self._dense.items() if index in self.layout.dense_servers(name)]
                 stub = self._handle(chosen.address).embedding
                 address, server_id = chosen.address, chosen.server_id
+                self._promoting[server_id] = coordinator_pb2.PendingPromotion(server_id=server_id, address=address,
+                                                                              index=index)
+                self._save_locked()  # a coordinator that crashes now finishes this promotion when it restarts
             try:
-                ack = stub.Promote(embedding_pb2.PromoteRequest(index=index, map=new_map, dense=dense), timeout=self.config.rpc_timeout_s)
+                ack = stub.Promote(embedding_pb2.PromoteRequest(index=index, map=new_map, dense=dense),
+                                   timeout=self.config.rpc_timeout_s)
             except grpc.RpcError as exc:
-                log.warning("promoting %s to index %d failed: %s", address, index, exc.details())
-                self._declare_failed(address)
-                continue
+                log.warning("promoting %s to index %d failed: %s: %s", address, index, exc.code().name, exc.details())
+                if _connection_refused(address, self.config.health_timeout_s):
+                    with self._lock:
+                        self._promoting.pop(server_id, None)
+                    self._declare_failed(address, gone=True)
+                    continue
+                return  # e.g. a survivor did not answer its resolution yet: the monitor retries (Promote is idempotent)
             with self._lock:
                 for s in list(self.map.servers):
                     if s.index == index and s.state == FAILED:
@@ -358,6 +487,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                         s.index = index
                         s.state = RECOVERING if ack.recovering else ACTIVE
                 self._wanted.pop(server_id, None)
+                self._promoting.pop(server_id, None)
+                self._leases[server_id] = time.monotonic() + self.config.lease_s
                 self._event_locked("promoted", index, address)
                 if not ack.recovering:
                     self._event_locked("redundant", index, address)
@@ -380,6 +511,9 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._promote_standbys()
             except Exception:  # noqa: BLE001 - reported, never swallowed
                 log.exception("promotion failed")
+            if self._map_pusher.is_set():
+                self._map_pusher.clear()
+                self._rebroadcast()
 
     def start(self) -> "CoordinatorServer":
         return CoordinatorServer(self)

@@ -44,7 +44,7 @@ class Courier:
         self._lock = threading.Lock()
         self._outgoing: dict[int, list[embedding_pb2.RelayBatch]] = {}  # destination index -> batches
         self._acks: dict[int, dict[tuple[int, str], embedding_pb2.ParityWatermark]] = {}  # owner index -> latest
-        self._held: dict[int, OrderedDict[tuple[str, int], HeldPush]] = {}  # owner index -> pushes, oldest first
+        self._held: dict[int, OrderedDict[tuple, HeldPush]] = {}  # owner index -> pushes, oldest first
         self.stats = {"relayed": 0, "replayed": 0, "replayed_already_applied": 0}
 
     # --- what goes out --------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ class Courier:
     def pushed(self, index: int, request: embedding_pb2.PushRequest, reply: embedding_pb2.PushReply) -> None:
         """Server ``index`` acknowledged ``request``; keep it until confirmed (if its strategy confirms)."""
         self.received(index, reply)
-        key = (request.push_id.worker, request.push_id.sequence)
+        key = (request.push_id.worker, request.push_id.incarnation, request.push_id.sequence)
         with self._lock:
             held = self._held.setdefault(index, OrderedDict())
             if reply.seq > reply.confirmed_upto and reply.server_id:

@@ -96,8 +96,9 @@ class Peers:
 
     def __init__(self, current_map: Callable[[], cluster_pb2.ClusterMap | None], coordinator: CoordinatorClient,
                  timeout_s: float, retry_deadline_s: float, max_message_bytes: int = 256 << 20,
-                 retry_pause_s: float = 0.05):
+                 retry_pause_s: float = 0.05, identity: Callable[[], tuple] | None = None):
         self.current_map = current_map
+        self.identity = identity or (lambda: ())
         self.coordinator = coordinator
         self.timeout_s = timeout_s
         self.retry_deadline_s = retry_deadline_s
@@ -146,6 +147,10 @@ class Peers:
                 stub = self._stubs[key] = _STUBS[service](channel)
             return stub
 
+    def metadata(self) -> tuple:
+        """What every call carries about its caller (a server's id and map epoch, for fencing)."""
+        return tuple(self.identity())
+
     def report(self, address: str, detail: str) -> None:
         self.coordinator.report_failure(address, detail)
 
@@ -174,7 +179,8 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 try:
-                    return getattr(self.stub(address, service), method)(request, timeout=timeout_s)
+                    return getattr(self.stub(address, service), method)(request, timeout=timeout_s,
+                                                                        metadata=self.metadata())
                 except grpc.RpcError as exc:
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
@@ -209,7 +215,8 @@ class Peers:
             address = self.address_of(index)
             pending.append((index, address, method))
             if address is not None:
-                work.append((getattr(self.stub(address, service), method), (request,), {"timeout": self.timeout_s}))
+                work.append((getattr(self.stub(address, service), method), (request,),
+                             {"timeout": self.timeout_s, "metadata": self.metadata()}))
         results = iter(self._parallel(work))
         replies = []
         for index, address, method in pending:
@@ -243,7 +250,8 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 sent.append((index, address))
-                work.append((getattr(self.stub(address, service), method), (request,), {"timeout": self.timeout_s}))
+                work.append((getattr(self.stub(address, service), method), (request,),
+                             {"timeout": self.timeout_s, "metadata": self.metadata()}))
         outcome = {index: (address, *result) for (index, address), result in zip(sent, self._parallel(work))}
         replies = {}
         for index, request in requests.items():

@@ -32,7 +32,7 @@ from ecrec.config import ServerConfig
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, Peers
 from ecrec.shards import DenseShard, TableShard
-from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate
+from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
 from ecrec.tables import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2, embedding_pb2_grpc
@@ -41,28 +41,60 @@ log = logging.getLogger("ecrec.server")
 
 
 class AppliedPushes:
-    """Push ids applied on this server (bounded), each with the sequence it got here (0: applied by an earlier
-    incarnation of this index, kept by recovery).
+    """Which pushes this server applied, in bounded memory, so a retry is answered "already applied".
 
-    A retry of an applied push is answered "already applied", so a push is applied exactly once even when
-    its first reply was lost or its owner was replaced.
+    A worker sends its pushes to a server in increasing sequence and retries or replays only pushes it was
+    not sure of, oldest first, so per worker incarnation the highest sequence applied (its *high-water mark*)
+    tells applied from new: a push at or below it was applied here or, after a recovery, kept.  Pushes not
+    yet confirmed also keep the sequence they got here (``recent``), which a retry's reply carries.
+
+    Bounds: one mark per worker incarnation (at most ``workers``, least recently used forgotten first) and one
+    entry per push not yet confirmed (at most ``recent``, oldest forgotten first).
     """
 
-    def __init__(self, capacity: int = 1 << 20):
-        self.capacity = capacity
-        self._ids: OrderedDict[tuple[str, int], int] = OrderedDict()
+    def __init__(self, workers: int = 100_000, recent: int = 65_536):
+        self.max_workers = workers
+        self.max_recent = recent
+        self._marks: OrderedDict[str, int] = OrderedDict()
+        self._recent: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, int]) -> int | None:
-        """The push's sequence here, or None when it was not applied."""
+        """The push's sequence here (0: applied before the last confirmation, or by an earlier incarnation of
+        this index), or None when it was not applied."""
+        worker, sequence = key
         with self._lock:
-            return self._ids.get(key)
+            seq = self._recent.get(key)
+            if seq is not None:
+                return seq
+            mark = self._marks.get(worker)
+            return 0 if mark is not None and sequence <= mark else None
 
     def add(self, key: tuple[str, int], seq: int = 0) -> None:
+        worker, sequence = key
         with self._lock:
-            self._ids[key] = seq
-            while len(self._ids) > self.capacity:
-                self._ids.popitem(last=False)
+            if sequence > self._marks.get(worker, -1):
+                self._marks[worker] = sequence
+            self._marks.move_to_end(worker)
+            while len(self._marks) > self.max_workers:
+                self._marks.popitem(last=False)
+            if seq:
+                self._recent[key] = seq
+                while len(self._recent) > self.max_recent:
+                    self._recent.popitem(last=False)
+
+    def confirmed(self, upto: int) -> None:
+        """Every push with a sequence here up to ``upto`` is durable: forget their sequences."""
+        with self._lock:
+            while self._recent:
+                key, seq = next(iter(self._recent.items()))
+                if seq > upto:
+                    break
+                self._recent.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._marks) + len(self._recent)
 
 
 class HandlerCounters:
@@ -89,6 +121,31 @@ class HandlerCounters:
     def snapshot(self) -> dict:
         with self._lock:
             return {"calls": dict(self.calls), "seconds": dict(self.seconds), "cpu_seconds": dict(self.cpu_seconds)}
+
+
+class Lease:
+    """This server's lease: it serves while it holds one.  The coordinator promotes a replacement only after the
+    lease it granted ran out (on its clock); here a lease is counted from *before* the request that got it was
+    sent, and shortened by ``margin``, so this server always stops first."""
+
+    def __init__(self, margin: float = 0.9):
+        self.margin = margin
+        self.until = 0.0  # monotonic
+        self.length_s = 0.0
+        self.revoked = ""  # why the coordinator refused it (this server was replaced)
+
+    def grant(self, sent_at: float, length_s: float) -> None:
+        if self.revoked:
+            return
+        self.length_s = length_s
+        self.until = max(self.until, sent_at + length_s * self.margin)
+
+    def revoke(self, reason: str) -> None:
+        self.revoked = reason or "revoked"
+        self.until = 0.0
+
+    def valid(self) -> bool:
+        return not self.revoked and time.monotonic() < self.until
 
 
 class PushSequencer:
@@ -125,6 +182,9 @@ class ServerState:
         self.applied = AppliedPushes()
         self.sequencer = PushSequencer()
         self.handlers = HandlerCounters()
+        self.lease = Lease()
+        self._promote_lock = threading.Lock()
+        self._promoted_to = -1  # the index a finished promotion gave this server
         self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
         self.faults = faults.FaultInjector(config.fault_spec)
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
@@ -133,7 +193,8 @@ class ServerState:
         self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
                                              config.max_message_bytes, on_map=self.adopt_map)
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=config.rpc_timeout_s,
-                           retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes)
+                           retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes,
+                           identity=lambda: (("ecrec-caller", self._server_id), ("ecrec-epoch", str(self.epoch))))
 
     # --- StrategyHost ----------------------------------------------------------------------------------------
     @property
@@ -159,6 +220,43 @@ class ServerState:
     def require_index(self) -> None:
         if self.index < 0 or self._layout is None:
             raise errors.FailedPrecondition("this server holds no index yet (standby)")
+
+    def require_serving(self, caller_epoch: int = 0) -> None:
+        """Refuses (UNAVAILABLE: the caller follows the map) unless this server holds a lease and still holds
+        its index in the newest map a caller has seen."""
+        if not self.lease.valid():
+            why = f"it was replaced ({self.lease.revoked})" if self.lease.revoked else "its lease ran out"
+            raise errors.Unavailable(f"server {self.index} ({self.server_id}) does not serve: {why}; refresh the map")
+        if caller_epoch > self.epoch:  # the caller has seen a newer map: this server may have been replaced
+            self.refresh_map()
+            if self.map is not None and self.index >= 0:
+                holder = next((s for s in self.map.servers if s.index == self.index and s.state != cluster_pb2.FAILED
+                               ), None)
+                if holder is None or holder.server_id != self.server_id:
+                    raise errors.Unavailable(f"server {self.server_id} no longer holds index {self.index} "
+                                             f"(map epoch {self.epoch}); refresh the map")
+
+    def refresh_map(self) -> None:
+        """Fetches the coordinator's map (a peer or a lease renewal showed a newer epoch)."""
+        try:
+            self.coordinator.get_map()
+        except grpc.RpcError as exc:
+            log.warning("could not refresh the cluster map: %s", exc.code().name)
+
+    def check_peer(self, context) -> None:
+        """A server-to-server call: refused unless the caller (``ecrec-caller`` metadata) is a server of the map
+        (after catching up with the caller's newer epoch), so an old incarnation of a peer is fenced off."""
+        meta = dict(context.invocation_metadata() or ())
+        caller, epoch = meta.get("ecrec-caller"), int(meta.get("ecrec-epoch", "0") or 0)
+        self.require_serving()
+        if not caller:
+            return
+        if epoch > self.epoch:
+            self.refresh_map()
+        if self.map is not None and not any(s.server_id == caller and s.state != cluster_pb2.FAILED
+                                            for s in self.map.servers):
+            raise errors.FailedPrecondition(f"caller {caller} is not a server of the cluster map (epoch {self.epoch}): "
+                                            "an old incarnation or a stranger; refused")
 
     def tables(self) -> list[TableShard]:
         with self.lock:
@@ -252,7 +350,17 @@ class ServerState:
 
     def promote(self, index: int, new_map: cluster_pb2.ClusterMap, dense) -> bool:
         """Takes ``index`` of a failed server: its tables and dense tensors, then the strategy's recovery.
-        Returns whether the strategy keeps rebuilding in the background."""
+        Returns whether the strategy keeps rebuilding in the background.  Idempotent: promoting again to the
+        same index (a retried call, a restarted coordinator) reports the state instead of starting over; a
+        promotion that failed midway (e.g. a survivor did not answer its resolution) runs again."""
+        with self._promote_lock:
+            if self._promoted_to == index:
+                return self.strategy.is_recovering()
+            recovering = self._promote(index, new_map, dense)
+            self._promoted_to = index
+            return recovering
+
+    def _promote(self, index: int, new_map: cluster_pb2.ClusterMap, dense) -> bool:
         with self.lock:
             if self.index >= 0 and self.index != index:
                 raise errors.FailedPrecondition(f"this server already holds index {self.index}")
@@ -310,6 +418,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     def _pull(self, request):
         st = self.state
         st.require_index()
+        st.require_serving(request.epoch)
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty pull: name at least one table or dense tensor")
         watermarks = st.strategy.on_relay(request.relay) if request.relay else []
@@ -399,6 +508,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     def _validate(self, request):
         st = self.state
         st.require_index()
+        st.require_serving(request.epoch)
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty push: no table rows and no dense gradients")
         if not request.push_id.worker:
@@ -419,11 +529,12 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         strategy = st.strategy
         for d, _ in dense_plans:  # rebuilt before anything reads them, the reply of a retry included
             strategy.ensure_dense(d)
-        key = (request.push_id.worker, request.push_id.sequence)
+        key = push_key(request.push_id)
         seq = st.applied.get(key)
         if seq is not None:  # a retry (or a replay) of a push applied here or kept by recovery
             return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
         strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
+        strategy.admit_push()  # waits (or refuses) while too many pushes wait for their redundancy
         st.faults.hit("before_local_commit")
         # apply, one push at a time; the strategy sees the old and new bytes of everything it changed
         keep_old = strategy.needs_old_payload
@@ -442,12 +553,15 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 push.dense.append(DenseUpdate(d, old, new, old_version))
             outcome = strategy.on_push(push)
             st.applied.add(key, push.seq)
+            if outcome is not None and outcome.confirmed_upto:
+                st.applied.confirmed(outcome.confirmed_upto)
         if replayed or request.replay:
             st.faults.hit("during_replay")
         # acknowledged once the strategy's completion (if any) is done
         if outcome is not None and outcome.completion is not None:
             outcome.completion.result(timeout=st.config.rpc_timeout_s)
         st.faults.hit("after_parity_before_ack")
+        st.require_serving()  # no acknowledgement from a server whose lease ran out meanwhile
         return self._push_reply(request, False, rows_updated, outcome, watermarks)
 
     def _push_reply(self, request, already_applied: bool, rows: int, outcome, watermarks):
@@ -466,6 +580,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     def ReadPayload(self, request, context):
         st = self.state
         st.require_index()
+        st.require_serving()
         reply = embedding_pb2.ReadPayloadReply()
         if request.table:
             shard = st.table(request.table)
@@ -537,7 +652,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
 
 
 class EmbeddingServer:
-    """Runs one embedding server: gRPC service, health, registration, strategy timer."""
+    """Runs one embedding server: gRPC service, health service on its own port, registration, lease, timer."""
 
     def __init__(self, config: ServerConfig):
         self.config = config
@@ -551,24 +666,32 @@ class EmbeddingServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.port = transport.bind(self._grpc, config.host, config.port)
         self.state.address = f"{config.host}:{self.port}"
+        # the coordinator's health checks have threads of their own: a server busy with pushes still answers
+        self._health_grpc = transport.make_server(2)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
+        self.health_port = transport.bind(self._health_grpc, config.host, 0)
         self._stop = threading.Event()
+        self.stopped = threading.Event()  # set when this server stops (replaced: its lease was refused)
         self._timer_thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._grpc.start()
+        self._health_grpc.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._register(self.config.register_timeout_s)
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
+        threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()
 
     def _register(self, timeout_s: float) -> None:
         stub = self.state.coordinator.stub
         deadline = time.monotonic() + timeout_s
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
-            want_index=self.config.want_index,
+            want_index=self.config.want_index, health_address=f"{self.config.host}:{self.health_port}",
         )
         while True:
+            sent = time.monotonic()
             try:
                 reply = stub.Register(request, timeout=self.config.rpc_timeout_s)
                 break
@@ -576,6 +699,7 @@ class EmbeddingServer:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
                 time.sleep(0.2)
+        self.state.lease.grant(sent, reply.lease_s)
         with self.state.lock:
             if reply.index >= 0 and self.state.index < 0:
                 self.state.index = reply.index
@@ -583,13 +707,38 @@ class EmbeddingServer:
         log.info("registered at %s as %s (epoch %d)", self.state.address,
                  f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
 
+    def _lease_loop(self) -> None:
+        """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
+        declared failed and is being replaced)."""
+        st = self.state
+        while not self._stop.is_set():
+            period = max(0.05, st.lease.length_s / 3) if st.lease.length_s else 0.5
+            if self._stop.wait(period):
+                return
+            sent = time.monotonic()
+            try:
+                reply = st.coordinator.stub.RenewLease(coordinator_pb2.RenewLeaseRequest(
+                    server_id=st.server_id, index=st.index, epoch=st.epoch), timeout=period)
+            except grpc.RpcError as exc:
+                log.warning("lease renewal failed (%s); serving until %.1f s from now", exc.code().name,
+                            max(0.0, st.lease.until - time.monotonic()))
+                continue
+            if not reply.granted:
+                log.error("the coordinator refused this server's lease (%s): it was replaced; stopping", reply.reason)
+                st.lease.revoke(reply.reason)
+                threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
+                return
+            st.lease.grant(sent, reply.lease_s)
+            if reply.epoch > st.epoch:
+                st.refresh_map()
+
     def _timer_loop(self) -> None:
         while not self._stop.is_set():
             strategy = self.state.strategy
             interval = getattr(strategy, "timer_interval_s", None) if strategy else None
             if self._stop.wait(interval or 0.5):
                 return
-            if interval and self.state.index >= 0:
+            if interval and self.state.index >= 0 and self.state.lease.valid():
                 try:
                     strategy.on_timer()
                 except Exception:  # noqa: BLE001 - reported, never swallowed
@@ -599,6 +748,8 @@ class EmbeddingServer:
         self._grpc.wait_for_termination()
 
     def stop(self, grace_s: float = 2.0) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._health.enter_graceful_shutdown()
         if self.state.strategy is not None:
@@ -607,3 +758,5 @@ class EmbeddingServer:
             except Exception:  # noqa: BLE001
                 log.exception("strategy close failed")
         self._grpc.stop(grace_s).wait()
+        self._health_grpc.stop(0).wait()
+        self.stopped.set()

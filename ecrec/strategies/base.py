@@ -46,6 +46,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ecrec.wire import cluster_pb2
 
 
+def push_key(push_id) -> tuple[str, int]:
+    """A push's identity on the servers: ``("worker@incarnation", sequence)`` (``PushId`` message in).
+
+    A restarted worker that keeps its name is another incarnation, so its first pushes are not taken for
+    retries of the old process's pushes."""
+    worker = push_id.worker + ("@" + push_id.incarnation if push_id.incarnation else "")
+    return worker, int(push_id.sequence)
+
+
 class Completion(Protocol):
     """Something the server waits on before acknowledging a push."""
 
@@ -127,6 +136,12 @@ class StrategyHost(Protocol):
 
     def require_index(self) -> None: ...  # raises FailedPrecondition on a standby
 
+    def require_serving(self, caller_epoch: int = 0) -> None: ...  # raises Unavailable without a lease
+
+    def check_peer(self, context) -> None: ...  # a server-to-server call from a current server of the map
+
+    def refresh_map(self) -> None: ...  # fetch the coordinator's map now
+
     def tables(self) -> "list[TableShard]": ...  # every table shard, by name
 
     def table(self, name: str) -> "TableShard": ...  # raises NotFound
@@ -166,6 +181,10 @@ class FaultToleranceStrategy:
     def on_dense_created(self, dense: "DenseShard") -> None:
         pass
 
+    def admit_push(self) -> None:
+        """Called before a push is applied (not under the apply lock): may wait, or raise ``Unavailable``,
+        while too much earlier work is pending (backpressure).  Nothing is changed yet when it raises."""
+
     def on_push(self, push: AppliedPush) -> PushOutcome | None:
         """A push was applied locally; what to wait for before acknowledging it and what the reply carries."""
         return None
@@ -198,6 +217,10 @@ class FaultToleranceStrategy:
 
     def on_timer(self) -> None:
         pass
+
+    def is_recovering(self) -> bool:
+        """Whether this server still rebuilds after a promotion."""
+        return False
 
     def on_recovery(self, failed_index: int) -> bool:
         """This server was just promoted to hold ``failed_index``; tables exist (with initial values

@@ -61,19 +61,21 @@ class DenseSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., optimizer: _Optional[str] = ..., lr: _Optional[float] = ..., eps: _Optional[float] = ..., initial_accumulator_value: _Optional[float] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("index", "address", "state", "server_id")
+    __slots__ = ("index", "address", "state", "server_id", "health_address")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     index: int
     address: str
     state: ServerState
     server_id: str
-    def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ...) -> None: ...
+    health_address: str
+    def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ..., health_address: _Optional[str] = ...) -> None: ...
 
 class ClusterMap(_message.Message):
-    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events")
+    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events", "data_loss")
     class StrategyOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +94,7 @@ class ClusterMap(_message.Message):
     DENSE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_LOSS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     num_servers: int
     strategy: str
@@ -103,7 +106,22 @@ class ClusterMap(_message.Message):
     dense: _containers.RepeatedCompositeFieldContainer[DenseSpec]
     ready: bool
     events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
-    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ...) -> None: ...
+    data_loss: _containers.RepeatedCompositeFieldContainer[DataLoss]
+    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., data_loss: _Optional[_Iterable[_Union[DataLoss, _Mapping]]] = ...) -> None: ...
+
+class DataLoss(_message.Message):
+    __slots__ = ("table", "stripes", "stripe_count", "indices", "wall_time")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    STRIPES_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    stripes: _containers.RepeatedScalarFieldContainer[int]
+    stripe_count: int
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    wall_time: float
+    def __init__(self, table: _Optional[str] = ..., stripes: _Optional[_Iterable[int]] = ..., stripe_count: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., wall_time: _Optional[float] = ...) -> None: ...
 
 class ClusterEvent(_message.Message):
     __slots__ = ("kind", "index", "address", "wall_time", "epoch")

@@ -7,25 +7,61 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RenewLeaseRequest(_message.Message):
+    __slots__ = ("server_id", "index", "epoch")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    index: int
+    epoch: int
+    def __init__(self, server_id: _Optional[str] = ..., index: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RenewLeaseReply(_message.Message):
+    __slots__ = ("granted", "lease_s", "epoch", "reason")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    lease_s: float
+    epoch: int
+    reason: str
+    def __init__(self, granted: _Optional[bool] = ..., lease_s: _Optional[float] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportDataLossRequest(_message.Message):
+    __slots__ = ("index", "server_id", "lost")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    server_id: str
+    lost: _containers.RepeatedCompositeFieldContainer[_cluster_pb2.DataLoss]
+    def __init__(self, index: _Optional[int] = ..., server_id: _Optional[str] = ..., lost: _Optional[_Iterable[_Union[_cluster_pb2.DataLoss, _Mapping]]] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
-    __slots__ = ("address", "standby", "server_id", "want_index")
+    __slots__ = ("address", "standby", "server_id", "want_index", "health_address")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     WANT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     address: str
     standby: bool
     server_id: str
     want_index: int
-    def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ...) -> None: ...
+    health_address: str
+    def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ..., health_address: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("map", "index")
+    __slots__ = ("map", "index", "lease_s")
     MAP_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     map: _cluster_pb2.ClusterMap
     index: int
-    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., index: _Optional[int] = ...) -> None: ...
+    lease_s: float
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., index: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class GetClusterMapRequest(_message.Message):
     __slots__ = ("known_epoch",)
@@ -60,9 +96,21 @@ class ReportFailureRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
-    __slots__ = ("map", "dense")
+    __slots__ = ("map", "dense", "promoting")
     MAP_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    PROMOTING_FIELD_NUMBER: _ClassVar[int]
     map: _cluster_pb2.ClusterMap
     dense: _containers.RepeatedCompositeFieldContainer[RegisterDenseRequest]
-    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ...) -> None: ...
+    promoting: _containers.RepeatedCompositeFieldContainer[PendingPromotion]
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ..., promoting: _Optional[_Iterable[_Union[PendingPromotion, _Mapping]]] = ...) -> None: ...
+
+class PendingPromotion(_message.Message):
+    __slots__ = ("server_id", "address", "index")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    address: str
+    index: int
+    def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...

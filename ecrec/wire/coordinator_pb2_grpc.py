@@ -65,6 +65,16 @@ class CoordinatorStub:
                 request_serializer=ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
                 _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/ecrec.wire.Coordinator/RenewLease',
+                request_serializer=ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseReply.FromString,
+                _registered_method=True)
+        self.ReportDataLoss = channel.unary_unary(
+                '/ecrec.wire.Coordinator/ReportDataLoss',
+                request_serializer=ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -112,6 +122,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewLease(self, request, context):
+        """A server's lease: it serves only while it holds one; refused once the server is replaced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportDataLoss(self, request, context):
+        """A replacement found stripes it cannot rebuild (more than m members lost at once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +167,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'ReportRedundant': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportRedundant,
                     request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseReply.SerializeToString,
+            ),
+            'ReportDataLoss': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDataLoss,
+                    request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.SerializeToString,
             ),
     }
@@ -307,6 +341,60 @@ class Coordinator:
             target,
             '/ecrec.wire.Coordinator/ReportRedundant',
             ecrec_dot_wire_dot_coordinator__pb2.ReportRedundantRequest.SerializeToString,
+            ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.Coordinator/RenewLease',
+            ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseRequest.SerializeToString,
+            ecrec_dot_wire_dot_coordinator__pb2.RenewLeaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDataLoss(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.Coordinator/ReportDataLoss',
+            ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.SerializeToString,
             ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
             options,
             channel_credentials,

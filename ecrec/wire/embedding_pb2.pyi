@@ -16,12 +16,14 @@ class Ack(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., recovering: _Optional[bool] = ...) -> None: ...
 
 class PushId(_message.Message):
-    __slots__ = ("worker", "sequence")
+    __slots__ = ("worker", "sequence", "incarnation")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker: str
     sequence: int
-    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class TableIds(_message.Message):
     __slots__ = ("table", "ids")

@@ -33,6 +33,8 @@ class ErasureOptions:
     max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
     max_batch_bytes: int = option(4 << 20, "largest direct ApplyParity message (bytes)")
     rebuild_deadline_s: float = option(120.0, "a row that cannot be rebuilt for this long fails its request (s)")
+    resolve_deadline_s: float = option(30.0, "a replacement waits this long for every live server to answer its "
+                                             "resolution, then its promotion fails and is retried (s)")
     partial_parity_wait_s: float = option(30.0, "fault injection after_partial_parity: wait for the first batch (s)")
 
     def validate(self, strategy: str = "ecrec") -> "ErasureOptions":
@@ -45,7 +47,7 @@ class ErasureOptions:
         for key in ("rebuild_pause_s", "heartbeat_s", "coalesce_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 0")
-        for key in ("rebuild_deadline_s", "partial_parity_wait_s", "relay_timeout_s"):
+        for key in ("rebuild_deadline_s", "partial_parity_wait_s", "relay_timeout_s", "resolve_deadline_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be > 0")
         for key in ("rebuild_duty", "rebuild_duty_training"):

@@ -193,7 +193,6 @@ class ParityOwner:
         with self.lock:
             if self._last_seq == 0:  # this incarnation's first push: sequences are consecutive from here
                 self._confirmed = push.seq - 1
-            self._wait_for_room()
             group = self._group
             if group is None:
                 group = self._group = PushGroup(push.seq, push.seq, time.monotonic())
@@ -262,8 +261,13 @@ class ParityOwner:
         if entry is not None:
             self._after_close(entry)
 
+    def admit(self) -> None:
+        """Backpressure, before a push is applied: while ``max_unconfirmed`` pushes wait for their parity, waits
+        (the senders deliver directly meanwhile), then refuses with ``Unavailable`` (the worker retries)."""
+        with self.lock:
+            self._wait_for_room()
+
     def _wait_for_room(self) -> None:
-        """Backpressure: at most ``max_unconfirmed`` pushes wait for their parity (call with the lock held)."""
         limit = self.options.max_unconfirmed
         if self._last_seq - self._confirmed < limit:
             return

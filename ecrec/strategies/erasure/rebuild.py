@@ -35,7 +35,8 @@ from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.tables import TableSpec
-from ecrec.wire import parity_pb2
+from ecrec.cluster_map import live_servers
+from ecrec.wire import cluster_pb2, coordinator_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
@@ -133,6 +134,22 @@ def gather_many(host: StrategyHost, reads: list[StripeRead]) -> list[StripeMembe
 
 
 # --- choosing members --------------------------------------------------------------------------------------------
+def lost_stripe_rows(members: StripeMembers, stripes: np.ndarray, my_member: np.ndarray, unavailable: set[int],
+                     layout) -> np.ndarray:
+    """Rows (of the rebuilding server, member ``my_member`` of each stripe: a data position, or ``k + j`` for
+    parity ``j``) whose stripes lost more than ``m`` members: this server's own, plus every member on an
+    ``unavailable`` index that could not be read (or was not rebuilt there).  A member merely slow to answer, on
+    a live server, does not count: it may answer later."""
+    k, m = layout.k, layout.m
+    n = len(stripes)
+    lost = np.ones(n, dtype=np.int64)  # this server's own member
+    for t in range(k + m):
+        server = layout.member_server(stripes, t)
+        on_unavailable = np.isin(server, list(unavailable)) if unavailable else np.zeros(n, dtype=bool)
+        lost += ((my_member != t) & on_unavailable & ~members.ready[t]).astype(np.int64)
+    return lost > m
+
+
 def plan_data_rebuild(members: StripeMembers, my_pos: np.ndarray, k: int, m: int):
     """Which members rebuild each lost data row.
 
@@ -193,6 +210,8 @@ class RebuildEngine:
         self.recovering = threading.Event()
         self.lock = threading.Lock()  # one background batch at a time (on-demand rebuilds do not take it)
         self.foreground = 0  # requests rebuilding their rows right now (the background yields to them)
+        self.lost: dict[str, np.ndarray] = {}  # table -> slots whose stripes lost more than m members
+        self.lost_parity: dict[int, np.ndarray] = {}  # arena -> parity slots that can never be encoded
         self.last_request = 0.0  # when a pull or push last came in (monotonic)
 
     def start(self) -> None:
@@ -220,6 +239,9 @@ class RebuildEngine:
         work = []
         for shard, slots in items:
             missing = shard.unready(slots)
+            lost = self.lost.get(shard.spec.name)
+            if lost is not None and len(missing) and lost[missing].any():
+                raise errors.DataLoss(self._describe_lost([(shard, np.unique(missing[lost[missing]]))]))
             if len(missing):
                 work.append((shard, np.unique(missing)))
         if not work:
@@ -243,22 +265,27 @@ class RebuildEngine:
     # --- data rows -------------------------------------------------------------------------------------------
     def rebuild_data(self, work: list[tuple[TableShard, np.ndarray]], foreground: bool = False) -> None:
         """Rebuilds this server's data rows (``(shard, slots)`` per table) from ``k`` consistent members of their
-        stripes: one round of reads for every table, repeated for rows whose members do not agree yet."""
+        stripes: one round of reads for every table, repeated for rows whose members do not agree yet.
+
+        A row whose stripe lost more than ``m`` members (failed, or replaced and not rebuilt themselves) can
+        never be rebuilt: it is marked lost, reported to the coordinator, and a request for it fails at once
+        with ``DataLoss`` naming the table and stripes."""
         layout = self.host.layout
         k, m = layout.k, layout.m
         deadline = time.monotonic() + self.options.rebuild_deadline_s
+        lost_now: list[tuple[TableShard, np.ndarray]] = []
         while work:
             with self.lock if not foreground else contextlib.nullcontext():
-                work = [(shard, shard.unready(slots)) for shard, slots in work]
-                work = [(shard, slots) for shard, slots in work if len(slots)]
+                work = self._still_to_do(work)
                 if not work:
-                    return
+                    break
                 reads, positions = [], []
                 for shard, slots in work:
                     stripes, my_pos = np.divmod(layout.ids_of_slots(self.host.index, slots), k)
                     reads.append(StripeRead(shard.spec, stripes, np.arange(k)[:, None] != my_pos[None, :], True))
                     positions.append(my_pos)
-                for (shard, slots), members, my_pos in zip(work, gather_many(self.host, reads), positions):
+                unavailable = self._unavailable_members()
+                for (shard, slots), members, my_pos, read in zip(work, gather_many(self.host, reads), positions, reads):
                     groups, row_version = plan_data_rebuild(members, my_pos, k, m)
                     done_rows, payloads = [], []
                     for (i, data_members, chosen), rows in groups.items():
@@ -266,17 +293,78 @@ class RebuildEngine:
                         available.update({k + j: members.payload[k + j, rows] for j in chosen})
                         payloads.append(self.codec.reconstruct_stripes(available, [i])[i])
                         done_rows.append(rows)
+                    rebuilt = np.zeros(len(slots), dtype=bool)
                     if done_rows:
                         rows = np.concatenate(done_rows)
+                        rebuilt[rows] = True
                         self.counters["rows_rebuilt"] += shard.install(slots[rows], np.concatenate(payloads),
                                                                        row_version[rows])
-                work = [(shard, shard.unready(slots)) for shard, slots in work]
-                work = [(shard, slots) for shard, slots in work if len(slots)]
+                    hopeless = ~rebuilt & lost_stripe_rows(members, read.stripes, my_pos, unavailable, layout)
+                    if hopeless.any():
+                        self._mark_lost(shard, slots[hopeless])
+                        lost_now.append((shard, slots[hopeless]))
+                work = self._still_to_do(work)
             if work:
                 if time.monotonic() > deadline:
                     left = ", ".join(f"{shard.spec.name!r}: {len(slots)}" for shard, slots in work)
                     raise errors.Unavailable(f"rows cannot be rebuilt yet (members unavailable or in flight): {left}")
                 time.sleep(0.01)
+        if lost_now:
+            self._report_lost(lost_now)
+            if foreground:
+                raise errors.DataLoss(self._describe_lost(lost_now))
+
+    def _still_to_do(self, work):
+        out = []
+        for shard, slots in work:
+            slots = shard.unready(slots)
+            lost = self.lost.get(shard.spec.name)
+            if lost is not None and len(slots):
+                slots = slots[~lost[slots]]
+            if len(slots):
+                out.append((shard, slots))
+        return out
+
+    def _unavailable_members(self) -> set[int]:
+        """Indices whose rows cannot be read now and may never be: failed (no server holds them) or held by a
+        replacement that is still rebuilding (its rows not rebuilt yet are as lost as a failed server's)."""
+        m = self.host.cluster_map
+        live = live_servers(m)
+        out = {i for i in range(m.num_servers) if i not in live}
+        out |= {i for i, s in live.items() if s.state == cluster_pb2.RECOVERING and i != self.host.index}
+        return out
+
+    def _mark_lost(self, shard: TableShard, slots: np.ndarray) -> None:
+        flags = self.lost.get(shard.spec.name)
+        if flags is None:
+            flags = self.lost[shard.spec.name] = np.zeros(shard.num_slots, dtype=bool)
+        flags[slots] = True
+        self.counters["rows_lost"] += len(slots)
+
+    def _describe_lost(self, lost: list[tuple[TableShard, np.ndarray]]) -> str:
+        layout, parts = self.host.layout, []
+        for shard, slots in lost:
+            stripes = np.unique(layout.ids_of_slots(self.host.index, slots) // layout.k)
+            parts.append(f"table {shard.spec.name!r}: {len(stripes)} stripes ({', '.join(map(str, stripes[:8]))}"
+                         f"{', ...' if len(stripes) > 8 else ''})")
+        return (f"data lost: more than m={layout.m} members of these stripes failed before they could be rebuilt "
+                f"(index {self.host.index} and {sorted(self._unavailable_members() - {self.host.index})}): "
+                + "; ".join(parts))
+
+    def _report_lost(self, lost: list[tuple[TableShard, np.ndarray]]) -> None:
+        """Tells the coordinator (the map shows it to every client); logged, never raised here."""
+        layout = self.host.layout
+        request = coordinator_pb2.ReportDataLossRequest(index=self.host.index, server_id=self.host.server_id)
+        unavailable = sorted(self._unavailable_members() | {self.host.index})
+        for shard, slots in lost:
+            stripes = np.unique(layout.ids_of_slots(self.host.index, slots) // layout.k)
+            request.lost.add(table=shard.spec.name, stripes=stripes[:64].tolist(), stripe_count=len(stripes),
+                             indices=unavailable, wall_time=time.time())
+        log.error("%s", self._describe_lost(lost))
+        try:
+            self.host.coordinator.stub.ReportDataLoss(request, timeout=self.host.config.coordinator_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+            log.error("reporting data loss to the coordinator failed: %s", exc)
 
     # --- parity rows -----------------------------------------------------------------------------------------
     def rebuild_parity(self, arena: ParityArena, part: TableParity, slots: np.ndarray) -> int:
@@ -289,8 +377,20 @@ class RebuildEngine:
         stripes = arena.slot_to_stripe[slots]
         pidx = arena.slot_to_parity_index[slots]
         want = np.ones((layout.k, len(slots)), dtype=bool)
-        members = gather_members(self.host, spec, stripes, want, want_parity=False)
+        unavailable = self._unavailable_members()
+        # with another index failed or rebuilding, read the other parities too: they tell a stripe that lost
+        # more than m members (never encodable) from one whose data rows are merely being rebuilt
+        members = gather_members(self.host, spec, stripes, want, want_parity=bool(unavailable))
         ready = members.ready[: layout.k].all(axis=0) & members.answered[: layout.k].all(axis=0)
+        if unavailable:
+            hopeless = ~ready & lost_stripe_rows(members, stripes, layout.k + pidx, unavailable, layout)
+            if hopeless.any():
+                flags = self.lost_parity.setdefault(arena.row_bytes, np.zeros(arena.size, dtype=bool))
+                if len(flags) < arena.size:
+                    flags = self.lost_parity[arena.row_bytes] = np.concatenate(
+                        [flags, np.zeros(arena.size - len(flags), dtype=bool)])
+                flags[slots[hopeless]] = True
+                self.counters["parity_rows_lost"] += int(hopeless.sum())
         if not ready.any():
             return 0
         data = np.ascontiguousarray(members.payload[: layout.k, ready].transpose(1, 0, 2))
@@ -336,8 +436,7 @@ class RebuildEngine:
         try:
             shards = self.host.tables()
             while True:  # data rows: every table's next rows in one round of reads
-                todo = [(shard, shard.unready_owned()) for shard in shards]
-                todo = [(shard, slots) for shard, slots in todo if len(slots)]
+                todo = self._still_to_do([(shard, shard.unready_owned()) for shard in shards])
                 if not todo:
                     break
                 per_table = max(1, self.options.rebuild_batch_rows // len(todo))
@@ -350,6 +449,9 @@ class RebuildEngine:
             for arena, part in list(self.receiver.parts.values()):
                 while True:
                     todo = arena.unbuilt(part)
+                    lost = self.lost_parity.get(arena.row_bytes)
+                    if lost is not None and len(todo):
+                        todo = todo[~lost[todo]]
                     if not len(todo):
                         break
                     started = time.perf_counter()
@@ -362,6 +464,11 @@ class RebuildEngine:
             return
         elapsed = time.perf_counter() - t0
         self.counters["rebuild_s"] = elapsed
+        if self.counters["rows_lost"] or self.counters["parity_rows_lost"]:
+            log.error("rebuild ended in %.2f s with %d data rows and %d parity rows lost (more than m failures in "
+                      "their stripes); this index stays RECOVERING", elapsed, self.counters["rows_lost"],
+                      self.counters["parity_rows_lost"])
+            return
         self.recovering.clear()
         log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
                  self.counters["parity_rows_rebuilt"])

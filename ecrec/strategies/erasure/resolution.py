@@ -18,9 +18,11 @@ since rebuilt its rows from data that held ``f``'s pushes, and ``f`` re-sent it 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ecrec import errors
 from ecrec.cluster_map import live_servers
 from ecrec.peers import PARITY
 from ecrec.strategies.base import StrategyHost
@@ -75,30 +77,49 @@ def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict
 class Resolver:
     """Runs resolution from the replacement of a failed index (see the module docstring)."""
 
-    def __init__(self, host: StrategyHost, counters):
+    def __init__(self, host: StrategyHost, options, counters):
         self.host = host
+        self.options = options
         self.counters = counters
 
-    def resolve(self, failed: int) -> list[tuple[str, int]]:
-        """Lists, decides and commits; returns every push id that stands (kept and recently committed)."""
+    def _ask_all(self, request, servers: list[int], deadline: float) -> dict[int, object]:
+        """``request`` to every server in ``servers``, retried until each answers or the coordinator's map no
+        longer lists it (it failed too); raises ``Unavailable`` at ``deadline`` naming those that did not."""
         host = self.host
+        answers: dict[int, object] = {}
+        todo = list(servers)
+        while True:
+            replies = host.peers.call_many([(i, "ResolveSource", request) for i in todo], PARITY, tolerate_errors=True)
+            for i, reply in zip(todo, replies):
+                if reply is not None:
+                    answers[i] = reply
+            host.refresh_map()
+            live = live_servers(host.cluster_map)
+            todo = [i for i in todo if i not in answers and i in live]
+            if not todo:
+                return answers
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(f"resolution of a failed index: servers {todo} did not answer within "
+                                         f"{self.options.resolve_deadline_s:.0f} s and are not declared failed")
+            log.warning("resolution: servers %s did not answer yet; retrying", todo)
+            time.sleep(0.1)
+
+    def resolve(self, failed: int) -> list[tuple[str, int]]:
+        """Lists, decides and commits; returns every push id that stands (kept and recently committed).
+
+        Every live server must answer: one that is slow is waited for (it may hold a batch that decides
+        what stands), not taken for failed; only the coordinator declares a server failed."""
+        host = self.host
+        deadline = time.monotonic() + self.options.resolve_deadline_s
         live = live_servers(host.cluster_map)
         peers = [i for i in live if i != host.index]
-        listings: dict[int, parity_pb2.ResolveSourceReply] = {}
         request = parity_pb2.ResolveSourceRequest(source=failed, replacement_id=host.server_id)
-        for i, reply in zip(peers, host.peers.call_many([(i, "ResolveSource", request) for i in peers], PARITY,
-                                                               tolerate_errors=True)):
-            if reply is None:
-                log.warning("resolution: server %d unreachable; it is treated as failed", i)
-            else:
-                listings[i] = reply
-        decision = decide(listings, {i: s.server_id for i, s in live.items()})
+        listings = self._ask_all(request, peers, deadline)
+        current = {i: s.server_id for i, s in live_servers(host.cluster_map).items()}
+        decision = decide(listings, current)
         commit = parity_pb2.ResolveSourceRequest(source=failed, commit=True, undo_seqs=decision.undo,
                                                  replacement_id=host.server_id)
-        commits = host.peers.call_many([(i, "ResolveSource", commit) for i in listings], PARITY, tolerate_errors=True)
-        for i, reply in zip(listings, commits):
-            if reply is None:
-                log.warning("resolution commit on server %d failed", i)
+        self._ask_all(commit, list(listings), deadline)
         self.counters["resolved_kept"] = len(decision.kept)
         self.counters["resolved_undone"] = len(decision.undo)
         log.info("resolved index %d: %d logged pushes kept (up to seq %d), %d undone (%d servers)", failed,

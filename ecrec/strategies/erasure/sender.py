@@ -84,10 +84,15 @@ class DestinationSender:
             if address is None:
                 return False
             try:
-                ack = host.peers.stub(address, PARITY).ApplyParity(message, timeout=host.config.rpc_timeout_s)
+                ack = host.peers.stub(address, PARITY).ApplyParity(message, timeout=host.config.rpc_timeout_s,
+                                                                   metadata=host.peers.metadata())
             except grpc.RpcError as exc:
                 if transport.is_unavailable(exc):
                     host.peers.report(address, f"ApplyParity: {exc.code().name}")
+                elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # e.g. addressed to a replaced incarnation
+                    host.refresh_map()
+                    log.info("parity server %d (%s) refused %d batches: %s; map refreshed, retrying", self.destination,
+                             address, len(batches), exc.details())
                 else:
                     log.error("parity server %d (%s) refused %d batches: %s: %s; retrying later", self.destination,
                               address, len(batches), exc.code().name, exc.details())

@@ -28,16 +28,19 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ApplyParity(self, request, context):
+        self.host.check_peer(context)
         return self.receiver.apply(request)
 
     @transport.service_method
     def Flush(self, request, context):
+        self.host.check_peer(context)
         if not 0 <= request.timeout_s <= MAX_FLUSH_S:
             raise errors.InvalidRequest(f"timeout_s must be in [0, {MAX_FLUSH_S:.0f}], got {request.timeout_s}")
         return parity_pb2.FlushReply(unconfirmed=self.owner.flush(request.timeout_s or 10.0))
 
     @transport.service_method
     def ResolveSource(self, request, context):
+        self.host.check_peer(context)
         if not request.commit:
             return self.receiver.list_source(request.source)
         self.receiver.commit_resolution(request.source, request.undo_seqs, request.replacement_id)
@@ -45,6 +48,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ReadRows(self, request, context):
+        self.host.check_peer(context)
         self.host.require_index()
         if request.sections:
             if any(section.sections for section in request.sections):

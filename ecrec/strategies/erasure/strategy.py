@@ -40,7 +40,7 @@ class ErasureCoding(FaultToleranceStrategy):
         self.counters = defaultdict(float)
         self.owner = ParityOwner(host, options, self.closed, self.counters)
         self.receiver = ParityReceiver(host, self.codec, self.counters)
-        self.resolver = Resolver(host, self.counters)
+        self.resolver = Resolver(host, options, self.counters)
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
 
     def services(self):
@@ -56,6 +56,9 @@ class ErasureCoding(FaultToleranceStrategy):
             self.counters["initial_encode_s"] += time.perf_counter() - t0
 
     # --- the hot path ------------------------------------------------------------------------------------------
+    def admit_push(self) -> None:
+        self.owner.admit()
+
     def on_push(self, push: AppliedPush):
         t0 = time.thread_time()
         try:
@@ -92,6 +95,9 @@ class ErasureCoding(FaultToleranceStrategy):
         self.rebuild.ensure_dense(dense)
 
     # --- recovery ----------------------------------------------------------------------------------------------
+    def is_recovering(self) -> bool:
+        return self.rebuild.recovering.is_set()
+
     def on_recovery(self, failed_index: int) -> bool:
         t0 = time.perf_counter()
         started = time.time()
