@@ -105,7 +105,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from baselines import overhead
-from baselines.options import CheckpointOptions, layout_params, parse_options
+from baselines.options import CheckpointOptions, _float, layout_params, parse_options
 from baselines.storage import (
     CheckpointCorrupt,
     CheckpointError,
