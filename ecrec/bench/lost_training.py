@@ -14,7 +14,8 @@ later.  Inside it, with ``rate`` the job's failure-free samples per second, the 
     lost_training_s = window - useful samples / rate = paused_s + replayed_s + deficit_s
 
 split by where the time went: ``paused_s`` from the kill to the end of the first step after it
-(detection, promotion, reload or rollback; less one normal step when that step was useful),
+(detection, promotion, reload or rollback; less one normal step when that step was useful; from
+the start of the step under way at the kill when the kill fell inside a step),
 ``replayed_s`` the steps redone after a rollback, ``deficit_s`` the time the useful steps took
 beyond the failure-free speed (rebuilds competing with training).
 
@@ -86,7 +87,7 @@ class FailureCost:
     """The cost of one failure over its window (seconds unless said otherwise)."""
 
     kill_t: float
-    window_s: float  # from the kill to the end of the window
+    window_s: float  # from the kill (or the start of the step under way then) to the end of the window
     useful_samples: int
     useful_throughput_ratio: float  # useful samples per second in the window / failure-free rate
     paused_s: float
@@ -101,7 +102,8 @@ class FailureCost:
 def failure_cost(records: list[dict], kill_t: float, window_end_t: float, rate: float) -> FailureCost:
     """Useful progress and lost training time of the failure at ``kill_t`` (see the module docstring).
 
-    ``window_end_t`` is moved to the end of the step running at that moment, so no step is cut;
+    ``window_end_t`` is moved to the end of the step running at that moment, and the window's start to the
+start of the step under way at the kill (if any), so no step is cut;
     ``rate`` is the failure-free samples per second of the same job.
     """
     if not (rate and rate > 0 and math.isfinite(rate)):
@@ -119,9 +121,10 @@ def failure_cost(records: list[dict], kill_t: float, window_end_t: float, rate: 
     if not inside:
         raise ValueError(f"no step ends after the failure at {kill_t}")
     end_t = records[inside[-1]]["end"]
+    start_t = min(kill_t, records[inside[0]]["start"])  # a step under way at the kill belongs to the window
     paused = replayed = deficit = 0.0
     useful_samples = 0
-    previous_end = kill_t
+    previous_end = start_t
     for n, i in enumerate(inside):
         r = records[i]
         span = r["end"] - previous_end  # the time this step stands for, waiting before it included
@@ -134,7 +137,7 @@ def failure_cost(records: list[dict], kill_t: float, window_end_t: float, rate: 
             deficit += span - r["samples"] / rate
         else:
             replayed += span
-    window = end_t - kill_t
+    window = end_t - start_t
     return FailureCost(kill_t=float(kill_t), window_s=float(window), useful_samples=useful_samples,
                        useful_throughput_ratio=float(useful_samples / window / rate) if window > 0 else 0.0,
                        paused_s=float(paused), replayed_s=float(replayed), deficit_s=float(deficit),
