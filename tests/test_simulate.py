@@ -16,7 +16,8 @@ from ecrec.bench.simulate import Input
 
 
 def explicit_inputs(**override) -> dict[str, Input]:
-    values = dict(save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
+    values = dict(save_bytes_per_s=100e6, full_save_bytes_per_s=100e6, cpr_save_bytes_per_s=100e6,
+                  mfu_save_bytes_per_s=100e6, ssu_save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
                   rebuild_bytes_per_s=50e6, recovery_throughput_ratio=0.8, target_pls=0.01,
                   partial_saves_per_interval=4.0, mfu_save_fraction=0.05, mfu_update_coverage=0.5,
                   ssu_save_fraction=0.1, ssu_update_coverage=0.8)

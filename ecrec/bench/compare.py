@@ -73,7 +73,7 @@ PRESETS = {
                       tables=9, rows_per_table=None, samples=None, embedding_dim=16, lr=0.1, mtbf_s=10.0,
                       target_pls=0.01, dataset="movielens"),
 }
-WARM_STEPS = 20  # steps every run trains before the intervals are chosen (the save stall and step time measured)
+WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the save stall and step time measured)
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
 PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
@@ -234,8 +234,8 @@ class StrategyRun:
             self.interval = self.choose_interval(tuning)
 
     def warm_step_s(self) -> float:
-        durations = [r["end"] - r["start"] for r in self.trainer.records[2:]] or \
-                    [r["end"] - r["start"] for r in self.trainer.records]
+        records = self.trainer.records
+        durations = [r["end"] - r["start"] for r in records[len(records) // 3:]]  # past the first calls' set-up
         return float(np.median(durations))
 
     def choose_interval(self, tuning=None) -> dict:
@@ -643,8 +643,10 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     samples = np.array([r["samples"] for r in records])
     durations = ends - starts
     kills = _failures_of(run)
-    warm = min(10, len(records) // 4)
-    before = slice(warm, fail_at if fail_at is not None else len(records))
+    # the failure-free steps: those before the first kill (or before fail_at), less the first calls' set-up
+    clean = int(np.sum(ends <= kills[0]["time"])) if kills else (fail_at if fail_at is not None else len(records))
+    warm = min(10, clean // 4)
+    before = slice(warm, clean)
     # time spent in steps (not wall span: interleaved measurement leaves gaps between slices)
     rate = samples[before].sum() / max(durations[before].sum(), 1e-9) if len(records[before]) else None
     median_step = float(np.median(durations[before])) if len(records[before]) else None
