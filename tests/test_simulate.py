@@ -239,8 +239,10 @@ def test_cli_from_compare_and_overrides(tmp_path, capsys):
 
 def test_cli_set_overrides(tmp_path):
     out = tmp_path / "sim.json"
+    cpr_cost = simulate.DEFAULTS["cpr_save_bytes_per_s"][0]  # the same cost per save as cpr's
     assert cli.main(["simulate", "--servers", "8", "--set", "mfu_save_fraction=0.05", "--set", "mfu_update_coverage=0",
-                     "--set", "partial_saves_per_interval=1", "--json", str(out)]) == 0
+                     "--set", "partial_saves_per_interval=1", "--set", f"mfu_save_bytes_per_s={cpr_cost}",
+                     "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["inputs"]["mfu_save_fraction"]["value"] == 0.05
     assert report["inputs"]["mfu_save_fraction"]["source"] == "given"

@@ -86,38 +86,50 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs, measured on the development machine (2 shared, busy cores; local disk; 127.0.0.1) on
-# 2026-11-30 with `ecrec-bench compare --preset quick` (4 servers, 8 tables x 20,000 rows x dim 16, Adagrad:
-# 5.12 MB of embedding state per shard; one kill at step 150 of 300).  full/cpr* ran with the coordinator
-# interval options (interval_steps=50 / interval_s=2) and the driver report and server stats kept in the
-# report, which is what `inputs_from_compare` reads; the parity overhead is the median of six paired
-# failure-free none/ecrec runs.  Absolute rates are those of this Python prototype on 2 cores, not of a
-# production parameter server: pass --from-compare with a report from the machine you care about.
+# Built-in costs: the inputs `inputs_from_compare` reads from ecrec/bench/results/compare-quick.json, the run
+# shown in the README (`ecrec-bench compare --preset quick --equal-pls`, 2026-12-01, on the development
+# machine: 2 cores shared with other jobs, load average 30-48 during the run, so steps took ~0.1 s against
+# ~0.01 s on an idle machine; 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad: 5.12 MB of embedding state
+# per shard; 3 kills per strategy).  Regenerate with
+# `ecrec-bench simulate --from-compare ecrec/bench/results/compare-quick.json --json OUT` and copy the values.
+# Absolute rates are those of this Python prototype on a loaded 2-core machine, not of a production parameter
+# server: pass --from-compare with a report from the machine you care about.
+_RUN = "dev machine, compare-quick.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
-    "save_bytes_per_s": (326e6, "bytes/s per server",
-                         "dev machine: median driver o_save_s (training stall per save) of full/cpr* = 15.7 ms per 5.12 MB shard"),
-    "full_save_bytes_per_s": (85e6, "bytes/s per server",
-                              "PLACEHOLDER full"),
-    "cpr_save_bytes_per_s": (85e6, "bytes/s per server", "PLACEHOLDER cpr"),
-    "mfu_save_bytes_per_s": (85e6, "bytes/s per server", "PLACEHOLDER mfu"),
-    "ssu_save_bytes_per_s": (85e6, "bytes/s per server", "PLACEHOLDER ssu"),
-    "load_bytes_per_s": (164e6, "bytes/s per server",
-                         "dev machine: median driver o_load_s (verified load of a shard) of full/cpr* = 31.2 ms per 5.12 MB"),
-    "reschedule_s": (0.049, "s", "dev machine: none's promotion_s (kill -> standby promoted); production schedulers take "
-                                 "far longer, see --reschedule-s"),
-    "parity_overhead": (0.30, "fraction", "dev machine: median of 6 paired failure-free none/ecrec runs (range 0.10-0.49; "
-                                          "parity updates share the 2 cores with training)"),
-    "rebuild_bytes_per_s": (6.6e6, "bytes/s per server", "dev machine: ecrec stats, 40,000 rows (5.12 MB) rebuilt in 0.78 s"),
-    "recovery_throughput_ratio": (0.83, "fraction", "dev machine: ecrec's throughput_during_recovery_ratio"),
+    "save_bytes_per_s": (38.1e6, "bytes/s per server",
+                         f"{_RUN}: median driver o_save_s (training stall per save) of full/cpr* = 134.4 ms per 5.12 MB "
+                         "shard (stall only)"),
+    "full_save_bytes_per_s": (9.99e6, "bytes/s per server",
+                              f"{_RUN}: full's failure-free overhead +54.9 % (within noise) x its interval 0.934 s = "
+                              "512.6 ms per save"),
+    "cpr_save_bytes_per_s": (8.07e6, "bytes/s per server",
+                             f"{_RUN}: cpr's overhead +79.3 % x its interval 0.800 s = 634.8 ms per save"),
+    "mfu_save_bytes_per_s": (6.43e6, "bytes/s per server",
+                             f"{_RUN}: cpr-mfu's overhead +50.2 % (within noise) x its interval 1.662 s / 1.048 = "
+                             "796.1 ms per save"),
+    "ssu_save_bytes_per_s": (4.14e6, "bytes/s per server",
+                             f"{_RUN}: cpr-ssu's overhead +37.9 % (within noise) x its interval 3.728 s / 1.144 = "
+                             "1236.0 ms per save"),
+    "load_bytes_per_s": (86.5e6, "bytes/s per server",
+                         f"{_RUN}: median driver o_load_s (verified load of a shard) of full/cpr* = 59.2 ms per 5.12 MB"),
+    "reschedule_s": (0.253, "s", f"{_RUN}: none's promotion_s (kill -> a local standby promoted); production "
+                                 "schedulers take far longer, see --reschedule-s"),
+    "parity_overhead": (0.293, "fraction", f"{_RUN}: ecrec's failure-free overhead, median of 5 paired rounds "
+                                           "(95 % interval +3 % to +64 %)"),
+    "rebuild_bytes_per_s": (6.14e6, "bytes/s per server", f"{_RUN}: ecrec stats, 40,000 rows (5.12 MB) rebuilt in "
+                                                          "0.83 s"),
+    "recovery_throughput_ratio": (0.35, "fraction", f"{_RUN}: ecrec's useful throughput while recovering, mean of 3 "
+                                                    "failures (0.94 for the first; later ones waited seconds for "
+                                                    "promotion)"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
-    "mfu_save_fraction": (0.027, "fraction", "f, dev machine: cpr-mfu stats, 1,066 rows per partial save of 40,000 "
-                                             "(mfu_fraction 0.05, only rows changed since saved)"),
-    "mfu_update_coverage": (0.64, "fraction", "h: share of row updates hitting a shard's 5 % most updated rows, counted "
-                                              "offline on the quick preset's data (Zipf a=1.05)"),
-    "ssu_save_fraction": (0.051, "fraction", "f, dev machine: cpr-ssu stats, 2,043 rows per partial save of 40,000"),
-    "ssu_update_coverage": (0.53, "fraction", "h: share of an interval's row updates hitting the rows of a 1024-event "
-                                              "sample, counted offline on the quick preset's data"),
+    "mfu_save_fraction": (0.0159, "fraction", f"f, {_RUN}: cpr-mfu stats, 385,199 rows in 605 partial saves of "
+                                              "40,000-row shards"),
+    "mfu_update_coverage": (0.691, "fraction", f"h, {_RUN} (modelled): cpr-mfu's equal-PLS replay of the run's "
+                                               "updates leaves g = 0.481 of cpr's unsaved; h = (1 - g) / (1 - 1/r)"),
+    "ssu_save_fraction": (0.048, "fraction", f"f, {_RUN}: cpr-ssu stats, 618,272 rows in 322 partial saves"),
+    "ssu_update_coverage": (1.0, "fraction", f"h, {_RUN} (modelled): cpr-ssu's replay gives g = 0.215, below 1/r: "
+                                             "h clamped to 1"),
 }
 
 
@@ -333,9 +345,11 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
         interval = row.get("interval") if isinstance(row.get("interval"), dict) else {}
         g = _num(interval.get("lost_ratio"))
         if key in ("mfu", "ssu") and str(interval.get("how", "")).startswith("equal PLS") and g is not None and 0 < g <= 1:
-            found[f"{key}_update_coverage"] = Input((1.0 - g) / (1.0 - 1.0 / r), "fraction", "modelled",
+            h = (1.0 - g) / (1.0 - 1.0 / r)
+            clamp = f"; g below 1/r = {1 / r:.3f}, which this model cannot express: h clamped to 1" if h > 1 else ""
+            found[f"{key}_update_coverage"] = Input(min(h, 1.0), "fraction", "modelled",
                                                     f"h = (1 - g) / (1 - 1/r) from {name}'s equal-PLS replay of the "
-                                                    f"compare run's updates (unsaved-update ratio g = {g:.3f})")
+                                                    f"compare run's updates (unsaved-update ratio g = {g:.3f}){clamp}")
     # load: the driver's probe, else cpr's promotion beyond none's (the replacement loads while promoted)
     if shard:
         o_load, how = driver_median("o_load_s")
