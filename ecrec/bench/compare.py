@@ -77,6 +77,9 @@ WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the s
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
 PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
+STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
+STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
+STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -205,7 +208,7 @@ class StrategyRun:
         self._planned: dict | None = None  # the next failure: {"step": N} or {"time": T}
         self._median_step_s: float | None = None
         self._timers_paused = False
-        self._standby_started_at: int | None = None  # the step at which a standby for the next failure was started
+        self._standby: dict | None = None  # the standby started for the next failure and whether it settled
         self.local.start()
         self.tcfg = TrainConfig(
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
@@ -285,7 +288,7 @@ class StrategyRun:
         self.kills.append({"pid": pid, "time": time.time(), "step": step, "phase": phase,
                            **({"planned": self._planned} if self._planned else {})})
         self._planned = None
-        self._standby_started_at = None
+        self._standby = None
         self.local.kill(pid)
 
     def _on_step(self, step: int) -> None:
@@ -316,16 +319,38 @@ class StrategyRun:
             return False
         cluster_map = self.local.cluster_map()
         if not any(s.index < 0 for s in cluster_map.servers):
-            if self._standby_started_at is None:  # started only now, so that its start-up does not slow a recovery
-                self.local.start_server(standby=True)
-                self._standby_started_at = step
+            if self._standby is None:  # started only now, so that its start-up does not slow a recovery
+                self._standby = {"proc": self.local.start_server(standby=True), "step": step,
+                                 "started": time.monotonic(), "sample": None, "settled": False}
             return False
-        if self._standby_started_at is not None and step - self._standby_started_at < MIN_STEPS_BETWEEN_FAILURES:
+        if self._standby is not None and not self._standby_settled(step):
             return False
         if self.kind == "erasure" and not any(e.kind == "redundant" and e.wall_time >= last["time"]
                                               for e in cluster_map.events):
             return False
         return True
+
+    def _standby_settled(self, step: int) -> bool:
+        """Whether the standby started for the next failure has finished starting: registered some steps ago
+        and using (almost) no CPU, i.e. done compiling its kernels.  A standby promoted while still starting
+        took seconds to serve (measured: 2.4-10 s against 0.3-0.5 s), which would charge its start-up to
+        the failure."""
+        sb = self._standby
+        if sb["settled"]:
+            return True
+        if step - sb["step"] < MIN_STEPS_BETWEEN_FAILURES:
+            return False
+        now, cpu = time.monotonic(), process_cpu_seconds(sb["proc"].pid)
+        previous = sb["sample"]
+        if previous is not None and now - previous[0] < STANDBY_IDLE_SAMPLE_S:
+            return False
+        sb["sample"] = (now, cpu)
+        if previous is None:
+            return False
+        idle = (cpu - previous[1]) / (now - previous[0]) <= STANDBY_IDLE_CPU
+        if idle or now - sb["started"] > STANDBY_SETTLE_LIMIT_S:
+            sb["settled"] = True
+        return sb["settled"]
 
     def _plan(self, step: int) -> None:
         """Plans the next failure at its phase of the checkpoint interval (now, for strategies without one)."""
