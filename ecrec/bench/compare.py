@@ -77,6 +77,7 @@ WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the s
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
 PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
+PLOT_BUCKET_S = 0.5  # the plot's buckets of useful samples per second
 STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
 STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
 STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
@@ -209,6 +210,7 @@ class StrategyRun:
         self._median_step_s: float | None = None
         self._timers_paused = False
         self._standby: dict | None = None  # the standby started for the next failure and whether it settled
+        self._reconfigure = False  # after a failure: give the replacement the tuned interval (once)
         self.local.start()
         self.tcfg = TrainConfig(
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
@@ -289,6 +291,7 @@ class StrategyRun:
                            **({"planned": self._planned} if self._planned else {})})
         self._planned = None
         self._standby = None
+        self._reconfigure = True
         self.local.kill(pid)
 
     def _on_step(self, step: int) -> None:
@@ -367,9 +370,12 @@ class StrategyRun:
             self._planned = {"step": target, "interval_steps": n, "offset_steps": offset}
         else:
             index = self.cfg["fail_server"]
-            if self.interval and self.interval.get("servers_interval_s"):  # a replacement starts from the options
-                self.trainer.cluster.strategy_call("configure", {"interval_s": self.interval["interval_s"]},
-                                                   indices=[index])
+            if self._reconfigure:  # a replacement starts from the cluster's options, not the tuned interval
+                self._reconfigure = False
+                if self.interval and self.interval.get("servers_interval_s"):
+                    self.trainer.cluster.strategy_call("configure", {"interval_s": self.interval["interval_s"]},
+                                                       indices=[index])
+                    return  # configure restarts the timer: it starts at its next tick
             reply = self.trainer.cluster.strategy_call("timers", {}, indices=[index])[index]
             if reply.get("next_full_in_s") is None or not reply.get("interval_s"):
                 return  # the timer starts at its next tick
@@ -858,15 +864,21 @@ def write_plot(path: str, rows: list[dict], fail_at) -> None:
         print("ecrec-bench compare: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(10, 5))
+    width = None
     for row in rows:
         tl = row["timeline"]
         if not tl["t"]:
             continue
-        ax.step(tl["t"], tl["useful_samples_per_s"], where="post", linewidth=1.2,
-                label=f"{row['strategy']} (mean of {tl['failures']})")
+        # buckets of about PLOT_BUCKET_S: a step is ~0.01-0.1 s, so finer buckets hold 0 or 1 step each
+        n = max(1, int(round(PLOT_BUCKET_S / tl["bucket_s"])))
+        t, y = np.asarray(tl["t"]), np.asarray(tl["useful_samples_per_s"])
+        m = len(t) // n * n
+        t, y = t[n - 1:m:n], y[:m].reshape(-1, n).mean(axis=1)
+        width = n * tl["bucket_s"]
+        ax.step(t, y, where="pre", linewidth=1.4, label=f"{row['strategy']} (mean of {tl['failures']} failures)")
     ax.axvline(0.0, color="red", linestyle="--", linewidth=1, label="server killed")
     ax.set_xlabel("seconds from the failure")
-    ax.set_ylabel("useful samples / s (0.1 s buckets)")
+    ax.set_ylabel(f"useful samples / s ({width or PLOT_BUCKET_S:g} s buckets)")
     ax.set_title("Useful training progress around a server failure (replayed steps do not count)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
