@@ -163,3 +163,39 @@ def test_spread_rejects_bad_input():
         spread.paired_overheads([1.0], [0.0])
     with pytest.raises(ValueError):
         spread.t_quantile_975(0)
+
+
+# --- the checkpoint timers a benchmark pauses outside a strategy's own slices ----------------------------------
+class _IdleHost:
+    """The least of a server a checkpointing strategy's timers and ``timers`` command touch: no tables."""
+
+    index = 0
+
+    def tables(self):
+        return []
+
+    def dense_tensors(self):
+        return []
+
+
+def test_paused_timers_neither_save_nor_lose_their_phase(tmp_path):
+    from baselines.cpr import PartialRecovery
+
+    strategy = PartialRecovery(_IdleHost(), PartialRecovery.options_from({"dir": str(tmp_path), "interval_s": "10"}))
+    strategy.on_timer()  # the first tick starts the cycle: a full save due in 10 s
+    paused = strategy.call("timers", {"paused": True})
+    assert paused["paused"] is True and 0.0 < paused["next_full_in_s"] <= 10.0
+    strategy._next_full_at -= 20.0  # the save is overdue ...
+    strategy.on_timer()
+    assert strategy.stats()["saves"] == 0  # ... but paused timers do not save
+    strategy._next_full_at += 20.0
+    strategy._paused_at -= 5.0  # as if 5 s went by while paused
+    resumed = strategy.call("timers", {"paused": False})
+    assert resumed["paused"] is False
+    # the time spent paused does not count: still about the same time to the next save, not 5 s less
+    assert resumed["next_full_in_s"] > paused["next_full_in_s"] - 4.0
+    with pytest.raises(ValueError, match="paused must be true or false"):
+        strategy.call("timers", {"paused": "yes"})
+    with pytest.raises(ValueError, match="unknown arguments"):
+        strategy.call("timers", {"pause": True})
+    assert strategy.stats()["redundancy_bytes"] == 0  # no table: no per-row counters yet
