@@ -212,6 +212,7 @@ class StrategyRun:
         self._standby: dict | None = None  # the standby started for the next failure and whether it settled
         self._reconfigure = False  # after a failure: give the replacement the tuned interval (once)
         self.local.start()
+        wait_until_idle([p.pid for p in self.local.server_procs])  # kernels compiled before anything is timed
         self.tcfg = TrainConfig(
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
             batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], lr=cfg["lr"], seed=args.seed,
@@ -425,6 +426,23 @@ class StrategyRun:
         self.local.close()
         if not self.args.keep:
             shutil.rmtree(self.records_dir, ignore_errors=True)
+
+
+def wait_until_idle(pids: list[int], limit_s: float = STANDBY_SETTLE_LIMIT_S) -> bool:
+    """Waits until every process uses at most ``STANDBY_IDLE_CPU`` CPU-seconds per second over
+    ``STANDBY_IDLE_SAMPLE_S`` (a server compiles its kernels after it registers, holding the GIL, so a
+    request that comes during that time waits for it); gives up after ``limit_s``.  Returns whether idle."""
+    deadline = time.monotonic() + limit_s
+    before = {pid: process_cpu_seconds(pid) for pid in pids}
+    t0 = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(STANDBY_IDLE_SAMPLE_S)
+        now = {pid: process_cpu_seconds(pid) for pid in pids}
+        t1 = time.monotonic()
+        if all((now[pid] - before[pid]) / (t1 - t0) <= STANDBY_IDLE_CPU for pid in pids):
+            return True
+        before, t0 = now, t1
+    return False
 
 
 def cpr_interval(cfg: dict) -> tuple[float, str]:
