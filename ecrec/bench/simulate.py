@@ -86,15 +86,16 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs: the inputs `inputs_from_compare` reads from ecrec/bench/results/compare-quick.json, the run
-# shown in the README (`ecrec-bench compare --preset quick --equal-pls`, 2026-12-01, on the development
-# machine: 2 cores shared with other jobs, load average 30-48 during the run, so steps took ~0.1 s against
-# ~0.01 s on an idle machine; 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad: 5.12 MB of embedding state
-# per shard; 3 kills per strategy).  Regenerate with
-# `ecrec-bench simulate --from-compare ecrec/bench/results/compare-quick.json --json OUT` and copy the values.
-# Absolute rates are those of this Python prototype on a loaded 2-core machine, not of a production parameter
-# server: pass --from-compare with a report from the machine you care about.
-_RUN = "dev machine, compare-quick.json"
+# Built-in costs: the inputs `inputs_from_compare` reads from ecrec/bench/results/compare-quick-run1.json
+# (`ecrec-bench compare --preset quick --equal-pls`, 2026-12-01, on the development machine: 2 cores shared
+# with other jobs, load average 30-48 during the run, so steps took ~0.1 s against ~0.01 s on an idle machine;
+# 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad: 5.12 MB of embedding state per shard; 3 kills per
+# strategy).  Of the two runs beside the README, this is the one whose reference spread less (84 % against
+# 258 %); the README shows what the other one's inputs give.  Regenerate with
+# `ecrec-bench simulate --from-compare REPORT --json OUT` and copy the values.  Absolute rates are those of
+# this Python prototype on a loaded 2-core machine, not of a production parameter server: pass
+# --from-compare with a report from the machine you care about.
+_RUN = "dev machine, compare-quick-run1.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
     "save_bytes_per_s": (38.1e6, "bytes/s per server",
                          f"{_RUN}: median driver o_save_s (training stall per save) of full/cpr* = 134.4 ms per 5.12 MB "
