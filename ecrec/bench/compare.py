@@ -1,7 +1,8 @@
 """``ecrec-bench compare``: one workload, one failure schedule, every strategy, one report.
 
 For each strategy it starts a local cluster (separate processes on 127.0.0.1, one standby, another
-started once a failure is over), trains the same DLRM on the same data through the SDK and measures side by side in one run:
+started once a failure is over; every new process is waited for until it is idle, so that no kernel
+compilation is timed or promoted), trains the same DLRM on the same data through the SDK and measures side by side in one run:
 
 - failure-free throughput in interleaved rounds against a failure-free ``none`` reference (the
   order shuffled per round with ``--seed``; checkpoint timers run only inside their own strategy's
