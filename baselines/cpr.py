@@ -88,7 +88,10 @@ layout), naming the file; a ``Promote`` whose restore fails is refused the same 
 Commands (``StrategyCall``, JSON): ``save`` {kind, cut, step, wait, keep_cut} (its reply carries the
 count of failed writes so far and the last error), ``flush``,
 ``list``, ``restore`` {cut | seq}, ``probe_load``, ``configure`` {mode, interval_s},
-``stats``.
+``timers`` {paused} (pauses or resumes the timer saves keeping their phase: a benchmark that interleaves
+strategies runs each one's timers only during its own slices; its reply gives the seconds to the next
+full and partial save), ``stats`` (``redundancy_bytes``: the per-row counters, id map and sample this
+strategy keeps in memory for fault tolerance).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from baselines import overhead
-from baselines.options import CheckpointOptions, layout_params, parse_options
+from baselines.options import CheckpointOptions, _float, layout_params, parse_options
 from baselines.storage import (
     CheckpointCorrupt,
     CheckpointError,
@@ -153,6 +156,12 @@ class _TableAccount:
         self.res_size = 0
         self.res_seen = 0
         self.res_max = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Memory this account keeps for fault tolerance: id map, per-row counters, sample."""
+        arrays = (self.slot_to_id, self.since_full, self.captured, self.freq, self.reservoir)
+        return int(sum(a.nbytes for a in arrays if a is not None))
 
     def reset_capture(self) -> None:
         if self.since_full is not None:
@@ -221,6 +230,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         # nothing at all yet (its initial values are known; the first save is the driver's cut, not a race with it)
         self._updates_at_snapshot = 0
         self._next_partial_at: float | None = None
+        self._paused_at: float | None = None  # ``timers`` {paused: true}: when the timer saves were paused
         self.needs_restore = False
         self._s = {
             "saves": 0, "partial_saves": 0, "saves_skipped": 0, "saves_queued": 0, "save_wait_s": 0.0,
@@ -285,7 +295,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
 
     def on_timer(self) -> None:
         full = self.full_interval_s()
-        if self.mode != "partial" or full is None:
+        if self.mode != "partial" or full is None or self._paused_at is not None:
             return
         now = time.monotonic()
         partial = self.partial_interval_s()
@@ -330,7 +340,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
     def call(self, command: str, args: dict) -> dict:
         handlers = {
             "save": self._cmd_save, "flush": self._cmd_flush, "list": self._cmd_list, "restore": self._cmd_restore,
-            "probe_load": self._cmd_probe_load, "configure": self._cmd_configure, "stats": lambda a: self.stats(),
+            "probe_load": self._cmd_probe_load, "configure": self._cmd_configure, "timers": self._cmd_timers,
+            "stats": lambda a: self.stats(),
         }
         h = handlers.get(command)
         if h is None:
@@ -730,6 +741,38 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             self._next_full_at = None
         return {"mode": self.mode, "interval_s": self.full_interval_s(), "partial_interval_s": self.partial_interval_s()}
 
+    def _cmd_timers(self, args: dict) -> dict:
+        """Pauses (``paused: true``) or resumes the timer saves without losing their phase; reports the timers.
+
+        Pausing waits for the writes already started (``waited_s``), so their work ends before the caller
+        goes on.
+        Resuming moves the next full and partial save later by the time spent paused.
+        """
+        unknown = set(args) - {"paused"}
+        if unknown:
+            raise ValueError(f"timers: unknown arguments {sorted(unknown)}")
+        paused = args.get("paused")
+        if paused is not None and not isinstance(paused, bool):
+            raise ValueError(f"timers: paused must be true or false, got {paused!r}")
+        waited = 0.0
+        with self._lock:
+            now = time.monotonic()
+            if paused is True and self._paused_at is None:
+                self._paused_at = now
+                waited = self._wait_pending()
+            elif paused is False and self._paused_at is not None:
+                shift = now - self._paused_at
+                self._paused_at = None
+                if self._next_full_at is not None:
+                    self._next_full_at += shift
+                if self._next_partial_at is not None:
+                    self._next_partial_at += shift
+            at = self._paused_at if self._paused_at is not None else time.monotonic()
+            return {"paused": self._paused_at is not None, "waited_s": waited,
+                    "next_full_in_s": None if self._next_full_at is None else self._next_full_at - at,
+                    "next_partial_in_s": None if self._next_partial_at is None else self._next_partial_at - at,
+                    "interval_s": self.full_interval_s(), "partial_interval_s": self.partial_interval_s()}
+
     def stats(self) -> dict:
         with self._stats_lock:
             out = dict(self._s)
@@ -740,6 +783,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             row_updates={name: a.updates for name, a in self._acct.items()},
         )
         out["row_updates_total"] = sum(out["row_updates"].values())
+        out["redundancy_bytes"] = sum(a.nbytes for a in list(self._acct.values()))
         if self.variant == "ssu":
             out["ssu_sample_cap"] = self.opts.ssu_sample
             out["ssu_sample_max"] = max((a.res_max for a in self._acct.values()), default=0)

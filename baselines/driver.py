@@ -185,6 +185,23 @@ class CheckpointDriver:
                 raise
         return None
 
+    @property
+    def last_save_step(self) -> int | None:
+        """The step the newest full save (or the cut restored by a rollback) resumes at; None before the first."""
+        return self._last_save_step
+
+    def set_interval_steps(self, steps: int) -> None:
+        """From now on a full save every ``steps`` steps, replacing any interval in seconds.
+
+        For a caller that chose the interval itself, e.g. a benchmark that turns Young/Daly's optimum
+        in seconds into steps because its wall clock also runs while other runs are timed.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"interval steps must be an integer >= 1, got {steps!r}")
+        self.interval_steps = steps
+        self.interval_s = None
+        self._update_interval()
+
     def save_now(self, next_step: int, wait: bool = True) -> dict[int, dict]:
         """A full save at a step boundary on every server now (``next_step``: the batch that comes next)."""
         return self._save(next_step, wait=wait)

@@ -4,11 +4,15 @@ Used by ``ecrec-server local``, by the benchmarks and by the tests.  Every
 process is started with ``python -m ecrec.cli`` and tracked by pid; ``close()``
 (also on ``with`` exit and at interpreter exit) terminates them all and kills
 any that do not stop in time.  Nothing binds outside 127.0.0.1 unless asked.
+Each child's stderr is passed on to this process's stderr, and its last lines are
+kept (:meth:`LocalCluster.stderr_tail`) so that an error about a child that did not
+start or exited quotes the child's own message.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import signal
 import subprocess
@@ -23,6 +27,7 @@ from ecrec import transport
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
+STDERR_TAIL_LINES = 20  # lines of each child's stderr kept for error messages
 
 
 @dataclass
@@ -75,6 +80,7 @@ class LocalCluster:
         self.coordinator_proc: subprocess.Popen | None = None
         self.server_procs: list[subprocess.Popen] = []
         self.old_coordinator_procs: list[subprocess.Popen] = []
+        self._stderr: dict[int, collections.deque] = {}  # pid -> its last lines of stderr
         self._closed = False
         atexit.register(self.close)
 
@@ -157,14 +163,21 @@ class LocalCluster:
 
     def start_coordinator(self, args: list[str], timeout_s: float = 60.0) -> None:
         self._coordinator_args = args
-        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=None, env=self._env(), text=True)
+        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env(),
+                                text=True)
+        self._follow_stderr(proc)
         if self.coordinator_proc is not None:
             self.old_coordinator_procs.append(self.coordinator_proc)
         self.coordinator_proc = proc
         line = _read_line(proc, timeout_s)
         if not line.startswith(READY_PREFIX):
+            try:
+                code = proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
             self.close()
-            raise RuntimeError(f"coordinator did not start (exit code {proc.poll()}): {line!r}")
+            said = f"; it printed on stdout {line.strip()!r}" if line.strip() else ""
+            raise RuntimeError(f"coordinator did not start (exit code {code}){said}{self._tail_text(proc.pid)}")
         self.coordinator_address = line[len(READY_PREFIX):].strip()
         # keep draining its stdout so it never blocks on a full pipe
         threading.Thread(target=_drain, args=(proc,), daemon=True).start()
@@ -180,9 +193,26 @@ class LocalCluster:
             args.append("--standby")
         if index >= 0:
             args += ["--index", str(index)]
-        proc = subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.DEVNULL, stderr=None, env=self._env(env))
+        proc = subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=self._env(env), text=True)
+        self._follow_stderr(proc)
         self.server_procs.append(proc)
         return proc
+
+    def _follow_stderr(self, proc: subprocess.Popen) -> None:
+        self._stderr[proc.pid] = follow_stderr(proc)
+
+    def stderr_tail(self, pid: int) -> list[str]:
+        """The last lines a child (by pid) wrote on stderr (its own messages: the reason it exited)."""
+        tail = self._stderr.get(pid)
+        return list(tail) if tail is not None else []
+
+    def _tail_text(self, pid: int, wait_s: float = 1.0) -> str:
+        deadline = time.monotonic() + wait_s  # the reader thread may still be behind the exit
+        while not self.stderr_tail(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = self.stderr_tail(pid)
+        return (":\n  " + "\n  ".join(lines)) if lines else " (it wrote nothing on stderr)"
 
     def wait_ready(self, timeout_s: float = 60.0):
         """Waits until every index has an active server; returns the map."""
@@ -192,8 +222,9 @@ class LocalCluster:
         while True:
             for p in [self.coordinator_proc, *self.server_procs]:
                 if p.poll() is not None and p.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
+                    tail = self._tail_text(p.pid)
                     self.close()
-                    raise RuntimeError(f"process {p.pid} exited with code {p.returncode} while the cluster started")
+                    raise RuntimeError(f"process {p.pid} exited with code {p.returncode} while the cluster started{tail}")
             try:
                 m = stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=5)
                 standbys = sum(1 for s in m.servers if s.index < 0)
@@ -301,3 +332,24 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 def _drain(proc: subprocess.Popen) -> None:
     for line in proc.stdout:
         sys.stdout.write(line)
+
+
+def follow_stderr(proc: subprocess.Popen, lines: int = STDERR_TAIL_LINES) -> collections.deque:
+    """Passes a child's stderr (opened with ``stderr=PIPE``) on to ours from a thread; returns the deque
+    that keeps its last ``lines`` lines, for error messages that quote the child."""
+    tail: collections.deque = collections.deque(maxlen=lines)
+    threading.Thread(target=_pass_on, args=(proc.stderr, tail), daemon=True, name=f"ecrec-stderr-{proc.pid}").start()
+    return tail
+
+
+def _pass_on(stream, tail: collections.deque) -> None:
+    """Copies a child's stderr to ours, keeping its last lines in ``tail``."""
+    try:
+        for line in stream:
+            tail.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+            except (ValueError, OSError):  # our stderr was closed (interpreter exit): keep the tail only
+                pass
+    except (ValueError, OSError):
+        pass

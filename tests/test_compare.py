@@ -142,8 +142,10 @@ def test_throughput_while_recovering_counts_every_worker():
     events = [{"kind": "promoted", "index": 1, "wall_time": 2.05}]
     row = compare.summarize("none", _fake_run(records, kill_t=2.0, events=events), None, {"fail_server": 1}, 20)
     assert row["samples_per_s_failure_free"] == pytest.approx(2 * 10 / 0.1)  # both workers, 10 samples / 0.1 s
-    # promotion at 2.05, window 2 s (no "redundant" event): steps ending in (2.05, 4.0] are 2.1 .. 4.0
-    assert row["throughput_during_recovery_ratio"] == pytest.approx((2 * 20 * 10 / 1.95) / 200)
+    # useful samples of both workers over the window from the kill, at the pace of before: exactly 1 (it used
+    # to be 2.00 when both workers' samples were set against one worker's rate)
+    assert row["throughput_during_recovery_ratio"] == pytest.approx(1.0)
+    assert row["lost_training_s"] == pytest.approx(0.0, abs=1e-9)
 
 
 # --- the workloads and launchers a user can pick, end to end at a small size ---------------------------------
@@ -263,3 +265,103 @@ def test_unknown_or_missing_dataset_is_refused(tmp_path, monkeypatch, capsys):
         cli.main(["compare", "--strategies", "none", "--dataset", "movielens"])
     with pytest.raises(SystemExit, match=r"unknown --dataset 'imagenet' \(synthetic \| criteo:PATH \| movielens\)"):
         cli.main(["compare", "--strategies", "none", "--dataset", "imagenet"])
+# --- the fair comparison (issue 13) ---------------------------------------------------------------------------
+@pytest.mark.cluster
+def test_equal_pls_mode_tunes_mfu_to_cprs_pls(tmp_path):
+    """--equal-pls: cpr-mfu saves its full checkpoint less often (its partial saves keep hot rows fresh), at the
+    PLS of cpr's interval; the servers run the tuned intervals, and the memory column counts MFU's counters."""
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["compare", "--strategies", "cpr,cpr-mfu", "--equal-pls", "--steps", "80", "--fail-at", "50",
+                   "--failures", "1", "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    assert report["config"]["equal_pls"] is True
+    cpr, mfu = report["intervals"]["cpr"], report["intervals"]["cpr-mfu"]
+    # cpr: 2 x PLS 0.01 x 4 servers x MTBF 10 s (the quick preset's)
+    assert cpr["how"] == "target PLS" and cpr["interval_s"] == pytest.approx(0.8)
+    assert mfu["how"].startswith("equal PLS")
+    assert 0 < mfu["lost_ratio"] < 1  # replayed on this run's Zipf updates: MFU leaves fewer updates unsaved
+    assert mfu["interval_s"] == pytest.approx(0.8 / mfu["lost_ratio"])
+    assert mfu["expected_pls"] == pytest.approx(cpr["expected_pls"])
+    assert mfu["servers_interval_s"] == [pytest.approx(mfu["interval_s"])]  # every server runs the tuned interval
+    assert mfu["servers_partial_interval_s"] == [pytest.approx(mfu["interval_s"] / 4)]
+    rows = report["strategies"]
+    for name in ("cpr", "cpr-mfu"):
+        assert rows[name]["lost_updates"] is not None and rows[name]["lost_updates"] >= 0
+        assert len(rows[name]["failures"]) <= 1 and rows[name]["failures_planned"] == 1
+    # MFU keeps a counter per row (int64) beside cpr's per-row bookkeeping: more memory for fault tolerance
+    assert rows["cpr-mfu"]["memory_overhead"] > rows["cpr"]["memory_overhead"] > 0
+
+
+@pytest.mark.cluster
+def test_cpr_with_an_mtbf_runs_at_the_pls_interval(tmp_path):
+    """`--strategies cpr --mtbf-hours 1` used to crash the coordinator (mtbf without target PLS); now the
+    interval 2 x PLS x servers x MTBF is chosen and passed explicitly."""
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["compare", "--strategies", "cpr", "--mtbf-hours", "1", "--steps", "30", "--fail-at", "10",
+                   "--failures", "1", "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    assert report["intervals"]["cpr"]["interval_s"] == pytest.approx(2 * 0.01 * 4 * 3600)
+    assert report["config"]["mtbf_s"] == 3600
+
+
+def test_a_child_that_fails_to_start_is_quoted(tmp_path):
+    """The coordinator refuses options it cannot use and exits; the error names its own message."""
+    from ecrec.local import LocalCluster, LocalClusterSpec
+
+    cluster = LocalCluster(LocalClusterSpec(servers=2, strategy="cpr", options={"dir": str(tmp_path / "c")},
+                                            host="127.0.0.1"))
+    try:
+        with pytest.raises(RuntimeError) as exc:
+            cluster.start()
+    finally:
+        cluster.close()
+    text = str(exc.value)
+    assert "coordinator did not start (exit code 2)" in text
+    assert "needs an interval" in text  # the child's own words, from its stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--failures", "0"], "--failures must be >= 1"),
+    (["--mtbf-hours", "0"], "--mtbf-hours must be finite and > 0"),
+    (["--target-pls", "1.5"], "--target-pls must be in (0, 1)"),
+    (["--cpr-interval-s", "-2"], "--cpr-interval-s must be finite and > 0"),
+    (["--checkpoint-interval-steps", "0"], "--checkpoint-interval-steps must be >= 1"),
+    (["--equal-pls", "--strategies", "none,cpr"], "--equal-pls tunes cpr-mfu and cpr-ssu"),
+])
+def test_fairness_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
+    def must_not_run(*a, **kw):
+        raise AssertionError("started work despite a bad argument")
+
+    monkeypatch.setattr(compare, "prepare_data", must_not_run)
+    monkeypatch.setattr(compare, "run_strategy", must_not_run)
+    monkeypatch.setattr(compare.tempfile, "mkdtemp", must_not_run)
+    assert cli.main(["compare", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_failures_are_summarized_as_mean_and_range():
+    """Two failures of a rollback strategy: per-failure lost training time, their mean and range."""
+    # rate 10 samples / 0.1 s; kill 1 at 0.5 (step 5 stalls 0.3 s, rolled back to step 3; 3, 4 replayed);
+    # kill 2 at 2.0 (step 19 stalls 0.2 s, rolled back to 17; 17, 18 replayed)
+    steps = [0, 1, 2, 3, 4, 5, 3, 4, *range(5, 19), 19, 17, 18, *range(19, 26)]
+    durations = [0.1] * 5 + [0.3] + [0.1] * 16 + [0.2] + [0.1] * 9
+    records, t = [], 0.0
+    for i, (s, d) in enumerate(zip(steps, durations)):
+        rewind = 3 if i == 5 else (17 if i == 22 else None)
+        records.append({"step": s, "start": t, "end": t + d, "samples": 10, "rows": 5, "rows_by_server": {},
+                        "rewind_to": rewind})
+        t += d
+    kill2 = records[22]["start"]
+    run = _fake_run(records, None)
+    run["killed"] = {"failures": [{"time": 0.5, "step": 5, "phase": 0.25}, {"time": kill2, "step": 19, "phase": 0.75}]}
+    row = compare.summarize("full", run, None, {"fail_server": 1}, 5)
+    first, second = row["failures"]
+    assert first["lost_training_s"] == pytest.approx(0.3 + 0.2)  # the stalled step + 2 replayed steps
+    assert second["lost_training_s"] == pytest.approx(0.2 + 0.2)
+    assert row["lost_training_s"] == pytest.approx(0.45)
+    assert row["lost_training_s_range"] == pytest.approx([0.4, 0.5])
+    assert first["phase"] == 0.25 and second["phase"] == 0.75
+    assert row["throughput_during_recovery_ratio"] == pytest.approx(
+        (first["useful_throughput_ratio"] + second["useful_throughput_ratio"]) / 2)

@@ -16,7 +16,8 @@ from ecrec.bench.simulate import Input
 
 
 def explicit_inputs(**override) -> dict[str, Input]:
-    values = dict(save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
+    values = dict(save_bytes_per_s=100e6, full_save_bytes_per_s=100e6, cpr_save_bytes_per_s=100e6,
+                  mfu_save_bytes_per_s=100e6, ssu_save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
                   rebuild_bytes_per_s=50e6, recovery_throughput_ratio=0.8, target_pls=0.01,
                   partial_saves_per_interval=4.0, mfu_save_fraction=0.05, mfu_update_coverage=0.5,
                   ssu_save_fraction=0.1, ssu_update_coverage=0.8)
@@ -238,8 +239,10 @@ def test_cli_from_compare_and_overrides(tmp_path, capsys):
 
 def test_cli_set_overrides(tmp_path):
     out = tmp_path / "sim.json"
+    cpr_cost = simulate.DEFAULTS["cpr_save_bytes_per_s"][0]  # the same cost per save as cpr's
     assert cli.main(["simulate", "--servers", "8", "--set", "mfu_save_fraction=0.05", "--set", "mfu_update_coverage=0",
-                     "--set", "partial_saves_per_interval=1", "--json", str(out)]) == 0
+                     "--set", "partial_saves_per_interval=1", "--set", f"mfu_save_bytes_per_s={cpr_cost}",
+                     "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["inputs"]["mfu_save_fraction"]["value"] == 0.05
     assert report["inputs"]["mfu_save_fraction"]["source"] == "given"
@@ -296,3 +299,49 @@ def test_cli_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
     assert cli.main(["simulate", "--servers", "8", "--plot", str(png)]) == 0
     assert "needs matplotlib" in capsys.readouterr().err
     assert not png.exists()
+
+
+# --- one cost basis (issue 13) -----------------------------------------------------------------------------
+def test_each_checkpointing_strategy_is_charged_its_measured_overhead_per_save():
+    report = fake_report(**{
+        # full: +6 % at 50 steps of 20 ms = 1 s -> 60 ms per save, above its 12 ms stall
+        "full": {"strategy": "full", "overhead_vs_none": 0.06, "median_step_s": 0.02,
+                 "interval": {"how": "Daly", "interval_steps": 50, "interval_s": 0.9},
+                 "driver": {"o_save_s": 0.012, "o_load_s": 0.03}},
+        # cpr: +1 % (within noise) at 0.8 s = 8 ms per save, below its 12 ms stall: the stall is charged
+        "cpr": {"strategy": "cpr", "overhead_vs_none": 0.01, "interval": {"how": "target PLS", "interval_s": 0.8},
+                "overhead_spread": {"within_noise": True}, "driver": {"o_save_s": 0.012, "o_load_s": 0.03}},
+        # cpr-mfu at equal PLS: +4 % at 1.6 s with 3 partial saves of f = 200 / 40,000 each, g = 0.5
+        "cpr-mfu": {"strategy": "cpr-mfu", "overhead_vs_none": 0.04,
+                    "interval": {"how": "equal PLS (target PLS for cpr)", "interval_s": 1.6, "lost_ratio": 0.5},
+                    "stats": {"0": {"rows_saved_partial": 2000, "partial_saves": 10}},
+                    "driver": {"o_save_s": 0.012, "o_load_s": 0.03}},
+    })
+    found, missing = simulate.inputs_from_compare(report)
+    assert found["full_save_bytes_per_s"].value == pytest.approx(SHARD / 0.06)
+    assert found["full_save_bytes_per_s"].source == "measured"
+    assert found["cpr_save_bytes_per_s"].value == pytest.approx(SHARD / 0.012)
+    assert "stall" in found["cpr_save_bytes_per_s"].note and "within noise" in found["cpr_save_bytes_per_s"].note
+    f = 200 / 40_000
+    assert found["mfu_save_fraction"].value == pytest.approx(f)
+    assert found["mfu_save_bytes_per_s"].value == pytest.approx(SHARD / (0.04 * 1.6 / (1 + 3 * f)))
+    # the coverage that makes the model lose g = h / r + 1 - h of cpr's updates: h = (1 - g) / (1 - 1/r)
+    assert found["mfu_update_coverage"].value == pytest.approx(0.5 / 0.75)
+    assert found["mfu_update_coverage"].source == "modelled"
+    assert found["save_bytes_per_s"].value == pytest.approx(SHARD / 0.012)  # the stall, shown beside
+    assert not any(m.startswith("ssu_save_bytes_per_s") for m in missing)  # no cpr-ssu run: nothing to say
+    assert simulate.save_cost_from_overhead({"strategy": "x"}, 4, None)[0] is None
+
+
+def test_stall_only_is_reported_beside_the_overhead_basis():
+    inputs = explicit_inputs(full_save_bytes_per_s=20e6, cpr_save_bytes_per_s=50e6)
+    row = simulate.simulate_row(8, 24.0, 8e9, inputs, formula="young")
+    s = row["strategies"]
+    # full: o_save 1e9 / 20e6 = 50 s on the overhead basis, 10 s stall only
+    t = math.sqrt(2 * 50 * 10800)
+    assert s["full"]["o_save_s"] == pytest.approx(50.0) and s["full"]["o_save_stall_s"] == pytest.approx(10.0)
+    assert s["full"]["overhead"] == pytest.approx(50 / t + (5 + 10 + t / 2) / 10800)
+    t_stall = math.sqrt(2 * 10 * 10800)
+    assert s["full"]["overhead_stall_only"] == pytest.approx(10 / t_stall + (5 + 10 + t_stall / 2) / 10800)
+    assert s["cpr"]["overhead"] == pytest.approx(20 / 1728 + 15 / 10800)
+    assert s["cpr"]["overhead_stall_only"] == pytest.approx(10 / 1728 + 15 / 10800)

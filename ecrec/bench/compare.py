@@ -1,22 +1,31 @@
-"""``ecrec-bench compare``: one workload, one failure trace, every strategy, one report.
+"""``ecrec-bench compare``: one workload, one failure schedule, every strategy, one report.
 
-For each strategy it starts a local cluster (separate processes on 127.0.0.1, one standby),
-trains the same DLRM on the same data through the SDK, kills the same server (SIGKILL) at the
-same step, and measures side by side in one run:
+For each strategy it starts a local cluster (separate processes on 127.0.0.1, one standby, another
+started once a failure is over; every new process is waited for until it is idle, so that no kernel
+compilation is timed or promoted), trains the same DLRM on the same data through the SDK and measures side by side in one run:
 
-- failure-free throughput (steps before the failure) and its overhead against ``none`` (a
-  failure-free reference run of ``none`` is always made first; its final state is also the
-  reference of ``state_matches_failure_free``);
-- the failure: promotion of the standby, time back to full speed (``recovery_s``; for full
-  recovery that includes redoing the rolled-back steps), full redundancy, the longest step,
-  throughput while recovering over throughput before;
-- lost updates (counted exactly: the checkpoint driver's balance for ``cpr*``; the failed
-  shard's acknowledged row updates for ``none``; zero for ``ecrec`` when the state matches
-  the failure-free run bit for bit), PLS, test AUC and log loss;
-- memory held for redundancy over model bytes, checkpoint bytes written, network bytes.
+- failure-free throughput in interleaved rounds against a failure-free ``none`` reference (the
+  order shuffled per round with ``--seed``; checkpoint timers run only inside their own strategy's
+  slices, and the writes a slice started are waited for inside it, so their work is charged to
+  them); the overhead per round, its median, range and 95 % interval, marked ``~`` when the
+  interval holds zero (``ecrec.bench.spread``);
+- ``--failures N`` kills of the same server (SIGKILL), each at its own phase of one checkpoint
+  interval: failure ``i`` falls ``(i + 0.5) / N`` of the way through the interval of the save before
+  it (``ecrec.bench.lost_training.failure_phases``; for ``none``/``ecrec``, which have no interval,
+  as soon as the previous failure is over).  Per failure: promotion, back to speed, full redundancy,
+  *useful* throughput (only steps past the furthest step reached before the failure count) and
+  ``lost_training_s`` = paused + replayed + throughput deficit; reported as mean and range;
+- lost updates (counted exactly), PLS, test AUC and log loss, whether the final state matches the
+  failure-free run bit for bit; memory kept for fault tolerance (parity, replicas, MFU/SSU counters)
+  over model bytes; checkpoint and network bytes.
 
-Prints a table, and writes ``--json`` and a ``--plot`` of throughput over time with the
-failure marked.  ``--workers W > 1`` launches W workers with torchrun, each on its own shard.
+Checkpoint intervals are chosen by the models unless given (``ecrec.bench.intervals``): Daly's
+optimum for ``full`` from its measured save stall and the job MTBF; ``2 * PLS * servers * MTBF`` for
+``cpr*``; with ``--equal-pls`` ``cpr-mfu``/``cpr-ssu`` lengthen their full interval until they reach
+the same PLS as ``cpr``.  The report prints them with their inputs.
+
+Prints a table, writes ``--json`` and a ``--plot`` of useful samples per second around the failures
+(mean over the failures).  ``--workers W > 1`` launches W workers with torchrun (one failure).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -50,15 +60,28 @@ def _kind(strategy: str) -> str:
 
     return get_spec(strategy.split(" ", 1)[0]).kind
 PRESETS = {
-    # a few minutes on 2 cores for every strategy
-    "quick": dict(servers=4, k=2, m=1, steps=1000, fail_at=700, fail_server=1, batch_size=256, tables=8,
-                  rows_per_table=20_000, samples=60_000, embedding_dim=16, checkpoint_interval_steps=100,
-                  cpr_interval_s=1.5, partial_interval_s=0.4),
+    # a few minutes on 2 cores for every strategy.  mtbf_s: the job's MTBF the interval models use (about one
+    # failure per strategy's run); target_pls: cpr*'s accuracy bound
+    "quick": dict(servers=4, k=2, m=1, steps=1300, fail_at=700, fail_server=1, failures=3, batch_size=256, tables=8,
+                  rows_per_table=20_000, samples=60_000, embedding_dim=16, lr=0.05, mtbf_s=10.0, target_pls=0.01,
+                  dataset="synthetic"),
     # a larger run: more steps and rows
-    "standard": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, batch_size=512, tables=26,
-                     rows_per_table=50_000, samples=300_000, embedding_dim=16, checkpoint_interval_steps=200,
-                  cpr_interval_s=8.0, partial_interval_s=2.0),
+    "standard": dict(servers=4, k=2, m=1, steps=2200, fail_at=1000, fail_server=1, failures=3, batch_size=512,
+                     tables=26, rows_per_table=50_000, samples=300_000, embedding_dim=16, lr=0.05, mtbf_s=60.0,
+                     target_pls=0.01, dataset="synthetic"),
+    # MovieLens-100k (fetched when missing): 90,000 training ratings, a random 10 % held out
+    "movielens": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, failures=3, batch_size=256,
+                      tables=9, rows_per_table=None, samples=None, embedding_dim=16, lr=0.1, mtbf_s=10.0,
+                      target_pls=0.01, dataset="movielens"),
 }
+WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the save stall and step time measured)
+WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
+PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
+MIN_STEPS_BETWEEN_FAILURES = 20
+PLOT_BUCKET_S = 0.5  # the plot's buckets of useful samples per second
+STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
+STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
+STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,23 +92,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, help="data rows per stripe (ecrec)")
     p.add_argument("--m", type=int, help="parity rows per stripe (ecrec)")
     p.add_argument("--steps", type=int, help="training steps per worker")
-    p.add_argument("--fail-at", type=int, help="step at which a server is killed (negative: no failure)")
+    p.add_argument("--fail-at", type=int, help="the first failure comes at or after this step (negative: no failure)")
+    p.add_argument("--failures", type=int, help="failures per strategy, spread over one checkpoint interval (preset: 3)")
     p.add_argument("--fail-server", type=int, help="index of the server killed")
     p.add_argument("--batch-size", type=int, help="samples per step per worker")
-    p.add_argument("--dataset", default="synthetic",
-                   help="synthetic (default; generated, Zipf ids with a planted signal) | criteo:PATH | movielens")
-    p.add_argument("--checkpoint-interval-steps", type=int, help="checkpoint interval of full/cpr* (default: preset)")
+    p.add_argument("--dataset", default=None,
+                   help="synthetic (generated, Zipf ids with a planted signal) | criteo:PATH | movielens "
+                        "(fetched when missing); default: the preset's")
+    p.add_argument("--checkpoint-interval-steps", type=int,
+                   help="full: explicit steps between saves (default: Daly's optimum from the measured save stall)")
+    p.add_argument("--cpr-interval-s", type=float,
+                   help="cpr*: explicit seconds between full saves (default: from the target PLS)")
     p.add_argument("--mtbf-hours", type=float, default=None,
-                   help="MTBF for the checkpoint interval model (used when no explicit interval is given)")
+                   help="the job's MTBF for the interval models (default: the preset's, about one failure per run)")
+    p.add_argument("--target-pls", type=float, default=None, help="cpr*: target portion of lost updates (preset: 0.01)")
+    p.add_argument("--equal-pls", action="store_true",
+                   help="tune cpr-mfu and cpr-ssu to the target PLS of cpr (longer full intervals), as CPR compares them")
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
     p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds of failure-free throughput measurement (default 5)")
     p.add_argument("--model", choices=["auto", "ecrec", "torchrec"], default="auto",
                    help="the DLRM: TorchRec's (torchrec.models.dlrm.DLRM over our cluster collection), ours, or auto "
                         "(default: TorchRec's when the torchrec extra is installed)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="data, model and the order of strategies per round")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of throughput over time, failure marked")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of useful samples/s around the failures")
     p.add_argument("--work-dir", help="where data and checkpoints go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
 
@@ -96,75 +127,100 @@ def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
     from ecrec.workload.data import InMemoryDataset, write_synthetic_criteo
 
     out = work / "data.npz"
-    if args.dataset == "synthetic":
+    dataset = args.dataset or cfg["dataset"]
+    if dataset == "synthetic":
         tsv = work / "synthetic.tsv"
         info = write_synthetic_criteo(tsv, num_samples=cfg["samples"], num_tables=cfg["tables"],
                                       rows_per_table=cfg["rows_per_table"], seed=args.seed)
         ds = InMemoryDataset.from_tsv(tsv, info.table_sizes, num_sparse=len(info.table_sizes))
         desc = {"name": "synthetic", "samples": len(ds), "tables": len(info.table_sizes),
                 "rows_per_table": cfg["rows_per_table"], "oracle_auc": info.oracle_auc}
-    elif args.dataset.startswith("criteo:"):
-        path = args.dataset.split(":", 1)[1]
+    elif dataset.startswith("criteo:"):
+        path = dataset.split(":", 1)[1]
         if not os.path.exists(path):
             raise SystemExit(f"ecrec-bench compare: no such Criteo file {path!r}")
-        ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"])
+        ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"] or 100_000)
         desc = {"name": "criteo", "path": path, "samples": len(ds), "tables": ds.num_tables,
                 "rows_per_table": cfg["rows_per_table"]}
-    elif args.dataset == "movielens":
+    elif dataset == "movielens":
         from ecrec.workload.movielens import load_movielens
+
+        from ecrec.workload.movielens import default_dir, fetch
 
         try:
             ml = load_movielens()
-        except FileNotFoundError as exc:
-            raise SystemExit(f"ecrec-bench compare: {exc}\n  fetch it with: python -m ecrec.workload.movielens fetch") from None
+        except FileNotFoundError:
+            print(f"  MovieLens-100k is not in {default_dir()}: fetching it (pip download of the recbole wheel, "
+                  "as `python -m ecrec.workload.movielens fetch` does)", file=sys.stderr)
+            try:
+                fetch()
+                ml = load_movielens()
+            except (RuntimeError, FileNotFoundError) as exc:
+                raise SystemExit(f"ecrec-bench compare: could not fetch MovieLens-100k: {exc}\n  fetch it by hand with "
+                                 "`python -m ecrec.workload.movielens fetch [--wheel PATH]`") from None
         ds = ml.dataset()
-        desc = {"name": "movielens-100k", "samples": len(ds), "tables": ds.num_tables}
+        desc = {"name": "movielens-100k", "samples": len(ds), "tables": ds.num_tables,
+                "positives": "rating >= 4", "test_split": "random 10 % (seeded)"}
     else:
-        raise SystemExit(f"ecrec-bench compare: unknown --dataset {args.dataset!r} (synthetic | criteo:PATH | movielens)")
+        raise SystemExit(f"ecrec-bench compare: unknown --dataset {dataset!r} (synthetic | criteo:PATH | movielens)")
     np.savez(out, dense=ds.dense, ids=ds.ids, labels=ds.labels, table_sizes=np.asarray(ds.table_sizes))
     return out, desc
 
 
 # --- one run ----------------------------------------------------------------------------------------
 class StrategyRun:
-    """One strategy's local cluster and worker, advanced in pieces so strategies can be interleaved."""
+    """One strategy's local cluster and worker, advanced in pieces so strategies can be interleaved.
+
+    It also schedules the strategy's failures (see the module docstring) and chooses its checkpoint
+    intervals after the warm steps (:meth:`prepare`).
+    """
 
     def __init__(self, strategy: str, label: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None):
+        from ecrec.bench.lost_training import failure_phases
         from ecrec.bench.trainer import TrainConfig
         from ecrec.local import LocalCluster, LocalClusterSpec
 
         self.strategy, self.label, self.args, self.cfg, self.fail_at = strategy, label, args, cfg, fail_at
+        self.kind = _kind(strategy)
+        self.failures = cfg["failures"] if fail_at is not None else 0
+        self.phases = failure_phases(cfg["failures"])
         options = {}
         k = m = 0
-        if _kind(strategy) == "erasure":
+        self.variant = None
+        if self.kind == "erasure":
             k, m = cfg["k"], cfg["m"]
-        if _kind(strategy) == "checkpoint":
+        interval_steps = None
+        if self.kind == "checkpoint":
             from baselines.options import VARIANTS
 
-            variant, full_only = VARIANTS[strategy]
+            self.variant, full_only = VARIANTS[strategy]
+            self.full_only = full_only
             ckpt = work / f"ckpt-{label}"
             shutil.rmtree(ckpt, ignore_errors=True)
             options["dir"] = str(ckpt)
-            if args.mtbf_hours and not args.checkpoint_interval_steps:
-                options["mtbf_s"] = str(args.mtbf_hours * 3600)
-            elif full_only:  # consistent cuts: the driver saves every N steps
-                options["interval_steps"] = str(cfg["checkpoint_interval_steps"])
+            if full_only:  # consistent cuts: the driver saves every N steps (the model's N is set after the warm steps)
+                interval_steps = cfg["checkpoint_interval_steps"] or WARM_SAVE_STEPS
+                options["interval_steps"] = str(interval_steps)
             else:  # partial recovery: each server saves on its own timer
-                options["interval_s"] = str(cfg["cpr_interval_s"])
-            if variant is not None:
-                options[f"{variant}_interval_s"] = str(cfg["partial_interval_s"])
-        self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1, strategy=strategy, k=k, m=m,
-                                                   options=options))
+                options["interval_s"] = str(cpr_interval(cfg)[0])
+        self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1,
+                                                   strategy=strategy, k=k, m=m, options=options))
         self.records_dir = work / f"records-{label}"
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        self.killed: dict = {}
+        self.kills: list[dict] = []
+        self.interval: dict | None = None  # the interval chosen for this run and why (prepare)
         self.trainer = None
+        self._planned: dict | None = None  # the next failure: {"step": N} or {"time": T}
+        self._median_step_s: float | None = None
+        self._timers_paused = False
+        self._standby: dict | None = None  # the standby started for the next failure and whether it settled
+        self._reconfigure = False  # after a failure: give the replacement the tuned interval (once)
         self.local.start()
+        wait_until_idle([p.pid for p in self.local.server_procs])  # kernels compiled before anything is timed
         self.tcfg = TrainConfig(
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
-            batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], seed=args.seed,
-            checkpoint_interval_steps=cfg["checkpoint_interval_steps"] if "interval_steps" in options else None,
-            mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None, records_dir=str(self.records_dir),
+            batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], lr=cfg["lr"], seed=args.seed,
+            checkpoint_interval_steps=interval_steps, records_dir=str(self.records_dir),
             model=getattr(args, "model", "auto"))
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -174,15 +230,166 @@ class StrategyRun:
                 "servers": sum(process_cpu_seconds(p.pid) for p in self.local.server_procs),
                 "coordinator": process_cpu_seconds(self.local.coordinator_proc.pid)}
 
-    def kill(self) -> None:
-        self.killed["pid"] = self.local.pid_of_index(self.cfg["fail_server"])
-        self.killed["time"] = time.time()
-        self.local.kill(self.killed["pid"])
+    # --- checkpoint timers and intervals ----------------------------------------------------------------
+    def pause_timers(self, paused: bool) -> None:
+        """Pauses or resumes the servers' checkpoint timers (pausing waits for the writes under way)."""
+        if self.kind != "checkpoint" or self.trainer is None or self._timers_paused == paused:
+            return
+        self.trainer.cluster.strategy_call("timers", {"paused": paused})
+        self._timers_paused = paused
+
+    def prepare(self, tuning=None) -> None:
+        """Trains the warm steps, then sets the interval the models choose (see ``choose_interval``)."""
+        self.advance(min(WARM_STEPS, max(self.fail_at or self.cfg["steps"], 1)))
+        if self.kind == "checkpoint":
+            self.interval = self.choose_interval(tuning)
+
+    def warm_step_s(self) -> float:
+        records = self.trainer.records
+        durations = [r["end"] - r["start"] for r in records[len(records) // 3:]]  # past the first calls' set-up
+        return float(np.median(durations))
+
+    def choose_interval(self, tuning=None) -> dict:
+        """``full``: Daly's optimum from the measured save stall, in steps; ``cpr*``: the PLS interval (set at
+        start), or with ``--equal-pls`` the one tuned to cpr's PLS (``tuning``: :func:`equal_pls_for`)."""
+        from baselines import overhead
+        from ecrec.bench import intervals
+
+        cfg, driver = self.cfg, self.trainer.driver
+        step_s = self.warm_step_s()
+        if self.full_only:
+            if cfg["checkpoint_interval_steps"]:
+                n = int(cfg["checkpoint_interval_steps"])
+                return {"strategy": self.strategy, "how": "given", "interval_steps": n, "interval_s": n * step_s,
+                        "step_s": step_s}
+            o_save = driver.o_save_s
+            n, seconds = intervals.full_interval_steps(o_save, cfg["mtbf_s"], step_s, "daly")
+            driver.set_interval_steps(n)
+            return {"strategy": self.strategy, "how": "Daly", "formula": "daly", "o_save_s": o_save, "o_save_source": "measured stall",
+                    "mtbf_s": cfg["mtbf_s"], "step_s": step_s, "interval_s": seconds, "interval_steps": n}
+        t, how = cpr_interval(cfg)
+        info = {"strategy": self.strategy, "how": how, "target_pls": cfg["target_pls"], "servers": cfg["servers"],
+                "mtbf_s": cfg["mtbf_s"], "step_s": step_s, "interval_s": t,
+                "partial_interval_s": t / PARTIALS_PER_INTERVAL if self.variant else None,
+                "expected_pls": overhead.expected_pls(t, cfg["servers"], cfg["mtbf_s"]), "lost_ratio": 1.0}
+        if tuning is not None and self.strategy in tuning:
+            tuned = tuning[self.strategy]
+            info.update(tuned.to_dict(), how=f"equal PLS ({how} for cpr)", step_s=step_s)
+            replies = self.trainer.cluster.strategy_call("configure", {"interval_s": tuned.interval_s})
+            info["servers_interval_s"] = sorted({round(r["interval_s"], 9) for r in replies.values()})
+            info["servers_partial_interval_s"] = sorted({round(r["partial_interval_s"], 9) for r in replies.values()
+                                                         if r["partial_interval_s"] is not None})
+        return info
+
+    def shard_updates(self):
+        """The row updates the failed server receives at each step of this run (for equal-PLS tuning)."""
+        from ecrec.bench.intervals import shard_updates
+
+        step_ids = [list(b.ids.T) for b in self.trainer.batches]
+        return shard_updates(step_ids, list(self.trainer.table_sizes), self.trainer.cluster.layout,
+                             self.cfg["fail_server"])
+
+    # --- failures -----------------------------------------------------------------------------------------
+    def kill(self, step: int | None = None) -> None:
+        pid = self.local.pid_of_index(self.cfg["fail_server"])
+        phase = self.phases[len(self.kills)] if self.kind == "checkpoint" else None
+        self.kills.append({"pid": pid, "time": time.time(), "step": step, "phase": phase,
+                           **({"planned": self._planned} if self._planned else {})})
+        self._planned = None
+        self._standby = None
+        self._reconfigure = True
+        self.local.kill(pid)
 
     def _on_step(self, step: int) -> None:
         _progress(self.label, step, self.cfg["steps"])
-        if self.fail_at is not None and step == self.fail_at and "pid" not in self.killed:
-            self.kill()
+        if self.fail_at is None or step < self.fail_at or len(self.kills) >= self.failures:
+            return
+        if self._planned is not None:
+            if step >= self._planned.get("step", math.inf) or time.time() >= self._planned.get("time", math.inf):
+                self.kill(step)
+            return
+        if self.kills and not self._recovered(step):
+            return
+        if self._median_step_s is None:
+            self._median_step_s = self.warm_step_s()
+        self._plan(step)
+
+    def _recovered(self, step: int) -> bool:
+        """Whether the previous failure is over: back to speed, redundant again, a standby waiting."""
+        from ecrec.bench.lost_training import back_to_speed
+
+        last = self.kills[-1]
+        if step - (last["step"] or 0) < MIN_STEPS_BETWEEN_FAILURES:
+            return False
+        recent = [r for r in self.trainer.records if r["end"] > last["time"] - 1.0]
+        if back_to_speed(recent, last["time"], self._median_step_s) is None:
+            return False
+        if self.kind == "checkpoint" and self.trainer.driver is not None and len(self.trainer.driver.events) < len(self.kills):
+            return False
+        cluster_map = self.local.cluster_map()
+        if not any(s.index < 0 for s in cluster_map.servers):
+            if self._standby is None:  # started only now, so that its start-up does not slow a recovery
+                self._standby = {"proc": self.local.start_server(standby=True), "step": step,
+                                 "started": time.monotonic(), "sample": None, "settled": False}
+            return False
+        if self._standby is not None and not self._standby_settled(step):
+            return False
+        if self.kind == "erasure" and not any(e.kind == "redundant" and e.wall_time >= last["time"]
+                                              for e in cluster_map.events):
+            return False
+        return True
+
+    def _standby_settled(self, step: int) -> bool:
+        """Whether the standby started for the next failure has finished starting: registered some steps ago
+        and using (almost) no CPU, i.e. done compiling its kernels.  A standby promoted while still starting
+        took seconds to serve (measured: 2.4-10 s against 0.3-0.5 s), which would charge its start-up to
+        the failure."""
+        sb = self._standby
+        if sb["settled"]:
+            return True
+        if step - sb["step"] < MIN_STEPS_BETWEEN_FAILURES:
+            return False
+        now, cpu = time.monotonic(), process_cpu_seconds(sb["proc"].pid)
+        previous = sb["sample"]
+        if previous is not None and now - previous[0] < STANDBY_IDLE_SAMPLE_S:
+            return False
+        sb["sample"] = (now, cpu)
+        if previous is None:
+            return False
+        idle = (cpu - previous[1]) / (now - previous[0]) <= STANDBY_IDLE_CPU
+        if idle or now - sb["started"] > STANDBY_SETTLE_LIMIT_S:
+            sb["settled"] = True
+        return sb["settled"]
+
+    def _plan(self, step: int) -> None:
+        """Plans the next failure at its phase of the checkpoint interval (now, for strategies without one)."""
+        phase = self.phases[len(self.kills)]
+        if self.kind != "checkpoint":
+            self._planned = {"step": step}
+        elif self.full_only:
+            driver = self.trainer.driver
+            n = int(driver.interval_steps)
+            offset = min(int(round(phase * n)), n - 1)
+            target = driver.last_save_step + offset
+            while target < step + 1:
+                target += n
+            self._planned = {"step": target, "interval_steps": n, "offset_steps": offset}
+        else:
+            index = self.cfg["fail_server"]
+            if self._reconfigure:  # a replacement starts from the cluster's options, not the tuned interval
+                self._reconfigure = False
+                if self.interval and self.interval.get("servers_interval_s"):
+                    self.trainer.cluster.strategy_call("configure", {"interval_s": self.interval["interval_s"]},
+                                                       indices=[index])
+                    return  # configure restarts the timer: it starts at its next tick
+            reply = self.trainer.cluster.strategy_call("timers", {}, indices=[index])[index]
+            if reply.get("next_full_in_s") is None or not reply.get("interval_s"):
+                return  # the timer starts at its next tick
+            now, interval = time.time(), float(reply["interval_s"])
+            at = now + reply["next_full_in_s"] - interval + phase * interval
+            while at < now + 0.01:
+                at += interval
+            self._planned = {"time": at, "interval_s": interval, "offset_s": phase * interval}
 
     def advance(self, until: int) -> int:
         """Trains (in this process) until step ``until``; returns the samples trained."""
@@ -193,21 +400,29 @@ class StrategyRun:
         return self.trainer.advance(until, self._on_step)
 
     def finish(self) -> dict:
-        """Trains to the end (the failure included) and collects the run's figures; stops the cluster."""
+        """Trains to the end (the failures included) and collects the run's figures; stops the cluster."""
         try:
             if self.args.workers > 1:
-                result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at, self.kill, self.label)
+                self.failures = min(self.failures, 1)
+                result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at,
+                                       lambda: self.kill(None), self.label)
                 state = None
             else:
+                self.pause_timers(False)
                 self.advance(self.cfg["steps"])
                 _progress(self.label, self.cfg["steps"], self.cfg["steps"], done=True)
                 result = self.trainer.finish()
                 state = _final_state(result.get("cluster"), self.local)
+            if len(self.kills) < self.failures:
+                print(f"  {self.label}: {len(self.kills)} of {self.failures} failures fitted in {self.cfg['steps']} "
+                      "steps (each waits for the previous one to be over and for its phase of the interval)",
+                      file=sys.stderr)
             cluster_map = self.local.cluster_map()
             stats = _strategy_stats(self.local, self.strategy)
         finally:
             self.close()
-        return {"result": result, "killed": self.killed, "state": state, "stats": stats, "map": cluster_map,
+        return {"result": result, "killed": {"failures": self.kills}, "state": state, "stats": stats,
+                "map": cluster_map, "interval": self.interval, "planned_failures": self.failures,
                 "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in cluster_map.events]}
 
     def close(self) -> None:
@@ -216,6 +431,52 @@ class StrategyRun:
         self.local.close()
         if not self.args.keep:
             shutil.rmtree(self.records_dir, ignore_errors=True)
+
+
+def wait_until_idle(pids: list[int], limit_s: float = STANDBY_SETTLE_LIMIT_S) -> bool:
+    """Waits until every process uses at most ``STANDBY_IDLE_CPU`` CPU-seconds per second over
+    ``STANDBY_IDLE_SAMPLE_S`` (a server compiles its kernels after it registers, holding the GIL, so a
+    request that comes during that time waits for it); gives up after ``limit_s``.  Returns whether idle."""
+    deadline = time.monotonic() + limit_s
+    before = {pid: process_cpu_seconds(pid) for pid in pids}
+    t0 = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(STANDBY_IDLE_SAMPLE_S)
+        now = {pid: process_cpu_seconds(pid) for pid in pids}
+        t1 = time.monotonic()
+        if all((now[pid] - before[pid]) / (t1 - t0) <= STANDBY_IDLE_CPU for pid in pids):
+            return True
+        before, t0 = now, t1
+    return False
+
+
+def cpr_interval(cfg: dict) -> tuple[float, str]:
+    """cpr*'s full interval in seconds and how it was chosen: given, or ``2 * PLS * servers * MTBF``."""
+    from baselines import overhead
+
+    if cfg.get("cpr_interval_s"):
+        return float(cfg["cpr_interval_s"]), "given"
+    return overhead.interval_for_pls(cfg["target_pls"], cfg["servers"], cfg["mtbf_s"]), "target PLS"
+
+
+def equal_pls_for(runs: dict, cfg: dict, seed: int) -> dict | None:
+    """cpr, cpr-mfu and cpr-ssu tuned to cpr's PLS (``ecrec.bench.intervals.equal_pls_intervals``) from the
+    row updates of the failed server, replayed from the first cpr* run's batches (the same for every run)."""
+    from ecrec.bench.intervals import equal_pls_intervals
+
+    names = [n for n in ("cpr", "cpr-mfu", "cpr-ssu") if n in runs]
+    if not names:
+        return None
+    first = runs[names[0]]
+    t_cpr, _ = cpr_interval(cfg)
+    p = t_cpr / (2.0 * cfg["servers"] * cfg["mtbf_s"])  # the PLS of cpr's interval (the target unless one is given)
+    updates = first.shard_updates()
+    out = {}
+    for name in names:
+        step_s = runs[name].warm_step_s()
+        out.update(equal_pls_intervals(p, cfg["servers"], cfg["mtbf_s"], step_s, updates, [name],
+                                       partials_per_interval=PARTIALS_PER_INTERVAL, seed=seed))
+    return out
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -230,46 +491,70 @@ def process_cpu_seconds(pid: int) -> float:
 
 def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None,
                  progress_label: str) -> dict:
-    """One strategy from start to end on its own (no interleaving)."""
+    """One strategy from start to end on its own (no interleaving): warm steps, intervals, failures."""
     run = StrategyRun(strategy, progress_label, args, cfg, data_path, work, fail_at)
+    try:
+        if args.workers == 1:
+            run.prepare()
+            if args.equal_pls and strategy in ("cpr-mfu", "cpr-ssu"):
+                run.interval = run.choose_interval(equal_pls_for({strategy: run, "cpr": run}, cfg, args.seed))
+    except BaseException:
+        run.close()
+        raise
     return run.finish()
+
+
+def run_sequential(strategies: list[str], args, cfg: dict, data_path: Path, work: Path, fail_at: int | None) -> dict:
+    """Each strategy from start to end on its own, the failure-free reference (``none``) first."""
+    results = {"reference": run_strategy("none", args, cfg, data_path, work, None, "reference")}
+    for name in strategies:
+        results[name] = run_strategy(name, args, cfg, data_path, work, fail_at, name)
+    return results
 
 
 def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, work: Path, fail_at: int,
                     rounds: int) -> tuple[dict, dict, dict]:
-    """Failure-free throughput measured side by side, then each strategy's failure.
+    """Failure-free throughput measured side by side, then each strategy's failures.
 
-    Every strategy's cluster (and a failure-free ``none`` reference) is started; the steps up to
-    a little before the failure are trained in ``rounds`` slices, strategy after strategy in a
-    rotating order, so machine noise hits all alike; the per-round throughput ratios against the
-    reference give the overhead. Then each strategy trains on alone, through its failure (the
-    last ``max(50, checkpoint interval)`` steps before it run uninterrupted, so checkpoint cycles
-    are in their normal phase when the server dies).
+    Every strategy's cluster (and a failure-free ``none`` reference) is started and trains its warm
+    steps; the intervals are chosen; the steps up to a little before the first failure are trained in
+    ``rounds`` slices, strategy after strategy in an order shuffled per round (``--seed``).  A
+    checkpointing strategy's timers run only inside its slices, and pausing them at the end of a slice
+    waits for its writes, inside the slice's time.  Then each strategy trains on alone, through its
+    failures.
     """
     names = ["reference", *strategies]
     runs: dict[str, StrategyRun] = {}
+    rng = np.random.default_rng(args.seed)
     try:
         for name in names:
             runs[name] = StrategyRun("none" if name == "reference" else name, name, args, cfg, data_path, work,
                                      None if name == "reference" else fail_at)
-        warm = min(10, fail_at // 4)
         for run in runs.values():
-            run.advance(warm)
-        # the last steps before the failure run alone and uninterrupted, so checkpoint cycles (timers)
-        # are in a normal phase when the server dies
-        lead = max(cfg.get("checkpoint_interval_steps") or 0, 50)
-        end = max(warm + rounds, fail_at - lead)
+            run.advance(min(WARM_STEPS, fail_at // 4))
+            run.pause_timers(True)
+        tuning = equal_pls_for(runs, cfg, args.seed) if args.equal_pls else None
+        for run in runs.values():
+            if run.kind == "checkpoint":
+                run.interval = run.choose_interval(tuning)
+        warm = len(runs["reference"].trainer.records)
+        end = max(warm + rounds, fail_at - 30)
         bounds = np.linspace(warm, end, rounds + 1).astype(int)
         rates: dict[str, list[float]] = {n: [] for n in names}
+        orders = []
         cpu: dict[str, dict[str, float]] = {n: {"worker": 0.0, "servers": 0.0, "coordinator": 0.0} for n in names}
         for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = [names[i] for i in rng.permutation(len(names))]
+            orders.append(order)
             for name in order:
-                before = runs[name].cpu_seconds()
+                run = runs[name]
+                before = run.cpu_seconds()
                 t0 = time.perf_counter()
-                samples = runs[name].advance(int(bounds[r + 1]))
+                run.pause_timers(False)
+                samples = run.advance(int(bounds[r + 1]))
+                run.pause_timers(True)  # waits for the writes this slice started: their time is charged here
                 rates[name].append(samples / max(time.perf_counter() - t0, 1e-9))
-                after = runs[name].cpu_seconds()
+                after = run.cpu_seconds()
                 for part in cpu[name]:
                     cpu[name][part] += after[part] - before[part]
         steps = int(bounds[-1] - bounds[0])
@@ -282,7 +567,8 @@ def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, wor
     finally:
         for run in runs.values():
             run.close()
-    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds], "cpu_ms_per_step": cpu_ms}
+    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds], "orders": orders,
+                            "cpu_ms_per_step": cpu_ms}
 
 
 def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -> dict:
@@ -356,71 +642,106 @@ def _strategy_stats(local, strategy: str) -> dict:
 
 
 # --- metrics ----------------------------------------------------------------------------------------
+def _failures_of(run: dict) -> list[dict]:
+    """The run's kills, oldest first (``killed`` holds ``failures``, or one kill's ``time``)."""
+    killed = run.get("killed") or {}
+    if "failures" in killed:
+        return [k for k in killed["failures"] if k.get("time") is not None]
+    return [killed] if killed.get("time") is not None else []
+
+
+def failure_figures(records: list[dict], events: list[dict], kill_t: float, next_kill_t: float | None,
+                    median_step_s: float, rate: float, kind: str) -> dict:
+    """One failure's figures: promotion, back to speed, redundancy, max stall, useful throughput and lost
+    training time (``ecrec.bench.lost_training``) over the window from the kill to full redundancy or back
+    to speed, whichever is later."""
+    from ecrec.bench.lost_training import back_to_speed, failure_cost
+
+    limit = next_kill_t if next_kill_t is not None else math.inf
+    mine = [r for r in records if r["start"] < limit]  # steps after the next kill belong to that failure
+    after = [r["end"] - r["start"] for r in mine if r["end"] > kill_t]
+    promoted = [e["wall_time"] for e in events if e["kind"] == "promoted" and kill_t <= e["wall_time"] < limit]
+    redundant = [e["wall_time"] for e in events if e["kind"] == "redundant" and kill_t <= e["wall_time"] < limit]
+    back = back_to_speed(mine, kill_t, median_step_s)
+    out = {"kill_t": kill_t, "max_stall_s": max(after) if after else None,
+           "promotion_s": promoted[0] - kill_t if promoted else None,
+           "fully_redundant_s": redundant[0] - kill_t if redundant and kind != "none" else None,
+           "recovery_s": back - kill_t if back is not None else None}
+    if not after or not rate:
+        return out
+    end_t = max(x for x in (back, redundant[0] if redundant and kind != "none" else None) if x is not None) \
+        if back is not None or (redundant and kind != "none") else mine[-1]["end"]
+    window_end = min(end_t, mine[-1]["end"])
+    ranks = sorted({r.get("rank", 0) for r in mine})
+    # several workers step side by side: each one's timeline is costed at its share of the rate, and the
+    # job's figures are their mean (the workers lose the same time in parallel, not one after the other)
+    costs = [failure_cost([r for r in mine if r.get("rank", 0) == rank], kill_t, window_end, rate / len(ranks))
+             for rank in ranks]
+    merged = {k: float(np.mean([c.to_dict()[k] for c in costs])) for k in costs[0].to_dict() if k != "kill_t"}
+    merged["useful_samples"] = int(sum(c.useful_samples for c in costs))
+    out.update(merged)
+    out["throughput_during_recovery_ratio"] = merged["useful_throughput_ratio"]
+    return out
+
+
+#: per-failure figures reported as the mean over the failures (the key) and their range (key + "_range")
+FAILURE_FIELDS = ("max_stall_s", "promotion_s", "fully_redundant_s", "recovery_s", "throughput_during_recovery_ratio",
+                  "lost_training_s", "paused_s", "replayed_s", "deficit_s", "window_s")
+
+
 def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_at) -> dict:
+    from ecrec.bench.lost_training import mean_and_range, useful_timeline
+
     records = run["result"]["records"]
     ends = np.array([r["end"] for r in records])
     starts = np.array([r["start"] for r in records])
     samples = np.array([r["samples"] for r in records])
     durations = ends - starts
-    kill_t = run["killed"].get("time")
-    warm = min(10, len(records) // 4)
-    # the steps before the failure, by step number (W workers' records interleave; a rollback repeats steps)
-    steps_done = np.array([r["step"] for r in records])
-    before = steps_done >= warm
-    if fail_at is not None:
-        before &= steps_done < fail_at
-        if kill_t is not None:
-            before &= ends <= kill_t
-    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices), times the
-    # workers that step side by side, so it compares with the wall-clock throughput while recovering
+    kills = _failures_of(run)
+    # the failure-free steps: those before the first kill (or before fail_at), less the first calls' set-up
+    clean = int(np.sum(ends <= kills[0]["time"])) if kills else (fail_at if fail_at is not None else len(records))
+    warm = min(10, clean // 4)
+    before = slice(warm, clean)
+    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices)
+    # W workers step side by side: the cluster's rate is W times one worker's
     workers = len({r.get("rank", 0) for r in records}) or 1
-    rate = workers * samples[before].sum() / max(durations[before].sum(), 1e-9) if before.any() else None
-    median_step = float(np.median(durations[before])) if before.any() else None
+    rate = workers * samples[before].sum() / max(durations[before].sum(), 1e-9) if len(records[before]) else None
+    median_step = float(np.median(durations[before])) if len(records[before]) else None
     out = {"strategy": strategy, "samples_per_s_failure_free": rate, "median_step_s": median_step}
-    events = run["events"]
-    if kill_t is not None:
-        after = ends > kill_t
-        out["max_stall_s"] = float(durations[after].max()) if after.any() else None
-        promoted = [e["wall_time"] for e in events if e["kind"] == "promoted" and e["wall_time"] >= kill_t]
-        redundant = [e["wall_time"] for e in events if e["kind"] == "redundant" and e["wall_time"] >= kill_t]
-        out["promotion_s"] = promoted[0] - kill_t if promoted else None
-        out["fully_redundant_s"] = (redundant[0] - kill_t) if redundant and _kind(strategy) != "none" else None
-        # back to full speed: progress past the failure step, and the next steps at pre-failure speed
-        steps = np.array([r["step"] for r in records])
-        # after a rollback (full recovery) progress counts only from the rewound position on
-        rewound = [i for i in np.flatnonzero(after) if records[i].get("rewind_to") is not None]
-        first = rewound[-1] + 1 if rewound else 0
-        back = None
-        for i in np.flatnonzero(after & (steps >= fail_at) & (np.arange(len(records)) >= first)):
-            window = durations[i:i + 5]
-            if len(window) and np.median(window) <= 1.25 * median_step:
-                back = ends[i]
-                break
-        out["recovery_s"] = back - kill_t if back is not None else None
-        if promoted:
-            w0 = promoted[0]
-            w1 = min(max(redundant[0] if redundant else w0, w0 + 2.0), ends[-1])  # not past the end of training
-            inside = (ends > w0) & (ends <= w1)
-            during = samples[inside].sum() / (w1 - w0) if inside.any() else 0.0
-            out["throughput_during_recovery_ratio"] = during / rate if rate else None
-        else:
-            out["throughput_during_recovery_ratio"] = None
-    else:
-        out.update(max_stall_s=None, promotion_s=None, fully_redundant_s=None, recovery_s=None,
-                   throughput_during_recovery_ratio=None)
+    kind = _kind(strategy)
+    per_failure = []
+    for i, k in enumerate(kills):
+        next_t = kills[i + 1]["time"] if i + 1 < len(kills) else None
+        fig = failure_figures(records, run["events"], k["time"], next_t, median_step, rate, kind)
+        fig.update({key: k.get(key) for key in ("step", "phase", "planned") if k.get(key) is not None})
+        per_failure.append(fig)
+    out["failures"] = per_failure
+    out["failures_planned"] = run.get("planned_failures", len(kills))
+    for key in FAILURE_FIELDS:
+        summary = mean_and_range([f.get(key) for f in per_failure])
+        out[key] = summary["mean"] if summary else None
+        out[key + "_range"] = [summary["min"], summary["max"]] if summary else None
+    out["failure_timing"] = ("each failure at its own phase of one checkpoint interval: (i + 0.5) / n"
+                             if kind == "checkpoint" else "each failure once the previous one is over")
     driver = run["result"].get("driver")
     total_rows = int(sum(r["rows"] for r in records))
     if driver:
         out["driver"] = {k: driver.get(k) for k in ("o_save_s", "o_load_s", "saves", "save_stall_s",
-                                                     "full_interval_s", "mode")}
+                                                     "full_interval_s", "interval_steps", "mode")}
         out["lost_updates"] = driver["lost_updates"]
         out["pls"] = driver["pls"]
         out["updates_rolled_back"] = driver["updates_rolled_back"]
         out["steps_redone"] = driver["steps_redone"]
-    elif _kind(strategy) == "none" and kill_t is not None:
+        if len(driver.get("failures") or []) == len(per_failure):
+            for fig, event in zip(per_failure, driver["failures"]):
+                fig["lost_updates"] = event.get("lost_updates")
+                fig["steps_redone"] = (event["step"] + 1 - event["resume_step"]) if event.get("resume_step") is not None \
+                    else None
+    elif kind == "none" and kills:
         index = str(cfg["fail_server"])
+        last_kill = kills[-1]["time"]
         lost = sum(int(r["rows_by_server"].get(index, r["rows_by_server"].get(int(index), 0)))
-                   for r in records if r["end"] <= kill_t)
+                   for r in records if r["end"] <= last_kill)
         out["lost_updates"], out["pls"] = lost, lost / max(total_rows, 1)
     else:
         out["lost_updates"], out["pls"] = None, None
@@ -430,7 +751,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     if state is not None and ref_state is not None:
         out["state_matches_failure_free"] = state.keys() == ref_state.keys() and all(
             np.array_equal(state[k], ref_state[k]) for k in ref_state)
-        if _kind(strategy) == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
+        if kind == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
             out["lost_updates"], out["pls"] = 0, 0.0
     else:
         out["state_matches_failure_free"] = None
@@ -443,9 +764,21 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
     out["network_bytes"] = int(run["result"]["client_bytes"] + sum(v.get("parity_bytes_sent", 0) for v in per_server))
     out["rows_acknowledged"] = total_rows
     out["elapsed_s"] = float(ends[-1] - starts[0]) if len(records) else None
-    out["timeline"] = _timeline(records, kill_t)
+    if run.get("interval"):
+        out["interval"] = run["interval"]
+    out["timeline"] = _mean_timeline([useful_timeline(records, k["time"], before_s=1.0, after_s=4.0, bucket_s=0.1)
+                                      for k in kills])
     out["stats"] = stats
     return out
+
+
+def _mean_timeline(timelines: list[dict]) -> dict:
+    """Useful samples per second around the failures, averaged over them (time 0 = the kill)."""
+    if not timelines:
+        return {"t": [], "useful_samples_per_s": [], "failures": 0}
+    values = np.mean([tl["useful_samples_per_s"] for tl in timelines], axis=0)
+    return {"t": timelines[0]["t"], "useful_samples_per_s": [float(v) for v in values], "failures": len(timelines),
+            "bucket_s": timelines[0]["bucket_s"]}
 
 
 def _model_bytes(cluster_map) -> int:
@@ -455,54 +788,93 @@ def _model_bytes(cluster_map) -> int:
     return total + sum(DenseSpec.from_proto(d).payload_bytes for d in cluster_map.dense)
 
 
-def _timeline(records, kill_t, bucket_s: float = 0.25) -> dict:
-    """Throughput in buckets over the last uninterrupted stretch of training (interleaved
-    measurement leaves gaps before it), with the failure's time on the same clock."""
-    if not records:
-        return {"t": [], "samples_per_s": [], "failure_t": None}
-    gaps = [i for i in range(1, len(records)) if records[i]["start"] - records[i - 1]["end"] > 0.5]
-    records = records[gaps[-1]:] if gaps else records
-    t0 = records[0]["start"]
-    ends = np.array([r["end"] - t0 for r in records])
-    samples = np.array([r["samples"] for r in records])
-    edges = np.arange(0, ends.max() + bucket_s, bucket_s)
-    counts, _ = np.histogram(ends, bins=edges, weights=samples)
-    edges, counts = edges[:-1], counts[:-1]  # the last bucket is cut short by the end of training
-    return {"t": [float(x) for x in edges[1:]], "samples_per_s": [float(c / bucket_s) for c in counts],
-            "failure_t": (kill_t - t0) if kill_t else None}
-
-
 # --- output -------------------------------------------------------------------------------------------
 COLUMNS = [
     ("strategy", "strategy", "{}"),
     ("samples_per_s_failure_free", "samples/s", "{:,.0f}"),
     ("overhead_vs_none", "overhead", "{:+.1%}"),
+    ("overhead_ci95", "ovh 95% CI", None),
     ("cpu_overhead_vs_none", "cpu ovh", "{:+.1%}"),
     ("recovery_s", "recovery s", "{:.2f}"),
     ("fully_redundant_s", "redundant s", "{:.2f}"),
-    ("max_stall_s", "max stall s", "{:.2f}"),
-    ("throughput_during_recovery_ratio", "tput in rec.", "{:.2f}"),
+    ("throughput_during_recovery_ratio", "useful tput", "{:.2f}"),
+    ("lost_training_s", "lost train s", "{:.3f}"),
+    ("lost_training_s_range", "(range)", None),
     ("lost_updates", "lost upd.", "{:,}"),
     ("pls", "PLS", "{:.4f}"),
     ("test_auc", "AUC", "{:.4f}"),
     ("state_matches_failure_free", "exact", "{}"),
-    ("memory_overhead", "mem ovh", "{:.2f}"),
+    ("memory_overhead", "mem ovh", "{:.3f}"),
     ("checkpoint_bytes", "ckpt MB", None),
 ]
 
 
-def print_table(rows: list[dict]) -> None:
-    def fmt(row, key, f):
-        v = row.get(key)
-        if v is None:
+def _cell(row: dict, key: str, f: str | None) -> str:
+    v = row.get(key)
+    if key == "overhead_ci95":
+        sp = row.get("overhead_spread")
+        if not sp or sp.get("ci95_low") is None:
             return "-"
-        if key == "checkpoint_bytes":
-            return f"{v / 1e6:.1f}"
-        return f.format(v)
+        return f"[{sp['ci95_low']:+.1%}, {sp['ci95_high']:+.1%}]"
+    if v is None:
+        return "-"
+    if key == "checkpoint_bytes":
+        return f"{v / 1e6:.1f}"
+    if key == "lost_training_s_range":
+        return f"{v[0]:.3f}-{v[1]:.3f}"
+    text = f.format(v)
+    if key == "overhead_vs_none" and (row.get("overhead_spread") or {}).get("within_noise"):
+        text += "~"
+    return text
 
+
+def print_table(rows: list[dict]) -> None:
     from ecrec import console
 
-    console.print_table([title for _, title, _ in COLUMNS], [[fmt(r, key, f) for key, _, f in COLUMNS] for r in rows])
+    console.print_table([title for _, title, _ in COLUMNS], [[_cell(r, key, f) for key, _, f in COLUMNS] for r in rows])
+
+
+def print_intervals(rows: list[dict], cfg: dict) -> None:
+    """The checkpoint intervals of the run and the inputs the models chose them from."""
+    chosen = [r for r in rows if r.get("interval")]
+    if not chosen:
+        return
+    print(f"\ncheckpoint intervals (job MTBF {cfg['mtbf_s']:g} s {cfg['mtbf_source']}, target PLS "
+          f"{cfg['target_pls']:g} {cfg['target_pls_source']}):")
+    for r in chosen:
+        i = r["interval"]
+        if "interval_steps" in i:
+            if i["how"] == "Daly":
+                why = (f"Daly from o_save {1e3 * i['o_save_s']:.1f} ms (measured stall), MTBF {i['mtbf_s']:g} s: "
+                       f"{i['interval_s']:.3f} s / step {1e3 * i['step_s']:.1f} ms (measured)")
+            else:
+                why = "given"
+            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why})")
+        else:
+            partial = f", partial saves every {i['partial_interval_s']:.3f} s" if i.get("partial_interval_s") else ""
+            if i["how"] == "target PLS":
+                why = f"2 x PLS {i['target_pls']:g} x {i['servers']} servers x MTBF {i['mtbf_s']:g} s"
+            elif i["how"].startswith("equal PLS"):
+                why = (f"equal PLS: unsaved updates {i['lost_ratio']:.3f} x cpr's at the same interval (modelled by "
+                       f"replaying this run's updates of server {cfg['fail_server']}); modelled PLS "
+                       f"{i['expected_pls']:.4f}")
+            else:
+                why = "given"
+            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why})")
+
+
+def print_failures(rows: list[dict]) -> None:
+    print("\nper failure (useful tput: samples/s of steps past the furthest reached before the failure, over the "
+          "window from the kill to full redundancy or back to speed, / failure-free rate; lost = paused + replayed + "
+          "deficit):")
+    for r in rows:
+        for n, f in enumerate(r.get("failures") or []):
+            phase = f" phase {f['phase']:.2f}" if f.get("phase") is not None else ""
+            lost = f.get("lost_training_s")
+            print(f"  {r['strategy']:<9} #{n + 1}{phase:<11} window {f.get('window_s') or 0:6.3f} s  "
+                  f"paused {f.get('paused_s') or 0:6.3f}  replayed {f.get('replayed_s') or 0:6.3f}  "
+                  f"deficit {f.get('deficit_s') or 0:6.3f}  lost {'-' if lost is None else f'{lost:.3f}'} s  "
+                  f"useful tput {f.get('useful_throughput_ratio') or 0:.2f}")
 
 
 def write_plot(path: str, rows: list[dict], fail_at) -> None:
@@ -515,29 +887,75 @@ def write_plot(path: str, rows: list[dict], fail_at) -> None:
         print("ecrec-bench compare: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(10, 5))
+    width = None
     for row in rows:
         tl = row["timeline"]
         if not tl["t"]:
             continue
-        shift = tl["failure_t"] or 0.0
-        ax.plot(np.array(tl["t"]) - shift, tl["samples_per_s"], label=row["strategy"], linewidth=1.2)
-    ax.axvline(0.0, color="red", linestyle="--", linewidth=1, label=f"server killed (step {fail_at})")
+        # buckets of about PLOT_BUCKET_S: a step is ~0.01-0.1 s, so finer buckets hold 0 or 1 step each
+        n = max(1, int(round(PLOT_BUCKET_S / tl["bucket_s"])))
+        t, y = np.asarray(tl["t"]), np.asarray(tl["useful_samples_per_s"])
+        m = len(t) // n * n
+        t, y = t[n - 1:m:n], y[:m].reshape(-1, n).mean(axis=1)
+        width = n * tl["bucket_s"]
+        ax.step(t, y, where="pre", linewidth=1.4, label=f"{row['strategy']} (mean of {tl['failures']} failures)")
+    ax.axvline(0.0, color="red", linestyle="--", linewidth=1, label="server killed")
     ax.set_xlabel("seconds from the failure")
-    ax.set_ylabel("samples / s (0.25 s buckets)")
-    ax.set_title("Training throughput around one server failure")
-    ax.legend()
+    ax.set_ylabel(f"useful samples / s ({width or PLOT_BUCKET_S:g} s buckets)")
+    ax.set_title("Useful training progress around a server failure (replayed steps do not count)")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def run(args) -> int:
-    cfg = dict(PRESETS[args.preset])
-    for key in ("servers", "k", "m", "steps", "fail_at", "fail_server", "batch_size", "checkpoint_interval_steps"):
+def _config(args) -> tuple[dict | None, str | None]:
+    """The preset with the command line's values; an error message instead when one is invalid."""
+    cfg = dict(PRESETS[args.preset], checkpoint_interval_steps=None, cpr_interval_s=None)
+    for key in ("servers", "k", "m", "steps", "fail_at", "fail_server", "batch_size", "checkpoint_interval_steps",
+                "failures", "cpr_interval_s", "target_pls"):
         value = getattr(args, key)
         if value is not None:
             cfg[key] = value
+    cfg["mtbf_source"] = f"(preset {args.preset})"
+    cfg["target_pls_source"] = "(given)" if args.target_pls is not None else f"(given by preset {args.preset})"
+    if args.mtbf_hours is not None:
+        if not (math.isfinite(args.mtbf_hours) and args.mtbf_hours > 0):
+            return None, "--mtbf-hours must be finite and > 0"
+        cfg["mtbf_s"] = args.mtbf_hours * 3600.0
+        cfg["mtbf_source"] = "(given)"
+    if not 0 < cfg["target_pls"] < 1:
+        return None, "--target-pls must be in (0, 1)"
+    if cfg["failures"] < 1:
+        return None, "--failures must be >= 1"
+    if cfg["checkpoint_interval_steps"] is not None and cfg["checkpoint_interval_steps"] < 1:
+        return None, "--checkpoint-interval-steps must be >= 1"
+    if cfg["cpr_interval_s"] is not None and not (math.isfinite(cfg["cpr_interval_s"]) and cfg["cpr_interval_s"] > 0):
+        return None, "--cpr-interval-s must be finite and > 0"
+    if (args.dataset or cfg["dataset"]) == "synthetic" and not cfg["rows_per_table"]:
+        cfg.update(rows_per_table=20_000, samples=60_000, tables=8)
+    return cfg, None
+
+
+def differences(rows: list[dict], ref_rates) -> dict:
+    """Paired per-round differences of overhead between strategies CPR and ECRec compare (95 % intervals)."""
+    from ecrec.bench.spread import difference_spread
+
+    by_name = {r["strategy"]: r for r in rows if r.get("samples_per_s_rounds")}
+    out = {}
+    for a, b in (("cpr-mfu", "cpr"), ("cpr-ssu", "cpr"), ("ecrec", "full"), ("ecrec", "cpr")):
+        if a in by_name and b in by_name and len(ref_rates) > 1:
+            out[f"{a} - {b}"] = difference_spread(ref_rates, by_name[a]["samples_per_s_rounds"],
+                                                  by_name[b]["samples_per_s_rounds"]).to_dict()
+    return out
+
+
+def run(args) -> int:
+    cfg, error = _config(args)
+    if error:
+        print(f"ecrec-bench compare: {error}", file=sys.stderr)
+        return 2
     known = strategy_names()
     strategies = [s.strip() for s in (args.strategies or ",".join(known)).split(",") if s.strip()]
     unknown = [s for s in strategies if s not in known]
@@ -574,28 +992,34 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"ecrec-bench compare: --model: {exc}", file=sys.stderr)
         return 2
+    if args.equal_pls and not any(s in ("cpr-mfu", "cpr-ssu") for s in strategies):
+        print("ecrec-bench compare: --equal-pls tunes cpr-mfu and cpr-ssu to cpr's PLS: include one of them in "
+              "--strategies", file=sys.stderr)
+        return 2
     from ecrec.transport import tune_allocator
 
     tune_allocator()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-compare-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"ecrec-bench compare: preset {args.preset}, {cfg['servers']} servers, {cfg['steps']} steps x "
-          f"{cfg['batch_size']} samples, {args.workers} worker(s), kill server {cfg['fail_server']} at step {fail_at}, "
-          f"{'TorchRec' if args.model == 'torchrec' else 'our'} DLRM",
-          file=sys.stderr)
+          f"{cfg['batch_size']} samples, {args.workers} worker(s), {cfg['failures'] if fail_at is not None else 0} "
+          f"kill(s) of server {cfg['fail_server']} from step {fail_at}, "
+          f"{'TorchRec' if args.model == 'torchrec' else 'our'} DLRM", file=sys.stderr)
     try:
         data_path, data_desc = prepare_data(args, cfg, work)
         print(f"  data: {data_desc}", file=sys.stderr)
         side_by_side = args.workers == 1 and fail_at is not None and fail_at >= 100
         if side_by_side:
             results, rates, plan = run_interleaved(strategies, args, cfg, data_path, work, fail_at, args.rounds)
-            reference = results.pop("reference")
         else:
-            reference = run_strategy("none", args, cfg, data_path, work, None, "reference")
-            results = {s: run_strategy(s, args, cfg, data_path, work, fail_at, s) for s in strategies}
+            results = run_sequential(strategies, args, cfg, data_path, work, fail_at)
+        reference = results.pop("reference")
         ref_summary = summarize("none (no failure)", reference, None, cfg, None)
         rows = [summarize(s, results[s], reference, cfg, fail_at) for s in strategies]
+        diffs = {}
         if side_by_side:
+            from ecrec.bench.spread import overhead_spread
+
             ref_rates = np.array(rates["reference"])
             base = float(np.median(ref_rates))
             ref_summary["samples_per_s_rounds"] = ref_rates.tolist()
@@ -606,9 +1030,12 @@ def run(args) -> int:
                 row["samples_per_s_failure_free"] = float(np.median(mine))
                 row["samples_per_s_rounds"] = mine.tolist()
                 row["overhead_vs_none"] = float(np.median(ref_rates / mine) - 1.0)
+                row["overhead_spread"] = overhead_spread(ref_rates, mine).to_dict()
                 row["cpu_ms_per_step"] = plan["cpu_ms_per_step"][row["strategy"]]
                 row["cpu_overhead_vs_none"] = row["cpu_ms_per_step"]["total"] / ref_summary["cpu_ms_per_step"]["total"] - 1.0
-            noise_text = (f"{len(ref_rates)} interleaved rounds, reference spread {ref_summary['noise']:.1%}")
+            diffs = differences(rows, ref_rates)
+            noise_text = (f"{len(ref_rates)} interleaved rounds in a shuffled order, reference spread "
+                          f"{ref_summary['noise']:.1%}")
         else:
             # the reference again after the strategies: machine drift shows as the spread of the two
             print("  reference run again (drift check)", file=sys.stderr)
@@ -622,14 +1049,24 @@ def run(args) -> int:
                 rate = row["samples_per_s_failure_free"]
                 row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
             noise_text = f"before {ref_rates[0]:,.0f}, after {ref_rates[1]:,.0f}: drift {ref_summary['noise']:.1%}"
+    except RuntimeError as exc:  # a child process failed: its own message is in the exception
+        print(f"ecrec-bench compare: {exc}", file=sys.stderr)
+        return 1
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print_table(rows)
     print(f"\nreference (none, no failure): {base:,.0f} samples/s ({noise_text}), AUC {ref_summary['test_auc']:.4f}")
+    print("overhead: median of the per-round ratios to the reference; 95 % CI of their mean; ~ marks an overhead "
+          "within noise (its interval holds zero)")
+    for name, d in diffs.items():
+        mark = "within noise" if d["within_noise"] else "outside noise"
+        print(f"  overhead {name}: {d['mean']:+.1%} [{d['ci95_low']:+.1%}, {d['ci95_high']:+.1%}] ({mark})")
+    print_intervals(rows, cfg)
+    print_failures(rows)
     if ref_summary.get("cpu_ms_per_step"):
-        print("CPU ms per failure-free step (user + system, from each process's counters):")
+        print("\nCPU ms per failure-free step (user + system, from each process's counters):")
         for row in [ref_summary, *rows]:
             c = row.get("cpu_ms_per_step")
             if c:
@@ -637,11 +1074,13 @@ def run(args) -> int:
                       f"coordinator {c['coordinator']:5.2f}  total {c['total']:6.2f}")
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
               "model": args.model,
-              "strategies": strategies, "cpu_count": os.cpu_count(),
+              "strategies": strategies, "cpu_count": os.cpu_count(), "equal_pls": bool(args.equal_pls),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after"}
     if args.json:
         report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
-                  "strategies": {row["strategy"]: row for row in rows}}
+                  "strategies": {row["strategy"]: row for row in rows},
+                  "intervals": {row["strategy"]: row["interval"] for row in rows if row.get("interval")},
+                  "overhead_differences": diffs}
         text = json.dumps(report, indent=2, default=_json_default)
         with open(args.json, "w") as f:  # temporary paths (checkpoint dirs) are shown relative to the work dir
             f.write(text.replace(str(work), "<work-dir>"))

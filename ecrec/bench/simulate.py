@@ -27,8 +27,15 @@ servers each fail every ``--mtbf-hours`` (``mtbf = per-server MTBF / N`` for the
 ``none``
     ``o_res / mtbf`` only: no time is spent, but every failure loses a shard's state.
 
-Costs scale with the shard: ``o_save = shard / save_rate`` (the training stall of a save,
-per server, servers saving in parallel), ``o_load = shard / load_rate``; ``--storage-gbps``
+One cost basis: every strategy is charged its *measured failure-free overhead* from the same
+compare run.  ECRec's is a constant fraction (``parity_overhead``); a checkpointing strategy's is
+turned into seconds per save (overhead x its interval, see :func:`save_cost_from_overhead`), so that
+it scales with the interval the model picks: ``{full,cpr,mfu,ssu}_save_bytes_per_s``.  The bare
+training stall of a save (``save_bytes_per_s``, the driver's measured ``o_save``) is shown beside it
+as "stall only": it leaves out what the background writes take from training.
+
+Costs scale with the shard: ``o_save = shard / save_rate`` (per server, servers saving in
+parallel), ``o_load = shard / load_rate``; ``--storage-gbps``
 caps the aggregate bandwidth of the checkpoint store (then a full save or a full rollback
 takes at least ``model / storage``).  Every input carries its ``source``: ``measured``
 (taken from the compare report), ``modelled`` (inferred from measured figures through an
@@ -79,33 +86,51 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs, measured on the development machine (2 shared, busy cores; local disk; 127.0.0.1) on
-# 2026-11-30 with `ecrec-bench compare --preset quick` (4 servers, 8 tables x 20,000 rows x dim 16, Adagrad:
-# 5.12 MB of embedding state per shard; one kill at step 150 of 300).  full/cpr* ran with the coordinator
-# interval options (interval_steps=50 / interval_s=2) and the driver report and server stats kept in the
-# report, which is what `inputs_from_compare` reads; the parity overhead is the median of six paired
-# failure-free none/ecrec runs.  Absolute rates are those of this Python prototype on 2 cores, not of a
-# production parameter server: pass --from-compare with a report from the machine you care about.
+# Built-in costs: the inputs `inputs_from_compare` reads from ecrec/bench/results/compare-quick-run1.json
+# (`ecrec-bench compare --preset quick --equal-pls`, 2026-12-01, on the development machine: 2 cores shared
+# with other jobs, load average 30-48 during the run, so steps took ~0.1 s against ~0.01 s on an idle machine;
+# 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad: 5.12 MB of embedding state per shard; 3 kills per
+# strategy).  Of the two runs beside the README, this is the one whose reference spread less (84 % against
+# 258 %); the README shows what the other one's inputs give.  Regenerate with
+# `ecrec-bench simulate --from-compare REPORT --json OUT` and copy the values.  Absolute rates are those of
+# this Python prototype on a loaded 2-core machine, not of a production parameter server: pass
+# --from-compare with a report from the machine you care about.
+_RUN = "dev machine, compare-quick-run1.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
-    "save_bytes_per_s": (326e6, "bytes/s per server",
-                         "dev machine: median driver o_save_s (training stall per save) of full/cpr* = 15.7 ms per 5.12 MB shard"),
-    "load_bytes_per_s": (164e6, "bytes/s per server",
-                         "dev machine: median driver o_load_s (verified load of a shard) of full/cpr* = 31.2 ms per 5.12 MB"),
-    "reschedule_s": (0.049, "s", "dev machine: none's promotion_s (kill -> standby promoted); production schedulers take "
-                                 "far longer, see --reschedule-s"),
-    "parity_overhead": (0.30, "fraction", "dev machine: median of 6 paired failure-free none/ecrec runs (range 0.10-0.49; "
-                                          "parity updates share the 2 cores with training)"),
-    "rebuild_bytes_per_s": (6.6e6, "bytes/s per server", "dev machine: ecrec stats, 40,000 rows (5.12 MB) rebuilt in 0.78 s"),
-    "recovery_throughput_ratio": (0.83, "fraction", "dev machine: ecrec's throughput_during_recovery_ratio"),
+    "save_bytes_per_s": (38.1e6, "bytes/s per server",
+                         f"{_RUN}: median driver o_save_s (training stall per save) of full/cpr* = 134.4 ms per 5.12 MB "
+                         "shard (stall only)"),
+    "full_save_bytes_per_s": (9.99e6, "bytes/s per server",
+                              f"{_RUN}: full's failure-free overhead +54.9 % (within noise) x its interval 0.934 s = "
+                              "512.6 ms per save"),
+    "cpr_save_bytes_per_s": (8.07e6, "bytes/s per server",
+                             f"{_RUN}: cpr's overhead +79.3 % x its interval 0.800 s = 634.8 ms per save"),
+    "mfu_save_bytes_per_s": (6.43e6, "bytes/s per server",
+                             f"{_RUN}: cpr-mfu's overhead +50.2 % (within noise) x its interval 1.662 s / 1.048 = "
+                             "796.1 ms per save"),
+    "ssu_save_bytes_per_s": (4.14e6, "bytes/s per server",
+                             f"{_RUN}: cpr-ssu's overhead +37.9 % (within noise) x its interval 3.728 s / 1.144 = "
+                             "1236.0 ms per save"),
+    "load_bytes_per_s": (86.5e6, "bytes/s per server",
+                         f"{_RUN}: median driver o_load_s (verified load of a shard) of full/cpr* = 59.2 ms per 5.12 MB"),
+    "reschedule_s": (0.253, "s", f"{_RUN}: none's promotion_s (kill -> a local standby promoted); production "
+                                 "schedulers take far longer, see --reschedule-s"),
+    "parity_overhead": (0.293, "fraction", f"{_RUN}: ecrec's failure-free overhead, median of 5 paired rounds "
+                                           "(95 % interval +3 % to +64 %)"),
+    "rebuild_bytes_per_s": (6.14e6, "bytes/s per server", f"{_RUN}: ecrec stats, 40,000 rows (5.12 MB) rebuilt in "
+                                                          "0.83 s"),
+    "recovery_throughput_ratio": (0.35, "fraction", f"{_RUN}: ecrec's useful throughput while recovering, mean of 3 "
+                                                    "failures (0.94 for the first; later ones waited seconds for "
+                                                    "promotion)"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
-    "mfu_save_fraction": (0.027, "fraction", "f, dev machine: cpr-mfu stats, 1,066 rows per partial save of 40,000 "
-                                             "(mfu_fraction 0.05, only rows changed since saved)"),
-    "mfu_update_coverage": (0.64, "fraction", "h: share of row updates hitting a shard's 5 % most updated rows, counted "
-                                              "offline on the quick preset's data (Zipf a=1.05)"),
-    "ssu_save_fraction": (0.051, "fraction", "f, dev machine: cpr-ssu stats, 2,043 rows per partial save of 40,000"),
-    "ssu_update_coverage": (0.53, "fraction", "h: share of an interval's row updates hitting the rows of a 1024-event "
-                                              "sample, counted offline on the quick preset's data"),
+    "mfu_save_fraction": (0.0159, "fraction", f"f, {_RUN}: cpr-mfu stats, 385,199 rows in 605 partial saves of "
+                                              "40,000-row shards"),
+    "mfu_update_coverage": (0.691, "fraction", f"h, {_RUN} (modelled): cpr-mfu's equal-PLS replay of the run's "
+                                               "updates leaves g = 0.481 of cpr's unsaved; h = (1 - g) / (1 - 1/r)"),
+    "ssu_save_fraction": (0.048, "fraction", f"f, {_RUN}: cpr-ssu stats, 618,272 rows in 322 partial saves"),
+    "ssu_update_coverage": (1.0, "fraction", f"h, {_RUN} (modelled): cpr-ssu's replay gives g = 0.215, below 1/r: "
+                                             "h clamped to 1"),
 }
 
 
@@ -161,6 +186,10 @@ def _mtbf(mtbf: float) -> float:
     return mtbf
 
 
+#: checkpointing strategy -> the prefix of its ``*_save_bytes_per_s`` input (its per-save cost)
+CHECKPOINT_KEYS = {"full": "full", "cpr": "cpr", "cpr-mfu": "mfu", "cpr-ssu": "ssu"}
+
+
 # --- the model per cluster size ---------------------------------------------------------------------
 def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: dict[str, Input],
                  formula: str = "daly", storage_bytes_per_s: float | None = None) -> dict:
@@ -174,26 +203,36 @@ def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: di
     def capped(own_s: float, total_bytes: float) -> float:
         return max(own_s, total_bytes / storage_bytes_per_s) if storage_bytes_per_s else own_s
 
-    o_save = capped(shard / v["save_bytes_per_s"], model_bytes)  # every server saves at about the same time
+    o_stall = capped(shard / v["save_bytes_per_s"], model_bytes)  # every server saves at about the same time
+    # one cost basis: each checkpointing strategy's save costs what its measured failure-free overhead says
+    o_save = {name: capped(shard / v[f"{key}_save_bytes_per_s"], model_bytes) for name, key in CHECKPOINT_KEYS.items()}
     o_load_one = capped(shard / v["load_bytes_per_s"], shard)  # partial: only the failed shard reloads
     o_load_all = capped(shard / v["load_bytes_per_s"], model_bytes)  # full: every server rolls back
     p = v["target_pls"]
     out: dict = {}
 
-    t_full = overhead.optimal_full_interval(o_save, mtbf, formula)
-    out["full"] = {"overhead": overhead.full_overhead(t_full, o_save, o_load_all, mtbf, o_res),
-                   "interval_s": t_full, "o_save_s": o_save, "o_load_s": o_load_all, "pls": 0.0}
+    def full_at(o: float) -> tuple[float, float]:
+        t = overhead.optimal_full_interval(o, mtbf, formula)
+        return t, overhead.full_overhead(t, o, o_load_all, mtbf, o_res)
+
+    t_full, o_full = full_at(o_save["full"])
+    out["full"] = {"overhead": o_full, "overhead_stall_only": full_at(o_stall)[1],
+                   "interval_s": t_full, "o_save_s": o_save["full"], "o_save_stall_s": o_stall, "o_load_s": o_load_all,
+                   "pls": 0.0}
 
     t_part = overhead.interval_for_pls(p, n, mtbf)
-    plan = overhead.plan_recovery(o_save, o_load_one, mtbf, n, p, o_res, formula)
-    out["cpr"] = {"overhead": overhead.partial_overhead(t_part, o_save, o_load_one, mtbf, o_res),
-                  "interval_s": t_part, "o_save_s": o_save, "o_load_s": o_load_one,
+    plan = overhead.plan_recovery(o_save["cpr"], o_load_one, mtbf, n, p, o_res, formula)
+    out["cpr"] = {"overhead": overhead.partial_overhead(t_part, o_save["cpr"], o_load_one, mtbf, o_res),
+                  "overhead_stall_only": overhead.partial_overhead(t_part, o_stall, o_load_one, mtbf, o_res),
+                  "interval_s": t_part, "o_save_s": o_save["cpr"], "o_save_stall_s": o_stall, "o_load_s": o_load_one,
                   "pls": overhead.expected_pls(t_part, n, mtbf), "plan": plan.recovery,
                   "plan_overhead": min(plan.full_overhead, plan.partial_overhead)}
     for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
-        t, o, pls = hot_partial_overhead(o_save, o_load_one, mtbf, n, p, v[f"{key}_save_fraction"],
-                                         v[f"{key}_update_coverage"], v["partial_saves_per_interval"], o_res)
-        out[name] = {"overhead": o, "interval_s": t, "o_save_s": o_save, "o_load_s": o_load_one, "pls": pls}
+        args = (o_load_one, mtbf, n, p, v[f"{key}_save_fraction"], v[f"{key}_update_coverage"],
+                v["partial_saves_per_interval"], o_res)
+        t, o, pls = hot_partial_overhead(o_save[name], *args)
+        out[name] = {"overhead": o, "overhead_stall_only": hot_partial_overhead(o_stall, *args)[1], "interval_s": t,
+                     "o_save_s": o_save[name], "o_save_stall_s": o_stall, "o_load_s": o_load_one, "pls": pls}
 
     rebuild_s = shard / v["rebuild_bytes_per_s"]
     out["ecrec"] = {"overhead": ecrec_overhead(v["parity_overhead"], o_res, rebuild_s, v["recovery_throughput_ratio"], mtbf),
@@ -286,6 +325,32 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
                                               f"{how} = {o_save * 1e3:.1f} ms per save; {shard_note}")
         else:
             missing.append("save_bytes_per_s: no 'full' run with a positive save cost in the report")
+    # one cost basis: every checkpointing strategy's save costs what its measured failure-free overhead says
+    r = DEFAULTS["partial_saves_per_interval"][0]
+    for name, key in CHECKPOINT_KEYS.items():
+        row = st.get(name)
+        if row is None:
+            continue
+        f = None
+        if key in ("mfu", "ssu"):
+            saved, saves = _stats_sum(row, "rows_saved_partial"), _stats_sum(row, "partial_saves")
+            dim = _num(cfg.get("embedding_dim"))
+            shard_rows = shard / (dim * 4.0 * _COMPARE_FLOATS_PER_WEIGHT) if shard and dim else None
+            f = min(saved / saves / shard_rows, 1.0) if saved and saves and shard_rows else DEFAULTS[f"{key}_save_fraction"][0]
+        cost, note = save_cost_from_overhead(row, r, f)
+        if cost and shard:
+            found[f"{key}_save_bytes_per_s"] = Input(shard / cost, "bytes/s per server", "measured",
+                                                     f"{note}; {shard_note}")
+        else:
+            missing.append(f"{key}_save_bytes_per_s: {note or 'no shard size'}")
+        interval = row.get("interval") if isinstance(row.get("interval"), dict) else {}
+        g = _num(interval.get("lost_ratio"))
+        if key in ("mfu", "ssu") and str(interval.get("how", "")).startswith("equal PLS") and g is not None and 0 < g <= 1:
+            h = (1.0 - g) / (1.0 - 1.0 / r)
+            clamp = f"; g below 1/r = {1 / r:.3f}, which this model cannot express: h clamped to 1" if h > 1 else ""
+            found[f"{key}_update_coverage"] = Input(min(h, 1.0), "fraction", "modelled",
+                                                    f"h = (1 - g) / (1 - 1/r) from {name}'s equal-PLS replay of the "
+                                                    f"compare run's updates (unsaved-update ratio g = {g:.3f}){clamp}")
     # load: the driver's probe, else cpr's promotion beyond none's (the replacement loads while promoted)
     if shard:
         o_load, how = driver_median("o_load_s")
@@ -335,7 +400,7 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
         missing.append("recovery_throughput_ratio: no ecrec throughput_during_recovery_ratio")
     target = _num(cfg.get("target_pls"))
     if target and 0 < target < 1:
-        found["target_pls"] = Input(target, "fraction", "measured", "the compare run's target_pls")
+        found["target_pls"] = Input(target, "fraction", "given", "the compare run's target PLS (a choice)")
     # MFU/SSU: the saved fraction from the servers' stats.  Their update coverage is not inferred from the
     # report: one failure loses the updates since the last save, uniform over the save cycle, so the ratio of
     # two runs' PLS is mostly the luck of where each failure fell (set it with --set *_update_coverage=H).
@@ -353,6 +418,35 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
     if not shard:
         missing.append("shard bytes: the report's config lacks tables/rows_per_table/embedding_dim/servers")
     return found, missing
+
+
+def save_cost_from_overhead(row: dict, partials_per_interval: float, save_fraction: float | None) -> tuple[float | None, str]:
+    """Seconds per save that a checkpointing strategy's measured failure-free overhead stands for.
+
+    ``overhead x interval``, the interval in seconds of its own training time (``full``: its steps x its
+    median step; ``cpr*``: its timer's seconds), divided by ``1 + (r - 1) f`` for MFU/SSU (their partial
+    saves, a fraction ``f`` of the shard each, ``r - 1`` per interval).  A save costs at least its
+    measured stall: an overhead below that (noise) is replaced by the stall, and the note says so.
+    """
+    ov = _num(row.get("overhead_vs_none"))
+    interval = row.get("interval") if isinstance(row.get("interval"), dict) else {}
+    steps, step_s = _num(interval.get("interval_steps")), _num(row.get("median_step_s"))
+    seconds = steps * step_s if steps and step_s else _num(interval.get("interval_s"))
+    driver = row.get("driver") if isinstance(row.get("driver"), dict) else {}
+    stall = _num(driver.get("o_save_s"))
+    if ov is None or not seconds:
+        return None, f"no overhead_vs_none and interval of {row.get('strategy', 'this strategy')} in the report"
+    factor = 1.0 + (partials_per_interval - 1.0) * save_fraction if save_fraction is not None else 1.0
+    cost = ov * seconds / factor
+    spread = row.get("overhead_spread") if isinstance(row.get("overhead_spread"), dict) else {}
+    noise = " (within noise)" if spread.get("within_noise") else ""
+    note = (f"{row.get('strategy', '')}: overhead {ov:+.1%}{noise} x interval {seconds:.3f} s"
+            + (f" / (1 + (r - 1) f = {factor:.3f})" if factor != 1.0 else "") + f" = {cost * 1e3:.1f} ms per save")
+    if stall and cost < stall:
+        return stall, note + f"; below its save stall, so the stall ({stall * 1e3:.1f} ms) is charged"
+    if cost <= 0:
+        return None, note + "; no positive cost and no stall measured"
+    return cost, note
 
 
 # --- command line ---------------------------------------------------------------------------------------
@@ -506,6 +600,17 @@ def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows:
                      + [_pct(s[name]["overhead"]) for name in STRATEGIES]
                      + [f"{s['cpr']['pls']:.4f}", s["cpr"]["plan"]])
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    for i, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print("\ncheckpointing charged only its training stall per save (o_save = the driver's stall; the table above "
+          "charges each strategy its measured failure-free overhead per save):")
+    names = [n for n in CHECKPOINT_KEYS if n in STRATEGIES]
+    cells = [["servers"] + [f"{n} (stall)" for n in names]]
+    for r in rows:
+        cells.append([str(r["servers"])] + [_pct(r["strategies"][n]["overhead_stall_only"]) for n in names])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     for i, row in enumerate(cells):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if i == 0:

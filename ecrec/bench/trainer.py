@@ -59,6 +59,7 @@ class Trainer:
         torch.set_num_threads(1)
         self.cfg, self.rank = cfg, rank
         dataset = load_dataset(cfg.data_path)
+        self.table_sizes = tuple(int(x) for x in dataset.table_sizes)
         train, self.test = dataset.split(cfg.test_fraction, shuffle=True, seed=cfg.seed)
         train = train.shard(rank, world)
         self.batches = list(train.repeat(cfg.batch_size, cfg.steps, shuffle=True, seed=cfg.seed + rank))

@@ -1,0 +1,211 @@
+"""Checkpoint intervals the overhead models choose for a ``compare`` run, and CPR's variants at one PLS.
+
+- ``full``: Young/Daly's optimum (``baselines.overhead.optimal_full_interval``) from the measured
+  save stall and the MTBF, turned into steps with the failure-free step time (the benchmark's
+  clock runs while other strategies are timed, so the driver counts steps, not seconds).
+- ``cpr``: the interval of a target PLS, ``2 * PLS * servers * MTBF`` (``interval_for_pls``).
+- ``cpr-mfu`` / ``cpr-ssu`` at **equal PLS**: their partial saves (``r`` per full interval) keep the
+  hot rows fresher, so the same PLS allows a longer full interval.  How much longer is measured,
+  not assumed: :func:`mean_unsaved_updates` replays the run's own row updates of one shard (the
+  same batches the worker will push) through each save policy and counts, at every step boundary,
+  the updates no checkpoint holds yet: what a failure there would lose.  A variant's interval
+  ``T`` is the fixed point of ``T = T_cpr / ratio(T)``, where ``ratio(T)`` is its mean of unsaved
+  updates over plain ``cpr``'s at the same interval; then both lose the same expected number of
+  updates per failure, i.e. reach the same PLS.
+
+The replay follows ``baselines/cpr.py``: MFU keeps a counter per row since the server started and a
+partial save writes the ``mfu_fraction`` most updated rows of each table that changed since they
+were saved; SSU keeps a uniform sample of at most ``ssu_sample`` update events per table since the
+last save (full or partial) and a partial save writes the sampled rows.  Every push counts once per
+row it updates (the server coalesces duplicate ids).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from baselines import overhead
+
+POLICIES = ("cpr", "cpr-mfu", "cpr-ssu")
+
+
+def full_interval_steps(o_save_s: float, mtbf_s: float, step_s: float, formula: str = "daly") -> tuple[int, float]:
+    """``(steps, seconds)`` of full recovery's optimal interval, in steps of ``step_s`` (at least 1)."""
+    if not (step_s and step_s > 0 and math.isfinite(step_s)):
+        raise ValueError(f"step_s must be finite and > 0, got {step_s!r}")
+    seconds = overhead.optimal_full_interval(o_save_s, mtbf_s, formula)
+    return max(1, int(round(seconds / step_s))), seconds
+
+
+@dataclass(frozen=True)
+class ShardUpdates:
+    """One server's row updates step by step; a table's slots are numbered after the previous tables'."""
+
+    steps: tuple[np.ndarray, ...]  # per step: the (unique) slots updated
+    table_offsets: tuple[int, ...]  # table t has slots [offsets[t], offsets[t + 1])
+    owned_rows: tuple[int, ...]  # real rows per table on this server (the rest of its slots is padding)
+
+    def __post_init__(self):
+        if len(self.table_offsets) != len(self.owned_rows) + 1:
+            raise ValueError("table_offsets needs one entry more than owned_rows")
+        if not self.steps:
+            raise ValueError("no steps of updates")
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.table_offsets[-1])
+
+
+def shard_updates(step_ids: list[list[np.ndarray]], table_rows: list[int], layout, server: int) -> ShardUpdates:
+    """The updates ``server`` receives when every step ``s`` pushes rows ``step_ids[s][t]`` of table ``t``."""
+    offsets, owned = [0], []
+    for rows in table_rows:
+        where, _ = layout.locate(np.arange(rows, dtype=np.int64))
+        owned.append(int((where == server).sum()))
+        offsets.append(offsets[-1] + layout.data_slots_per_server(rows))
+    steps = []
+    for ids_by_table in step_ids:
+        if len(ids_by_table) != len(table_rows):
+            raise ValueError(f"a step has ids of {len(ids_by_table)} tables, the model has {len(table_rows)}")
+        parts = []
+        for t, ids in enumerate(ids_by_table):
+            ids = np.unique(np.asarray(ids, dtype=np.int64))
+            if ids.size and (ids.min() < 0 or ids.max() >= table_rows[t]):
+                raise ValueError(f"table {t}: ids outside [0, {table_rows[t]})")
+            where, slots = layout.locate(ids)
+            parts.append(slots[where == server] + offsets[t])
+        steps.append(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
+    return ShardUpdates(tuple(steps), tuple(offsets), tuple(owned))
+
+
+def mean_unsaved_updates(updates: ShardUpdates, interval_steps: float, policy: str, partials_per_interval: int = 4,
+                         mfu_fraction: float = 0.05, ssu_sample: int = 1024, seed: int = 0,
+                         min_intervals: int = 8) -> float:
+    """Mean, over step boundaries, of the shard's row updates that no checkpoint holds (see the module docstring).
+
+    Full saves every ``interval_steps`` steps (the first at step 0); with ``cpr-mfu``/``cpr-ssu`` a partial
+    save at every ``interval_steps / partials_per_interval`` in between.  The steps are replayed in a cycle
+    for at least ``min_intervals`` full intervals.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not (interval_steps and interval_steps > 0 and math.isfinite(interval_steps)):
+        raise ValueError(f"interval_steps must be finite and > 0, got {interval_steps!r}")
+    if isinstance(partials_per_interval, bool) or not isinstance(partials_per_interval, int) or partials_per_interval < 1:
+        raise ValueError(f"partials_per_interval must be an integer >= 1, got {partials_per_interval!r}")
+    if not 0.0 < mfu_fraction <= 1.0:
+        raise ValueError(f"mfu_fraction must be in (0, 1], got {mfu_fraction}")
+    if ssu_sample < 1:
+        raise ValueError(f"ssu_sample must be >= 1, got {ssu_sample}")
+    rng = np.random.default_rng(seed)
+    unsaved = np.zeros(updates.num_slots, dtype=np.int64)  # per row: updates since it was last saved
+    freq = np.zeros(updates.num_slots, dtype=np.int64) if policy == "cpr-mfu" else None
+    events: list[np.ndarray] = []  # cpr-ssu: update events since the last save
+    offsets = updates.table_offsets
+    partial_steps = interval_steps / partials_per_interval if policy != "cpr" else None
+    total_steps = max(len(updates.steps), int(math.ceil(min_intervals * interval_steps)))
+    unsaved_total = 0
+    acc = 0.0
+    fulls = partials = 0
+    for b in range(1, total_steps + 1):
+        slots = updates.steps[(b - 1) % len(updates.steps)]
+        unsaved[slots] += 1
+        unsaved_total += int(slots.size)
+        if freq is not None:
+            freq[slots] += 1
+        if policy == "cpr-ssu":
+            events.append(slots)
+        if int(b // interval_steps) > fulls:  # a full save at this boundary
+            fulls = int(b // interval_steps)
+            partials = int(b // partial_steps) if partial_steps else 0
+            unsaved.fill(0)
+            unsaved_total = 0
+            events.clear()
+        elif partial_steps and int(b // partial_steps) > partials:
+            partials = int(b // partial_steps)
+            saved = _mfu_rows(freq, unsaved, updates, mfu_fraction) if policy == "cpr-mfu" else \
+                _ssu_rows(events, offsets, ssu_sample, rng)
+            if saved.size:
+                saved = saved[unsaved[saved] > 0]
+                unsaved_total -= int(unsaved[saved].sum())
+                unsaved[saved] = 0
+            events.clear()
+        acc += unsaved_total
+    return acc / total_steps
+
+
+def _mfu_rows(freq: np.ndarray, unsaved: np.ndarray, updates: ShardUpdates, fraction: float) -> np.ndarray:
+    chosen = []
+    for t, owned in enumerate(updates.owned_rows):
+        lo, hi = updates.table_offsets[t], updates.table_offsets[t + 1]
+        f = freq[lo:hi]
+        hot = np.flatnonzero(f > 0)
+        k = max(1, math.ceil(fraction * owned))
+        if hot.size > k:
+            hot = hot[np.argpartition(-f[hot], k - 1)[:k]]
+        chosen.append(hot + lo)
+    return np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
+
+
+def _ssu_rows(events: list[np.ndarray], offsets: tuple[int, ...], cap: int, rng: np.random.Generator) -> np.ndarray:
+    if not events:
+        return np.empty(0, dtype=np.int64)
+    seen = np.concatenate(events)
+    chosen = []
+    for t in range(len(offsets) - 1):
+        table = seen[(seen >= offsets[t]) & (seen < offsets[t + 1])]
+        if table.size > cap:
+            table = rng.choice(table, size=cap, replace=False)  # what Algorithm R leaves: a uniform sample
+        chosen.append(np.unique(table))
+    return np.concatenate(chosen)
+
+
+@dataclass(frozen=True)
+class TunedInterval:
+    """A ``cpr*`` strategy's intervals for a target PLS and why."""
+
+    strategy: str
+    interval_s: float  # between full saves
+    partial_interval_s: float | None  # between partial saves (MFU/SSU)
+    lost_ratio: float  # its mean unsaved updates over plain cpr's at the same interval (1 for cpr)
+    expected_pls: float  # modelled: lost_ratio * interval / (2 * servers * mtbf)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: float, updates: ShardUpdates | None,
+                        strategies: list[str], partials_per_interval: int = 4, mfu_fraction: float = 0.05,
+                        ssu_sample: int = 1024, seed: int = 0, iterations: int = 4) -> dict[str, TunedInterval]:
+    """Intervals at which each of ``strategies`` (cpr, cpr-mfu, cpr-ssu) reaches ``target_pls``.
+
+    ``cpr`` takes ``interval_for_pls``; a variant the fixed point ``T = T_cpr / ratio(T)`` (``iterations``
+    rounds from ``T_cpr``), its ratio replayed on ``updates`` with steps of ``step_s`` seconds.
+    """
+    unknown = [s for s in strategies if s not in POLICIES]
+    if unknown:
+        raise ValueError(f"equal-PLS tuning covers {POLICIES}, not {unknown}")
+    if not (step_s and step_s > 0):
+        raise ValueError(f"step_s must be > 0, got {step_s!r}")
+    t_cpr = overhead.interval_for_pls(target_pls, servers, mtbf_s)
+    out = {}
+    for name in strategies:
+        if name == "cpr":
+            out[name] = TunedInterval(name, t_cpr, None, 1.0, overhead.expected_pls(t_cpr, servers, mtbf_s))
+            continue
+        if updates is None:
+            raise ValueError(f"tuning {name} to a PLS needs the run's updates")
+        t, ratio = t_cpr, 1.0
+        for _ in range(iterations):
+            n = t / step_s
+            kw = dict(partials_per_interval=partials_per_interval, mfu_fraction=mfu_fraction, ssu_sample=ssu_sample,
+                      seed=seed)
+            plain = mean_unsaved_updates(updates, n, "cpr", **kw)
+            ratio = mean_unsaved_updates(updates, n, name, **kw) / plain if plain > 0 else 1.0
+            t = t_cpr / max(ratio, 1e-3)
+        out[name] = TunedInterval(name, t, t / partials_per_interval, ratio,
+                                  ratio * overhead.expected_pls(t, servers, mtbf_s))
+    return out
