@@ -260,11 +260,11 @@ def test_real_format_datasets(tmp_path, tiny_preset, monkeypatch, dataset):
 def test_unknown_or_missing_dataset_is_refused(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit, match=r"no such Criteo file '.*missing\.tsv'"):
         cli.main(["compare", "--strategies", "none", "--dataset", f"criteo:{tmp_path / 'missing.tsv'}"])
-    monkeypatch.setenv("ECREC_DATA", str(tmp_path / "empty"))
-    with pytest.raises(SystemExit, match="fetch it with: python -m ecrec.workload.movielens fetch"):
-        cli.main(["compare", "--strategies", "none", "--dataset", "movielens"])
+    # (a missing MovieLens is fetched on demand: issue 13)
     with pytest.raises(SystemExit, match=r"unknown --dataset 'imagenet' \(synthetic \| criteo:PATH \| movielens\)"):
         cli.main(["compare", "--strategies", "none", "--dataset", "imagenet"])
+
+
 # --- the fair comparison (issue 13) ---------------------------------------------------------------------------
 @pytest.mark.cluster
 def test_equal_pls_mode_tunes_mfu_to_cprs_pls(tmp_path):
