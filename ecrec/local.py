@@ -42,6 +42,8 @@ class LocalClusterSpec:
     #: extra environment of particular servers: key = index of an active server, "standby<n>" or "standby"
     #: (e.g. ``{1: {"ECREC_FAULT": "after_partial_parity@20"}}`` for fault-injection tests)
     server_env: dict = field(default_factory=dict)
+    #: extra command-line arguments of the coordinator (e.g. ``["--lease-s", "10"]`` on a loaded machine)
+    coordinator_args: list = field(default_factory=list)
 
 
 class LocalCluster:
@@ -80,6 +82,7 @@ class LocalCluster:
             args += ["--option", f"{key}={value}"]
         if s.state_path:
             args += ["--state-path", s.state_path]
+        args += [str(a) for a in s.coordinator_args]
         self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
             self.start_server(index=index, env=s.server_env.get(index))
