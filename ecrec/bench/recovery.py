@@ -15,7 +15,9 @@ and ``cpr``: one checkpoint of every server, written and fsynced), SIGKILLs one 
   strategies the reload itself (``reload s``, ``reload MB/s``: reading and verifying the files, from the same
   disk, and writing them into the tables; just written, so mostly from the page cache);
 - table creation time and rate, the checkpoint write, and each strategy's memory per GB of model: the
-  servers' peak resident memory over the model's bytes, and the redundancy the strategy reports.
+  servers' peak resident memory over the model's bytes (``mem GB/GB``), the redundancy the strategy reports
+  (``redundancy_gb_per_model_gb``), and with ``none`` in the run the peak beyond ``none``'s (``over none``:
+  parity, logs, snapshots and their temporaries).
 
 ``--during-training``: a worker (embedding bags over every table, a linear head, Adagrad/SGD on the
 servers, ``full`` and ``cpr`` driven by ``baselines.driver.CheckpointDriver`` with the Young/Daly or PLS
@@ -223,7 +225,9 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
         if args.during_training:
             from ecrec.bench.recovery_training import train_through_failure
 
-            out.update(train_through_failure(strategy, args, local, cluster, names))
+            out.update(train_through_failure(strategy, args, local, cluster, names,
+                                             lambda: _memory(local, cluster, model_bytes),
+                                             lambda text: _progress(strategy, text)))
         else:
             if strategy in ("full", "cpr"):
                 t = time.perf_counter()
@@ -320,6 +324,7 @@ COLUMNS = [
     ("create_s", "create s", "{:.2f}"),
     ("create_mb_per_s", "create MB/s", "{:,.0f}"),
     ("memory_gb_per_model_gb", "mem GB/GB", "{:.2f}"),
+    ("memory_overhead_gb_per_gb", "over none", "{:+.2f}"),
     ("exact", "exact", "{}"),
 ]
 TRAINING_COLUMNS = [
@@ -417,6 +422,7 @@ def run(args) -> int:
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
+    _memory_over_none(rows)
     print()
     print(format_table(rows, COLUMNS))
     if args.during_training:
@@ -433,6 +439,17 @@ def run(args) -> int:
     if args.plot and write_plot(args.plot, rows):
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _memory_over_none(rows: list[dict]) -> None:
+    """With ``none`` in the run: each strategy's peak server memory beyond ``none``'s, per GB of model (its
+    parity, logs, snapshots and their temporaries), as ``memory_overhead_gb_per_gb``."""
+    base = next((r for r in rows if r["strategy"] == "none" and r.get("server_peak_rss_bytes")), None)
+    if base is None:
+        return
+    for r in rows:
+        if r.get("server_peak_rss_bytes"):
+            r["memory_overhead_gb_per_gb"] = (r["server_peak_rss_bytes"] - base["server_peak_rss_bytes"]) / r["model_bytes"]
 
 
 def _print_ratios(rows: list[dict], args) -> None:

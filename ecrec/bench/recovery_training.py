@@ -127,11 +127,11 @@ class _Worker:
         self.step = resume if resume is not None else step + 1
 
 
-def train_through_failure(strategy: str, args, local, cluster, names: list[str]) -> dict:
+def train_through_failure(strategy: str, args, local, cluster, names: list[str], measure_memory,
+                          progress) -> dict:
     """Trains ``--before-s``, kills ``--fail-server``, trains until full redundancy plus ``--after-s``; returns
-    the lost-training figures and a timeline."""
-    from ecrec.bench.recovery import _memory, _progress
-
+    the lost-training figures and a timeline.  ``measure_memory()`` (the servers' memory, just before the
+    kill) and ``progress(text)`` come from the caller."""
     worker = _Worker(strategy, args, cluster, names)
     for _ in range(10):  # warm-up: first calls, compiled paths
         worker.train_one()
@@ -139,11 +139,11 @@ def train_through_failure(strategy: str, args, local, cluster, names: list[str])
     t_start = time.time()
     while time.time() - t_start < args.before_s:
         worker.train_one()
-    out = _memory(local, cluster, args.tables * args.rows * cluster.table_spec(names[0]).row_bytes)
+    out = measure_memory()
     index = args.fail_server
     t_kill = time.time()
     local.kill(local.pid_of_index(index))
-    _progress(strategy, f"killed server {index} after {len(worker.records)} steps")
+    progress(f"killed server {index} after {len(worker.records)} steps")
     redundant = None
     last_check = 0.0
     while time.time() - t_kill < args.max_s:
