@@ -104,7 +104,7 @@ def test_during_training_reports_the_training_lost(tmp_path):
     assert rc == 0
     row = json.loads(report_path.read_text())["strategies"]["ecrec"]
     for key in ("lost_training_s", "paused_s", "replayed_s", "deficit_s", "throughput_ratio", "longest_step_s",
-                "samples_per_s_before", "redundant_s", "timeline"):
+                "samples_per_s_before", "redundant_s", "timeline", "go_on_s"):
         assert row.get(key) is not None, key
     assert row["replayed_s"] == 0.0  # nothing rolls back under ecrec
     assert row["samples_per_s_before"] > 0 and row["longest_step_s"] > 0

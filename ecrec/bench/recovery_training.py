@@ -162,6 +162,7 @@ def train_through_failure(strategy: str, args, local, cluster, names: list[str],
     figures = lost_training(worker.records, t_kill, recovering_from=promoted, recovering_until=redundant)
     out.update({k if k != "rate_before" else "samples_per_s_before": v for k, v in figures.items()})
     out["redundant_s"] = redundant - t_kill if redundant is not None else None
+    out["go_on_s"] = next(r["end"] for r in worker.records if r["end"] > t_kill) - t_kill  # the first step done
     out["promotion_s"] = promoted - t_kill if promoted else None
     out["steps"] = len(worker.records)
     if worker.driver is not None:
