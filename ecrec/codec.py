@@ -7,6 +7,9 @@ and ``m`` parity rows (``k..k+m-1``), all of the same byte length ``n``.
   :meth:`Codec.reconstruct` / :meth:`Codec.reconstruct_stripes` rebuild lost rows; both go
   through pyeclib (the reference), in column chunks so one pyeclib call covers many
   stripes and large buffers do not hit glibc's slow path for big allocations.
+- :meth:`Codec.combine` (``XOR_i c_i * rows_i`` over whole arrays, one ISA-L call per row) with
+  :meth:`Codec.data_decode_coefficients` decodes a lost data row from the other data rows and one
+  parity, and re-encodes one parity row, without pyeclib's fragment copies: the fast rebuild path.
 - :meth:`Codec.apply_delta` is the update hot path: a data row at position ``i`` changes
   by ``delta = old ^ new``; every parity ``j`` does ``parity_j ^= c[j][i] * delta``.  The
   coefficients ``c`` are *probed from pyeclib* at construction (encode the identity,
@@ -304,6 +307,50 @@ class Codec:
                 raise ValueError(f"index {i} is listed twice in missing")
             wanted.append(i)
         return avail, wanted
+
+    # ------------------------------------------------------------------ linear combinations
+    def combine(self, terms: Iterable[tuple[int, np.ndarray]], out: np.ndarray | None = None) -> np.ndarray:
+        """``out ^= XOR_i gf_mul(c_i, rows_i)`` over ``terms`` ``[(c_i, rows_i)]`` (each ``(n, w)`` uint8); ``out``
+        defaults to zeros.  With coefficients from :attr:`coefficients` this is parity ``j`` of stripes whose
+        data rows are the ``rows_i``; with :meth:`data_decode_coefficients` it rebuilds a data row.  Runs on
+        the CPU kernel (ISA-L ``gf_vect_mad``), one call per row."""
+        terms = [(int(c), rows) for c, rows in terms]
+        if not terms:
+            raise ValueError("combine needs at least one term")
+        shape = terms[0][1].shape
+        for c, rows in terms:
+            self._check_host_array(rows, "rows", 2)
+            if rows.shape != shape:
+                raise ValueError(f"combine: rows of shapes {shape} and {rows.shape}")
+            if not 0 <= c < 256:
+                raise ValueError(f"combine: coefficient {c} is not a byte")
+        if out is None:
+            out = np.zeros(shape, dtype=np.uint8)
+        elif out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+            raise ValueError(f"combine: out must be C-contiguous uint8 of shape {shape}")
+        if shape[0] == 0 or shape[1] == 0:
+            return out
+        kernel = self._kernel_for(False)
+        slots = np.arange(shape[0], dtype=np.int64)
+        for c, rows in terms:
+            if c:
+                kernel.apply_delta_batch(out, slots, np.full(shape[0], c, dtype=np.uint8),
+                                         np.ascontiguousarray(rows), validated=True)
+        return out
+
+    def data_decode_coefficients(self, lost: int, parity: int = 0) -> dict[int, int]:
+        """``{member: a}`` such that data row ``lost`` is ``XOR a * row[member]`` over the stripe's other data
+        rows and parity ``parity`` (member ``k + parity``), for :meth:`combine`."""
+        lost = _as_index(lost, "lost", self.k)
+        parity = _as_index(parity, "parity", self.m)
+        row = self.coefficients[parity]
+        c = int(row[lost])
+        if c == 0:
+            raise ValueError(f"parity {parity} does not depend on data row {lost}: it cannot rebuild it")
+        inverse = next(x for x in range(1, 256) if gf_mul(c, x) == 1)
+        out = {u: gf_mul(inverse, int(row[u])) for u in range(self.k) if u != lost}
+        out[self.k + parity] = inverse
+        return out
 
     # ------------------------------------------------------------------ deltas
     def apply_delta(

@@ -67,6 +67,8 @@ class LocalClusterSpec:
         """The security options of ``role`` (``server``, ``coordinator`` or ``client``)."""
         chosen = {"coordinator": self.coordinator_security, "client": self.client_security}.get(role)
         return dict(self.server_security if chosen is None else chosen)
+    #: extra command-line arguments of the coordinator (e.g. ``["--lease-s", "10"]`` on a loaded machine)
+    coordinator_args: list = field(default_factory=list)
 
 
 class LocalCluster:
@@ -140,6 +142,7 @@ class LocalCluster:
         metrics = s.metrics_port is not None
         if metrics:
             args += ["--metrics-port", str(s.metrics_port)]
+        args += [str(a) for a in s.coordinator_args]
         self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
             self.start_server(index=index, env=s.server_env.get(index),

@@ -21,7 +21,7 @@ import numpy as np
 
 from ecrec import errors, optim
 from ecrec.layout import Layout
-from ecrec.tables import DenseSpec, TableSpec, initial_payload
+from ecrec.tables import DenseSpec, TableSpec, fill_initial_payload
 
 
 @dataclass
@@ -46,7 +46,7 @@ class TableShard:
         self._payload = np.zeros((self.num_slots, spec.row_bytes), dtype=np.uint8)
         self._floats = self._payload.view(np.float32)  # (slots, row_floats)
         if initial_values:  # a replacement whose strategy rebuilds every row skips this
-            self._floats[self.owned_slots] = initial_payload(spec, self.owned_ids)
+            fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
         self.row_updates = 0  # distinct rows updated, summed over pushes
@@ -116,7 +116,7 @@ class TableShard:
     def reset_to_initial(self) -> None:
         """Every owned row back to its initial value."""
         with self._lock:
-            self._floats[self.owned_slots] = initial_payload(self.spec, self.owned_ids)
+            fill_initial_payload(self.spec, self.owned_ids, self._floats, self.owned_slots)
 
     # --- rebuilding ------------------------------------------------------------------------------------------
     def mark_unready(self) -> None:
@@ -130,19 +130,41 @@ class TableShard:
         with self._lock:
             return slots[~self._ready[slots]]
 
+    def is_ready(self, slots: np.ndarray) -> np.ndarray:
+        """Whether each of ``slots`` is ready (a copy)."""
+        with self._lock:
+            return self._ready[slots]
+
     def unready_owned(self) -> np.ndarray:
         with self._lock:
             return self.owned_slots[~self._ready[self.owned_slots]]
 
     def install(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> int:
-        """Writes rebuilt rows that are still not ready and marks them ready; returns how many."""
+        """Writes rebuilt rows that are still not ready and marks them ready; returns how many.  Evenly spaced
+        slots all still not ready (the fast rebuild path) are one strided array write."""
+        run = _as_slice(slots)
         with self._lock:
+            if run is not None and not self._ready[run].any():
+                self._payload[run] = payload
+                self._versions[run] = versions
+                self._ready[run] = True
+                return len(slots)
             fresh = ~self._ready[slots]
             sl = slots[fresh]
             self._payload[sl] = payload[fresh]
             self._versions[sl] = versions[fresh]
             self._ready[sl] = True
             return int(fresh.sum())
+
+
+def _as_slice(slots: np.ndarray) -> slice | None:
+    """``slots`` as a slice when they are evenly spaced and increasing (else None)."""
+    if len(slots) < 2:
+        return None
+    step = int(slots[1] - slots[0])
+    if step < 1 or int(slots[-1] - slots[0]) != step * (len(slots) - 1) or (np.diff(slots) != step).any():
+        return None
+    return slice(int(slots[0]), int(slots[-1]) + 1, step)
 
 
 class DenseShard:

@@ -15,6 +15,8 @@ import sys
 SUBCOMMANDS = {
     "codec": ("ecrec.bench.codec", "erasure-codec throughput: delta update per kernel backend vs pyeclib encode/reconstruct"),
     "compare": ("ecrec.bench.compare", "train one DLRM under one failure with every strategy; report side by side"),
+    "recovery": ("ecrec.bench.recovery", "kill one server of a cluster holding large tables: time until training goes "
+                                         "on, until fully redundant, bytes restored per second, per strategy"),
     "profile": ("ecrec.bench.profile", "sample one server and the worker with py-spy while training; top functions"),
     "server": ("ecrec.bench.server", "pull/push rows/s of the servers beside a raw gRPC round trip of the same bytes"),
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),

@@ -19,7 +19,8 @@ class ErasureOptions:
     """``--option KEY=VALUE`` of strategy ``ecrec``."""
 
     backend: str = option("isa_l_rs_vand", f"pyeclib code: one of {', '.join(SUPPORTED_BACKENDS)}")
-    rebuild_batch_rows: int = option(4096, "rows rebuilt per background batch")
+    rebuild_batch_rows: int = option(32768, "rows rebuilt per background batch (the fast path: rows of this server per "
+                                            "round of streamed reads)")
     rebuild_pause_s: float = option(0.002, "pause of the background rebuild between batches (s)")
     rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
     rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "

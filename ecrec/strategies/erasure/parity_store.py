@@ -21,7 +21,7 @@ import numpy as np
 
 from ecrec.codec import Codec
 from ecrec.layout import Layout
-from ecrec.tables import TableSpec, initial_payload
+from ecrec.tables import TableSpec, fill_initial_payload
 
 ENCODE_CHUNK_STRIPES = 16384
 
@@ -138,9 +138,10 @@ class ParityArena:
         for start in range(0, len(part.slots), ENCODE_CHUNK_STRIPES):
             stripes = part.stripes[start:start + ENCODE_CHUNK_STRIPES]
             ids = self.layout.stripe_row_ids(stripes)
-            valid = ids < spec.num_rows
+            valid = (ids < spec.num_rows).reshape(-1)
             data = np.zeros((len(stripes), self.layout.k, spec.row_bytes), dtype=np.uint8)
-            data[valid] = initial_payload(spec, ids[valid]).view(np.uint8)
+            fill_initial_payload(spec, ids.reshape(-1)[valid], data.reshape(-1, spec.row_bytes).view(np.float32),
+                                 np.flatnonzero(valid))
             parity = self.codec.encode_stripes(data)
             j = part.parity_index[start:start + ENCODE_CHUNK_STRIPES]
             with self.lock:
@@ -226,7 +227,8 @@ class ParityArena:
         newer than them; returns how many rows were installed."""
         with self.lock:
             fresh = ~self.built[slots]
-            slots, parity_rows, versions = slots[fresh], parity_rows[fresh], versions[fresh]
+            if not fresh.all():
+                slots, parity_rows, versions = slots[fresh], parity_rows[fresh], versions[fresh]
             if not len(slots):
                 return 0
             self.set_rows(slots, parity_rows)
@@ -240,6 +242,11 @@ class ParityArena:
             self.built[slots] = True
             self.unbuilt_count -= len(slots)
             return len(slots)
+
+    def is_built(self, slots: np.ndarray) -> np.ndarray:
+        """Whether each of ``slots`` holds a built parity row (a copy)."""
+        with self.lock:
+            return self.built[slots]
 
     def unbuilt(self, part: TableParity) -> np.ndarray:
         """The table's parity rows (arena slots) not built yet."""

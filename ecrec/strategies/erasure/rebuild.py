@@ -2,8 +2,11 @@
 
 After a promotion every data row, parity row and dense replica held at the failed index is *not
 ready*.  A request touching a row that is not ready rebuilds it first (``ensure_rows``,
-``ensure_dense``: training never waits for the whole shard); a background thread rebuilds the rest
-in batches and then reports full redundancy to the coordinator.
+``ensure_dense``: training never waits for the whole shard, and a request reads only the members of
+the rows it touches); a background thread rebuilds the rest and then reports full redundancy to the
+coordinator.  The background first takes the fast path (:mod:`~ecrec.strategies.erasure.bulk`: whole
+blocks of stripes streamed from every survivor at once, decoded and encoded in bulk), then rebuilds
+whatever that left (members unavailable, deltas in flight, lost stripes) row by row, as below.
 
 - data rows: ``Codec.reconstruct`` from ``k`` ready members of each stripe whose versions agree (a
   parity row's version vector must equal the data rows' versions, else a delta is in flight: retry);
@@ -32,6 +35,7 @@ from ecrec.codec import Codec
 from ecrec.peers import PARITY
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure.bulk import BulkRebuild
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.tables import TableSpec
@@ -213,6 +217,7 @@ class RebuildEngine:
         self.lost: dict[str, np.ndarray] = {}  # table -> slots whose stripes lost more than m members
         self.lost_parity: dict[int, np.ndarray] = {}  # arena -> parity slots that can never be encoded
         self.last_request = 0.0  # when a pull or push last came in (monotonic)
+        self.bulk: BulkRebuild | None = None  # the fast path (made at the first rebuild: it needs the index)
 
     def start(self) -> None:
         """Marks everything held here not ready and starts the background rebuild."""
@@ -229,7 +234,8 @@ class RebuildEngine:
         threading.Thread(target=self._background, name="ecrec-rebuild", daemon=True).start()
 
     def close(self) -> None:
-        pass
+        if self.bulk is not None:
+            self.bulk.close()
 
     # --- on demand -------------------------------------------------------------------------------------------
     def ensure_rows(self, items) -> None:
@@ -435,6 +441,7 @@ class RebuildEngine:
         faults = self.host.faults
         try:
             shards = self.host.tables()
+            self._fast_path(shards)
             while True:  # data rows: every table's next rows in one round of reads
                 todo = self._still_to_do([(shard, shard.unready_owned()) for shard in shards])
                 if not todo:
@@ -487,6 +494,43 @@ class RebuildEngine:
                                 attempt)
             self.closed.wait(pause)
             pause = min(2.0, pause * 2)
+
+    def _fast_path(self, shards: list[TableShard]) -> None:
+        """Every table's data and parity rows, round by round (``rebuild_batch_rows`` rows of this server per
+        round), the next round's reads in flight while this one is decoded; rows it cannot do are left to the
+        row-by-row loops."""
+        if self.bulk is None:
+            self.bulk = BulkRebuild(self.host, self.codec, self.receiver, self.counters)
+        layout = self.host.layout
+        per_round = max(1, self.options.rebuild_batch_rows // (layout.k + layout.m))
+        rounds = []
+        for shard in shards:
+            found = self.receiver.parts.get(shard.spec.name)
+            if found is None:
+                continue
+            blocks = -(-layout.num_stripes(shard.spec.num_rows) // layout.num_servers)
+            rounds += [(shard, *found, b0, min(blocks, b0 + per_round)) for b0 in range(0, blocks, per_round)]
+        if not rounds:
+            return
+        t0 = time.perf_counter()
+        pending = self.bulk.fetch(rounds[0][0].spec, rounds[0][3], rounds[0][4])
+        for n, (shard, arena, part, b0, b1) in enumerate(rounds):
+            read = pending.result()
+            if n + 1 < len(rounds):
+                following = rounds[n + 1]
+                pending = self.bulk.fetch(following[0].spec, following[3], following[4])
+            started = time.perf_counter()
+            with self.lock:
+                data_rows, parity_rows = self.bulk.rebuild_round(shard, arena, part, b0, b1, read)
+            self.counters["rows_rebuilt"] += data_rows
+            self.counters["parity_rows_rebuilt"] += parity_rows
+            self.counters["bulk_rows_rebuilt"] += data_rows + parity_rows
+            del read
+            self.host.faults.hit("during_rebuild")
+            if self.closed.is_set():
+                return
+            self._yield(time.perf_counter() - started)
+        self.counters["bulk_s"] = time.perf_counter() - t0
 
     def _yield(self, worked_s: float) -> None:
         """Lets training go first: wait while a foreground request rebuilds, then rest so that the

@@ -1,8 +1,8 @@
 """``ParityService``: the erasure-coding strategy's gRPC edge between servers.
 
 ``ApplyParity`` (owner -> parity server, the direct path), ``Flush`` (deliver everything pending, e.g.
-before a verification), ``ResolveSource`` (replacement -> survivors) and ``ReadRows`` (rebuild ->
-stripe members).  Each method checks the request's shape, calls the part that
+before a verification), ``ResolveSource`` (replacement -> survivors), ``ReadRows`` (rebuild ->
+stripe members) and ``StreamStripes`` (the fast rebuild path, :mod:`~ecrec.strategies.erasure.bulk`).  Each method checks the request's shape, calls the part that
 owns the state (:class:`~ecrec.strategies.erasure.receiver.ParityReceiver`, the shards) and turns domain
 errors into gRPC status codes (:func:`ecrec.transport.service_method`); nothing else here.
 """
@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import grpc
+
 from ecrec import errors, transport
 from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure import bulk
 from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import parity_pb2, parity_pb2_grpc
@@ -55,6 +58,25 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
                 raise errors.InvalidRequest("ReadRows sections cannot hold sections")
             return parity_pb2.ReadRowsReply(sections=[self._read(section) for section in request.sections])
         return self._read(request)
+
+    @transport.service_method
+    def StreamStripes(self, request, context):
+        self.host.check_peer(context)
+        self.host.require_index()
+        shard = self.host.table(request.table)
+        self.receiver.part(request.table)
+        bulk.check_request(self.host.layout, shard.spec.num_rows, request)
+        return self._stream(request, context)
+
+    def _stream(self, request, context):
+        """The reply stream (validated above); a domain error midway ends it with its status."""
+        try:
+            yield from bulk.read_blocks(self.host, self.receiver, request)
+        except errors.EcrecError as exc:
+            code, message = transport.grpc_status_of(exc)
+            context.abort(code, message)
+        except grpc.RpcError:
+            raise
 
     def _read(self, request) -> parity_pb2.ReadRowsReply:
         host = self.host

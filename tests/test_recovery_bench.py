@@ -1,0 +1,110 @@
+"""``ecrec-bench recovery``: a small run of every strategy end to end, its argument errors, and the
+training-time-lost arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ecrec.bench import cli, recovery
+from ecrec.bench.recovery_training import lost_training
+
+
+def _records(steps, t0=0.0, dt=0.1, gaps=None):
+    out, t = [], t0
+    for n, step in enumerate(steps):
+        t += (gaps or {}).get(n, 0.0)
+        out.append({"step": step, "start": t, "end": t + dt, "samples": 10})
+        t += dt
+    return out
+
+
+def test_lost_training_of_an_undisturbed_run_is_zero():
+    records = _records(range(40))
+    figures = lost_training(records, kill_time=2.0)
+    assert figures["rate_before"] == pytest.approx(100.0)
+    assert figures["lost_training_s"] == pytest.approx(0.0, abs=1e-9)
+    assert figures["throughput_ratio"] == pytest.approx(1.0)
+    assert figures["longest_step_s"] == pytest.approx(0.1)
+
+
+def test_lost_training_counts_a_pause_and_a_replay():
+    # 20 steps, the kill at t=2.05, a pause until 3.5, then a rollback to step 10 (steps 10..19 redone)
+    records = _records(list(range(20)) + list(range(10, 30)), gaps={20: 1.5})
+    figures = lost_training(records, kill_time=2.05)
+    assert figures["replayed_s"] == pytest.approx(1.0)  # ten redone steps of 0.1 s
+    assert figures["paused_s"] == pytest.approx(1.45)
+    assert figures["lost_training_s"] == pytest.approx(2.45)
+    assert figures["deficit_s"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_lost_training_counts_slow_steps_as_deficit():
+    records = _records(range(20)) + _records(range(20, 40), t0=2.0, dt=0.2)  # half speed after the kill
+    figures = lost_training(records, kill_time=2.001, recovering_from=2.001, recovering_until=6.1)
+    assert figures["lost_training_s"] == pytest.approx(2.0, abs=0.002)
+    assert figures["throughput_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert figures["deficit_s"] == pytest.approx(2.0 - figures["paused_s"])
+    with pytest.raises(ValueError, match="before and after"):
+        lost_training(records, kill_time=100.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategies", "ecrec,magic"], "unknown strategies"),
+    (["--strategies", "ecrec,ecrec"], "twice"),
+    (["--rows", "0"], "--rows must be >= 1"),
+    (["--servers", "2", "--k", "2", "--m", "1"], "exceeds --servers"),
+    (["--fail-server", "4"], "--fail-server"),
+    (["--option", "rebuild_batch_rows"], "KEY=VALUE"),
+    (["--target-pls", "1.5"], "--target-pls"),
+])
+def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
+    def must_not_run(*a, **kw):
+        raise AssertionError("started work despite a bad argument")
+
+    monkeypatch.setattr(recovery, "run_strategy", must_not_run)
+    assert cli.main(["recovery", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.cluster
+def test_small_recovery_of_every_strategy(tmp_path, capsys):
+    report_path, plot_path = tmp_path / "r.json", tmp_path / "r.png"
+    rc = cli.main(["recovery", "--rows", "30000", "--dim", "16", "--tables", "2", "--strategies", "ecrec,full,cpr",
+                   "--json", str(report_path), "--plot", str(plot_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "go-on s" in out and "redundant s" in out
+    report = json.loads(report_path.read_text())
+    rows = report["strategies"]
+    assert set(rows) == {"ecrec", "full", "cpr"}
+    row_bytes = 16 * 2 * 4  # adagrad: weights and accumulator
+    for name, row in rows.items():
+        assert row["exact"] is True, name  # every row back, bit for bit
+        assert 0 < row["go_on_s"] <= row["redundant_s"] + 1e-6, name
+        assert row["restored_bytes"] > 0 and row["restored_mb_per_s"] > 0, name
+        assert row["model_bytes"] == 2 * 30000 * row_bytes
+        assert row["memory_gb_per_model_gb"] > 0
+    ecrec = rows["ecrec"]
+    # the failed server held a quarter of the rows and (k=2, m=1) half as many parity rows
+    assert ecrec["rows_rebuilt"] == pytest.approx(2 * 30000 / 4 * 1.5, rel=0.01)
+    assert ecrec["parity_mismatched"] == 0
+    assert rows["full"]["restored_bytes"] >= 2 * 30000 * row_bytes  # every server reloads
+    assert rows["cpr"]["restored_bytes"] < rows["full"]["restored_bytes"]  # only the failed shard
+    for name in ("full", "cpr"):
+        assert rows[name]["reload_s"] > 0 and rows[name]["checkpoint_bytes"] > 0
+    assert plot_path.stat().st_size > 0
+
+
+@pytest.mark.cluster
+def test_during_training_reports_the_training_lost(tmp_path):
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["recovery", "--rows", "20000", "--dim", "8", "--strategies", "ecrec", "--during-training",
+                   "--before-s", "1.5", "--after-s", "0.5", "--batch-size", "64", "--json", str(report_path)])
+    assert rc == 0
+    row = json.loads(report_path.read_text())["strategies"]["ecrec"]
+    for key in ("lost_training_s", "paused_s", "replayed_s", "deficit_s", "throughput_ratio", "longest_step_s",
+                "samples_per_s_before", "redundant_s", "timeline", "go_on_s"):
+        assert row.get(key) is not None, key
+    assert row["replayed_s"] == 0.0  # nothing rolls back under ecrec
+    assert row["samples_per_s_before"] > 0 and row["longest_step_s"] > 0
