@@ -189,7 +189,7 @@ class Cluster:
                          initial_accumulator_value=float(initial_accumulator_value), init=init,
                          init_scale=float(init_scale), seed=int(seed)).validate()
         try:
-            m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.rpc_timeout_s)
+            m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s)
         except grpc.RpcError as exc:
             raise ClusterError(f"create_table {name!r}: {exc.code().name}: {exc.details()}") from None
         self._adopt(m)
@@ -295,7 +295,7 @@ class Cluster:
             try:
                 m = self._coordinator.RegisterDense(
                     coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
-                    timeout=self.config.rpc_timeout_s)
+                    timeout=self.config.create_timeout_s)
             except grpc.RpcError as exc:
                 raise ClusterError(f"register_dense {name!r}: {exc.code().name}: {exc.details()}") from None
             self._adopt(m)

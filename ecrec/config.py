@@ -107,7 +107,9 @@ class CoordinatorConfig(SecurityOptions):
                                            "at once: the process is gone)")
     lease_s: float = option(3.0, "a server serves only while its lease lasts; a replacement is promoted only after "
                                  "the lease of the server it replaces ran out (unless its process is gone)")
-    rpc_timeout_s: float = option(30.0, "deadline of a call to a server (create table, promote, map update)")
+    rpc_timeout_s: float = option(30.0, "deadline of a call to a server (promote, map update)")
+    create_timeout_s: float = option(600.0, "deadline of creating a table or dense tensor on the servers (initial "
+                                            "values and parity of a large table take a while)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
 
@@ -117,6 +119,8 @@ class ClientConfig(SecurityOptions):
     """Settings of a client (``ecrec.client.Cluster``)."""
 
     rpc_timeout_s: float = option(30.0, "deadline of one call to a server or the coordinator")
+    create_timeout_s: float = option(900.0, "deadline of create_table and register_dense (the coordinator creates "
+                                            "the shards on every server)")
     retry_deadline_s: float = option(120.0, "how long a call keeps retrying through failures")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
 

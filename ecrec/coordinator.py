@@ -320,7 +320,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 if not self.map.ready:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_ready_message())
                 targets = [s.address for s in self.map.servers if s.index >= 0 and s.state in (ACTIVE, RECOVERING)]
-            error = self._call_all(targets, lambda stub: stub.CreateTable(spec.to_proto(), timeout=self.config.rpc_timeout_s))
+            error = self._call_all(targets, lambda stub: stub.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s))
             if error:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"creating table {spec.name!r}: {error}")
             with self._lock:
@@ -347,7 +347,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_ready_message())
                 targets = [self._at_index(i).address for i in self.layout.dense_servers(spec.name)]
             req = embedding_pb2.CreateDenseRequest(spec=spec.to_proto(), initial_value=request.initial_value)
-            error = self._call_all(targets, lambda stub: stub.CreateDense(req, timeout=self.config.rpc_timeout_s))
+            error = self._call_all(targets, lambda stub: stub.CreateDense(req, timeout=self.config.create_timeout_s))
             if error:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"creating dense tensor {spec.name!r}: {error}")
             with self._lock:
