@@ -271,7 +271,7 @@ def test_cli_plot(tmp_path):
     (["--set", "mfu_save_fraction"], "argument --set: 'mfu_save_fraction': expected NAME=VALUE"),
     (["--set", "mfu_save_fraction=2"], "argument --set: mfu_save_fraction must be in [0, 1], got 2.0"),
     (["--set", "save_bytes_per_s=0"], "argument --set: save_bytes_per_s must be > 0, got 0.0"),
-    (["--set", "target_pls=x"], "argument --set: could not convert string to float: 'x'"),
+    (["--set", "target_pls=x"], "argument --set: target_pls: 'x' is not a number"),
     (["--set", "partial_saves_per_interval=0.5"], "argument --set: partial_saves_per_interval must be >= 1, got 0.5"),
 ])
 def test_cli_argument_errors(argv, message, capsys):

@@ -539,7 +539,11 @@ def _setting(text: str) -> tuple[str, float]:
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
     try:
-        return name.strip(), check_input(name.strip(), float(value))
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name.strip()}: {value!r} is not a number") from None
+    try:
+        return name.strip(), check_input(name.strip(), number)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
