@@ -27,6 +27,7 @@ EXAMPLES = {
     "codec": "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json codec.json",
     "compare": "ecrec-bench compare --preset quick --strategies none,ecrec,cpr --json compare.json --plot compare.png",
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
+    "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",
     "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
 }
