@@ -196,8 +196,10 @@ def test_side_by_side_overhead_rounds(tmp_path, tiny_preset):
     assert rc == 0
     report = json.loads(report_path.read_text())
     plan = report["config"]["throughput_measurement"]
-    # warm-up min(10, 100 // 4) = 10 steps; the last max(20, 50) steps before the failure run alone
-    assert plan["rounds"] == 2 and plan["bounds"] == [10, 30, 50]
+    # warm-up min(WARM_STEPS, 100 // 4) = 25 steps; the rounds end 30 steps before the failure (its phase is
+    # planned from there): int(linspace(25, 70, 3))
+    assert compare.WARM_STEPS >= 25
+    assert plan["rounds"] == 2 and plan["bounds"] == [25, 47, 70]
     ref = report["reference"]["samples_per_s_rounds"]
     assert len(ref) == 2 and all(r > 0 for r in ref)
     for name in ("none", "ecrec"):
