@@ -18,7 +18,8 @@ import signal
 import sys
 import threading
 
-from ecrec.config import ClusterSpec, CoordinatorConfig, ServerConfig, add_arguments, from_arguments, parse_key_values
+from ecrec.config import (ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments, from_arguments,
+                          parse_key_values)
 from ecrec.logs import FORMATS
 
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog="example: ecrec-server status --coordinator 127.0.0.1:7000 --wait 120 && echo redundant")
     st.add_argument("--coordinator", required=True, help="coordinator address host:port")
     st.add_argument("--json", action="store_true", help="print the status as JSON instead of a table")
+    add_arguments(st, SecurityOptions)
     st.add_argument("--timeout", type=float, default=5.0, help="deadline of each call in seconds (default 5)")
     st.add_argument("--wait", type=float, default=0.0,
                     help="poll up to this many seconds until the cluster is fully redundant (default 0: once)")
@@ -115,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         from ecrec import status
 
         try:
-            return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait)
+            security = from_arguments(SecurityOptions, args).security
+            return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait,
+                              security=security)
         except (status.CoordinatorUnreachable, ValueError) as exc:
             print(f"ecrec-server status: {exc}", file=sys.stderr)
             return status.EXIT_UNREACHABLE

@@ -32,11 +32,11 @@ class CoordinatorUnreachable(RuntimeError):
     """The coordinator did not answer ``GetClusterMap``."""
 
 
-def _probe(address: str, health_address: str, timeout_s: float) -> dict:
+def _probe(address: str, health_address: str, timeout_s: float, security=None) -> dict:
     """Health (asked on the server's health port when it has one, as the coordinator does) and stats of one
     server; errors are reported in the result, never raised."""
-    channel = transport.make_channel(address)
-    health_channel = transport.make_channel(health_address) if health_address else channel
+    channel = transport.make_channel(address, security=security)
+    health_channel = transport.make_channel(health_address, security=security) if health_address else channel
     out: dict = {"health": "", "stats": None, "error": ""}
     try:
         try:
@@ -60,11 +60,11 @@ def _probe(address: str, health_address: str, timeout_s: float) -> dict:
             health_channel.close()
 
 
-def collect(address: str, timeout_s: float = 5.0) -> dict:
+def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     """The cluster behind the coordinator at ``address``, with what each server says of itself."""
     if timeout_s <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
-    channel = transport.make_channel(address)
+    channel = transport.make_channel(address, security=security)
     try:
         cluster_map = coordinator_pb2_grpc.CoordinatorStub(channel).GetClusterMap(
             coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
@@ -75,7 +75,7 @@ def collect(address: str, timeout_s: float = 5.0) -> dict:
     probed = [s for s in cluster_map.servers if s.state != cluster_pb2.FAILED]
     with futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(probed)))) as pool:
         probes = dict(zip((s.server_id for s in probed),
-                          pool.map(lambda s: _probe(s.address, s.health_address, timeout_s), probed)))
+                          pool.map(lambda s: _probe(s.address, s.health_address, timeout_s, security), probed)))
     now = time.time()
     servers = [_server_row(info, probes.get(info.server_id), cluster_map, now) for info in cluster_map.servers]
     redundant = fully_redundant(cluster_map) and all(
@@ -168,7 +168,8 @@ def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
         console.progress(label, done, total, done=True, plain_steps=10)
 
 
-def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None) -> int:
+def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None,
+        security=None) -> int:
     """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, with
     a progress bar of each rebuild on stderr meanwhile); returns the exit status."""
     if wait_s < 0:
@@ -177,7 +178,7 @@ def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: flo
     bars: dict[str, tuple[int, int]] = {}  # rebuild progress shown while waiting: label -> (done, total)
     while True:
         try:
-            status = collect(address, timeout_s)
+            status = collect(address, timeout_s, security)
         except CoordinatorUnreachable as exc:
             status = None
             error = str(exc)

@@ -135,6 +135,12 @@ def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
     code, _ = code_of(lambda: stranger.UpdateClusterMap(hostile_map, timeout=3))
     assert code == grpc.StatusCode.UNAVAILABLE  # the handshake fails
     assert client.refresh_map().epoch < 10 ** 6
+    # the status command speaks TLS too (exit 0: fully redundant)
+    from ecrec.cli import main
+
+    flags = [a for k, v in alice.items() for a in ("--" + k.replace("_", "-"), v)]
+    assert main(["status", "--coordinator", local.coordinator_address, "--json", *flags]) == 0
+    assert main(["status", "--coordinator", local.coordinator_address, "--json", "--timeout", "3"]) == 2  # no TLS
 
 
 # --- token ------------------------------------------------------------------------------------------------------------
