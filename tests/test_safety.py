@@ -133,7 +133,7 @@ def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
         local.kill(pid)
     m = wait_for(lambda: (lambda m: m if len(m.data_loss) else None)(client.refresh_map()), 30, "data loss in the map")
     took = time.monotonic() - started
-    assert [d.table for d in m.data_loss] == ["t"]
+    assert {d.table for d in m.data_loss} == {"t"}  # each replacement that finds lost stripes reports them
     assert m.data_loss[0].stripe_count > 0 and len(m.data_loss[0].stripes) > 0
     assert set(m.data_loss[0].indices) & {1, 2}
     assert any(e.kind == "data_loss" for e in m.events)
