@@ -99,21 +99,8 @@ class Security:
     def enabled(self) -> bool:
         return self.tls or self.token is not None
 
-    def with_paths(self) -> dict:
-        """The options as ``--flag value`` pairs, for starting another process with the same security."""
-        return {name: getattr(self, name) for name in ("tls_cert", "tls_key", "tls_ca", "token_file")
-                if getattr(self, name)}
-
 
 NO_SECURITY = Security()
-
-
-def from_config(config) -> Security:
-    """The :class:`Security` of a process config with ``tls_*``/``token_file`` fields (or a ``security``)."""
-    sec = getattr(config, "security", None)
-    if isinstance(sec, Security):
-        return sec
-    return Security(**{n: getattr(config, n, None) for n in ("tls_cert", "tls_key", "tls_ca", "token_file")})
 
 
 # --- channels ---------------------------------------------------------------------------------------------------

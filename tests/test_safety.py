@@ -94,7 +94,7 @@ def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledge
     refused = []
     for call in [
         lambda: old.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(
-            table="t", ids=transport.ids_to_bytes(ids))], epoch=victim_epoch(m)), timeout=5),
+            table="t", ids=transport.ids_to_bytes(ids))], epoch=m.epoch), timeout=5),
         lambda: old.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(
             table="t", ids=transport.ids_to_bytes(ids))]), timeout=5),
         lambda: old.Push(embedding_pb2.PushRequest(
@@ -118,10 +118,6 @@ def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledge
     for _ in range(5):
         push_some()
     assert_counts(client, initial, counts)
-
-
-def victim_epoch(m) -> int:
-    return m.epoch
 
 
 def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
