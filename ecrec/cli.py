@@ -13,6 +13,7 @@ cleanly on SIGTERM or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -86,6 +87,7 @@ def _wait_for_signal(stop, done: threading.Event | None = None) -> None:
     done = done or threading.Event()
 
     def handler(signum, frame):
+        print(f"received {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
         done.set()
 
     signal.signal(signal.SIGTERM, handler)
@@ -125,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             return status.EXIT_UNREACHABLE
 
     tune_allocator()
+    # a crash in native code (ISA-L, numba, gRPC core) prints the Python stacks of every thread on stderr
+    # instead of ending the process without a word
+    faulthandler.enable()
     if args.command == "coordinator":
         from ecrec import metrics
         from ecrec.coordinator import Coordinator

@@ -42,6 +42,8 @@ ACTIVE = cluster_pb2.ACTIVE
 STANDBY = cluster_pb2.STANDBY
 FAILED = cluster_pb2.FAILED
 RECOVERING = cluster_pb2.RECOVERING
+#: lost stripes listed in a map's data-loss entry (all of them are counted)
+DATA_LOSS_LISTED = 64
 
 
 class _ServerHandle:
@@ -89,6 +91,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
+        self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
         self._map_pusher = threading.Event()  # wakes the map broadcaster
         self.map = cluster_pb2.ClusterMap(
@@ -285,18 +288,34 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if info is None:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"server {request.server_id!r} does not hold index {request.index}")
-            known = {(d.table, tuple(d.stripes)) for d in self.map.data_loss}
-            new = [d for d in request.lost if (d.table, tuple(d.stripes)) not in known]
-            for d in new:
-                self.map.data_loss.append(d)
+            changed = [entry for entry in (self._merge_data_loss_locked(d) for d in request.lost) if entry is not None]
+            for _ in changed:
                 self._event_locked("data_loss", request.index, info.address)
-            snapshot = self._bump_locked() if new else None
+            snapshot = self._bump_locked() if changed else None
         if snapshot is not None:
             log.error("index %d reports data loss: %s", request.index,
-                      "; ".join(f"table {d.table!r}: {d.stripe_count} stripes" for d in new))
+                      "; ".join(f"table {d.table!r}: {d.stripe_count} stripes lost in all" for d in changed))
             self._broadcast(snapshot)
         with self._lock:
             return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
+
+    def _merge_data_loss_locked(self, report: cluster_pb2.DataLoss) -> cluster_pb2.DataLoss | None:
+        """Folds one report into the map's single entry for its table (every replacement of a lost stripe's
+        members reports it, some more than once): the union of the stripes (the first
+        ``DATA_LOSS_LISTED`` listed, all counted), of the indices, the first report's time.  Returns the
+        entry when the report added something, else None."""
+        lost = self._lost_stripes.setdefault(report.table, set())
+        entry = next((d for d in self.map.data_loss if d.table == report.table), None)
+        if entry is None:
+            entry = self.map.data_loss.add(table=report.table, wall_time=report.wall_time or time.time())
+        elif not lost:  # a restarted coordinator: only the listed stripes are known
+            lost.update(entry.stripes)
+        before = (len(lost), entry.stripe_count, len(entry.indices))
+        lost.update(report.stripes)
+        entry.stripe_count = max(len(lost), entry.stripe_count, report.stripe_count)
+        entry.stripes[:] = sorted(lost)[:DATA_LOSS_LISTED]
+        entry.indices[:] = sorted(set(entry.indices) | set(report.indices))
+        return entry if (len(lost), entry.stripe_count, len(entry.indices)) != before else None
 
     def GetClusterMap(self, request, context):
         with self._lock:

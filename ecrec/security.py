@@ -151,11 +151,15 @@ def secure_channel(address: str, options: list, security: Security | None) -> gr
 
 
 # --- ports --------------------------------------------------------------------------------------------------------
+_warned_hosts: set[str] = set()
+
+
 def bind(server: grpc.Server, host: str, port: int, security: Security | None) -> int:
     """Binds ``host:port`` (port 0: any free port) with TLS when configured; returns the port or raises
     ``OSError`` naming the address.  Warns when a non-loopback address is bound without TLS or a token."""
     security = security or NO_SECURITY
-    if not security.enabled and not is_loopback(host):
+    if not security.enabled and not is_loopback(host) and host not in _warned_hosts:
+        _warned_hosts.add(host)  # once per address and process (a server binds its data and health ports)
         log.warning("binding %s without --tls-cert/--tls-key/--tls-ca or --token-file: anyone who reaches this "
                     "port can read and change the model and its parity", host)
     try:

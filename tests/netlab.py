@@ -8,31 +8,58 @@ everything is deleted at ``close()``; no traffic leaves the bridge's /24.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import subprocess
+import tempfile
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=10)
 
 
+@contextlib.contextmanager
+def _machine_lock():
+    """An exclusive lock shared by every NetLab on this machine (a file lock in the temp directory)."""
+    with open(os.path.join(tempfile.gettempdir(), "ecrec-netlab.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _free_subnet() -> int:
+    """A ``10.S.0.0/24`` (S in 200..249) that no interface or route on this machine uses."""
+    used = _ip("-4", "-o", "addr", "show").stdout + _ip("-4", "route", "show", "table", "all").stdout
+    free = [s for s in range(200, 250) if f"10.{s}.0." not in used]
+    if not free:
+        raise RuntimeError("no free 10.S.0.0/24 (S in 200..249) for a test network")
+    return free[secrets.randbelow(len(free))]
+
+
 class NetLab:
     def __init__(self, subnet: int | None = None):
         self.tag = secrets.token_hex(2)
-        self.subnet = subnet if subnet is not None else 200 + secrets.randbelow(50)
         self.bridge = f"ecb{self.tag}"
-        self.bridge_ip = f"10.{self.subnet}.0.1"
         self.links: dict[str, str] = {}  # server address (host) -> root-side veth
         self.namespaces: list[str] = []
         self._next = 10
-        _ip("link", "add", self.bridge, "type", "bridge")
-        try:
-            _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-            _ip("link", "set", self.bridge, "up")
-        except Exception:
-            self.close()
-            raise
+        # two labs on one /24 (concurrent test runs on one machine) would route each other's traffic: a
+        # connection to a live server then meets the other lab's namespace and is refused.  Pick a subnet no
+        # address on this machine uses, under a machine-wide lock held until the bridge has its address.
+        with _machine_lock():
+            self.subnet = subnet if subnet is not None else _free_subnet()
+            self.bridge_ip = f"10.{self.subnet}.0.1"
+            _ip("link", "add", self.bridge, "type", "bridge")
+            try:
+                _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+                _ip("link", "set", self.bridge, "up")
+            except Exception:
+                self.close()
+                raise
 
     @staticmethod
     def available() -> tuple[bool, str]:

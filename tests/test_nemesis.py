@@ -87,6 +87,16 @@ class Nemesis:
         self.local, self.rng, self.log, self.lab = local, rng, log, lab
         self.faults = collections.Counter()
         self.violations: list[str] = []
+        self.ended: set[int] = set()  # pids this nemesis killed, or that stopped because they were replaced
+
+    def unexpected_exits(self) -> list[str]:
+        """Servers that ended without this nemesis ending them: exit code and their last words."""
+        out = []
+        for p in self.local.server_procs:
+            if p.poll() is not None and p.pid not in self.ended:
+                tail = "\n    ".join(self.local.stderr_tail(p.pid)[-15:])
+                out.append(f"server pid {p.pid} exited with code {p.returncode}:\n    {tail}")
+        return out
 
     def map(self):
         return self.local.cluster_map()
@@ -117,6 +127,7 @@ class Nemesis:
     def kill(self) -> None:
         s, pid = self.victim()
         self.log(f"SIGKILL server {s.index} (pid {pid})")
+        self.ended.add(pid)
         self.local.kill(pid)
         self.local.start_server(standby=True)
         self.faults["sigkill"] += 1
@@ -149,6 +160,7 @@ class Nemesis:
         proc = next(p for p in self.local.server_procs if p.pid == pid)
         replaced = any(x.index == s.index and x.server_id != s.server_id for x in self.map().servers)
         if replaced:
+            self.ended.add(pid)
             try:
                 proc.wait(timeout=20)  # it learns through its lease that it was replaced, and stops
             except Exception:  # noqa: BLE001
@@ -159,6 +171,7 @@ class Nemesis:
         s, pid = self.victim()
         epoch = self.map().epoch
         self.log(f"SIGKILL server {s.index} (pid {pid}), then the coordinator while it promotes")
+        self.ended.add(pid)
         self.local.kill(pid)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the failure is recorded: the promotion is under way
@@ -216,7 +229,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     nemesis = Nemesis(local, rng, log, netlab)
 
     def fail(why: str) -> None:
-        pytest.fail(f"nemesis seed {seed}: {why}\n" + "\n".join(events[-40:]), pytrace=False)
+        pytest.fail(f"nemesis seed {seed}: {why}\n" + "\n".join(events[-40:] + nemesis.unexpected_exits()),
+                    pytrace=False)
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
@@ -235,7 +249,10 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 continue
             {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
              "coordinator": nemesis.kill_coordinator_during_promotion}[kind]()
-            nemesis.wait_redundant()
+            try:
+                nemesis.wait_redundant()
+            except AssertionError as exc:
+                fail(str(exc))
             for w in workers:
                 if w.error is not None:
                     fail(f"worker {w.worker} failed: {w.error!r}")
@@ -275,7 +292,9 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     victims = [s for s in nemesis.active(checker.refresh_map()) if s.index in (0, 1)]
     t_kill = time.monotonic()
     for s in victims:
-        local.kill(local.pid_of_index(s.index))
+        pid = local.pid_of_index(s.index)
+        nemesis.ended.add(pid)
+        local.kill(pid)
     while True:
         m = checker.refresh_map()
         if len(m.data_loss):

@@ -129,10 +129,18 @@ def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
         local.kill(pid)
     m = wait_for(lambda: (lambda m: m if len(m.data_loss) else None)(client.refresh_map()), 30, "data loss in the map")
     took = time.monotonic() - started
-    assert {d.table for d in m.data_loss} == {"t"}  # each replacement that finds lost stripes reports them
+    assert [d.table for d in m.data_loss] == ["t"]
     assert m.data_loss[0].stripe_count > 0 and len(m.data_loss[0].stripes) > 0
     assert set(m.data_loss[0].indices) & {1, 2}
     assert any(e.kind == "data_loss" for e in m.events)
+    # both replacements report (some stripes more than once): the map keeps one entry for the table, the union of
+    # what they found; with three servers every stripe has a member on both killed servers, so all are lost
+    stripes = client.layout.num_stripes(ROWS)
+    m = wait_for(lambda: (lambda m: m if m.data_loss[0].stripe_count == stripes else None)(client.refresh_map()),
+                 30, f"all {stripes} stripes counted as lost")
+    assert [d.table for d in m.data_loss] == ["t"]
+    assert list(m.data_loss[0].stripes) == list(range(min(stripes, 64)))
+    assert {1, 2} <= set(m.data_loss[0].indices)
     # a read of a lost row fails at once with DATA_LOSS naming the table, not after the retry deadline
     lost_rows = np.flatnonzero(client.layout.locate(np.arange(ROWS))[0] != 0)[:4]
     t0 = time.monotonic()

@@ -173,3 +173,33 @@ def test_token_cluster_refuses_calls_without_the_token(make_cluster, tmp_path):
 
     health = health_pb2_grpc.HealthStub(transport.make_channel(server.health_address))
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_binding_a_non_loopback_address_without_tls_or_token_warns_once(tmp_path, caplog):
+    """The warning names the address, once per address and process (a server binds two ports there); loopback
+    and an authenticated bind say nothing.  The non-loopback address is a bridge this test creates."""
+    from concurrent import futures
+
+    from netlab import NetLab
+
+    ok, why = NetLab.available()
+    if not ok:
+        pytest.skip(f"needs a test network for a non-loopback address: {why}")
+    lab = NetLab()
+    servers = [grpc.server(futures.ThreadPoolExecutor(1)) for _ in range(4)]
+    try:
+        token = tmp_path / "token"
+        token.write_text("s3cret-token")
+        with caplog.at_level("WARNING", logger="ecrec.security"):
+            security.bind(servers[0], "127.0.0.1", 0, None)
+            assert not [r for r in caplog.records if "anyone who reaches" in r.getMessage()]
+            security.bind(servers[1], lab.bridge_ip, 0, security.Security(token_file=str(token)))
+            assert not [r for r in caplog.records if "anyone who reaches" in r.getMessage()]
+            security.bind(servers[2], lab.bridge_ip, 0, None)
+            security.bind(servers[3], lab.bridge_ip, 0, None)
+        warnings = [r.getMessage() for r in caplog.records if "anyone who reaches" in r.getMessage()]
+        assert len(warnings) == 1 and lab.bridge_ip in warnings[0] and "--token-file" in warnings[0]
+    finally:
+        for s in servers:
+            s.stop(0)
+        lab.close()

@@ -364,7 +364,7 @@ class RebuildEngine:
         unavailable = sorted(self._unavailable_members() | {self.host.index})
         for shard, slots in lost:
             stripes = np.unique(layout.ids_of_slots(self.host.index, slots) // layout.k)
-            request.lost.add(table=shard.spec.name, stripes=stripes[:64].tolist(), stripe_count=len(stripes),
+            request.lost.add(table=shard.spec.name, stripes=stripes.tolist(), stripe_count=len(stripes),
                              indices=unavailable, wall_time=time.time())
         log.error("%s", self._describe_lost(lost))
         try:
