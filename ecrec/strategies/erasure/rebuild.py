@@ -367,10 +367,23 @@ class RebuildEngine:
             request.lost.add(table=shard.spec.name, stripes=stripes.tolist(), stripe_count=len(stripes),
                              indices=unavailable, wall_time=time.time())
         log.error("%s", self._describe_lost(lost))
-        try:
-            self.host.coordinator.stub.ReportDataLoss(request, timeout=self.host.config.coordinator_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - reported, never swallowed
-            log.error("reporting data loss to the coordinator failed: %s", exc)
+        threading.Thread(target=self._send_loss_report, args=(request,), name="ecrec-data-loss-report",
+                         daemon=True).start()
+
+    def _send_loss_report(self, request, give_up_s: float = 120.0) -> None:
+        """Sends a data-loss report, retried while the coordinator is unreachable (it may be restarting): the
+        map must show the loss.  On its own thread: a read that found the loss fails at once meanwhile."""
+        deadline, pause = time.monotonic() + give_up_s, 0.1
+        while not self.closed.is_set():
+            try:
+                self.host.coordinator.stub.ReportDataLoss(request, timeout=self.host.config.coordinator_timeout_s)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+                if not transport.is_unavailable(exc) or time.monotonic() > deadline:
+                    log.error("reporting data loss to the coordinator failed: %s", exc)
+                    return
+            time.sleep(pause)
+            pause = min(2.0, pause * 2)
 
     # --- parity rows -----------------------------------------------------------------------------------------
     def rebuild_parity(self, arena: ParityArena, part: TableParity, slots: np.ndarray) -> int:
