@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -87,7 +88,7 @@ def _wait_for_signal(stop, done: threading.Event | None = None) -> None:
     done = done or threading.Event()
 
     def handler(signum, frame):
-        print(f"received {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+        logging.getLogger("ecrec").info("received %s: stopping", signal.Signals(signum).name)
         done.set()
 
     signal.signal(signal.SIGTERM, handler)

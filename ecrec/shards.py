@@ -109,6 +109,15 @@ class TableShard:
         with self._lock:
             return RowsRead(self._payload[slots], self._versions[slots], self._ready[slots])
 
+    def read_bytes(self, slots: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Like :meth:`read`, the payload as bytes: evenly spaced slots (the fast rebuild's streams) are copied
+        once, straight from a strided view."""
+        run = _as_slice(slots)
+        with self._lock:
+            if run is not None:
+                return self._payload[run].tobytes(), self._versions[run].copy(), self._ready[run].copy()
+            return self._payload[slots].tobytes(), self._versions[slots], self._ready[slots]
+
     def write_payload(self, slots: np.ndarray, payload: np.ndarray) -> None:
         with self._lock:
             self._payload[slots] = payload
@@ -139,16 +148,36 @@ class TableShard:
         with self._lock:
             return self.owned_slots[~self._ready[self.owned_slots]]
 
-    def install(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> int:
-        """Writes rebuilt rows that are still not ready and marks them ready; returns how many.  Evenly spaced
-        slots all still not ready (the fast rebuild path) are one strided array write."""
+    def install(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray,
+                mask: np.ndarray | None = None) -> int:
+        """Writes rebuilt rows that are still not ready (and marked in ``mask``, when given) and marks them ready;
+        returns how many.  Evenly spaced slots (the fast rebuild path) are written through one strided view,
+        masked where some rows were rebuilt on demand meanwhile: no gather or scatter copies."""
         run = _as_slice(slots)
         with self._lock:
-            if run is not None and not self._ready[run].any():
-                self._payload[run] = payload
-                self._versions[run] = versions
-                self._ready[run] = True
-                return len(slots)
+            if run is not None:
+                fresh = ~self._ready[run]
+                if mask is not None:
+                    fresh &= mask
+                if fresh.all():
+                    self._payload[run] = payload
+                    self._versions[run] = versions
+                    self._ready[run] = True
+                    return len(slots)
+                # a few rows to keep (rebuilt on demand, or not selected): write the whole run, then put them
+                # back (a masked copy is byte by byte); under the lock, so nobody sees the run in between
+                rows, row_versions = self._payload[run], self._versions[run]  # views
+                keep = np.flatnonzero(~fresh)
+                kept, kept_versions = rows[keep], row_versions[keep]
+                rows[:] = payload
+                row_versions[:] = versions
+                rows[keep] = kept
+                row_versions[keep] = kept_versions
+                ready = self._ready[run]
+                ready |= fresh
+                return len(slots) - len(keep)
+            if mask is not None:
+                slots, payload, versions = slots[mask], payload[mask], versions[mask]
             fresh = ~self._ready[slots]
             sl = slots[fresh]
             self._payload[sl] = payload[fresh]

@@ -19,6 +19,37 @@ from ecrec.strategies.erasure.bulk import position_plan
 from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
 
 
+
+def test_strided_install_skips_rows_rebuilt_on_demand_and_rows_not_selected():
+    """The fast path installs a round through one strided view; rows rebuilt on demand meanwhile (ready) and
+    rows not selected (a member was not ready) keep what they hold, every other row gets the rebuilt bytes."""
+    from ecrec.shards import TableShard
+
+    layout = Layout(4, 2, 1)
+    spec = TableSpec("t", 4_000, 4)
+    shard = TableShard(spec, layout, index=1, initial_values=False)
+    shard.mark_unready()
+    rng = np.random.default_rng(5)
+    slots = np.arange(1, shard.num_slots, layout.k)  # position 1 of every block: evenly spaced
+    on_demand = slots[[3, 40, 41, 200]]
+    early = rng.integers(0, 256, (len(on_demand), spec.row_bytes), dtype=np.uint8)
+    assert shard.install(on_demand, early, np.full(len(on_demand), 7)) == len(on_demand)
+    payload = rng.integers(0, 256, (len(slots), spec.row_bytes), dtype=np.uint8)
+    versions = np.arange(len(slots), dtype=np.int64) + 100
+    mask = np.ones(len(slots), bool)
+    mask[[5, 6, 300]] = False
+    installed = shard.install(slots, payload, versions, mask=mask)
+    skipped = np.isin(slots, on_demand) | ~mask
+    assert installed == int((~skipped).sum())
+    got = shard.read(slots)
+    assert np.array_equal(got.payload[~skipped], payload[~skipped])
+    assert np.array_equal(got.versions[~skipped], versions[~skipped])
+    assert np.array_equal(got.payload[np.isin(slots, on_demand)], early) and (got.versions[np.isin(slots, on_demand)] == 7).all()
+    assert not got.ready[~mask].any() and got.ready[mask].all()
+    assert not got.payload[~mask].any()  # never written
+    assert shard.install(slots, payload, versions) == 3  # the unselected rows, later; nothing else again
+
+
 @pytest.mark.parametrize("servers,k,m", [(3, 2, 1), (4, 2, 1), (5, 2, 2), (6, 3, 2), (7, 4, 1)])
 def test_position_plan_names_the_right_member_of_every_stripe(servers, k, m):
     """For every replaced index, what the plan reads from (server, column) in block b is exactly the stripe

@@ -122,10 +122,10 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
         blocks = np.arange(b0, b1, dtype=np.int64)
         chunk = parity_pb2.StripeChunk(first_block=b0, blocks=b1 - b0)
         if len(positions):  # position-major: each position's rows are one contiguous run at the other end
-            rows = shard.read((positions[:, None] + blocks[None, :] * k).reshape(-1))
-            chunk.data = rows.payload.tobytes()
-            chunk.data_versions = transport.ids_to_bytes(rows.versions)
-            chunk.data_ready = rows.ready.astype(np.uint8).tobytes()
+            runs = [shard.read_bytes(int(t) + blocks * k) for t in positions]  # each evenly spaced: one copy
+            chunk.data = runs[0][0] if len(runs) == 1 else b"".join(r[0] for r in runs)
+            chunk.data_versions = transport.ids_to_bytes(np.concatenate([r[1] for r in runs]))
+            chunk.data_ready = np.concatenate([r[2] for r in runs]).astype(np.uint8).tobytes()
         if len(pidx):
             stripes = (blocks[None, :] * S + (host.index - k - pidx[:, None]) % S).reshape(-1)
             exists = stripes < num_stripes
@@ -234,11 +234,16 @@ class BulkRebuild:
             for u, (server, col) in others.items():
                 ok &= read[server].data_ready[col] & (read[server].data_versions[col] == pv[:, u])
             ok &= ~shard.is_ready(slots)  # rebuilt on demand meanwhile: skip (install re-checks under the lock)
-            rows = _selection(ok)
-            if rows is None:
-                continue
             members = {u: read[server].data[col] for u, (server, col) in others.items()}
             members[k] = src.parity[pcol]
+            selected = int(ok.sum())
+            if not selected:
+                continue
+            if 2 * selected >= len(ok):  # mostly: decode every row, install the selected ones through a mask
+                payload = self.codec.combine([(a, members[u]) for u, a in self.decode[t].items()])
+                data_rows += shard.install(slots, payload, pv[:, t], mask=ok)
+                continue
+            rows = np.flatnonzero(ok)
             payload = self.codec.combine([(a, members[u][rows]) for u, a in self.decode[t].items()])
             data_rows += shard.install(slots[rows], payload, pv[rows, t])
         suspects = self.receiver.suspect_sources()
