@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec import transport
+from ecrec.config import CoordinatorConfig, SecurityOptions
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
@@ -110,8 +111,18 @@ class LocalCluster:
         return {name: f"{s.host}:{base + offset}" for offset, name in enumerate(names)}
 
     @staticmethod
-    def _security_args(options: dict) -> list[str]:
-        return [a for name, path in sorted(options.items()) for a in ("--" + name.replace("_", "-"), str(path))]
+    def _flags(config_class: type, options: dict) -> list[str]:
+        """``options`` (``{field: value}`` of ``config_class``) as that class's command-line flags
+        (:func:`ecrec.config.flag_of`); an unknown field is a ValueError naming it."""
+        import dataclasses
+
+        from ecrec.config import flag_of
+
+        fields = {f.name: f for f in dataclasses.fields(config_class)}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise ValueError(f"{config_class.__name__} has no option {', '.join(unknown)}")
+        return [a for name, value in sorted(options.items()) for a in (flag_of(fields[name]), str(value))]
 
     def client_config(self, **overrides):
         """A :class:`~ecrec.config.ClientConfig` with this cluster's client security (and ``overrides``)."""
@@ -136,9 +147,8 @@ class LocalCluster:
             args += ["--option", f"{key}={value}"]
         if s.state_path:
             args += ["--state-path", s.state_path]
-        args += self._security_args(s.security_of("coordinator"))
-        args += [a for name, value in sorted(s.coordinator_options.items())
-                 for a in ("--" + name.replace("_", "-"), str(value))]
+        args += self._flags(SecurityOptions, s.security_of("coordinator"))
+        args += self._flags(CoordinatorConfig, s.coordinator_options)
         metrics = s.metrics_port is not None
         if metrics:
             args += ["--metrics-port", str(s.metrics_port)]
@@ -189,7 +199,7 @@ class LocalCluster:
                      metrics_port: int | None = None) -> subprocess.Popen:
         prefix, host = self.spec.server_placement() if self.spec.server_placement else ([], self.spec.host)
         args = ["serve", "--coordinator", self.coordinator_address, "--host", host, "--port", "0",
-                "--device", self.spec.device, *self._security_args(self.spec.server_security)]
+                "--device", self.spec.device, *self._flags(SecurityOptions, self.spec.server_security)]
         if metrics_port is not None:
             args += ["--metrics-port", str(metrics_port)]
         if standby:
