@@ -1,12 +1,13 @@
 """The partition lab (``tests/netlab.py``) that the nemesis relies on: labs made at the same time on one machine
 never share a subnet (two labs on one /24 route each other's traffic, and a live server then looks gone),
-a cut link isolates one server and a heal restores it, and ``close`` leaves nothing behind."""
+a cut link isolates one server and a heal restores it (within seconds), and ``close`` leaves nothing behind."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -60,11 +61,19 @@ def test_a_cut_isolates_one_namespace_and_a_heal_restores_it():
                 except OSError:
                     return False
 
-            assert reachable()
+            def reachable_within(seconds: float) -> bool:  # a link brought up takes a moment to forward again
+                deadline = time.monotonic() + seconds
+                while not reachable():
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.1)
+                return True
+
+            assert reachable_within(10)
             lab.cut(address)
             assert not reachable()
             lab.heal(address)
-            assert reachable()
+            assert reachable_within(10)
         finally:
             listener.kill()
             listener.wait(timeout=10)
