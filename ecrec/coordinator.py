@@ -17,6 +17,7 @@ persisted (atomically), so a restarted coordinator keeps them and finishes the p
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import socket
@@ -304,6 +305,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         members reports it, some more than once): the union of the stripes (the first
         ``DATA_LOSS_LISTED`` listed, all counted), of the indices, the first report's time.  Returns the
         entry when the report added something, else None."""
+        if not (report.stripes or report.stripe_count):
+            return None  # reports no stripe: nothing to record
         lost = self._lost_stripes.setdefault(report.table, set())
         entry = next((d for d in self.map.data_loss if d.table == report.table), None)
         if entry is None:
@@ -313,7 +316,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         before = (len(lost), entry.stripe_count, len(entry.indices))
         lost.update(report.stripes)
         entry.stripe_count = max(len(lost), entry.stripe_count, report.stripe_count)
-        entry.stripes[:] = sorted(lost)[:DATA_LOSS_LISTED]
+        entry.stripes[:] = heapq.nsmallest(DATA_LOSS_LISTED, lost)
         entry.indices[:] = sorted(set(entry.indices) | set(report.indices))
         return entry if (len(lost), entry.stripe_count, len(entry.indices)) != before else None
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec import transport
-from ecrec.config import CoordinatorConfig, SecurityOptions
+from ecrec.config import CoordinatorConfig, SecurityOptions, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
@@ -68,8 +68,6 @@ class LocalClusterSpec:
         """The security options of ``role`` (``server``, ``coordinator`` or ``client``)."""
         chosen = {"coordinator": self.coordinator_security, "client": self.client_security}.get(role)
         return dict(self.server_security if chosen is None else chosen)
-    #: extra command-line arguments of the coordinator (e.g. ``["--lease-s", "10"]`` on a loaded machine)
-    coordinator_args: list = field(default_factory=list)
 
 
 class LocalCluster:
@@ -112,13 +110,9 @@ class LocalCluster:
 
     @staticmethod
     def _flags(config_class: type, options: dict) -> list[str]:
-        """``options`` (``{field: value}`` of ``config_class``) as that class's command-line flags
+        """``options`` (``{field: value}`` of ``config_class``'s command-line fields) as its flags
         (:func:`ecrec.config.flag_of`); an unknown field is a ValueError naming it."""
-        import dataclasses
-
-        from ecrec.config import flag_of
-
-        fields = {f.name: f for f in dataclasses.fields(config_class)}
+        fields = {f.name: f for f in cli_fields(config_class)}
         unknown = sorted(set(options) - set(fields))
         if unknown:
             raise ValueError(f"{config_class.__name__} has no option {', '.join(unknown)}")
@@ -152,7 +146,6 @@ class LocalCluster:
         metrics = s.metrics_port is not None
         if metrics:
             args += ["--metrics-port", str(s.metrics_port)]
-        args += [str(a) for a in s.coordinator_args]
         self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
             self.start_server(index=index, env=s.server_env.get(index),

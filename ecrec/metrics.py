@@ -72,9 +72,7 @@ STRATEGY_METRICS = {
 
 
 def _number(value) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):  # bool included
         return float(value)
     return None
 

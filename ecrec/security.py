@@ -178,8 +178,8 @@ def bind(server: grpc.Server, host: str, port: int, security: Security | None) -
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", "") or host.startswith("localhost"):
-        return host != ""
+    if host == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:

@@ -115,6 +115,7 @@ class HandlerCounters:
         # per method: prometheus_client's own histogram (in no registry: ecrec.metrics.ServerCollector yields it)
         self.latency = Histogram("ecrec_server_request_duration_seconds", "wall time of a data-plane request, by method",
                                  ["method"], buckets=LATENCY_BUCKETS_S, registry=None)
+        self._latency_of: dict[str, object] = {}  # method -> its histogram child (labels() looked up once)
         self.rows: dict[str, int] = {}  # "pulled", "pushed": rows served and rows updated
 
     @contextlib.contextmanager
@@ -128,7 +129,10 @@ class HandlerCounters:
                 self.calls[method] = self.calls.get(method, 0) + 1
                 self.seconds[method] = self.seconds.get(method, 0.0) + wall
                 self.cpu_seconds[method] = self.cpu_seconds.get(method, 0.0) + cpu
-            self.latency.labels(method).observe(wall)
+                child = self._latency_of.get(method)
+                if child is None:
+                    child = self._latency_of[method] = self.latency.labels(method)
+            child.observe(wall)
 
     def count_rows(self, kind: str, rows: int) -> None:
         with self._lock:

@@ -151,8 +151,8 @@ class TableShard:
     def install(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray,
                 mask: np.ndarray | None = None) -> int:
         """Writes rebuilt rows that are still not ready (and marked in ``mask``, when given) and marks them ready;
-        returns how many.  Evenly spaced slots (the fast rebuild path) are written through one strided view,
-        masked where some rows were rebuilt on demand meanwhile: no gather or scatter copies."""
+        returns how many.  Evenly spaced slots (the fast rebuild path) are written through one strided view; the
+        few rows to keep (rebuilt on demand meanwhile, or not in ``mask``) are saved and put back."""
         run = _as_slice(slots)
         with self._lock:
             if run is not None:

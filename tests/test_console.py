@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from ecrec import console, logs
+from test_cli import _alive, _children
 
 
 class FakeTerminal(io.StringIO):
@@ -102,20 +103,6 @@ def test_every_command_help_shows_an_example():
             assert "example: " in text, f"{parser.prog} {name} --help shows no example"
             assert f"{parser.prog} {name}" in text.split("example: ", 1)[1], f"{name}: the example runs another command"
     assert set(_subparsers(cli.build_parser())) == {"coordinator", "serve", "local", "status"}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
-
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return {int(x) for x in out.split()}
 
 
 @pytest.mark.cluster

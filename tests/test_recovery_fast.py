@@ -10,7 +10,7 @@ import pytest
 
 import torch
 
-from ecrec.bench.recovery import COORDINATOR_ARGS, wait_started
+from ecrec.bench.recovery import COORDINATOR_OPTIONS, wait_started
 from ecrec.client import Cluster, EmbeddingBag
 from ecrec.codec import Codec
 from ecrec.config import ClientConfig
@@ -127,7 +127,7 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
     """Tables of two row widths, rebuilt in rounds of 600 rows (dozens of rounds, several messages each):
     every row and every parity row equal to before the failure, and most of them by the fast path."""
     local = make_cluster(servers=servers, standby=1, strategy="ecrec", k=k, m=m,
-                         options={"rebuild_batch_rows": "600"}, coordinator_args=COORDINATOR_ARGS)
+                         options={"rebuild_batch_rows": "600"}, coordinator_options=COORDINATOR_OPTIONS)
     cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
     wait_started(cluster, servers)  # a loaded machine may take longer than one creation deadline
     cluster.create_table("wide", 30_001, 24, optimizer="adagrad", lr=0.1, initial_accumulator_value=0.1, seed=4)

@@ -1081,7 +1081,7 @@ def run(args) -> int:
                   "strategies": {row["strategy"]: row for row in rows},
                   "intervals": {row["strategy"]: row["interval"] for row in rows if row.get("interval")},
                   "overhead_differences": diffs}
-        text = json.dumps(report, indent=2, default=_json_default)
+        text = json.dumps(report, indent=2, default=json_default)
         with open(args.json, "w") as f:  # temporary paths (checkpoint dirs) are shown relative to the work dir
             f.write(text.replace(str(work), "<work-dir>"))
         print(f"wrote {args.json}", file=sys.stderr)
@@ -1091,11 +1091,14 @@ def run(args) -> int:
     return 0
 
 
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
+def json_default(o):
+    """``json.dump``'s ``default`` for numpy scalars and arrays (the benchmarks' reports)."""
+    if isinstance(o, np.integer):
         return int(o)
-    if isinstance(o, (np.floating,)):
+    if isinstance(o, np.floating):
         return float(o)
     if isinstance(o, np.bool_):
         return bool(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")

@@ -47,16 +47,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ecrec.bench.recovery_training import first_event
+
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
 #: health checks and leases that tolerate a loaded machine (creating and reloading gigabytes keeps servers busy
 #: for seconds); a killed server is still declared failed at once (its connection is refused)
-COORDINATOR_ARGS = ["--health-timeout-s", "5", "--failure-timeout-s", "15", "--failures-before-dead", "5",
-                    "--lease-s", "20", "--rpc-timeout-s", "600"]
+COORDINATOR_OPTIONS = dict(health_timeout_s=5, failure_timeout_s=15, failures_before_dead=5, lease_s=20,
+                           rpc_timeout_s=600)
 OPTIMIZERS = ("adagrad", "sgd")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--rows", type=int, default=400_000, help="rows per table (default 400000)")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
     p.add_argument("--tables", type=int, default=1, help="tables (default 1)")
@@ -183,12 +184,12 @@ def _progress(label: str, text: str) -> None:
 
 
 def _wait_event(local, kind: str, index: int, since: float, timeout_s: float) -> float | None:
-    """Wall time of the first ``kind`` event of ``index`` at or after ``since`` (None after ``timeout_s``)."""
+    """:func:`first_event`, polled until it happens (None after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for e in local.cluster_map().events:
-            if e.kind == kind and e.index == index and e.wall_time >= since:
-                return e.wall_time
+        found = first_event(local, kind, index, since)
+        if found is not None:
+            return found
         time.sleep(0.02)
     return None
 
@@ -203,7 +204,7 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
     k, m = (args.k, args.m) if strategy == "ecrec" else (0, 0)
     out: dict = {"strategy": strategy}
     spec = LocalClusterSpec(servers=args.servers, standby=1, strategy=strategy, k=k, m=m,
-                            options=_options(strategy, args, work), coordinator_args=COORDINATOR_ARGS)
+                            options=_options(strategy, args, work), coordinator_options=COORDINATOR_OPTIONS)
     local = LocalCluster(spec)
     local.start(timeout_s=180)
     try:
@@ -342,7 +343,11 @@ TRAINING_COLUMNS = [
 ]
 
 
-def format_table(rows: list[dict], columns) -> str:
+def print_rows(rows: list[dict], columns, stream=None) -> None:
+    """``rows`` as a table of ``columns`` (``(key, title, format)``; ``"mb"``: bytes as MB; ``-`` when missing),
+    printed by :func:`ecrec.console.print_table`."""
+    from ecrec.console import print_table
+
     def fmt(row, key, f):
         v = row.get(key)
         if v is None:
@@ -351,14 +356,8 @@ def format_table(rows: list[dict], columns) -> str:
             return f"{v / 1e6:,.0f}"
         return f.format(v)
 
-    cells = [[title for _, title, _ in columns]] + [[fmt(r, key, f) for key, _, f in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    print_table([title for _, title, _ in columns], [[fmt(r, key, f) for key, _, f in columns] for r in rows],
+                stream=stream)
 
 
 def write_plot(path: str, rows: list[dict]) -> bool:
@@ -418,23 +417,25 @@ def run(args) -> int:
         for strategy in strategies:
             row = run_strategy(strategy, args, work)
             rows.append(row)
-            print(format_table(rows, TRAINING_COLUMNS if args.during_training else COLUMNS), file=sys.stderr)
+            print_rows(rows, TRAINING_COLUMNS if args.during_training else COLUMNS, stream=sys.stderr)
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     _memory_over_none(rows)
     print()
-    print(format_table(rows, COLUMNS))
+    print_rows(rows, COLUMNS)
     if args.during_training:
         print()
-        print(format_table(rows, TRAINING_COLUMNS))
+        print_rows(rows, TRAINING_COLUMNS)
     _print_ratios(rows, args)
     if args.json:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count())
+        from ecrec.bench.compare import json_default
+
         with open(args.json, "w") as f:
             json.dump({"config": config, "strategies": {r["strategy"]: r for r in rows}}, f, indent=2,
-                      default=_json_default)
+                      default=json_default)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot and write_plot(args.plot, rows):
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -466,13 +467,3 @@ def _print_ratios(rows: list[dict], args) -> None:
                   f"{ec['lost_training_s'] / o['expected_lost_s']:.3f}")
 
 
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.bool_):
-        return bool(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")

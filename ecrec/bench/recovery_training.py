@@ -21,14 +21,20 @@ import time
 import numpy as np
 
 
-def lost_training(records: list[dict], kill_time: float, end_time: float | None = None,
+def first_event(local, kind: str, index: int, since: float) -> float | None:
+    """Wall time of the first ``kind`` event of ``index`` at or after ``since`` in the map's events, or None."""
+    return next((e.wall_time for e in local.cluster_map().events
+                 if e.kind == kind and e.index == index and e.wall_time >= since), None)
+
+
+def lost_training(records: list[dict], kill_time: float,
                   recovering_from: float | None = None, recovering_until: float | None = None) -> dict:
     """Training time lost to a failure at ``kill_time``, from step records (``step``, ``start``, ``end``,
     ``samples``; in the order run, a rolled-back step appears again).
 
     - ``rate_before``: samples/s over the steps that ended before the kill (time in steps);
     - ``lost_training_s``: ``(end - kill) - new samples / rate_before``, where new samples are those of steps
-      past the furthest step reached before the kill, ``end`` the last record's end unless given (a step
+      past the furthest step reached before the kill, ``end`` the last record's end (a step
       under way at the kill counts whole: the window then starts at its start);
     - ``replayed_s``: time in steps at or below that furthest step (redone after a rollback);
     - ``paused_s``: time from the kill until the first step that started after it began, plus the first
@@ -45,7 +51,7 @@ def lost_training(records: list[dict], kill_time: float, end_time: float | None 
     durations_before = np.array([r["end"] - r["start"] for r in before])
     rate = sum(r["samples"] for r in before) / max(float(durations_before.sum()), 1e-9)
     median = float(np.median(durations_before))
-    end = after[-1]["end"] if end_time is None else end_time
+    end = after[-1]["end"]
     furthest = max(r["step"] for r in before)
     new = replayed = 0.0
     high = furthest
@@ -151,14 +157,12 @@ def train_through_failure(strategy: str, args, local, cluster, names: list[str],
         now = time.time()
         if redundant is None and now - last_check > 0.25:
             last_check = now
-            redundant = next((e.wall_time for e in local.cluster_map().events
-                              if e.kind == "redundant" and e.index == index and e.wall_time >= t_kill), None)
+            redundant = first_event(local, "redundant", index, t_kill)
             if redundant is not None and strategy in ("full", "cpr") and worker.driver.events:
                 redundant = max(redundant, t_kill + worker.driver.events[-1].seconds)
         if redundant is not None and now > max(redundant, t_kill) + args.after_s:
             break
-    promoted = next((e.wall_time for e in local.cluster_map().events
-                     if e.kind == "promoted" and e.index == index and e.wall_time >= t_kill), None)
+    promoted = first_event(local, "promoted", index, t_kill)
     figures = lost_training(worker.records, t_kill, recovering_from=promoted, recovering_until=redundant)
     out.update({k if k != "rate_before" else "samples_per_s_before": v for k, v in figures.items()})
     out["redundant_s"] = redundant - t_kill if redundant is not None else None

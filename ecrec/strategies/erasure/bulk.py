@@ -130,11 +130,12 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
             stripes = (blocks[None, :] * S + (host.index - k - pidx[:, None]) % S).reshape(-1)
             exists = stripes < num_stripes
             local = (pidx[:, None] + blocks[None, :] * m).reshape(-1)
-            payload, versions, ready = arena.read(part.arena_slots(local))
+            slots = part.arena_slots(local)
+            payload, versions, ready = arena.read(slots)
             ready &= exists
             suspects = receiver.suspect_sources()
             if suspects:
-                ready &= ~np.isin(part.arena_slots(local), receiver.unresolved_slots(arena, suspects))
+                ready &= ~np.isin(slots, receiver.unresolved_slots(arena, suspects))
             chunk.parity = payload.tobytes()
             chunk.parity_versions = transport.ids_to_bytes(versions.reshape(-1))
             chunk.parity_ready = ready.astype(np.uint8).tobytes()
@@ -155,7 +156,8 @@ class Members:
 
 
 class BulkRebuild:
-    """The fast path of one replacement (see the module docstring); ``rebuild_table`` does one table."""
+    """The fast path of one replacement (see the module docstring): :meth:`fetch` a round of blocks from every
+    survivor, then :meth:`rebuild_round` installs what they allow."""
 
     def __init__(self, host: StrategyHost, codec: Codec, receiver: ParityReceiver, counters):
         self.host = host

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-import grpc
-
 from ecrec import errors, transport
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure import bulk
@@ -75,8 +73,6 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         except errors.EcrecError as exc:
             code, message = transport.grpc_status_of(exc)
             context.abort(code, message)
-        except grpc.RpcError:
-            raise
 
     def _read(self, request) -> parity_pb2.ReadRowsReply:
         host = self.host
