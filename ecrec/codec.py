@@ -313,7 +313,7 @@ class Codec:
         """``out ^= XOR_i gf_mul(c_i, rows_i)`` over ``terms`` ``[(c_i, rows_i)]`` (each ``(n, w)`` uint8); ``out``
         defaults to zeros.  With coefficients from :attr:`coefficients` this is parity ``j`` of stripes whose
         data rows are the ``rows_i``; with :meth:`data_decode_coefficients` it rebuilds a data row.  Runs on
-        the CPU kernel (ISA-L ``gf_vect_mad``), one call per row."""
+        the CPU kernel (ISA-L ``gf_vect_mad``), one call per term over all rows at once."""
         terms = [(int(c), rows) for c, rows in terms]
         if not terms:
             raise ValueError("combine needs at least one term")
@@ -331,11 +331,12 @@ class Codec:
         if shape[0] == 0 or shape[1] == 0:
             return out
         kernel = self._kernel_for(False)
-        slots = np.arange(shape[0], dtype=np.int64)
+        flat = out.reshape(1, -1)  # every row side by side: one long vector, one kernel call per term
+        first = np.zeros(1, dtype=np.int64)
         for c, rows in terms:
             if c:
-                kernel.apply_delta_batch(out, slots, np.full(shape[0], c, dtype=np.uint8),
-                                         np.ascontiguousarray(rows), validated=True)
+                kernel.apply_delta_batch(flat, first, np.full(1, c, dtype=np.uint8),
+                                         np.ascontiguousarray(rows).reshape(1, -1), validated=True)
         return out
 
     def data_decode_coefficients(self, lost: int, parity: int = 0) -> dict[int, int]:

@@ -83,6 +83,8 @@ class ServerConfig(SecurityOptions):
     port: int = option(0, "port (0: any free port)")
     device: Literal["cpu", "cuda"] = option("cpu", "where parity kernels run", choices=("cpu", "cuda"))
     standby: bool = option(False, "register as a spare that replaces a failed server")
+    no_standby_reserve: bool = option(False, "a standby does not allocate and touch its future tables' memory while "
+                                             "it waits (then a promotion writes fresh pages: slower go-on and rebuild)")
     want_index: int = option(-1, "take this index (a restarted server replacing itself)", flag="--index")
     rpc_timeout_s: float = option(10.0, "deadline of a call to another server (parity batches, row reads)")
     coordinator_timeout_s: float = option(5.0, "deadline of a call to the coordinator (reports, map reads)")

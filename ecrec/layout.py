@@ -65,11 +65,14 @@ class Layout:
         return stripe * self.k + pos
 
     def rows_of(self, server: int, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every row id held by ``server`` and its slot, sorted by slot."""
-        slots = np.arange(self.data_slots_per_server(num_rows), dtype=np.int64)
-        ids = self.ids_of_slots(server, slots)
+        """Every row id held by ``server`` and its slot, sorted by slot (:meth:`ids_of_slots` of every slot,
+        computed block by position without a division per slot)."""
+        n, k, S = self.data_slots_per_server(num_rows), self.k, self.num_servers
+        pos = np.arange(k, dtype=np.int64)
+        ids = ((np.arange(n // k, dtype=np.int64)[:, None] * S + (server - pos) % S) * k + pos).reshape(-1)
+        slots = np.arange(n, dtype=np.int64)
         keep = ids < num_rows
-        return ids[keep], slots[keep]
+        return (ids, slots) if keep.all() else (ids[keep], slots[keep])
 
     # --- stripes ---------------------------------------------------------------------------------
     def member_server(self, stripes: np.ndarray, member: int) -> np.ndarray:
@@ -97,9 +100,11 @@ class Layout:
         if self.m == 0:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, empty
-        slots = np.arange(self.parity_slots_per_server(num_rows), dtype=np.int64)
-        block, j = np.divmod(slots, self.m)
-        stripe = block * self.num_servers + (server - self.k - j) % self.num_servers
+        n, m, S = self.parity_slots_per_server(num_rows), self.m, self.num_servers
+        j = np.arange(m, dtype=np.int64)
+        stripe = (np.arange(n // m, dtype=np.int64)[:, None] * S + (server - self.k - j) % S).reshape(-1)
+        j = np.broadcast_to(j, (n // m, m)).reshape(-1)
+        slots = np.arange(n, dtype=np.int64)
         keep = stripe < self.num_stripes(num_rows)
         return stripe[keep], j[keep], slots[keep]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec import transport
-from ecrec.config import CoordinatorConfig, SecurityOptions, cli_fields, flag_of
+from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
@@ -61,6 +61,8 @@ class LocalClusterSpec:
     server_placement: object = None
     #: more coordinator settings as field name -> value (``lease_s``, ``failure_timeout_s``, ...)
     coordinator_options: dict = field(default_factory=dict)
+    #: more settings of every server as field name -> value (``no_standby_reserve``, ``rpc_timeout_s``, ...)
+    server_options: dict = field(default_factory=dict)
     coordinator_security: dict | None = None
     client_security: dict | None = None
 
@@ -116,7 +118,13 @@ class LocalCluster:
         unknown = sorted(set(options) - set(fields))
         if unknown:
             raise ValueError(f"{config_class.__name__} has no option {', '.join(unknown)}")
-        return [a for name, value in sorted(options.items()) for a in (flag_of(fields[name]), str(value))]
+        out = []
+        for name, value in sorted(options.items()):
+            if isinstance(value, bool):  # a switch: present or not
+                out += [flag_of(fields[name])] if value else []
+            else:
+                out += [flag_of(fields[name]), str(value)]
+        return out
 
     def client_config(self, **overrides):
         """A :class:`~ecrec.config.ClientConfig` with this cluster's client security (and ``overrides``)."""
@@ -192,7 +200,8 @@ class LocalCluster:
                      metrics_port: int | None = None) -> subprocess.Popen:
         prefix, host = self.spec.server_placement() if self.spec.server_placement else ([], self.spec.host)
         args = ["serve", "--coordinator", self.coordinator_address, "--host", host, "--port", "0",
-                "--device", self.spec.device, *self._flags(SecurityOptions, self.spec.server_security)]
+                "--device", self.spec.device, *self._flags(SecurityOptions, self.spec.server_security),
+                *self._flags(ServerConfig, self.spec.server_options)]
         if metrics_port is not None:
             args += ["--metrics-port", str(metrics_port)]
         if standby:

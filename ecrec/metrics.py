@@ -104,6 +104,8 @@ class ServerCollector:
         yield GaugeMetricFamily("ecrec_server_epoch", "the cluster-map epoch this server holds", value=status["epoch"])
         yield GaugeMetricFamily("ecrec_server_index", "this server's index (-1: standby)", value=status["index"])
         yield GaugeMetricFamily("ecrec_server_data_rows", "data rows this server holds", value=status["data_rows"])
+        yield GaugeMetricFamily("ecrec_server_standby_reserve_bytes", "table memory a standby holds ready for its "
+                                "promotion (ecrec.reserve)", value=status["standby_reserve_bytes"])
         yield GaugeMetricFamily("ecrec_server_lease_remaining_seconds",
                                 "seconds left of this server's lease from the coordinator (0: none; it stops serving)",
                                 value=status["lease_remaining_s"])

@@ -142,12 +142,19 @@ class Peers:
         with self._lock:
             stub = self._stubs.get(key)
             if stub is None:
-                channel = self._channels.get(address)
-                if channel is None:
-                    channel = self._channels[address] = transport.make_channel(address, self.max_message_bytes,
-                                                                                          self.security)
-                stub = self._stubs[key] = _STUBS[service](channel)
+                stub = self._stubs[key] = _STUBS[service](self._channel_locked(address))
             return stub
+
+    def channel(self, address: str) -> grpc.Channel:
+        """The (cached) channel to ``address``, for a method no generated stub has (raw-bytes replies)."""
+        with self._lock:
+            return self._channel_locked(address)
+
+    def _channel_locked(self, address: str) -> grpc.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = transport.make_channel(address, self.max_message_bytes, self.security)
+        return channel
 
     def metadata(self) -> tuple:
         """What every call carries about its caller (a server's id and map epoch, for fencing)."""

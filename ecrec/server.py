@@ -32,6 +32,7 @@ from ecrec import errors, faults, transport
 from ecrec.config import ServerConfig
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, Peers
+from ecrec.reserve import Reserve
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
@@ -240,6 +241,7 @@ class ServerState:
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
         self.index_set = threading.Condition(self.lock)
         self._services = services
+        self.reserve = Reserve()  # a standby's table memory, prepared for its promotion (ecrec.reserve)
         self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
                                              config.max_message_bytes, on_map=self.adopt_map,
                                              security=config.security)
@@ -342,7 +344,8 @@ class ServerState:
                 "metrics_address": self.metrics_address,
                 "lease_remaining_s": max(0.0, self.lease.until - time.monotonic()) if self.lease.valid() else 0.0,
                 "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
-                "dense_tensors": len(self.dense_tensors())}
+                "dense_tensors": len(self.dense_tensors()),
+                "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -363,7 +366,23 @@ class ServerState:
                     self.index = mine[0]
             self.index_set.notify_all()
             strategy = self.strategy
+            if self.config.standby and self.index < 0 and not self._promoting and not self.config.no_standby_reserve:
+                self.reserve.prepare(self._reserve_wanted(new_map))
         strategy.on_map_change()
+
+    def _reserve_wanted(self, m: cluster_pb2.ClusterMap) -> dict:
+        """The arrays a promotion of this standby would allocate for each table of ``m`` (every index's shard
+        has the same shape): the shard's rows and what the strategy keeps per row."""
+        wanted = {}
+        for t in m.tables:
+            spec = TableSpec.from_proto(t)
+            rows = ((self._layout.data_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")
+            wanted[spec.name] = [rows, *self.strategy.reserve_shapes(spec)]
+        return wanted
+
+    def allocate(self, table: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """A zeroed array for table ``table``: from the standby reserve when it holds one of that shape."""
+        return self.reserve.take(table, shape, dtype)
 
     def _start_strategy(self, m: cluster_pb2.ClusterMap) -> None:
         spec = get_spec(m.strategy)
@@ -399,7 +418,8 @@ class ServerState:
                         f"table {spec.name!r} exists with a different spec ({existing.spec}); got {spec}")
                 return False
             fill = not (self._promoting and self.strategy.rebuilds_rows)
-            shard = TableShard(spec, self._layout, self.index, initial_values=fill)
+            shard = TableShard(spec, self._layout, self.index, initial_values=fill,
+                               allocate=lambda shape, dtype: self.allocate(spec.name, shape, dtype))
             self._tables[spec.name] = shard
         self.strategy.on_table_created(shard)
         return True
@@ -436,9 +456,13 @@ class ServerState:
         with self.lock:
             if self.index >= 0 and self.index != index:
                 raise errors.FailedPrecondition(f"this server already holds index {self.index}")
-            self.adopt_map(new_map)
+            self._promoting = True  # first: the map adopted now prepares no more reserve
+            try:
+                self.adopt_map(new_map)
+            except BaseException:
+                self._promoting = False
+                raise
             self.index = index
-            self._promoting = True
         log.info("promoted to index %d (epoch %d): creating %d tables", index, new_map.epoch, len(new_map.tables))
         try:
             for t in new_map.tables:
@@ -449,6 +473,7 @@ class ServerState:
             return bool(self.strategy.on_recovery(index))
         finally:
             self._promoting = False
+            self.reserve.close()  # what the promotion did not take is freed
 
 
 def parse_dense_spec(p: cluster_pb2.DenseSpec, value: bytes) -> tuple[DenseSpec, np.ndarray]:

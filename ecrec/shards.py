@@ -36,14 +36,17 @@ class RowsRead:
 class TableShard:
     """This server's rows of one table (see the module docstring)."""
 
-    def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True):
+    def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True,
+                 allocate=np.zeros):
+        """``allocate(shape, dtype)``: a zeroed array for the rows (a promoted standby's comes from its
+        reserve, :mod:`ecrec.reserve`)."""
         self.spec = spec
         self.layout = layout
         self.index = index
         self._lock = threading.Lock()
         self.owned_ids, self.owned_slots = layout.rows_of(index, spec.num_rows)
         self.num_slots = layout.data_slots_per_server(spec.num_rows)
-        self._payload = np.zeros((self.num_slots, spec.row_bytes), dtype=np.uint8)
+        self._payload = allocate((self.num_slots, spec.row_bytes), np.uint8)
         self._floats = self._payload.view(np.float32)  # (slots, row_floats)
         if initial_values:  # a replacement whose strategy rebuilds every row skips this
             fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
@@ -109,14 +112,15 @@ class TableShard:
         with self._lock:
             return RowsRead(self._payload[slots], self._versions[slots], self._ready[slots])
 
-    def read_bytes(self, slots: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """Like :meth:`read`, the payload as bytes: evenly spaced slots (the fast rebuild's streams) are copied
-        once, straight from a strided view."""
+    def read_into(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray, ready: np.ndarray) -> None:
+        """Like :meth:`read`, into the caller's arrays (a frame of the fast rebuild's streams): one copy, straight
+        from a strided view when the slots are evenly spaced."""
         run = _as_slice(slots)
+        where = run if run is not None else slots
         with self._lock:
-            if run is not None:
-                return self._payload[run].tobytes(), self._versions[run].copy(), self._ready[run].copy()
-            return self._payload[slots].tobytes(), self._versions[slots], self._ready[slots]
+            payload[...] = self._payload[where]
+            versions[...] = self._versions[where]
+            ready[...] = self._ready[where]
 
     def write_payload(self, slots: np.ndarray, payload: np.ndarray) -> None:
         with self._lock:

@@ -3,20 +3,26 @@ rebuilt over many rounds, bit for bit; the initial rows written by the numba ker
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
 import torch
 
-from ecrec.bench.recovery import COORDINATOR_OPTIONS, wait_started
+from ecrec.bench.recovery import COORDINATOR_OPTIONS, wait_standby_reserve, wait_started
 from ecrec.client import Cluster, EmbeddingBag
 from ecrec.codec import Codec
 from ecrec.config import ClientConfig
 from ecrec.layout import Layout
+from ecrec.strategies.erasure import frame_socket, frames
 from ecrec.strategies.erasure.bulk import position_plan
+from ecrec.wire import parity_pb2
 from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
+from ecrec.transport import make_channel
 
 
 
@@ -48,6 +54,148 @@ def test_strided_install_skips_rows_rebuilt_on_demand_and_rows_not_selected():
     assert not got.ready[~mask].any() and got.ready[mask].all()
     assert not got.payload[~mask].any()  # never written
     assert shard.install(slots, payload, versions) == 3  # the unselected rows, later; nothing else again
+
+
+def test_a_frame_round_trips_and_a_frame_not_as_asked_is_refused():
+    rng = np.random.default_rng(2)
+    buffer, frame = frames.allocate(7, 5, 2, 1, 16, 3)
+    for name in ("data", "data_versions", "parity", "parity_versions"):
+        view = getattr(frame, name)
+        view[...] = rng.integers(0, 1 << 40 if view.dtype == np.int64 else 256, view.shape)
+    frame.data_ready[...] = rng.integers(0, 2, frame.data_ready.shape)
+    frame.parity_ready[...] = rng.integers(0, 2, frame.parity_ready.shape)
+    raw = buffer.tobytes()
+    assert len(raw) == frames.frame_bytes(5, 2, 1, 16, 3)
+    got = frames.parse(raw, 2, 1, 16, 3)
+    assert (got.first_block, got.blocks) == (7, 5)
+    for name in ("data", "data_versions", "parity", "parity_versions", "data_ready", "parity_ready"):
+        assert np.array_equal(getattr(got, name), getattr(frame, name)), name
+    assert got.data.shape == (2, 5, 16) and got.parity_versions.shape == (1, 5, 3) and got.data_ready.dtype == bool
+    for bad, args, match in [(raw, (1, 1, 16, 3), "asked for"), (raw, (2, 1, 16, 2), "asked for"),
+                             (raw[:-1], (2, 1, 16, 3), "expected"), (b"XXXX" + raw[4:], (2, 1, 16, 3), "magic"),
+                             (raw[:10], (2, 1, 16, 3), "shorter")]:
+        with pytest.raises(frames.FrameError, match=match):
+            frames.parse(bad, *args)
+
+
+@pytest.mark.cluster
+def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(make_cluster):
+    """A survivor's side of the fast path, called as the replacement calls it: frames of the blocks asked, each
+    position's rows those of the layout, each parity row the encoding of its stripe; bad requests refused with
+    a status that names the problem."""
+    servers, k, m, index = 4, 2, 1, 2
+    local = make_cluster(servers=servers, standby=0, strategy="ecrec", k=k, m=m,
+                         coordinator_options=COORDINATOR_OPTIONS)
+    cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
+    wait_started(cluster, servers)
+    cluster.create_table("t", 1_001, 4, seed=9)
+    spec, layout = cluster.table_spec("t"), Layout(servers, k, m)
+    payload = np.ascontiguousarray(cluster.read_payload("t")[1]).view(np.uint8)
+    address = next(s.address for s in cluster.refresh_map().servers if s.index == index)
+    call = make_channel(address).unary_stream(frames.FULL_METHOD,
+                                              request_serializer=parity_pb2.StreamStripesRequest.SerializeToString)
+    blocks = -(-layout.num_stripes(spec.num_rows) // servers)  # 126: the last block partly past the end
+    request = parity_pb2.StreamStripesRequest(table="t", first_block=100, end_block=blocks, data_positions=[1, 0],
+                                              parity_indices=[0], blocks_per_message=10)
+    got = [frames.parse(raw, 2, 1, spec.row_bytes, k) for raw in call(request, timeout=30)]
+    assert [(f.first_block, f.blocks) for f in got] == [(100, 10), (110, 10), (120, 6)]
+    codec = Codec(k, m, "isa_l_rs_vand", kernel="cpu")
+    for f in got:
+        b = np.arange(f.first_block, f.first_block + f.blocks)
+        for c, t in enumerate([1, 0]):
+            ids = layout.ids_of_slots(index, b * k + t)
+            real = ids < spec.num_rows
+            assert np.array_equal(f.data[c][real], payload[ids[real]]) and f.data_ready[c][real].all()
+        stripes = b * servers + (index - k) % servers
+        real = stripes < layout.num_stripes(spec.num_rows)
+        members = np.zeros((len(b), k, spec.row_bytes), np.uint8)
+        for u in range(k):
+            ids = stripes * k + u
+            members[ids < spec.num_rows, u] = payload[ids[ids < spec.num_rows]]
+        assert np.array_equal(f.parity[0][real], codec.encode_stripes(members)[:, 0][real])
+        assert f.parity_ready[0][real].all() and not f.parity_ready[0][~real].any()
+    for bad, code, match in [
+        (dict(end_block=blocks + 1), grpc.StatusCode.INVALID_ARGUMENT, "out of range"),
+        (dict(data_positions=[k]), grpc.StatusCode.INVALID_ARGUMENT, "data positions must be < k=2"),
+        (dict(blocks_per_message=-1), grpc.StatusCode.INVALID_ARGUMENT, "blocks_per_message must be >= 0"),
+        (dict(blocks_per_message=1 << 30), grpc.StatusCode.INVALID_ARGUMENT, "makes frames of"),
+        (dict(table="nope"), grpc.StatusCode.NOT_FOUND, "unknown table 'nope'"),
+    ]:
+        fields = dict(table="t", first_block=0, end_block=blocks, data_positions=[0], blocks_per_message=10) | bad
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30))
+        assert caught.value.code() == code and match in caught.value.details(), caught.value.details()
+
+    # over a connection: to the calling server's host as the map lists it, opened with the ticket; the same
+    # frames, none on the reply stream
+    caller = (("ecrec-caller", next(s.server_id for s in cluster.refresh_map().servers if s.index == 0)),)
+    with frame_socket.FrameListener("127.0.0.1", 30) as listener:
+        request.deliver_port, request.ticket = listener.port, listener.ticket
+        stream = call(request, timeout=30, metadata=caller)
+        delivered = listener.receive(len(got), 2, 1, spec.row_bytes, k, frames.frame_bytes(10, 2, 1, spec.row_bytes, k))
+        assert list(stream) == []
+    for a, b in zip(delivered, got):
+        for name in ("first_block", "blocks", "data", "data_versions", "data_ready", "parity", "parity_versions",
+                     "parity_ready"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    ticket = bytes(frame_socket.TICKET_BYTES)
+    for metadata, fields, code, match in [
+        ((), dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION, "needs a caller"),
+        ((("ecrec-caller", "stranger"),), dict(deliver_port=closed_port, ticket=ticket),
+         grpc.StatusCode.FAILED_PRECONDITION, "not a server of the cluster map"),
+        (caller, dict(deliver_port=closed_port, ticket=b"x"), grpc.StatusCode.INVALID_ARGUMENT, "ticket of 16 bytes"),
+        (caller, dict(deliver_port=70000, ticket=ticket), grpc.StatusCode.INVALID_ARGUMENT, "must be a port"),
+        (caller, dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION,
+         f"delivering frames to 127.0.0.1:{closed_port} failed"),
+    ]:
+        fields = dict(table="t", first_block=0, end_block=blocks, data_positions=[0], blocks_per_message=10) | fields
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30, metadata=metadata))
+        assert caught.value.code() == code and match in caught.value.details(), caught.value.details()
+
+
+def test_a_frame_listener_takes_only_the_connection_with_its_ticket():
+    rng = np.random.default_rng(4)
+    buffers = []
+    for b0 in (0, 3):
+        buffer, frame = frames.allocate(b0, 3, 1, 0, 8, 2)
+        frame.data[...] = rng.integers(0, 256, frame.data.shape)
+        frame.data_versions[...] = rng.integers(0, 99, frame.data_versions.shape)
+        frame.data_ready[...] = 1
+        buffers.append(buffer)
+    size = frames.frame_bytes(3, 1, 0, 8, 2)
+    with frame_socket.FrameListener("127.0.0.1", 10) as listener:
+        stranger = socket.create_connection(("127.0.0.1", listener.port))  # first in line, the wrong ticket
+        stranger.sendall(b"x" * frame_socket.TICKET_BYTES)
+        sender = threading.Thread(target=frame_socket.send_frames,
+                                  args=("127.0.0.1", listener.port, listener.ticket, buffers, 10))
+        sender.start()
+        got = listener.receive(2, 1, 0, 8, 2, size)
+        sender.join()
+        stranger.close()
+    for frame, buffer in zip(got, buffers):
+        assert np.array_equal(frame.data, frames.parse(buffer.tobytes(), 1, 0, 8, 2).data)
+    assert [(f.first_block, f.blocks) for f in got] == [(0, 3), (3, 3)]
+    with frame_socket.FrameListener("127.0.0.1", 10) as listener:  # a sender that stops early
+        sender = threading.Thread(target=frame_socket.send_frames,
+                                  args=("127.0.0.1", listener.port, listener.ticket, buffers[:1], 10))
+        sender.start()
+        with pytest.raises(ConnectionError, match="before its last frame"):
+            listener.receive(2, 1, 0, 8, 2, size)
+        sender.join()
+    with frame_socket.FrameListener("127.0.0.1", 10) as listener:  # a frame larger than asked for
+        sender = threading.Thread(target=frame_socket.send_frames,
+                                  args=("127.0.0.1", listener.port, listener.ticket, buffers, 10))
+        sender.start()
+        with pytest.raises(frames.FrameError, match="announced"):
+            listener.receive(2, 1, 0, 8, 2, size - 1)
+        sender.join()
+    with frame_socket.FrameListener("127.0.0.1", 0.3) as listener:  # nobody comes
+        with pytest.raises(OSError):
+            listener.receive(1, 1, 0, 8, 2, size)
 
 
 @pytest.mark.parametrize("servers,k,m", [(3, 2, 1), (4, 2, 1), (5, 2, 2), (6, 3, 2), (7, 4, 1)])
@@ -122,12 +270,18 @@ def _wait_redundant(local, index, since, timeout_s=120.0):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("servers,k,m,victim", [(4, 2, 1, 1), (5, 2, 2, 3)])
-def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m, victim):
-    """Tables of two row widths, rebuilt in rounds of 600 rows (dozens of rounds, several messages each):
-    every row and every parity row equal to before the failure, and most of them by the fast path."""
+@pytest.mark.parametrize("servers,k,m,victim,transport", [(4, 2, 1, 1, "socket"), (5, 2, 2, 3, "socket"),
+                                                          (4, 2, 1, 2, "grpc")])
+def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m, victim, transport):
+    """Tables of two row widths, rebuilt in rounds of 600 rows (dozens of rounds, several 8 kB frames each):
+    every row and every parity row equal to before the failure, and most of them by the fast path, its
+    frames over the transport chosen.  The standby prepared its tables' memory before (ecrec.reserve; not
+    with --no-standby-reserve, the gRPC case) and the promotion took all of it."""
+    reserve = transport == "socket"
     local = make_cluster(servers=servers, standby=1, strategy="ecrec", k=k, m=m,
-                         options={"rebuild_batch_rows": "600"}, coordinator_options=COORDINATOR_OPTIONS)
+                         options={"rebuild_batch_rows": "600", "rebuild_frame_bytes": "8000",
+                                  "rebuild_transport": transport},
+                         coordinator_options=COORDINATOR_OPTIONS, server_options={"no_standby_reserve": not reserve})
     cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
     wait_started(cluster, servers)  # a loaded machine may take longer than one creation deadline
     cluster.create_table("wide", 30_001, 24, optimizer="adagrad", lr=0.1, initial_accumulator_value=0.1, seed=4)
@@ -141,6 +295,11 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
         cluster.step()
     cluster.strategy_call("verify_parity")  # every pending parity batch delivered
     before = {name: cluster.read_payload(name)[1].copy() for name in ("wide", "narrow")}
+    layout = Layout(servers, k, m)
+    specs = [TableSpec.from_proto(t) for t in cluster.refresh_map().tables]  # wait_started's probe table too
+    shard_bytes = sum((layout.data_slots_per_server(spec.num_rows) + layout.parity_slots_per_server(spec.num_rows))
+                      * spec.row_bytes for spec in specs)
+    assert wait_standby_reserve(cluster)["standby_reserve_bytes"] == (shard_bytes if reserve else 0)
     t_kill = time.time()
     local.kill(local.pid_of_index(victim))
     cluster.pull("narrow", np.arange(100))  # someone notices; the standby is promoted
@@ -150,6 +309,8 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
     # the rows the replayed pushes touched were rebuilt on demand first, row by row; the rest in bulk
     assert stats["bulk_rows_rebuilt"] >= 0.5 * held > 0
     assert stats["bulk_bytes_read"] > 10 * 600 * 24 * 8  # many rounds were read
+    assert stats["bulk_bytes_over_socket"] == (stats["bulk_bytes_read"] if transport == "socket" else 0)
+    assert stats["server"]["standby_reserve_bytes"] == 0 and not stats["server"]["standby_reserve_pending"]
     for name in before:
         assert np.array_equal(cluster.read_payload(name)[1].view(np.uint32), before[name].view(np.uint32)), name
     checked = cluster.strategy_call("verify_parity")

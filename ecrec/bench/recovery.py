@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ecrec.bench.recovery_training import first_event
+from ecrec.wire import cluster_pb2, embedding_pb2
 
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
 #: health checks and leases that tolerate a loaded machine (creating and reloading gigabytes keeps servers busy
@@ -221,6 +222,7 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
         out["create_mb_per_s"] = model_bytes / 1e6 / out["create_s"]
         _progress(strategy, f"created {args.tables} x {args.rows:,} x {args.dim} ({model_bytes / 1e6:,.0f} MB) in "
                             f"{out['create_s']:.2f} s")
+        out.update(wait_standby_reserve(cluster))
         verify = args.verify == "yes" or (args.verify == "auto" and model_bytes <= 1 << 30 and not args.during_training)
         before = {name: cluster.read_payload(name)[1] for name in names} if verify else None
         if args.during_training:
@@ -249,6 +251,22 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
     finally:
         local.close()
     return out
+
+
+def wait_standby_reserve(cluster, timeout_s: float = 120.0) -> dict:
+    """Waits until every standby holds its tables' memory ready (:mod:`ecrec.reserve`), so that the failure
+    meets a settled cluster rather than one whose tables were created a moment ago; returns the reserve's size
+    and the wait."""
+    t0 = time.monotonic()
+    request = embedding_pb2.StrategyCallRequest(command="stats")
+    while True:
+        standbys = [s.address for s in cluster.refresh_map().servers if s.state == cluster_pb2.STANDBY]
+        status = [json.loads(cluster.peers.stub(address).StrategyCall(request, timeout=30).result_json)["server"]
+                  for address in standbys]
+        if not any(st.get("standby_reserve_pending") for st in status) or time.monotonic() - t0 > timeout_s:
+            return {"standby_reserve_bytes": sum(int(st.get("standby_reserve_bytes", 0)) for st in status),
+                    "standby_reserve_wait_s": time.monotonic() - t0}
+        time.sleep(0.05)
 
 
 def _memory(local, cluster, model_bytes: int) -> dict:
@@ -285,6 +303,8 @@ def _kill_idle(strategy: str, args, local, cluster, names: list[str], row_bytes:
     out["go_on_s"] = t_go - t_kill
     promoted = _wait_event(local, "promoted", index, t_kill, 60)
     out["promotion_s"] = promoted - t_kill if promoted else None
+    declared = first_event(local, "failed", index, t_kill)
+    out["declared_failed_s"] = declared - t_kill if declared else None
     if strategy == "ecrec":
         redundant = _wait_event(local, "redundant", index, t_kill, 600)
         out["redundant_s"] = redundant - t_kill if redundant else None

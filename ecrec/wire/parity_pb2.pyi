@@ -170,37 +170,21 @@ class ReadRowsReply(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., ready: _Optional[bytes] = ..., sections: _Optional[_Iterable[_Union[ReadRowsReply, _Mapping]]] = ...) -> None: ...
 
 class StreamStripesRequest(_message.Message):
-    __slots__ = ("table", "first_block", "end_block", "data_positions", "parity_indices", "blocks_per_message")
+    __slots__ = ("table", "first_block", "end_block", "data_positions", "parity_indices", "blocks_per_message", "deliver_port", "ticket")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
     DATA_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     PARITY_INDICES_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     table: str
     first_block: int
     end_block: int
     data_positions: _containers.RepeatedScalarFieldContainer[int]
     parity_indices: _containers.RepeatedScalarFieldContainer[int]
     blocks_per_message: int
-    def __init__(self, table: _Optional[str] = ..., first_block: _Optional[int] = ..., end_block: _Optional[int] = ..., data_positions: _Optional[_Iterable[int]] = ..., parity_indices: _Optional[_Iterable[int]] = ..., blocks_per_message: _Optional[int] = ...) -> None: ...
-
-class StripeChunk(_message.Message):
-    __slots__ = ("first_block", "blocks", "data", "data_versions", "data_ready", "parity", "parity_versions", "parity_ready")
-    FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
-    BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    DATA_VERSIONS_FIELD_NUMBER: _ClassVar[int]
-    DATA_READY_FIELD_NUMBER: _ClassVar[int]
-    PARITY_FIELD_NUMBER: _ClassVar[int]
-    PARITY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
-    PARITY_READY_FIELD_NUMBER: _ClassVar[int]
-    first_block: int
-    blocks: int
-    data: bytes
-    data_versions: bytes
-    data_ready: bytes
-    parity: bytes
-    parity_versions: bytes
-    parity_ready: bytes
-    def __init__(self, first_block: _Optional[int] = ..., blocks: _Optional[int] = ..., data: _Optional[bytes] = ..., data_versions: _Optional[bytes] = ..., data_ready: _Optional[bytes] = ..., parity: _Optional[bytes] = ..., parity_versions: _Optional[bytes] = ..., parity_ready: _Optional[bytes] = ...) -> None: ...
+    deliver_port: int
+    ticket: bytes
+    def __init__(self, table: _Optional[str] = ..., first_block: _Optional[int] = ..., end_block: _Optional[int] = ..., data_positions: _Optional[_Iterable[int]] = ..., parity_indices: _Optional[_Iterable[int]] = ..., blocks_per_message: _Optional[int] = ..., deliver_port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...

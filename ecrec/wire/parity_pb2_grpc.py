@@ -54,11 +54,6 @@ class ParityServiceStub:
                 request_serializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.FromString,
                 _registered_method=True)
-        self.StreamStripes = channel.unary_stream(
-                '/ecrec.wire.ParityService/StreamStripes',
-                request_serializer=ecrec_dot_wire_dot_parity__pb2.StreamStripesRequest.SerializeToString,
-                response_deserializer=ecrec_dot_wire_dot_parity__pb2.StripeChunk.FromString,
-                _registered_method=True)
 
 
 class ParityServiceServicer:
@@ -88,14 +83,9 @@ class ParityServiceServicer:
 
     def ReadRows(self, request, context):
         """Rows with their versions, for rebuilding a failed server's rows.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StreamStripes(self, request, context):
-        """The fast rebuild path: this server's members of one table's stripes, over a range of blocks (S
-        consecutive stripes each), streamed several blocks per message.
+        Not declared here: /ecrec.wire.ParityService/StreamStripes, the fast rebuild path. Its request is a
+        StreamStripesRequest; its reply is a stream of raw frames, not protobuf messages (every byte of a
+        lost shard crosses it: see ecrec/strategies/erasure/frames.py for their layout).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,11 +113,6 @@ def add_ParityServiceServicer_to_server(servicer, server):
                     servicer.ReadRows,
                     request_deserializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.SerializeToString,
-            ),
-            'StreamStripes': grpc.unary_stream_rpc_method_handler(
-                    servicer.StreamStripes,
-                    request_deserializer=ecrec_dot_wire_dot_parity__pb2.StreamStripesRequest.FromString,
-                    response_serializer=ecrec_dot_wire_dot_parity__pb2.StripeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -238,33 +223,6 @@ class ParityService:
             '/ecrec.wire.ParityService/ReadRows',
             ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.SerializeToString,
             ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StreamStripes(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/ecrec.wire.ParityService/StreamStripes',
-            ecrec_dot_wire_dot_parity__pb2.StreamStripesRequest.SerializeToString,
-            ecrec_dot_wire_dot_parity__pb2.StripeChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,8 @@ choice of positions, a pure function of the layout.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,19 +40,33 @@ import numpy as np
 from ecrec import errors, transport
 from ecrec.codec import Codec
 from ecrec.layout import Layout
-from ecrec.peers import PARITY
 from ecrec.shards import TableShard
 from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.erasure import frame_socket, frames
+from ecrec.strategies.erasure.options import MAX_FRAME_BYTES, ErasureOptions
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
-#: bytes per StripeChunk message when the caller does not choose
-MESSAGE_BYTES = 4 << 20
+#: bytes per frame when the caller does not choose (the replacement asks for ``rebuild_frame_bytes``)
+MESSAGE_BYTES = ErasureOptions.rebuild_frame_bytes
 #: a stream that stalls this long is given up (its rows go to the row-by-row path)
 STREAM_TIMEOUT_S = 60.0
+
+
+def lower_priority(nice: int) -> None:
+    """Lowers the calling thread's OS scheduling priority by ``nice`` (on Linux a thread is its own task, so
+    only this thread); where that is not possible, nothing.  Not undone: call it on threads of background
+    work only (an unprivileged process cannot raise a priority again)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:
+        log.debug("cannot lower the rebuild's priority: %s", exc)
 
 
 # --- which positions, from which server ------------------------------------------------------------------------
@@ -92,8 +108,8 @@ def position_plan(layout: Layout, index: int) -> PositionPlan:
 
 
 # --- the survivor's side -----------------------------------------------------------------------------------------
-def check_request(layout: Layout, num_rows: int, request: parity_pb2.StreamStripesRequest) -> None:
-    blocks = -(-layout.num_stripes(num_rows) // layout.num_servers)
+def check_request(layout: Layout, spec, request: parity_pb2.StreamStripesRequest) -> None:
+    blocks = -(-layout.num_stripes(spec.num_rows) // layout.num_servers)
     if not 0 <= request.first_block < request.end_block <= blocks:
         raise errors.InvalidRequest(f"table {request.table!r}: blocks [{request.first_block}, {request.end_block}) "
                                     f"out of range [0, {blocks})")
@@ -101,125 +117,182 @@ def check_request(layout: Layout, num_rows: int, request: parity_pb2.StreamStrip
         raise errors.InvalidRequest(f"data positions must be < k={layout.k} and parity indices < m={layout.m}")
     if request.blocks_per_message < 0:
         raise errors.InvalidRequest("blocks_per_message must be >= 0")
+    if request.deliver_port and (request.deliver_port > 65535 or len(request.ticket) != frame_socket.TICKET_BYTES):
+        raise errors.InvalidRequest(f"deliver_port must be a port (got {request.deliver_port}) with a ticket of "
+                                    f"{frame_socket.TICKET_BYTES} bytes (got {len(request.ticket)})")
+    size = frames.frame_bytes(request.blocks_per_message, len(request.data_positions), len(request.parity_indices),
+                              spec.row_bytes, layout.k)
+    if size > MAX_FRAME_BYTES:
+        raise errors.InvalidRequest(f"blocks_per_message={request.blocks_per_message} makes frames of {size} bytes, "
+                                    f"more than {MAX_FRAME_BYTES}")
+
+
+def blocks_per_frame(spec, layout: Layout, positions: int, indices: int, frame_bytes: int = MESSAGE_BYTES) -> int:
+    """Blocks per frame of about ``frame_bytes`` for these positions and indices (at least one)."""
+    per_block = frames.block_bytes(positions, indices, spec.row_bytes, layout.k)
+    return max(1, frame_bytes // max(per_block, 1))
 
 
 def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest
-                ) -> Iterator[parity_pb2.StripeChunk]:
-    """This server's rows of ``request`` as messages of several blocks (validated by :func:`check_request`).
+                ) -> Iterator[np.ndarray]:
+    """This server's rows of ``request`` as frame buffers (:mod:`~ecrec.strategies.erasure.frames`) of
+    ``blocks_per_message`` blocks (validated by :func:`check_request`), each row copied once into its frame.
     Ready flags mean what they mean for ``ReadRows``: a parity row touched by an unresolved failed owner is
     not ready."""
     layout = host.layout
     k, m, S = layout.k, layout.m, layout.num_servers
     shard = host.table(request.table)
     arena, part = receiver.part(request.table)
-    positions = np.array(request.data_positions, dtype=np.int64)
+    positions = [int(t) for t in request.data_positions]
     pidx = np.array(request.parity_indices, dtype=np.int64)
-    per_block = (len(positions) + len(pidx)) * shard.spec.row_bytes
-    step = request.blocks_per_message or max(1, MESSAGE_BYTES // max(per_block, 1))
+    step = request.blocks_per_message or blocks_per_frame(shard.spec, layout, len(positions), len(pidx))
     num_stripes = layout.num_stripes(shard.spec.num_rows)
     for b0 in range(request.first_block, request.end_block, step):
         b1 = min(request.end_block, b0 + step)
         blocks = np.arange(b0, b1, dtype=np.int64)
-        chunk = parity_pb2.StripeChunk(first_block=b0, blocks=b1 - b0)
-        if len(positions):  # position-major: each position's rows are one contiguous run at the other end
-            runs = [shard.read_bytes(int(t) + blocks * k) for t in positions]  # each evenly spaced: one copy
-            chunk.data = runs[0][0] if len(runs) == 1 else b"".join(r[0] for r in runs)
-            chunk.data_versions = transport.ids_to_bytes(np.concatenate([r[1] for r in runs]))
-            chunk.data_ready = np.concatenate([r[2] for r in runs]).astype(np.uint8).tobytes()
-        if len(pidx):
-            stripes = (blocks[None, :] * S + (host.index - k - pidx[:, None]) % S).reshape(-1)
-            exists = stripes < num_stripes
-            local = (pidx[:, None] + blocks[None, :] * m).reshape(-1)
-            slots = part.arena_slots(local)
-            payload, versions, ready = arena.read(slots)
-            ready &= exists
+        buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
+        for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
+            shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+        for c, j in enumerate(pidx):
+            slots = part.arena_slots(j + blocks * m)
+            arena.read_into(slots, frame.parity[c], frame.parity_versions[c], frame.parity_ready[c])
+            stripes = blocks * S + (host.index - k - j) % S
+            ready = frame.parity_ready[c]
+            ready[stripes >= num_stripes] = 0
             suspects = receiver.suspect_sources()
             if suspects:
-                ready &= ~np.isin(slots, receiver.unresolved_slots(arena, suspects))
-            chunk.parity = payload.tobytes()
-            chunk.parity_versions = transport.ids_to_bytes(versions.reshape(-1))
-            chunk.parity_ready = ready.astype(np.uint8).tobytes()
-        yield chunk
+                ready[np.isin(slots, receiver.unresolved_slots(arena, suspects))] = 0
+        yield buffer
 
 
 # --- the replacement's side --------------------------------------------------------------------------------------
-@dataclass
-class Members:
-    """One survivor's rows for a round of ``blocks`` blocks (``None`` arrays: it did not answer)."""
-
-    data: np.ndarray | None = None  # (positions, blocks, row_bytes) uint8: each position's rows contiguous
-    data_versions: np.ndarray | None = None  # (positions, blocks) int64
-    data_ready: np.ndarray | None = None  # (positions, blocks) bool
-    parity: np.ndarray | None = None  # (indices, blocks, row_bytes)
-    parity_versions: np.ndarray | None = None  # (indices, blocks, k)
-    parity_ready: np.ndarray | None = None  # (indices, blocks)
-
-
 class BulkRebuild:
     """The fast path of one replacement (see the module docstring): :meth:`fetch` a round of blocks from every
     survivor, then :meth:`rebuild_round` installs what they allow."""
 
-    def __init__(self, host: StrategyHost, codec: Codec, receiver: ParityReceiver, counters):
+    def __init__(self, host: StrategyHost, codec: Codec, receiver: ParityReceiver, counters,
+                 frame_bytes: int = MESSAGE_BYTES, transport_name: str = "socket", nice: int = 0):
         self.host = host
+        self.frame_bytes = frame_bytes
+        tls = host.peers.security is not None and host.peers.security.tls
+        self.transport = "grpc" if tls else transport_name  # rows never in clear on a TLS cluster
         self.codec = codec
         self.receiver = receiver
         self.counters = counters
         self.plan = position_plan(host.layout, host.index)
         self.decode = {t: codec.data_decode_coefficients(t, 0) for t in range(host.layout.k)}
-        self._pool = ThreadPoolExecutor(max_workers=max(2, host.layout.num_servers), thread_name_prefix="ecrec-bulk")
+        self._pool = ThreadPoolExecutor(max_workers=max(2, host.layout.num_servers), thread_name_prefix="ecrec-bulk",
+                                        initializer=lower_priority, initargs=(nice,))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def frame_blocks(self, spec) -> int:
+        """Blocks per frame, the same from every survivor (so that frame ``i`` of each covers the same
+        blocks): about ``frame_bytes`` from the survivor sending the most per block."""
+        servers = set(self.plan.data) | set(self.plan.parity)
+        return min(blocks_per_frame(spec, self.host.layout, len(self.plan.data.get(s, [])),
+                                    len(self.plan.parity.get(s, [])), self.frame_bytes) for s in servers)
+
     # --- reading -----------------------------------------------------------------------------------------------
-    def _stream(self, server: int, spec, b0: int, b1: int) -> Members | None:
-        """One survivor's rows of blocks ``[b0, b1)``, or None when it is not live or the stream failed."""
-        layout, peers = self.host.layout, self.host.peers
-        positions, indices = self.plan.data.get(server, []), self.plan.parity.get(server, [])
+    def _stream(self, server: int, spec, b0: int, b1: int) -> list[frames.Frame] | None:
+        """One survivor's frames of blocks ``[b0, b1)``, or None when it is not live or the stream failed."""
+        peers = self.host.peers
         address = peers.address_of(server)
         if address is None:
             return None
-        n, rb, k = b1 - b0, spec.row_bytes, layout.k
-        p, j = len(positions), len(indices)
-        out = Members(np.empty((p, n, rb), np.uint8), np.empty((p, n), np.int64), np.zeros((p, n), bool),
-                      np.empty((j, n, rb), np.uint8), np.empty((j, n, k), np.int64), np.zeros((j, n), bool))
+        step = self.frame_blocks(spec)
         request = parity_pb2.StreamStripesRequest(table=spec.name, first_block=b0, end_block=b1,
-                                                  data_positions=positions, parity_indices=indices)
+                                                  data_positions=self.plan.data.get(server, []),
+                                                  parity_indices=self.plan.parity.get(server, []),
+                                                  blocks_per_message=step)
+        expect = _Expected(spec, self.host.layout.k, request)
         try:
-            stream = peers.stub(address, PARITY).StreamStripes(request, timeout=STREAM_TIMEOUT_S,
-                                                               metadata=peers.metadata())
-            for chunk in stream:
-                lo, hi = chunk.first_block - b0, chunk.first_block - b0 + chunk.blocks
-                if p:
-                    out.data[:, lo:hi] = np.frombuffer(chunk.data, np.uint8).reshape(p, hi - lo, rb)
-                    out.data_versions[:, lo:hi] = transport.bytes_to_ids(chunk.data_versions).reshape(p, hi - lo)
-                    out.data_ready[:, lo:hi] = np.frombuffer(chunk.data_ready, np.uint8).reshape(p, hi - lo) != 0
-                if j:
-                    out.parity[:, lo:hi] = np.frombuffer(chunk.parity, np.uint8).reshape(j, hi - lo, rb)
-                    out.parity_versions[:, lo:hi] = transport.bytes_to_ids(chunk.parity_versions).reshape(
-                        j, hi - lo, k)
-                    out.parity_ready[:, lo:hi] = np.frombuffer(chunk.parity_ready, np.uint8).reshape(j, hi - lo) != 0
+            received = self._over_socket(address, request, expect) if self.transport == "socket" else None
+            over_socket = received is not None
+            if received is None:
+                received = self._over_grpc(address, request, expect)
+            expect.check(received)
         except grpc.RpcError as exc:  # the rows stay not ready: the row-by-row path retries them
             log.info("fast rebuild: server %d stream of %r blocks %d..%d failed (%s); those rows go row by row",
                      server, spec.name, b0, b1, exc.code().name)
             if transport.is_unavailable(exc):
                 peers.report(address, f"StreamStripes: {exc.code().name}")
             return None
-        self.counters["bulk_bytes_read"] += out.data.nbytes + out.parity.nbytes
-        return out
+        except frames.FrameError as exc:
+            log.warning("fast rebuild: server %d sent a bad frame of %r (%s); its rows of blocks %d..%d go row by "
+                        "row", server, spec.name, exc, b0, b1)
+            return None
+        read = sum(expect.bytes_per_block * f.blocks for f in received)
+        self.counters["bulk_bytes_read"] += read
+        self.counters["bulk_bytes_over_socket"] += read if over_socket else 0
+        return received
+
+    def _call(self, address: str):
+        return self.host.peers.channel(address).unary_stream(  # no response deserializer: frames as received
+            frames.FULL_METHOD, request_serializer=parity_pb2.StreamStripesRequest.SerializeToString)
+
+    def _over_grpc(self, address: str, request, expect: "_Expected") -> list[frames.Frame]:
+        stream = self._call(address)(request, timeout=STREAM_TIMEOUT_S, metadata=self.host.peers.metadata())
+        return [expect.parse(raw) for raw in stream]
+
+    def _over_socket(self, address: str, request, expect: "_Expected") -> list[frames.Frame] | None:
+        """The frames over a connection the survivor opens to this server (:mod:`~ecrec.strategies.erasure.
+        frame_socket`); None when that is not possible here (then this rebuild uses the gRPC stream)."""
+        try:
+            listener = frame_socket.FrameListener(self.host.config.host, STREAM_TIMEOUT_S)
+        except OSError as exc:
+            return self._socket_refused(f"cannot listen on {self.host.config.host}: {exc!r}")
+        with listener:
+            request.deliver_port, request.ticket = listener.port, listener.ticket
+            stream = self._call(address)(request, timeout=STREAM_TIMEOUT_S, metadata=self.host.peers.metadata())
+            # a call that fails (delivery refused or impossible) stops the wait for its connection at once
+            stream.add_done_callback(lambda call: call.code() == grpc.StatusCode.OK or listener.close())
+            try:
+                received = listener.receive(expect.count, expect.positions, expect.indices, expect.row_bytes,
+                                            expect.k, expect.max_frame_bytes)
+            except (OSError, frames.FrameError) as exc:
+                stream.cancel()
+                code = stream.code()
+                if code is not None and code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED,
+                                                     grpc.StatusCode.FAILED_PRECONDITION):
+                    raise stream from exc  # the survivor failed (unavailable, fenced, ...): as on the gRPC path
+                detail = stream.details() if code == grpc.StatusCode.FAILED_PRECONDITION else repr(exc)
+                return self._socket_refused(detail)
+            for _ in stream:  # ends OK once the survivor sent every frame
+                raise frames.FrameError("a frame on the reply stream although delivery over a connection was asked")
+        return received
+
+    def _socket_refused(self, detail: str) -> None:
+        log.warning("fast rebuild: frames over a direct connection failed (%s); this rebuild uses the gRPC "
+                    "stream (option rebuild_transport=grpc chooses it from the start)", detail)
+        self.transport = "grpc"
+        return None
 
     def fetch(self, spec, b0: int, b1: int):
         """Starts reading blocks ``[b0, b1)`` from every survivor at once; returns a future of
-        ``{server: Members | None}``."""
+        ``{server: [frame, ...] | None}`` (every survivor's frame ``i`` covers the same blocks)."""
         servers = sorted(set(self.plan.data) | set(self.plan.parity))
         futures = {s: self._pool.submit(self._stream, s, spec, b0, b1) for s in servers}
         return _Gathered(futures)
 
     # --- decoding and installing ---------------------------------------------------------------------------------
-    def rebuild_round(self, shard: TableShard, arena: ParityArena, part: TableParity, b0: int, b1: int,
-                      read: dict[int, Members | None]) -> tuple[int, int]:
-        """Installs the rows of blocks ``[b0, b1)`` that the round's reads allow; returns ``(data rows, parity
-        rows)`` installed."""
+    def rebuild_round(self, shard: TableShard, arena: ParityArena, part: TableParity,
+                      read: dict[int, list[frames.Frame] | None]) -> tuple[int, int]:
+        """Installs the rows of a round that its frames allow, frame by frame, decoding straight from the
+        received buffers; returns ``(data rows, parity rows)`` installed."""
+        received = [frames_of for frames_of in read.values() if frames_of is not None]
+        data_rows = parity_rows = 0
+        for i in range(len(received[0]) if received else 0):
+            group = {s: (frames_of[i] if frames_of is not None else None) for s, frames_of in read.items()}
+            first = received[0][i]
+            d, p = self._rebuild_blocks(shard, arena, part, first.first_block, first.first_block + first.blocks, group)
+            data_rows, parity_rows = data_rows + d, parity_rows + p
+        return data_rows, parity_rows
+
+    def _rebuild_blocks(self, shard: TableShard, arena: ParityArena, part: TableParity, b0: int, b1: int,
+                        read: dict[int, frames.Frame | None]) -> tuple[int, int]:
+        """Installs the rows of blocks ``[b0, b1)`` that one frame of each survivor allows."""
         layout = self.host.layout
         k, m, S, index = layout.k, layout.m, layout.num_servers, self.host.index
         blocks = np.arange(b0, b1, dtype=np.int64)
@@ -281,9 +354,36 @@ def _selection(ok: np.ndarray):
     return rows if len(rows) else None
 
 
+class _Expected:
+    """What the frames of one ``StreamStripesRequest`` must be: their shape, and how they tile its blocks."""
+
+    def __init__(self, spec, k: int, request: parity_pb2.StreamStripesRequest):
+        self.positions, self.indices = len(request.data_positions), len(request.parity_indices)
+        self.row_bytes, self.k = spec.row_bytes, k
+        self.first, self.end, self.step = request.first_block, request.end_block, request.blocks_per_message
+        self.count = len(range(self.first, self.end, self.step))
+        self.bytes_per_block = frames.block_bytes(self.positions, self.indices, self.row_bytes, k)
+        self.max_frame_bytes = frames.frame_bytes(self.step, self.positions, self.indices, self.row_bytes, k)
+
+    def parse(self, raw) -> frames.Frame:
+        return frames.parse(raw, self.positions, self.indices, self.row_bytes, self.k)
+
+    def check(self, received: list[frames.Frame]) -> None:
+        """Raises ``FrameError`` unless frame ``i`` holds blocks ``[first + i*step, ...)``, all of them."""
+        for i, frame in enumerate(received):
+            due = self.first + i * self.step
+            if (frame.first_block, frame.blocks) != (due, min(self.step, self.end - due)):
+                raise frames.FrameError(f"frame of blocks [{frame.first_block}, {frame.first_block + frame.blocks})"
+                                        f" where [{due}, {min(self.end, due + self.step)}) was due")
+        if len(received) != self.count:
+            raise frames.FrameError(f"{len(received)} frames where {self.count} were due")
+
+
 class _Gathered:
+    """The per-survivor futures of one round, as one future."""
+
     def __init__(self, futures):
         self.futures = futures
 
-    def result(self) -> dict[int, Members | None]:
+    def result(self) -> dict[int, list[frames.Frame] | None]:
         return {s: f.result() for s, f in self.futures.items()}

@@ -14,6 +14,12 @@ from ecrec.config import option
 from ecrec.strategies.spec import options_to_strings, parse_options
 
 
+#: the largest frame of the fast rebuild's streams a survivor sends (a request asking for more is refused)
+MAX_FRAME_BYTES = 64 << 20
+#: how survivors send those frames (``rebuild_transport``)
+TRANSPORTS = ("socket", "grpc")
+
+
 @dataclass(frozen=True)
 class ErasureOptions:
     """``--option KEY=VALUE`` of strategy ``ecrec``."""
@@ -21,6 +27,15 @@ class ErasureOptions:
     backend: str = option("isa_l_rs_vand", f"pyeclib code: one of {', '.join(SUPPORTED_BACKENDS)}")
     rebuild_batch_rows: int = option(32768, "rows rebuilt per background batch (the fast path: rows of this server per "
                                             "round of streamed reads)")
+    rebuild_frame_bytes: int = option(1 << 20, "bytes per message of the fast rebuild's streams (frames of whole "
+                                               f"blocks; at most {MAX_FRAME_BYTES >> 20} MiB)")
+    rebuild_transport: str = option("socket", "how survivors send the fast rebuild's frames: 'socket' (a TCP "
+                                              "connection to a port the replacement opens for each stream, on its "
+                                              "serving host; more than twice gRPC's rate) or 'grpc' (the reply "
+                                              "stream; always on TLS clusters)")
+    rebuild_nice: int = option(19, "OS priority (nice, 0-19) of the threads that rebuild in the background on the "
+                                   "replacement and send its frames on the survivors: where they share cores with "
+                                   "training, training goes first; 0: the same priority as everything else")
     rebuild_pause_s: float = option(0.002, "pause of the background rebuild between batches (s)")
     rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
     rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "
@@ -45,6 +60,13 @@ class ErasureOptions:
         for key in ("rebuild_batch_rows", "max_unconfirmed", "max_batch_bytes", "coalesce_pushes", "coalesce_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 1")
+        if self.rebuild_transport not in TRANSPORTS:
+            raise ValueError(f"strategy {strategy!r}: option rebuild_transport={self.rebuild_transport!r}: "
+                             f"choose one of {list(TRANSPORTS)}")
+        if not 0 <= self.rebuild_nice <= 19:
+            raise ValueError(f"strategy {strategy!r}: rebuild_nice must be in [0, 19]")
+        if not 1 <= self.rebuild_frame_bytes <= MAX_FRAME_BYTES:
+            raise ValueError(f"strategy {strategy!r}: rebuild_frame_bytes must be in [1, {MAX_FRAME_BYTES}]")
         for key in ("rebuild_pause_s", "heartbeat_s", "coalesce_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 0")

@@ -110,8 +110,9 @@ class ParityArena:
         return len(self.built)
 
     # --- tables ------------------------------------------------------------------------------------------
-    def add_table(self, spec: TableSpec) -> TableParity:
-        """Appends a table's parity rows (zeros, built) to the arena."""
+    def add_table(self, spec: TableSpec, allocate=np.zeros) -> TableParity:
+        """Appends a table's parity rows (zeros, built) to the arena; ``allocate(shape, dtype)`` gives the zeroed
+        rows of the arena's first table on the CPU (a promoted standby's come from its reserve)."""
         if spec.row_bytes != self.row_bytes:
             raise ValueError(f"table {spec.name!r} has rows of {spec.row_bytes} bytes, this arena {self.row_bytes}")
         layout, xp = self.layout, self._xp
@@ -120,15 +121,17 @@ class ParityArena:
         with self.lock:
             offset = self.size
             part = TableParity(spec, offset, n, offset + local, stripes, pidx)
-            self.parity = xp.concatenate([self.parity, xp.zeros((n, self.row_bytes), dtype=np.uint8)])
-            self.versions = np.concatenate([self.versions, np.zeros((n, layout.k), dtype=np.int64)])
-            self.built = np.concatenate([self.built, np.ones(n, dtype=bool)])
             to_stripe = np.full(n, -1, dtype=np.int64)
             to_stripe[local] = stripes
             to_pidx = np.zeros(n, dtype=np.int64)
             to_pidx[local] = pidx
-            self.slot_to_stripe = np.concatenate([self.slot_to_stripe, to_stripe])
-            self.slot_to_parity_index = np.concatenate([self.slot_to_parity_index, to_pidx])
+            rows = allocate((n, self.row_bytes), np.uint8) if offset == 0 and xp is np else \
+                xp.zeros((n, self.row_bytes), dtype=np.uint8)
+            new = {"parity": rows, "versions": np.zeros((n, layout.k), np.int64),
+                   "built": np.ones(n, dtype=bool), "slot_to_stripe": to_stripe, "slot_to_parity_index": to_pidx}
+            for name, rows in new.items():  # the first table takes fresh (lazily zeroed) arrays: no copy
+                setattr(self, name, rows if offset == 0 else
+                        (xp if name == "parity" else np).concatenate([getattr(self, name), rows]))
             self.tables[spec.name] = part
         return part
 
@@ -214,6 +217,16 @@ class ParityArena:
         """``(rows, versions, built)`` of ``slots``, read atomically."""
         with self.lock:
             return self.rows(slots), self.versions[slots], self.built[slots].copy()
+
+    def read_into(self, slots: np.ndarray, rows: np.ndarray, versions: np.ndarray, built: np.ndarray) -> None:
+        """Like :meth:`read`, into the caller's host arrays (a frame of the fast rebuild's streams)."""
+        with self.lock:
+            if self.on_device:
+                rows[...] = self.rows(slots)
+            else:
+                np.take(self.parity, slots, axis=0, out=rows)
+            versions[...] = self.versions[slots]
+            built[...] = self.built[slots]
 
     # --- rebuild -------------------------------------------------------------------------------------------
     def mark_unbuilt(self) -> None:

@@ -35,7 +35,7 @@ from ecrec.codec import Codec
 from ecrec.peers import PARITY
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure.bulk import BulkRebuild
+from ecrec.strategies.erasure.bulk import BulkRebuild, lower_priority
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.tables import TableSpec
@@ -445,6 +445,7 @@ class RebuildEngine:
         return time.monotonic() - self.last_request < 0.25
 
     def _background(self) -> None:
+        lower_priority(self.options.rebuild_nice)  # this thread only: requests (on demand included) go first
         t0 = time.perf_counter()
         # the worker that met the failure replays its unconfirmed pushes right after the promotion: let that
         # (and the rows it needs, rebuilt on demand) go first
@@ -513,7 +514,8 @@ class RebuildEngine:
         round), the next round's reads in flight while this one is decoded; rows it cannot do are left to the
         row-by-row loops."""
         if self.bulk is None:
-            self.bulk = BulkRebuild(self.host, self.codec, self.receiver, self.counters)
+            self.bulk = BulkRebuild(self.host, self.codec, self.receiver, self.counters, self.options.rebuild_frame_bytes,
+                                    self.options.rebuild_transport, self.options.rebuild_nice)
         layout = self.host.layout
         per_round = max(1, self.options.rebuild_batch_rows // (layout.k + layout.m))
         rounds = []
@@ -527,14 +529,16 @@ class RebuildEngine:
             return
         t0 = time.perf_counter()
         pending = self.bulk.fetch(rounds[0][0].spec, rounds[0][3], rounds[0][4])
-        for n, (shard, arena, part, b0, b1) in enumerate(rounds):
+        for n, (shard, arena, part, _, _) in enumerate(rounds):
+            waited = time.perf_counter()
             read = pending.result()
+            self.counters["bulk_wait_s"] += time.perf_counter() - waited
             if n + 1 < len(rounds):
                 following = rounds[n + 1]
                 pending = self.bulk.fetch(following[0].spec, following[3], following[4])
             started = time.perf_counter()
             with self.lock:
-                data_rows, parity_rows = self.bulk.rebuild_round(shard, arena, part, b0, b1, read)
+                data_rows, parity_rows = self.bulk.rebuild_round(shard, arena, part, read)
             self.counters["rows_rebuilt"] += data_rows
             self.counters["parity_rows_rebuilt"] += parity_rows
             self.counters["bulk_rows_rebuilt"] += data_rows + parity_rows
@@ -544,6 +548,8 @@ class RebuildEngine:
                 return
             self._yield(time.perf_counter() - started)
         self.counters["bulk_s"] = time.perf_counter() - t0
+        log.info("fast path: %d rows in %.2f s, %.2f s of it waiting for the survivors' streams",
+                 self.counters["bulk_rows_rebuilt"], self.counters["bulk_s"], self.counters["bulk_wait_s"])
 
     def _yield(self, worked_s: float) -> None:
         """Lets training go first: wait while a foreground request rebuilds, then rest so that the

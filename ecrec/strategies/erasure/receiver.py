@@ -55,7 +55,8 @@ class ParityReceiver:
             arena = self.arenas.get(width)
             if arena is None:
                 arena = self.arenas[width] = ParityArena(width, self.host.layout, self.host.index, self.codec)
-        part = arena.add_table(shard.spec)
+        part = arena.add_table(shard.spec, allocate=lambda shape, dtype: self.host.allocate(shard.spec.name, shape,
+                                                                                           dtype))
         if encode:
             arena.encode_initial(part)
         self.parts[shard.spec.name] = (arena, part)

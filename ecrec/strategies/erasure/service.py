@@ -2,28 +2,44 @@
 
 ``ApplyParity`` (owner -> parity server, the direct path), ``Flush`` (deliver everything pending, e.g.
 before a verification), ``ResolveSource`` (replacement -> survivors), ``ReadRows`` (rebuild ->
-stripe members) and ``StreamStripes`` (the fast rebuild path, :mod:`~ecrec.strategies.erasure.bulk`).  Each method checks the request's shape, calls the part that
+stripe members) and ``StreamStripes`` (the fast rebuild path, :mod:`~ecrec.strategies.erasure.bulk`: registered by
+:func:`add_to_server` beside the generated methods, its replies raw frames).  Each method checks the request's shape, calls the part that
 owns the state (:class:`~ecrec.strategies.erasure.receiver.ParityReceiver`, the shards) and turns domain
 errors into gRPC status codes (:func:`ecrec.transport.service_method`); nothing else here.
 """
 
 from __future__ import annotations
 
+import threading
+
+import grpc
 import numpy as np
 
 from ecrec import errors, transport
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure import bulk
+from ecrec.strategies.erasure import bulk, frame_socket, frames
 from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import parity_pb2, parity_pb2_grpc
 
 MAX_FLUSH_S = 60.0
+#: a replacement that stops reading delivered frames this long fails the delivery (s)
+DELIVER_TIMEOUT_S = 30.0
+
+
+def add_to_server(servicer: ParityServicer, server) -> None:
+    """Registers the generated methods and ``StreamStripes``, whose replies (frames, :mod:`~ecrec.strategies.
+    erasure.frames`) gRPC sends as they are, without a protobuf serializer."""
+    parity_pb2_grpc.add_ParityServiceServicer_to_server(servicer, server)
+    handler = grpc.unary_stream_rpc_method_handler(servicer.StreamStripes,
+                                                   request_deserializer=parity_pb2.StreamStripesRequest.FromString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(frames.SERVICE, {frames.METHOD: handler}),))
 
 
 class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
-    def __init__(self, host: StrategyHost, owner: ParityOwner, receiver: ParityReceiver):
+    def __init__(self, host: StrategyHost, owner: ParityOwner, receiver: ParityReceiver, sender_nice: int = 0):
         self.host = host
+        self.sender_nice = sender_nice  # OS priority lowered on the threads that deliver frames
         self.owner = owner
         self.receiver = receiver
 
@@ -63,16 +79,61 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         self.host.require_index()
         shard = self.host.table(request.table)
         self.receiver.part(request.table)
-        bulk.check_request(self.host.layout, shard.spec.num_rows, request)
+        bulk.check_request(self.host.layout, shard.spec, request)
+        if request.deliver_port:
+            return self._deliver(request, self._caller_host(context), context)
         return self._stream(request, context)
 
     def _stream(self, request, context):
         """The reply stream (validated above); a domain error midway ends it with its status."""
         try:
-            yield from bulk.read_blocks(self.host, self.receiver, request)
+            for buffer in bulk.read_blocks(self.host, self.receiver, request):
+                yield buffer.tobytes()
         except errors.EcrecError as exc:
             code, message = transport.grpc_status_of(exc)
             context.abort(code, message)
+
+    def _caller_host(self, context) -> str:
+        """Where frames may be delivered: the host of the calling server as the map lists it (check_peer
+        verified the caller is a server of the map); never an address from the request."""
+        if self.host.peers.security is not None and self.host.peers.security.tls:
+            raise errors.FailedPrecondition("frames are not delivered over a plain connection on a TLS cluster; "
+                                            "ask without deliver_port")
+        caller = dict(context.invocation_metadata() or ()).get("ecrec-caller")
+        m = self.host.cluster_map
+        address = next((s.address for s in (m.servers if m is not None else ()) if caller and s.server_id == caller),
+                       None)
+        if address is None:
+            raise errors.FailedPrecondition("deliver_port needs a caller that is a server of the cluster map "
+                                            "(ecrec-caller metadata)")
+        return address.rsplit(":", 1)[0]
+
+    def _deliver(self, request, caller_host: str, context):
+        """Sends the frames over a connection to the caller (:mod:`~ecrec.strategies.erasure.frame_socket`), on
+        a thread of its own at a lower OS priority (training's requests here go first); the reply stream carries
+        none and ends OK once all were sent."""
+        failed: list[BaseException] = []
+
+        def send() -> None:
+            bulk.lower_priority(self.sender_nice)
+            try:
+                frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
+                                         bulk.read_blocks(self.host, self.receiver, request), DELIVER_TIMEOUT_S)
+            except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
+                failed.append(exc)
+
+        sender = threading.Thread(target=send, name="ecrec-deliver", daemon=True)
+        sender.start()
+        sender.join()
+        if failed and isinstance(failed[0], errors.EcrecError):
+            code, message = transport.grpc_status_of(failed[0])
+            context.abort(code, message)
+        if failed and isinstance(failed[0], OSError):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"delivering frames to {caller_host}:{request.deliver_port} failed: {failed[0]!r}")
+        if failed:
+            raise failed[0]
+        yield from ()
 
     def _read(self, request) -> parity_pb2.ReadRowsReply:
         host = self.host

@@ -21,8 +21,8 @@ from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.rebuild import RebuildEngine, gather_members
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.strategies.erasure.resolution import Resolver
-from ecrec.strategies.erasure.service import ParityServicer
-from ecrec.wire import parity_pb2, parity_pb2_grpc
+from ecrec.strategies.erasure.service import ParityServicer, add_to_server
+from ecrec.wire import parity_pb2
 
 
 class ErasureCoding(FaultToleranceStrategy):
@@ -44,10 +44,14 @@ class ErasureCoding(FaultToleranceStrategy):
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
 
     def services(self):
-        return [(parity_pb2_grpc.add_ParityServiceServicer_to_server,
-                 ParityServicer(self.host, self.owner, self.receiver))]
+        return [(add_to_server, ParityServicer(self.host, self.owner, self.receiver, self.options.rebuild_nice))]
 
     # --- creation ----------------------------------------------------------------------------------------------
+    def reserve_shapes(self, spec) -> list:
+        if self.codec.kernel.name == "gpu":  # the parity rows live on the device
+            return []
+        return [((self.host.layout.parity_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
+
     def on_table_created(self, shard) -> None:
         t0 = time.perf_counter()
         encode = not self.host.promoting

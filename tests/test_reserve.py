@@ -1,0 +1,47 @@
+"""The standby reserve (``ecrec/reserve.py``): zeroed arrays prepared in the background, each handed out once,
+dropped when no longer wanted or after the promotion.  Its use by a promoted standby is checked in
+``test_recovery_fast.py`` (the reserve's size before, nothing left after, every row bit-exact)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ecrec.reserve import Reserve
+
+
+def _prepared(reserve: Reserve, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while reserve.pending:
+        assert time.monotonic() < deadline, "the reserve was not prepared"
+        time.sleep(0.01)
+
+
+def test_a_reserve_prepares_zeroed_arrays_and_hands_each_out_once():
+    reserve = Reserve()
+    reserve.prepare({"a": [((1000, 64), "uint8"), ((10,), "int64")], "b": [((5, 3), "float32")]})
+    _prepared(reserve)
+    assert reserve.nbytes == 1000 * 64 + 80 + 60
+    taken = reserve.take("a", (1000, 64), np.uint8)
+    assert taken.shape == (1000, 64) and taken.dtype == np.uint8 and not taken.any()
+    assert reserve.nbytes == 80 + 60
+    again = reserve.take("a", (1000, 64), np.uint8)  # none left of that shape: a new one
+    assert again is not taken and again.shape == (1000, 64) and not again.any()
+    other = reserve.take("b", (5, 4), np.float32)  # a shape not prepared: a new one, the prepared one stays
+    assert other.shape == (5, 4) and reserve.nbytes == 80 + 60
+    assert reserve.take("b", (5, 3), "float32").dtype == np.float32 and reserve.nbytes == 80
+
+
+def test_a_reserve_drops_tables_no_longer_wanted_and_everything_when_closed():
+    reserve = Reserve()
+    reserve.prepare({"a": [((100,), "uint8")], "b": [((200,), "uint8")]})
+    _prepared(reserve)
+    reserve.prepare({"b": [((200,), "uint8")], "c": [((300,), "uint8")]})  # a dropped, c added
+    _prepared(reserve)
+    assert reserve.nbytes == 500
+    reserve.close()
+    assert reserve.nbytes == 0 and not reserve.pending
+    reserve.prepare({"d": [((10,), "uint8")]})  # closed: nothing more
+    assert reserve.nbytes == 0 and not reserve.pending
+    assert reserve.take("b", (200,), np.uint8).shape == (200,)  # still answers, with new arrays
