@@ -41,6 +41,10 @@ from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.client")
 
+#: the largest reply of one ``ReadPayload`` call of :meth:`Cluster.read_payload` (tables of any size are read
+#: in pieces; the default message limit is 256 MiB)
+READ_PAYLOAD_BYTES = 64 << 20
+
 
 class ClusterError(RuntimeError):
     """A cluster call failed for good (bad input, or no replacement within the retry deadline)."""
@@ -255,12 +259,19 @@ class Cluster:
         return {name: torch.from_numpy(rows) for name, rows in out.items()}
 
     def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order."""
+        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order;
+        read from every server at once in messages of at most :data:`READ_PAYLOAD_BYTES`."""
         spec = self.table_spec(name)
-        replies = self._fan_out("ReadPayload", {i: embedding_pb2.ReadPayloadRequest(table=name, all_rows=True)
-                                                for i in range(self.layout.num_servers)})
-        ids = np.concatenate([transport.bytes_to_ids(r.ids) for r in replies.values()])
-        payload = np.concatenate([np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats) for r in replies.values()])
+        per_message = max(1, READ_PAYLOAD_BYTES // spec.row_bytes)
+        owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
+        ids, payload = [], []
+        for start in range(0, max(len(v) for v in owned.values()), per_message):
+            replies = self._fan_out("ReadPayload", {
+                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(v[start:start + per_message]))
+                for i, v in owned.items() if len(v) > start})
+            ids += [transport.bytes_to_ids(r.ids) for r in replies.values()]
+            payload += [np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats) for r in replies.values()]
+        ids, payload = np.concatenate(ids), np.concatenate(payload)
         order = np.argsort(ids)
         return ids[order], payload[order]
 

@@ -34,8 +34,11 @@ class Reserve:
         self._lock = threading.Lock()
         self._held: dict[str, list[np.ndarray]] = {}
         self._wanted: dict[str, list[Shape]] = {}
-        self._thread: threading.Thread | None = None
+        self._todo: list[tuple[str, Shape]] = []  # what the filler makes next
+        self._making: tuple[str, Shape] | None = None  # what it makes now
+        self._filling = False
         self._closed = False
+        self.used_bytes = 0  # handed out by take()
 
     @property
     def nbytes(self) -> int:
@@ -46,8 +49,7 @@ class Reserve:
     def pending(self) -> bool:
         """Whether arrays wanted are still being prepared."""
         with self._lock:
-            return not self._closed and any(len(self._held.get(name, [])) < len(shapes)
-                                            for name, shapes in self._wanted.items())
+            return bool(self._todo) or self._making is not None
 
     def prepare(self, wanted: dict[str, list[Shape]]) -> None:
         """Makes sure arrays of ``wanted`` (table name -> shapes) are held, preparing the missing ones on a
@@ -58,29 +60,46 @@ class Reserve:
             self._wanted = {name: list(shapes) for name, shapes in wanted.items()}
             for name in [n for n in self._held if n not in wanted]:
                 del self._held[name]
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._fill, name="ecrec-reserve", daemon=True)
-                self._thread.start()
+            self._todo = []
+            for name, shapes in self._wanted.items():
+                have = [(a.shape, a.dtype.name) for a in self._held.get(name, [])]
+                if self._making is not None and self._making[0] == name:
+                    have.append(self._making[1])
+                for shape in shapes:
+                    key = (tuple(shape[0]), np.dtype(shape[1]).name)
+                    if key in have:
+                        have.remove(key)
+                    else:
+                        self._todo.append((name, key))
+            if self._todo and not self._filling:
+                self._filling = True
+                threading.Thread(target=self._fill, name="ecrec-reserve", daemon=True).start()
 
     def _fill(self) -> None:
         t0, made = time.perf_counter(), 0
         while True:
             with self._lock:
-                todo = next(((name, shape) for name, shapes in self._wanted.items()
-                             for shape in shapes[len(self._held.get(name, [])):]), None) if not self._closed else None
-            if todo is None:
-                break
-            name, (shape, dtype) = todo
+                if not self._todo or self._closed:
+                    self._filling, self._making = False, None
+                    break
+                self._making = self._todo.pop(0)
+                name, (shape, dtype) = self._making
             array = np.zeros(shape, dtype=dtype)
             array.reshape(-1)[:: max(1, 4096 // array.itemsize)] = 0  # one write per page: the kernel backs it
             with self._lock:
-                if self._closed or self._wanted.get(name) is None:
-                    continue
-                self._held.setdefault(name, []).append(array)
-            made += array.nbytes
+                self._making = None
+                if not self._closed and name in self._wanted:
+                    self._held.setdefault(name, []).append(array)
+                    made += array.nbytes
         if made:
             log.info("standby reserve: %.0f MB of table memory ready for a promotion in %.2f s", made / 1e6,
                      time.perf_counter() - t0)
+
+    def stop_preparing(self) -> None:
+        """Prepares nothing more (a promotion starts: it takes what is held, allocates the rest itself)."""
+        with self._lock:
+            self._todo = []
+            self._closed = True
 
     def take(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
         """A zeroed array of ``shape`` and ``dtype``: a held one of table ``name`` when there is one, else a
@@ -90,6 +109,7 @@ class Reserve:
             arrays = self._held.get(name, [])
             for i, array in enumerate(arrays):
                 if array.shape == shape and array.dtype == dtype:
+                    self.used_bytes += array.nbytes
                     return arrays.pop(i)
         return np.zeros(shape, dtype=dtype)
 
@@ -97,5 +117,6 @@ class Reserve:
         """Frees everything held and prepares nothing more (after a promotion)."""
         with self._lock:
             self._closed = True
+            self._todo = []
             self._held.clear()
             self._wanted.clear()

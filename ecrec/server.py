@@ -345,7 +345,8 @@ class ServerState:
                 "lease_remaining_s": max(0.0, self.lease.until - time.monotonic()) if self.lease.valid() else 0.0,
                 "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
                 "dense_tensors": len(self.dense_tensors()),
-                "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending}
+                "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending,
+                "standby_reserve_used_bytes": self.reserve.used_bytes}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -376,8 +377,9 @@ class ServerState:
         wanted = {}
         for t in m.tables:
             spec = TableSpec.from_proto(t)
-            rows = ((self._layout.data_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")
-            wanted[spec.name] = [rows, *self.strategy.reserve_shapes(spec)]
+            wanted[spec.name] = [((self._layout.data_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
+        for name, shapes in self.strategy.reserve_shapes([TableSpec.from_proto(t) for t in m.tables]).items():
+            wanted[name] = wanted.get(name, []) + shapes
         return wanted
 
     def allocate(self, table: str, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -457,6 +459,7 @@ class ServerState:
             if self.index >= 0 and self.index != index:
                 raise errors.FailedPrecondition(f"this server already holds index {self.index}")
             self._promoting = True  # first: the map adopted now prepares no more reserve
+            self.reserve.stop_preparing()  # the promotion takes what is held; its tables are created now
             try:
                 self.adopt_map(new_map)
             except BaseException:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections import defaultdict
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -19,8 +21,9 @@ from ecrec.codec import Codec
 from ecrec.config import ClientConfig
 from ecrec.layout import Layout
 from ecrec.strategies.erasure import frame_socket, frames
-from ecrec.strategies.erasure.bulk import position_plan
-from ecrec.wire import parity_pb2
+from ecrec.peers import Peers
+from ecrec.strategies.erasure.bulk import BulkRebuild, position_plan
+from ecrec.wire import cluster_pb2, parity_pb2
 from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
 from ecrec.transport import make_channel
 
@@ -79,18 +82,26 @@ def test_a_frame_round_trips_and_a_frame_not_as_asked_is_refused():
 
 
 @pytest.mark.cluster
-def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(make_cluster):
+def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(make_cluster, monkeypatch):
     """A survivor's side of the fast path, called as the replacement calls it: frames of the blocks asked, each
     position's rows those of the layout, each parity row the encoding of its stripe; bad requests refused with
     a status that names the problem."""
     servers, k, m, index = 4, 2, 1, 2
-    local = make_cluster(servers=servers, standby=0, strategy="ecrec", k=k, m=m,
+    # the replacement of index 0 (later in the test) rebuilds very slowly: it stays RECOVERING, as a caller of
+    # deliveries must be
+    local = make_cluster(servers=servers, standby=1, strategy="ecrec", k=k, m=m,
+                         options={"rebuild_duty": "0.001", "rebuild_batch_rows": "16"},
                          coordinator_options=COORDINATOR_OPTIONS)
     cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
     wait_started(cluster, servers)
     cluster.create_table("t", 1_001, 4, seed=9)
     spec, layout = cluster.table_spec("t"), Layout(servers, k, m)
-    payload = np.ascontiguousarray(cluster.read_payload("t")[1]).view(np.uint8)
+    ids, rows = cluster.read_payload("t")
+    payload = np.ascontiguousarray(rows).view(np.uint8)
+    assert np.array_equal(ids, np.arange(spec.num_rows))
+    monkeypatch.setattr("ecrec.client.READ_PAYLOAD_BYTES", 7 * spec.row_bytes)  # 7 rows per message: many
+    paged_ids, paged = cluster.read_payload("t")
+    assert np.array_equal(paged_ids, ids) and np.array_equal(paged.view(np.uint32), rows.view(np.uint32))
     address = next(s.address for s in cluster.refresh_map().servers if s.index == index)
     call = make_channel(address).unary_stream(frames.FULL_METHOD,
                                               request_serializer=parity_pb2.StreamStripesRequest.SerializeToString)
@@ -120,15 +131,41 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
         (dict(blocks_per_message=-1), grpc.StatusCode.INVALID_ARGUMENT, "blocks_per_message must be >= 0"),
         (dict(blocks_per_message=1 << 30), grpc.StatusCode.INVALID_ARGUMENT, "makes frames of"),
         (dict(table="nope"), grpc.StatusCode.NOT_FOUND, "unknown table 'nope'"),
+        (dict(data_positions=[0, 0]), grpc.StatusCode.INVALID_ARGUMENT, "must not repeat"),
+        (dict(data_positions=[0, 1], parity_indices=[0, 0], blocks_per_message=0), grpc.StatusCode.INVALID_ARGUMENT,
+         "must not repeat"),
     ]:
         fields = dict(table="t", first_block=0, end_block=blocks, data_positions=[0], blocks_per_message=10) | bad
         with pytest.raises(grpc.RpcError) as caught:
             list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30))
         assert caught.value.code() == code and match in caught.value.details(), caught.value.details()
 
-    # over a connection: to the calling server's host as the map lists it, opened with the ticket; the same
-    # frames, none on the reply stream
-    caller = (("ecrec-caller", next(s.server_id for s in cluster.refresh_map().servers if s.index == 0)),)
+    # the replacement's side falls back to the gRPC stream when a survivor refuses the connection (here: the
+    # caller, index 0's server, is not rebuilding) and gets the same frames, for this round and the next
+    m_now = cluster.refresh_map()
+    caller_id = next(s.server_id for s in m_now.servers if s.index == 0)
+    host = SimpleNamespace(layout=layout, index=0, config=SimpleNamespace(host="127.0.0.1"),
+                           peers=Peers(lambda: m_now, None, timeout_s=30, retry_deadline_s=30,
+                                       identity=lambda: (("ecrec-caller", caller_id),)))
+    counters = defaultdict(float)
+    fast = BulkRebuild(host, Codec(k, m, "isa_l_rs_vand", kernel="cpu"), None, counters, frame_bytes=1)
+    server = next(s for s in fast.plan.data if fast.plan.data[s] and fast.plan.parity.get(s))
+    for _ in range(2):
+        fell_back = fast._stream(server, spec, 100, blocks)
+        assert fell_back is not None and fast.transport == "grpc"
+        assert [(f.first_block, f.blocks) for f in fell_back] == [(b, 1) for b in range(100, blocks)]
+    assert counters["bulk_bytes_read"] > 0 and counters["bulk_bytes_over_socket"] == 0
+    fast.close()
+    host.peers.close()
+
+    # over a connection: to the calling server's host as the map lists it (a rebuilding server: the
+    # replacement of index 0), opened with the ticket's MAC; the same frames, none on the reply stream
+    local.kill(local.pid_of_index(0))
+    cluster.pull("t", np.arange(4))  # someone notices; the standby is promoted and rebuilds (slowly)
+    m_now = cluster.refresh_map()
+    replacement = next(s for s in m_now.servers if s.index == 0 and s.state == cluster_pb2.RECOVERING)
+    caller = (("ecrec-caller", replacement.server_id), ("ecrec-epoch", str(m_now.epoch)))
+    active = (("ecrec-caller", next(s.server_id for s in m_now.servers if s.index == 1)),)
     with frame_socket.FrameListener("127.0.0.1", 30) as listener:
         request.deliver_port, request.ticket = listener.port, listener.ticket
         stream = call(request, timeout=30, metadata=caller)
@@ -144,10 +181,13 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     ticket = bytes(frame_socket.TICKET_BYTES)
     for metadata, fields, code, match in [
         ((), dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION, "needs a caller"),
+        (active, dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION,
+         "rebuilding server"),
         ((("ecrec-caller", "stranger"),), dict(deliver_port=closed_port, ticket=ticket),
          grpc.StatusCode.FAILED_PRECONDITION, "not a server of the cluster map"),
         (caller, dict(deliver_port=closed_port, ticket=b"x"), grpc.StatusCode.INVALID_ARGUMENT, "ticket of 16 bytes"),
-        (caller, dict(deliver_port=70000, ticket=ticket), grpc.StatusCode.INVALID_ARGUMENT, "must be a port"),
+        (caller, dict(deliver_port=70000, ticket=ticket), grpc.StatusCode.INVALID_ARGUMENT, "[1024, 65535]"),
+        (caller, dict(deliver_port=80, ticket=ticket), grpc.StatusCode.INVALID_ARGUMENT, "[1024, 65535]"),
         (caller, dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION,
          f"delivering frames to 127.0.0.1:{closed_port} failed"),
     ]:
@@ -155,6 +195,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
         with pytest.raises(grpc.RpcError) as caught:
             list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30, metadata=metadata))
         assert caught.value.code() == code and match in caught.value.details(), caught.value.details()
+    assert any(s.index == 0 and s.state == cluster_pb2.RECOVERING for s in cluster.refresh_map().servers)
 
 
 def test_a_frame_listener_takes_only_the_connection_with_its_ticket():
@@ -169,7 +210,7 @@ def test_a_frame_listener_takes_only_the_connection_with_its_ticket():
     size = frames.frame_bytes(3, 1, 0, 8, 2)
     with frame_socket.FrameListener("127.0.0.1", 10) as listener:
         stranger = socket.create_connection(("127.0.0.1", listener.port))  # first in line, the wrong ticket
-        stranger.sendall(b"x" * frame_socket.TICKET_BYTES)
+        stranger.sendall(listener.ticket + bytes(frame_socket.OPENING_BYTES - frame_socket.TICKET_BYTES))  # not the MAC
         sender = threading.Thread(target=frame_socket.send_frames,
                                   args=("127.0.0.1", listener.port, listener.ticket, buffers, 10))
         sender.start()
@@ -297,9 +338,14 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
     before = {name: cluster.read_payload(name)[1].copy() for name in ("wide", "narrow")}
     layout = Layout(servers, k, m)
     specs = [TableSpec.from_proto(t) for t in cluster.refresh_map().tables]  # wait_started's probe table too
-    shard_bytes = sum((layout.data_slots_per_server(spec.num_rows) + layout.parity_slots_per_server(spec.num_rows))
-                      * spec.row_bytes for spec in specs)
-    assert wait_standby_reserve(cluster)["standby_reserve_bytes"] == (shard_bytes if reserve else 0)
+    first_of_width = {}
+    for spec in specs:  # the parity arena of a row width starts with its first table's rows
+        first_of_width.setdefault(spec.row_bytes, spec.name)
+    shard_bytes = sum(layout.data_slots_per_server(spec.num_rows) * spec.row_bytes for spec in specs) + sum(
+        layout.parity_slots_per_server(spec.num_rows) * spec.row_bytes for spec in specs
+        if first_of_width[spec.row_bytes] == spec.name)
+    prepared = wait_standby_reserve(cluster)["standby_reserve_bytes"]
+    assert prepared == (shard_bytes if reserve else 0)
     t_kill = time.time()
     local.kill(local.pid_of_index(victim))
     cluster.pull("narrow", np.arange(100))  # someone notices; the standby is promoted
@@ -310,6 +356,7 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
     assert stats["bulk_rows_rebuilt"] >= 0.5 * held > 0
     assert stats["bulk_bytes_read"] > 10 * 600 * 24 * 8  # many rounds were read
     assert stats["bulk_bytes_over_socket"] == (stats["bulk_bytes_read"] if transport == "socket" else 0)
+    assert stats["server"]["standby_reserve_used_bytes"] == prepared  # the promotion took all of it
     assert stats["server"]["standby_reserve_bytes"] == 0 and not stats["server"]["standby_reserve_pending"]
     for name in before:
         assert np.array_equal(cluster.read_payload(name)[1].view(np.uint32), before[name].view(np.uint32)), name

@@ -45,3 +45,21 @@ def test_a_reserve_drops_tables_no_longer_wanted_and_everything_when_closed():
     reserve.prepare({"d": [((10,), "uint8")]})  # closed: nothing more
     assert reserve.nbytes == 0 and not reserve.pending
     assert reserve.take("b", (200,), np.uint8).shape == (200,)  # still answers, with new arrays
+
+
+def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_told():
+    reserve = Reserve()
+    for n in range(30):  # the second prepare often meets the filler finishing the first
+        reserve.prepare({f"a{n}": [((1000,), "uint8")]})
+        reserve.prepare({f"a{n}": [((1000,), "uint8")], f"b{n}": [((2000,), "uint8")]})
+        _prepared(reserve)
+        assert reserve.nbytes == 3000, n
+    reserve.prepare({"big": [((16 << 20,), "uint8")] * 16})  # 256 MB: tens of milliseconds to make
+    taken = reserve.take("big", (16 << 20,), np.uint8)  # likely before the filler made one: a new one then
+    assert taken.shape == (16 << 20,) and not taken.any()
+    reserve.stop_preparing()  # a promotion starts
+    _prepared(reserve)
+    held = reserve.nbytes
+    time.sleep(0.2)
+    assert reserve.nbytes == held <= 4 * (16 << 20)  # nothing made after the stop (not the 16 asked for)
+    assert reserve.take("big", (16 << 20,), np.uint8).shape == (16 << 20,)  # what is held is still handed out

@@ -140,8 +140,9 @@ class StrategyHost(Protocol):
 
     def check_peer(self, context) -> None: ...  # a server-to-server call from a current server of the map
 
-    def refresh_map(self) -> None: ...
-    def allocate(self, table: str, shape: tuple, dtype) -> np.ndarray: ...  # zeroed; a standby's reserve when it has one  # fetch the coordinator's map now
+    def refresh_map(self) -> None: ...  # fetch the coordinator's map now
+
+    def allocate(self, table: str, shape: tuple, dtype) -> np.ndarray: ...  # zeroed; from a standby's reserve
 
     def tables(self) -> "list[TableShard]": ...  # every table shard, by name
 
@@ -176,11 +177,11 @@ class FaultToleranceStrategy:
         """``(add_XServicer_to_server, servicer)`` pairs the server registers for this strategy."""
         return []
 
-    def reserve_shapes(self, spec) -> list[tuple[tuple[int, ...], str]]:
-        """Large zeroed arrays (``(shape, dtype name)``) this strategy allocates per table on a promoted
-        replacement, for a standby to prepare in advance (:mod:`ecrec.reserve`; taken through
-        ``host.allocate``)."""
-        return []
+    def reserve_shapes(self, specs: list) -> dict[str, list[tuple[tuple[int, ...], str]]]:
+        """Large zeroed arrays (``(shape, dtype name)`` by table name) this strategy allocates when a promoted
+        replacement creates ``specs`` in this order, for a standby to prepare in advance (:mod:`ecrec.reserve`;
+        taken through ``host.allocate``)."""
+        return {}
 
     def on_table_created(self, shard: "TableShard") -> None:
         pass

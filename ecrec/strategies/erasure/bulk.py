@@ -51,7 +51,7 @@ from ecrec.wire import parity_pb2
 log = logging.getLogger("ecrec.strategies.erasure")
 
 #: bytes per frame when the caller does not choose (the replacement asks for ``rebuild_frame_bytes``)
-MESSAGE_BYTES = ErasureOptions.rebuild_frame_bytes
+FRAME_BYTES = ErasureOptions.rebuild_frame_bytes
 #: a stream that stalls this long is given up (its rows go to the row-by-row path)
 STREAM_TIMEOUT_S = 60.0
 
@@ -115,22 +115,32 @@ def check_request(layout: Layout, spec, request: parity_pb2.StreamStripesRequest
                                     f"out of range [0, {blocks})")
     if any(t >= layout.k for t in request.data_positions) or any(j >= layout.m for j in request.parity_indices):
         raise errors.InvalidRequest(f"data positions must be < k={layout.k} and parity indices < m={layout.m}")
+    if len(set(request.data_positions)) != len(request.data_positions) or \
+            len(set(request.parity_indices)) != len(request.parity_indices):
+        raise errors.InvalidRequest("data positions and parity indices must not repeat")
     if request.blocks_per_message < 0:
         raise errors.InvalidRequest("blocks_per_message must be >= 0")
-    if request.deliver_port and (request.deliver_port > 65535 or len(request.ticket) != frame_socket.TICKET_BYTES):
-        raise errors.InvalidRequest(f"deliver_port must be a port (got {request.deliver_port}) with a ticket of "
-                                    f"{frame_socket.TICKET_BYTES} bytes (got {len(request.ticket)})")
-    size = frames.frame_bytes(request.blocks_per_message, len(request.data_positions), len(request.parity_indices),
-                              spec.row_bytes, layout.k)
+    if request.deliver_port and not (1024 <= request.deliver_port <= 65535
+                                     and len(request.ticket) == frame_socket.TICKET_BYTES):
+        raise errors.InvalidRequest(f"deliver_port must be a port in [1024, 65535] (got {request.deliver_port}) with a "
+                                    f"ticket of {frame_socket.TICKET_BYTES} bytes (got {len(request.ticket)})")
+    step = frame_step(spec, layout, request)
+    size = frames.frame_bytes(step, len(request.data_positions), len(request.parity_indices), spec.row_bytes, layout.k)
     if size > MAX_FRAME_BYTES:
         raise errors.InvalidRequest(f"blocks_per_message={request.blocks_per_message} makes frames of {size} bytes, "
                                     f"more than {MAX_FRAME_BYTES}")
 
 
-def blocks_per_frame(spec, layout: Layout, positions: int, indices: int, frame_bytes: int = MESSAGE_BYTES) -> int:
+def blocks_per_frame(spec, layout: Layout, positions: int, indices: int, frame_bytes: int = FRAME_BYTES) -> int:
     """Blocks per frame of about ``frame_bytes`` for these positions and indices (at least one)."""
     per_block = frames.block_bytes(positions, indices, spec.row_bytes, layout.k)
     return max(1, frame_bytes // max(per_block, 1))
+
+
+def frame_step(spec, layout: Layout, request: parity_pb2.StreamStripesRequest) -> int:
+    """The blocks per frame a survivor sends for ``request`` (its ``blocks_per_message``, else the default)."""
+    return request.blocks_per_message or blocks_per_frame(spec, layout, len(request.data_positions),
+                                                          len(request.parity_indices))
 
 
 def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest
@@ -145,7 +155,7 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
     arena, part = receiver.part(request.table)
     positions = [int(t) for t in request.data_positions]
     pidx = np.array(request.parity_indices, dtype=np.int64)
-    step = request.blocks_per_message or blocks_per_frame(shard.spec, layout, len(positions), len(pidx))
+    step = frame_step(shard.spec, layout, request)
     num_stripes = layout.num_stripes(shard.spec.num_rows)
     for b0 in range(request.first_block, request.end_block, step):
         b1 = min(request.end_block, b0 + step)
@@ -171,7 +181,7 @@ class BulkRebuild:
     survivor, then :meth:`rebuild_round` installs what they allow."""
 
     def __init__(self, host: StrategyHost, codec: Codec, receiver: ParityReceiver, counters,
-                 frame_bytes: int = MESSAGE_BYTES, transport_name: str = "socket", nice: int = 0):
+                 frame_bytes: int = FRAME_BYTES, transport_name: str = "socket", nice: int = 0):
         self.host = host
         self.frame_bytes = frame_bytes
         tls = host.peers.security is not None and host.peers.security.tls
@@ -181,6 +191,7 @@ class BulkRebuild:
         self.counters = counters
         self.plan = position_plan(host.layout, host.index)
         self.decode = {t: codec.data_decode_coefficients(t, 0) for t in range(host.layout.k)}
+        self._counters_lock = threading.Lock()  # the streams of a round count from several threads
         self._pool = ThreadPoolExecutor(max_workers=max(2, host.layout.num_servers), thread_name_prefix="ecrec-bulk",
                                         initializer=lower_priority, initargs=(nice,))
 
@@ -224,8 +235,9 @@ class BulkRebuild:
                         "row", server, spec.name, exc, b0, b1)
             return None
         read = sum(expect.bytes_per_block * f.blocks for f in received)
-        self.counters["bulk_bytes_read"] += read
-        self.counters["bulk_bytes_over_socket"] += read if over_socket else 0
+        with self._counters_lock:
+            self.counters["bulk_bytes_read"] += read
+            self.counters["bulk_bytes_over_socket"] += read if over_socket else 0
         return received
 
     def _call(self, address: str):
@@ -234,7 +246,13 @@ class BulkRebuild:
 
     def _over_grpc(self, address: str, request, expect: "_Expected") -> list[frames.Frame]:
         stream = self._call(address)(request, timeout=STREAM_TIMEOUT_S, metadata=self.host.peers.metadata())
-        return [expect.parse(raw) for raw in stream]
+        received = []
+        for raw in stream:
+            if len(received) == expect.count:
+                stream.cancel()
+                raise frames.FrameError(f"more than the {expect.count} frames due")
+            received.append(expect.parse(raw))
+        return received
 
     def _over_socket(self, address: str, request, expect: "_Expected") -> list[frames.Frame] | None:
         """The frames over a connection the survivor opens to this server (:mod:`~ecrec.strategies.erasure.
@@ -244,8 +262,10 @@ class BulkRebuild:
         except OSError as exc:
             return self._socket_refused(f"cannot listen on {self.host.config.host}: {exc!r}")
         with listener:
-            request.deliver_port, request.ticket = listener.port, listener.ticket
-            stream = self._call(address)(request, timeout=STREAM_TIMEOUT_S, metadata=self.host.peers.metadata())
+            asked = parity_pb2.StreamStripesRequest()  # a copy: a fallback sends ``request`` as it came
+            asked.CopyFrom(request)
+            asked.deliver_port, asked.ticket = listener.port, listener.ticket
+            stream = self._call(address)(asked, timeout=STREAM_TIMEOUT_S, metadata=self.host.peers.metadata())
             # a call that fails (delivery refused or impossible) stops the wait for its connection at once
             stream.add_done_callback(lambda call: call.code() == grpc.StatusCode.OK or listener.close())
             try:

@@ -6,11 +6,12 @@ more than twice that at half the CPU.  So the replacement asks for its rows with
 (``StreamStripes``: authenticated, fenced, with a deadline) carrying a port and a one-time ticket, and the
 survivor, once the call passed every check, connects to that port *on the caller's own host as the cluster
 map lists it* (never an address the request names: a caller cannot turn a survivor into a sender of table
-rows to anywhere else), sends the ticket, then its frames, and ends the call OK.
+rows to anywhere else), sends a MAC of the ticket (:func:`opening`: not bytes the caller chose), then its
+frames, and ends the call OK.
 
 - :class:`FrameListener` (the replacement): one listening socket per stream, on the replacement's serving
-  host; accepts until a connection presents the ticket (others are closed), then reads whole frames.
-- :func:`send_frames` (the survivor): connects, sends the ticket and each frame buffer as it is (no copy).
+  host; accepts until a connection opens with the ticket's MAC (others are closed), then reads whole frames.
+- :func:`send_frames` (the survivor): connects, sends the opening and each frame buffer as it is (no copy).
 
 Not used on TLS clusters (the rows would travel in clear): there the frames stay on the gRPC stream.
 Every blocking step has a timeout; a failure is an ``OSError`` or a :class:`~ecrec.strategies.erasure.frames.
@@ -19,9 +20,11 @@ FrameError` naming what happened, and the caller falls back to the gRPC stream.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterable
 
@@ -30,6 +33,15 @@ import numpy as np
 from ecrec.strategies.erasure import frames
 
 TICKET_BYTES = 16
+#: what a survivor sends first: a fixed tag, then a MAC of the ticket (never the ticket itself, so that a caller
+#: cannot choose the first bytes a survivor sends to a port of its choice)
+OPENING_TAG = b"ECRECFS1"
+OPENING_BYTES = len(OPENING_TAG) + 32
+
+
+def opening(ticket: bytes) -> bytes:
+    """The first bytes of a delivery opened with ``ticket``."""
+    return OPENING_TAG + hmac.new(ticket, b"ecrec stripe frames", hashlib.sha256).digest()
 
 
 class FrameListener:
@@ -84,27 +96,32 @@ class FrameListener:
             return out
 
     def _accept(self, deadline: float) -> socket.socket:
+        expected = opening(self.ticket)
         while True:
             self._sock.settimeout(max(0.001, deadline - time.monotonic()))
             conn, _ = self._sock.accept()
-            ticket = bytearray(TICKET_BYTES)
+            first = bytearray(OPENING_BYTES)
             try:
-                _read_exactly(conn, memoryview(ticket), min(deadline, time.monotonic() + 5.0))
-                if hmac.compare_digest(bytes(ticket), self.ticket):
+                _read_exactly(conn, memoryview(first), min(deadline, time.monotonic() + 5.0))
+                if hmac.compare_digest(bytes(first), expected):
                     return conn
             except OSError:
                 pass
             conn.close()  # not the survivor asked (or it gave up): wait for the right one
 
 
-def send_frames(host: str, port: int, ticket: bytes, buffers: Iterable[np.ndarray], timeout_s: float) -> int:
-    """The survivor's end: connects to ``host:port``, sends ``ticket`` then every frame buffer; returns the
-    bytes sent.  Raises ``OSError`` when the replacement cannot be reached or stops reading."""
+def send_frames(host: str, port: int, ticket: bytes, buffers: Iterable[np.ndarray], timeout_s: float,
+                stop: threading.Event | None = None) -> int:
+    """The survivor's end: connects to ``host:port``, sends the :func:`opening` of ``ticket`` then every frame
+    buffer; returns the bytes sent.  Raises ``OSError`` when the replacement cannot be reached or stops
+    reading, ``ConnectionAbortedError`` when ``stop`` is set (the call was cancelled)."""
     sent = 0
     with socket.create_connection((host.strip("[]"), port), timeout=timeout_s) as conn:
         conn.settimeout(timeout_s)
-        conn.sendall(ticket)
+        conn.sendall(opening(ticket))
         for buffer in buffers:
+            if stop is not None and stop.is_set():
+                raise ConnectionAbortedError("the call was cancelled")
             conn.sendall(memoryview(buffer))
             sent += len(buffer)
     return sent

@@ -82,8 +82,8 @@ def _views(buffer: np.ndarray, blocks: int, p: int, j: int, row_bytes: int, k: i
 
 def allocate(first_block: int, blocks: int, positions: int, indices: int, row_bytes: int, k: int
              ) -> tuple[np.ndarray, Frame]:
-    """A frame's buffer (header written) and writable views of its sections, for the sender to fill; send
-    ``buffer.tobytes()``."""
+    """A frame's buffer (header written) and writable views of its sections, for the sender to fill; the
+    buffer is what goes on the wire (as it is over a connection, as ``bytes`` on the gRPC stream)."""
     buffer = np.empty(frame_bytes(blocks, positions, indices, row_bytes, k), np.uint8)
     buffer[:HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, VERSION, k, first_block, blocks, positions, indices,
                                                      row_bytes), np.uint8)

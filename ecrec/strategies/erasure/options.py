@@ -34,8 +34,10 @@ class ErasureOptions:
                                               "serving host; more than twice gRPC's rate) or 'grpc' (the reply "
                                               "stream; always on TLS clusters)")
     rebuild_nice: int = option(19, "OS priority (nice, 0-19) of the threads that rebuild in the background on the "
-                                   "replacement and send its frames on the survivors: where they share cores with "
-                                   "training, training goes first; 0: the same priority as everything else")
+                                   "replacement and of the survivors' threads that send its frames over a "
+                                   "connection: where they share cores with training, training goes first (a "
+                                   "request that needs a lock such a thread holds waits for it at that priority); "
+                                   "0: the same priority as everything else")
     rebuild_pause_s: float = option(0.002, "pause of the background rebuild between batches (s)")
     rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
     rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "

@@ -20,7 +20,7 @@ from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure import bulk, frame_socket, frames
 from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
-from ecrec.wire import parity_pb2, parity_pb2_grpc
+from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc
 
 MAX_FLUSH_S = 60.0
 #: a replacement that stops reading delivered frames this long fails the delivery (s)
@@ -101,11 +101,11 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
                                             "ask without deliver_port")
         caller = dict(context.invocation_metadata() or ()).get("ecrec-caller")
         m = self.host.cluster_map
-        address = next((s.address for s in (m.servers if m is not None else ()) if caller and s.server_id == caller),
-                       None)
+        address = next((s.address for s in (m.servers if m is not None else ())
+                        if caller and s.server_id == caller and s.state == cluster_pb2.RECOVERING), None)
         if address is None:
-            raise errors.FailedPrecondition("deliver_port needs a caller that is a server of the cluster map "
-                                            "(ecrec-caller metadata)")
+            raise errors.FailedPrecondition("deliver_port needs a caller that is a rebuilding server of the cluster "
+                                            "map (ecrec-caller metadata; state RECOVERING)")
         return address.rsplit(":", 1)[0]
 
     def _deliver(self, request, caller_host: str, context):
@@ -113,12 +113,15 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         a thread of its own at a lower OS priority (training's requests here go first); the reply stream carries
         none and ends OK once all were sent."""
         failed: list[BaseException] = []
+        cancelled = threading.Event()
+        context.add_callback(cancelled.set)  # the call ended (cancelled by the caller, its deadline): stop sending
 
         def send() -> None:
             bulk.lower_priority(self.sender_nice)
             try:
                 frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
-                                         bulk.read_blocks(self.host, self.receiver, request), DELIVER_TIMEOUT_S)
+                                         bulk.read_blocks(self.host, self.receiver, request), DELIVER_TIMEOUT_S,
+                                         stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)
 

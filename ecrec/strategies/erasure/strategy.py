@@ -47,10 +47,16 @@ class ErasureCoding(FaultToleranceStrategy):
         return [(add_to_server, ParityServicer(self.host, self.owner, self.receiver, self.options.rebuild_nice))]
 
     # --- creation ----------------------------------------------------------------------------------------------
-    def reserve_shapes(self, spec) -> list:
-        if self.codec.kernel.name == "gpu":  # the parity rows live on the device
-            return []
-        return [((self.host.layout.parity_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
+    def reserve_shapes(self, specs: list) -> dict:
+        """The parity rows of the first table of each row width (the arena of that width starts with its rows;
+        later tables of the width are appended to a copy); none when they live on the GPU."""
+        if self.codec.kernel.name == "gpu":
+            return {}
+        first = {}
+        for spec in specs:
+            first.setdefault(spec.row_bytes, spec)
+        return {spec.name: [((self.host.layout.parity_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
+                for spec in first.values()}
 
     def on_table_created(self, shard) -> None:
         t0 = time.perf_counter()
