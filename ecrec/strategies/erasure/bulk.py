@@ -4,8 +4,10 @@ Placement is block-periodic (``ecrec.layout``): in block ``b`` (stripes ``b*S ..
 holds data slots ``b*k .. b*k+k-1`` and parity slots ``b*m .. b*m+m-1``, and which member of which of the
 replacement's stripes a survivor holds at each of those positions is the same in every block.  So the
 replacement asks each survivor once per *round* of blocks for the positions it needs
-(``ParityService.StreamStripes``: one request, the rows streamed several blocks per message, all
-survivors at once, the next round fetched while this one is decoded), then per position:
+(``ParityService.StreamStripes``: one request, the rows sent as frames of several blocks, the same blocks
+per frame from every survivor (:mod:`~ecrec.strategies.erasure.frames`), over a direct connection
+(:mod:`~ecrec.strategies.erasure.frame_socket`) or the reply stream, all survivors at once, the next round
+fetched while this one is decoded), then, frame by frame, per position:
 
 - a data row ``t``: the stripe's other ``k - 1`` data rows and its parity 0, decoded as one linear
   combination over whole arrays (``Codec.combine`` with ``Codec.data_decode_coefficients``: ISA-L, no
@@ -13,7 +15,7 @@ survivors at once, the next round fetched while this one is decoded), then per p
 - a parity row ``j``: the stripe's ``k`` data rows, encoded the same way with the code's coefficients.
 
 Every survivor sends each position's rows as one contiguous run (position-major), so the decoder works on
-the received arrays without gathering them.
+the received buffers without gathering or copying them.
 
 Only rows whose members were all read ready, and whose versions agree (the parity's version vector equals
 the data rows' versions: no delta in flight), are installed; everything else (a member on a failed or
