@@ -148,6 +148,18 @@ def test_throughput_while_recovering_counts_every_worker():
     assert row["lost_training_s"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_a_worker_done_before_the_kill_is_left_out_of_the_failure_figures():
+    """Two workers at different paces: rank 1 finished its steps before the kill (it met nothing), rank 0 keeps
+    its pace through it: the figures are rank 0's (they used to fail: 'no step ends after the failure')."""
+    records = [dict(r, rank=0) for r in _records(list(range(40)))]
+    records += [dict(r, rank=1) for r in _records(list(range(10)), dt=0.05)]  # done at 0.5 s
+    records.sort(key=lambda r: r["end"])
+    events = [{"kind": "promoted", "index": 1, "wall_time": 2.05}]
+    row = compare.summarize("none", _fake_run(records, kill_t=2.0, events=events), None, {"fail_server": 1}, 20)
+    assert row["max_stall_s"] == pytest.approx(0.1) and row["promotion_s"] == pytest.approx(0.05)
+    assert row["lost_training_s"] is not None and row["throughput_during_recovery_ratio"] is not None
+
+
 # --- the workloads and launchers a user can pick, end to end at a small size ---------------------------------
 
 @pytest.fixture

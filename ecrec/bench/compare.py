@@ -673,10 +673,11 @@ def failure_figures(records: list[dict], events: list[dict], kill_t: float, next
         if back is not None or (redundant and kind != "none") else mine[-1]["end"]
     window_end = min(end_t, mine[-1]["end"])
     ranks = sorted({r.get("rank", 0) for r in mine})
+    met = sorted({r.get("rank", 0) for r in mine if r["end"] > kill_t})  # a worker done before the kill met nothing
     # several workers step side by side: each one's timeline is costed at its share of the rate, and the
-    # job's figures are their mean (the workers lose the same time in parallel, not one after the other)
+    # job's figures are the mean over the workers that met the failure (they lose the same time in parallel)
     costs = [failure_cost([r for r in mine if r.get("rank", 0) == rank], kill_t, window_end, rate / len(ranks))
-             for rank in ranks]
+             for rank in met]
     merged = {k: float(np.mean([c.to_dict()[k] for c in costs])) for k in costs[0].to_dict() if k != "kill_t"}
     merged["useful_samples"] = int(sum(c.useful_samples for c in costs))
     out.update(merged)
