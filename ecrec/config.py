@@ -74,12 +74,18 @@ class SecurityOptions:
         return cached
 
 
+#: bind addresses that mean "every interface" (not an address to reach a server at)
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
 @dataclass
 class ServerConfig(SecurityOptions):
     """Settings of one ``ecrec-server serve`` process."""
 
     coordinator: str = option(REQUIRED, "coordinator address host:port")
     host: str = option("127.0.0.1", "address to bind")
+    advertise_host: str | None = option(None, "address other processes reach this server at, put in the cluster "
+                                              "map (default: --host; needed when --host is a wildcard such as 0.0.0.0)")
     port: int = option(0, "port (0: any free port)")
     device: Literal["cpu", "cuda"] = option("cpu", "where parity kernels run", choices=("cpu", "cuda"))
     standby: bool = option(False, "register as a spare that replaces a failed server")
@@ -93,6 +99,17 @@ class ServerConfig(SecurityOptions):
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
     fault_spec: str = option("", "fault injection for tests (point@count,...); read from ECREC_FAULT", cli=False)
+
+    @property
+    def public_host(self) -> str:
+        """The host in this server's addresses in the cluster map (``advertise_host``, else ``host``); raises
+        ValueError for a wildcard ``host`` without ``advertise_host`` (no other process could reach it)."""
+        if self.advertise_host:
+            return self.advertise_host
+        if self.host.strip("[]") in WILDCARD_HOSTS:
+            raise ValueError(f"--host {self.host} binds every interface, so it is no address other processes can "
+                             "reach this server at: pass --advertise-host with one (e.g. this host's IP)")
+        return self.host
 
 
 @dataclass

@@ -775,6 +775,7 @@ class EmbeddingServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         check_device(config.device)  # before binding or registering: a server that cannot serve takes no index
+        public_host = config.public_host  # a wildcard --host without --advertise-host raises here, before binding
         security = config.security  # reads the certificate, key, CA and token files (an unusable one raises here)
         self._grpc = transport.make_server(config.max_workers, config.max_message_bytes, security)
         services = transport.LateServices()
@@ -785,7 +786,7 @@ class EmbeddingServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.port = transport.bind(self._grpc, config.host, config.port, security)
-        self.state.address = f"{config.host}:{self.port}"
+        self.state.address = f"{public_host}:{self.port}"
         # the coordinator's health checks have threads of their own: a server busy with pushes still answers
         self._health_grpc = transport.make_server(2, security=security)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
@@ -816,7 +817,7 @@ class EmbeddingServer:
         deadline = time.monotonic() + timeout_s
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
-            want_index=self.config.want_index, health_address=f"{self.config.host}:{self.health_port}",
+            want_index=self.config.want_index, health_address=f"{self.config.public_host}:{self.health_port}",
         )
         while True:
             sent = time.monotonic()

@@ -81,5 +81,19 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and r.stdout == ""
     assert "ecrec-server coordinator: option dir='memory://ckpt': fsspec's memory filesystem lives inside one process" \
         in r.stderr
+    # a wildcard bind address is no address to reach a server at: refused before anything binds or registers
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--host", "0.0.0.0")
+    assert r.returncode == 2 and "--host 0.0.0.0 binds every interface" in r.stderr and "--advertise-host" in r.stderr
     r = run("local", "--servers", "2", "--option", "novalue")
     assert r.returncode == 2 and "ecrec-server local: --option takes KEY=VALUE, got 'novalue'" in r.stderr
+
+
+def test_a_servers_address_in_the_map_is_its_advertised_host():
+    from ecrec.config import ServerConfig
+
+    assert ServerConfig(coordinator="c:1", host="0.0.0.0", advertise_host="10.1.2.3").public_host == "10.1.2.3"
+    assert ServerConfig(coordinator="c:1", host="127.0.0.1").public_host == "127.0.0.1"
+    assert ServerConfig(coordinator="c:1", host="127.0.0.1", advertise_host="h.example").public_host == "h.example"
+    for wildcard in ("0.0.0.0", "::", "[::]"):
+        with pytest.raises(ValueError, match="--advertise-host"):
+            ServerConfig(coordinator="c:1", host=wildcard).public_host
