@@ -374,11 +374,10 @@ class ServerState:
     def _reserve_wanted(self, m: cluster_pb2.ClusterMap) -> dict:
         """The arrays a promotion of this standby would allocate for each table of ``m`` (every index's shard
         has the same shape): the shard's rows and what the strategy keeps per row."""
-        wanted = {}
-        for t in m.tables:
-            spec = TableSpec.from_proto(t)
-            wanted[spec.name] = [((self._layout.data_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
-        for name, shapes in self.strategy.reserve_shapes([TableSpec.from_proto(t) for t in m.tables]).items():
+        specs = [TableSpec.from_proto(t) for t in m.tables]
+        wanted = {spec.name: [((self._layout.data_slots_per_server(spec.num_rows), spec.row_bytes), "uint8")]
+                  for spec in specs}
+        for name, shapes in self.strategy.reserve_shapes(specs).items():
             wanted[name] = wanted.get(name, []) + shapes
         return wanted
 
@@ -775,7 +774,7 @@ class EmbeddingServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         check_device(config.device)  # before binding or registering: a server that cannot serve takes no index
-        public_host = config.public_host  # a wildcard --host without --advertise-host raises here, before binding
+        self.public_host = config.public_host  # a wildcard --host without --advertise-host raises here
         security = config.security  # reads the certificate, key, CA and token files (an unusable one raises here)
         self._grpc = transport.make_server(config.max_workers, config.max_message_bytes, security)
         services = transport.LateServices()
@@ -786,7 +785,7 @@ class EmbeddingServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.port = transport.bind(self._grpc, config.host, config.port, security)
-        self.state.address = f"{public_host}:{self.port}"
+        self.state.address = f"{self.public_host}:{self.port}"
         # the coordinator's health checks have threads of their own: a server busy with pushes still answers
         self._health_grpc = transport.make_server(2, security=security)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
@@ -817,7 +816,7 @@ class EmbeddingServer:
         deadline = time.monotonic() + timeout_s
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
-            want_index=self.config.want_index, health_address=f"{self.config.public_host}:{self.health_port}",
+            want_index=self.config.want_index, health_address=f"{self.public_host}:{self.health_port}",
         )
         while True:
             sent = time.monotonic()

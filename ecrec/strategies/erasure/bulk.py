@@ -165,15 +165,16 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
         buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
         for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
             shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+        suspects = receiver.suspect_sources() if len(pidx) else None
+        unresolved = receiver.unresolved_slots(arena, suspects) if suspects else None
         for c, j in enumerate(pidx):
             slots = part.arena_slots(j + blocks * m)
             arena.read_into(slots, frame.parity[c], frame.parity_versions[c], frame.parity_ready[c])
             stripes = blocks * S + (host.index - k - j) % S
             ready = frame.parity_ready[c]
             ready[stripes >= num_stripes] = 0
-            suspects = receiver.suspect_sources()
-            if suspects:
-                ready[np.isin(slots, receiver.unresolved_slots(arena, suspects))] = 0
+            if unresolved is not None:
+                ready[np.isin(slots, unresolved)] = 0
         yield buffer
 
 
@@ -192,6 +193,7 @@ class BulkRebuild:
         self.receiver = receiver
         self.counters = counters
         self.plan = position_plan(host.layout, host.index)
+        self.survivors = sorted(set(self.plan.data) | set(self.plan.parity))  # every server this one reads from
         self.decode = {t: codec.data_decode_coefficients(t, 0) for t in range(host.layout.k)}
         self._counters_lock = threading.Lock()  # the streams of a round count from several threads
         self._pool = ThreadPoolExecutor(max_workers=max(2, host.layout.num_servers), thread_name_prefix="ecrec-bulk",
@@ -203,9 +205,8 @@ class BulkRebuild:
     def frame_blocks(self, spec) -> int:
         """Blocks per frame, the same from every survivor (so that frame ``i`` of each covers the same
         blocks): about ``frame_bytes`` from the survivor sending the most per block."""
-        servers = set(self.plan.data) | set(self.plan.parity)
         return min(blocks_per_frame(spec, self.host.layout, len(self.plan.data.get(s, [])),
-                                    len(self.plan.parity.get(s, [])), self.frame_bytes) for s in servers)
+                                    len(self.plan.parity.get(s, [])), self.frame_bytes) for s in self.survivors)
 
     # --- reading -----------------------------------------------------------------------------------------------
     def _stream(self, server: int, spec, b0: int, b1: int) -> list[frames.Frame] | None:
@@ -294,8 +295,7 @@ class BulkRebuild:
     def fetch(self, spec, b0: int, b1: int):
         """Starts reading blocks ``[b0, b1)`` from every survivor at once; returns a future of
         ``{server: [frame, ...] | None}`` (every survivor's frame ``i`` covers the same blocks)."""
-        servers = sorted(set(self.plan.data) | set(self.plan.parity))
-        futures = {s: self._pool.submit(self._stream, s, spec, b0, b1) for s in servers}
+        futures = {s: self._pool.submit(self._stream, s, spec, b0, b1) for s in self.survivors}
         return _Gathered(futures)
 
     # --- decoding and installing ---------------------------------------------------------------------------------

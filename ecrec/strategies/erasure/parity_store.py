@@ -125,13 +125,13 @@ class ParityArena:
             to_stripe[local] = stripes
             to_pidx = np.zeros(n, dtype=np.int64)
             to_pidx[local] = pidx
-            rows = allocate((n, self.row_bytes), np.uint8) if offset == 0 and xp is np else \
+            parity = allocate((n, self.row_bytes), np.uint8) if offset == 0 and xp is np else \
                 xp.zeros((n, self.row_bytes), dtype=np.uint8)
-            new = {"parity": rows, "versions": np.zeros((n, layout.k), np.int64),
+            new = {"parity": parity, "versions": np.zeros((n, layout.k), np.int64),
                    "built": np.ones(n, dtype=bool), "slot_to_stripe": to_stripe, "slot_to_parity_index": to_pidx}
-            for name, rows in new.items():  # the first table takes fresh (lazily zeroed) arrays: no copy
-                setattr(self, name, rows if offset == 0 else
-                        (xp if name == "parity" else np).concatenate([getattr(self, name), rows]))
+            for name, added in new.items():  # the first table takes fresh (lazily zeroed) arrays: no copy
+                setattr(self, name, added if offset == 0 else
+                        (xp if name == "parity" else np).concatenate([getattr(self, name), added]))
             self.tables[spec.name] = part
         return part
 
