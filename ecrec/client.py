@@ -91,6 +91,7 @@ class Cluster:
         self.layout: Layout | None = None
         self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
         self._last_live: dict[int, str] = {}
+        self._live_ids: dict[int, str] = {}  # index -> the server id serving it in the newest map
         self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0}
 
     @property
@@ -126,6 +127,7 @@ class Cluster:
             if self.map is None or m.epoch >= self.map.epoch:
                 self.map = m
                 self.layout = Layout(m.num_servers, m.k, m.m)
+                self._live_ids = {i: s.server_id for i, s in live_servers(m).items()}
                 for index in range(m.num_servers):  # compare with the last live address seen, across FAILED maps
                     before, after = self._last_live.get(index), live_address(m, index)
                     if after is None:
@@ -152,7 +154,7 @@ class Cluster:
     def _replay_if_replaced(self, index: int) -> None:
         """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
         old one acknowledged and did not confirm, in order, with their push ids (``ecrec.courier``)."""
-        if not self.courier.holds(index):
+        if not self.courier.held_elsewhere(index, self._live_ids.get(index)):
             return
         deadline = time.monotonic() + self.config.retry_deadline_s
         while True:

@@ -30,7 +30,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ecrec import transport
+from ecrec import seal, transport
 from ecrec.config import CoordinatorConfig
 from ecrec.layout import Layout
 from ecrec.strategies import get_spec
@@ -99,6 +99,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             epoch=1, num_servers=spec.num_servers, strategy=spec.strategy, k=k, m=m,
         )
         self.map.strategy_options.update({str(a): str(b) for a, b in options.items()})
+        self.server_key = seal.new_key()  # servers seal what workers carry with it (ecrec.seal); never in the map
         if config.state_path and os.path.exists(config.state_path):
             self._load(config.state_path)
 
@@ -119,6 +120,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._dense[d.spec.name] = d
         for p in state.promoting:
             self._promoting[p.server_id] = p
+        if state.server_key:  # the servers registered with it hold it: a restarted coordinator keeps it
+            self.server_key = seal.check_key(state.server_key)
         # every server's lease is unknown: wait a whole lease before promoting over any of them
         now = time.monotonic()
         for s in self.map.servers:
@@ -130,7 +133,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if not path:
             return
         state = coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()),
-                                                 promoting=list(self._promoting.values()))
+                                                 promoting=list(self._promoting.values()), server_key=self.server_key)
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".coordinator-state-")
         with os.fdopen(fd, "wb") as f:
@@ -231,7 +234,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 if s.address == request.address and s.state != FAILED:
                     if s.server_id == request.server_id:  # a retried Register
                         self._leases[s.server_id] = time.monotonic() + self.config.lease_s
-                        return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s)
+                        return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s,
+                                                             server_key=self.server_key)
                     s.state = FAILED  # the same address re-registers: the old process is gone
                     self._gone.add(s.server_id)
             taken = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
@@ -255,7 +259,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         log.info("registered %s as %s (epoch %d)", request.address, f"index {index}" if index >= 0 else "standby", snapshot.epoch)
         self._broadcast(snapshot)
         self._wake.set()
-        return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s)
+        return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s,
+                                             server_key=self.server_key)
 
     def _answers(self, address: str) -> bool:
         """Whether the server registered at ``address`` answers a health check now."""

@@ -96,6 +96,16 @@ class Courier:
         """Whether pushes to ``index`` wait for their confirmation (read without the lock: a hint)."""
         return bool(self._held.get(index))
 
+    def held_elsewhere(self, index: int, server_id: str | None) -> bool:
+        """Whether a held push of ``index`` was acknowledged by another incarnation than ``server_id`` (the one
+        serving it now).  Held pushes are kept oldest first and an index's incarnations only ever move on, so
+        the oldest one tells."""
+        with self._lock:
+            held = self._held.get(index)
+            if not held:
+                return False
+            return next(iter(held.values())).server_id != server_id
+
     def to_replay(self, index: int, server_id: str) -> list[tuple[tuple[str, int], embedding_pb2.PushRequest]]:
         """The held pushes of ``index`` acknowledged by another incarnation than ``server_id``, oldest first."""
         with self._lock:

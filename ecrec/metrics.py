@@ -40,6 +40,11 @@ STRATEGY_METRICS = {
         "batches_applied": ("ecrec_parity_batches_applied", "counter", "parity batches applied on this server"),
         "delta_bytes_applied": ("ecrec_parity_delta_bytes_applied", "counter", "delta bytes applied to parity rows and replicas"),
         "duplicate_batches": ("ecrec_parity_batches_duplicate", "counter", "parity batches received again and skipped"),
+        "refused_relayed_batches": ("ecrec_parity_batches_refused", "counter",
+                                    "parity batches a worker carried that were refused (seal not checking, wrong "
+                                    "server, stale incarnation)"),
+        "refused_watermarks": ("ecrec_parity_watermarks_refused", "counter",
+                               "watermarks a worker carried whose seal did not check (refused)"),
         "undone_batches": ("ecrec_parity_batches_undone", "counter", "parity batches undone by a recovery (XOR again)"),
         "log_entries": ("ecrec_parity_log_entries", "gauge", "parity batches held in this server's logs until confirmed"),
         "parity_rows": ("ecrec_parity_rows", "gauge", "parity rows held"),

@@ -33,6 +33,7 @@ from ecrec.config import ServerConfig
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, Peers
 from ecrec.reserve import Reserve
+from ecrec.seal import Sealer
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
@@ -242,13 +243,24 @@ class ServerState:
         self.index_set = threading.Condition(self.lock)
         self._services = services
         self.reserve = Reserve()  # a standby's table memory, prepared for its promotion (ecrec.reserve)
+        self.sealer: Sealer | None = None  # MACs under the server key (ecrec.seal), from the Register reply
         self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
                                              config.max_message_bytes, on_map=self.adopt_map,
                                              security=config.security)
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=config.rpc_timeout_s,
                            retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes,
-                           identity=lambda: (("ecrec-caller", self._server_id), ("ecrec-epoch", str(self.epoch))),
-                           security=config.security)
+                           identity=self._identity, security=config.security)
+        self._proof = ""  # this server's ecrec-caller-proof (set with the server key)
+
+    def set_server_key(self, key: bytes) -> None:
+        """The cluster's server key (the coordinator's Register reply): what this server seals batches and
+        watermarks with, and proves its identity to peers with."""
+        self.sealer = Sealer(key)
+        self._proof = self.sealer.caller_proof(self._server_id)
+
+    def _identity(self) -> tuple:
+        """Metadata of every call this server makes: its id, a proof of it (the server key's), its map epoch."""
+        return (("ecrec-caller", self._server_id), ("ecrec-caller-proof", self._proof), ("ecrec-epoch", str(self.epoch)))
 
     # --- StrategyHost ----------------------------------------------------------------------------------------
     @property
@@ -297,13 +309,28 @@ class ServerState:
         except grpc.RpcError as exc:
             log.warning("could not refresh the cluster map: %s", exc.code().name)
 
-    def check_peer(self, context) -> None:
-        """A server-to-server call: refused unless the caller (``ecrec-caller`` metadata) is a server of the map
-        (after catching up with the caller's newer epoch), so an old incarnation of a peer is fenced off."""
+    def check_peer(self, context, changes_parity: bool = True) -> None:
+        """A server-to-server call: refused unless the caller is a server of the map (after catching up with the
+        caller's newer epoch), so an old incarnation of a peer is fenced off.  A call that can change parity,
+        confirm a push or close an owner's chain (``changes_parity``) must also prove that a server makes it
+        (``ecrec-caller-proof``, under the server key): a worker or a stranger may not, whatever id it claims.
+        A read (``ReadRows``, ``StreamStripes``) may come without an id; one that names an id must name a server
+        of the map."""
         meta = dict(context.invocation_metadata() or ())
-        caller, epoch = meta.get("ecrec-caller"), int(meta.get("ecrec-epoch", "0") or 0)
+        caller, proof = meta.get("ecrec-caller", ""), meta.get("ecrec-caller-proof", "")
+        try:
+            epoch = int(meta.get("ecrec-epoch", "0") or 0)
+        except ValueError:
+            raise errors.InvalidRequest("ecrec-epoch metadata must be an integer") from None
         self.require_serving()
-        if not caller:
+        if changes_parity:
+            if self.sealer is None:
+                raise errors.Unavailable("this server holds no server key yet (not registered); retry")
+            if not self.sealer.caller_ok(caller, proof):
+                raise errors.FailedPrecondition(f"caller {caller or '(unnamed)'} does not prove it is a server of this "
+                                                "cluster (ecrec-caller-proof under the server key); a worker or a "
+                                                "stranger may not make this call; refused")
+        elif not caller:
             return
         if epoch > self.epoch:
             self.refresh_map()
@@ -502,6 +529,12 @@ def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     return uniq, slots[first], summed
 
 
+def _caller(context, worker: str = "") -> str:
+    """Who sent a request, for a log line: the worker's name (a push's) and its address."""
+    peer = context.peer() if context is not None else ""
+    return f"worker {worker[:64]!r} ({peer})" if worker else f"the worker at {peer}"
+
+
 class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     """The gRPC face of a :class:`ServerState`."""
 
@@ -512,15 +545,15 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     @transport.service_method
     def Pull(self, request, context):
         with self.state.handlers.measure("Pull"):
-            return self._pull(request)
+            return self._pull(request, context)
 
-    def _pull(self, request):
+    def _pull(self, request, context):
         st = self.state
         st.require_index()
         st.require_serving(request.epoch)
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty pull: name at least one table or dense tensor")
-        watermarks = st.strategy.on_relay(request.relay) if request.relay else []
+        watermarks = st.strategy.on_relay(request.relay, _caller(context)) if request.relay else []
         plans = []
         for t in request.tables:
             shard = st.table(t.table)
@@ -582,7 +615,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     def Push(self, request, context):
         with self.state.handlers.measure("Push"):
             plans = self._validate(request)
-            watermarks = self._receive_relayed(request)
+            watermarks = self._receive_relayed(request, context)
             return self._apply(request, plans, watermarks)
 
     @transport.service_method
@@ -615,11 +648,16 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
         return self._validate_push(request)
 
-    def _receive_relayed(self, request) -> list:
+    def _receive_relayed(self, request, context) -> list:
+        """What the worker carries from other servers (sealed batches for this server, sealed watermarks of its
+        own batches): handed to the strategy, which refuses whatever a server did not seal."""
         strategy = self.state.strategy
-        watermarks = strategy.on_relay(request.relay) if request.relay else []
+        if not request.relay and not request.acks:
+            return []
+        worker = _caller(context, request.push_id.worker)
+        watermarks = strategy.on_relay(request.relay, worker) if request.relay else []
         if request.acks:
-            strategy.on_acks(request.acks)
+            strategy.on_acks(request.acks, worker)
         return watermarks
 
     def _apply(self, request, plans, watermarks, replayed: bool = False):
@@ -648,9 +686,11 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old)
                 push.tables.append(TableUpdate(shard, ids, slots, old, new, old_versions))
                 rows_updated += len(slots)
+                push.nbytes += 2 * new.nbytes
             for d, grad in dense_plans:
                 old, new, old_version = d.apply_gradient(grad, push.seq, keep_old)
                 push.dense.append(DenseUpdate(d, old, new, old_version))
+                push.nbytes += 2 * new.nbytes
             outcome = strategy.on_push(push)
             st.applied.add(key, push.seq)
             if outcome is not None and outcome.confirmed_upto:
@@ -669,7 +709,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         reply = embedding_pb2.PushReply(already_applied=already_applied, rows_updated=rows,
                                         server_id=self.state.server_id, watermarks=watermarks)
         if outcome is not None:
-            reply.relay.extend(outcome.relay)
+            for r in outcome.relay:  # sealed batches for the worker to carry (one copy, into the reply)
+                reply.relay.add(destination=r.destination, destination_id=r.destination_id, batch=r.batch, mac=r.mac)
             reply.seq = outcome.seq
             reply.confirmed_upto = outcome.confirmed_upto
         if request.return_dense:
@@ -828,6 +869,11 @@ class EmbeddingServer:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
                 time.sleep(0.2)
         self.state.lease.grant(sent, reply.lease_s)
+        try:
+            self.state.set_server_key(reply.server_key)
+        except ValueError as exc:
+            raise RuntimeError(f"coordinator {self.config.coordinator} sent no usable server key ({exc}); "
+                               "is it an older version?") from None
         with self.state.lock:
             if reply.index >= 0 and self.state.index < 0:
                 self.state.index = reply.index

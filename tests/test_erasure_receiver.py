@@ -20,6 +20,7 @@ from ecrec.tables import TableSpec
 from ecrec.wire import cluster_pb2, parity_pb2
 
 S, K, M = 4, 2, 1
+KEY = bytes(range(32))  # the cluster's server key (ecrec.seal)
 TABLES = [TableSpec("a", 300, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=1),
           TableSpec("b", 200, 4, optimizer="sgd", lr=0.1, seed=2),
           TableSpec("c", 120, 6, optimizer="sgd", lr=0.1, seed=3)]  # another row width: another arena
@@ -41,6 +42,7 @@ def servers():
     for i in range(S):
         st = ServerState(ServerConfig(coordinator="127.0.0.1:1", rpc_timeout_s=0.5), server_id=f"s{i}")
         st.index = i
+        st.set_server_key(KEY)  # what the coordinator's Register reply gives a server
         st.adopt_map(cluster_map())
         for spec in TABLES:
             st.create_table(spec)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ecrec.faults import FaultInjector
     from ecrec.layout import Layout
     from ecrec.peers import CoordinatorClient, Peers
+    from ecrec.seal import Sealer
     from ecrec.shards import DenseShard, TableShard
     from ecrec.wire import cluster_pb2
 
@@ -92,7 +93,7 @@ class PushOutcome:
     sequence up to which this server's pushes are durable at their redundancy)."""
 
     completion: Completion | None = None
-    relay: list = field(default_factory=list)  # embedding_pb2.RelayBatch
+    relay: list = field(default_factory=list)  # with RelayBatch's fields (destination, destination_id, batch, mac)
     seq: int = 0
     confirmed_upto: int = 0
 
@@ -106,6 +107,7 @@ class AppliedPush:
     seq: int
     tables: list[TableUpdate] = field(default_factory=list)
     dense: list[DenseUpdate] = field(default_factory=list)
+    nbytes: int = 0  # bytes of the payload copies it holds (old and new), when the server counted them
 
 
 class StrategyHost(Protocol):
@@ -138,7 +140,10 @@ class StrategyHost(Protocol):
 
     def require_serving(self, caller_epoch: int = 0) -> None: ...  # raises Unavailable without a lease
 
-    def check_peer(self, context) -> None: ...  # a server-to-server call from a current server of the map
+    def check_peer(self, context, changes_parity: bool = True) -> None: ...  # a call from a current server of the map
+
+    @property
+    def sealer(self) -> "Sealer | None": ...  # MACs under the server key (ecrec.seal); None before registering
 
     def refresh_map(self) -> None: ...  # fetch the coordinator's map now
 
@@ -201,13 +206,13 @@ class FaultToleranceStrategy:
         """A retry of an applied push (``seq``: the sequence it got here, 0 if before this incarnation)."""
         return None
 
-    def on_relay(self, relay: list) -> list:
-        """Batches of other servers a worker relayed to this one (``RelayBatch``); returns the watermarks
-        (``ParityWatermark``) the worker takes back to their owners."""
+    def on_relay(self, relay: list, worker: str = "") -> list:
+        """Batches of other servers a worker (named ``worker``, for the log) relayed to this one (``RelayBatch``,
+        sealed); returns the watermarks (``ParityWatermark``, sealed) the worker takes back to their owners."""
         return []
 
-    def on_acks(self, acks: list) -> None:
-        """Watermarks of this server's own batches (``ParityWatermark``), relayed by a worker."""
+    def on_acks(self, acks: list, worker: str = "") -> None:
+        """Watermarks of this server's own batches (``ParityWatermark``, sealed), relayed by worker ``worker``."""
 
     def on_map_change(self) -> None:
         """The server adopted a newer cluster map."""

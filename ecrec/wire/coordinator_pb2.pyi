@@ -54,14 +54,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ..., health_address: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("map", "index", "lease_s")
+    __slots__ = ("map", "index", "lease_s", "server_key")
     MAP_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
     map: _cluster_pb2.ClusterMap
     index: int
     lease_s: float
-    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., index: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    server_key: bytes
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., index: _Optional[int] = ..., lease_s: _Optional[float] = ..., server_key: _Optional[bytes] = ...) -> None: ...
 
 class GetClusterMapRequest(_message.Message):
     __slots__ = ("known_epoch",)
@@ -96,14 +98,16 @@ class ReportFailureRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
-    __slots__ = ("map", "dense", "promoting")
+    __slots__ = ("map", "dense", "promoting", "server_key")
     MAP_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     PROMOTING_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
     map: _cluster_pb2.ClusterMap
     dense: _containers.RepeatedCompositeFieldContainer[RegisterDenseRequest]
     promoting: _containers.RepeatedCompositeFieldContainer[PendingPromotion]
-    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ..., promoting: _Optional[_Iterable[_Union[PendingPromotion, _Mapping]]] = ...) -> None: ...
+    server_key: bytes
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ..., promoting: _Optional[_Iterable[_Union[PendingPromotion, _Mapping]]] = ..., server_key: _Optional[bytes] = ...) -> None: ...
 
 class PendingPromotion(_message.Message):
     __slots__ = ("server_id", "address", "index")

@@ -34,28 +34,32 @@ class TableIds(_message.Message):
     def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
 
 class RelayBatch(_message.Message):
-    __slots__ = ("destination", "destination_id", "batch")
+    __slots__ = ("destination", "destination_id", "batch", "mac")
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
     destination: int
     destination_id: str
     batch: bytes
-    def __init__(self, destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., batch: _Optional[bytes] = ...) -> None: ...
+    mac: bytes
+    def __init__(self, destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., batch: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class ParityWatermark(_message.Message):
-    __slots__ = ("source", "source_id", "destination", "destination_id", "applied_upto")
+    __slots__ = ("source", "source_id", "destination", "destination_id", "applied_upto", "mac")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_ID_FIELD_NUMBER: _ClassVar[int]
     APPLIED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
     source: int
     source_id: str
     destination: int
     destination_id: str
     applied_upto: int
-    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., applied_upto: _Optional[int] = ...) -> None: ...
+    mac: bytes
+    def __init__(self, source: _Optional[int] = ..., source_id: _Optional[str] = ..., destination: _Optional[int] = ..., destination_id: _Optional[str] = ..., applied_upto: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("tables", "dense", "epoch", "relay")

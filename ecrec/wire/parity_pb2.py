@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ecrec.wire import embedding_pb2 as ecrec_dot_wire_dot_embedding__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x63rec/wire/parity.proto\x12\necrec.wire\x1a\x1a\x65\x63rec/wire/embedding.proto\"\xf2\x02\n\x0bParityBatch\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12#\n\x07push_id\x18\x04 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\x11\n\tfirst_seq\x18\r \x01(\x04\x12$\n\x08push_ids\x18\x0e \x03(\x0b\x32\x12.ecrec.wire.PushId\x12\x14\n\x0c\x64\x65stinations\x18\x05 \x03(\x05\x12(\n\x06tables\x18\x06 \x03(\x0b\x32\x18.ecrec.wire.ParityDeltas\x12%\n\x05\x64\x65nse\x18\x07 \x03(\x0b\x32\x16.ecrec.wire.DenseDelta\x12\x17\n\x0f\x64\x65stination_ids\x18\x08 \x03(\t\x12\x13\n\x0b\x64\x65stination\x18\t \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\n \x01(\t\x12\x10\n\x08prev_seq\x18\x0b \x01(\x04\x12\x16\n\x0e\x63onfirmed_upto\x18\x0c \x01(\x04\"\x9f\x01\n\x0cParityDeltas\x12\x0e\n\x06tables\x18\x01 \x03(\t\x12\x12\n\ntable_rows\x18\x07 \x01(\x0c\x12\x14\n\x0cparity_slots\x18\x02 \x01(\x0c\x12\x11\n\tpositions\x18\x03 \x01(\x0c\x12\x0e\n\x06parity\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65ltas\x18\x05 \x01(\x0c\x12\x14\n\x0cold_versions\x18\x06 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\"K\n\nDenseDelta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x13\n\x0bold_version\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\"t\n\rParityBatches\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.ecrec.wire.ParityBatch\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x11\n\tsource_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63onfirmed_upto\x18\x04 \x01(\x04\"9\n\tParityAck\x12\x14\n\x0c\x61pplied_upto\x18\x01 \x01(\x04\x12\x16\n\x0e\x64\x65stination_id\x18\x02 \x01(\t\"!\n\x0c\x46lushRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"!\n\nFlushReply\x12\x13\n\x0bunconfirmed\x18\x01 \x01(\x03\"a\n\x14ResolveSourceRequest\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x02 \x01(\x08\x12\x11\n\tundo_seqs\x18\x03 \x03(\x04\x12\x16\n\x0ereplacement_id\x18\x04 \x01(\t\"\xa6\x01\n\nLoggedPush\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12#\n\x07push_id\x18\x02 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\x14\n\x0c\x64\x65stinations\x18\x03 \x03(\x05\x12\x17\n\x0f\x64\x65stination_ids\x18\x04 \x03(\t\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12$\n\x08push_ids\x18\x06 \x03(\x0b\x32\x12.ecrec.wire.PushId\"{\n\x12ResolveSourceReply\x12&\n\x06logged\x18\x01 \x03(\x0b\x32\x16.ecrec.wire.LoggedPush\x12\x16\n\x0e\x63onfirmed_upto\x18\x02 \x01(\x04\x12%\n\tcommitted\x18\x03 \x03(\x0b\x32\x12.ecrec.wire.PushId\"\x92\x01\n\x0fReadRowsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07stripes\x18\x03 \x01(\x0c\x12\x14\n\x0cparity_index\x18\x04 \x01(\x0c\x12\r\n\x05\x64\x65nse\x18\x05 \x01(\t\x12-\n\x08sections\x18\x06 \x03(\x0b\x32\x1b.ecrec.wire.ReadRowsRequest\"n\n\rReadRowsReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08versions\x18\x02 \x01(\x0c\x12\r\n\x05ready\x18\x03 \x01(\x0c\x12+\n\x08sections\x18\x04 \x03(\x0b\x32\x19.ecrec.wire.ReadRowsReply\"\xbf\x01\n\x14StreamStripesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x02 \x01(\x03\x12\x11\n\tend_block\x18\x03 \x01(\x03\x12\x16\n\x0e\x64\x61ta_positions\x18\x04 \x03(\r\x12\x16\n\x0eparity_indices\x18\x05 \x03(\r\x12\x1a\n\x12\x62locks_per_message\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65liver_port\x18\x07 \x01(\r\x12\x0e\n\x06ticket\x18\x08 \x01(\x0c\x32\xa2\x02\n\rParityService\x12?\n\x0b\x41pplyParity\x12\x19.ecrec.wire.ParityBatches\x1a\x15.ecrec.wire.ParityAck\x12\x39\n\x05\x46lush\x12\x18.ecrec.wire.FlushRequest\x1a\x16.ecrec.wire.FlushReply\x12Q\n\rResolveSource\x12 .ecrec.wire.ResolveSourceRequest\x1a\x1e.ecrec.wire.ResolveSourceReply\x12\x42\n\x08ReadRows\x12\x1b.ecrec.wire.ReadRowsRequest\x1a\x19.ecrec.wire.ReadRowsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x63rec/wire/parity.proto\x12\necrec.wire\x1a\x1a\x65\x63rec/wire/embedding.proto\"\xf2\x02\n\x0bParityBatch\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12#\n\x07push_id\x18\x04 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\x11\n\tfirst_seq\x18\r \x01(\x04\x12$\n\x08push_ids\x18\x0e \x03(\x0b\x32\x12.ecrec.wire.PushId\x12\x14\n\x0c\x64\x65stinations\x18\x05 \x03(\x05\x12(\n\x06tables\x18\x06 \x03(\x0b\x32\x18.ecrec.wire.ParityDeltas\x12%\n\x05\x64\x65nse\x18\x07 \x03(\x0b\x32\x16.ecrec.wire.DenseDelta\x12\x17\n\x0f\x64\x65stination_ids\x18\x08 \x03(\t\x12\x13\n\x0b\x64\x65stination\x18\t \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\n \x01(\t\x12\x10\n\x08prev_seq\x18\x0b \x01(\x04\x12\x16\n\x0e\x63onfirmed_upto\x18\x0c \x01(\x04\"\x9f\x01\n\x0cParityDeltas\x12\x0e\n\x06tables\x18\x01 \x03(\t\x12\x12\n\ntable_rows\x18\x07 \x01(\x0c\x12\x14\n\x0cparity_slots\x18\x02 \x01(\x0c\x12\x11\n\tpositions\x18\x03 \x01(\x0c\x12\x0e\n\x06parity\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65ltas\x18\x05 \x01(\x0c\x12\x14\n\x0cold_versions\x18\x06 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\"K\n\nDenseDelta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x13\n\x0bold_version\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\"\x9c\x01\n\rParityBatches\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.ecrec.wire.ParityBatch\x12&\n\x06sealed\x18\x05 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\x12\x0e\n\x06source\x18\x02 \x01(\x05\x12\x11\n\tsource_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63onfirmed_upto\x18\x04 \x01(\x04\"9\n\tParityAck\x12\x14\n\x0c\x61pplied_upto\x18\x01 \x01(\x04\x12\x16\n\x0e\x64\x65stination_id\x18\x02 \x01(\t\"!\n\x0c\x46lushRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"!\n\nFlushReply\x12\x13\n\x0bunconfirmed\x18\x01 \x01(\x03\"a\n\x14ResolveSourceRequest\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x02 \x01(\x08\x12\x11\n\tundo_seqs\x18\x03 \x03(\x04\x12\x16\n\x0ereplacement_id\x18\x04 \x01(\t\"\xa6\x01\n\nLoggedPush\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12#\n\x07push_id\x18\x02 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\x14\n\x0c\x64\x65stinations\x18\x03 \x03(\x05\x12\x17\n\x0f\x64\x65stination_ids\x18\x04 \x03(\t\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12$\n\x08push_ids\x18\x06 \x03(\x0b\x32\x12.ecrec.wire.PushId\"{\n\x12ResolveSourceReply\x12&\n\x06logged\x18\x01 \x03(\x0b\x32\x16.ecrec.wire.LoggedPush\x12\x16\n\x0e\x63onfirmed_upto\x18\x02 \x01(\x04\x12%\n\tcommitted\x18\x03 \x03(\x0b\x32\x12.ecrec.wire.PushId\"\x92\x01\n\x0fReadRowsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07stripes\x18\x03 \x01(\x0c\x12\x14\n\x0cparity_index\x18\x04 \x01(\x0c\x12\r\n\x05\x64\x65nse\x18\x05 \x01(\t\x12-\n\x08sections\x18\x06 \x03(\x0b\x32\x1b.ecrec.wire.ReadRowsRequest\"n\n\rReadRowsReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08versions\x18\x02 \x01(\x0c\x12\r\n\x05ready\x18\x03 \x01(\x0c\x12+\n\x08sections\x18\x04 \x03(\x0b\x32\x19.ecrec.wire.ReadRowsReply\"\xbf\x01\n\x14StreamStripesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x02 \x01(\x03\x12\x11\n\tend_block\x18\x03 \x01(\x03\x12\x16\n\x0e\x64\x61ta_positions\x18\x04 \x03(\r\x12\x16\n\x0eparity_indices\x18\x05 \x03(\r\x12\x1a\n\x12\x62locks_per_message\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65liver_port\x18\x07 \x01(\r\x12\x0e\n\x06ticket\x18\x08 \x01(\x0c\x32\xa2\x02\n\rParityService\x12?\n\x0b\x41pplyParity\x12\x19.ecrec.wire.ParityBatches\x1a\x15.ecrec.wire.ParityAck\x12\x39\n\x05\x46lush\x12\x18.ecrec.wire.FlushRequest\x1a\x16.ecrec.wire.FlushReply\x12Q\n\rResolveSource\x12 .ecrec.wire.ResolveSourceRequest\x1a\x1e.ecrec.wire.ResolveSourceReply\x12\x42\n\x08ReadRows\x12\x1b.ecrec.wire.ReadRowsRequest\x1a\x19.ecrec.wire.ReadRowsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,26 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARITYDELTAS']._serialized_end=600
   _globals['_DENSEDELTA']._serialized_start=602
   _globals['_DENSEDELTA']._serialized_end=677
-  _globals['_PARITYBATCHES']._serialized_start=679
-  _globals['_PARITYBATCHES']._serialized_end=795
-  _globals['_PARITYACK']._serialized_start=797
-  _globals['_PARITYACK']._serialized_end=854
-  _globals['_FLUSHREQUEST']._serialized_start=856
-  _globals['_FLUSHREQUEST']._serialized_end=889
-  _globals['_FLUSHREPLY']._serialized_start=891
-  _globals['_FLUSHREPLY']._serialized_end=924
-  _globals['_RESOLVESOURCEREQUEST']._serialized_start=926
-  _globals['_RESOLVESOURCEREQUEST']._serialized_end=1023
-  _globals['_LOGGEDPUSH']._serialized_start=1026
-  _globals['_LOGGEDPUSH']._serialized_end=1192
-  _globals['_RESOLVESOURCEREPLY']._serialized_start=1194
-  _globals['_RESOLVESOURCEREPLY']._serialized_end=1317
-  _globals['_READROWSREQUEST']._serialized_start=1320
-  _globals['_READROWSREQUEST']._serialized_end=1466
-  _globals['_READROWSREPLY']._serialized_start=1468
-  _globals['_READROWSREPLY']._serialized_end=1578
-  _globals['_STREAMSTRIPESREQUEST']._serialized_start=1581
-  _globals['_STREAMSTRIPESREQUEST']._serialized_end=1772
-  _globals['_PARITYSERVICE']._serialized_start=1775
-  _globals['_PARITYSERVICE']._serialized_end=2065
+  _globals['_PARITYBATCHES']._serialized_start=680
+  _globals['_PARITYBATCHES']._serialized_end=836
+  _globals['_PARITYACK']._serialized_start=838
+  _globals['_PARITYACK']._serialized_end=895
+  _globals['_FLUSHREQUEST']._serialized_start=897
+  _globals['_FLUSHREQUEST']._serialized_end=930
+  _globals['_FLUSHREPLY']._serialized_start=932
+  _globals['_FLUSHREPLY']._serialized_end=965
+  _globals['_RESOLVESOURCEREQUEST']._serialized_start=967
+  _globals['_RESOLVESOURCEREQUEST']._serialized_end=1064
+  _globals['_LOGGEDPUSH']._serialized_start=1067
+  _globals['_LOGGEDPUSH']._serialized_end=1233
+  _globals['_RESOLVESOURCEREPLY']._serialized_start=1235
+  _globals['_RESOLVESOURCEREPLY']._serialized_end=1358
+  _globals['_READROWSREQUEST']._serialized_start=1361
+  _globals['_READROWSREQUEST']._serialized_end=1507
+  _globals['_READROWSREPLY']._serialized_start=1509
+  _globals['_READROWSREPLY']._serialized_end=1619
+  _globals['_STREAMSTRIPESREQUEST']._serialized_start=1622
+  _globals['_STREAMSTRIPESREQUEST']._serialized_end=1813
+  _globals['_PARITYSERVICE']._serialized_start=1816
+  _globals['_PARITYSERVICE']._serialized_end=2106
 # @@protoc_insertion_point(module_scope)

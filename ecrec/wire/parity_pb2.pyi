@@ -72,16 +72,18 @@ class DenseDelta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., old_version: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ParityBatches(_message.Message):
-    __slots__ = ("batches", "source", "source_id", "confirmed_upto")
+    __slots__ = ("batches", "sealed", "source", "source_id", "confirmed_upto")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[ParityBatch]
+    sealed: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.RelayBatch]
     source: int
     source_id: str
     confirmed_upto: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[ParityBatch, _Mapping]]] = ..., source: _Optional[int] = ..., source_id: _Optional[str] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
+    def __init__(self, batches: _Optional[_Iterable[_Union[ParityBatch, _Mapping]]] = ..., sealed: _Optional[_Iterable[_Union[_embedding_pb2.RelayBatch, _Mapping]]] = ..., source: _Optional[int] = ..., source_id: _Optional[str] = ..., confirmed_upto: _Optional[int] = ...) -> None: ...
 
 class ParityAck(_message.Message):
     __slots__ = ("applied_upto", "destination_id")

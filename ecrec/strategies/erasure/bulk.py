@@ -145,12 +145,13 @@ def frame_step(spec, layout: Layout, request: parity_pb2.StreamStripesRequest) -
                                                           len(request.parity_indices))
 
 
-def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest
-                ) -> Iterator[np.ndarray]:
+def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest,
+                seal=None) -> Iterator[np.ndarray]:
     """This server's rows of ``request`` as frame buffers (:mod:`~ecrec.strategies.erasure.frames`) of
     ``blocks_per_message`` blocks (validated by :func:`check_request`), each row copied once into its frame.
     Ready flags mean what they mean for ``ReadRows``: a parity row touched by an unresolved failed owner is
-    not ready."""
+    not ready.  ``seal()`` runs before each frame's data rows are read (the owner's
+    :meth:`~ecrec.strategies.erasure.owner.ParityOwner.seal_for_read`: rows read at a group boundary)."""
     layout = host.layout
     k, m, S = layout.k, layout.m, layout.num_servers
     shard = host.table(request.table)
@@ -163,6 +164,8 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
         b1 = min(request.end_block, b0 + step)
         blocks = np.arange(b0, b1, dtype=np.int64)
         buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
+        if positions and seal is not None:
+            seal()
         for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
             shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
         suspects = receiver.suspect_sources() if len(pidx) else None

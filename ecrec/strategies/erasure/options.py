@@ -44,7 +44,7 @@ class ErasureOptions:
                                                "rebuilt on demand first); in (0, 1]")
     heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
-    coalesce_pushes: int = option(8, "consecutive pushes an owner coalesces into one batch per parity server")
+    coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
     coalesce_bytes: int = option(1 << 20, "... until their deltas reach this many bytes")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
                                     "A group no push came to for relay_timeout_s is sent directly")

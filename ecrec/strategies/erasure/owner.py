@@ -1,16 +1,25 @@
-"""The owner side of the parity path: each applied push becomes one batch per destination, kept in an
-outbox until every destination has applied it.
+"""The owner side of the parity path: the pushes applied here become, a group at a time, one sealed batch per
+destination, kept in an outbox until every destination has applied it.
 
-For every row a push changed, ``delta = old payload XOR new payload`` (with the row's stripe position
-and its version before the push) goes to the ``m`` parity servers of its stripe; a dense tensor's delta
-goes to its ``m`` backups.  All deltas of one push for one destination form one ``ParityBatch``.
+A push only records what it changed (its rows' slots, payload before and after, versions before: the server's
+copies, no work per row).  A *group* of consecutive pushes closes after ``coalesce_pushes`` pushes,
+``coalesce_bytes``, ``coalesce_s``, or at once while a server recovers; closing it computes one delta per row
+the group changed -- ``payload before the group's first push to it XOR payload after its last``, stamped with
+the row's version before the first and the last push's sequence -- so a hot row updated in most pushes of a
+group sends one delta, not one per push, and undoing the group is one XOR.  The deltas go to the ``m``
+parity servers of each row's stripe; a dense tensor's delta goes to its ``m`` backups.  All deltas of one group
+for one destination form one ``ParityBatch``, serialized and sealed (:mod:`ecrec.seal`) once.
 
-Delivery is pipelined (``DESIGN.md``, "The update path"): the push is acknowledged as soon as it is
-applied here and its batches are in the :class:`Outbox`; the batches go back to the worker in the push
-reply, and the worker attaches them to its next request to each destination (the *relay*: no RPC of
-its own).  The destinations' watermarks come back with the worker's next push (:meth:`ParityOwner.ack`).
-A batch not acknowledged within ``relay_timeout_s`` (a worker that stopped or died, several workers out
-of order) is sent directly by the destination's :class:`~ecrec.strategies.erasure.sender.DestinationSender`.
+Delivery is pipelined (``DESIGN.md``, "The update path"): a push is acknowledged as soon as it is applied here;
+the batches of the group it closes go back to the worker in that push's reply, and the worker attaches them to
+its next request to each destination (the *relay*: no RPC of its own).  The destinations' sealed watermarks
+come back with the worker's next push (:meth:`ParityOwner.on_acks`); one that does not check is refused.  A
+batch not acknowledged within ``relay_timeout_s`` (a worker that stopped, died, or dropped it) is sent
+directly by the destination's :class:`~ecrec.strategies.erasure.sender.DestinationSender`.
+
+A rebuild must read a data row at a group boundary (a merged delta is all or nothing): while any server recovers
+every group is one push, and a read of data rows for a rebuild first closes the group still open, with pushes
+paused (:meth:`ParityOwner.seal_for_read`).
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
@@ -23,52 +32,113 @@ owner fails, and to the destinations, which then trim their logs.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from ecrec import errors
 from ecrec.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
+from ecrec.strategies.erasure import merge
+from ecrec.strategies.erasure.merge import merge_rows
 from ecrec.strategies.erasure.sender import DestinationSender
 from ecrec.wire import cluster_pb2, embedding_pb2, parity_pb2
+
+log = logging.getLogger("ecrec.strategies.erasure")
+
+#: after a rebuild read data rows here, groups stay one push each this long (s), whatever the map says
+READ_EAGER_S = 5.0
 
 
 @dataclass
 class PushGroup:
-    """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination."""
+    """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination.
+
+    It keeps each push as the server handed it over (no copy, no work per row: the rows' slots, their payload
+    before and after the push, their versions before it); the deltas are computed when the group closes."""
 
     first_seq: int
     last_seq: int
     started: float
     last_push: float = 0.0
-    push_ids: list[tuple[str, int]] = field(default_factory=list)
-    rows: list[tuple] = field(default_factory=list)  # (table, row_bytes, ids, deltas, old_versions, seq)
-    dense: list[tuple] = field(default_factory=list)  # (name, delta, old_version, seq)
-    nbytes: int = 0
+    pushes: list[AppliedPush] = field(default_factory=list)
+    nbytes: int = 0  # payload bytes the pushes hold (a bound on twice the group's delta bytes)
 
     def add(self, push: AppliedPush) -> None:
-        """Keeps ``push``'s deltas (computed in place of its old payload bytes, which are the server's copy)."""
         self.last_seq = push.seq
-        self.push_ids.append(push.push_id)
-        for u in push.tables:
-            if len(u.ids):
-                np.bitwise_xor(u.old, u.new, out=u.old)
-                self.rows.append((u.shard.spec.name, u.shard.spec.row_bytes, u.ids, u.old, u.old_versions, push.seq))
-                self.nbytes += u.old.nbytes
-        for u in push.dense:
-            self.dense.append((u.dense.spec.name, np.bitwise_xor(u.old, u.new).reshape(-1), u.old_version, push.seq))
-            self.nbytes += u.old.nbytes
+        self.pushes.append(push)
+        self.nbytes += push.nbytes or (sum(u.old.nbytes + u.new.nbytes for u in push.tables)
+                                       + sum(u.old.nbytes + u.new.nbytes for u in push.dense))
+
+    @property
+    def push_ids(self) -> list[tuple[str, int]]:
+        return [p.push_id for p in self.pushes]
+
+    def dense_deltas(self) -> dict[str, tuple[np.ndarray, int, np.ndarray, int]]:
+        """Per dense tensor: payload before the group's first push to it, its version then, payload after the
+        last, and that push's sequence."""
+        out: dict[str, list] = {}
+        for p in self.pushes:
+            for u in p.dense:
+                found = out.get(u.dense.spec.name)
+                if found is None:
+                    out[u.dense.spec.name] = [u.old, u.old_version, u.new, p.seq]
+                else:
+                    found[2], found[3] = u.new, p.seq
+        return {name: tuple(v) for name, v in out.items()}
+
+
+@dataclass
+class WidthDeltas:
+    """One delta per row of one width the group changed, grouped by stripe position, then table (by name): the
+    rows of position ``p`` are ``bounds[p]:bounds[p + 1]``, ``counts[p, t]`` of them of table ``t``."""
+
+    names: list[str]
+    bounds: np.ndarray  # (k + 1,)
+    counts: np.ndarray  # (k, tables)
+    slots: np.ndarray  # data slots here
+    deltas: np.ndarray  # (rows, width) uint8: payload before the group's first push XOR after its last
+    old_versions: np.ndarray  # each row's version before the group's first push to it
+    versions: np.ndarray  # the sequence of the group's last push to it
+
+
+def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
+    """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`): the group's changes
+    concatenated (a few numpy calls per width, whatever the number of pushes and tables), then merged in one
+    compiled pass (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
+    segments = [(u, p.seq) for p in group.pushes for u in p.tables if len(u.slots)]
+    by_width: dict[int, dict] = {}
+    for u, _ in segments:
+        shard = u.shard
+        by_width.setdefault(shard.spec.row_bytes, {})[shard] = shard.spec.name
+    out = []
+    for shards in by_width.values():
+        names = sorted(shards.values())
+        rank = {shard: names.index(name) for shard, name in shards.items()}
+        mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
+        lengths = [len(u.slots) for u, _ in mine]
+        counts, slots, deltas, old_versions, versions = merge_rows(
+            np.concatenate([u.slots for u, _ in mine]),
+            np.repeat(np.array([rank[u.shard] for u, _ in mine], dtype=np.int64), lengths),
+            np.repeat(np.array([seq for _, seq in mine], dtype=np.int64), lengths),
+            np.concatenate([u.old for u, _ in mine]), np.concatenate([u.new for u, _ in mine]),
+            np.concatenate([u.old_versions for u, _ in mine]).astype(np.int64, copy=False), k, len(names))
+        bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
+        out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
+    return out
 
 
 def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict[int, parity_pb2.ParityBatch]:
     """One :class:`ParityBatch` per destination index holding every delta of ``group`` meant for it.
 
-    Vectorized over the group's tables and pushes: the rows of one row width are concatenated (push after
-    push, table after table) and one stable sort by destination splits them, keeping that order."""
+    A data slot ``s`` of this server holds position ``p = s % k`` of a stripe in block ``s // k``; parity ``j``
+    of that stripe is on server ``(source - p + k + j) % S`` at parity slot ``(s // k) * m + j``: the rows of
+    one position go to one destination per parity index (:func:`group_deltas` keeps them together)."""
     batches: dict[int, parity_pb2.ParityBatch] = {}
     push_ids = [embedding_pb2.PushId(worker=w, sequence=q) for w, q in group.push_ids]
 
@@ -79,44 +149,35 @@ def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict
                                                               first_seq=group.first_seq, push_ids=push_ids)
         return b
 
-    by_width: dict[int, list] = {}
-    for row in group.rows:
-        by_width.setdefault(row[1], []).append(row)
     k, m, servers = layout.k, layout.m, layout.num_servers
-    for segments in by_width.values():
-        names = [seg[0] for seg in segments]
-        counts = np.array([len(seg[2]) for seg in segments])
-        if len(segments) == 1:
-            _, _, ids, delta, old_versions, seq = segments[0]
-            seqs = np.full(len(ids), seq, dtype=np.int64)
-        else:
-            ids = np.concatenate([seg[2] for seg in segments])
-            delta = np.concatenate([seg[3] for seg in segments])
-            old_versions = np.concatenate([seg[4] for seg in segments])
-            seqs = np.repeat(np.array([seg[5] for seg in segments], dtype=np.int64), counts)
-        segment_of_row = np.repeat(np.arange(len(segments)), counts)
-        stripes, positions = np.divmod(ids, k)
-        block = stripes // servers
-        for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
-            dest = (stripes + (k + j)) % servers
-            order = np.argsort(dest, kind="stable")  # by destination, keeping push and table order
-            bounds = np.searchsorted(dest[order], np.arange(servers + 1))
-            slots_j, positions_j, seqs_j = (block * m + j)[order], positions[order], seqs[order]
-            delta_j = delta[order]
-            versions_j, segment_j = old_versions[order].astype(np.int64, copy=False), segment_of_row[order]
-            for d in range(servers):
-                b0, b1 = bounds[d], bounds[d + 1]
-                if b0 == b1:
-                    continue
-                batch(d).tables.add(
-                    tables=names, table_rows=np.bincount(segment_j[b0:b1], minlength=len(segments)).tobytes(),
-                    parity_slots=slots_j[b0:b1].tobytes(), positions=positions_j[b0:b1].tobytes(), parity=j,
-                    deltas=delta_j[b0:b1].tobytes(), old_versions=versions_j[b0:b1].tobytes(),
-                    seqs=seqs_j[b0:b1].tobytes())
-    for name, delta, old_version, seq in group.dense:
+    for w in group_deltas(group, k):
+        block = w.slots // k
+        for p in range(k):
+            b0, b1 = int(w.bounds[p]), int(w.bounds[p + 1])
+            if b0 == b1:
+                continue
+            fields = dict(tables=w.names, table_rows=w.counts[p].astype(np.int64).tobytes(),
+                          positions=np.full(b1 - b0, p, dtype=np.int64).tobytes(), deltas=w.deltas[b0:b1].tobytes(),
+                          old_versions=w.old_versions[b0:b1].tobytes(), seqs=w.versions[b0:b1].tobytes())
+            block_p = block[b0:b1] * m
+            for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
+                batch((source - p + k + j) % servers).tables.add(parity_slots=(block_p + j).tobytes(), parity=j,
+                                                                 **fields)
+    for name, (old, old_version, new, version) in sorted(group.dense_deltas().items()):
+        delta = np.bitwise_xor(old.reshape(-1), new.reshape(-1)).tobytes()
         for d in layout.dense_servers(name)[1:]:
-            batch(d).dense.add(name=name, value=delta.tobytes(), old_version=old_version, seq=seq)
+            batch(d).dense.add(name=name, value=delta, old_version=old_version, seq=version)
     return batches
+
+
+class SealedBatch(NamedTuple):
+    """A serialized ``ParityBatch`` with its owner's seal: what a ``RelayBatch`` carries (same fields), kept
+    once per batch and copied once into the reply that carries it."""
+
+    destination: int
+    destination_id: str = ""
+    batch: bytes = b""
+    mac: bytes = b""
 
 
 @dataclass
@@ -129,6 +190,7 @@ class OutboxEntry:
     batches: dict[int, parity_pb2.ParityBatch]
     pending: set[int] = field(default_factory=set)  # destinations that have not acknowledged it
     relayed: bool = True  # went back in a push reply (else it is due for direct delivery at once)
+    sealed: dict[int, SealedBatch] = field(default_factory=dict)  # as addressed now, serialized once
 
 
 @dataclass
@@ -157,6 +219,9 @@ class ParityOwner:
         self._last_seq = 0
         self._group: PushGroup | None = None  # pushes not closed into batches yet
         self._eager = False  # close every group at once (a server is recovering or missing)
+        self._eager_until = 0.0  # ... and until then (a rebuild read data rows here: seal_for_read)
+        self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
+        merge.warm_up()  # compiled now, not in the first group a push closes
 
     # --- state read by others -------------------------------------------------------------------------------
     def confirmed_upto(self) -> int:
@@ -185,25 +250,46 @@ class ParityOwner:
         batch.confirmed_upto = self._confirmed
         chain.last_seq = batch.seq
 
+    def _seal(self, batch: parity_pb2.ParityBatch) -> SealedBatch:
+        """``batch`` serialized and sealed with the server key, as the worker (or the direct path) carries it."""
+        sealer = self.host.sealer
+        if sealer is None:
+            raise errors.Unavailable(f"server {self.host.index} holds no server key yet (not registered); "
+                                     "its parity batches cannot be sealed")
+        data = batch.SerializeToString()
+        return SealedBatch(batch.destination, batch.destination_id, data, sealer.batch_mac(data))
+
+    def _sealed(self, entry: OutboxEntry, destination: int) -> SealedBatch:
+        relay = entry.sealed.get(destination)
+        if relay is None:
+            relay = entry.sealed[destination] = self._seal(entry.batches[destination])
+        return relay
+
     # --- a push -----------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush) -> PushOutcome:
-        """Adds the push to the open group; when the group is full (pushes, bytes) or old, or while any server
-        recovers (a rebuild reads parity: it must not lag), closes it: its batches go back in this reply."""
+        """Adds the push to the open group (called in push order, under the server's apply lock); when the group
+        is full (pushes, bytes) or old, or while any server recovers (a rebuild reads parity: it must not lag),
+        closes it: its batches go back in this reply."""
         options, faults = self.options, self.host.faults
         with self.lock:
             if self._last_seq == 0:  # this incarnation's first push: sequences are consecutive from here
                 self._confirmed = push.seq - 1
             group = self._group
+            now = time.monotonic()
             if group is None:
-                group = self._group = PushGroup(push.seq, push.seq, time.monotonic())
+                group = self._group = PushGroup(push.seq, push.seq, now)
             group.add(push)
-            group.last_push = time.monotonic()
+            group.last_push = now
             self._last_seq = push.seq
-            close = (len(group.push_ids) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
-                     or time.monotonic() - group.started >= options.coalesce_s or self._eager
+            close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
+                     or now - group.started >= options.coalesce_s or self._eager or now < self._eager_until
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
             entry, relay = self._close_locked(relayed=True) if close else (None, [])
             confirmed = self._confirmed
+            if self.outbox:
+                oldest = next(iter(self.outbox.values()))
+                if oldest.created <= now - options.relay_timeout_s:  # the relay did not deliver it: directly
+                    self._wake_overdue_locked(now)
         if entry is not None:
             self._after_close(entry)
         return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
@@ -213,6 +299,15 @@ class ParityOwner:
         group, self._group = self._group, None
         if group is None:
             return None, []
+        t0 = time.thread_time()
+        try:
+            return self._close(group, relayed)
+        finally:
+            self.counters["group_close_cpu_s"] += time.thread_time() - t0
+            self.counters["groups_closed"] += 1
+            self.counters["group_pushes"] += len(group.pushes)
+
+    def _close(self, group: PushGroup, relayed: bool):
         batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
         if not batches:
             if not self.outbox:
@@ -230,8 +325,7 @@ class ParityOwner:
             chain = self._chain(d)
             self._address(b, d, chain)
             if chain.server_id and relayed:
-                relay.append(embedding_pb2.RelayBatch(destination=d, destination_id=chain.server_id,
-                                                      batch=b.SerializeToString()))
+                relay.append(self._sealed(entry, d))
                 self.counters["parity_bytes_relayed"] += len(relay[-1].batch)
         self.counters["batches_built"] += len(batches)
         self.counters["relay_batches"] += len(relay)
@@ -251,16 +345,65 @@ class ParityOwner:
             for d in destinations:
                 self.sender(d).deliver([entry], wait=True, timeout_s=self.options.partial_parity_wait_s)
 
-    def on_timer(self) -> None:
-        """Closes a group no push came to for ``relay_timeout_s`` (training paused or ended); its batches go
-        directly."""
+    def close_group(self) -> None:
+        """Closes the open group now; its batches go directly."""
         with self.lock:
-            group = self._group
-            if group is None or time.monotonic() - group.last_push < self.options.relay_timeout_s:
-                return
             entry, _ = self._close_locked(relayed=False)
         if entry is not None:
             self._after_close(entry)
+
+    def seal_for_read(self) -> None:
+        """Before this server's data rows are read for a rebuild.  A merged delta is all or nothing: a row must
+        not be read while a group holds some of its pushes and not others, or the rebuilt row would hold part of
+        a delta.  So groups become one push each (for ``READ_EAGER_S`` after the last such read, whatever the
+        map says), and the group open now closes with pushes paused (none is half applied).  A later read then
+        finds every group either contained in the row read (its versions say so: skipped) or after it whole."""
+        with self.lock:
+            self._eager_until = time.monotonic() + READ_EAGER_S
+            if self._group is None:
+                return
+        with self.host.pushes_paused():
+            self.close_group()
+
+    def on_timer(self) -> None:
+        """Closes a group no push came to for ``relay_timeout_s`` (training paused or ended), one older than
+        ``coalesce_s``, or any open group while a server recovers (its batches go directly); wakes the senders of
+        destinations with batches the relay did not deliver in time, and those owed a confirmation by an idle
+        owner (so that they trim their logs)."""
+        now = time.monotonic()
+        with self.lock:
+            group = self._group
+            close = group is not None and (
+                self._eager or now - group.last_push >= self.options.relay_timeout_s
+                or now - group.started >= max(self.options.coalesce_s, self.options.relay_timeout_s))
+        if close:
+            self.close_group()
+        with self.lock:
+            self._wake_overdue_locked(now)
+            if self.outbox or self._group is not None or now - self._last_ack < self.options.heartbeat_s:
+                return
+            owed = [s for s in self.senders.values() if s.sent_confirm < self._confirmed]
+        for sender in owed:
+            sender.wake()
+
+    def _wake_overdue_locked(self, now: float) -> None:
+        """Wakes the sender of every destination that has not acknowledged a batch due for direct delivery."""
+        cutoff = now - self.options.relay_timeout_s
+        overdue = set()
+        for e in self.outbox.values():
+            if not e.relayed or e.created <= cutoff:
+                overdue |= e.pending
+        for d in overdue:
+            sender = self.senders.get(d)
+            if sender is not None:
+                sender.wake()
+
+    def needs_timer(self) -> bool:
+        """Whether :meth:`on_timer` has anything to watch (an open group, batches not applied everywhere, a
+        confirmation not sent)."""
+        with self.lock:
+            return (self._group is not None or bool(self.outbox)
+                    or any(s.sent_confirm < self._confirmed for s in self.senders.values()))
 
     def admit(self) -> None:
         """Backpressure, before a push is applied: while ``max_unconfirmed`` pushes wait for their parity, waits
@@ -283,24 +426,28 @@ class ParityOwner:
                     f"servers to apply them (limit {limit}); a parity server is slow or unreachable")
             self.lock.wait(left)
 
-    def relay_for(self, seq: int) -> list[embedding_pb2.RelayBatch]:
+    def relay_for(self, seq: int) -> list[SealedBatch]:
         """The relay batches of an unconfirmed push again (its first reply was lost)."""
         with self.lock:
             entry = next((e for e in self.outbox.values() if e.first_seq <= seq <= e.seq), None)
             if entry is None:
                 return []
-            return [embedding_pb2.RelayBatch(destination=d, destination_id=entry.batches[d].destination_id,
-                                             batch=entry.batches[d].SerializeToString())
-                    for d in sorted(entry.pending) if entry.batches[d].destination_id]
+            return [self._sealed(entry, d) for d in sorted(entry.pending) if entry.batches[d].destination_id]
 
     # --- acknowledgements ---------------------------------------------------------------------------------------
     def ack(self, destination: int, destination_id: str, applied_upto: int) -> None:
-        """``destination`` (incarnation ``destination_id``) has applied this owner's chain up to ``applied_upto``."""
+        """``destination`` (incarnation ``destination_id``) has applied this owner's chain up to ``applied_upto``
+        (from its own reply, or a watermark whose seal checked)."""
         with self.lock:
             chain = self.chains.get(destination)
             if chain is None or chain.server_id != destination_id or applied_upto <= chain.acked_upto:
                 return
+            if applied_upto > chain.last_seq:  # never sent that far: not from this chain (a bug, not a worker)
+                log.error("server %d (%s) acknowledged batch %d of a chain sent up to %d; ignored", destination,
+                          destination_id, applied_upto, chain.last_seq)
+                return
             chain.acked_upto = applied_upto
+            self._last_ack = time.monotonic()
             for seq, entry in self.outbox.items():
                 if seq > applied_upto:
                     break
@@ -317,12 +464,20 @@ class ParityOwner:
             if self._confirmed != before:
                 self.lock.notify_all()
 
-    def on_acks(self, acks) -> None:
-        """Watermarks of this server's batches, relayed by a worker from the destinations' replies."""
+    def on_acks(self, acks, worker: str = "") -> None:
+        """Watermarks of this server's batches, relayed by a worker from the destinations' replies.  Only a
+        watermark whose seal checks counts; any other is refused, counted and logged with the worker."""
         host = self.host
+        sealer = host.sealer
         for wm in acks:
-            if wm.source == host.index and wm.source_id == host.server_id:
-                self.ack(wm.destination, wm.destination_id, wm.applied_upto)
+            if wm.source != host.index or wm.source_id != host.server_id:
+                continue  # for an earlier incarnation of this index: nothing to confirm here
+            if sealer is None or not sealer.watermark_ok(wm):
+                self.counters["refused_watermarks"] += 1
+                log.warning("a watermark relayed by %s does not carry its destination's seal (destination %d, "
+                            "applied_upto %d); refused", worker or "a worker", wm.destination, wm.applied_upto)
+                continue
+            self.ack(wm.destination, wm.destination_id, wm.applied_upto)
 
     # --- destinations replaced -----------------------------------------------------------------------------------
     def on_map_change(self) -> None:
@@ -331,14 +486,14 @@ class ParityOwner:
         m = self.host.cluster_map
         live = live_servers(m)
         restarted = []
-        entry = None
+        close_now = False
         with self.lock:
             was_eager = self._eager
             self._eager = len(live) < m.num_servers or any(s.state == cluster_pb2.RECOVERING for s in live.values())
             if self._eager and not was_eager:
                 # a server failed: its replacement's rebuild needs every parity server current, now: the open
                 # group and every batch the workers hold go directly
-                entry, _ = self._close_locked(relayed=False)
+                close_now = self._group is not None
                 for e in self.outbox.values():
                     e.relayed = False
             for d, chain in list(self.chains.items()):
@@ -349,10 +504,11 @@ class ParityOwner:
                 for entry in self.outbox.values():
                     if d in entry.pending:
                         self._address(entry.batches[d], d, fresh)
+                        entry.sealed.pop(d, None)
                 if now:
                     restarted.append(d)
-        if entry is not None:
-            self._after_close(entry)
+        if close_now:
+            self.close_group()
         for d in restarted:
             self.counters["chains_restarted"] += 1
             self.sender(d).wake(due_now=True)
@@ -380,9 +536,21 @@ class ParityOwner:
             return [e for e in self.outbox.values()
                     if destination in e.pending and (everything or not e.relayed or e.created <= cutoff)]
 
+    def next_due(self, destination: int) -> float | None:
+        """When the oldest batch ``destination`` has not acknowledged is due for direct delivery (monotonic); now
+        for one not relayed; None when none is pending."""
+        with self.lock:
+            chain = self.chains.get(destination)
+            if chain is None or not chain.server_id:
+                return None
+            due = [e.created + self.options.relay_timeout_s if e.relayed else 0.0
+                   for e in self.outbox.values() if destination in e.pending]
+            return min(due) if due else None
+
     def messages_for(self, destination: int, entries: list[OutboxEntry]) -> list[tuple[list, int]] | None:
-        """``entries``' batches for ``destination`` still unacknowledged there, as messages of at most
-        ``max_batch_bytes`` (copies, addressed to the current incarnation); None while no server holds it."""
+        """``entries``' batches for ``destination`` still unacknowledged there, sealed, as messages of at most
+        ``max_batch_bytes`` (copies carrying the current confirmation, addressed to the current incarnation);
+        None while no server holds it."""
         with self.lock:
             chain = self.chains.get(destination)
             if chain is None or not chain.server_id:
@@ -394,11 +562,12 @@ class ParityOwner:
                 batch = parity_pb2.ParityBatch()
                 batch.CopyFrom(entry.batches[destination])
                 batch.confirmed_upto = self._confirmed
-                n = batch.ByteSize()
+                sealed = self._seal(batch)
+                n = len(sealed.batch)
                 if current and size + n > self.options.max_batch_bytes:
                     messages.append(current)
                     current, size = [], 0
-                current.append(batch)
+                current.append(embedding_pb2.RelayBatch(**sealed._asdict()))
                 size += n
             if current:
                 messages.append(current)
@@ -407,14 +576,11 @@ class ParityOwner:
     def flush(self, timeout_s: float) -> int:
         """Sends every unacknowledged batch directly and waits (up to ``timeout_s``) until all are applied;
         returns how many pushes are still unconfirmed."""
+        self.close_group()
         with self.lock:
             destinations = sorted({d for e in self.outbox.values() for d in e.pending})
         for d in destinations:
             self.sender(d).wake(due_now=True)
-        with self.lock:
-            entry, _ = self._close_locked(relayed=False)
-        if entry is not None:
-            self._after_close(entry)
         deadline = time.monotonic() + timeout_s
         with self.lock:
             while self.outbox and not self.closed.is_set():

@@ -1,8 +1,10 @@
 """The receiving side of the parity path: a server applies other owners' batches to its parity rows
 and dense replicas, and keeps them in a per-source log until the owner confirms them.
 
-Batches arrive relayed by workers (inside pulls and pushes) or directly from their owner, in any order;
-each source's batches form a chain (every batch names its predecessor) applied strictly in order, later
+Batches arrive relayed by workers (inside pulls and pushes) or directly from their owner, in any order,
+always sealed by their owner (:mod:`ecrec.seal`): one whose seal does not check -- changed, made up, or not
+from a server -- is refused, counted and logged with the worker that carried it, and changes nothing.  Each
+source's batches form a chain (every batch names its predecessor) applied strictly in order, later
 ones held back until their predecessor arrives, duplicates skipped.  A batch is validated whole before
 anything of it changes.  For a failed owner the log answers resolution: close the chain and list what
 is held, then undo the batches resolution drops (XOR cancels, versions go back) and forget the
@@ -94,12 +96,13 @@ class ParityReceiver:
             arena, offsets, limits = self._tables_of(t.tables)
             counts = transport.bytes_to_ids(t.table_rows)
             local = transport.bytes_to_ids(t.parity_slots)
+            n = len(local)
             positions = transport.bytes_to_ids(t.positions)
             old_versions = transport.bytes_to_ids(t.old_versions)
             seqs = transport.bytes_to_ids(t.seqs)
-            n = len(local)
+            raw = t.deltas
             if (len(counts) != len(offsets) or len(positions) != n or len(old_versions) != n or len(seqs) != n
-                    or len(t.deltas) != n * arena.row_bytes or t.parity >= layout.m):
+                    or len(raw) != n * arena.row_bytes or t.parity >= layout.m):
                 raise errors.InvalidRequest(f"tables {list(t.tables)}: inconsistent parity batch lengths or parity index")
             if n == 0:
                 continue
@@ -114,7 +117,7 @@ class ParityReceiver:
                 raise errors.InvalidRequest(
                     f"table {table!r}: parity slot {int(local[checked])} or stripe position {int(positions[checked])} "
                     f"is out of range, or server {self.host.index} holds no parity row there")
-            deltas = np.frombuffer(t.deltas, dtype=np.uint8).reshape(n, arena.row_bytes)
+            deltas = np.frombuffer(raw, dtype=np.uint8).reshape(n, arena.row_bytes)
             tables.append((arena, slots, positions, int(t.parity), deltas, old_versions, seqs))
         dense = []
         for d in b.dense:
@@ -183,6 +186,8 @@ class ParityReceiver:
 
     def _chain_for(self, b: parity_pb2.ParityBatch) -> SourceLog:
         """The log of ``b``'s source, checked against ``b``'s incarnations (call with the lock held)."""
+        if b.destination != self.host.index:
+            raise errors.FailedPrecondition(f"batch addressed to server {b.destination}; this is server {self.host.index}")
         if b.destination_id and b.destination_id != self.host.server_id:
             self.counters["stale_batches"] += 1
             raise errors.FailedPrecondition(
@@ -214,29 +219,56 @@ class ParityReceiver:
         return lg
 
     def watermarks(self, seen: dict[int, SourceLog]) -> list[embedding_pb2.ParityWatermark]:
+        """The sealed watermarks of ``seen``'s chains, for a worker to take to their owners."""
+        sealer = self.host.sealer
+        if sealer is None:
+            return []
         with self.lock:
-            return [embedding_pb2.ParityWatermark(source=s, source_id=lg.source_id, destination=self.host.index,
-                                                  destination_id=self.host.server_id, applied_upto=lg.applied_upto)
-                    for s, lg in seen.items() if lg.source_id]
+            marks = [(s, lg.source_id, lg.applied_upto) for s, lg in seen.items() if lg.source_id]
+        return [sealer.seal_watermark(embedding_pb2.ParityWatermark(
+            source=s, source_id=sid, destination=self.host.index, destination_id=self.host.server_id,
+            applied_upto=upto)) for s, sid, upto in marks]
 
-    def on_relay(self, relay) -> list[embedding_pb2.ParityWatermark]:
-        """Batches a worker relayed (serialized); returns the watermarks of their sources."""
+    def unseal(self, sealed, worker: str = "") -> list[parity_pb2.ParityBatch]:
+        """The batches of ``sealed`` (``RelayBatch`` or alike) whose seal checks, parsed; each other one is refused,
+        counted and logged naming ``worker`` (who carried it)."""
+        sealer = self.host.sealer
         batches = []
-        for r in relay:
+        for r in sealed:
             b = parity_pb2.ParityBatch()
-            try:
-                b.ParseFromString(r.batch)
-            except Exception:  # noqa: BLE001 - a malformed relay is dropped and counted, never applied
+            why = ""
+            data = r.batch
+            if sealer is None:
+                why = "this server holds no server key yet"
+            elif not sealer.batch_ok(data, r.mac):
+                why = "its seal does not check (changed, made up, or not from a server)"
+            else:
+                try:
+                    b.ParseFromString(data)
+                except Exception:  # noqa: BLE001 - a sealed batch that does not parse is refused, never applied
+                    why = "it does not parse"
+            if why:
                 self.counters["refused_relayed_batches"] += 1
-                log.warning("a relayed parity batch could not be parsed; dropped")
+                log.warning("a parity batch for server %d relayed by %s was refused: %s", r.destination,
+                            worker or "an unnamed caller", why)
                 continue
             batches.append(b)
-        return self.watermarks(self.receive(batches, strict=False))
+        return batches
+
+    def on_relay(self, relay, worker: str = "") -> list[embedding_pb2.ParityWatermark]:
+        """Batches a worker relayed (sealed); returns the sealed watermarks of their sources."""
+        return self.watermarks(self.receive(self.unseal(relay, worker), strict=False))
 
     def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
-        """The owner's direct call: its batches (or only its confirmation) in one message."""
+        """The owner's direct call: its sealed batches (or only its confirmation) in one message."""
         self.host.require_index()
-        seen = self.receive(list(request.batches), strict=True)
+        if len(request.batches):
+            raise errors.InvalidRequest("unsealed parity batches are refused: send them sealed (ParityBatches.sealed)")
+        batches = self.unseal(request.sealed, f"the caller of ApplyParity (source {request.source})")
+        if len(batches) != len(request.sealed):
+            raise errors.PermissionDenied(f"{len(request.sealed) - len(batches)} of {len(request.sealed)} parity "
+                                          "batches do not carry their owner's seal; none applied from them")
+        seen = self.receive(batches, strict=True)
         with self.lock:
             lg = seen.get(request.source) or self.logs.get(request.source)
             if lg is None or lg.source_id != request.source_id:

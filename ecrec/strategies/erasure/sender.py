@@ -1,10 +1,12 @@
 """The owner's direct path to one destination: batches the relay did not deliver in time, a restarted chain,
 flushes, and confirmations for an idle destination.
 
-One :class:`DestinationSender` (and one thread) per destination index.  It wakes every
-``relay_timeout_s / 2`` (or when woken), takes from the owner's outbox the batches this destination has
-not acknowledged and that are overdue (or all of them after a restart or a flush), and sends them in
-sequence order in ``ApplyParity`` calls of at most ``max_batch_bytes``.  The destination's reply is an
+One :class:`DestinationSender` (and one thread) per destination index.  It sleeps until the owner wakes it --
+a batch the relay did not deliver within ``relay_timeout_s`` (the owner notices at its next push or timer), a
+restarted chain, a flush, a confirmation due to an idle destination -- then takes from the owner's outbox the
+batches this destination has not acknowledged and that are overdue (or all of them after a restart or a
+flush), and sends them in
+sequence order in ``ApplyParity`` calls of at most ``max_batch_bytes``, sealed as the relay carries them.  The destination's reply is an
 acknowledgement like a relayed watermark.  A destination that is gone is reported to the coordinator;
 the batches stay in the outbox and go to the replacement once the map names it.  Nothing is dropped: a
 refused call (any other status) is logged and retried at the next wake.
@@ -23,6 +25,9 @@ from ecrec.peers import PARITY
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
+
+#: a sender nobody woke looks at its destination anyway this often (s): a safety net, not the schedule
+IDLE_WAKE_S = 5.0
 
 
 class DestinationSender:
@@ -44,10 +49,12 @@ class DestinationSender:
         self._wake.set()
 
     def _run(self) -> None:
+        """Sleeps until woken (the owner wakes it when a batch is due here, a chain restarted, a flush, or a
+        confirmation is due to an idle destination), then delivers what is due.  No periodic wake-up: an idle
+        cluster costs nothing here."""
         owner = self.owner
-        period = max(0.005, min(owner.options.relay_timeout_s / 2, owner.options.heartbeat_s))
         while not owner.closed.is_set():
-            self._wake.wait(period)
+            self._wake.wait(IDLE_WAKE_S)
             self._wake.clear()
             if owner.closed.is_set():
                 return
@@ -75,9 +82,11 @@ class DestinationSender:
                 return
             time.sleep(0.02)
 
-    def _send(self, batches: list[parity_pb2.ParityBatch], confirmed: int) -> bool:
+    def _send(self, sealed: list, confirmed: int) -> bool:
+        """One ``ApplyParity`` with ``sealed`` batches (``RelayBatch``, sealed as the relay carries them)."""
         owner, host = self.owner, self.owner.host
-        message = parity_pb2.ParityBatches(batches=batches, source=host.index, source_id=host.server_id,
+        batches = sealed
+        message = parity_pb2.ParityBatches(sealed=sealed, source=host.index, source_id=host.server_id,
                                            confirmed_upto=confirmed)
         with self._send_lock:
             address = host.peers.address_of(self.destination)

@@ -65,8 +65,10 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ReadRows(self, request, context):
-        self.host.check_peer(context)
+        self.host.check_peer(context, changes_parity=False)
         self.host.require_index()
+        if request.ids or request.dense or any(section.ids or section.dense for section in request.sections):
+            self.owner.seal_for_read()  # data rows and dense tensors are read at a group boundary (owner.py)
         if request.sections:
             if any(section.sections for section in request.sections):
                 raise errors.InvalidRequest("ReadRows sections cannot hold sections")
@@ -75,7 +77,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def StreamStripes(self, request, context):
-        self.host.check_peer(context)
+        self.host.check_peer(context, changes_parity=False)
         self.host.require_index()
         shard = self.host.table(request.table)
         self.receiver.part(request.table)
@@ -87,7 +89,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
     def _stream(self, request, context):
         """The reply stream (validated above); a domain error midway ends it with its status."""
         try:
-            for buffer in bulk.read_blocks(self.host, self.receiver, request):
+            for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read):
                 yield buffer.tobytes()
         except errors.EcrecError as exc:
             code, message = transport.grpc_status_of(exc)
@@ -120,7 +122,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
             bulk.lower_priority(self.sender_nice)
             try:
                 frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
-                                         bulk.read_blocks(self.host, self.receiver, request), DELIVER_TIMEOUT_S,
+                                         bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read), DELIVER_TIMEOUT_S,
                                          stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)

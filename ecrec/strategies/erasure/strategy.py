@@ -25,6 +25,10 @@ from ecrec.strategies.erasure.service import ParityServicer, add_to_server
 from ecrec.wire import parity_pb2
 
 
+#: the timer's period while this server's owner has nothing to watch (s)
+IDLE_TIMER_S = 0.5
+
+
 class ErasureCoding(FaultToleranceStrategy):
     name = "ecrec"
     needs_old_payload = True
@@ -32,7 +36,6 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def __init__(self, host: StrategyHost, options: ErasureOptions):
         super().__init__(host, options)
-        self.timer_interval_s = max(0.005, options.relay_timeout_s / 2)  # closes groups no push closed
         layout = host.layout
         kernel = "gpu" if host.config.device == "cuda" else "cpu"  # --device says where parity work runs
         self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
@@ -42,6 +45,14 @@ class ErasureCoding(FaultToleranceStrategy):
         self.receiver = ParityReceiver(host, self.codec, self.counters)
         self.resolver = Resolver(host, options, self.counters)
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
+
+    @property
+    def timer_interval_s(self) -> float:
+        """How often the server calls :meth:`on_timer`: while the owner has something to watch (an open group, a
+        batch not applied everywhere), twice per ``relay_timeout_s``; else every half second (as for a strategy without a timer)."""
+        if self.owner.needs_timer():
+            return max(0.005, self.options.relay_timeout_s / 2)
+        return IDLE_TIMER_S
 
     def services(self):
         return [(add_to_server, ParityServicer(self.host, self.owner, self.receiver, self.options.rebuild_nice))]
@@ -79,15 +90,15 @@ class ErasureCoding(FaultToleranceStrategy):
     def on_retry(self, push_id, seq: int):
         return PushOutcome(relay=self.owner.relay_for(seq), seq=seq, confirmed_upto=self.owner.confirmed_upto())
 
-    def on_relay(self, relay):
+    def on_relay(self, relay, worker: str = ""):
         t0 = time.thread_time()
         try:
-            return self.receiver.on_relay(relay)
+            return self.receiver.on_relay(relay, worker)
         finally:
             self.counters["on_relay_cpu_s"] += time.thread_time() - t0
 
-    def on_acks(self, acks) -> None:
-        self.owner.on_acks(acks)
+    def on_acks(self, acks, worker: str = "") -> None:
+        self.owner.on_acks(acks, worker)
 
     def on_map_change(self) -> None:
         self.owner.on_map_change()
@@ -130,6 +141,7 @@ class ErasureCoding(FaultToleranceStrategy):
         every dense replica with its primary, once every server has delivered its pending batches."""
         host, layout = self.host, self.host.layout
         self.flush_cluster()
+        self.owner.seal_for_read()  # this server's own data rows are read below too
         mismatched, checked = 0, 0
         for name, (arena, part) in self.receiver.parts.items():
             slots = part.slots
