@@ -5,8 +5,9 @@ and after the push and their versions before it.  A row changed by several pushe
 ``payload before the group's first push to it XOR payload after its last`` (XOR of consecutive deltas is one
 delta), stamped with its version before the first and the last push's sequence.  :func:`merge_rows` finds each
 row's first and last change with a hash table and writes the merged deltas grouped by stripe position, then
-table -- so the rows of one destination are one run -- in one compiled pass (no sort of every change, no
-temporary copy per step).
+table -- so the rows of one destination are one run -- in one compiled pass.  Large segments (at scale: a few
+pushes of many rows) are read in place, not concatenated: those payloads are cold by then, and every pass
+over them costs memory bandwidth; many small ones (a hot, skewed workload) are concatenated first.
 """
 
 from __future__ import annotations
@@ -18,17 +19,31 @@ import numpy as np
 #: a row's key: its table's rank above its slot
 TABLE_SHIFT = 40
 SLOT_MASK = (1 << TABLE_SHIFT) - 1
+#: segments of at least this many payload bytes on average are read in place (fetching an array's address costs
+#: a few microseconds in Python; concatenating small ones is cheaper)
+IN_PLACE_MIN_BYTES = 64 << 10
 
 
-@functools.lru_cache(maxsize=1)
-def _merge_kernel():
-    """Compiles (once, cached on disk by numba) the merge."""
-    from numba import njit
+@functools.lru_cache(maxsize=None)
+def _merge_kernel(word: str):
+    """Compiles (once per word size, cached on disk by numba) the merge; rows are XORed ``word`` at a time."""
+    from numba import carray, njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    dtype = np.dtype(word)
+
+    @intrinsic
+    def as_pointer(typingctx, address):  # pragma: no cover - numba
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+        return types.voidptr(types.intp), codegen
 
     @njit(cache=True, nogil=True, boundscheck=False)
-    def merge(slots, tables, seqs, old, new, old_versions, k, ntables):  # pragma: no cover - numba
+    def merge(slots, tables, seqs, old_versions, segment, offset, old_addr, new_addr, counts_in, width, k,
+              ntables):  # pragma: no cover - numba
         n = slots.shape[0]
-        width = old.shape[1]
         bits = 4
         while (1 << bits) < 2 * n:
             bits += 1
@@ -67,7 +82,7 @@ def _merge_kernel():
         out_slots = np.empty(found, dtype=np.int64)
         out_old_versions = np.empty(found, dtype=np.int64)
         out_versions = np.empty(found, dtype=np.int64)
-        out_deltas = np.empty((found, width), dtype=old.dtype)
+        out_deltas = np.empty((found, width), dtype=dtype)
         for u in range(found):
             h = unique[u]
             key = hkey[h]
@@ -79,32 +94,53 @@ def _merge_kernel():
             out_slots[j] = slot
             out_old_versions[j] = old_versions[first]
             out_versions[j] = seqs[last]
+            sf, sl = segment[first], segment[last]
+            before = carray(as_pointer(old_addr[sf]), (counts_in[sf], width), dtype)
+            after = carray(as_pointer(new_addr[sl]), (counts_in[sl], width), dtype)
+            rf, rl = offset[first], offset[last]
             for c in range(width):
-                out_deltas[j, c] = old[first, c] ^ new[last, c]
+                out_deltas[j, c] = before[rf, c] ^ after[rl, c]
         return counts, out_slots, out_deltas, out_old_versions, out_versions
 
     return merge
 
 
-def merge_rows(slots: np.ndarray, tables: np.ndarray, seqs: np.ndarray, old: np.ndarray, new: np.ndarray,
-               old_versions: np.ndarray, k: int, ntables: int):
-    """Merges the changes of a group (rows in push order: ``slots``, table ranks ``tables``, push sequences
-    ``seqs``, ``(n, width)`` uint8 payloads ``old`` before and ``new`` after each change, ``old_versions``).
+def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], old: list[np.ndarray],
+               new: list[np.ndarray], old_versions: list[np.ndarray], k: int, ntables: int):
+    """Merges the changes of a group, given segment by segment in push order (a segment: one push's rows of one
+    table: ``slots``, the table's rank, the push's sequence, ``(rows, width)`` uint8 payloads ``old`` before and
+    ``new`` after, ``old_versions``; every payload the same width and C-contiguous).
 
     Returns ``(counts, slots, deltas, old_versions, versions)``: one entry per row changed, grouped by stripe
     position then table (``counts[p, t]`` rows of table ``t`` at position ``p``; within one, in order of first
     change), each delta ``old`` of its first change XOR ``new`` of its last."""
-    width = old.shape[1]
-    if width % 8 == 0 and old.flags.c_contiguous and new.flags.c_contiguous:  # XOR 8 bytes at a time
-        old, new = old.view(np.uint64), new.view(np.uint64)
-    counts, out_slots, deltas, out_old, out_versions = _merge_kernel()(
-        slots, tables, seqs, old, new, old_versions, k, ntables)
+    width = old[0].shape[1]
+    word = "uint64" if width % 8 == 0 else "uint8"
+    lengths = np.array([len(a) for a in slots], dtype=np.int64)
+    n = int(lengths.sum())
+    if n * width < IN_PLACE_MIN_BYTES * len(slots):
+        # many small segments: one concatenation each is cheaper than fetching every array's address here
+        old, new = [np.concatenate(old)], [np.concatenate(new)]
+        segment, offset, seg_rows = np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.array([n], np.int64)
+    else:
+        segment = np.repeat(np.arange(len(slots), dtype=np.int64), lengths)
+        offset = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        seg_rows = lengths
+    for arrays in (old, new):
+        for a in arrays:
+            if not a.flags.c_contiguous or a.dtype != np.uint8 or a.shape[1] != width:
+                raise ValueError("merge_rows needs C-contiguous uint8 payloads of one width")
+    counts, out_slots, deltas, out_old, out_versions = _merge_kernel(word)(
+        np.concatenate(slots).astype(np.int64, copy=False), np.repeat(np.asarray(tables, dtype=np.int64), lengths),
+        np.repeat(np.asarray(seqs, dtype=np.int64), lengths),
+        np.concatenate(old_versions).astype(np.int64, copy=False), segment, offset,
+        np.array([a.ctypes.data for a in old], dtype=np.int64), np.array([a.ctypes.data for a in new], dtype=np.int64),
+        seg_rows, width // np.dtype(word).itemsize, k, ntables)
     return counts.reshape(k, ntables), out_slots, deltas.view(np.uint8), out_old, out_versions
 
 
 def warm_up() -> None:
-    """Compiles the kernel now (a replacement's first group must not wait for it)."""
-    for dtype_width in (8, 3):
-        one = np.zeros((1, dtype_width), dtype=np.uint8)
-        merge_rows(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), one, one,
-                   np.zeros(1, np.int64), 1, 1)
+    """Compiles the kernels now (a replacement's first group must not wait for them)."""
+    for width in (8, 3):
+        one = np.zeros((1, width), dtype=np.uint8)
+        merge_rows([np.zeros(1, np.int64)], [0], [1], [one], [one], [np.zeros(1, np.int64)], 1, 1)

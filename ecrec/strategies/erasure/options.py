@@ -45,9 +45,14 @@ class ErasureOptions:
     heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
     coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
-    coalesce_bytes: int = option(1 << 20, "... until their deltas reach this many bytes")
+    coalesce_bytes: int = option(8 << 20, "... until the pushes hold this many bytes of payload (before and after)")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
                                     "A group no push came to for relay_timeout_s is sent directly")
+    direct_bytes: int = option(2 << 20, "a group whose pushes hold at least this many bytes of payload is built off "
+                                        "the push path (the owner's closer thread) and its batches go to their "
+                                        "parity servers directly, not through the worker")
+    relay_max_bytes: int = option(1 << 20, "a batch larger than this goes to its parity server directly, not "
+                                           "through the worker")
     max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
     max_batch_bytes: int = option(4 << 20, "largest direct ApplyParity message (bytes)")
     rebuild_deadline_s: float = option(120.0, "a row that cannot be rebuilt for this long fails its request (s)")
@@ -59,7 +64,8 @@ class ErasureOptions:
         if self.backend not in SUPPORTED_BACKENDS:
             raise ValueError(f"strategy {strategy!r}: option backend={self.backend!r}: "
                              f"choose one of {list(SUPPORTED_BACKENDS)}")
-        for key in ("rebuild_batch_rows", "max_unconfirmed", "max_batch_bytes", "coalesce_pushes", "coalesce_bytes"):
+        for key in ("rebuild_batch_rows", "max_unconfirmed", "max_batch_bytes", "coalesce_pushes", "coalesce_bytes",
+                    "direct_bytes", "relay_max_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 1")
         if self.rebuild_transport not in TRANSPORTS:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -53,6 +53,8 @@ log = logging.getLogger("ecrec.strategies.erasure")
 
 #: after a rebuild read data rows here, groups stay one push each this long (s), whatever the map says
 READ_EAGER_S = 5.0
+#: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
+IDLE_CLOSER_WAKE_S = 5.0
 
 
 @dataclass
@@ -108,9 +110,8 @@ class WidthDeltas:
 
 
 def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
-    """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`): the group's changes
-    concatenated (a few numpy calls per width, whatever the number of pushes and tables), then merged in one
-    compiled pass (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
+    """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`), merged in one compiled
+    pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
     segments = [(u, p.seq) for p in group.pushes for u in p.tables if len(u.slots)]
     by_width: dict[int, dict] = {}
     for u, _ in segments:
@@ -121,13 +122,9 @@ def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
         names = sorted(shards.values())
         rank = {shard: names.index(name) for shard, name in shards.items()}
         mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
-        lengths = [len(u.slots) for u, _ in mine]
         counts, slots, deltas, old_versions, versions = merge_rows(
-            np.concatenate([u.slots for u, _ in mine]),
-            np.repeat(np.array([rank[u.shard] for u, _ in mine], dtype=np.int64), lengths),
-            np.repeat(np.array([seq for _, seq in mine], dtype=np.int64), lengths),
-            np.concatenate([u.old for u, _ in mine]), np.concatenate([u.new for u, _ in mine]),
-            np.concatenate([u.old_versions for u, _ in mine]).astype(np.int64, copy=False), k, len(names))
+            [u.slots for u, _ in mine], [rank[u.shard] for u, _ in mine], [seq for _, seq in mine],
+            [u.old for u, _ in mine], [u.new for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
         bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
         out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
     return out
@@ -191,6 +188,7 @@ class OutboxEntry:
     pending: set[int] = field(default_factory=set)  # destinations that have not acknowledged it
     relayed: bool = True  # went back in a push reply (else it is due for direct delivery at once)
     sealed: dict[int, SealedBatch] = field(default_factory=dict)  # as addressed now, serialized once
+    built: bool = True  # False while the owner's closer thread builds its batches
 
 
 @dataclass
@@ -221,6 +219,9 @@ class ParityOwner:
         self._eager = False  # close every group at once (a server is recovering or missing)
         self._eager_until = 0.0  # ... and until then (a rebuild read data rows here: seal_for_read)
         self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
+        self._closing: deque[tuple[PushGroup, OutboxEntry]] = deque()  # big groups for the closer thread, in order
+        self._closer: threading.Thread | None = None
+        self._closer_wake = threading.Event()
         merge.warm_up()  # compiled now, not in the first group a push closes
 
     # --- state read by others -------------------------------------------------------------------------------
@@ -295,28 +296,39 @@ class ParityOwner:
         return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
 
     def _close_locked(self, relayed: bool):
-        """Turns the open group into batches in the outbox; returns the entry and its relay (call with the lock)."""
+        """Closes the open group into an outbox entry (call with the lock held).  A small group's batches are built
+        now and returned to relay (``relayed``) in this push's reply; a group holding ``direct_bytes`` or more (or
+        any group while an earlier one is still being built: chains stay in push order) goes to the closer thread,
+        which builds it off the push path and sends its batches directly.  Returns the entry built now and its
+        relay (None, [] when there is nothing to do now)."""
         group, self._group = self._group, None
         if group is None:
             return None, []
-        t0 = time.thread_time()
-        try:
-            return self._close(group, relayed)
-        finally:
-            self.counters["group_close_cpu_s"] += time.thread_time() - t0
-            self.counters["groups_closed"] += 1
-            self.counters["group_pushes"] += len(group.pushes)
-
-    def _close(self, group: PushGroup, relayed: bool):
-        batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
-        if not batches:
-            if not self.outbox:
-                self._confirmed = group.last_seq
+        entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed)
+        self.outbox[group.last_seq] = entry
+        self.counters["groups_closed"] += 1
+        self.counters["group_pushes"] += len(group.pushes)
+        faults = self.host.faults
+        inline = faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack")
+        if not inline and (self._closing or group.nbytes >= self.options.direct_bytes):
+            entry.relayed, entry.built = False, False
+            self._closing.append((group, entry))
+            self._start_closer_locked()
+            self._closer_wake.set()
             return None, []
+        t0 = time.thread_time()
+        batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
+        relay = self._install_locked(entry, batches)
+        self.counters["group_close_cpu_s"] += time.thread_time() - t0
+        return entry, relay
+
+    def _install_locked(self, entry: OutboxEntry, batches: dict[int, parity_pb2.ParityBatch]) -> list[SealedBatch]:
+        """Addresses a group's batches to the chains (in push order: this is called in it) and puts them in its
+        outbox entry; returns the sealed batches to relay (those of a relayed entry, each at most
+        ``relay_max_bytes``; the others are sent directly)."""
         destinations = sorted(batches)
         destination_ids = [self._chain(d).server_id for d in destinations]
-        entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), batches, set(destinations), relayed)
-        self.outbox[group.last_seq] = entry
+        entry.batches, entry.pending, entry.built = batches, set(destinations), True
         relay = []
         for d in destinations:
             b = batches[d]
@@ -324,12 +336,60 @@ class ParityOwner:
             b.destination_ids.extend(destination_ids)
             chain = self._chain(d)
             self._address(b, d, chain)
-            if chain.server_id and relayed:
-                relay.append(self._sealed(entry, d))
-                self.counters["parity_bytes_relayed"] += len(relay[-1].batch)
+            if chain.server_id and entry.relayed:
+                sealed = self._sealed(entry, d)
+                if len(sealed.batch) <= self.options.relay_max_bytes:
+                    relay.append(sealed)
+                    self.counters["parity_bytes_relayed"] += len(sealed.batch)
+        if entry.relayed and len(relay) < len(destinations):
+            entry.relayed = False  # a batch too big to relay: the sender delivers them all (a second copy is skipped)
         self.counters["batches_built"] += len(batches)
         self.counters["relay_batches"] += len(relay)
-        return entry, relay
+        if not batches:
+            self._advance_confirmed_locked()
+        return relay
+
+    def _start_closer_locked(self) -> None:
+        if self._closer is None:
+            self._closer = threading.Thread(target=self._close_in_background, name="ecrec-parity-closer", daemon=True)
+            self._closer.start()
+
+    def _close_in_background(self) -> None:
+        """The closer thread: builds the batches of big groups, in order, off the push path; they go directly."""
+        while not self.closed.is_set():
+            self._closer_wake.wait(IDLE_CLOSER_WAKE_S)
+            self._closer_wake.clear()
+            while not self.closed.is_set():
+                with self.lock:
+                    if not self._closing:
+                        break
+                    group, entry = self._closing[0]
+                t0 = time.thread_time()
+                try:
+                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
+                except Exception:  # noqa: BLE001 - reported; the entry stays unbuilt (pushes unconfirmed: replayed)
+                    log.exception("building the parity batches of pushes %d..%d failed", group.first_seq,
+                                  group.last_seq)
+                    break
+                with self.lock:
+                    self._closing.popleft()
+                    self._install_locked(entry, batches)
+                    self.counters["group_close_cpu_s"] += time.thread_time() - t0
+                self._after_close(entry)
+
+    def _advance_confirmed_locked(self) -> None:
+        """Pops the outbox's leading entries that are built and applied everywhere; ``confirmed_upto`` follows."""
+        before = self._confirmed
+        while self.outbox:
+            seq, entry = next(iter(self.outbox.items()))
+            if entry.pending or not entry.built:
+                break
+            self.outbox.popitem(last=False)
+            self._confirmed = seq
+        if not self.outbox and self._group is None:
+            self._confirmed = max(self._confirmed, self._last_seq)
+        if self._confirmed != before:
+            self.lock.notify_all()
 
     def _after_close(self, entry: OutboxEntry) -> None:
         destinations = sorted(entry.batches)
@@ -452,17 +512,7 @@ class ParityOwner:
                 if seq > applied_upto:
                     break
                 entry.pending.discard(destination)
-            before = self._confirmed
-            while self.outbox:
-                seq, entry = next(iter(self.outbox.items()))
-                if entry.pending:
-                    break
-                self.outbox.popitem(last=False)
-                self._confirmed = seq
-            if not self.outbox and self._group is None:
-                self._confirmed = max(self._confirmed, self._last_seq)
-            if self._confirmed != before:
-                self.lock.notify_all()
+            self._advance_confirmed_locked()
 
     def on_acks(self, acks, worker: str = "") -> None:
         """Watermarks of this server's batches, relayed by a worker from the destinations' replies.  Only a
@@ -548,9 +598,10 @@ class ParityOwner:
             return min(due) if due else None
 
     def messages_for(self, destination: int, entries: list[OutboxEntry]) -> list[tuple[list, int]] | None:
-        """``entries``' batches for ``destination`` still unacknowledged there, sealed, as messages of at most
-        ``max_batch_bytes`` (copies carrying the current confirmation, addressed to the current incarnation);
-        None while no server holds it."""
+        """``entries``' batches for ``destination`` still unacknowledged there, as messages of at most
+        ``max_batch_bytes`` (addressed to the current incarnation), each with the confirmation to send beside it;
+        None while no server holds it.  They go over a server-to-server call whose caller proves it is a server:
+        no seal needed."""
         with self.lock:
             chain = self.chains.get(destination)
             if chain is None or not chain.server_id:
@@ -559,15 +610,12 @@ class ParityOwner:
             for entry in entries:
                 if destination not in entry.pending:
                     continue
-                batch = parity_pb2.ParityBatch()
-                batch.CopyFrom(entry.batches[destination])
-                batch.confirmed_upto = self._confirmed
-                sealed = self._seal(batch)
-                n = len(sealed.batch)
+                batch = entry.batches[destination]
+                n = batch.ByteSize()
                 if current and size + n > self.options.max_batch_bytes:
                     messages.append(current)
                     current, size = [], 0
-                current.append(embedding_pb2.RelayBatch(**sealed._asdict()))
+                current.append(batch)
                 size += n
             if current:
                 messages.append(current)
@@ -591,5 +639,6 @@ class ParityOwner:
             return self._last_seq - self._confirmed if self.outbox else 0
 
     def close(self) -> None:
+        self._closer_wake.set()
         for sender in list(self.senders.values()):
             sender.wake()

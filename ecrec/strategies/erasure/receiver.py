@@ -260,14 +260,20 @@ class ParityReceiver:
         return self.watermarks(self.receive(self.unseal(relay, worker), strict=False))
 
     def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
-        """The owner's direct call: its sealed batches (or only its confirmation) in one message."""
+        """The owner's direct call (its caller proved it is a server: ``check_peer``): its batches (or only its
+        confirmation) in one message; sealed ones (``sealed``) must carry their owner's seal."""
         self.host.require_index()
-        if len(request.batches):
-            raise errors.InvalidRequest("unsealed parity batches are refused: send them sealed (ParityBatches.sealed)")
-        batches = self.unseal(request.sealed, f"the caller of ApplyParity (source {request.source})")
-        if len(batches) != len(request.sealed):
-            raise errors.PermissionDenied(f"{len(request.sealed) - len(batches)} of {len(request.sealed)} parity "
-                                          "batches do not carry their owner's seal; none applied from them")
+        batches = list(request.batches)
+        if len(request.sealed):
+            unsealed = self.unseal(request.sealed, f"the caller of ApplyParity (source {request.source})")
+            if len(unsealed) != len(request.sealed):
+                raise errors.PermissionDenied(f"{len(request.sealed) - len(unsealed)} of {len(request.sealed)} "
+                                              "parity batches do not carry their owner's seal; none applied")
+            batches += unsealed
+        for b in batches:
+            if b.source != request.source or b.source_id != request.source_id:
+                raise errors.InvalidRequest(f"a batch of source {b.source} ({b.source_id}) in a message of source "
+                                            f"{request.source} ({request.source_id}); nothing applied")
         seen = self.receive(batches, strict=True)
         with self.lock:
             lg = seen.get(request.source) or self.logs.get(request.source)

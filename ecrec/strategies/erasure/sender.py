@@ -6,7 +6,8 @@ a batch the relay did not deliver within ``relay_timeout_s`` (the owner notices 
 restarted chain, a flush, a confirmation due to an idle destination -- then takes from the owner's outbox the
 batches this destination has not acknowledged and that are overdue (or all of them after a restart or a
 flush), and sends them in
-sequence order in ``ApplyParity`` calls of at most ``max_batch_bytes``, sealed as the relay carries them.  The destination's reply is an
+sequence order in ``ApplyParity`` calls of at most ``max_batch_bytes`` (a server-to-server call whose caller
+proves it is a server: the batches need no seal).  The destination's reply is an
 acknowledgement like a relayed watermark.  A destination that is gone is reported to the coordinator;
 the batches stay in the outbox and go to the replacement once the map names it.  Nothing is dropped: a
 refused call (any other status) is logged and retried at the next wake.
@@ -82,11 +83,10 @@ class DestinationSender:
                 return
             time.sleep(0.02)
 
-    def _send(self, sealed: list, confirmed: int) -> bool:
-        """One ``ApplyParity`` with ``sealed`` batches (``RelayBatch``, sealed as the relay carries them)."""
+    def _send(self, batches: list, confirmed: int) -> bool:
+        """One ``ApplyParity`` with ``batches`` (``ParityBatch``; the call proves this is a server: no seal)."""
         owner, host = self.owner, self.owner.host
-        batches = sealed
-        message = parity_pb2.ParityBatches(sealed=sealed, source=host.index, source_id=host.server_id,
+        message = parity_pb2.ParityBatches(batches=batches, source=host.index, source_id=host.server_id,
                                            confirmed_upto=confirmed)
         with self._send_lock:
             address = host.peers.address_of(self.destination)
