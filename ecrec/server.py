@@ -675,7 +675,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         strategy.admit_push()  # waits (or refuses) while too many pushes wait for their redundancy
         st.faults.hit("before_local_commit")
         # apply, one push at a time; the strategy sees the old and new bytes of everything it changed
-        keep_old = strategy.needs_old_payload
+        keep_old, want_delta = strategy.needs_old_payload, strategy.needs_delta
         rows_updated = 0
         with st.apply_lock:
             seq = st.applied.get(key)  # a concurrent retry may have won
@@ -683,14 +683,16 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
             push = AppliedPush(key, st.sequencer.next(st.epoch))
             for shard, ids, slots, grads in table_plans:
-                old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old)
-                push.tables.append(TableUpdate(shard, ids, slots, old, new, old_versions))
+                old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old, want_delta)
+                push.tables.append(TableUpdate(shard, ids, slots, None, new, old_versions, delta=old) if want_delta
+                                   else TableUpdate(shard, ids, slots, old, new, old_versions))
                 rows_updated += len(slots)
-                push.nbytes += 2 * new.nbytes
+                push.nbytes += new.nbytes
             for d, grad in dense_plans:
-                old, new, old_version = d.apply_gradient(grad, push.seq, keep_old)
-                push.dense.append(DenseUpdate(d, old, new, old_version))
-                push.nbytes += 2 * new.nbytes
+                old, new, old_version = d.apply_gradient(grad, push.seq, keep_old, want_delta)
+                push.dense.append(DenseUpdate(d, None, new, old_version, delta=old) if want_delta
+                                  else DenseUpdate(d, old, new, old_version))
+                push.nbytes += new.nbytes
             outcome = strategy.on_push(push)
             st.applied.add(key, push.seq)
             if outcome is not None and outcome.confirmed_upto:

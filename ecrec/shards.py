@@ -83,18 +83,21 @@ class TableShard:
 
     # --- training --------------------------------------------------------------------------------------------
     def apply_gradients(self, slots: np.ndarray, grads: np.ndarray, version: int,
-                        keep_old: bool) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+                        keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Runs the table's optimizer on rows ``slots`` (unique) and stamps them with ``version``;
-        returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``) and old versions."""
+        returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``; with ``delta``, ``old XOR
+        new`` instead of ``old``, computed while the rows are in cache) and old versions."""
         spec = self.spec
         with self._lock:
             rows = self._floats[slots]  # a copy: fancy indexing
-            old = rows.view(np.uint8).copy() if keep_old else None
+            old = rows.view(np.uint8).copy() if keep_old or delta else None
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
             self._floats[slots] = rows
             old_versions = self._versions[slots]
             self._versions[slots] = version
             self.row_updates += len(slots)
+        if delta:
+            np.bitwise_xor(old, rows.view(np.uint8), out=old)
         return old, rows.view(np.uint8), old_versions
 
     def weights(self, slots: np.ndarray) -> np.ndarray:
@@ -223,15 +226,18 @@ class DenseShard:
         return self._bytes.nbytes
 
     def apply_gradient(self, grad: np.ndarray, version: int,
-                       keep_old: bool) -> tuple[np.ndarray | None, np.ndarray, int]:
-        """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes and
-        the old version."""
+                       keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes (with
+        ``delta``, ``old XOR new`` in place of ``old``) and the old version."""
         spec = self.spec
         with self._lock:
-            old = self._bytes.copy() if keep_old else None
+            old = self._bytes.copy() if keep_old or delta else None
             optim.apply(spec.optimizer, self._floats, grad[None, :], spec.numel, spec.lr, spec.eps)
             old_version, self.version = self.version, version
-            return old, self._bytes.copy(), old_version
+            new = self._bytes.copy()
+        if delta:
+            np.bitwise_xor(old, new, out=old)
+        return old, new, old_version
 
     def weights_bytes(self) -> bytes:
         with self._lock:

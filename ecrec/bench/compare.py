@@ -997,6 +997,7 @@ def run(args) -> int:
         print("ecrec-bench compare: --equal-pls tunes cpr-mfu and cpr-ssu to cpr's PLS: include one of them in "
               "--strategies", file=sys.stderr)
         return 2
+    load_before = os.getloadavg()
     from ecrec.transport import tune_allocator
 
     tune_allocator()
@@ -1076,7 +1077,12 @@ def run(args) -> int:
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
               "model": args.model,
               "strategies": strategies, "cpu_count": os.cpu_count(), "equal_pls": bool(args.equal_pls),
-              "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after"}
+              "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after",
+              "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())}
+    if load_before[0] > (os.cpu_count() or 1):
+        print(f"note: the load average was {load_before[0]:.1f} on {os.cpu_count()} cores when this run began: "
+              "other jobs ran beside it; read its timings as ratios only (the load average is in the JSON)",
+              file=sys.stderr)
     if args.json:
         report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
                   "strategies": {row["strategy"]: row for row in rows},

@@ -66,7 +66,8 @@ class Completion(Protocol):
 class TableUpdate:
     """The rows of one table a push changed: ``old``/``new`` are ``(len(slots), row_bytes)`` uint8 payloads
     (``old`` is None unless the strategy asked for it with ``needs_old_payload``); ``old_versions`` the
-    rows' versions before the push."""
+    rows' versions before the push; ``delta`` is ``old XOR new`` when the strategy asked for it with
+    ``needs_delta`` (computed while the rows are in cache; ``old`` is then None)."""
 
     shard: "TableShard"
     ids: np.ndarray
@@ -74,6 +75,7 @@ class TableUpdate:
     old: np.ndarray | None
     new: np.ndarray
     old_versions: np.ndarray | None = None
+    delta: np.ndarray | None = None
 
 
 @dataclass
@@ -84,6 +86,7 @@ class DenseUpdate:
     old: np.ndarray | None
     new: np.ndarray
     old_version: int = 0
+    delta: np.ndarray | None = None
 
 
 @dataclass
@@ -169,6 +172,8 @@ class FaultToleranceStrategy:
     name: ClassVar[str] = "?"
     #: whether the old payload bytes of updated rows must be captured for ``on_push``
     needs_old_payload: ClassVar[bool] = False
+    #: whether ``old XOR new`` of updated rows must be captured for ``on_push`` (``TableUpdate.delta``)
+    needs_delta: ClassVar[bool] = False
     #: whether a promoted replacement rebuilds every row itself (then its tables skip initial values)
     rebuilds_rows: ClassVar[bool] = False
     #: seconds between ``on_timer`` calls (None: never)

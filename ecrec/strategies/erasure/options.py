@@ -45,10 +45,10 @@ class ErasureOptions:
     heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
     coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
-    coalesce_bytes: int = option(8 << 20, "... until the pushes hold this many bytes of payload (before and after)")
+    coalesce_bytes: int = option(4 << 20, "... until the pushes hold this many bytes of deltas")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
                                     "A group no push came to for relay_timeout_s is sent directly")
-    direct_bytes: int = option(2 << 20, "a group whose pushes hold at least this many bytes of payload is built off "
+    direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "
                                         "the push path (the owner's closer thread) and its batches go to their "
                                         "parity servers directly, not through the worker")
     relay_max_bytes: int = option(1 << 20, "a batch larger than this goes to its parity server directly, not "

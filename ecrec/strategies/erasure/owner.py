@@ -1,8 +1,8 @@
 """The owner side of the parity path: the pushes applied here become, a group at a time, one sealed batch per
 destination, kept in an outbox until every destination has applied it.
 
-A push only records what it changed (its rows' slots, payload before and after, versions before: the server's
-copies, no work per row).  A *group* of consecutive pushes closes after ``coalesce_pushes`` pushes,
+A push only records what it changed (its rows' slots, their deltas -- the server computes ``old XOR new``
+while the rows are in cache -- and versions before: no work per row here).  A *group* of consecutive pushes closes after ``coalesce_pushes`` pushes,
 ``coalesce_bytes``, ``coalesce_s``, or at once while a server recovers; closing it computes one delta per row
 the group changed -- ``payload before the group's first push to it XOR payload after its last``, stamped with
 the row's version before the first and the last push's sequence -- so a hot row updated in most pushes of a
@@ -61,37 +61,38 @@ IDLE_CLOSER_WAKE_S = 5.0
 class PushGroup:
     """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination.
 
-    It keeps each push as the server handed it over (no copy, no work per row: the rows' slots, their payload
-    before and after the push, their versions before it); the deltas are computed when the group closes."""
+    It keeps each push as the server handed it over (no copy, no work per row: the rows' slots, their deltas
+    -- computed by the server while the rows were in cache -- and their versions before it); one delta per row
+    is made when the group closes."""
 
     first_seq: int
     last_seq: int
     started: float
     last_push: float = 0.0
     pushes: list[AppliedPush] = field(default_factory=list)
-    nbytes: int = 0  # payload bytes the pushes hold (a bound on twice the group's delta bytes)
+    nbytes: int = 0  # delta bytes the pushes hold (a bound on the group's)
 
     def add(self, push: AppliedPush) -> None:
         self.last_seq = push.seq
         self.pushes.append(push)
-        self.nbytes += push.nbytes or (sum(u.old.nbytes + u.new.nbytes for u in push.tables)
-                                       + sum(u.old.nbytes + u.new.nbytes for u in push.dense))
+        self.nbytes += push.nbytes or (sum(u.new.nbytes for u in push.tables) + sum(u.new.nbytes for u in push.dense))
 
     @property
     def push_ids(self) -> list[tuple[str, int]]:
         return [p.push_id for p in self.pushes]
 
-    def dense_deltas(self) -> dict[str, tuple[np.ndarray, int, np.ndarray, int]]:
-        """Per dense tensor: payload before the group's first push to it, its version then, payload after the
-        last, and that push's sequence."""
+    def dense_deltas(self) -> dict[str, tuple[np.ndarray, int, int]]:
+        """Per dense tensor: its delta over the group (XOR of its pushes' deltas), its version before the group's
+        first push to it, and the last one's sequence."""
         out: dict[str, list] = {}
         for p in self.pushes:
             for u in p.dense:
                 found = out.get(u.dense.spec.name)
                 if found is None:
-                    out[u.dense.spec.name] = [u.old, u.old_version, u.new, p.seq]
+                    out[u.dense.spec.name] = [_delta(u).reshape(-1).copy(), u.old_version, p.seq]
                 else:
-                    found[2], found[3] = u.new, p.seq
+                    np.bitwise_xor(found[0], _delta(u).reshape(-1), out=found[0])
+                    found[2] = p.seq
         return {name: tuple(v) for name, v in out.items()}
 
 
@@ -109,6 +110,11 @@ class WidthDeltas:
     versions: np.ndarray  # the sequence of the group's last push to it
 
 
+def _delta(u) -> np.ndarray:
+    """A change's delta: the server's (``needs_delta``), or ``old XOR new`` when it handed over both."""
+    return u.delta if u.delta is not None else np.bitwise_xor(u.old, u.new)
+
+
 def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
     """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`), merged in one compiled
     pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
@@ -124,7 +130,7 @@ def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
         mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
         counts, slots, deltas, old_versions, versions = merge_rows(
             [u.slots for u, _ in mine], [rank[u.shard] for u, _ in mine], [seq for _, seq in mine],
-            [u.old for u, _ in mine], [u.new for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
+            [_delta(u) for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
         bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
         out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
     return out
@@ -160,8 +166,8 @@ def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict
             for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
                 batch((source - p + k + j) % servers).tables.add(parity_slots=(block_p + j).tobytes(), parity=j,
                                                                  **fields)
-    for name, (old, old_version, new, version) in sorted(group.dense_deltas().items()):
-        delta = np.bitwise_xor(old.reshape(-1), new.reshape(-1)).tobytes()
+    for name, (delta, old_version, version) in sorted(group.dense_deltas().items()):
+        delta = delta.tobytes()
         for d in layout.dense_servers(name)[1:]:
             batch(d).dense.add(name=name, value=delta, old_version=old_version, seq=version)
     return batches

@@ -31,7 +31,7 @@ IDLE_TIMER_S = 0.5
 
 class ErasureCoding(FaultToleranceStrategy):
     name = "ecrec"
-    needs_old_payload = True
+    needs_delta = True
     rebuilds_rows = True
 
     def __init__(self, host: StrategyHost, options: ErasureOptions):
