@@ -42,12 +42,13 @@ class ErasureOptions:
     rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
     rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "
                                                "rebuilt on demand first); in (0, 1]")
-    heartbeat_s: float = option(0.2, "an idle owner confirms acknowledged batches to its parity servers this often (s)")
+    heartbeat_s: float = option(2.0, "an owner idle this long confirms its acknowledged batches to its parity servers, "
+                                     "which then trim their logs (s; while it trains, its batches carry that)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
     coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
     coalesce_bytes: int = option(4 << 20, "... until the pushes hold this many bytes of deltas")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
-                                    "A group no push came to for relay_timeout_s is sent directly")
+                                    "A group no push came to for this long is sent directly")
     direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "
                                         "the push path (the owner's closer thread) and its batches go to their "
                                         "parity servers directly, not through the worker")

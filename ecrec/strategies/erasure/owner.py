@@ -432,16 +432,16 @@ class ParityOwner:
             self.close_group()
 
     def on_timer(self) -> None:
-        """Closes a group no push came to for ``relay_timeout_s`` (training paused or ended), one older than
-        ``coalesce_s``, or any open group while a server recovers (its batches go directly); wakes the senders of
+        """Closes a group no push came to for ``coalesce_s`` (training paused or ended: its parity must not wait
+        for the next push), one older than that, or any open group while a server recovers (its batches go
+        directly); wakes the senders of
         destinations with batches the relay did not deliver in time, and those owed a confirmation by an idle
         owner (so that they trim their logs)."""
         now = time.monotonic()
         with self.lock:
             group = self._group
-            close = group is not None and (
-                self._eager or now - group.last_push >= self.options.relay_timeout_s
-                or now - group.started >= max(self.options.coalesce_s, self.options.relay_timeout_s))
+            limit = max(self.options.coalesce_s, self.options.relay_timeout_s)
+            close = group is not None and (self._eager or now - group.last_push >= limit or now - group.started >= limit)
         if close:
             self.close_group()
         with self.lock:
@@ -642,7 +642,12 @@ class ParityOwner:
                 if left <= 0:
                     break
                 self.lock.wait(min(left, 0.05))
-            return self._last_seq - self._confirmed if self.outbox else 0
+            left = self._last_seq - self._confirmed if self.outbox else 0
+            owed = [] if left else [s for s in self.senders.values() if s.sent_confirm < self._confirmed]
+            confirmed = self._confirmed
+        for sender in owed:  # the destinations trim their logs now, not at the next heartbeat
+            sender.confirm(confirmed)
+        return left
 
     def close(self) -> None:
         self._closer_wake.set()

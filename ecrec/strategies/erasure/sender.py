@@ -69,6 +69,13 @@ class DestinationSender:
             except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
                 log.exception("parity sender to server %d", self.destination)
 
+    def confirm(self, confirmed: int) -> bool:
+        """Tells the destination, now, that every push up to ``confirmed`` is applied everywhere (it trims its
+        log); True when it answered."""
+        if confirmed <= self.sent_confirm:
+            return True
+        return self._send([], confirmed)
+
     def deliver(self, entries: list, wait: bool = False, timeout_s: float | None = None) -> None:
         """Sends ``entries``' batches for this destination, in order; with ``wait`` retries (following the map)
         until they are applied or ``timeout_s`` passes."""
