@@ -529,6 +529,21 @@ def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     return uniq, slots[first], summed
 
 
+def threads_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process by kind of thread: Python threads by name (numbers stripped, so a pool's
+    threads add up), ``other`` for threads Python does not know (gRPC's own), ``total`` for the process."""
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, AttributeError, TypeError):  # a thread that just ended; a platform without thread clocks
+            continue
+        name = t.name.rstrip("0123456789_-") or "thread"
+        out[name] = out.get(name, 0.0) + cpu
+    total = time.process_time()
+    return out | {"other": max(0.0, total - sum(out.values())), "total": total}
+
+
 def _caller(context, worker: str = "") -> str:
     """Who sent a request, for a log line: the worker's name (a push's) and its address."""
     peer = context.peer() if context is not None else ""
@@ -757,7 +772,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             raise errors.InvalidRequest("args_json must be a JSON object")
         result = st.strategy.call(request.command, args)
         if request.command == "stats":
-            result = dict(result, server=st.handlers.snapshot() | st.status())
+            result = dict(result, server=st.handlers.snapshot() | st.status() | {"threads_cpu_s": threads_cpu_s()})
         return embedding_pb2.StrategyCallReply(result_json=json.dumps(result))
 
     @transport.service_method

@@ -9,6 +9,11 @@ speedscope).
 
     ecrec-bench profile --strategy ecrec --seconds 8
     ecrec-bench profile --strategy none --server 0 --out /tmp/prof
+    ecrec-bench profile --strategy ecrec --no-py-spy --seconds 30 --json ecrec.json   # CPU by part, no sampling
+
+Besides the samples it prints every server's CPU per step by thread (request handlers, gRPC's own threads, the
+strategy's threads), by request handler, and the strategy's own CPU counters (for ``ecrec``: the group
+closes, the relayed batches applied, ...), summed over the servers.
 
 py-spy comes with the ``dev`` extra (``pip install py-spy``); it needs permission to read another
 process's memory (root, or ``kernel.yama.ptrace_scope = 0``).  To profile a server you run yourself:
@@ -18,6 +23,7 @@ process's memory (root, or ``kernel.yama.ptrace_scope = 0``).  To profile a serv
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import subprocess
@@ -38,6 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
     p.add_argument("--top", type=int, default=25, help="functions to list (default 25)")
     p.add_argument("--out", help="directory for the collapsed stacks (default: a temporary one)")
+    p.add_argument("--no-py-spy", action="store_true",
+                   help="no sampling: only the processes' CPU per step, by server thread and by part of the strategy")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     p.epilog = "example: ecrec-bench profile --strategy ecrec --seconds 8"
 
 
@@ -62,9 +71,31 @@ def _summarize(folded: Path, top: int) -> list[str]:
     return lines
 
 
+def _server_counters(cluster) -> dict[str, float]:
+    """Every server's counters that add up over time, summed: CPU seconds by thread kind (``thread:*``), by
+    request handler (``handler:*``) and the strategy's own (its ``*_cpu_s`` and event counts)."""
+    out: dict[str, float] = {}
+    for stats in cluster.strategy_call("stats").values():
+        server = stats.get("server", {})
+        items = [(f"thread:{k}", v) for k, v in server.get("threads_cpu_s", {}).items()]
+        items += [(f"handler:{k}", v) for k, v in server.get("cpu_seconds", {}).items()]
+        items += [(f"strategy:{k}", v) for k, v in stats.items() if isinstance(v, (int, float))
+                  and not isinstance(v, bool) and (k.endswith("_cpu_s") or k in COUNTED)]
+        for key, value in items:
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+#: strategy counters worth a figure per step (beside every ``*_cpu_s``)
+COUNTED = ("groups_closed", "group_pushes", "batches_built", "relay_batches", "direct_batches", "batches_applied",
+           "delta_bytes_applied", "parity_bytes_relayed", "refused_relayed_batches", "refused_watermarks")
+
+
 def run(args) -> int:
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if not os.path.exists(spy):
+    if args.no_py_spy:
+        spy = ""
+    elif not os.path.exists(spy):
         print("ecrec-bench profile: py-spy is not installed (pip install py-spy, or the dev extra)", file=sys.stderr)
         return 2
     from argparse import Namespace
@@ -89,7 +120,9 @@ def run(args) -> int:
         recorders = {name: subprocess.Popen(
             [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", str(args.rate),
              "--format", "raw", "--output", str(out / f"{name}.folded"), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in procs.items()}
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in procs.items()} if spy else {}
+        load_before = os.getloadavg()
+        counters_before = _server_counters(run_.trainer.cluster)
         before = run_.cpu_seconds()
         step0 = run_.trainer.step
         t0 = time.perf_counter()
@@ -104,20 +137,45 @@ def run(args) -> int:
             _, err = rec.communicate(timeout=args.seconds + 60)
             if rec.returncode != 0:
                 print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
+        if not recorders:
+            time.sleep(args.seconds)
         stop.set()
         worker.join()
         steps = run_.trainer.step - step0
         after = run_.cpu_seconds()
+        counters_after = _server_counters(run_.trainer.cluster)
         elapsed = time.perf_counter() - t0
+        load_after = os.getloadavg()
     finally:
         run_.close()
+    n = max(steps, 1)
+    cpu = {part: 1e3 * (after[part] - before[part]) / n for part in ("worker", "servers", "coordinator")}
+    per_step = {key: (counters_after.get(key, 0.0) - counters_before.get(key, 0.0)) / n
+                for key in sorted(set(counters_after) | set(counters_before))}
     print(f"ecrec-bench profile: strategy {args.strategy}, {steps} steps in {elapsed:.1f} s "
-          f"({1e3 * elapsed / max(steps, 1):.2f} ms per step)")
-    for part in ("worker", "servers", "coordinator"):
-        print(f"  CPU {part:<12} {1e3 * (after[part] - before[part]) / max(steps, 1):6.2f} ms per step")
+          f"({1e3 * elapsed / n:.2f} ms per step; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after)")
+    for part, value in cpu.items():
+        print(f"  CPU {part:<12} {value:6.2f} ms per step")
+    print("  servers, summed, per step (CPU ms; counts):")
+    for key, value in per_step.items():
+        cpu_like = key.startswith(("thread:", "handler:")) or key.endswith("_cpu_s")
+        print(f"    {key:<40} {1e3 * value if cpu_like else value:10.3f}{' ms' if cpu_like else ''}")
+    report = {"strategy": args.strategy, "servers": args.servers, "k": args.k, "m": args.m, "steps": steps,
+              "elapsed_s": elapsed, "load_average_before": list(load_before), "load_average_after": list(load_after),
+              "cpu_ms_per_step": cpu,
+              "servers_per_step": {k: (1e3 * v if k.startswith(("thread:", "handler:")) or k.endswith("_cpu_s") else v)
+                                   for k, v in per_step.items()},
+              "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s; counts for the rest",
+              "sampled": {}}
     for name in procs:
         folded = out / f"{name}.folded"
         if folded.exists():
+            lines = _summarize(folded, args.top)
+            report["sampled"][name] = lines
             print(f"\n{name} ({folded}):")
-            print("\n".join(_summarize(folded, args.top)))
+            print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
