@@ -2,7 +2,8 @@
 
 The map (``ClusterMap`` in ``proto/ecrec/wire/cluster.proto``) lists servers with their state;
 an index is served by the entry that is ``ACTIVE`` or ``RECOVERING`` (a promoted replacement
-still rebuilding).  Clients, servers, strategies and the checkpoint driver read it the same way.
+still rebuilding).  A ``PROMOTING`` entry (a standby whose promotion is under way) holds its index
+against a second promotion and is the server a fencing check names, but serves nothing yet.  Clients, servers, strategies and the checkpoint driver read it the same way.
 """
 
 from __future__ import annotations

@@ -126,7 +126,10 @@ class CoordinatorConfig(SecurityOptions):
                                            "at once: the process is gone)")
     lease_s: float = option(3.0, "a server serves only while its lease lasts; a replacement is promoted only after "
                                  "the lease of the server it replaces ran out (unless its process is gone)")
-    rpc_timeout_s: float = option(30.0, "deadline of a call to a server (promote, map update)")
+    rpc_timeout_s: float = option(30.0, "deadline of a call to a server (map update)")
+    promote_timeout_s: float = option(5.0, "deadline of one Promote call; a standby still healthy past it is asked "
+                                           "again (Promote is idempotent), one that stops answering health checks is "
+                                           "declared failed and skipped for the next standby")
     create_timeout_s: float = option(600.0, "deadline of creating a table or dense tensor on the servers (initial "
                                             "values and parity of a large table take a while)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")

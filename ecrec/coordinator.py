@@ -30,7 +30,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ecrec import seal, transport
+from ecrec import faults, seal, transport
 from ecrec.config import CoordinatorConfig
 from ecrec.layout import Layout
 from ecrec.strategies import get_spec
@@ -43,6 +43,7 @@ ACTIVE = cluster_pb2.ACTIVE
 STANDBY = cluster_pb2.STANDBY
 FAILED = cluster_pb2.FAILED
 RECOVERING = cluster_pb2.RECOVERING
+PROMOTING = cluster_pb2.PROMOTING
 #: lost stripes listed in a map's data-loss entry (all of them are counted)
 DATA_LOSS_LISTED = 64
 
@@ -89,6 +90,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._stop = threading.Event()
         self._wake = threading.Event()  # set to run the monitor now (a registration, a failure)
         self._promote_lock = threading.Lock()
+        self._promote_wake = threading.Event()  # wakes the promoter (a failure declared, a standby registered)
+        self._promoted = threading.Condition()  # notified after each round of promotions
+        self._pending_broadcast: cluster_pb2.ClusterMap | None = None
+        self.faults = faults.coordinator_from_environment()  # fault injection for tests (ecrec.faults); off
+        self._check_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-health-check")
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
@@ -134,6 +140,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             return
         state = coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()),
                                                  promoting=list(self._promoting.values()), server_key=self.server_key)
+        self.faults.hit("record_map")
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".coordinator-state-")
         with os.fdopen(fd, "wb") as f:
@@ -259,6 +266,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         log.info("registered %s as %s (epoch %d)", request.address, f"index {index}" if index >= 0 else "standby", snapshot.epoch)
         self._broadcast(snapshot)
         self._wake.set()
+        self._promote_wake.set()
         return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s,
                                              server_key=self.server_key)
 
@@ -391,10 +399,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server at {request.address!r} in the map")
         log.info("client reports %s: %s", request.address, request.detail or "(no detail)")
         if not self._check_server(request.address):
-            try:  # promote a standby now when it is safe, so the reply already names the replacement
-                self._promote_standbys()
-            except Exception:  # noqa: BLE001 - reported, never swallowed; the monitor retries
-                log.exception("promotion failed")
+            # promote a standby now when it is safe, so the reply names the replacement; never longer than a
+            # promotion deadline (the promoter runs on its own thread; the client follows the map meanwhile)
+            with self._promoted:
+                self._promote_wake.set()
+                self._promoted.wait(self.config.promote_timeout_s)
         with self._lock:
             return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
 
@@ -405,14 +414,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if info is None:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"server {request.server_id!r} does not hold index {request.index}")
-            if info.state == RECOVERING:
-                info.state = ACTIVE
-                self._event_locked("redundant", info.index, info.address)
-            snapshot = self._bump_locked()
-        log.info("index %d fully redundant again (rebuild took %.2f s); epoch %d", request.index,
-                 request.rebuild_seconds, snapshot.epoch)
-        self._broadcast(snapshot)
-        return snapshot
+            if info.state == PROMOTING:  # its Promote's answer is still on its way here: the server retries
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"the promotion of {request.server_id!r} to index "
+                              f"{request.index} is not recorded yet; retry")
+        snapshot = self._mark_redundant(request.index, request.server_id,
+                                        f"rebuild took {request.rebuild_seconds:.2f} s")
+        if snapshot is not None:
+            return snapshot
+        with self._lock:
+            return cluster_pb2.ClusterMap.FromString(self.map.SerializeToString())
 
     # --- helpers ---------------------------------------------------------------------------------
     def _not_ready_message(self) -> str:
@@ -475,6 +485,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                     "its process is gone" if gone else "missed its health checks", snapshot.epoch)
         self._broadcast(snapshot)
         self._wake.set()
+        self._promote_wake.set()
 
     def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo]) -> bool:
         """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out."""
@@ -482,64 +493,88 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         return all(s.server_id in self._gone or self._leases.get(s.server_id, 0.0) <= now for s in failed)
 
     def _promote_standbys(self) -> None:
-        with self._promote_lock:  # the monitor and a client report may both try
-            self._promote_standbys_locked()
+        with self._promote_lock:  # one promoter at a time (the promoter thread; a test may call it too)
+            try:
+                self._promote_standbys_locked()
+            finally:
+                with self._promoted:
+                    self._promoted.notify_all()
+
+    def _choose_locked(self) -> tuple[cluster_pb2.ServerInfo, int] | None:
+        """The next promotion: (its standby's entry, the index), recorded in the map as ``PROMOTING`` (one epoch,
+        one map: the Promote carries this recorded map) and persisted as the intent; None when there is none to
+        do now.  A promotion begun before (by this or a crashed coordinator) is finished first, with its own
+        standby, unless that standby has been declared failed meanwhile."""
+        for server_id, p in list(self._promoting.items()):
+            entry = next((s for s in self.map.servers if s.server_id == server_id and s.state != FAILED), None)
+            if entry is not None and entry.state == PROMOTING and entry.index == p.index:
+                return entry, p.index
+            if entry is not None and entry.state == STANDBY:  # recorded by an older coordinator before its Promote
+                return self._record_promoting_locked(entry, p.index), p.index
+            del self._promoting[server_id]  # its standby failed (or was promoted): the intent is void
+            self._save_locked()
+        failed_entries = [s for s in self.map.servers if s.state == FAILED and s.index >= 0]
+        held = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
+        failed = sorted({s.index for s in failed_entries} - held)
+        standbys = [s for s in self.map.servers if s.state == STANDBY]
+        if not failed or not standbys:
+            return None
+        # a restarted server that asked for one of these indices first, else any standby; an index whose failed
+        # holders (a server, a standby abandoned midway through its promotion) may still serve waits their lease
+        safe = [i for i in failed if self._safe_to_replace([s for s in failed_entries if s.index == i])]
+        if not safe:
+            return None
+        chosen = next((s for s in standbys if self._wanted.get(s.server_id) in safe), standbys[0])
+        index = self._wanted[chosen.server_id] if self._wanted.get(chosen.server_id) in safe else safe[0]
+        return self._record_promoting_locked(chosen, index), index
+
+    def _record_promoting_locked(self, chosen: cluster_pb2.ServerInfo, index: int) -> cluster_pb2.ServerInfo:
+        chosen.index = index
+        chosen.state = PROMOTING
+        self._promoting[chosen.server_id] = coordinator_pb2.PendingPromotion(server_id=chosen.server_id,
+                                                                             address=chosen.address, index=index)
+        self._event_locked("promoting", index, chosen.address)
+        self._pending_broadcast = self._bump_locked()  # persisted with the intent: a restart finishes it
+        return chosen
 
     def _promote_standbys_locked(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                failed_entries = [s for s in self.map.servers if s.state == FAILED and s.index >= 0]
-                held = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
-                failed = sorted({s.index for s in failed_entries} - held)
-                standbys = [s for s in self.map.servers if s.state == STANDBY]
-                pending = next((p for p in self._promoting.values()
-                                if p.index in failed and any(s.server_id == p.server_id for s in standbys)), None)
-                if pending is not None:  # finish a promotion begun before (by this or a crashed coordinator)
-                    index = pending.index
-                    chosen = next(s for s in standbys if s.server_id == pending.server_id)
-                elif not failed or not standbys:
+                self._pending_broadcast = None
+                choice = self._choose_locked()
+                if choice is None:
                     return
-                else:
-                    # a restarted server that asked for this index first, else any standby
-                    index = failed[0]
-                    chosen = next((s for s in standbys if self._wanted.get(s.server_id) in failed), standbys[0])
-                    if self._wanted.get(chosen.server_id) in failed:
-                        index = self._wanted[chosen.server_id]
-                if not self._safe_to_replace([s for s in failed_entries if s.index == index]):
-                    return  # its lease has not run out: it may still be serving (the monitor retries)
-                new_map = cluster_pb2.ClusterMap()
-                new_map.CopyFrom(self.map)
-                new_map.epoch += 1
-                for s in new_map.servers:
-                    if s.server_id == chosen.server_id:
-                        s.index = index
-                        s.state = ACTIVE
+                chosen, index = choice
+                address, server_id = chosen.address, chosen.server_id
+                recorded = cluster_pb2.ClusterMap()
+                recorded.CopyFrom(self.map)
+                snapshot, self._pending_broadcast = self._pending_broadcast, None
                 dense = [embedding_pb2.CreateDenseRequest(spec=d.spec, initial_value=d.initial_value)
                          for name, d in self._dense.items() if index in self.layout.dense_servers(name)]
-                stub = self._handle(chosen.address).embedding
-                address, server_id = chosen.address, chosen.server_id
-                self._promoting[server_id] = coordinator_pb2.PendingPromotion(server_id=server_id, address=address,
-                                                                              index=index)
-                self._save_locked()  # a coordinator that crashes now finishes this promotion when it restarts
-            try:
-                ack = stub.Promote(embedding_pb2.PromoteRequest(index=index, map=new_map, dense=dense),
-                                   timeout=self.config.rpc_timeout_s)
-            except grpc.RpcError as exc:
-                log.warning("promoting %s to index %d failed: %s: %s", address, index, exc.code().name, exc.details())
-                if _connection_refused(address, self.config.health_timeout_s):
-                    with self._lock:
-                        self._promoting.pop(server_id, None)
-                    self._declare_failed(address, gone=True)
-                    continue
-                return  # e.g. a survivor did not answer its resolution yet: the monitor retries (Promote is idempotent)
+                stub = self._handle(address).embedding
+            if snapshot is not None:
+                log.info("promoting %s to index %d (epoch %d)", address, index, snapshot.epoch)
+                self._broadcast(snapshot)
+            ack = self._send_promote(stub, address, server_id, index, recorded, dense)
+            if ack is None:
+                if self._still_promoting(server_id, index):
+                    return  # it is healthy but did not finish (e.g. a survivor is slow): the promoter retries
+                log.warning("standby %s did not complete its promotion to index %d and was declared failed; the "
+                            "next standby takes the index once its lease has run out", address, index)
+                with self._lock:
+                    if self._promoting.pop(server_id, None) is not None:
+                        self._save_locked()
+                continue
+            self.faults.hit("record_promotion")
             with self._lock:
+                entry = next((s for s in self.map.servers if s.server_id == server_id and s.state == PROMOTING
+                              and s.index == index), None)
+                if entry is None:  # declared failed while its Promote was answered: the next standby goes
+                    continue
                 for s in list(self.map.servers):
                     if s.index == index and s.state == FAILED:
                         self.map.servers.remove(s)
-                for s in self.map.servers:
-                    if s.server_id == server_id:
-                        s.index = index
-                        s.state = RECOVERING if ack.recovering else ACTIVE
+                entry.state = RECOVERING if ack.recovering else ACTIVE
                 self._wanted.pop(server_id, None)
                 self._promoting.pop(server_id, None)
                 self._leases[server_id] = time.monotonic() + self.config.lease_s
@@ -551,7 +586,87 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                      "; it rebuilds in the background" if ack.recovering else "")
             self._broadcast(snapshot)
 
+    def _still_promoting(self, server_id: str, index: int) -> bool:
+        with self._lock:
+            return any(s.server_id == server_id and s.state == PROMOTING and s.index == index for s in self.map.servers)
+
+    def _send_promote(self, stub, address: str, server_id: str, index: int, recorded: cluster_pb2.ClusterMap,
+                      dense) -> embedding_pb2.Ack | None:
+        """Sends Promote (idempotent) until it is answered, while the standby stays ``PROMOTING``: the health
+        monitor runs on its own thread and declares a standby that stops answering failed, which ends the wait
+        at once.  Returns the ack, or None (the standby failed, or a call ended in an error that is not a
+        timeout: the promoter retries later)."""
+        request = embedding_pb2.PromoteRequest(index=index, map=recorded, dense=dense)
+        give_up = time.monotonic() + self.config.rpc_timeout_s
+        while not self._stop.is_set() and self._still_promoting(server_id, index):
+            call = stub.Promote.future(request, timeout=self.config.promote_timeout_s)
+            while not call.done():
+                try:
+                    return call.result(timeout=self.config.health_interval_s)
+                except futures.TimeoutError:
+                    if not self._still_promoting(server_id, index) or self._stop.is_set():
+                        call.cancel()
+                        return None
+                except grpc.RpcError:
+                    break
+            try:
+                return call.result()
+            except grpc.RpcError as exc:
+                log.warning("promoting %s to index %d: %s: %s", address, index, exc.code().name, exc.details())
+                if _connection_refused(address, self.config.health_timeout_s):
+                    self._declare_failed(address, gone=True)
+                    return None
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() > give_up:
+                    return None  # e.g. a survivor did not answer its resolution yet: retried later
+            except futures.CancelledError:
+                return None
+        return None
+
+    def _poll_recovering(self) -> None:
+        """Asks each ``RECOVERING`` server for its state (the map update's ack says whether it still rebuilds):
+        an index whose report of full redundancy was lost or refused still becomes ``ACTIVE``."""
+        with self._lock:
+            recovering = [(s.address, s.server_id, s.index) for s in self.map.servers if s.state == RECOVERING]
+            snapshot = cluster_pb2.ClusterMap()
+            snapshot.CopyFrom(self.map)
+        for address, server_id, index in recovering:
+            try:
+                ack = self._handle(address).embedding.UpdateClusterMap(snapshot, timeout=self.config.health_timeout_s)
+            except grpc.RpcError:
+                continue
+            if ack.recovering or ack.index != index:
+                continue
+            self._mark_redundant(index, server_id, "its rebuild finished (asked by the coordinator)")
+
+    def _mark_redundant(self, index: int, server_id: str, why: str) -> cluster_pb2.ClusterMap | None:
+        with self._lock:
+            info = next((s for s in self.map.servers if s.index == index and s.server_id == server_id
+                         and s.state == RECOVERING), None)
+            if info is None:
+                return None
+            info.state = ACTIVE
+            self._event_locked("redundant", info.index, info.address)
+            snapshot = self._bump_locked()
+        log.info("index %d fully redundant again: %s; epoch %d", index, why, snapshot.epoch)
+        self._broadcast(snapshot)
+        return snapshot
+
+    def _promoter(self) -> None:
+        """Promotes standbys into failed indices; on its own thread, so a slow or paused standby never holds up
+        the health checks (which are what declare it failed)."""
+        while not self._stop.is_set():
+            self._promote_wake.wait(self.config.health_interval_s)
+            self._promote_wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._promote_standbys()
+            except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
+                log.exception("promotion failed")
+
     def _monitor(self) -> None:
+        """Health checks (in parallel: one server that does not answer delays no other's check), the state of
+        recovering servers, maps that did not reach a server."""
         while not self._stop.is_set():
             self._wake.wait(self.config.health_interval_s)
             self._wake.clear()
@@ -559,12 +674,17 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 return
             with self._lock:
                 addresses = [s.address for s in self.map.servers if s.state != FAILED]
-            for address in addresses:
-                self._check_server(address)
             try:
-                self._promote_standbys()
+                list(self._check_pool.map(self._check_server, addresses))
+            except RuntimeError:  # the pool was shut down (the coordinator stops)
+                return
             except Exception:  # noqa: BLE001 - reported, never swallowed
-                log.exception("promotion failed")
+                log.exception("health checks failed")
+            self._promote_wake.set()
+            try:
+                self._poll_recovering()
+            except Exception:  # noqa: BLE001 - reported, never swallowed
+                log.exception("asking recovering servers for their state failed")
             if self._map_pusher.is_set():
                 self._map_pusher.clear()
                 self._rebroadcast()
@@ -589,6 +709,8 @@ class CoordinatorServer:
         coordinator._broadcast(snapshot)
         self._monitor = threading.Thread(target=coordinator._monitor, name="ecrec-health-monitor", daemon=True)
         self._monitor.start()
+        self._promoter = threading.Thread(target=coordinator._promoter, name="ecrec-promoter", daemon=True)
+        self._promoter.start()
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
@@ -596,5 +718,7 @@ class CoordinatorServer:
     def stop(self, grace_s: float = 1.0) -> None:
         self.coordinator._stop.set()
         self.coordinator._wake.set()
+        self.coordinator._promote_wake.set()
         self._grpc.stop(grace_s).wait()
         self.coordinator._broadcast_pool.shutdown(wait=False, cancel_futures=True)
+        self.coordinator._check_pool.shutdown(wait=False, cancel_futures=True)

@@ -18,7 +18,14 @@ Points (where the server calls :func:`hit`):
 
 ``point@n:hold=PATH`` pauses the thread at the n-th passage until the file ``PATH`` exists, instead of
 killing the process (a test holds a replacement's background rebuild while it fails another server, then
-creates the file).
+creates the file).  ``point@n:error`` raises a transient error there once (UNAVAILABLE: a peer or the coordinator
+answered an error; the code around it must retry).  ``point@n:delay=S`` sleeps ``S`` seconds at every passage from the n-th on (a slow disk, a
+slow process).
+
+The coordinator has points of its own, armed by ``ECREC_COORDINATOR_FAULT`` in its environment:
+
+- ``record_map``: every change of the map is persisted (a slow ``fsync`` holds the coordinator's lock);
+- ``record_promotion``: a standby answered its Promote; the coordinator has not recorded it yet.
 """
 
 from __future__ import annotations
@@ -32,26 +39,41 @@ import time
 POINTS = ("before_local_commit", "after_partial_parity", "after_parity_before_ack", "before_parity_apply", "during_rebuild",
           "during_replay")
 ENV = "ECREC_FAULT"
+COORDINATOR_POINTS = ("record_map", "record_promotion")
+COORDINATOR_ENV = "ECREC_COORDINATOR_FAULT"
 
 log = logging.getLogger("ecrec.faults")
 
 
 class FaultInjector:
-    def __init__(self, spec: str = ""):
+    def __init__(self, spec: str = "", points: tuple[str, ...] = POINTS, env: str = ENV):
         self._armed: dict[str, int] = {}
         self._holds: dict[str, str] = {}  # point -> the file whose existence releases it
+        self._delays: dict[str, float] = {}  # point -> seconds slept at each passage from the armed one on
         self._lock = threading.Lock()
+        self._errors: set[str] = set()  # points that raise a transient error instead of killing
         for item in filter(None, (part.strip() for part in spec.split(","))):
+            if item.endswith(":error"):
+                item = item[: -len(":error")]
+                self._errors.add(item.partition("@")[0])
+            item, _, delay = item.partition(":delay=")
             item, _, hold = item.partition(":hold=")
             name, _, count = item.partition("@")
-            if name not in POINTS:
-                raise ValueError(f"{ENV}: unknown fault point {name!r}; known: {', '.join(POINTS)}")
+            if name not in points:
+                raise ValueError(f"{env}: unknown fault point {name!r}; known: {', '.join(points)}")
+            if delay:
+                try:
+                    self._delays[name] = float(delay)
+                except ValueError:
+                    raise ValueError(f"{env}: {item!r}: the delay must be a number of seconds") from None
+                if not 0 <= self._delays[name] <= 3600:
+                    raise ValueError(f"{env}: {item!r}: the delay must be 0..3600 s")
             try:
                 n = int(count or 1)
             except ValueError:
-                raise ValueError(f"{ENV}: {item!r}: the count after @ must be an integer") from None
+                raise ValueError(f"{env}: {item!r}: the count after @ must be an integer") from None
             if n < 1:
-                raise ValueError(f"{ENV}: {item!r}: the count must be >= 1")
+                raise ValueError(f"{env}: {item!r}: the count must be >= 1")
             self._armed[name] = n
             if hold:
                 self._holds[name] = hold
@@ -66,6 +88,15 @@ class FaultInjector:
         with self._lock:
             self._armed[point] -= 1
             fire = self._armed[point] == 0
+            slow = self._armed[point] <= 0 and point in self._delays
+        if slow:
+            time.sleep(self._delays[point])
+            return
+        if fire and point in self._errors:
+            from ecrec import errors
+
+            log.warning("fault injection: transient error at %s", point)
+            raise errors.Unavailable(f"fault injection: a transient error at {point}")
         if fire and point in self._holds:
             path = self._holds[point]
             log.warning("fault injection: holding at %s until %s exists", point, path)
@@ -81,3 +112,7 @@ class FaultInjector:
 
 def from_environment() -> FaultInjector:
     return FaultInjector(os.environ.get(ENV, ""))
+
+
+def coordinator_from_environment() -> FaultInjector:
+    return FaultInjector(os.environ.get(COORDINATOR_ENV, ""), COORDINATOR_POINTS, COORDINATOR_ENV)

@@ -52,6 +52,8 @@ class LocalClusterSpec:
     #: extra environment of particular servers: key = index of an active server, "standby<n>" or "standby"
     #: (e.g. ``{1: {"ECREC_FAULT": "after_partial_parity@20"}}`` for fault-injection tests)
     server_env: dict = field(default_factory=dict)
+    #: extra environment of the coordinator (e.g. ``{"ECREC_COORDINATOR_FAULT": "record_promotion@1:delay=0.5"}``)
+    coordinator_env: dict = field(default_factory=dict)
     #: transport security (``ecrec.security``) as option name -> path (``tls_cert``, ``tls_key``, ``tls_ca``,
     #: ``token_file``) for the servers, the coordinator (default: the servers') and this object's own calls
     #: (default: the servers')
@@ -177,8 +179,8 @@ class LocalCluster:
 
     def start_coordinator(self, args: list[str], timeout_s: float = 60.0) -> None:
         self._coordinator_args = args
-        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env(),
-                                text=True)
+        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=self._env(self.spec.coordinator_env), text=True)
         self._follow_stderr(proc)
         if self.coordinator_proc is not None:
             self.old_coordinator_procs.append(self.coordinator_proc)

@@ -165,7 +165,7 @@ class CoordinatorCollector:
                                 "1 when every index has an active server that is not recovering",
                                 value=int(fully_redundant(cluster_map)))
         by_state = GaugeMetricFamily("ecrec_cluster_servers", "servers in the map, by state", labels=["state"])
-        for state in ("ACTIVE", "RECOVERING", "STANDBY", "FAILED"):
+        for state in ("ACTIVE", "RECOVERING", "PROMOTING", "STANDBY", "FAILED"):
             number = cluster_pb2.ServerState.Value(state)
             by_state.add_metric([state.lower()], sum(1 for s in cluster_map.servers if s.state == number))
         yield by_state

@@ -293,6 +293,9 @@ class ServerState:
         if not self.lease.valid():
             why = f"it was replaced ({self.lease.revoked})" if self.lease.revoked else "its lease ran out"
             raise errors.Unavailable(f"server {self.index} ({self.server_id}) does not serve: {why}; refresh the map")
+        if self._promoting:
+            raise errors.Unavailable(f"server {self.server_id} is being promoted to index {self.index}: it serves once "
+                                     "its tables exist and its rows are marked for rebuilding; retry")
         if caller_epoch > self.epoch:  # the caller has seen a newer map: this server may have been replaced
             self.refresh_map()
             if self.map is not None and self.index >= 0:
@@ -585,6 +588,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st.handlers.count_rows("pulled", sum(len(slots) for _, slots in plans))
         for d in dense:
             reply.dense.add(name=d.spec.name, value=d.weights_bytes())
+        st.require_serving(request.epoch)  # fenced again right before the reply: a pause since the check above
         return reply
 
     def _validate_push(self, request):
@@ -651,6 +655,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             reply = embedding_pb2.ReplayReply()
             for push, push_plans in zip(request.pushes, plans):
                 reply.replies.append(self._apply(push, push_plans, [], replayed=True))
+            self.state.require_serving()
             return reply
 
     def _validate(self, request):
@@ -757,6 +762,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             d = st.dense(name)
             st.strategy.ensure_dense(d)
             reply.dense.add(name=name, value=d.read()[0].tobytes())
+        st.require_serving()
         return reply
 
     @transport.service_method
@@ -801,8 +807,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
 
     @transport.service_method
     def UpdateClusterMap(self, request, context):
-        self.state.adopt_map(request)
-        return embedding_pb2.Ack(epoch=self.state.epoch)
+        st = self.state
+        st.adopt_map(request)
+        recovering = st.promoting or (st.index >= 0 and st.strategy is not None and st.strategy.is_recovering())
+        return embedding_pb2.Ack(epoch=st.epoch, recovering=recovering, index=-1 if st.promoting else st.index)
 
     @transport.service_method
     def Promote(self, request, context):

@@ -14,11 +14,13 @@ class ServerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STANDBY: _ClassVar[ServerState]
     FAILED: _ClassVar[ServerState]
     RECOVERING: _ClassVar[ServerState]
+    PROMOTING: _ClassVar[ServerState]
 SERVER_STATE_UNSPECIFIED: ServerState
 ACTIVE: ServerState
 STANDBY: ServerState
 FAILED: ServerState
 RECOVERING: ServerState
+PROMOTING: ServerState
 
 class TableSpec(_message.Message):
     __slots__ = ("name", "num_rows", "dim", "optimizer", "lr", "eps", "initial_accumulator_value", "init", "init_scale", "seed")

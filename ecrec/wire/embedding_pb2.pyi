@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Ack(_message.Message):
-    __slots__ = ("epoch", "recovering")
+    __slots__ = ("epoch", "recovering", "index")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECOVERING_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     recovering: bool
-    def __init__(self, epoch: _Optional[int] = ..., recovering: _Optional[bool] = ...) -> None: ...
+    index: int
+    def __init__(self, epoch: _Optional[int] = ..., recovering: _Optional[bool] = ..., index: _Optional[int] = ...) -> None: ...
 
 class PushId(_message.Message):
     __slots__ = ("worker", "sequence", "incarnation")

@@ -28,6 +28,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
 from ecrec import errors, transport
@@ -452,36 +453,22 @@ class RebuildEngine:
         self.closed.wait(0.05)
         while self.foreground > 0 and not self.closed.is_set():
             time.sleep(0.001)
-        faults = self.host.faults
-        try:
-            shards = self.host.tables()
-            self._fast_path(shards)
-            while True:  # data rows: every table's next rows in one round of reads
-                todo = self._still_to_do([(shard, shard.unready_owned()) for shard in shards])
-                if not todo:
-                    break
-                per_table = max(1, self.options.rebuild_batch_rows // len(todo))
-                started = time.perf_counter()
-                self.rebuild_data([(shard, slots[:per_table]) for shard, slots in todo])
-                faults.hit("during_rebuild")
-                self._yield(time.perf_counter() - started)
-            for dense in self.host.dense_tensors():
-                self.rebuild_dense(dense)
-            for arena, part in list(self.receiver.parts.values()):
-                while True:
-                    todo = arena.unbuilt(part)
-                    lost = self.lost_parity.get(arena.row_bytes)
-                    if lost is not None and len(todo):
-                        todo = todo[~lost[todo]]
-                    if not len(todo):
-                        break
-                    started = time.perf_counter()
-                    if self.rebuild_parity(arena, part, todo[:self.options.rebuild_batch_rows]) == 0:
-                        time.sleep(0.02)
-                    faults.hit("during_rebuild")
-                    self._yield(time.perf_counter() - started)
-        except Exception:  # noqa: BLE001 - reported, never swallowed; the server stays recovering
-            log.exception("background rebuild failed; this server stays RECOVERING")
+        pause, failures = 0.1, 0
+        while not self.closed.is_set():
+            try:
+                self._rebuild_everything()
+                break
+            except Exception as exc:  # noqa: BLE001 - reported, never swallowed: retried with backoff
+                # a peer or the coordinator may answer an error for a while (a restart, a map catching up, a
+                # deadline): nothing is lost by trying again, rows already rebuilt stay rebuilt
+                failures += 1
+                if failures in (1, 10) or failures % 50 == 0:
+                    log.warning("background rebuild interrupted (attempt %d: %s: %s); retrying in %.1f s", failures,
+                                type(exc).__name__, exc, pause, exc_info=failures == 1)
+                self.counters["rebuild_retries"] += 1
+                self.closed.wait(pause)
+                pause = min(5.0, pause * 2)
+        if self.closed.is_set():
             return
         elapsed = time.perf_counter() - t0
         self.counters["rebuild_s"] = elapsed
@@ -493,21 +480,61 @@ class RebuildEngine:
         self.recovering.clear()
         log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
                  self.counters["parity_rows_rebuilt"])
+        self._report_redundant(elapsed)
+
+    def _rebuild_everything(self) -> None:
+        """One pass over what is not rebuilt yet: the fast path, then data rows, dense replicas, parity rows."""
+        faults = self.host.faults
+        shards = self.host.tables()
+        self._fast_path(shards)
+        while True:  # data rows: every table's next rows in one round of reads
+            todo = self._still_to_do([(shard, shard.unready_owned()) for shard in shards])
+            if not todo:
+                break
+            per_table = max(1, self.options.rebuild_batch_rows // len(todo))
+            started = time.perf_counter()
+            self.rebuild_data([(shard, slots[:per_table]) for shard, slots in todo])
+            faults.hit("during_rebuild")
+            self._yield(time.perf_counter() - started)
+        for dense in self.host.dense_tensors():
+            self.rebuild_dense(dense)
+        for arena, part in list(self.receiver.parts.values()):
+            while not self.closed.is_set():
+                todo = arena.unbuilt(part)
+                lost = self.lost_parity.get(arena.row_bytes)
+                if lost is not None and len(todo):
+                    todo = todo[~lost[todo]]
+                if not len(todo):
+                    break
+                started = time.perf_counter()
+                if self.rebuild_parity(arena, part, todo[:self.options.rebuild_batch_rows]) == 0:
+                    time.sleep(0.02)
+                faults.hit("during_rebuild")
+                self._yield(time.perf_counter() - started)
+
+    def _report_redundant(self, elapsed: float) -> None:
+        """Tells the coordinator this index is fully redundant again, retried (with backoff) until the map names
+        this server ``ACTIVE``: the coordinator may be restarting, or not have recorded the promotion yet.  (It
+        also asks recovering servers for their state, so a report that never arrives is not fatal either.)"""
         pause, attempt = 0.1, 0
-        while not self.closed.is_set():  # the coordinator may be restarting: the report must reach it
+        while not self.closed.is_set():
             attempt += 1
             try:
                 self.host.coordinator.report_redundant(self.host.index, self.host.server_id, elapsed)
                 return
-            except Exception as exc:  # noqa: BLE001 - reported; retried while the coordinator is unreachable
-                if not transport.is_unavailable(exc):
-                    log.error("the coordinator refused the report of full redundancy: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - reported; retried
+                if self._named_active():
                     return
                 if attempt in (1, 10) or attempt % 50 == 0:
-                    log.warning("reporting full redundancy failed (coordinator unreachable, attempt %d); retrying",
-                                attempt)
+                    log.warning("reporting full redundancy failed (attempt %d: %s); retrying", attempt,
+                                f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc)
             self.closed.wait(pause)
             pause = min(2.0, pause * 2)
+
+    def _named_active(self) -> bool:
+        m = self.host.cluster_map
+        return m is not None and any(s.server_id == self.host.server_id and s.index == self.host.index
+                                     and s.state == cluster_pb2.ACTIVE for s in m.servers)
 
     def _fast_path(self, shards: list[TableShard]) -> None:
         """Every table's data and parity rows, round by round (``rebuild_batch_rows`` rows of this server per

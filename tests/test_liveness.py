@@ -1,0 +1,154 @@
+"""Liveness: no single slow process stalls training for longer than the failure timeout plus the lease, and
+an index never stays RECOVERING once its rows are rebuilt.
+
+Real processes on 127.0.0.1: a paused standby (SIGSTOP) chosen for a promotion, a coordinator slowed between a
+standby's answer and its record (``ECREC_COORDINATOR_FAULT``), a rebuild that meets a transient error
+(``ECREC_FAULT=during_rebuild@1:error``), a coordinator paused beyond the servers' leases.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc
+from test_ecrec_recovery import assert_same, baseline, final_state, kill_index, train, wait_redundant
+
+pytestmark = pytest.mark.cluster
+
+
+def _pid(server: cluster_pb2.ServerInfo) -> int:
+    return int(server.server_id.split(":")[1])  # server ids are host:pid:nonce
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not reaped yet) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_paused_standby_is_skipped_for_a_healthy_one(make_cluster):
+    """The standby the coordinator would promote first is paused; a server is killed.  Training goes on within
+    20 s with the other standby promoted, bit-exactly; the paused one, resumed, is fenced and stops."""
+    expected = baseline(make_cluster, 4, 2, 1)
+    local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1)
+    seen: dict = {}
+
+    def on_step(step):
+        now = time.monotonic()
+        if step == 15:
+            standbys = [s for s in local.cluster_map().servers if s.state == cluster_pb2.STANDBY]
+            assert len(standbys) == 2
+            seen["paused"], seen["healthy"] = standbys[0], standbys[1]
+            local.pause(_pid(standbys[0]))
+            kill_index(local, 1)
+            seen["killed_at"] = now
+        elif step == 16:
+            seen["first_step_after"] = now - seen["killed_at"]
+
+    try:
+        cluster, names = train(local.coordinator_address, on_step)
+        m = wait_redundant(cluster, 1)
+        holder = next(s for s in m.servers if s.index == 1 and s.state == cluster_pb2.ACTIVE)
+        assert holder.server_id == seen["healthy"].server_id, (holder, seen)
+        assert seen["first_step_after"] < 20.0, f"training stalled {seen['first_step_after']:.1f} s after the kill"
+        assert_same(final_state(cluster, names), expected)
+    finally:
+        local.resume(_pid(seen["paused"])) if "paused" in seen else None
+    # the paused standby, back, learns it was declared failed (its lease renewal is refused) and stops
+    paused = _pid(seen["paused"])
+    deadline = time.monotonic() + 30
+    while _alive(paused) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(paused), "the paused standby kept running after it was resumed"
+    assert not any(s.server_id == seen["paused"].server_id and s.state != cluster_pb2.FAILED
+                   for s in local.cluster_map().servers)
+
+
+def test_a_report_of_redundancy_before_the_promotion_is_recorded(make_cluster):
+    """The coordinator records a promotion 1.5 s after the standby answered it; the small table's rebuild has
+    long finished and reported by then.  The index still reaches ACTIVE within 5 s of its rebuild."""
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         coordinator_env={"ECREC_COORDINATOR_FAULT": "record_promotion@1:delay=1.5"})
+
+    def on_step(step):
+        if step == 10:
+            kill_index(local, 2)
+
+    cluster, names = train(local.coordinator_address, on_step)
+    m = wait_redundant(cluster, 1, timeout_s=60)
+    stats = cluster.strategy_call("stats", indices=[2])[2]
+    promoted = next(e for e in m.events if e.kind == "promoted" and e.index == 2)
+    redundant = next(e for e in m.events if e.kind == "redundant" and e.index == 2)
+    rebuilt_at = stats["promoted_wall_time"] + stats["rebuild_s"]
+    assert redundant.wall_time - rebuilt_at < 5.0, (redundant.wall_time - rebuilt_at, stats)
+    assert redundant.wall_time >= promoted.wall_time
+    assert all(v["mismatched"] == 0 for v in cluster.strategy_call("verify_parity").values())
+
+
+def test_a_rebuild_survives_a_transient_error(make_cluster):
+    """The replacement's background rebuild meets an error (a peer's or the coordinator's, as during their
+    restart): it retries and finishes, bit-exactly, instead of leaving the index RECOVERING for good."""
+    expected = baseline(make_cluster, 4, 2, 1)
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         server_env={"standby0": {"ECREC_FAULT": "during_rebuild@1:error"}})
+
+    def on_step(step):
+        if step == 10:
+            kill_index(local, 3)
+
+    cluster, names = train(local.coordinator_address, on_step)
+    wait_redundant(cluster, 1, timeout_s=60)
+    stats = cluster.strategy_call("stats", indices=[3])[3]
+    assert stats["rebuild_retries"] >= 1, stats
+    assert_same(final_state(cluster, names), expected)
+
+
+def test_a_server_refuses_on_its_own_lease(make_cluster):
+    """The coordinator is paused beyond the lease: each server stops serving on its own clock (Pull and Push
+    answer UNAVAILABLE naming the lease), and serves again once its renewal is granted."""
+    local = make_cluster(servers=3, strategy="none", coordinator_options={"lease_s": 2.0})
+    from ecrec.client import Cluster
+
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("t", 64, 4, optimizer="sgd", lr=0.1, seed=1)
+    server = next(s for s in cluster.refresh_map().servers if s.index == 0)
+    stub = embedding_pb2_grpc.EmbeddingServerStub(grpc.insecure_channel(server.address))
+    ids = np.arange(64, dtype=np.int64)
+    owned = [int(i) for i in ids[cluster.layout.locate(ids)[0] == 0]]  # the rows index 0 holds
+    pull = embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table="t", ids=np.array(owned, np.int64).tobytes())])
+    stub.Pull(pull, timeout=10)  # serves while its lease lasts
+    coordinator = local.coordinator_proc.pid
+    local.pause(coordinator)
+    try:
+        time.sleep(2.0 + 1.5)
+        for call in (lambda: stub.Pull(pull, timeout=10),
+                     lambda: stub.Push(embedding_pb2.PushRequest(
+                         push_id=embedding_pb2.PushId(worker="w", sequence=1),
+                         tables=[embedding_pb2.TableGrads(table="t", ids=np.array(owned[:1], np.int64).tobytes(),
+                                                          grads=np.zeros(4, np.float32).tobytes())]), timeout=10)):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "lease" in info.value.details(), info.value.details()
+    finally:
+        local.resume(coordinator)
+    deadline = time.monotonic() + 20
+    while True:  # renewed: serving again
+        try:
+            stub.Pull(pull, timeout=10)
+            break
+        except grpc.RpcError as exc:
+            assert time.monotonic() < deadline, exc.details()
+            time.sleep(0.2)
