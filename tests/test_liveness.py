@@ -152,3 +152,44 @@ def test_a_server_refuses_on_its_own_lease(make_cluster):
         except grpc.RpcError as exc:
             assert time.monotonic() < deadline, exc.details()
             time.sleep(0.2)
+
+
+def test_a_caller_with_a_newer_map_naming_another_holder_is_refused():
+    """Fencing by epoch, apart from the lease: a server whose lease still runs, asked by a caller that has seen a
+    newer map, fetches that map; when it names another server at this index, the call is refused (UNAVAILABLE,
+    naming the new epoch), and a caller with the same epoch as before is served."""
+    from ecrec import errors
+    from ecrec.server import Lease, ServerState
+
+    def cluster_map(epoch: int, holder: str) -> cluster_pb2.ClusterMap:
+        m = cluster_pb2.ClusterMap(epoch=epoch, num_servers=3, strategy="none", k=1, m=0, ready=True)
+        m.servers.add(index=0, address="127.0.0.1:1", server_id="me", state=cluster_pb2.ACTIVE)
+        m.servers.add(index=1, address="127.0.0.1:2", server_id=holder, state=cluster_pb2.ACTIVE)
+        if holder != "me":
+            m.servers[0].index, m.servers[0].state = 2, cluster_pb2.ACTIVE
+        return m
+
+    class Coordinator:  # what the server's own coordinator client does with a fetched map: adopt it
+        newest = cluster_map(7, "other")
+
+        def __init__(self, state):
+            self.state, self.fetched = state, 0
+
+        def get_map(self):
+            self.fetched += 1
+            self.state.map = self.newest
+
+    state = ServerState.__new__(ServerState)  # the fencing logic alone: no sockets, no strategy
+    state.lease, state._promoting, state._server_id, state.index = Lease(), False, "me", 1
+    state.lease.grant(time.monotonic(), 60.0)
+    state.map = cluster_map(5, "me")
+    state.coordinator = Coordinator(state)
+    state.require_serving(caller_epoch=5)  # the same map: served, nothing fetched
+    assert state.coordinator.fetched == 0
+    with pytest.raises(errors.Unavailable, match="no longer holds index 1"):
+        state.require_serving(caller_epoch=7)
+    assert state.coordinator.fetched == 1
+    with pytest.raises(errors.Unavailable, match="lease"):  # and the lease alone refuses too
+        state.lease.until = time.monotonic() - 1
+        state.map = cluster_map(5, "me")
+        state.require_serving(caller_epoch=5)

@@ -3,8 +3,13 @@ acknowledged push was applied exactly once and every parity row equals a fresh e
 
 Faults drawn: SIGKILL of a server; SIGSTOP of a server longer than the failure timeout and lease, then
 SIGCONT (the old process must serve and acknowledge nothing, and exit); the coordinator SIGKILLed while it
-promotes a replacement, then restarted from its state file; a worker restarted under the same name.  Two
-workers push at once throughout.  At the end, two servers of one stripe are killed at once (more than m):
+promotes a replacement, then restarted from its state file; a worker restarted under the same name; the standby
+the coordinator would promote next paused while a server is killed (the promotion must skip it; resumed, it must
+stop).  The coordinator records slowly throughout (``ECREC_COORDINATOR_FAULT``: every map change and every
+promotion's record delayed, so a replacement's report of redundancy often arrives first).  Two workers push at
+once throughout, and after each fault training must go on within failure timeout + lease + 5 s (a liveness
+check over the whole run: no worker goes longer than that without an acknowledged push, except while it
+restarts or the coordinator itself restarts).  At the end, two servers of one stripe are killed at once (more than m):
 the map must report DATA_LOSS naming the table within seconds, and a read of a lost row must fail with it.
 
 Partitions: when the test runs as root and ``ip netns`` works, every server runs in a network namespace
@@ -50,6 +55,8 @@ class CountingWorker(threading.Thread):
         self.address, self.worker, self.rng = address, name, np.random.default_rng(seed)
         self.counts = np.zeros(ROWS, np.int64)
         self.acked = 0
+        self.acked_at: list[float] = []  # monotonic time of each acknowledged push
+        self.restart_windows: list[tuple[float, float]] = []
         self.restarts = 0
         self.error: BaseException | None = None
         self.stop = threading.Event()
@@ -66,9 +73,11 @@ class CountingWorker(threading.Thread):
             bag = EmbeddingBag(client, "t")
             while not self.stop.is_set():
                 if self.restart.is_set():  # a clean restart: a new process would start its sequence at 1 again
+                    began = time.monotonic()
                     client.close(confirm_timeout_s=60.0)
                     client = self.connect()
                     bag = EmbeddingBag(client, "t")
+                    self.restart_windows.append((began, time.monotonic()))
                     self.restarts += 1
                     self.restart.clear()
                     self.restarted.set()
@@ -77,6 +86,7 @@ class CountingWorker(threading.Thread):
                 client.step()  # returns only once acknowledged; raises if it cannot be
                 self.counts[ids] += 1
                 self.acked += 1
+                self.acked_at.append(time.monotonic())
             client.close(confirm_timeout_s=60.0)
         except BaseException as exc:  # noqa: BLE001 - the test reports it
             self.error = exc
@@ -88,6 +98,7 @@ class Nemesis:
         self.faults = collections.Counter()
         self.violations: list[str] = []
         self.ended: set[int] = set()  # pids this nemesis killed, or that stopped because they were replaced
+        self.coordinator_restarts: list[tuple[float, float]] = []  # (killed, serving again), monotonic
 
     def unexpected_exits(self) -> list[str]:
         """Servers that ended without this nemesis ending them: exit code and their last words."""
@@ -167,6 +178,38 @@ class Nemesis:
                 self.violations.append(f"{how} server {s.index} (pid {pid}) still runs 20 s after its replacement")
         self.local.start_server(standby=True)
 
+    def pause_standby(self) -> None:
+        """Pauses the standby the coordinator would promote first, kills a server, resumes the standby later:
+        the promotion must go to the other standby, and the paused one must stop once it is back."""
+        m = self.map()
+        standbys = [s for s in m.servers if s.state == cluster_pb2.STANDBY]
+        if len(standbys) < 2:
+            return self.kill()
+        paused = standbys[0]
+        paused_pid = int(paused.server_id.split(":")[1])
+        s, pid = self.victim()
+        pause_s = TIMING["failure_timeout_s"] + 2 * TIMING["lease_s"] + self.rng.uniform(1.0, 4.0)
+        self.log(f"SIGSTOP standby pid {paused_pid}, SIGKILL server {s.index} (pid {pid}); standby back after "
+                 f"{pause_s:.1f} s")
+        self.local.pause(paused_pid)
+        self.ended.update((pid, paused_pid))
+        self.local.kill(pid)
+        try:
+            time.sleep(pause_s)
+        finally:
+            self.local.resume(paused_pid)
+        proc = next(p for p in self.local.server_procs if p.pid == paused_pid)
+        holder = next((x for x in self.map().servers if x.index == s.index and x.state != cluster_pb2.FAILED), None)
+        if holder is not None and holder.server_id == paused.server_id:
+            self.violations.append(f"the paused standby (pid {paused_pid}) was promoted to index {s.index}")
+        try:
+            proc.wait(timeout=20)  # declared failed while paused: its lease renewal is refused, it stops
+        except Exception:  # noqa: BLE001
+            self.violations.append(f"paused standby pid {paused_pid} still runs 20 s after it was resumed")
+        self.local.start_server(standby=True)
+        self.local.start_server(standby=True)
+        self.faults["paused_standby"] += 1
+
     def kill_coordinator_during_promotion(self) -> None:
         s, pid = self.victim()
         epoch = self.map().epoch
@@ -179,12 +222,34 @@ class Nemesis:
             if m.epoch > epoch and any(x.server_id == s.server_id and x.state == cluster_pb2.FAILED for x in m.servers):
                 break
             time.sleep(0.005)
+        killed = time.monotonic()
         self.local.kill(self.local.coordinator_proc.pid)
         time.sleep(self.rng.uniform(0.0, 0.5))
         self.local.restart_coordinator()
+        self.coordinator_restarts.append((killed, time.monotonic()))
         self.local.start_server(standby=True)
         self.faults["sigkill"] += 1
         self.faults["coordinator_killed_in_promotion"] += 1
+
+
+#: how long training may stop after a fault: the failure timeout, the lease, and 5 s for the rest
+STALL_LIMIT_S = TIMING["failure_timeout_s"] + TIMING["lease_s"] + 5.0
+
+
+def liveness_stalls(workers, coordinator_restarts, t0: float) -> list[str]:
+    """Every gap between a worker's acknowledged pushes (from ``t0``, when they started) longer than
+    ``STALL_LIMIT_S``, less the time spent in the worker's own restarts and in the coordinator's restarts (a new
+    process loads and waits a lease)."""
+    out = []
+    for w in workers:
+        times = [t0, *w.acked_at]
+        for before, after in zip(times, times[1:]):
+            excused = sum(max(0.0, min(after, b) - max(before, a))
+                          for a, b in [*w.restart_windows, *coordinator_restarts])
+            if after - before - excused > STALL_LIMIT_S:
+                out.append(f"worker {w.worker}: no acknowledged push for {after - before:.1f} s "
+                           f"(from {before - t0:.1f} s; {excused:.1f} s of restarts excused)")
+    return out
 
 
 @pytest.fixture
@@ -218,12 +283,17 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
         events.append(f"{time.monotonic() - t0:7.2f} {line}")
 
     placement = dict(host=netlab.bridge_ip, server_placement=netlab.place) if netlab is not None else {}
+    # the coordinator records slowly: every map change, and more so a promotion's record after its standby answered
+    slow = f"record_map@1:delay={rng.uniform(0.005, 0.05):.3f},record_promotion@1:delay={rng.uniform(0.1, 1.0):.2f}"
+    log(f"coordinator fault injection: {slow}")
     local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
-                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING, **placement)
+                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING,
+                         coordinator_env={"ECREC_COORDINATOR_FAULT": slow}, **placement)
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
     setup.close()
     workers = [CountingWorker(local.coordinator_address, f"w{i}", seed + i) for i in range(2)]
+    training_started = time.monotonic()
     for w in workers:
         w.start()
     nemesis = Nemesis(local, rng, log, netlab)
@@ -234,7 +304,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
-            kinds, weights = ["kill", "pause", "coordinator", "worker"], [3, 2, 1, 3]
+            kinds, weights = ["kill", "pause", "coordinator", "worker", "standby"], [3, 2, 1, 3, 1]
             if netlab is not None:
                 kinds, weights = kinds + ["partition"], weights + [2]
             kind = rng.choices(kinds, weights=weights)[0]
@@ -248,7 +318,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 nemesis.faults["worker_restart"] += 1
                 continue
             {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
-             "coordinator": nemesis.kill_coordinator_during_promotion}[kind]()
+             "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby}[kind]()
             try:
                 nemesis.wait_redundant()
             except AssertionError as exc:
@@ -268,6 +338,9 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     for w in workers:
         if w.error is not None:
             fail(f"worker {w.worker} failed: {w.error!r}")
+    stalls = liveness_stalls(workers, nemesis.coordinator_restarts, training_started)
+    if stalls:
+        fail("training stalled: " + "; ".join(stalls))
 
     # exactly once: every row is minus the number of acknowledged pushes that touched it
     checker = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=60.0))
