@@ -289,6 +289,7 @@ class ServerState:
         self._proof = ""  # this server's ecrec-caller-proof (set with the server key)
         self._refresh_lock = threading.Lock()
         self._refreshed_at = float("-inf")  # when a caller's newer epoch last made this server fetch the map
+        self._fetched_at = float("-inf")  # ... and when such a fetch last succeeded
 
     def set_server_key(self, key: bytes) -> None:
         """The cluster's server key (the coordinator's Register reply): what this server seals batches and
@@ -344,15 +345,19 @@ class ServerState:
         """A caller names map epoch ``caller_epoch``, newer than this server's: fetches the coordinator's map, at
         most once per ``map_refresh_interval_s`` (callers that come meanwhile go on with the map held: the lease
         fences a replaced server anyway).  An epoch above any the coordinator issued -- more than one above its
-        map just fetched (a replacement's promotion map is one above until its promotion ends) -- is refused with
-        ``InvalidRequest``: it would make every call ask the coordinator again."""
+        map fetched within that interval (a replacement's promotion map is one above until its promotion ends)
+        -- is refused with ``InvalidRequest``: it would make every call ask the coordinator again."""
+        interval = self.config.map_refresh_interval_s
         with self._refresh_lock:
             now = time.monotonic()
-            if caller_epoch <= self.epoch or now - self._refreshed_at < self.config.map_refresh_interval_s:
+            if caller_epoch <= self.epoch:
                 return
-            self._refreshed_at = now
-            fresh = self.refresh_map()
-        if fresh and caller_epoch > self.epoch + 1:
+            if now - self._refreshed_at >= interval:
+                self._refreshed_at = now
+                if self.refresh_map():
+                    self._fetched_at = now
+            fetched_recently = now - self._fetched_at < interval
+        if fetched_recently and caller_epoch > self.epoch + 1:
             raise errors.InvalidRequest(f"map epoch {caller_epoch} was never issued (the coordinator's is "
                                         f"{self.epoch}); refused")
 
