@@ -98,6 +98,18 @@ class ServerConfig(SecurityOptions):
     max_workers: int = option(16, "gRPC handler threads")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
+    # --- bounds on what a caller can make this server keep or do (README, "Safety"; refused beyond them) -------
+    max_worker_name_bytes: int = option(256, "longest worker name a push may carry (bytes, UTF-8)")
+    max_incarnation_bytes: int = option(64, "longest worker incarnation a push may carry (bytes, UTF-8)")
+    max_ids_per_request: int = option(1 << 22, "most row ids one pull, push or read may name, repeats included")
+    max_push_ids_per_batch: int = option(65_536, "most push ids one parity batch may carry")
+    max_applied_bytes: int = option(64 << 20, "bytes of the table of worker incarnations whose pushes this server "
+                                              "applied (retries answered \"already applied\"); a new incarnation "
+                                              "beyond it is refused, none is ever forgotten")
+    max_held_bytes: int = option(64 << 20, "bytes of parity batches held back per source until their predecessor "
+                                           "arrives")
+    map_refresh_interval_s: float = option(0.05, "least time between two map refreshes that a caller's newer epoch "
+                                                 "asks for")
     fault_spec: str = option("", "fault injection for tests (point@count,...); read from ECREC_FAULT", cli=False)
 
     @property

@@ -43,6 +43,11 @@ from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2, embedding_pb
 log = logging.getLogger("ecrec.server")
 
 
+#: bytes a table entry of :class:`AppliedPushes` costs beside its worker's name (dict slot, key tuple, ints;
+#: measured with ``sys.getsizeof``, rounded up)
+ENTRY_OVERHEAD_BYTES = 200
+
+
 class AppliedPushes:
     """Which pushes this server applied, in bounded memory, so a retry is answered "already applied".
 
@@ -51,16 +56,27 @@ class AppliedPushes:
     tells applied from new: a push at or below it was applied here or, after a recovery, kept.  Pushes not
     yet confirmed also keep the sequence they got here (``recent``), which a retry's reply carries.
 
-    Bounds: one mark per worker incarnation (at most ``workers``, least recently used forgotten first) and one
-    entry per push not yet confirmed (at most ``recent``, oldest forgotten first).
+    Bounds, in bytes (``max_bytes``, names counted with :data:`ENTRY_OVERHEAD_BYTES` each): the marks take at
+    most three quarters and are never forgotten -- forgetting one would let a retry of an old push apply
+    twice -- so a new worker incarnation beyond them is refused (:meth:`admit`, ``ResourceExhausted``); the
+    recent sequences take the rest, oldest forgotten first (a forgotten one falls back to the mark: still
+    "already applied", only the reply's sequence is 0).  Marks a recovery installs (``force``) are never
+    refused: they only ever come from servers.
     """
 
-    def __init__(self, workers: int = 100_000, recent: int = 65_536):
-        self.max_workers = workers
-        self.max_recent = recent
-        self._marks: OrderedDict[str, int] = OrderedDict()
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes = max_bytes
+        self.max_recent_bytes = max_bytes // 4
+        self.max_marks_bytes = max_bytes - self.max_recent_bytes
+        self._marks: dict[str, int] = {}
         self._recent: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self.marks_bytes = 0
+        self.recent_bytes = 0
         self._lock = threading.Lock()
+
+    @staticmethod
+    def cost(worker: str) -> int:
+        return len(worker) + ENTRY_OVERHEAD_BYTES
 
     def get(self, key: tuple[str, int]) -> int | None:
         """The push's sequence here (0: applied before the last confirmation, or by an earlier incarnation of
@@ -73,18 +89,37 @@ class AppliedPushes:
             mark = self._marks.get(worker)
             return 0 if mark is not None and sequence <= mark else None
 
-    def add(self, key: tuple[str, int], seq: int = 0) -> None:
+    def admit(self, worker: str) -> None:
+        """Raises ``ResourceExhausted`` when ``worker`` (``name@incarnation``) is new here and its mark would not
+        fit: the caller is refused, no mark is forgotten.  Changes nothing."""
+        with self._lock:
+            if worker in self._marks or self.marks_bytes + self.cost(worker) <= self.max_marks_bytes:
+                return
+            raise errors.ResourceExhausted(
+                f"this server remembers the pushes of {len(self._marks)} worker incarnations in "
+                f"{self.marks_bytes} bytes (bound --max-applied-bytes {self.max_bytes}: three quarters for them); "
+                "a new incarnation is refused (forgetting one could apply its retried pushes twice)")
+
+    def add(self, key: tuple[str, int], seq: int = 0, force: bool = False) -> None:
+        """Records an applied push; a new incarnation must have been admitted (:meth:`admit`) unless ``force``."""
         worker, sequence = key
         with self._lock:
-            if sequence > self._marks.get(worker, -1):
+            mark = self._marks.get(worker)
+            if mark is None:
+                if not force and self.marks_bytes + self.cost(worker) > self.max_marks_bytes:
+                    raise errors.ResourceExhausted(f"no room for the mark of a new worker incarnation "
+                                                   f"(--max-applied-bytes {self.max_bytes})")
                 self._marks[worker] = sequence
-            self._marks.move_to_end(worker)
-            while len(self._marks) > self.max_workers:
-                self._marks.popitem(last=False)
+                self.marks_bytes += self.cost(worker)
+            elif sequence > mark:
+                self._marks[worker] = sequence
             if seq:
+                if key not in self._recent:
+                    self.recent_bytes += self.cost(worker)
                 self._recent[key] = seq
-                while len(self._recent) > self.max_recent:
-                    self._recent.popitem(last=False)
+                while self.recent_bytes > self.max_recent_bytes and self._recent:
+                    (old, _), _ = self._recent.popitem(last=False)
+                    self.recent_bytes -= self.cost(old)
 
     def confirmed(self, upto: int) -> None:
         """Every push with a sequence here up to ``upto`` is durable: forget their sequences."""
@@ -94,6 +129,7 @@ class AppliedPushes:
                 if seq > upto:
                     break
                 self._recent.popitem(last=False)
+                self.recent_bytes -= self.cost(key[0])
 
     def __len__(self) -> int:
         with self._lock:
@@ -231,7 +267,7 @@ class ServerState:
         self._tables: dict[str, TableShard] = {}
         self._dense: dict[str, DenseShard] = {}
         self.strategy: FaultToleranceStrategy | None = None
-        self.applied = AppliedPushes()
+        self.applied = AppliedPushes(config.max_applied_bytes)
         self.sequencer = PushSequencer()
         self.handlers = HandlerCounters()
         self.lease = Lease()
@@ -251,6 +287,9 @@ class ServerState:
                            retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes,
                            identity=self._identity, security=config.security)
         self._proof = ""  # this server's ecrec-caller-proof (set with the server key)
+        self._refresh_lock = threading.Lock()
+        self._refreshed_at = float("-inf")  # when a caller's newer epoch last made this server fetch the map
+        self._fetched_at = float("-inf")  # ... and when such a fetch last succeeded
 
     def set_server_key(self, key: bytes) -> None:
         """The cluster's server key (the coordinator's Register reply): what this server seals batches and
@@ -297,7 +336,7 @@ class ServerState:
             raise errors.Unavailable(f"server {self.server_id} is being promoted to index {self.index}: it serves once "
                                      "its tables exist and its rows are marked for rebuilding; retry")
         if caller_epoch > self.epoch:  # the caller has seen a newer map: this server may have been replaced
-            self.refresh_map()
+            self.catch_up(caller_epoch)
             if self.map is not None and self.index >= 0:
                 holder = next((s for s in self.map.servers if s.index == self.index and s.state != cluster_pb2.FAILED
                                ), None)
@@ -305,20 +344,42 @@ class ServerState:
                     raise errors.Unavailable(f"server {self.server_id} no longer holds index {self.index} "
                                              f"(map epoch {self.epoch}); refresh the map")
 
-    def refresh_map(self) -> None:
-        """Fetches the coordinator's map (a peer or a lease renewal showed a newer epoch)."""
+    def catch_up(self, caller_epoch: int) -> None:
+        """A caller names map epoch ``caller_epoch``, newer than this server's: fetches the coordinator's map, at
+        most once per ``map_refresh_interval_s`` (callers that come meanwhile go on with the map held: the lease
+        fences a replaced server anyway).  An epoch above any the coordinator issued -- more than one above its
+        map fetched within that interval (a replacement's promotion map is one above until its promotion ends)
+        -- is refused with ``InvalidRequest``: it would make every call ask the coordinator again."""
+        interval = self.config.map_refresh_interval_s
+        with self._refresh_lock:
+            now = time.monotonic()
+            if caller_epoch <= self.epoch:
+                return
+            if now - self._refreshed_at >= interval:
+                self._refreshed_at = now
+                if self.refresh_map():
+                    self._fetched_at = now
+            fetched_recently = now - self._fetched_at < interval
+        if fetched_recently and caller_epoch > self.epoch + 1:
+            raise errors.InvalidRequest(f"map epoch {caller_epoch} was never issued (the coordinator's is "
+                                        f"{self.epoch}); refused")
+
+    def refresh_map(self) -> bool:
+        """Fetches the coordinator's map (a peer or a lease renewal showed a newer epoch); False when it could not."""
         try:
             self.coordinator.get_map()
+            return True
         except grpc.RpcError as exc:
             log.warning("could not refresh the cluster map: %s", exc.code().name)
+            return False
 
-    def check_peer(self, context, changes_parity: bool = True) -> None:
-        """A server-to-server call: refused unless the caller is a server of the map (after catching up with the
-        caller's newer epoch), so an old incarnation of a peer is fenced off.  A call that can change parity,
-        confirm a push or close an owner's chain (``changes_parity``) must also prove that a server makes it
-        (``ecrec-caller-proof``, under the server key): a worker or a stranger may not, whatever id it claims.
-        A read (``ReadRows``, ``StreamStripes``) may come without an id; one that names an id must name a server
-        of the map."""
+    def check_peer(self, context, changes_parity: bool = True) -> str:
+        """A server-to-server call (every method of the parity plane, reads included): refused unless the caller
+        proves it is a server of this cluster (``ecrec-caller`` with its ``ecrec-caller-proof`` under the server
+        key) -- a worker or a stranger may not, whatever id it claims, on every cluster (token-only and plain
+        included) -- and unless it is a server of the map (after catching up with the caller's newer epoch),
+        so an old incarnation of a peer is fenced off.  Returns the caller's server id.  (``changes_parity`` is
+        kept for callers' readability: reads need the same proof.)"""
         meta = dict(context.invocation_metadata() or ())
         caller, proof = meta.get("ecrec-caller", ""), meta.get("ecrec-caller-proof", "")
         try:
@@ -326,21 +387,19 @@ class ServerState:
         except ValueError:
             raise errors.InvalidRequest("ecrec-epoch metadata must be an integer") from None
         self.require_serving()
-        if changes_parity:
-            if self.sealer is None:
-                raise errors.Unavailable("this server holds no server key yet (not registered); retry")
-            if not self.sealer.caller_ok(caller, proof):
-                raise errors.FailedPrecondition(f"caller {caller or '(unnamed)'} does not prove it is a server of this "
-                                                "cluster (ecrec-caller-proof under the server key); a worker or a "
-                                                "stranger may not make this call; refused")
-        elif not caller:
-            return
+        if self.sealer is None:
+            raise errors.Unavailable("this server holds no server key yet (not registered); retry")
+        if not self.sealer.caller_ok(caller, proof):
+            raise errors.FailedPrecondition(f"caller {caller[:64] or '(unnamed)'} does not prove it is a server of "
+                                            "this cluster (ecrec-caller-proof under the server key); a worker or a "
+                                            "stranger may not make this call; refused")
         if epoch > self.epoch:
-            self.refresh_map()
+            self.catch_up(epoch)
         if self.map is not None and not any(s.server_id == caller and s.state != cluster_pb2.FAILED
                                             for s in self.map.servers):
             raise errors.FailedPrecondition(f"caller {caller} is not a server of the cluster map (epoch {self.epoch}): "
                                             "an old incarnation or a stranger; refused")
+        return caller
 
     def tables(self) -> list[TableShard]:
         with self.lock:
@@ -366,7 +425,7 @@ class ServerState:
         return self.apply_lock
 
     def mark_applied(self, push_id: tuple[str, int]) -> None:
-        self.applied.add(push_id, 0)
+        self.applied.add(push_id, 0, force=True)
 
     def status(self) -> dict:
         """Who this server is and what it holds (``ecrec-server status``, the metrics endpoint)."""
@@ -553,6 +612,43 @@ def _caller(context, worker: str = "") -> str:
     return f"worker {worker[:64]!r} ({peer})" if worker else f"the worker at {peer}"
 
 
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_push_id(push_id, config: ServerConfig) -> None:
+    """Raises ``InvalidRequest`` naming the bound when a push id's worker name or incarnation is missing or too
+    long (``--max-worker-name-bytes``, ``--max-incarnation-bytes``): every server keeps them (a mark per
+    incarnation, the push ids in parity logs), so their size is bounded before anything changes."""
+    if not push_id.worker:
+        raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
+    name = _utf8_bytes(push_id.worker) if len(push_id.worker) <= config.max_worker_name_bytes else -1
+    if name < 0 or name > config.max_worker_name_bytes:
+        raise errors.InvalidRequest(f"push_id.worker is longer than {config.max_worker_name_bytes} bytes "
+                                    "(--max-worker-name-bytes); push refused")
+    if len(push_id.incarnation) > config.max_incarnation_bytes or (
+            _utf8_bytes(push_id.incarnation) > config.max_incarnation_bytes):
+        raise errors.InvalidRequest(f"push_id.incarnation is longer than {config.max_incarnation_bytes} bytes "
+                                    "(--max-incarnation-bytes); push refused")
+
+
+def check_ids(sections, config: ServerConfig, reply_row_bytes=None) -> None:
+    """Raises ``InvalidRequest`` naming the bound when the ids of ``sections`` (messages with an ``ids`` field of
+    int64) number more than ``--max-ids-per-request`` together, repeats included, or when the reply they ask
+    for (``reply_row_bytes(section)`` bytes per id) would not fit in one message: checked before anything is
+    read or allocated."""
+    sections = list(sections)
+    count = sum(len(section.ids) // 8 for section in sections)
+    if count > config.max_ids_per_request:
+        raise errors.InvalidRequest(f"{count} row ids in one request (repeats included); the bound is "
+                                    f"{config.max_ids_per_request} (--max-ids-per-request): split the request")
+    if reply_row_bytes is not None:
+        nbytes = sum(len(section.ids) // 8 * reply_row_bytes(section) for section in sections)
+        if nbytes > config.max_message_bytes:
+            raise errors.InvalidRequest(f"the reply would hold {nbytes} bytes of rows, more than one message "
+                                        f"({config.max_message_bytes} bytes, --max-message-bytes): split the request")
+
+
 class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     """The gRPC face of a :class:`ServerState`."""
 
@@ -571,6 +667,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st.require_serving(request.epoch)
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty pull: name at least one table or dense tensor")
+        check_ids(request.tables, st.config, lambda t: 4 * st.table(t.table).spec.dim)
         watermarks = st.strategy.on_relay(request.relay, _caller(context)) if request.relay else []
         plans = []
         for t in request.tables:
@@ -644,6 +741,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         with self.state.handlers.measure("Replay"):
             if not request.pushes:
                 raise errors.InvalidRequest("empty replay")
+            check_ids([t for push in request.pushes for t in push.tables], self.state.config)
             plans = [self._validate(push) for push in request.pushes]
             strategy = self.state.strategy
             needed: dict[str, tuple] = {}
@@ -664,8 +762,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st.require_serving(request.epoch)
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty push: no table rows and no dense gradients")
-        if not request.push_id.worker:
-            raise errors.InvalidRequest("push_id.worker is required (it makes retries safe)")
+        check_push_id(request.push_id, st.config)
+        check_ids(request.tables, st.config)
         return self._validate_push(request)
 
     def _receive_relayed(self, request, context) -> list:
@@ -701,6 +799,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             seq = st.applied.get(key)  # a concurrent retry may have won
             if seq is not None:
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
+            st.applied.admit(key[0])  # a new incarnation beyond the table's bound is refused, nothing applied
             push = AppliedPush(key, st.sequencer.next(st.epoch))
             for shard, ids, slots, grads in table_plans:
                 old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old, want_delta)
@@ -752,6 +851,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 order = np.argsort(shard.owned_ids, kind="stable")
                 ids, slots = shard.owned_ids[order], shard.owned_slots[order]
             else:
+                check_ids([request], st.config, lambda _: shard.spec.row_bytes)
                 ids = transport.bytes_to_ids(request.ids)
                 slots = shard.slots_for(ids)
             st.strategy.ensure_rows([(shard, slots)])

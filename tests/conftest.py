@@ -36,3 +36,16 @@ def pytest_addoption(parser):
     group = parser.getgroup("nemesis")
     group.addoption("--nemesis-seed", default=None, help="seed of the nemesis's fault schedule (default: random)")
     group.addoption("--nemesis-faults", default=50, type=int, help="faults the nemesis injects (default 50)")
+
+
+def server_metadata(local, server_id: str, epoch: int = 0) -> tuple:
+    """The identity metadata a server of ``local`` sends on a server-to-server call (``ecrec-caller`` with its
+    proof under the cluster's server key, read from the coordinator's state file: ``local`` needs a
+    ``state_path``), as a test acting as that server sends it."""
+    from ecrec.seal import Sealer
+    from ecrec.wire import coordinator_pb2
+
+    with open(local.spec.state_path, "rb") as f:
+        key = coordinator_pb2.CoordinatorState.FromString(f.read()).server_key
+    return (("ecrec-caller", server_id), ("ecrec-caller-proof", Sealer(key).caller_proof(server_id)),
+            ("ecrec-epoch", str(epoch)))

@@ -115,6 +115,11 @@ def bad_pushes(client):
             push_id=embedding_pb2.PushId(worker="w", sequence=1)), IA, ["multiple of 8"]),
         ("push to a non-owner", 0, push(other), FP, ["owned by server 1"]),
         ("missing push id", 0, embedding_pb2.PushRequest(tables=push(mine).tables), IA, ["push_id"]),
+        ("worker name too long", 0, push(mine, worker="w" * 257), IA, ["longer than 256 bytes", "--max-worker-name-bytes"]),
+        ("worker name too long in UTF-8", 0, push(mine, worker="\u00e9" * 129), IA, ["--max-worker-name-bytes"]),
+        ("worker name of 2 MiB", 0, push(mine, worker="w" * (2 << 20)), IA, ["--max-worker-name-bytes"]),
+        ("incarnation too long", 0, embedding_pb2.PushRequest(tables=push(mine).tables, push_id=embedding_pb2.PushId(
+            worker="w", sequence=1, incarnation="i" * 65)), IA, ["longer than 64 bytes", "--max-incarnation-bytes"]),
         ("valid table + invalid table in one push", 0, embedding_pb2.PushRequest(
             tables=[push(mine).tables[0], push(mine, table="nope").tables[0]],
             push_id=embedding_pb2.PushId(worker="w", sequence=9)), NF, ["nope"]),

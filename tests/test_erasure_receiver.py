@@ -161,15 +161,24 @@ def test_resolution_undoes_a_suffix_and_refuses_the_resolved_incarnation(servers
     receiver.on_relay(relay[d][:1])  # group 1 (pushes 1-3)
     after_first = {name: arena.rows(part.slots).copy() for name, (arena, part) in arenas.items()}
     receiver.on_relay(relay[d][1:])  # group 2 (pushes 4-6)
-    listing = receiver.list_source(3)
+    with pytest.raises(errors.FailedPrecondition, match="live owner"):  # s3 serves: its chain is not closed
+        receiver.list_source(3, "s3-replacement")
+    failed = cluster_map(epoch=4)
+    failed.servers[3].state = cluster_pb2.FAILED
+    servers[d].adopt_map(failed)
+    listing = receiver.list_source(3, "s3-replacement")
     assert [len(e.push_ids) for e in listing.logged] == [3, 3]
+    assert receiver.list_source(3, "s3-replacement") is listing  # asked again: the same answer
+    with pytest.raises(errors.FailedPrecondition, match="follows its replacement's listing"):
+        receiver.commit_resolution(3, [listing.logged[0].seq], "another-server")
     receiver.commit_resolution(3, [listing.logged[1].seq], "s3-replacement")  # keep group 1, undo group 2
+    receiver.commit_resolution(3, [listing.logged[0].seq], "s3-replacement")  # repeated: no effect
     for name, (arena, part) in arenas.items():
         np.testing.assert_array_equal(arena.rows(part.slots), after_first[name], err_msg=name)
         assert not np.array_equal(after_first[name], snapshot[name]) or name == "c"
     with pytest.raises(errors.FailedPrecondition, match="resolved"):
         receiver.receive([parity_pb2.ParityBatch.FromString(relay[d][1].batch)], strict=True)
-    assert [c for c in receiver.logs[3].committed][-3:] == [("w", 1), ("w", 2), ("w", 3)]
+    assert receiver.logs[3].committed == {"w": 3}  # each worker incarnation's highest kept push
 
 
 @pytest.mark.parametrize("kernel", ["generic", "fused"])
@@ -207,9 +216,16 @@ def test_every_arrival_order_of_three_groups_ends_the_same(servers):
     d = sorted(relay)[0]
     receiver = servers[d].strategy.receiver
     results = set()
-    for order in itertools.permutations(relay[d]):
-        receiver.list_source(0)  # forget the previous round: resolve keeping nothing applied, then re-apply
-        receiver.commit_resolution(0, [e.seq for e in receiver.list_source(0).logged], "again")
+    for n, order in enumerate(itertools.permutations(relay[d])):
+        # forget the previous round: resolve (as if index 0 had failed) keeping nothing applied, then re-apply
+        live = servers[d].map
+        failed = cluster_pb2.ClusterMap()
+        failed.CopyFrom(live)
+        failed.servers[0].state = cluster_pb2.FAILED
+        servers[d].map = failed
+        listing = receiver.list_source(0, f"round-{n}")
+        receiver.commit_resolution(0, [e.seq for e in listing.logged], f"round-{n}")
+        servers[d].map = live
         receiver.logs[0].resolved_ids.clear()
         receiver.on_relay(list(order))
         results.add(tuple(arena.rows(part.slots).tobytes() for arena, part in receiver.parts.values()))

@@ -26,6 +26,7 @@ from ecrec.strategies.erasure.bulk import BulkRebuild, position_plan
 from ecrec.wire import cluster_pb2, parity_pb2
 from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
 from ecrec.transport import make_channel
+from conftest import server_metadata
 
 
 
@@ -82,7 +83,7 @@ def test_a_frame_round_trips_and_a_frame_not_as_asked_is_refused():
 
 
 @pytest.mark.cluster
-def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(make_cluster, monkeypatch):
+def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(make_cluster, monkeypatch, tmp_path):
     """A survivor's side of the fast path, called as the replacement calls it: frames of the blocks asked, each
     position's rows those of the layout, each parity row the encoding of its stripe; bad requests refused with
     a status that names the problem."""
@@ -91,7 +92,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     # deliveries must be
     local = make_cluster(servers=servers, standby=1, strategy="ecrec", k=k, m=m,
                          options={"rebuild_duty": "0.001", "rebuild_batch_rows": "16"},
-                         coordinator_options=COORDINATOR_OPTIONS)
+                         coordinator_options=COORDINATOR_OPTIONS, state_path=str(tmp_path / "map.pb"))
     cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
     wait_started(cluster, servers)
     cluster.create_table("t", 1_001, 4, seed=9)
@@ -103,12 +104,18 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     paged_ids, paged = cluster.read_payload("t")
     assert np.array_equal(paged_ids, ids) and np.array_equal(paged.view(np.uint32), rows.view(np.uint32))
     address = next(s.address for s in cluster.refresh_map().servers if s.index == index)
+    # a read of the parity plane proves that a server makes it: here as index 0's server
+    reader = server_metadata(local, next(s.server_id for s in cluster.refresh_map().servers if s.index == 0))
+    with pytest.raises(grpc.RpcError) as caught:  # without the proof: refused, on this plain cluster too
+        list(make_channel(address).unary_stream(frames.FULL_METHOD, request_serializer=parity_pb2.StreamStripesRequest
+                                                .SerializeToString)(parity_pb2.StreamStripesRequest(table="t"), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "prove" in caught.value.details()
     call = make_channel(address).unary_stream(frames.FULL_METHOD,
                                               request_serializer=parity_pb2.StreamStripesRequest.SerializeToString)
     blocks = -(-layout.num_stripes(spec.num_rows) // servers)  # 126: the last block partly past the end
     request = parity_pb2.StreamStripesRequest(table="t", first_block=100, end_block=blocks, data_positions=[1, 0],
                                               parity_indices=[0], blocks_per_message=10)
-    got = [frames.parse(raw, 2, 1, spec.row_bytes, k) for raw in call(request, timeout=30)]
+    got = [frames.parse(raw, 2, 1, spec.row_bytes, k) for raw in call(request, timeout=30, metadata=reader)]
     assert [(f.first_block, f.blocks) for f in got] == [(100, 10), (110, 10), (120, 6)]
     codec = Codec(k, m, "isa_l_rs_vand", kernel="cpu")
     for f in got:
@@ -137,7 +144,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     ]:
         fields = dict(table="t", first_block=0, end_block=blocks, data_positions=[0], blocks_per_message=10) | bad
         with pytest.raises(grpc.RpcError) as caught:
-            list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30))
+            list(call(parity_pb2.StreamStripesRequest(**fields), timeout=30, metadata=reader))
         assert caught.value.code() == code and match in caught.value.details(), caught.value.details()
 
     # the replacement's side falls back to the gRPC stream when a survivor refuses the connection (here: the
@@ -146,7 +153,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     caller_id = next(s.server_id for s in m_now.servers if s.index == 0)
     host = SimpleNamespace(layout=layout, index=0, config=SimpleNamespace(host="127.0.0.1"),
                            peers=Peers(lambda: m_now, None, timeout_s=30, retry_deadline_s=30,
-                                       identity=lambda: (("ecrec-caller", caller_id),)))
+                                       identity=lambda: server_metadata(local, caller_id)))
     counters = defaultdict(float)
     fast = BulkRebuild(host, Codec(k, m, "isa_l_rs_vand", kernel="cpu"), None, counters, frame_bytes=1)
     server = next(s for s in fast.plan.data if fast.plan.data[s] and fast.plan.parity.get(s))
@@ -164,8 +171,8 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     cluster.pull("t", np.arange(4))  # someone notices; the standby is promoted and rebuilds (slowly)
     m_now = cluster.refresh_map()
     replacement = next(s for s in m_now.servers if s.index == 0 and s.state == cluster_pb2.RECOVERING)
-    caller = (("ecrec-caller", replacement.server_id), ("ecrec-epoch", str(m_now.epoch)))
-    active = (("ecrec-caller", next(s.server_id for s in m_now.servers if s.index == 1)),)
+    caller = server_metadata(local, replacement.server_id, m_now.epoch)
+    active = server_metadata(local, next(s.server_id for s in m_now.servers if s.index == 1))
     with frame_socket.FrameListener("127.0.0.1", 30) as listener:
         request.deliver_port, request.ticket = listener.port, listener.ticket
         stream = call(request, timeout=30, metadata=caller)
@@ -180,10 +187,12 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
         closed_port = probe.getsockname()[1]
     ticket = bytes(frame_socket.TICKET_BYTES)
     for metadata, fields, code, match in [
-        ((), dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION, "needs a caller"),
+        ((), dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION, "does not prove"),
         (active, dict(deliver_port=closed_port, ticket=ticket), grpc.StatusCode.FAILED_PRECONDITION,
          "rebuilding server"),
         ((("ecrec-caller", "stranger"),), dict(deliver_port=closed_port, ticket=ticket),
+         grpc.StatusCode.FAILED_PRECONDITION, "does not prove"),
+        (server_metadata(local, "stranger"), dict(deliver_port=closed_port, ticket=ticket),
          grpc.StatusCode.FAILED_PRECONDITION, "not a server of the cluster map"),
         (caller, dict(deliver_port=closed_port, ticket=b"x"), grpc.StatusCode.INVALID_ARGUMENT, "ticket of 16 bytes"),
         (caller, dict(deliver_port=70000, ticket=ticket), grpc.StatusCode.INVALID_ARGUMENT, "[1024, 65535]"),

@@ -143,7 +143,7 @@ class StrategyHost(Protocol):
 
     def require_serving(self, caller_epoch: int = 0) -> None: ...  # raises Unavailable without a lease
 
-    def check_peer(self, context, changes_parity: bool = True) -> None: ...  # a call from a current server of the map
+    def check_peer(self, context, changes_parity: bool = True) -> str: ...  # a proven server of the map: its id
 
     @property
     def sealer(self) -> "Sealer | None": ...  # MACs under the server key (ecrec.seal); None before registering

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,9 +27,20 @@ from ecrec.shards import TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
 from ecrec.strategies.erasure.source_log import DenseEntry, LogEntry, SourceLog, TableEntry
-from ecrec.wire import embedding_pb2, parity_pb2
+from ecrec.wire import cluster_pb2, embedding_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
+
+
+@dataclass
+class Resolution:
+    """This server's part in the resolution of a failed index by one replacement (repeated calls answered the same)."""
+
+    replacement_id: str
+    failed_id: str  # the incarnation whose chain the listing closed ("": none held here)
+    listing: parity_pb2.ResolveSourceReply
+    listed: frozenset  # the sequences listed: the only ones a commit may undo
+    committed: bool = False
 
 
 class ParityReceiver:
@@ -48,6 +60,7 @@ class ParityReceiver:
         self.logs: dict[int, SourceLog] = {}
         self.lock = threading.Lock()  # guards the logs
         self.resolved_sources: dict[int, str] = {}  # failed index -> server id of the replacement that resolved it
+        self.resolutions: dict[int, Resolution] = {}  # failed index -> its latest resolution here
 
     # --- stores --------------------------------------------------------------------------------------------
     def add_table(self, shard: TableShard, encode: bool) -> TableParity:
@@ -89,6 +102,13 @@ class ParityReceiver:
     def _parse(self, b: parity_pb2.ParityBatch):
         """Validates one batch before anything of it is applied; returns its deltas per arena and dense deltas."""
         layout = self.host.layout
+        config = self.host.config
+        if len(b.push_ids) > config.max_push_ids_per_batch:
+            raise errors.InvalidRequest(f"a parity batch carries {len(b.push_ids)} push ids; the bound is "
+                                        f"{config.max_push_ids_per_batch} (--max-push-ids-per-batch)")
+        longest = config.max_worker_name_bytes + 1 + config.max_incarnation_bytes  # name@incarnation
+        if any(len(p.worker) > longest for p in b.push_ids):
+            raise errors.InvalidRequest(f"a parity batch carries a push id longer than {longest} characters")
         tables = []
         for t in b.tables:
             if not t.tables:
@@ -167,15 +187,15 @@ class ParityReceiver:
                     elif b.prev_seq == lg.applied_upto:
                         self._apply_locked(lg, b, parsed)
                         while lg.applied_upto in lg.held:  # successors that arrived first
-                            nxt, nxt_parsed = lg.held.pop(lg.applied_upto)
+                            nxt, nxt_parsed = lg.unhold(lg.applied_upto)
                             self._apply_locked(lg, nxt, nxt_parsed)
-                    elif len(lg.held) < lg.max_held:
-                        lg.held[b.prev_seq] = (b, parsed)
+                    elif lg.hold(b.prev_seq, b, parsed, b.ByteSize()):
                         self.counters["held_back_batches"] += 1
                     else:
                         raise errors.ResourceExhausted(
-                            f"server {self.host.index}: {len(lg.held)} batches of source {b.source} wait for batch "
-                            f"{lg.applied_upto}'s successor; send the chain in order")
+                            f"server {self.host.index}: {len(lg.held)} batches of source {b.source} ({lg.held_bytes} "
+                            f"bytes; bounds {lg.max_held} batches, --max-held-bytes {lg.max_held_bytes}) wait for "
+                            f"batch {lg.applied_upto}'s successor; send the chain in order")
                     lg.confirm(b.confirmed_upto)
             except errors.EcrecError as exc:
                 if strict:
@@ -195,7 +215,7 @@ class ParityReceiver:
                 f"{self.host.server_id}: the destination was replaced, refresh the map")
         lg = self.logs.get(b.source)
         if lg is None:
-            lg = self.logs[b.source] = SourceLog(b.source)
+            lg = self.logs[b.source] = self._new_log(b.source)
         if b.source_id != lg.source_id:
             if b.source_id in lg.resolved_ids:
                 raise errors.FailedPrecondition(
@@ -212,7 +232,7 @@ class ParityReceiver:
                           b.source, lg.source_id, b.source_id, len(lg.entries))
                 self.counters["unresolved_incarnation_switches"] += 1
                 for e in lg.entries.values():
-                    lg.committed.extend(e.push_ids)
+                    lg.commit(e.push_ids)
             lg.restart(b.source_id)
         if lg.closed:
             raise errors.FailedPrecondition(f"source {b.source} incarnation {b.source_id} is being resolved; batch refused")
@@ -283,32 +303,83 @@ class ParityReceiver:
             return parity_pb2.ParityAck(applied_upto=lg.applied_upto, destination_id=self.host.server_id)
 
     # --- resolution of a failed source (the survivors' side) ---------------------------------------------
-    def list_source(self, source: int) -> parity_pb2.ResolveSourceReply:
-        """Closes the chain of ``source``'s current incarnation (its later batches are refused, held-back ones
-        dropped) and lists what this server applied of it: logged entries, confirmation, recent commits."""
-        reply = parity_pb2.ResolveSourceReply()
+    def _new_log(self, source: int) -> SourceLog:
+        return SourceLog(source, max_held_bytes=self.host.config.max_held_bytes)
+
+    def check_resolver(self, source: int, caller: str) -> None:
+        """Refuses (``FailedPrecondition``) a resolution of ``source`` by ``caller`` (a proven server, check_peer)
+        unless ``caller`` is its replacement: the server the map names as holder of ``source``, or, while the map
+        names no live holder (the coordinator names a replacement only once its promotion ends), a standby.  A
+        live holder other than the caller means ``source`` did not fail: its chain is never closed."""
+        host = self.host
+        for attempt in range(2):
+            m = host.cluster_map
+            if m is None or not 0 <= source < m.num_servers:
+                raise errors.InvalidRequest(f"source {source} is not an index of the cluster")
+            holder = live_servers(m).get(source)
+            mine = next((s for s in m.servers if s.server_id == caller and s.state != cluster_pb2.FAILED), None)
+            why = ""
+            if holder is not None and holder.server_id != caller:
+                why = (f"index {source} is served by {holder.server_id} (map epoch {m.epoch}), a live owner: only "
+                       "its replacement resolves an index, after it failed")
+            elif mine is None:
+                why = f"{caller} is not a server of the map (epoch {m.epoch})"
+            elif holder is None and mine.state != cluster_pb2.STANDBY:
+                why = f"{caller} holds index {mine.index}, it is no replacement of index {source}"
+            if not why:
+                return
+            if attempt == 0:
+                host.refresh_map()  # this server's map may be older than the caller's
+        self.counters["refused_resolutions"] += 1
+        log.warning("ResolveSource of source %d refused: %s", source, why)
+        raise errors.FailedPrecondition(f"resolution of source {source} refused: {why}")
+
+    def list_source(self, source: int, replacement_id: str = "") -> parity_pb2.ResolveSourceReply:
+        """Closes the chain of ``source``'s failed incarnation (its later batches are refused, held-back ones
+        dropped) and lists what this server applied of it: logged entries, confirmation, commits.  Idempotent:
+        the same replacement asking again gets the same listing and nothing changes (the chain a replacement
+        started since is never closed).  A chain whose incarnation the map names live is refused."""
         with self.lock:
+            done = self.resolutions.get(source)
+            if done is not None and done.replacement_id == replacement_id:
+                self.counters["repeated_resolutions"] += 1
+                return done.listing
             lg = self.logs.get(source)
             if lg is None:
-                lg = self.logs[source] = SourceLog(source)
+                lg = self.logs[source] = self._new_log(source)
+            live = {s.server_id for s in live_servers(self.host.cluster_map).values()}
+            if lg.source_id and lg.source_id in live:
+                raise errors.FailedPrecondition(f"the chain of source {source} is of {lg.source_id}, which serves an "
+                                                "index of the map: a live owner's chain is not resolved")
             lg.closed = True
-            lg.held.clear()
+            lg.drop_held()
+            reply = parity_pb2.ResolveSourceReply()
             for seq, e in lg.entries.items():
                 reply.logged.add(seq=seq, first_seq=e.first_seq, destinations=list(e.destinations),
                                  destination_ids=list(e.destination_ids),
                                  push_ids=[embedding_pb2.PushId(worker=w, sequence=q) for w, q in e.push_ids])
             reply.confirmed_upto = lg.confirmed_upto
-            for w, s in lg.committed:
-                reply.committed.add(worker=w, sequence=s)
+            for w, q in lg.committed.items():
+                reply.committed.add(worker=w, sequence=q)
+            self.resolutions[source] = Resolution(replacement_id, lg.source_id, reply, frozenset(lg.entries))
         return reply
 
     def commit_resolution(self, source: int, undo_seqs, replacement_id: str) -> None:
-        """Undoes ``undo_seqs`` of ``source`` (newest first), commits the rest, and forgets the incarnation."""
+        """Undoes ``undo_seqs`` of ``source``'s failed incarnation (newest first; only batches its listing to
+        this replacement named), commits the rest, and forgets the incarnation.  Refused without that listing;
+        a repeated commit changes nothing."""
         with self.lock:
-            lg = self.logs.get(source)
-            if lg is None:
+            done = self.resolutions.get(source)
+            if done is None or done.replacement_id != replacement_id:
+                raise errors.FailedPrecondition(f"no listing of source {source} for {replacement_id}: a commit follows "
+                                                "its replacement's listing")
+            if done.committed:
+                self.counters["repeated_resolutions"] += 1
                 return
-            undo = set(undo_seqs)
+            lg = self.logs.get(source)
+            if lg is None or lg.source_id != done.failed_id or not lg.closed:
+                raise errors.FailedPrecondition(f"the chain of source {source} changed since its listing; list again")
+            undo = set(undo_seqs) & done.listed
             undone = 0
             for seq in sorted(undo, reverse=True):
                 e = lg.entries.get(seq)
@@ -322,14 +393,15 @@ class ParityReceiver:
             self.counters["undone_batches"] += undone
             for seq, e in lg.entries.items():
                 if seq not in undo:
-                    lg.committed.extend(e.push_ids)
+                    lg.commit(e.push_ids)
             if lg.source_id:
                 lg.resolved_ids.append(lg.source_id)
             lg.source_id = ""
             lg.entries.clear()
-            lg.held.clear()
+            lg.drop_held()
             lg.applied_upto = lg.confirmed_upto = 0
             lg.closed = False
+            done.committed = True
             self.resolved_sources[source] = replacement_id
 
     # --- what a rebuild may read -------------------------------------------------------------------------

@@ -57,10 +57,14 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ResolveSource(self, request, context):
-        self.host.check_peer(context)
+        caller = self.host.check_peer(context)
+        if request.replacement_id and request.replacement_id != caller:
+            raise errors.InvalidRequest(f"replacement_id {request.replacement_id[:64]!r} is not the caller ({caller}); "
+                                        "a server resolves for itself")
+        self.receiver.check_resolver(request.source, caller)
         if not request.commit:
-            return self.receiver.list_source(request.source)
-        self.receiver.commit_resolution(request.source, request.undo_seqs, request.replacement_id)
+            return self.receiver.list_source(request.source, caller)
+        self.receiver.commit_resolution(request.source, request.undo_seqs, caller)
         return parity_pb2.ResolveSourceReply()
 
     @transport.service_method

@@ -3,8 +3,9 @@ confirmed yet.
 
 Each entry keeps what is needed to undo the batch (XOR the same deltas again, restore the previous
 versions, drop held-back deltas).  Recovery of a failed owner reads these logs (``DESIGN.md``, "The
-update path"); a confirmation from the owner trims them, and the push ids of trimmed entries are kept a
-while (``committed``) so that a retry after a recovery is answered "already applied".
+update path"); a confirmation from the owner trims them, and the push ids of trimmed entries are kept as
+each worker incarnation's highest sequence (``committed``) so that a retry after a recovery is answered
+"already applied".
 """
 
 from __future__ import annotations
@@ -54,17 +55,50 @@ class SourceLog:
     applied strictly in the order they name, later ones held back meanwhile) and the applied batches the
     owner has not confirmed yet, oldest first."""
 
-    def __init__(self, source: int, history: int = 100_000, max_held: int = 256):
+    def __init__(self, source: int, max_held: int = 256, max_held_bytes: int = 64 << 20):
         self.source = source
         self.source_id = ""  # the incarnation of the chain
         self.entries: OrderedDict[int, LogEntry] = OrderedDict()
         self.confirmed_upto = 0
         self.applied_upto = 0  # the chain is applied up to this batch
-        self.held: dict[int, object] = {}  # prev_seq -> a batch that arrived before its predecessor
+        self.held: dict[int, tuple] = {}  # prev_seq -> (batch, parsed, bytes): arrived before its predecessor
         self.max_held = max_held
+        self.max_held_bytes = max_held_bytes
+        self.held_bytes = 0
         self.closed = False  # resolution closed this incarnation: its batches are refused
         self.resolved_ids: deque[str] = deque(maxlen=16)  # earlier incarnations, resolved: refused
-        self.committed: deque[tuple[str, int]] = deque(maxlen=history)
+        # per worker incarnation, the highest sequence of its pushes confirmed here (a retry at or below it after a
+        # recovery is "already applied"): one entry per incarnation, as many as the owners admit (their
+        # --max-applied-bytes), never forgotten
+        self.committed: dict[str, int] = {}
+
+    def commit(self, push_ids) -> None:
+        """Records confirmed (or kept) push ids: each worker incarnation's highest sequence."""
+        committed = self.committed
+        for worker, sequence in push_ids:
+            if sequence > committed.get(worker, -1):
+                committed[worker] = sequence
+
+    def hold(self, prev_seq: int, batch, parsed, nbytes: int) -> bool:
+        """Holds ``batch`` until its predecessor arrives; False (nothing held) beyond ``max_held`` batches or
+        ``max_held_bytes``."""
+        if len(self.held) >= self.max_held or self.held_bytes + nbytes > self.max_held_bytes:
+            return False
+        old = self.held.get(prev_seq)
+        if old is not None:
+            self.held_bytes -= old[2]
+        self.held[prev_seq] = (batch, parsed, nbytes)
+        self.held_bytes += nbytes
+        return True
+
+    def unhold(self, prev_seq: int):
+        batch, parsed, nbytes = self.held.pop(prev_seq)
+        self.held_bytes -= nbytes
+        return batch, parsed
+
+    def drop_held(self) -> None:
+        self.held.clear()
+        self.held_bytes = 0
 
     def restart(self, source_id: str) -> None:
         """A chain for a new incarnation of the source (the previous one was resolved)."""
@@ -72,7 +106,7 @@ class SourceLog:
             self.resolved_ids.append(self.source_id)
         self.source_id = source_id
         self.entries.clear()
-        self.held.clear()
+        self.drop_held()
         self.applied_upto = 0
         self.confirmed_upto = 0
         self.closed = False
@@ -86,7 +120,7 @@ class SourceLog:
             if seq > upto:
                 break
             self.entries.popitem(last=False)
-            self.committed.extend(entry.push_ids)
+            self.commit(entry.push_ids)
 
     def affected_slots(self, arena: int) -> np.ndarray:
         """Arena slots (of the arena of that row width) that logged batches touched."""

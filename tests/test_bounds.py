@@ -1,0 +1,154 @@
+"""What a caller can make a server keep or do is bounded in bytes, and a bound is never kept by forgetting.
+
+Real processes on 127.0.0.1, raw stubs where the SDK would refuse the request before sending it.  Huge worker
+names are refused and leave every server's memory as it was; a flood of worker incarnations is refused once the
+table of applied pushes is full, so an honest worker's retry of a confirmed push is still answered "already
+applied"; a pull naming too many ids, or asking for a reply larger than a message, is refused before anything
+is read; an epoch the coordinator never issued is refused.  The counting workload of ``test_safety``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from ecrec import transport
+from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+from test_safety import ROWS, assert_counts, counting_push, start
+
+pytestmark = pytest.mark.cluster
+
+IA, RE = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def stub_of(client, index: int):
+    address = next(s.address for s in client.refresh_map().servers if s.index == index)
+    return embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(address))
+
+
+def owned(client, index: int) -> np.ndarray:
+    return np.flatnonzero(client.layout.locate(np.arange(ROWS))[0] == index)
+
+
+def push_request(ids, worker: str, sequence: int, incarnation: str = "", grad: float = 1.0, dim: int = 4):
+    ids = np.asarray(ids, np.int64)
+    return embedding_pb2.PushRequest(
+        tables=[embedding_pb2.TableGrads(table="t", ids=transport.ids_to_bytes(ids),
+                                         grads=np.full((len(ids), dim), grad, np.float32).tobytes())],
+        push_id=embedding_pb2.PushId(worker=worker, sequence=sequence, incarnation=incarnation))
+
+
+def refused(call, code, *words) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == code, info.value.details()
+    for w in words:
+        assert w in info.value.details(), info.value.details()
+
+
+def test_pushes_with_huge_worker_names_are_refused_and_no_server_grows(make_cluster):
+    """150 pushes whose worker name (or incarnation) is 2 MiB: each refused with INVALID_ARGUMENT, no row
+    changes, and no server's resident memory grows by 64 MiB (it grew by hundreds when they were kept)."""
+    local, client, initial = start(make_cluster, servers=3)
+    counts = np.zeros(ROWS)
+    for _ in range(3):  # warm: every path has run once
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    pids = [p.pid for p in local.server_procs]
+    before = {pid: rss_bytes(pid) for pid in pids}
+    stub, mine = stub_of(client, 0), owned(client, 0)
+    huge = "w" * (2 << 20)
+    for n in range(150):
+        request = (push_request(mine, huge, n + 1) if n % 2 else
+                   push_request(mine, "w", n + 1, incarnation=huge))
+        refused(lambda: stub.Push(request, timeout=30), IA, "bytes")
+    for _ in range(3):  # training goes on
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    grown = {pid: rss_bytes(pid) - before[pid] for pid in pids}
+    print("RSS growth (MiB):", {pid: round(g / 2**20, 1) for pid, g in grown.items()})
+    assert all(g < 64 << 20 for g in grown.values()), grown
+    assert_counts(client, initial, counts)
+
+
+def test_a_flood_of_incarnations_is_refused_and_a_confirmed_push_never_applies_twice(make_cluster):
+    """The table of applied pushes is bounded in bytes (here 64 KiB): once full, a new worker incarnation is
+    refused with RESOURCE_EXHAUSTED and nothing is forgotten, so an honest worker's retry of a push applied and
+    confirmed before the flood is still answered "already applied", and known workers keep training."""
+    local, client, initial = start(make_cluster, servers=3, server_options={"max_applied_bytes": 64 << 10})
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    stub, mine = stub_of(client, 0), owned(client, 0)
+    honest = push_request(mine, "honest", 1, incarnation="a1")
+    assert not stub.Push(honest, timeout=30).already_applied
+    counts[mine] += 1
+    for _ in range(2):  # the honest push is confirmed (its parity applied everywhere) by later pushes
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    flooded = 0
+    for n in range(2_000):
+        try:
+            stub.Push(push_request(mine, "flood", 1, incarnation=f"{n:064d}"), timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() == RE and "--max-applied-bytes" in exc.details(), exc.details()
+            break
+        flooded += 1
+        counts[mine] += 1
+    again = stub.Push(honest, timeout=30)  # the retry of a confirmed push after the flood
+    assert again.already_applied and again.rows_updated == 0, "a confirmed push applied twice after a flood"
+    assert 50 < flooded < 1_000, f"{flooded} incarnations admitted into a table of 64 KiB"
+    refused(lambda: stub.Push(push_request(mine, "flood", 1, incarnation="z" * 64), timeout=30), RE,
+            "--max-applied-bytes")
+    for _ in range(2):  # a known worker keeps training
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    assert_counts(client, initial, counts)
+
+
+def test_a_pull_of_too_many_ids_or_too_large_a_reply_is_refused(make_cluster):
+    """Ids per request are counted with their repeats; a reply that would not fit in one message is refused
+    before it is allocated; both name their bound."""
+    local, client, initial = start(make_cluster, servers=3,
+                                   server_options={"max_ids_per_request": 100_000, "max_message_bytes": 1 << 20})
+    stub, mine = stub_of(client, 0), owned(client, 0)
+
+    def pull(n):
+        ids = np.resize(mine, n).astype(np.int64)  # one row many times
+        return lambda: stub.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(
+            table="t", ids=transport.ids_to_bytes(ids))]), timeout=30)
+
+    assert len(pull(1_000)().values[0]) == 1_000 * 16
+    refused(pull(100_001), IA, "100001 row ids", "--max-ids-per-request")
+    too_many = push_request(np.resize(mine, 100_001), "w", 1)
+    too_many.tables[0].grads = b""  # the count is checked first (and the gradients would not fit in a message)
+    refused(lambda: stub.Push(too_many, timeout=30), IA, "--max-ids-per-request")
+    refused(pull(70_000), IA, "--max-message-bytes")  # 70,000 rows of 16 bytes: more than 1 MiB
+    counting_push(client, np.arange(ROWS))
+    assert_counts(client, initial, np.ones(ROWS))
+
+
+def test_an_epoch_never_issued_is_refused(make_cluster):
+    """A request epoch far above the coordinator's makes the server fetch the map once, then is refused; calls
+    at the current epoch go on."""
+    local, client, initial = start(make_cluster, servers=3)
+    stub, mine = stub_of(client, 0), owned(client, 0)
+    request = embedding_pb2.PullRequest(epoch=1 << 62, tables=[embedding_pb2.TableIds(
+        table="t", ids=transport.ids_to_bytes(mine[:2].astype(np.int64)))])
+    t0 = time.monotonic()
+    for _ in range(50):
+        refused(lambda: stub.Pull(request, timeout=30), IA, "never issued")
+    assert time.monotonic() - t0 < 20
+    counting_push(client, np.arange(ROWS))
+    assert_counts(client, initial, np.ones(ROWS))
