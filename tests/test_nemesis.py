@@ -181,9 +181,14 @@ class Nemesis:
     def pause_standby(self) -> None:
         """Pauses the standby the coordinator would promote first, kills a server, resumes the standby later:
         the promotion must go to the other standby, and the paused one must stop once it is back."""
-        m = self.map()
-        standbys = [s for s in m.servers if s.state == cluster_pb2.STANDBY]
+        deadline = time.monotonic() + 30
+        while True:  # the standbys started after the last fault register within seconds
+            standbys = [s for s in self.map().servers if s.state == cluster_pb2.STANDBY]
+            if len(standbys) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if len(standbys) < 2:
+            self.log("fewer than two standbys registered: a plain SIGKILL instead")
             return self.kill()
         paused = standbys[0]
         paused_pid = int(paused.server_id.split(":")[1])

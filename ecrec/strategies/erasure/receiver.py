@@ -308,24 +308,22 @@ class ParityReceiver:
 
     def check_resolver(self, source: int, caller: str) -> None:
         """Refuses (``FailedPrecondition``) a resolution of ``source`` by ``caller`` (a proven server, check_peer)
-        unless ``caller`` is its replacement: the server the map names as holder of ``source``, or, while the map
-        names no live holder (the coordinator names a replacement only once its promotion ends), a standby.  A
-        live holder other than the caller means ``source`` did not fail: its chain is never closed."""
+        unless ``caller`` is its replacement: the server the map names at ``source`` as ``PROMOTING`` (the
+        coordinator records a promotion before it sends Promote), ``RECOVERING`` or ``ACTIVE``.  Any other holder
+        means ``source`` did not fail to this caller: its chain is never closed."""
         host = self.host
         for attempt in range(2):
             m = host.cluster_map
             if m is None or not 0 <= source < m.num_servers:
                 raise errors.InvalidRequest(f"source {source} is not an index of the cluster")
-            holder = live_servers(m).get(source)
-            mine = next((s for s in m.servers if s.server_id == caller and s.state != cluster_pb2.FAILED), None)
+            holder = next((s for s in m.servers if s.index == source and s.state != cluster_pb2.FAILED), None)
             why = ""
-            if holder is not None and holder.server_id != caller:
-                why = (f"index {source} is served by {holder.server_id} (map epoch {m.epoch}), a live owner: only "
+            if holder is None:
+                why = (f"the map (epoch {m.epoch}) names no server at index {source}: a replacement resolves an index "
+                       "once the coordinator has recorded its promotion")
+            elif holder.server_id != caller:
+                why = (f"index {source} is held by {holder.server_id} (map epoch {m.epoch}), not by {caller}: only "
                        "its replacement resolves an index, after it failed")
-            elif mine is None:
-                why = f"{caller} is not a server of the map (epoch {m.epoch})"
-            elif holder is None and mine.state != cluster_pb2.STANDBY:
-                why = f"{caller} holds index {mine.index}, it is no replacement of index {source}"
             if not why:
                 return
             if attempt == 0:
