@@ -11,8 +11,11 @@ with the standard gRPC health service on a port of their own (a busy server stil
 declared failed when a connection to it is refused (the process is gone) or when it misses
 ``failures_before_dead`` checks in a row spanning at least ``failure_timeout_s`` (a client's report only
 triggers a check).  Its replacement is promoted once it is surely not serving: at once when its process
-is gone, else only after its lease has run out.  With ``state_path`` the map and promotions in progress are
-persisted (atomically), so a restarted coordinator keeps them and finishes the promotions.
+is gone, else only after its lease has run out.  A promotion is recorded before the standby hears of it (its
+entry ``PROMOTING`` at the index; the ``Promote`` carries that recorded map), runs on its own thread with a
+deadline, and skips a standby that stops answering health checks meanwhile.  With ``state_path`` the map and
+promotions in progress are persisted (atomically), so a restarted coordinator keeps them and finishes the
+promotions.  ``RECOVERING`` servers are asked for their state until they report full redundancy.
 """
 
 from __future__ import annotations
