@@ -5,7 +5,8 @@ Faults drawn: SIGKILL of a server; SIGSTOP of a server longer than the failure t
 SIGCONT (the old process must serve and acknowledge nothing, and exit); the coordinator SIGKILLed while it
 promotes a replacement, then restarted from its state file; a worker restarted under the same name; the standby
 the coordinator would promote next paused while a server is killed (the promotion must skip it; resumed, it must
-stop).  The coordinator records slowly throughout (``ECREC_COORDINATOR_FAULT``: every map change and every
+stop); a hostile caller (a push under a huge worker name or incarnation, parity calls without metadata or with a
+live server's id and no proof; each must be refused).  The coordinator records slowly throughout (``ECREC_COORDINATOR_FAULT``: every map change and every
 promotion's record delayed, so a replacement's report of redundancy often arrives first).  Two workers push at
 once throughout, and after each fault training must go on within failure timeout + lease + 5 s (a liveness
 check over the whole run: no worker goes longer than that without an acknowledged push, except while it
@@ -35,9 +36,13 @@ import numpy as np
 import pytest
 import torch
 
+import grpc
+
+from ecrec import transport
 from ecrec.client import Cluster, ClusterError, EmbeddingBag
 from ecrec.config import ClientConfig
-from ecrec.wire import cluster_pb2
+from ecrec.layout import Layout
+from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc, parity_pb2, parity_pb2_grpc
 
 pytestmark = [pytest.mark.nemesis, pytest.mark.cluster]
 
@@ -215,6 +220,54 @@ class Nemesis:
         self.local.start_server(standby=True)
         self.faults["paused_standby"] += 1
 
+    def hostile(self) -> None:
+        """A caller that is no server: a push under a 2 MiB worker name, parity calls (a resolution, a batch, a
+        flush) without metadata or naming a live server without its proof, a pull from an epoch never issued.
+        Each must be refused (UNAVAILABLE or DEADLINE_EXCEEDED also do: the server may be down meanwhile); the
+        checks at the end show that nothing changed."""
+        m = self.map()
+        active = self.active(m)
+        s = self.rng.choice(active)
+        other = self.rng.choice([x for x in active if x.index != s.index])
+        channel = transport.make_channel(s.address)
+        embedding, parity = embedding_pb2_grpc.EmbeddingServerStub(channel), parity_pb2_grpc.ParityServiceStub(channel)
+        row = int(np.flatnonzero(Layout(m.num_servers, m.k, m.m).locate(np.arange(ROWS))[0] == s.index)[0])
+        ids = np.array([row], np.int64).tobytes()
+        forged = (("ecrec-caller", other.server_id), ("ecrec-caller-proof", "0" * 32), ("ecrec-epoch", str(m.epoch)))
+        # too long, too long in UTF-8 (a 2-byte character under the 256-character mark), a worker's own name under
+        # an incarnation too long to be a client's
+        name, incarnation = self.rng.choice([("x" * (2 << 20), "i"), ("\u00e9" * 200, "i"), ("w0", "i" * 65)])
+        attempts = {
+            f"a push under a {len(name.encode())}-byte worker name, {len(incarnation)}-byte incarnation":
+                lambda: embedding.Push(embedding_pb2.PushRequest(
+                    push_id=embedding_pb2.PushId(worker=name, sequence=1, incarnation=incarnation),
+                    tables=[embedding_pb2.TableGrads(table="t", ids=ids, grads=np.zeros(DIM, np.float32).tobytes())],
+                    epoch=m.epoch), timeout=5),
+            "ResolveSource without metadata": lambda: parity.ResolveSource(
+                parity_pb2.ResolveSourceRequest(source=other.index), timeout=5),
+            "ResolveSource naming a live server without its proof": lambda: parity.ResolveSource(
+                parity_pb2.ResolveSourceRequest(source=other.index, commit=True, undo_seqs=[1, 2, 3],
+                                                replacement_id=other.server_id), metadata=forged, timeout=5),
+            "ApplyParity naming a live server without its proof": lambda: parity.ApplyParity(
+                parity_pb2.ParityBatches(source=other.index, source_id=other.server_id, confirmed_upto=1 << 40),
+                metadata=forged, timeout=5),
+            "Flush without metadata": lambda: parity.Flush(parity_pb2.FlushRequest(timeout_s=0.1), timeout=5),
+        }
+        self.log(f"hostile caller against server {s.index}: {len(attempts)} forged or oversized calls")
+        for what, call in attempts.items():
+            try:
+                call()
+            except grpc.RpcError:
+                continue  # refused (or the server is down meanwhile)
+            self.violations.append(f"hostile caller: {what} to server {s.index} was accepted")
+        try:  # an epoch never issued: refused, or at most one map refresh; never a state change
+            embedding.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table="t", ids=ids)], epoch=1 << 62),
+                           timeout=5)
+        except grpc.RpcError:
+            pass
+        channel.close()
+        self.faults["hostile"] += 1
+
     def kill_coordinator_during_promotion(self) -> None:
         s, pid = self.victim()
         epoch = self.map().epoch
@@ -309,7 +362,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
-            kinds, weights = ["kill", "pause", "coordinator", "worker", "standby"], [3, 2, 1, 3, 1]
+            kinds, weights = ["kill", "pause", "coordinator", "worker", "standby", "hostile"], [3, 2, 1, 3, 1, 1]
             if netlab is not None:
                 kinds, weights = kinds + ["partition"], weights + [2]
             kind = rng.choices(kinds, weights=weights)[0]
@@ -323,7 +376,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 nemesis.faults["worker_restart"] += 1
                 continue
             {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
-             "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby}[kind]()
+             "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
+             "hostile": nemesis.hostile}[kind]()
             try:
                 nemesis.wait_redundant()
             except AssertionError as exc:
