@@ -347,9 +347,10 @@ class ServerState:
     def catch_up(self, caller_epoch: int) -> None:
         """A caller names map epoch ``caller_epoch``, newer than this server's: fetches the coordinator's map, at
         most once per ``map_refresh_interval_s`` (callers that come meanwhile go on with the map held: the lease
-        fences a replaced server anyway).  An epoch above any the coordinator issued -- more than one above its
-        map fetched within that interval (a replacement's promotion map is one above until its promotion ends)
-        -- is refused with ``InvalidRequest``: it would make every call ask the coordinator again."""
+        fences a replaced server anyway).  An epoch above any the coordinator issued -- above its map fetched
+        within that interval (every map a server or client sees was recorded by the coordinator first, a
+        promotion's included) -- is refused with ``InvalidRequest``: it would make every call ask the
+        coordinator again."""
         interval = self.config.map_refresh_interval_s
         with self._refresh_lock:
             now = time.monotonic()
@@ -360,7 +361,7 @@ class ServerState:
                 if self.refresh_map():
                     self._fetched_at = now
             fetched_recently = now - self._fetched_at < interval
-        if fetched_recently and caller_epoch > self.epoch + 1:
+        if fetched_recently and caller_epoch > self.epoch:
             raise errors.InvalidRequest(f"map epoch {caller_epoch} was never issued (the coordinator's is "
                                         f"{self.epoch}); refused")
 

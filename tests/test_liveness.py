@@ -9,8 +9,9 @@ standby's answer and its record (``ECREC_COORDINATOR_FAULT``), a rebuild that me
 from __future__ import annotations
 
 import os
-import signal
+import threading
 import time
+import types
 
 import grpc
 import numpy as np
@@ -62,6 +63,8 @@ def test_a_paused_standby_is_skipped_for_a_healthy_one(make_cluster):
         m = wait_redundant(cluster, 1)
         holder = next(s for s in m.servers if s.index == 1 and s.state == cluster_pb2.ACTIVE)
         assert holder.server_id == seen["healthy"].server_id, (holder, seen)
+        print(f"paused standby: first step {seen['first_step_after']:.2f} s after the kill; index 1 promoted to "
+              f"the healthy standby")
         assert seen["first_step_after"] < 20.0, f"training stalled {seen['first_step_after']:.1f} s after the kill"
         assert_same(final_state(cluster, names), expected)
     finally:
@@ -92,6 +95,8 @@ def test_a_report_of_redundancy_before_the_promotion_is_recorded(make_cluster):
     promoted = next(e for e in m.events if e.kind == "promoted" and e.index == 2)
     redundant = next(e for e in m.events if e.kind == "redundant" and e.index == 2)
     rebuilt_at = stats["promoted_wall_time"] + stats["rebuild_s"]
+    print(f"record delayed 1.5 s: ACTIVE {redundant.wall_time - rebuilt_at:.2f} s after the rebuild ended "
+          f"({redundant.wall_time - promoted.wall_time:.2f} s after the promotion was recorded)")
     assert redundant.wall_time - rebuilt_at < 5.0, (redundant.wall_time - rebuilt_at, stats)
     assert redundant.wall_time >= promoted.wall_time
     assert all(v["mismatched"] == 0 for v in cluster.strategy_call("verify_parity").values())
@@ -181,6 +186,8 @@ def test_a_caller_with_a_newer_map_naming_another_holder_is_refused():
 
     state = ServerState.__new__(ServerState)  # the fencing logic alone: no sockets, no strategy
     state.lease, state._promoting, state._server_id, state.index = Lease(), False, "me", 1
+    state.config = types.SimpleNamespace(map_refresh_interval_s=0.0)
+    state._refresh_lock, state._refreshed_at, state._fetched_at = threading.Lock(), 0.0, 0.0
     state.lease.grant(time.monotonic(), 60.0)
     state.map = cluster_map(5, "me")
     state.coordinator = Coordinator(state)
