@@ -536,7 +536,6 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         chosen.state = PROMOTING
         self._promoting[chosen.server_id] = coordinator_pb2.PendingPromotion(server_id=chosen.server_id,
                                                                              address=chosen.address, index=index)
-        self._event_locked("promoting", index, chosen.address)
         self._pending_broadcast = self._bump_locked()  # persisted with the intent: a restart finishes it
         return chosen
 

@@ -175,7 +175,7 @@ class CoordinatorCollector:
                                    labels=["kind"])
         last = GaugeMetricFamily("ecrec_cluster_last_event_timestamp_seconds", "wall time of the last event, by kind",
                                  labels=["kind"])
-        for kind in ("failed", "promoting", "promoted", "redundant", "data_loss"):
+        for kind in ("failed", "promoted", "redundant", "data_loss"):
             of_kind = [e for e in cluster_map.events if e.kind == kind]
             events.add_metric([kind], len(of_kind))
             if of_kind:

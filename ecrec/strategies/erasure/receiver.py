@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecrec import errors, transport
-from ecrec.cluster_map import live_servers
+from ecrec.cluster_map import LIVE_STATES, live_servers
 from ecrec.codec import Codec
 from ecrec.shards import TableShard
 from ecrec.strategies.base import StrategyHost
@@ -322,8 +322,9 @@ class ParityReceiver:
                 why = (f"the map (epoch {m.epoch}) names no server at index {source}: a replacement resolves an index "
                        "once the coordinator has recorded its promotion")
             elif holder.server_id != caller:
-                why = (f"index {source} is held by {holder.server_id} (map epoch {m.epoch}), not by {caller}: only "
-                       "its replacement resolves an index, after it failed")
+                what = "a live owner" if holder.state in LIVE_STATES else "its replacement, being promoted"
+                why = (f"index {source} is held by {holder.server_id} (map epoch {m.epoch}; {what}), not by {caller}: "
+                       "only its replacement resolves an index, after it failed")
             if not why:
                 return
             if attempt == 0:
