@@ -108,10 +108,12 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         caller = dict(context.invocation_metadata() or ()).get("ecrec-caller")
         m = self.host.cluster_map
         address = next((s.address for s in (m.servers if m is not None else ())
-                        if caller and s.server_id == caller and s.state == cluster_pb2.RECOVERING), None)
+                        if caller and s.server_id == caller
+                        and s.state in (cluster_pb2.RECOVERING, cluster_pb2.PROMOTING)), None)
         if address is None:
             raise errors.FailedPrecondition("deliver_port needs a caller that is a rebuilding server of the cluster "
-                                            "map (ecrec-caller metadata; state RECOVERING)")
+                                            "map (ecrec-caller metadata; state RECOVERING, or PROMOTING while its "
+                                            "promotion is recorded)")
         return address.rsplit(":", 1)[0]
 
     def _deliver(self, request, caller_host: str, context):
