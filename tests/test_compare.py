@@ -379,3 +379,71 @@ def test_failures_are_summarized_as_mean_and_range():
     assert first["phase"] == 0.25 and second["phase"] == 0.75
     assert row["throughput_during_recovery_ratio"] == pytest.approx(
         (first["useful_throughput_ratio"] + second["useful_throughput_ratio"]) / 2)
+
+
+# --- the report as a function of the records it saves ------------------------------------------------------
+def _fake_interleaved(strategies, fail_at, rounds=6, seed=0):
+    """What ``run_interleaved`` returns, without clusters: each strategy loses a pause at its kill, and slices
+    of every run at rates that vary round to round (the reference in two parts)."""
+    rng = np.random.default_rng(seed)
+    results = {}
+    for name in ["reference", *strategies]:
+        durations = [0.01] * 200
+        kill_t = None
+        if name != "reference":
+            durations[150] = 0.3
+            kill_t = 1.5 + 1e-6
+        run = _fake_run(_records(list(range(200)), dt=0.01), kill_t)
+        t = 0.0
+        for r, d in zip(run["result"]["records"], durations):
+            r.update(start=t, end=t + d)
+            t += d
+        run["planned_failures"] = 0 if name == "reference" else 1
+        run["load_average"] = {"before": [0.5, 0.5, 0.5], "after": [0.7, 0.6, 0.5]}
+        results[name] = run
+    slices = []
+    speed = {"reference": 1.0, "none": 1.0, "ecrec": 1 / 1.1}
+    for r in range(rounds):
+        machine = 1000 * (1 + 0.1 * rng.standard_normal())
+        for name in ["reference", "reference", *strategies]:
+            part = sum(1 for s in slices if s["run"] == name and s["round"] == r) if name == "reference" else None
+            rate = machine * speed[name] * (1 + 0.01 * rng.standard_normal())
+            slices.append({"round": r, "position": 0, "run": name, "part": part, "first_step": 0, "end_step": 10,
+                           "samples": 1000, "wall_s": 1000 / rate, "load_average": 0.5,
+                           "cpu_s": {"worker": 0.5 / speed[name], "servers": 0.5, "coordinator": 0.01}})
+    plan = {"rounds": rounds, "bounds": [], "orders": [], "slices": slices, "failure_order": list(strategies)}
+    return results, plan
+
+
+def test_the_report_is_a_function_of_the_records_it_saves(tmp_path, monkeypatch, capsys):
+    """The JSON holds every step and slice; the table recomputed from them alone is the table."""
+    from ecrec.bench import accounting
+
+    monkeypatch.setattr(compare, "prepare_data", lambda args, cfg, work: (tmp_path / "d.npz", {"name": "fake"}))
+    monkeypatch.setattr(compare, "run_interleaved",
+                        lambda strategies, args, cfg, data_path, work, fail_at, rounds: _fake_interleaved(strategies, fail_at))
+    monkeypatch.setattr(compare.os, "getloadavg", lambda: (0.25, 0.25, 0.25))  # a machine to itself
+    path = tmp_path / "r.json"
+    assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "200", "--fail-at", "150",
+                     "--model", "ecrec", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "none (A/A)" in out and "cpu 95% CI" in out
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    assert set(runs) == {"reference", "none", "ecrec"}
+    assert set(runs["ecrec"]["steps"]) == set(accounting.STEP_FIELDS) and len(runs["ecrec"]["steps"]["step"]) == 200
+    assert runs["ecrec"]["load_average"]["before"] == [0.5, 0.5, 0.5]
+    again = accounting.table(runs, report["config"]["throughput_measurement"]["slices"], ["none", "ecrec"], 150)
+    for row in again["rows"]:
+        saved = report["strategies"][row["strategy"]]
+        for key in ("samples_per_s_failure_free", "overhead_vs_none", "cpu_overhead_vs_none", "lost_training_s",
+                    "throughput_during_recovery_ratio", "paused_s", "deficit_s", "lost_updates"):
+            expected = saved[key] if saved[key] is None else pytest.approx(saved[key], rel=1e-9)
+            assert row[key] == expected, (row["strategy"], key)
+    ecrec = report["strategies"]["ecrec"]
+    assert ecrec["overhead_vs_none"] == pytest.approx(0.1, abs=0.03)
+    assert ecrec["overhead_spread"]["ci95_low"] <= ecrec["overhead_vs_none"] <= ecrec["overhead_spread"]["ci95_high"]
+    assert ecrec["cpu_overhead_spread"]["ci95_low"] is not None
+    assert ecrec["lost_training_s"] == pytest.approx(0.29)  # the 0.3 s step less one normal step
+    assert report["aa_overhead"]["wall"]["within_noise"] is True
+    assert report["load_warnings"] == [] and report["config"]["load_average_before"] == [0.25, 0.25, 0.25]

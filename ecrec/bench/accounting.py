@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ecrec.bench.lost_training import back_to_speed, mean_and_range, useful_mask
+from ecrec.bench.lost_training import back_to_speed, mean_and_range, useful_mask, useful_timeline
 
 #: the columns of a saved step; ``useful`` is derived (a step past the furthest its worker reached)
 STEP_FIELDS = ("worker", "step", "start", "end", "samples", "useful", "rewind_to", "rows", "rows_on_failed")
@@ -225,6 +225,77 @@ def lost_updates_of_none(records: list[dict], last_kill_t: float) -> int:
     return int(sum(r.get("rows_on_failed", 0) for r in records if r["end"] <= last_kill_t))
 
 
+# --- one run's row -----------------------------------------------------------------------------------------
+def strategy_row(record: dict, fail_at: int | None) -> dict:
+    """A strategy's row of the table from its saved run record (``ecrec.bench.compare.run_record``)."""
+    records = step_records(record["steps"])
+    kills, kind = record["kills"], record["kind"]
+    rate, median_step = failure_free_rate(records, kills[0]["time"] if kills else None, fail_at)
+    out = {"strategy": record["strategy"], "samples_per_s_failure_free": rate, "median_step_s": median_step}
+    out["failures"] = failure_accounts(records, record["events"], kills, kind)
+    out["failures_planned"] = record.get("planned_failures", len(kills))
+    out.update(failure_summary(out["failures"]))
+    out["failure_timing"] = ("each failure at its own phase of one checkpoint interval: (i + 0.5) / n"
+                             if kind == "checkpoint" else "each failure once the previous one is over")
+    out.update(lost_updates(record, records, out["failures"]))
+    evaluation = record.get("evaluation") or {}
+    out["test_auc"], out["test_logloss"] = evaluation.get("auc"), evaluation.get("logloss")
+    out["state_matches_failure_free"] = record.get("state_matches_failure_free")
+    if kind == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
+        out["lost_updates"], out["pls"] = 0, 0.0
+    out.update(resource_figures(record, records))
+    if record.get("interval"):
+        out["interval"] = record["interval"]
+    out["timeline"] = mean_timeline([useful_timeline(records, k["time"], before_s=1.0, after_s=4.0, bucket_s=0.1)
+                                     for k in kills])
+    out["stats"] = record.get("stats") or {}
+    return out
+
+
+def lost_updates(record: dict, records: list[dict], per_failure: list[dict]) -> dict:
+    """Lost updates and PLS: counted by the checkpoint driver, or for ``none`` every update the killed
+    server acknowledged (None when neither applies); per failure when the driver saw each one."""
+    driver, kind = record.get("driver"), record["kind"]
+    total_rows = int(sum(r.get("rows", 0) for r in records))
+    if driver:
+        out = {"driver": {k: driver.get(k) for k in ("o_save_s", "o_load_s", "saves", "save_stall_s",
+                                                    "full_interval_s", "interval_steps", "mode")},
+               "lost_updates": driver["lost_updates"], "pls": driver["pls"],
+               "updates_rolled_back": driver["updates_rolled_back"], "steps_redone": driver["steps_redone"]}
+        if len(driver.get("failures") or []) == len(per_failure):
+            for figures, event in zip(per_failure, driver["failures"]):
+                figures["lost_updates"] = event.get("lost_updates")
+                figures["steps_redone"] = (event["step"] + 1 - event["resume_step"]
+                                           if event.get("resume_step") is not None else None)
+        return out
+    if kind == "none" and record["kills"]:
+        lost = lost_updates_of_none(records, record["kills"][-1]["time"])
+        return {"lost_updates": lost, "pls": lost / max(total_rows, 1)}
+    return {"lost_updates": None, "pls": None}
+
+
+def resource_figures(record: dict, records: list[dict]) -> dict:
+    """Memory kept for fault tolerance over model bytes, checkpoint and network bytes, rows, elapsed time."""
+    per_server = [v for v in (record.get("stats") or {}).values() if isinstance(v, dict)]
+    model_bytes = record.get("model_bytes") or 0
+    redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)
+    return {"memory_overhead": redundancy / model_bytes if model_bytes else None,
+            "checkpoint_bytes": int(sum(v.get("bytes_written", 0) for v in per_server)),
+            "network_bytes": int((record.get("client_bytes") or 0) + sum(v.get("parity_bytes_sent", 0)
+                                                                        for v in per_server)),
+            "rows_acknowledged": int(sum(r.get("rows", 0) for r in records)),
+            "elapsed_s": float(records[-1]["end"] - records[0]["start"]) if records else None}
+
+
+def mean_timeline(timelines: list[dict]) -> dict:
+    """Useful samples per second around the failures, averaged over them (time 0 = the kill)."""
+    if not timelines:
+        return {"t": [], "useful_samples_per_s": [], "failures": 0}
+    values = np.mean([tl["useful_samples_per_s"] for tl in timelines], axis=0)
+    return {"t": timelines[0]["t"], "useful_samples_per_s": [float(v) for v in values], "failures": len(timelines),
+            "bucket_s": timelines[0]["bucket_s"]}
+
+
 # --- overhead ---------------------------------------------------------------------------------------------
 def round_rates(slices: list[dict], run: str) -> list[float]:
     """Per round, samples per wall second of ``run``'s slices of that round (its parts together)."""
@@ -318,10 +389,74 @@ def paired_difference(slices: list[dict], a: str, b: str, reference: str = "refe
 
 # --- conditions -------------------------------------------------------------------------------------------
 def load_warnings(load_averages: dict, cores: int) -> list[str]:
-    """A line for each run whose one-minute load average before or after it exceeded the cores."""
+    """A line for each run whose one-minute load average at any of its readings (before, after, ...)
+    exceeded the cores."""
     out = []
     for name, load in load_averages.items():
-        worst = max(load.get("before", [0.0])[0], load.get("after", [0.0])[0])
+        worst = max((reading[0] for reading in (load or {}).values() if reading), default=0.0)
         if worst > cores:
             out.append(f"{name}: load average {worst:.1f} on {cores} cores (other jobs ran beside it)")
     return out
+
+
+# --- the failure-free columns of the table ----------------------------------------------------------------
+#: the paired differences the report quotes (CPR's variants against CPR, ECRec against the others)
+DIFFERENCES = (("cpr-mfu", "cpr"), ("cpr-ssu", "cpr"), ("ecrec", "full"), ("ecrec", "cpr"))
+
+
+def overhead_fields(slices: list[dict], run: str, seed: int = 0) -> dict:
+    """A strategy's failure-free columns from the slices: rate per round and its median, the wall and CPU
+    overheads (median per-round ratio to the reference, minus 1) with their intervals."""
+    figures = overhead(slices, run, seed=seed)
+    return {"samples_per_s_rounds": figures["samples_per_s_rounds"],
+            "samples_per_s_failure_free": float(np.median(figures["samples_per_s_rounds"])),
+            "overhead_vs_none": figures["wall"]["median"], "overhead_spread": figures["wall"],
+            "cpu_overhead_vs_none": figures["cpu"]["median"], "cpu_overhead_spread": figures["cpu"]}
+
+
+def reference_fields(slices: list[dict], reference: str = "reference", seed: int = 0) -> dict:
+    """The reference's rate per round, their spread over the median (``noise``) and the A/A row."""
+    rates = np.asarray(round_rates(slices, reference))
+    base = float(np.median(rates))
+    return {"samples_per_s_rounds": rates.tolist(), "samples_per_s_failure_free": base,
+            "noise": float((rates.max() - rates.min()) / base), "aa_overhead": aa_overhead(slices, reference, seed)}
+
+
+def differences(slices: list[dict], names, seed: int = 0) -> dict:
+    """:func:`paired_difference` of each pair of :data:`DIFFERENCES` that ran, with more than one round."""
+    rounds = len({s["round"] for s in slices})
+    return {f"{a} - {b}": paired_difference(slices, a, b, seed=seed)
+            for a, b in DIFFERENCES if a in names and b in names and rounds > 1}
+
+
+def cpu_ms_per_step(slices: list[dict], run: str) -> dict:
+    """CPU milliseconds per failure-free step of ``run``, by process and in total, over all its slices."""
+    mine = [s for s in slices if s["run"] == run]
+    steps = max(sum(s["end_step"] - s["first_step"] for s in mine), 1)
+    parts = {part: 1e3 * sum(s["cpu_s"][part] for s in mine) / steps for part in ("worker", "servers", "coordinator")}
+    parts["total"] = parts["worker"] + parts["servers"] + parts["coordinator"]
+    return parts
+
+
+# --- the whole table ----------------------------------------------------------------------------------------
+def table(runs: dict, slices: list[dict] | None, strategies: list[str], fail_at: int | None, seed: int = 0) -> dict:
+    """The report's figures from the saved records: ``reference`` (its row), ``rows`` (one per strategy)
+    and ``differences``.  With slices (side by side) the failure-free columns come from them; without,
+    from the steps, the reference run before (``reference``) and after (``reference2``) the strategies."""
+    reference = strategy_row(runs["reference"], None)
+    rows = [strategy_row(runs[name], fail_at) for name in strategies]
+    if slices:
+        reference.update(reference_fields(slices, seed=seed), cpu_ms_per_step=cpu_ms_per_step(slices, "reference"))
+        for row in rows:
+            row.update(overhead_fields(slices, row["strategy"], seed),
+                       cpu_ms_per_step=cpu_ms_per_step(slices, row["strategy"]))
+        return {"reference": reference, "rows": rows, "differences": differences(slices, strategies, seed)}
+    again = strategy_row(runs["reference2"], None) if "reference2" in runs else reference
+    rates = [reference["samples_per_s_failure_free"], again["samples_per_s_failure_free"]]
+    base = float(np.mean(rates)) if all(rates) else None
+    reference["samples_per_s_runs"] = rates
+    reference["noise"] = abs(rates[1] - rates[0]) / base if base else None
+    for row in rows:
+        rate = row["samples_per_s_failure_free"]
+        row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
+    return {"reference": reference, "rows": rows, "differences": {}}

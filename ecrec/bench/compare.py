@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ecrec.bench.compare_report import json_default  # noqa: F401 - the benchmarks' JSON writer, used by recovery
 
 
 def strategy_names() -> list[str]:
@@ -78,7 +79,6 @@ WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the s
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
 PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
-PLOT_BUCKET_S = 0.5  # the plot's buckets of useful samples per second
 STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
 STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
 STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
@@ -215,6 +215,9 @@ class StrategyRun:
         self._timers_paused = False
         self._standby: dict | None = None  # the standby started for the next failure and whether it settled
         self._reconfigure = False  # after a failure: give the replacement the tuned interval (once)
+        self.load_average = {"before": list(os.getloadavg())}  # one-minute, five, fifteen
+        self._result: dict | None = None
+        self._state: dict | None = None
         self.local.start()
         wait_until_idle([p.pid for p in self.local.server_procs])  # kernels compiled before anything is timed
         self.tcfg = TrainConfig(
@@ -402,27 +405,38 @@ class StrategyRun:
     def finish(self) -> dict:
         """Trains to the end (the failures included) and collects the run's figures; stops the cluster."""
         try:
-            if self.args.workers > 1:
-                self.failures = min(self.failures, 1)
-                result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at,
-                                       lambda: self.kill(None), self.label)
-                state = None
-            else:
-                self.pause_timers(False)
-                self.advance(self.cfg["steps"])
-                _progress(self.label, self.cfg["steps"], self.cfg["steps"], done=True)
-                result = self.trainer.finish()
-                state = _final_state(result.get("cluster"), self.local)
-            if len(self.kills) < self.failures:
-                print(f"  {self.label}: {len(self.kills)} of {self.failures} failures fitted in {self.cfg['steps']} "
-                      "steps (each waits for the previous one to be over and for its phase of the interval)",
-                      file=sys.stderr)
-            cluster_map = self.local.cluster_map()
-            stats = _strategy_stats(self.local, self.strategy)
+            self.train_to_end()
+            return self.collect()
         finally:
             self.close()
-        return {"result": result, "killed": {"failures": self.kills}, "state": state, "stats": stats,
+
+    def train_to_end(self) -> None:
+        """Trains the remaining steps, the failures included (``--workers > 1``: the torchrun workers)."""
+        self.load_average["before_failures"] = list(os.getloadavg())
+        if self.args.workers > 1:
+            self.failures = min(self.failures, 1)
+            self._result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at,
+                                         lambda: self.kill(None), self.label)
+            self._state = None
+        else:
+            self.pause_timers(False)
+            self.advance(self.cfg["steps"])
+            _progress(self.label, self.cfg["steps"], self.cfg["steps"], done=True)
+            self._result = self.trainer.finish()
+            self._state = _final_state(self._result.get("cluster"), self.local)
+        self.load_average["after"] = list(os.getloadavg())
+        if len(self.kills) < self.failures:
+            print(f"  {self.label}: {len(self.kills)} of {self.failures} failures fitted in {self.cfg['steps']} "
+                  "steps (each waits for the previous one to be over and for its phase of the interval)",
+                  file=sys.stderr)
+
+    def collect(self) -> dict:
+        """The run's results once trained to the end (:meth:`train_to_end`); the cluster still runs."""
+        cluster_map = self.local.cluster_map()
+        stats = _strategy_stats(self.local, self.strategy)
+        return {"result": self._result, "killed": {"failures": self.kills}, "state": self._state, "stats": stats,
                 "map": cluster_map, "interval": self.interval, "planned_failures": self.failures,
+                "load_average": dict(self.load_average),
                 "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in cluster_map.events]}
 
     def close(self) -> None:
@@ -513,15 +527,17 @@ def run_sequential(strategies: list[str], args, cfg: dict, data_path: Path, work
 
 
 def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, work: Path, fail_at: int,
-                    rounds: int) -> tuple[dict, dict, dict]:
+                    rounds: int) -> tuple[dict, dict]:
     """Failure-free throughput measured side by side, then each strategy's failures.
 
     Every strategy's cluster (and a failure-free ``none`` reference) is started and trains its warm
     steps; the intervals are chosen; the steps up to a little before the first failure are trained in
-    ``rounds`` slices, strategy after strategy in an order shuffled per round (``--seed``).  A
-    checkpointing strategy's timers run only inside its slices, and pausing them at the end of a slice
-    waits for its writes, inside the slice's time.  Then each strategy trains on alone, through its
-    failures.
+    ``rounds`` rounds of slices, one per strategy and two halves of the reference's (the A/A pair), in
+    an order shuffled per round (``--seed``).  A checkpointing strategy's timers run only inside its
+    slices, and pausing them at the end of a slice waits for its writes, inside the slice's time.  Every
+    slice is recorded (``ecrec.bench.accounting.SLICE_FIELDS``).  Then each strategy trains on through
+    its failures, one after another in a shuffled order, every other cluster still up (and idle), so
+    that each meets its failures in the same state of the machine.
     """
     names = ["reference", *strategies]
     runs: dict[str, StrategyRun] = {}
@@ -538,37 +554,45 @@ def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, wor
             if run.kind == "checkpoint":
                 run.interval = run.choose_interval(tuning)
         warm = len(runs["reference"].trainer.records)
-        end = max(warm + rounds, fail_at - 30)
+        end = max(warm + 2 * rounds, fail_at - 30)
         bounds = np.linspace(warm, end, rounds + 1).astype(int)
-        rates: dict[str, list[float]] = {n: [] for n in names}
+        slices: list[dict] = []
         orders = []
-        cpu: dict[str, dict[str, float]] = {n: {"worker": 0.0, "servers": 0.0, "coordinator": 0.0} for n in names}
         for r in range(rounds):
             order = [names[i] for i in rng.permutation(len(names))]
+            order.insert(int(rng.integers(0, len(order) + 1)), "reference")  # the reference's second half
             orders.append(order)
-            for name in order:
-                run = runs[name]
-                before = run.cpu_seconds()
-                t0 = time.perf_counter()
-                run.pause_timers(False)
-                samples = run.advance(int(bounds[r + 1]))
-                run.pause_timers(True)  # waits for the writes this slice started: their time is charged here
-                rates[name].append(samples / max(time.perf_counter() - t0, 1e-9))
-                after = run.cpu_seconds()
-                for part in cpu[name]:
-                    cpu[name][part] += after[part] - before[part]
-        steps = int(bounds[-1] - bounds[0])
-        cpu_ms = {n: {part: 1e3 * v / max(steps, 1) for part, v in parts.items()} for n, parts in cpu.items()}
-        for parts in cpu_ms.values():
-            parts["total"] = parts["worker"] + parts["servers"] + parts["coordinator"]
-        results = {}
-        for name in names:
-            results[name] = runs.pop(name).finish()
+            halfway = (int(bounds[r]) + int(bounds[r + 1])) // 2
+            for position, name in enumerate(order):
+                part = None
+                until = int(bounds[r + 1])
+                if name == "reference":
+                    part = sum(1 for s in slices if s["run"] == "reference" and s["round"] == r)
+                    until = halfway if part == 0 else until
+                slices.append(dict(_slice(runs[name], until), round=r, position=position, run=name, part=part))
+        failure_order = [strategies[i] for i in rng.permutation(len(strategies))]
+        for name in ["reference", *failure_order]:
+            runs[name].train_to_end()
+        results = {name: runs[name].collect() for name in names}
     finally:
         for run in runs.values():
             run.close()
-    return results, rates, {"rounds": rounds, "bounds": [int(b) for b in bounds], "orders": orders,
-                            "cpu_ms_per_step": cpu_ms}
+    return results, {"rounds": rounds, "bounds": [int(b) for b in bounds], "orders": orders, "slices": slices,
+                     "failure_order": failure_order}
+
+
+def _slice(run: StrategyRun, until: int) -> dict:
+    """Trains ``run`` to step ``until`` as one timed slice: samples, wall seconds, CPU seconds by process."""
+    before, first_step = run.cpu_seconds(), run.trainer.step
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    run.pause_timers(False)
+    samples = run.advance(until)
+    run.pause_timers(True)  # waits for the writes this slice started: their time is charged here
+    wall = time.perf_counter() - t0
+    after = run.cpu_seconds()
+    return {"first_step": int(first_step), "end_step": int(run.trainer.step), "samples": int(samples),
+            "wall_s": wall, "cpu_s": {part: after[part] - before[part] for part in before}, "load_average": load}
 
 
 def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -> dict:
@@ -641,7 +665,7 @@ def _strategy_stats(local, strategy: str) -> dict:
         return {"error": str(exc)}
 
 
-# --- metrics ----------------------------------------------------------------------------------------
+# --- the records a run saves ---------------------------------------------------------------------------
 def _failures_of(run: dict) -> list[dict]:
     """The run's kills, oldest first (``killed`` holds ``failures``, or one kill's ``time``)."""
     killed = run.get("killed") or {}
@@ -650,136 +674,33 @@ def _failures_of(run: dict) -> list[dict]:
     return [killed] if killed.get("time") is not None else []
 
 
-def failure_figures(records: list[dict], events: list[dict], kill_t: float, next_kill_t: float | None,
-                    median_step_s: float, rate: float, kind: str) -> dict:
-    """One failure's figures: promotion, back to speed, redundancy, max stall, useful throughput and lost
-    training time (``ecrec.bench.lost_training``) over the window from the kill to full redundancy or back
-    to speed, whichever is later."""
-    from ecrec.bench.lost_training import back_to_speed, failure_cost
+def run_record(strategy: str, run: dict, reference: dict | None, cfg: dict) -> dict:
+    """What the JSON keeps of one run: every step (``ecrec.bench.accounting.STEP_FIELDS``), the cluster's
+    events, the kills, and the figures that come from elsewhere (driver counts, server stats, model bytes,
+    the comparison of the final state with the failure-free run's, load averages)."""
+    from ecrec.bench.accounting import step_columns
 
-    limit = next_kill_t if next_kill_t is not None else math.inf
-    mine = [r for r in records if r["start"] < limit]  # steps after the next kill belong to that failure
-    after = [r["end"] - r["start"] for r in mine if r["end"] > kill_t]
-    promoted = [e["wall_time"] for e in events if e["kind"] == "promoted" and kill_t <= e["wall_time"] < limit]
-    redundant = [e["wall_time"] for e in events if e["kind"] == "redundant" and kill_t <= e["wall_time"] < limit]
-    back = back_to_speed(mine, kill_t, median_step_s)
-    out = {"kill_t": kill_t, "max_stall_s": max(after) if after else None,
-           "promotion_s": promoted[0] - kill_t if promoted else None,
-           "fully_redundant_s": redundant[0] - kill_t if redundant and kind != "none" else None,
-           "recovery_s": back - kill_t if back is not None else None}
-    if not after or not rate:
-        return out
-    end_t = max(x for x in (back, redundant[0] if redundant and kind != "none" else None) if x is not None) \
-        if back is not None or (redundant and kind != "none") else mine[-1]["end"]
-    window_end = min(end_t, mine[-1]["end"])
-    ranks = sorted({r.get("rank", 0) for r in mine})
-    met = sorted({r.get("rank", 0) for r in mine if r["end"] > kill_t})  # a worker done before the kill met nothing
-    # several workers step side by side: each one's timeline is costed at its share of the rate, and the
-    # job's figures are the mean over the workers that met the failure (they lose the same time in parallel)
-    costs = [failure_cost([r for r in mine if r.get("rank", 0) == rank], kill_t, window_end, rate / len(ranks))
-             for rank in met]
-    merged = {k: float(np.mean([c.to_dict()[k] for c in costs])) for k in costs[0].to_dict() if k != "kill_t"}
-    merged["useful_samples"] = int(sum(c.useful_samples for c in costs))
-    out.update(merged)
-    out["throughput_during_recovery_ratio"] = merged["useful_throughput_ratio"]
-    return out
-
-
-#: per-failure figures reported as the mean over the failures (the key) and their range (key + "_range")
-FAILURE_FIELDS = ("max_stall_s", "promotion_s", "fully_redundant_s", "recovery_s", "throughput_during_recovery_ratio",
-                  "lost_training_s", "paused_s", "replayed_s", "deficit_s", "window_s")
+    result = run["result"]
+    state, ref_state = run.get("state"), reference["state"] if reference else None
+    matches = None
+    if state is not None and ref_state is not None:
+        matches = state.keys() == ref_state.keys() and all(np.array_equal(state[k], ref_state[k]) for k in ref_state)
+    return {"strategy": strategy, "kind": _kind(strategy), "failed_server": cfg.get("fail_server"),
+            "steps": step_columns(result["records"], cfg.get("fail_server")), "events": list(run.get("events") or []),
+            "kills": [{k: v for k, v in kill.items() if k != "pid"} for kill in _failures_of(run)],
+            "planned_failures": run.get("planned_failures", len(_failures_of(run))),
+            "driver": result.get("driver"), "evaluation": result.get("evaluation") or {},
+            "client_bytes": result.get("client_bytes", 0), "stats": run.get("stats") or {},
+            "model_bytes": _model_bytes(run["map"]) if run.get("map") is not None else 0,
+            "state_matches_failure_free": matches, "interval": run.get("interval"),
+            "load_average": run.get("load_average")}
 
 
 def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_at) -> dict:
-    from ecrec.bench.lost_training import mean_and_range, useful_timeline
+    """The strategy's row of the table (``ecrec.bench.accounting.strategy_row`` of its :func:`run_record`)."""
+    from ecrec.bench.accounting import strategy_row
 
-    records = run["result"]["records"]
-    ends = np.array([r["end"] for r in records])
-    starts = np.array([r["start"] for r in records])
-    samples = np.array([r["samples"] for r in records])
-    durations = ends - starts
-    kills = _failures_of(run)
-    # the failure-free steps: those before the first kill (or before fail_at), less the first calls' set-up
-    clean = int(np.sum(ends <= kills[0]["time"])) if kills else (fail_at if fail_at is not None else len(records))
-    warm = min(10, clean // 4)
-    before = slice(warm, clean)
-    # time spent in steps (not wall span: interleaved measurement leaves gaps between slices)
-    # W workers step side by side: the cluster's rate is W times one worker's
-    workers = len({r.get("rank", 0) for r in records}) or 1
-    rate = workers * samples[before].sum() / max(durations[before].sum(), 1e-9) if len(records[before]) else None
-    median_step = float(np.median(durations[before])) if len(records[before]) else None
-    out = {"strategy": strategy, "samples_per_s_failure_free": rate, "median_step_s": median_step}
-    kind = _kind(strategy)
-    per_failure = []
-    for i, k in enumerate(kills):
-        next_t = kills[i + 1]["time"] if i + 1 < len(kills) else None
-        fig = failure_figures(records, run["events"], k["time"], next_t, median_step, rate, kind)
-        fig.update({key: k.get(key) for key in ("step", "phase", "planned") if k.get(key) is not None})
-        per_failure.append(fig)
-    out["failures"] = per_failure
-    out["failures_planned"] = run.get("planned_failures", len(kills))
-    for key in FAILURE_FIELDS:
-        summary = mean_and_range([f.get(key) for f in per_failure])
-        out[key] = summary["mean"] if summary else None
-        out[key + "_range"] = [summary["min"], summary["max"]] if summary else None
-    out["failure_timing"] = ("each failure at its own phase of one checkpoint interval: (i + 0.5) / n"
-                             if kind == "checkpoint" else "each failure once the previous one is over")
-    driver = run["result"].get("driver")
-    total_rows = int(sum(r["rows"] for r in records))
-    if driver:
-        out["driver"] = {k: driver.get(k) for k in ("o_save_s", "o_load_s", "saves", "save_stall_s",
-                                                     "full_interval_s", "interval_steps", "mode")}
-        out["lost_updates"] = driver["lost_updates"]
-        out["pls"] = driver["pls"]
-        out["updates_rolled_back"] = driver["updates_rolled_back"]
-        out["steps_redone"] = driver["steps_redone"]
-        if len(driver.get("failures") or []) == len(per_failure):
-            for fig, event in zip(per_failure, driver["failures"]):
-                fig["lost_updates"] = event.get("lost_updates")
-                fig["steps_redone"] = (event["step"] + 1 - event["resume_step"]) if event.get("resume_step") is not None \
-                    else None
-    elif kind == "none" and kills:
-        index = str(cfg["fail_server"])
-        last_kill = kills[-1]["time"]
-        lost = sum(int(r["rows_by_server"].get(index, r["rows_by_server"].get(int(index), 0)))
-                   for r in records if r["end"] <= last_kill)
-        out["lost_updates"], out["pls"] = lost, lost / max(total_rows, 1)
-    else:
-        out["lost_updates"], out["pls"] = None, None
-    ev = run["result"]["evaluation"]
-    out["test_auc"], out["test_logloss"] = ev.get("auc"), ev.get("logloss")
-    state, ref_state = run["state"], reference["state"] if reference else None
-    if state is not None and ref_state is not None:
-        out["state_matches_failure_free"] = state.keys() == ref_state.keys() and all(
-            np.array_equal(state[k], ref_state[k]) for k in ref_state)
-        if kind == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
-            out["lost_updates"], out["pls"] = 0, 0.0
-    else:
-        out["state_matches_failure_free"] = None
-    stats = run["stats"]
-    model_bytes = _model_bytes(run["map"])
-    per_server = [v for v in stats.values() if isinstance(v, dict)]
-    redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)
-    out["memory_overhead"] = redundancy / model_bytes if model_bytes else None
-    out["checkpoint_bytes"] = int(sum(v.get("bytes_written", 0) for v in per_server))
-    out["network_bytes"] = int(run["result"]["client_bytes"] + sum(v.get("parity_bytes_sent", 0) for v in per_server))
-    out["rows_acknowledged"] = total_rows
-    out["elapsed_s"] = float(ends[-1] - starts[0]) if len(records) else None
-    if run.get("interval"):
-        out["interval"] = run["interval"]
-    out["timeline"] = _mean_timeline([useful_timeline(records, k["time"], before_s=1.0, after_s=4.0, bucket_s=0.1)
-                                      for k in kills])
-    out["stats"] = stats
-    return out
-
-
-def _mean_timeline(timelines: list[dict]) -> dict:
-    """Useful samples per second around the failures, averaged over them (time 0 = the kill)."""
-    if not timelines:
-        return {"t": [], "useful_samples_per_s": [], "failures": 0}
-    values = np.mean([tl["useful_samples_per_s"] for tl in timelines], axis=0)
-    return {"t": timelines[0]["t"], "useful_samples_per_s": [float(v) for v in values], "failures": len(timelines),
-            "bucket_s": timelines[0]["bucket_s"]}
+    return strategy_row(run_record(strategy, run, reference, cfg), fail_at)
 
 
 def _model_bytes(cluster_map) -> int:
@@ -787,128 +708,6 @@ def _model_bytes(cluster_map) -> int:
 
     total = sum(TableSpec.from_proto(t).row_bytes * t.num_rows for t in cluster_map.tables)
     return total + sum(DenseSpec.from_proto(d).payload_bytes for d in cluster_map.dense)
-
-
-# --- output -------------------------------------------------------------------------------------------
-COLUMNS = [
-    ("strategy", "strategy", "{}"),
-    ("samples_per_s_failure_free", "samples/s", "{:,.0f}"),
-    ("overhead_vs_none", "overhead", "{:+.1%}"),
-    ("overhead_ci95", "ovh 95% CI", None),
-    ("cpu_overhead_vs_none", "cpu ovh", "{:+.1%}"),
-    ("recovery_s", "recovery s", "{:.2f}"),
-    ("fully_redundant_s", "redundant s", "{:.2f}"),
-    ("throughput_during_recovery_ratio", "useful tput", "{:.2f}"),
-    ("lost_training_s", "lost train s", "{:.3f}"),
-    ("lost_training_s_range", "(range)", None),
-    ("lost_updates", "lost upd.", "{:,}"),
-    ("pls", "PLS", "{:.4f}"),
-    ("test_auc", "AUC", "{:.4f}"),
-    ("state_matches_failure_free", "exact", "{}"),
-    ("memory_overhead", "mem ovh", "{:.3f}"),
-    ("checkpoint_bytes", "ckpt MB", None),
-]
-
-
-def _cell(row: dict, key: str, f: str | None) -> str:
-    v = row.get(key)
-    if key == "overhead_ci95":
-        sp = row.get("overhead_spread")
-        if not sp or sp.get("ci95_low") is None:
-            return "-"
-        return f"[{sp['ci95_low']:+.1%}, {sp['ci95_high']:+.1%}]"
-    if v is None:
-        return "-"
-    if key == "checkpoint_bytes":
-        return f"{v / 1e6:.1f}"
-    if key == "lost_training_s_range":
-        return f"{v[0]:.3f}-{v[1]:.3f}"
-    text = f.format(v)
-    if key == "overhead_vs_none" and (row.get("overhead_spread") or {}).get("within_noise"):
-        text += "~"
-    return text
-
-
-def print_table(rows: list[dict]) -> None:
-    from ecrec import console
-
-    console.print_table([title for _, title, _ in COLUMNS], [[_cell(r, key, f) for key, _, f in COLUMNS] for r in rows])
-
-
-def print_intervals(rows: list[dict], cfg: dict) -> None:
-    """The checkpoint intervals of the run and the inputs the models chose them from."""
-    chosen = [r for r in rows if r.get("interval")]
-    if not chosen:
-        return
-    print(f"\ncheckpoint intervals (job MTBF {cfg['mtbf_s']:g} s {cfg['mtbf_source']}, target PLS "
-          f"{cfg['target_pls']:g} {cfg['target_pls_source']}):")
-    for r in chosen:
-        i = r["interval"]
-        if "interval_steps" in i:
-            if i["how"] == "Daly":
-                why = (f"Daly from o_save {1e3 * i['o_save_s']:.1f} ms (measured stall), MTBF {i['mtbf_s']:g} s: "
-                       f"{i['interval_s']:.3f} s / step {1e3 * i['step_s']:.1f} ms (measured)")
-            else:
-                why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why})")
-        else:
-            partial = f", partial saves every {i['partial_interval_s']:.3f} s" if i.get("partial_interval_s") else ""
-            if i["how"] == "target PLS":
-                why = f"2 x PLS {i['target_pls']:g} x {i['servers']} servers x MTBF {i['mtbf_s']:g} s"
-            elif i["how"].startswith("equal PLS"):
-                why = (f"equal PLS: unsaved updates {i['lost_ratio']:.3f} x cpr's at the same interval (modelled by "
-                       f"replaying this run's updates of server {cfg['fail_server']}); modelled PLS "
-                       f"{i['expected_pls']:.4f}")
-            else:
-                why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why})")
-
-
-def print_failures(rows: list[dict]) -> None:
-    print("\nper failure (useful tput: samples/s of steps past the furthest reached before the failure, over the "
-          "window from the kill to full redundancy or back to speed, / failure-free rate; lost = paused + replayed + "
-          "deficit):")
-    for r in rows:
-        for n, f in enumerate(r.get("failures") or []):
-            phase = f" phase {f['phase']:.2f}" if f.get("phase") is not None else ""
-            lost = f.get("lost_training_s")
-            print(f"  {r['strategy']:<9} #{n + 1}{phase:<11} window {f.get('window_s') or 0:6.3f} s  "
-                  f"paused {f.get('paused_s') or 0:6.3f}  replayed {f.get('replayed_s') or 0:6.3f}  "
-                  f"deficit {f.get('deficit_s') or 0:6.3f}  lost {'-' if lost is None else f'{lost:.3f}'} s  "
-                  f"useful tput {f.get('useful_throughput_ratio') or 0:.2f}")
-
-
-def write_plot(path: str, rows: list[dict], fail_at) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("ecrec-bench compare: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-        return
-    fig, ax = plt.subplots(figsize=(10, 5))
-    width = None
-    for row in rows:
-        tl = row["timeline"]
-        if not tl["t"]:
-            continue
-        # buckets of about PLOT_BUCKET_S: a step is ~0.01-0.1 s, so finer buckets hold 0 or 1 step each
-        n = max(1, int(round(PLOT_BUCKET_S / tl["bucket_s"])))
-        t, y = np.asarray(tl["t"]), np.asarray(tl["useful_samples_per_s"])
-        m = len(t) // n * n
-        t, y = t[n - 1:m:n], y[:m].reshape(-1, n).mean(axis=1)
-        width = n * tl["bucket_s"]
-        ax.step(t, y, where="pre", linewidth=1.4, label=f"{row['strategy']} (mean of {tl['failures']} failures)")
-    ax.axvline(0.0, color="red", linestyle="--", linewidth=1, label="server killed")
-    ax.set_xlabel("seconds from the failure")
-    ax.set_ylabel(f"useful samples / s ({width or PLOT_BUCKET_S:g} s buckets)")
-    ax.set_title("Useful training progress around a server failure (replayed steps do not count)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _config(args) -> tuple[dict | None, str | None]:
@@ -937,19 +736,6 @@ def _config(args) -> tuple[dict | None, str | None]:
     if (args.dataset or cfg["dataset"]) == "synthetic" and not cfg["rows_per_table"]:
         cfg.update(rows_per_table=20_000, samples=60_000, tables=8)
     return cfg, None
-
-
-def differences(rows: list[dict], ref_rates) -> dict:
-    """Paired per-round differences of overhead between strategies CPR and ECRec compare (95 % intervals)."""
-    from ecrec.bench.spread import difference_spread
-
-    by_name = {r["strategy"]: r for r in rows if r.get("samples_per_s_rounds")}
-    out = {}
-    for a, b in (("cpr-mfu", "cpr"), ("cpr-ssu", "cpr"), ("ecrec", "full"), ("ecrec", "cpr")):
-        if a in by_name and b in by_name and len(ref_rates) > 1:
-            out[f"{a} - {b}"] = difference_spread(ref_rates, by_name[a]["samples_per_s_rounds"],
-                                                  by_name[b]["samples_per_s_rounds"]).to_dict()
-    return out
 
 
 def run(args) -> int:
@@ -1007,105 +793,45 @@ def run(args) -> int:
           f"{cfg['batch_size']} samples, {args.workers} worker(s), {cfg['failures'] if fail_at is not None else 0} "
           f"kill(s) of server {cfg['fail_server']} from step {fail_at}, "
           f"{'TorchRec' if args.model == 'torchrec' else 'our'} DLRM", file=sys.stderr)
+    side_by_side = args.workers == 1 and fail_at is not None and fail_at >= 100
+    plan = None
     try:
         data_path, data_desc = prepare_data(args, cfg, work)
         print(f"  data: {data_desc}", file=sys.stderr)
-        side_by_side = args.workers == 1 and fail_at is not None and fail_at >= 100
         if side_by_side:
-            results, rates, plan = run_interleaved(strategies, args, cfg, data_path, work, fail_at, args.rounds)
+            results, plan = run_interleaved(strategies, args, cfg, data_path, work, fail_at, args.rounds)
         else:
             results = run_sequential(strategies, args, cfg, data_path, work, fail_at)
-        reference = results.pop("reference")
-        ref_summary = summarize("none (no failure)", reference, None, cfg, None)
-        rows = [summarize(s, results[s], reference, cfg, fail_at) for s in strategies]
-        diffs = {}
-        if side_by_side:
-            from ecrec.bench.spread import overhead_spread
-
-            ref_rates = np.array(rates["reference"])
-            base = float(np.median(ref_rates))
-            ref_summary["samples_per_s_rounds"] = ref_rates.tolist()
-            ref_summary["cpu_ms_per_step"] = plan["cpu_ms_per_step"]["reference"]
-            ref_summary["noise"] = float((ref_rates.max() - ref_rates.min()) / base)
-            for row in rows:
-                mine = np.array(rates[row["strategy"]])
-                row["samples_per_s_failure_free"] = float(np.median(mine))
-                row["samples_per_s_rounds"] = mine.tolist()
-                row["overhead_vs_none"] = float(np.median(ref_rates / mine) - 1.0)
-                row["overhead_spread"] = overhead_spread(ref_rates, mine).to_dict()
-                row["cpu_ms_per_step"] = plan["cpu_ms_per_step"][row["strategy"]]
-                row["cpu_overhead_vs_none"] = row["cpu_ms_per_step"]["total"] / ref_summary["cpu_ms_per_step"]["total"] - 1.0
-            diffs = differences(rows, ref_rates)
-            noise_text = (f"{len(ref_rates)} interleaved rounds in a shuffled order, reference spread "
-                          f"{ref_summary['noise']:.1%}")
-        else:
             # the reference again after the strategies: machine drift shows as the spread of the two
             print("  reference run again (drift check)", file=sys.stderr)
-            again = summarize("none (no failure)", run_strategy("none", args, cfg, data_path, work, None, "reference2"),
-                              None, cfg, None)
-            ref_rates = [ref_summary["samples_per_s_failure_free"], again["samples_per_s_failure_free"]]
-            base = float(np.mean(ref_rates))
-            ref_summary["samples_per_s_runs"] = ref_rates
-            ref_summary["noise"] = abs(ref_rates[1] - ref_rates[0]) / base
-            for row in rows:
-                rate = row["samples_per_s_failure_free"]
-                row["overhead_vs_none"] = (base / rate - 1.0) if rate and base else None
-            noise_text = f"before {ref_rates[0]:,.0f}, after {ref_rates[1]:,.0f}: drift {ref_summary['noise']:.1%}"
+            results["reference2"] = run_strategy("none", args, cfg, data_path, work, None, "reference2")
+        reference = results["reference"]
+        runs = {name: run_record("none (no failure)" if name.startswith("reference") else name, result,
+                                 None if name.startswith("reference") else reference, cfg)
+                for name, result in results.items()}
     except RuntimeError as exc:  # a child process failed: its own message is in the exception
         print(f"ecrec-bench compare: {exc}", file=sys.stderr)
         return 1
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    print()
-    print_table(rows)
-    print(f"\nreference (none, no failure): {base:,.0f} samples/s ({noise_text}), AUC {ref_summary['test_auc']:.4f}")
-    print("overhead: median of the per-round ratios to the reference; 95 % CI of their mean; ~ marks an overhead "
-          "within noise (its interval holds zero)")
-    for name, d in diffs.items():
-        mark = "within noise" if d["within_noise"] else "outside noise"
-        print(f"  overhead {name}: {d['mean']:+.1%} [{d['ci95_low']:+.1%}, {d['ci95_high']:+.1%}] ({mark})")
-    print_intervals(rows, cfg)
-    print_failures(rows)
-    if ref_summary.get("cpu_ms_per_step"):
-        print("\nCPU ms per failure-free step (user + system, from each process's counters):")
-        for row in [ref_summary, *rows]:
-            c = row.get("cpu_ms_per_step")
-            if c:
-                print(f"  {row['strategy']:<18} worker {c['worker']:6.2f}  servers {c['servers']:6.2f}  "
-                      f"coordinator {c['coordinator']:5.2f}  total {c['total']:6.2f}")
+    from ecrec.bench import compare_report
+    from ecrec.bench.accounting import load_warnings, table
+
+    figures = table(runs, plan["slices"] if plan else None, strategies, fail_at, args.seed)
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
               "model": args.model,
               "strategies": strategies, "cpu_count": os.cpu_count(), "equal_pls": bool(args.equal_pls),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after",
               "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())}
-    if load_before[0] > (os.cpu_count() or 1):
-        print(f"note: the load average was {load_before[0]:.1f} on {os.cpu_count()} cores when this run began: "
-              "other jobs ran beside it; read its timings as ratios only (the load average is in the JSON)",
-              file=sys.stderr)
+    loads = {name: record.get("load_average") for name, record in runs.items()}
+    loads["compare"] = {"before": config["load_average_before"], "after": config["load_average_after"]}
+    warnings = load_warnings(loads, os.cpu_count() or 1)
+    compare_report.print_report(figures, cfg, warnings)
     if args.json:
-        report = {"config": config, "reference": {k: v for k, v in ref_summary.items() if k != "timeline"},
-                  "strategies": {row["strategy"]: row for row in rows},
-                  "intervals": {row["strategy"]: row["interval"] for row in rows if row.get("interval")},
-                  "overhead_differences": diffs}
-        text = json.dumps(report, indent=2, default=json_default)
-        with open(args.json, "w") as f:  # temporary paths (checkpoint dirs) are shown relative to the work dir
-            f.write(text.replace(str(work), "<work-dir>"))
+        compare_report.write_json(args.json, figures, config, runs, warnings, str(work))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        write_plot(args.plot, rows, fail_at)
+        compare_report.write_plot(args.plot, figures["rows"], fail_at)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
-
-
-def json_default(o):
-    """``json.dump``'s ``default`` for numpy scalars and arrays (the benchmarks' reports)."""
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.bool_):
-        return bool(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
