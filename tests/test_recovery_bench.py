@@ -108,3 +108,24 @@ def test_during_training_reports_the_training_lost(tmp_path):
         assert row.get(key) is not None, key
     assert row["replayed_s"] == 0.0  # nothing rolls back under ecrec
     assert row["samples_per_s_before"] > 0 and row["longest_step_s"] > 0
+
+
+def test_the_records_of_a_run_through_a_failure_are_saved_and_accounted():
+    """``--during-training`` keeps every step and the cluster's events; the failure is accounted as in
+    ``compare`` (the rate just before the kill)."""
+    import types
+
+    from ecrec.bench.accounting import STEP_FIELDS
+    from ecrec.bench.recovery_training import saved_records
+
+    records = _records(range(40), gaps={20: 0.5})  # the kill at 2.0 holds up step 20 by 0.5 s (between steps)
+    records[20]["start"] -= 0.5  # ... inside the step, as the client's retries do
+    event = types.SimpleNamespace(kind="redundant", index=1, wall_time=2.8)
+    local = types.SimpleNamespace(cluster_map=lambda: types.SimpleNamespace(events=[event]))
+    saved = saved_records(records, local, records[20]["start"], "ecrec")
+    assert set(saved["step_records"]) == set(STEP_FIELDS) and len(saved["step_records"]["step"]) == 40
+    assert saved["events"] == [{"kind": "redundant", "index": 1, "wall_time": 2.8}]
+    figures = saved["accounting"]
+    assert figures["samples_per_s_before"] == pytest.approx(100.0)
+    assert figures["paused_s"] == pytest.approx(0.5) and figures["lost_training_s"] == pytest.approx(0.5)
+    json.dumps(saved)

@@ -5,7 +5,7 @@ per sample and table), feeds the sum to a linear head (registered on the servers
 tensor) and pushes; step ``n`` always trains on the same batch, so a rolled-back step replays exactly.
 ``full`` and ``cpr`` are driven by ``baselines.driver.CheckpointDriver`` (initial checkpoint at the start,
 intervals from the Young/Daly model or the PLS target at ``--mtbf-hours``).  One step record per step:
-``{step, start, end, samples}``.
+``{step, start, end, samples}``; the JSON keeps them all (``step_records``), with the cluster's events.
 
 :func:`lost_training` turns the records into the training time lost to the failure: over the window from
 the kill to the end of training, the wall time minus the time the *new* work done in it (steps past the
@@ -16,6 +16,7 @@ split into those three parts.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -182,7 +183,20 @@ def train_through_failure(strategy: str, args, local, cluster, names: list[str],
     if "expected_lost_s" not in out:
         out["expected_lost_s"] = figures["lost_training_s"]
     out["timeline"] = _timeline(worker.records, t_kill)
+    out.update(saved_records(worker.records, local, t_kill, strategy))
     return out
+
+
+def saved_records(records: list[dict], local, kill_t: float, strategy: str) -> dict:
+    """Every step (``ecrec.bench.accounting.STEP_FIELDS``), the cluster's events and the kill, for the JSON,
+    and the failure's figures as ``compare`` accounts them (``accounting``: the rate just before the kill)."""
+    from ecrec.bench.accounting import failure_account, step_columns
+    from ecrec.strategies import get_spec
+
+    events = [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in local.cluster_map().events]
+    kind = get_spec(strategy).kind
+    return {"step_records": step_columns(records), "events": events, "kills": [{"time": kill_t}],
+            "accounting": failure_account(records, events, kill_t, None, -math.inf, kind)}
 
 
 def _timeline(records: list[dict], kill_time: float, bucket_s: float = 0.25) -> dict:
