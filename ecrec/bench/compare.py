@@ -4,17 +4,20 @@ For each strategy it starts a local cluster (separate processes on 127.0.0.1, on
 started once a failure is over; every new process is waited for until it is idle, so that no kernel
 compilation is timed or promoted), trains the same DLRM on the same data through the SDK and measures side by side in one run:
 
-- failure-free throughput in interleaved rounds against a failure-free ``none`` reference (the
-  order shuffled per round with ``--seed``; checkpoint timers run only inside their own strategy's
-  slices, and the writes a slice started are waited for inside it, so their work is charged to
-  them); the overhead per round, its median, range and 95 % interval, marked ``~`` when the
-  interval holds zero (``ecrec.bench.spread``);
+- failure-free throughput in ``--rounds`` interleaved rounds of short slices against a failure-free
+  ``none`` reference (the order shuffled per round with ``--seed``; the reference trains two half
+  slices per round, its A/A pair; checkpoint timers run only inside their own strategy's slices, and
+  the writes a slice started are waited for inside it, so their work is charged to them); wall and
+  CPU overhead as the median per-round ratio to the reference with a bootstrap interval of that
+  median, marked ``~`` when the interval holds zero;
 - ``--failures N`` kills of the same server (SIGKILL), each at its own phase of one checkpoint
   interval: failure ``i`` falls ``(i + 0.5) / N`` of the way through the interval of the save before
   it (``ecrec.bench.lost_training.failure_phases``; for ``none``/``ecrec``, which have no interval,
   as soon as the previous failure is over).  Per failure: promotion, back to speed, full redundancy,
   *useful* throughput (only steps past the furthest step reached before the failure count) and
-  ``lost_training_s`` = paused + replayed + throughput deficit; reported as mean and range;
+  ``lost_training_s`` = paused + replayed + throughput deficit, against the rate of the steps just
+  before that kill, with its noise; reported as mean and range.  After the rounds every strategy
+  meets its failures in turn (shuffled), every cluster still up;
 - lost updates (counted exactly), PLS, test AUC and log loss, whether the final state matches the
   failure-free run bit for bit; memory kept for fault tolerance (parity, replicas, MFU/SSU counters)
   over model bytes; checkpoint and network bytes.
@@ -24,7 +27,10 @@ optimum for ``full`` from its measured save stall and the job MTBF; ``2 * PLS * 
 ``cpr*``; with ``--equal-pls`` ``cpr-mfu``/``cpr-ssu`` lengthen their full interval until they reach
 the same PLS as ``cpr``.  The report prints them with their inputs.
 
-Prints a table, writes ``--json`` and a ``--plot`` of useful samples per second around the failures
+The split: ``ecrec.bench.compare_running`` runs the clusters, :func:`run_record` turns a run into the
+records the JSON keeps (every step, slice and event, the load averages), ``ecrec.bench.accounting``
+computes every figure from those records alone, ``ecrec.bench.compare_report`` prints the table (with
+an A/A row) and writes the JSON and a ``--plot`` of useful samples per second around the failures
 (mean over the failures).  ``--workers W > 1`` launches W workers with torchrun (one failure).
 """
 
@@ -67,6 +73,9 @@ PRESETS = {
                       tables=9, rows_per_table=None, samples=None, embedding_dim=16, lr=0.1, mtbf_s=10.0,
                       target_pls=0.01, dataset="movielens"),
 }
+ROUNDS = 12  # failure-free rounds; the quick preset: slices of about 50 steps (the reference: two of about 25)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="workload size (default quick)")
     p.add_argument("--strategies", default=None,
@@ -92,8 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--equal-pls", action="store_true",
                    help="tune cpr-mfu and cpr-ssu to the target PLS of cpr (longer full intervals), as CPR compares them")
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="interleaved rounds of failure-free throughput measurement (default 5)")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help=f"interleaved rounds of short slices for the failure-free throughput (default {ROUNDS})")
     p.add_argument("--model", choices=["auto", "ecrec", "torchrec"], default="auto",
                    help="the DLRM: TorchRec's (torchrec.models.dlrm.DLRM over our cluster collection), ours, or auto "
                         "(default: TorchRec's when the torchrec extra is installed)")
