@@ -197,3 +197,18 @@ def test_load_warnings():
     loads = {"ecrec": {"before": [3.5, 1, 1], "after": [1.0, 1, 1]}, "none": {"before": [0.5, 0, 0], "after": [1.0, 0, 0]}}
     warnings = acc.load_warnings(loads, cores=2)
     assert len(warnings) == 1 and warnings[0].startswith("ecrec: load average 3.5 on 2 cores")
+
+
+def test_the_rate_of_a_later_failure_starts_when_the_run_found_the_previous_one_over():
+    """A standby starting up (compiling, on the same cores) slows the steps after the first failure; the
+    run records when it found that failure over (``quiet_since``) and the rate starts there, so the slow
+    steps do not lower it (which would turn every later step into a negative deficit)."""
+    recs = records([0.1] * 30 + [0.5] + [0.1] * 10 + [0.3] * 20 + [0.1] * 40 + [0.4] + [0.1] * 20)
+    kills = [{"time": recs[30]["start"]}, {"time": recs[101]["start"], "quiet_since": recs[61]["start"]}]
+    events = [{"kind": "redundant", "index": 1, "wall_time": recs[120]["end"]}]  # a rebuild after the second
+    _, second = acc.failure_accounts(recs, events, kills, "erasure")
+    assert second["samples_per_s_before"] == pytest.approx(100.0) and second["rate_steps"] == 40
+    assert second["lost_training_s"] == pytest.approx(0.3)
+    assert second["quiet_since"] == recs[61]["start"]
+    without = acc.failure_accounts(recs, events, [kills[0], {"time": kills[1]["time"]}], "erasure")[1]
+    assert without["samples_per_s_before"] < 100.0 and without["deficit_s"] < -0.5  # 19 steps "faster" than 0.14 s

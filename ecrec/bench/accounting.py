@@ -199,12 +199,15 @@ def failure_account(records: list[dict], events: list[dict], kill_t: float, next
 
 
 def failure_accounts(records: list[dict], events: list[dict], kills: list[dict], kind: str) -> list[dict]:
-    """Each kill's :func:`failure_account`, its rate measured after the previous failure's window."""
+    """Each kill's :func:`failure_account`, its rate measured after the previous failure's window and
+    after the kill's ``quiet_since`` (when the run found the previous failure over: recorded by the run)."""
     out, since = [], -math.inf
     for i, kill in enumerate(kills):
         next_t = kills[i + 1]["time"] if i + 1 < len(kills) else None
+        since = max(since, kill.get("quiet_since") or -math.inf)  # the previous failure over, a standby settled
         figures = failure_account(records, events, kill["time"], next_t, since, kind)
-        figures.update({key: kill.get(key) for key in ("step", "phase", "planned") if kill.get(key) is not None})
+        figures.update({key: kill.get(key) for key in ("step", "phase", "planned", "quiet_since")
+                        if kill.get(key) is not None})
         since = figures.get("window_end_t", kill["time"])
         out.append(figures)
     return out

@@ -23,6 +23,10 @@ WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the s
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
 PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
+#: steps trained between the end of the previous failure (a settled standby included) and the next kill: the
+#: rate of that failure is measured on them (``ecrec.bench.accounting.rate_before``), the same for every
+#: strategy (the first failure has the steps before ``--fail-at``)
+QUIET_STEPS = 30
 STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
 STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
 STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
@@ -81,6 +85,7 @@ class StrategyRun:
         self.interval: dict | None = None  # the interval chosen for this run and why (prepare)
         self.trainer = None
         self._planned: dict | None = None  # the next failure: {"step": N} or {"time": T}
+        self._quiet_since: float | None = None  # when the next failure was first planned (the previous one over)
         self._median_step_s: float | None = None
         self._timers_paused = False
         self._standby: dict | None = None  # the standby started for the next failure and whether it settled
@@ -167,8 +172,9 @@ class StrategyRun:
         pid = self.local.pid_of_index(self.cfg["fail_server"])
         phase = self.phases[len(self.kills)] if self.kind == "checkpoint" else None
         self.kills.append({"pid": pid, "time": time.time(), "step": step, "phase": phase,
-                           **({"planned": self._planned} if self._planned else {})})
+                           "quiet_since": self._quiet_since, **({"planned": self._planned} if self._planned else {})})
         self._planned = None
+        self._quiet_since = None
         self._standby = None
         self._reconfigure = True
         self.local.kill(pid)
@@ -185,6 +191,8 @@ class StrategyRun:
             return
         if self._median_step_s is None:
             self._median_step_s = self.warm_step_s()
+        if self._quiet_since is None and self.kills:
+            self._quiet_since = time.time()
         self._plan(step)
 
     def _recovered(self, step: int) -> bool:
@@ -235,16 +243,18 @@ class StrategyRun:
         return sb["settled"]
 
     def _plan(self, step: int) -> None:
-        """Plans the next failure at its phase of the checkpoint interval (now, for strategies without one)."""
+        """Plans the next failure at its phase of the checkpoint interval (for strategies without one, at
+        once), after a failure at least ``QUIET_STEPS`` steps (or their median time) from now."""
         phase = self.phases[len(self.kills)]
+        quiet = QUIET_STEPS if self.kills else 0
         if self.kind != "checkpoint":
-            self._planned = {"step": step}
+            self._planned = {"step": step + quiet}
         elif self.full_only:
             driver = self.trainer.driver
             n = int(driver.interval_steps)
             offset = min(int(round(phase * n)), n - 1)
             target = driver.last_save_step + offset
-            while target < step + 1:
+            while target < step + max(quiet, 1):
                 target += n
             self._planned = {"step": target, "interval_steps": n, "offset_steps": offset}
         else:
@@ -260,7 +270,7 @@ class StrategyRun:
                 return  # the timer starts at its next tick
             now, interval = time.time(), float(reply["interval_s"])
             at = now + reply["next_full_in_s"] - interval + phase * interval
-            while at < now + 0.01:
+            while at < now + max(quiet * self._median_step_s, 0.01):
                 at += interval
             self._planned = {"time": at, "interval_s": interval, "offset_s": phase * interval}
 
