@@ -362,8 +362,9 @@ def overhead(slices: list[dict], run: str, reference: str = "reference", seed: i
 
 
 def aa_overhead(slices: list[dict], reference: str = "reference", seed: int = 0) -> dict | None:
-    """The reference against itself: per round, its first part's rate over its second part's (each part a
-    slice of its own at its own place in the round's order); None without two parts per round."""
+    """The reference against itself, the statistic of :func:`overhead` with the first part of each round in
+    the strategy's place and the second in the reference's (each part a slice of its own at its own place in
+    the round's order); None without two parts per round."""
     parts = {}
     for s in slices:
         if s["run"] == reference and s.get("part") is not None:

@@ -1,5 +1,8 @@
 """How far to trust a measured overhead: per-round paired ratios, their range and a 95 % interval.
 
+No longer used by ``ecrec-bench compare``, which reports the median per-round ratio with a bootstrap
+interval of that same median (``ecrec.bench.accounting``); kept for its tests and older reports.
+
 ``ecrec-bench compare`` times every strategy and a failure-free reference in the same rounds, one
 slice each per round, so machine noise of one round hits all of them.  The overhead of a strategy
 in round ``r`` is ``reference rate / strategy rate - 1`` of that round; across rounds we report
