@@ -95,18 +95,20 @@ def failure_free_rate(records: list[dict], first_kill_t: float | None, fail_at: 
 
 def rate_before(records: list[dict], kill_t: float, since: float = -math.inf, max_steps: int = RATE_STEPS) -> dict | None:
     """One worker's rate just before the kill: the last ``max_steps`` useful steps that ended before
-    ``kill_t`` and started at or after ``since`` (the previous failure's window end); time in steps.
-    ``relative_se``: the standard error of the time per sample over its mean (0 with one step)."""
+    ``kill_t`` and started at or after ``since`` (the previous failure's window end, or when the run found
+    it over); time in steps.  ``relative_se``: the standard error of the time per sample over its mean."""
     useful = useful_mask(records)
     picked = [r for r, u in zip(records, useful) if u and r["end"] <= kill_t and r["start"] >= since][-max_steps:]
     if not picked:
         return None
     durations = np.array([r["end"] - r["start"] for r in picked], dtype=np.float64)
     per_sample = durations / np.array([max(r["samples"], 1) for r in picked], dtype=np.float64)
-    relative_se = float(per_sample.std(ddof=1) / per_sample.mean() / math.sqrt(len(picked))) if len(picked) > 1 else 0.0
+    several = len(picked) > 1
     return {"samples_per_s": float(sum(r["samples"] for r in picked) / max(durations.sum(), 1e-12)),
-            "median_step_s": float(np.median(durations)), "step_sd_s": float(durations.std(ddof=1)) if len(picked) > 1
-            else 0.0, "steps": len(picked), "relative_se": relative_se, "from_t": float(picked[0]["start"])}
+            "median_step_s": float(np.median(durations)), "steps": len(picked), "from_t": float(picked[0]["start"]),
+            "step_sd_s": float(durations.std(ddof=1)) if several else 0.0,
+            "relative_se": float(per_sample.std(ddof=1) / per_sample.mean() / math.sqrt(len(picked))) if several
+            else 0.0}
 
 
 # --- one failure ------------------------------------------------------------------------------------------
