@@ -605,7 +605,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             while not call.done():
                 try:
                     return call.result(timeout=self.config.health_interval_s)
-                except futures.TimeoutError:
+                except (grpc.FutureTimeoutError, futures.TimeoutError):
                     if not self._still_promoting(server_id, index) or self._stop.is_set():
                         call.cancel()
                         return None
@@ -620,7 +620,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                     return None
                 if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() > give_up:
                     return None  # e.g. a survivor did not answer its resolution yet: retried later
-            except futures.CancelledError:
+            except (grpc.FutureCancelledError, futures.CancelledError):
                 return None
         return None
 
