@@ -95,7 +95,6 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._promote_lock = threading.Lock()
         self._promote_wake = threading.Event()  # wakes the promoter (a failure declared, a standby registered)
         self._promoted = threading.Condition()  # notified after each round of promotions
-        self._pending_broadcast: cluster_pb2.ClusterMap | None = None
         self.faults = faults.coordinator_from_environment()  # fault injection for tests (ecrec.faults); off
         self._check_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-health-check")
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
@@ -503,17 +502,17 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 with self._promoted:
                     self._promoted.notify_all()
 
-    def _choose_locked(self) -> tuple[cluster_pb2.ServerInfo, int] | None:
-        """The next promotion: (its standby's entry, the index), recorded in the map as ``PROMOTING`` (one epoch,
-        one map: the Promote carries this recorded map) and persisted as the intent; None when there is none to
-        do now.  A promotion begun before (by this or a crashed coordinator) is finished first, with its own
+    def _choose_locked(self) -> tuple[cluster_pb2.ServerInfo, int, cluster_pb2.ClusterMap | None] | None:
+        """The next promotion: (its standby's entry, the index, the map that recorded it now or None when it was
+        recorded before), recorded in the map as ``PROMOTING`` (one epoch, one map: the Promote carries this
+        recorded map) and persisted as the intent; None when there is none to do now.  A promotion begun before (by this or a crashed coordinator) is finished first, with its own
         standby, unless that standby has been declared failed meanwhile."""
         for server_id, p in list(self._promoting.items()):
             entry = next((s for s in self.map.servers if s.server_id == server_id and s.state != FAILED), None)
             if entry is not None and entry.state == PROMOTING and entry.index == p.index:
-                return entry, p.index
+                return entry, p.index, None
             if entry is not None and entry.state == STANDBY:  # recorded by an older coordinator before its Promote
-                return self._record_promoting_locked(entry, p.index), p.index
+                return entry, p.index, self._record_promoting_locked(entry, p.index)
             del self._promoting[server_id]  # its standby failed (or was promoted): the intent is void
             self._save_locked()
         failed_entries = [s for s in self.map.servers if s.state == FAILED and s.index >= 0]
@@ -529,28 +528,25 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             return None
         chosen = next((s for s in standbys if self._wanted.get(s.server_id) in safe), standbys[0])
         index = self._wanted[chosen.server_id] if self._wanted.get(chosen.server_id) in safe else safe[0]
-        return self._record_promoting_locked(chosen, index), index
+        return chosen, index, self._record_promoting_locked(chosen, index)
 
-    def _record_promoting_locked(self, chosen: cluster_pb2.ServerInfo, index: int) -> cluster_pb2.ServerInfo:
+    def _record_promoting_locked(self, chosen: cluster_pb2.ServerInfo, index: int) -> cluster_pb2.ClusterMap:
         chosen.index = index
         chosen.state = PROMOTING
         self._promoting[chosen.server_id] = coordinator_pb2.PendingPromotion(server_id=chosen.server_id,
                                                                              address=chosen.address, index=index)
-        self._pending_broadcast = self._bump_locked()  # persisted with the intent: a restart finishes it
-        return chosen
+        return self._bump_locked()  # persisted with the intent: a restart finishes it
 
     def _promote_standbys_locked(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                self._pending_broadcast = None
                 choice = self._choose_locked()
                 if choice is None:
                     return
-                chosen, index = choice
+                chosen, index, snapshot = choice
                 address, server_id = chosen.address, chosen.server_id
-                recorded = cluster_pb2.ClusterMap()
-                recorded.CopyFrom(self.map)
-                snapshot, self._pending_broadcast = self._pending_broadcast, None
+                recorded = snapshot if snapshot is not None else cluster_pb2.ClusterMap.FromString(
+                    self.map.SerializeToString())
                 dense = [embedding_pb2.CreateDenseRequest(spec=d.spec, initial_value=d.initial_value)
                          for name, d in self._dense.items() if index in self.layout.dense_servers(name)]
                 stub = self._handle(address).embedding

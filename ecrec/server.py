@@ -444,8 +444,8 @@ class ServerState:
         (servers, code, strategy) or names impossible indices is refused with ``InvalidRequest``."""
         validate_map(new_map, self.map)
         with self.lock:
-            if self.map is not None and new_map.epoch < self.map.epoch:
-                return
+            if self.map is not None and (new_map.epoch < self.map.epoch or new_map == self.map):
+                return  # older, or the map held (a rebroadcast, the coordinator asking a recovering server)
             self.map = new_map
             self._layout = Layout(new_map.num_servers, new_map.k, new_map.m)
             if self.strategy is None:

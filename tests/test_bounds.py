@@ -17,6 +17,7 @@ import pytest
 
 from ecrec import transport
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+from test_parity_trust import refused
 from test_safety import ROWS, assert_counts, counting_push, start
 
 pytestmark = pytest.mark.cluster
@@ -47,14 +48,6 @@ def push_request(ids, worker: str, sequence: int, incarnation: str = "", grad: f
         tables=[embedding_pb2.TableGrads(table="t", ids=transport.ids_to_bytes(ids),
                                          grads=np.full((len(ids), dim), grad, np.float32).tobytes())],
         push_id=embedding_pb2.PushId(worker=worker, sequence=sequence, incarnation=incarnation))
-
-
-def refused(call, code, *words) -> None:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    assert info.value.code() == code, info.value.details()
-    for w in words:
-        assert w in info.value.details(), info.value.details()
 
 
 def test_pushes_with_huge_worker_names_are_refused_and_no_server_grows(make_cluster):
