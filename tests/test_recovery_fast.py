@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections import defaultdict
 from types import SimpleNamespace
 
 import grpc
@@ -23,6 +22,7 @@ from ecrec.layout import Layout
 from ecrec.strategies.erasure import frame_socket, frames
 from ecrec.peers import Peers
 from ecrec.strategies.erasure.bulk import BulkRebuild, position_plan
+from ecrec.strategies.erasure.counters import Counters
 from ecrec.wire import cluster_pb2, parity_pb2
 from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
 from ecrec.transport import make_channel
@@ -154,7 +154,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     host = SimpleNamespace(layout=layout, index=0, config=SimpleNamespace(host="127.0.0.1"),
                            peers=Peers(lambda: m_now, None, timeout_s=30, retry_deadline_s=30,
                                        identity=lambda: server_metadata(local, caller_id)))
-    counters = defaultdict(float)
+    counters = Counters()
     fast = BulkRebuild(host, Codec(k, m, "isa_l_rs_vand", kernel="cpu"), None, counters, frame_bytes=1)
     server = next(s for s in fast.plan.data if fast.plan.data[s] and fast.plan.parity.get(s))
     for _ in range(2):
@@ -379,3 +379,25 @@ def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m,
     checked = cluster.strategy_call("verify_parity")
     assert sum(r["mismatched"] for r in checked.values()) == 0
     assert sum(r["checked"] for r in checked.values()) > 0
+
+
+def test_counters_keep_increments_made_while_another_amount_is_computed():
+    """The background rebuild and on-demand rebuilds add to the same counters; an amount that takes a while to
+    compute (an install waiting on the lock) must not swallow another thread's increment meanwhile."""
+    counters = Counters()
+
+    def slow_install(rows: int) -> int:
+        time.sleep(0.002)
+        return rows
+
+    def rebuild(rows: int) -> None:
+        for _ in range(25):
+            counters.add("rows_rebuilt", slow_install(rows))
+
+    threads = [threading.Thread(target=rebuild, args=(rows,)) for rows in (1, 10, 100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counters["rows_rebuilt"] == 25 * 111
+    assert dict(counters) == {"rows_rebuilt": 25 * 111}

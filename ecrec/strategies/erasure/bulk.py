@@ -242,8 +242,8 @@ class BulkRebuild:
             return None
         read = sum(expect.bytes_per_block * f.blocks for f in received)
         with self._counters_lock:
-            self.counters["bulk_bytes_read"] += read
-            self.counters["bulk_bytes_over_socket"] += read if over_socket else 0
+            self.counters.add("bulk_bytes_read", read)
+            self.counters.add("bulk_bytes_over_socket", read if over_socket else 0)
         return received
 
     def _call(self, address: str):

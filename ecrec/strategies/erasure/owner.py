@@ -312,8 +312,8 @@ class ParityOwner:
             return None, []
         entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed)
         self.outbox[group.last_seq] = entry
-        self.counters["groups_closed"] += 1
-        self.counters["group_pushes"] += len(group.pushes)
+        self.counters.add("groups_closed", 1)
+        self.counters.add("group_pushes", len(group.pushes))
         faults = self.host.faults
         inline = faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack")
         if not inline and (self._closing or group.nbytes >= self.options.direct_bytes):
@@ -325,7 +325,7 @@ class ParityOwner:
         t0 = time.thread_time()
         batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
         relay = self._install_locked(entry, batches)
-        self.counters["group_close_cpu_s"] += time.thread_time() - t0
+        self.counters.add("group_close_cpu_s", time.thread_time() - t0)
         return entry, relay
 
     def _install_locked(self, entry: OutboxEntry, batches: dict[int, parity_pb2.ParityBatch]) -> list[SealedBatch]:
@@ -346,11 +346,11 @@ class ParityOwner:
                 sealed = self._sealed(entry, d)
                 if len(sealed.batch) <= self.options.relay_max_bytes:
                     relay.append(sealed)
-                    self.counters["parity_bytes_relayed"] += len(sealed.batch)
+                    self.counters.add("parity_bytes_relayed", len(sealed.batch))
         if entry.relayed and len(relay) < len(destinations):
             entry.relayed = False  # a batch too big to relay: the sender delivers them all (a second copy is skipped)
-        self.counters["batches_built"] += len(batches)
-        self.counters["relay_batches"] += len(relay)
+        self.counters.add("batches_built", len(batches))
+        self.counters.add("relay_batches", len(relay))
         if not batches:
             self._advance_confirmed_locked()
         return relay
@@ -380,7 +380,7 @@ class ParityOwner:
                 with self.lock:
                     self._closing.popleft()
                     self._install_locked(entry, batches)
-                    self.counters["group_close_cpu_s"] += time.thread_time() - t0
+                    self.counters.add("group_close_cpu_s", time.thread_time() - t0)
                 self._after_close(entry)
 
     def _advance_confirmed_locked(self) -> None:
@@ -529,7 +529,7 @@ class ParityOwner:
             if wm.source != host.index or wm.source_id != host.server_id:
                 continue  # for an earlier incarnation of this index: nothing to confirm here
             if sealer is None or not sealer.watermark_ok(wm):
-                self.counters["refused_watermarks"] += 1
+                self.counters.add("refused_watermarks", 1)
                 log.warning("a watermark relayed by %s does not carry its destination's seal (destination %d, "
                             "applied_upto %d); refused", worker or "a worker", wm.destination, wm.applied_upto)
                 continue
@@ -566,7 +566,7 @@ class ParityOwner:
         if close_now:
             self.close_group()
         for d in restarted:
-            self.counters["chains_restarted"] += 1
+            self.counters.add("chains_restarted", 1)
             self.sender(d).wake(due_now=True)
         if self._eager:
             for sender in list(self.senders.values()):

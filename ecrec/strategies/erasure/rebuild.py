@@ -304,8 +304,8 @@ class RebuildEngine:
                     if done_rows:
                         rows = np.concatenate(done_rows)
                         rebuilt[rows] = True
-                        self.counters["rows_rebuilt"] += shard.install(slots[rows], np.concatenate(payloads),
-                                                                       row_version[rows])
+                        installed = shard.install(slots[rows], np.concatenate(payloads), row_version[rows])
+                        self.counters.add("rows_rebuilt", installed)
                     hopeless = ~rebuilt & lost_stripe_rows(members, read.stripes, my_pos, unavailable, layout)
                     if hopeless.any():
                         self._mark_lost(shard, slots[hopeless])
@@ -346,7 +346,7 @@ class RebuildEngine:
         if flags is None:
             flags = self.lost[shard.spec.name] = np.zeros(shard.num_slots, dtype=bool)
         flags[slots] = True
-        self.counters["rows_lost"] += len(slots)
+        self.counters.add("rows_lost", len(slots))
 
     def _describe_lost(self, lost: list[tuple[TableShard, np.ndarray]]) -> str:
         layout, parts = self.host.layout, []
@@ -410,14 +410,14 @@ class RebuildEngine:
                     flags = self.lost_parity[arena.row_bytes] = np.concatenate(
                         [flags, np.zeros(arena.size - len(flags), dtype=bool)])
                 flags[slots[hopeless]] = True
-                self.counters["parity_rows_lost"] += int(hopeless.sum())
+                self.counters.add("parity_rows_lost", int(hopeless.sum()))
         if not ready.any():
             return 0
         data = np.ascontiguousarray(members.payload[: layout.k, ready].transpose(1, 0, 2))
         parity = self.codec.encode_stripes(data)
         rows = parity[np.arange(int(ready.sum())), pidx[ready]]
         built = arena.build(slots[ready], rows, members.data_versions[:, ready].T)
-        self.counters["parity_rows_rebuilt"] += built
+        self.counters.add("parity_rows_rebuilt", built)
         return built
 
     # --- dense replicas --------------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ class RebuildEngine:
                 if failures in (1, 10) or failures % 50 == 0:
                     log.warning("background rebuild interrupted (attempt %d: %s: %s); retrying in %.1f s", failures,
                                 type(exc).__name__, exc, pause, exc_info=failures == 1)
-                self.counters["rebuild_retries"] += 1
+                self.counters.add("rebuild_retries", 1)
                 self.closed.wait(pause)
                 pause = min(5.0, pause * 2)
         if self.closed.is_set():
@@ -559,16 +559,16 @@ class RebuildEngine:
         for n, (shard, arena, part, _, _) in enumerate(rounds):
             waited = time.perf_counter()
             read = pending.result()
-            self.counters["bulk_wait_s"] += time.perf_counter() - waited
+            self.counters.add("bulk_wait_s", time.perf_counter() - waited)
             if n + 1 < len(rounds):
                 following = rounds[n + 1]
                 pending = self.bulk.fetch(following[0].spec, following[3], following[4])
             started = time.perf_counter()
             with self.lock:
                 data_rows, parity_rows = self.bulk.rebuild_round(shard, arena, part, read)
-            self.counters["rows_rebuilt"] += data_rows
-            self.counters["parity_rows_rebuilt"] += parity_rows
-            self.counters["bulk_rows_rebuilt"] += data_rows + parity_rows
+            self.counters.add("rows_rebuilt", data_rows)
+            self.counters.add("parity_rows_rebuilt", parity_rows)
+            self.counters.add("bulk_rows_rebuilt", data_rows + parity_rows)
             del read
             self.host.faults.hit("during_rebuild")
             if self.closed.is_set():

@@ -164,9 +164,9 @@ class ParityReceiver:
             entry.dense.append(DenseEntry(shard.spec.name, delta, old_version, seq))
         lg.entries[b.seq] = entry
         lg.applied_upto = b.seq
-        self.counters["batches_applied"] += 1
-        self.counters["delta_bytes_applied"] += (sum(t[4].nbytes for t in tables)
-                                                 + sum(delta.nbytes for _, delta, _, _ in dense))
+        self.counters.add("batches_applied", 1)
+        self.counters.add("delta_bytes_applied", sum(t[4].nbytes for t in tables)
+                          + sum(delta.nbytes for _, delta, _, _ in dense))
 
     def receive(self, batches: list[parity_pb2.ParityBatch], strict: bool) -> dict[int, SourceLog]:
         """Applies batches (any sources, any order): each source's chain strictly in the order its batches
@@ -183,14 +183,14 @@ class ParityReceiver:
                     lg = self._chain_for(b)
                     seen[b.source] = lg
                     if b.seq <= lg.applied_upto:
-                        self.counters["duplicate_batches"] += 1
+                        self.counters.add("duplicate_batches", 1)
                     elif b.prev_seq == lg.applied_upto:
                         self._apply_locked(lg, b, parsed)
                         while lg.applied_upto in lg.held:  # successors that arrived first
                             nxt, nxt_parsed = lg.unhold(lg.applied_upto)
                             self._apply_locked(lg, nxt, nxt_parsed)
                     elif lg.hold(b.prev_seq, b, parsed, b.ByteSize()):
-                        self.counters["held_back_batches"] += 1
+                        self.counters.add("held_back_batches", 1)
                     else:
                         raise errors.ResourceExhausted(
                             f"server {self.host.index}: {len(lg.held)} batches of source {b.source} ({lg.held_bytes} "
@@ -200,7 +200,7 @@ class ParityReceiver:
             except errors.EcrecError as exc:
                 if strict:
                     raise
-                self.counters["refused_relayed_batches"] += 1
+                self.counters.add("refused_relayed_batches", 1)
                 log.warning("relayed parity batch of source %d seq %d refused: %s", b.source, b.seq, exc)
         return seen
 
@@ -209,7 +209,7 @@ class ParityReceiver:
         if b.destination != self.host.index:
             raise errors.FailedPrecondition(f"batch addressed to server {b.destination}; this is server {self.host.index}")
         if b.destination_id and b.destination_id != self.host.server_id:
-            self.counters["stale_batches"] += 1
+            self.counters.add("stale_batches", 1)
             raise errors.FailedPrecondition(
                 f"batch addressed to incarnation {b.destination_id} of server {b.destination}; this is "
                 f"{self.host.server_id}: the destination was replaced, refresh the map")
@@ -222,7 +222,7 @@ class ParityReceiver:
                     f"source {b.source} incarnation {b.source_id} was replaced and resolved; batch refused")
             current = live_servers(self.host.cluster_map).get(b.source)
             if current is None or current.server_id != b.source_id:
-                self.counters["foreign_batches"] += 1
+                self.counters.add("foreign_batches", 1)
                 raise errors.FailedPrecondition(
                     f"batch from {b.source_id}, which server {self.host.index}'s map (epoch {self.host.epoch}) does "
                     f"not name as index {b.source}: refused until the map does")
@@ -230,7 +230,7 @@ class ParityReceiver:
                 # resolution of the previous incarnation never reached this server: keep what it applied
                 log.error("source %d changed incarnation (%s -> %s) with %d unresolved batches; keeping them",
                           b.source, lg.source_id, b.source_id, len(lg.entries))
-                self.counters["unresolved_incarnation_switches"] += 1
+                self.counters.add("unresolved_incarnation_switches", 1)
                 for e in lg.entries.values():
                     lg.commit(e.push_ids)
             lg.restart(b.source_id)
@@ -268,7 +268,7 @@ class ParityReceiver:
                 except Exception:  # noqa: BLE001 - a sealed batch that does not parse is refused, never applied
                     why = "it does not parse"
             if why:
-                self.counters["refused_relayed_batches"] += 1
+                self.counters.add("refused_relayed_batches", 1)
                 log.warning("a parity batch for server %d relayed by %s was refused: %s", r.destination,
                             worker or "an unnamed caller", why)
                 continue
@@ -329,7 +329,7 @@ class ParityReceiver:
                 return
             if attempt == 0:
                 host.refresh_map()  # this server's map may be older than the caller's
-        self.counters["refused_resolutions"] += 1
+        self.counters.add("refused_resolutions", 1)
         log.warning("ResolveSource of source %d refused: %s", source, why)
         raise errors.FailedPrecondition(f"resolution of source {source} refused: {why}")
 
@@ -341,7 +341,7 @@ class ParityReceiver:
         with self.lock:
             done = self.resolutions.get(source)
             if done is not None and done.replacement_id == replacement_id:
-                self.counters["repeated_resolutions"] += 1
+                self.counters.add("repeated_resolutions", 1)
                 return done.listing
             lg = self.logs.get(source)
             if lg is None:
@@ -373,7 +373,7 @@ class ParityReceiver:
                 raise errors.FailedPrecondition(f"no listing of source {source} for {replacement_id}: a commit follows "
                                                 "its replacement's listing")
             if done.committed:
-                self.counters["repeated_resolutions"] += 1
+                self.counters.add("repeated_resolutions", 1)
                 return
             lg = self.logs.get(source)
             if lg is None or lg.source_id != done.failed_id or not lg.closed:
@@ -389,7 +389,7 @@ class ParityReceiver:
                     self.arenas[t.arena].undo(t.seqs, t.slots, t.positions, t.parity, t.deltas, t.old_versions)
                 for d in reversed(e.dense):
                     self.host.dense(d.name).undo_delta(d.delta, d.seq, d.old_version)
-            self.counters["undone_batches"] += undone
+            self.counters.add("undone_batches", undone)
             for seq, e in lg.entries.items():
                 if seq not in undo:
                     lg.commit(e.push_ids)

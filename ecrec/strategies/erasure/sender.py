@@ -113,8 +113,8 @@ class DestinationSender:
                     log.error("parity server %d (%s) refused %d batches: %s: %s; retrying later", self.destination,
                               address, len(batches), exc.code().name, exc.details())
                 return False
-        owner.counters["parity_bytes_sent"] += message.ByteSize()
-        owner.counters["direct_batches"] += len(batches)
+        owner.counters.add("parity_bytes_sent", message.ByteSize())
+        owner.counters.add("direct_batches", len(batches))
         self.sent_confirm = max(self.sent_confirm, confirmed)
         owner.ack(self.destination, ack.destination_id, ack.applied_upto)
         return True

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 
 import numpy as np
 
 from ecrec import errors
 from ecrec.codec import Codec
 from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, PushOutcome, StrategyHost
+from ecrec.strategies.erasure.counters import Counters
 from ecrec.strategies.erasure.options import ErasureOptions
 from ecrec.strategies.erasure.owner import ParityOwner
 from ecrec.strategies.erasure.rebuild import RebuildEngine, gather_members
@@ -40,7 +40,7 @@ class ErasureCoding(FaultToleranceStrategy):
         kernel = "gpu" if host.config.device == "cuda" else "cpu"  # --device says where parity work runs
         self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
         self.closed = threading.Event()
-        self.counters = defaultdict(float)
+        self.counters = Counters()
         self.owner = ParityOwner(host, options, self.closed, self.counters)
         self.receiver = ParityReceiver(host, self.codec, self.counters)
         self.resolver = Resolver(host, options, self.counters)
@@ -74,7 +74,7 @@ class ErasureCoding(FaultToleranceStrategy):
         encode = not self.host.promoting
         self.receiver.add_table(shard, encode=encode)
         if encode:
-            self.counters["initial_encode_s"] += time.perf_counter() - t0
+            self.counters.add("initial_encode_s", time.perf_counter() - t0)
 
     # --- the hot path ------------------------------------------------------------------------------------------
     def admit_push(self) -> None:
@@ -85,7 +85,7 @@ class ErasureCoding(FaultToleranceStrategy):
         try:
             return self.owner.on_push(push)
         finally:
-            self.counters["on_push_cpu_s"] += time.thread_time() - t0
+            self.counters.add("on_push_cpu_s", time.thread_time() - t0)
 
     def on_retry(self, push_id, seq: int):
         return PushOutcome(relay=self.owner.relay_for(seq), seq=seq, confirmed_upto=self.owner.confirmed_upto())
@@ -95,7 +95,7 @@ class ErasureCoding(FaultToleranceStrategy):
         try:
             return self.receiver.on_relay(relay, worker)
         finally:
-            self.counters["on_relay_cpu_s"] += time.thread_time() - t0
+            self.counters.add("on_relay_cpu_s", time.thread_time() - t0)
 
     def on_acks(self, acks, worker: str = "") -> None:
         self.owner.on_acks(acks, worker)

@@ -1,0 +1,24 @@
+"""Named counters that request handlers, the owner's closer and the background rebuild add to at once.
+
+``counters[name] += f()`` is not atomic: Python reads the old value *before* it calls ``f`` and stores the
+sum after, so an increment made by another thread while ``f`` runs (a rebuild's install waiting on a lock,
+say) is lost. ``Counters.add`` evaluates the amount first and adds it under a lock."""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+
+class Counters(defaultdict):
+    """A ``defaultdict(float)`` (read it as one) whose writers use :meth:`add`."""
+
+    def __init__(self) -> None:
+        super().__init__(float)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, amount: float) -> None:
+        with self._lock:
+            self[name] += amount
+
+    def __reduce__(self):  # a plain dict when copied or pickled: the lock stays behind
+        return dict, (dict(self),)
