@@ -37,6 +37,7 @@ from ecrec.seal import Sealer
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
+from ecrec import tables
 from ecrec.tables import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2, embedding_pb2_grpc
 
@@ -436,7 +437,7 @@ class ServerState:
                 "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
                 "dense_tensors": len(self.dense_tensors()),
                 "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending,
-                "standby_reserve_used_bytes": self.reserve.used_bytes}
+                "standby_reserve_used_bytes": self.reserve.used_bytes, "kernels_ready": tables.kernels_ready()}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
@@ -969,6 +970,9 @@ class EmbeddingServer:
         # the interpreter for seconds, and a registered server that cannot answer its health checks is declared
         # failed
         deadline = time.monotonic() + self.config.register_timeout_s
+        # warm whatever a promotion would compile (the kernel that fills new tables): a standby is ready to take
+        # any index at once, whatever the strategy
+        log.info("kernels warm in %.2f s", tables.warm_up())
         while self.state.map is None and time.monotonic() < deadline:
             self.state.refresh_map()
             if self.state.map is None:

@@ -63,3 +63,28 @@ def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_tol
     time.sleep(0.2)
     assert reserve.nbytes == held <= 4 * (16 << 20)  # nothing made after the stop (not the 16 asked for)
     assert reserve.take("big", (16 << 20,), np.uint8).shape == (16 << 20,)  # what is held is still handed out
+
+
+def test_a_standby_is_warm_before_it_can_be_promoted_whatever_the_strategy(make_cluster):
+    """A standby compiles the kernel that fills new tables before it registers (a promoted ``none``/``full``/
+    ``cpr`` standby used to compile it inside the failure), and holds its tables' memory ready."""
+    import json
+
+    from ecrec.client import Cluster
+    from ecrec.wire import cluster_pb2, embedding_pb2
+
+    local = make_cluster(servers=2, standby=1, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("t", 1000, 8, optimizer="adagrad", seed=1)
+    request = embedding_pb2.StrategyCallRequest(command="stats")
+    deadline = time.monotonic() + 60
+    while True:
+        standbys = [s.address for s in cluster.refresh_map().servers if s.state == cluster_pb2.STANDBY]
+        status = [json.loads(cluster.peers.stub(a).StrategyCall(request, timeout=30).result_json)["server"]
+                  for a in standbys]
+        if len(status) == 1 and not status[0]["standby_reserve_pending"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(status) == 1 and status[0]["index"] == -1
+    assert status[0].get("kernels_ready") is True  # compiled though it never filled a table
+    assert status[0]["standby_reserve_bytes"] > 0 and not status[0]["standby_reserve_pending"]
