@@ -212,3 +212,74 @@ def test_the_rate_of_a_later_failure_starts_when_the_run_found_the_previous_one_
     assert second["quiet_since"] == recs[61]["start"]
     without = acc.failure_accounts(recs, events, [kills[0], {"time": kills[1]["time"]}], "erasure")[1]
     assert without["samples_per_s_before"] < 100.0 and without["deficit_s"] < -0.5  # 19 steps "faster" than 0.14 s
+
+
+# --- memory and the expected cost per day --------------------------------------------------------------------
+def test_memory_steady_and_peak_over_the_reference():
+    ref = {"model_bytes": 1000, "memory": {"failure_free": {"rss_bytes": 5000, "peak_rss_bytes": 6000},
+                                            "failures": {"rss_bytes": 5000, "peak_rss_bytes": 6500}}}
+    full = {"model_bytes": 1000, "memory": {"failure_free": {"rss_bytes": 5100, "peak_rss_bytes": 8400}}}
+    base, mine = acc.memory_figures(ref), acc.memory_figures(full)
+    assert (base["memory_steady"], base["memory_peak"], base["memory_peak_failures"]) == (5.0, 6.0, 6.5)
+    over = acc.memory_over_reference(mine, base)
+    assert over["memory_steady_over_none"] == pytest.approx(0.1)
+    assert over["memory_peak_over_none"] == pytest.approx(2.4)  # a save's temporaries: only in the peak
+    assert over["memory_peak_failures_over_none"] is None  # not recorded for that run
+    assert acc.memory_figures({"model_bytes": 0, "memory": {}})["memory_steady"] is None
+
+
+def test_cost_per_day_of_a_strategy_without_an_interval():
+    from ecrec.bench.cost import expected_cost
+
+    row = {"strategy": "ecrec", "overhead_vs_none": 0.10, "overhead_spread": {"ci95_low": 0.05, "ci95_high": 0.2},
+           "lost_training_s": 0.5, "lost_training_s_range": [0.4, 0.7], "replayed_s": 0.0, "failures": [{}, {}],
+           "lost_updates": 0}
+    c = expected_cost(row, 12 * 3600.0, model_bytes=10**9)
+    assert c["failures_per_day"] == pytest.approx(2.0) and c["interval_ratio"] == 1.0
+    assert c["overhead_s_per_day"] == pytest.approx(8640.0)
+    assert c["failures_s_per_day"] == pytest.approx(1.0)
+    assert c["cost_s_per_day"] == pytest.approx(8641.0) and c["cost_fraction"] == pytest.approx(8641.0 / 86400)
+    assert c["cost_low_s"] == pytest.approx(4320.0 + 0.8) and c["cost_high_s"] == pytest.approx(17280.0 + 1.4)
+    assert c["lost_updates_per_day"] == 0
+
+
+def test_cost_per_day_of_full_moves_its_interval_to_the_mtbf_asked():
+    """full ran at Daly's interval for a 10 s MTBF; at 24 h its saves are rarer (overhead / r) and a failure
+    replays more (replayed x r), r from the same model with the same measured save stall."""
+    from baselines import overhead
+    from ecrec.bench.cost import expected_cost
+
+    interval = {"how": "Daly", "formula": "daly", "o_save_s": 0.05, "mtbf_s": 10.0, "interval_s": 1.0}
+    row = {"strategy": "full", "overhead_vs_none": 0.2, "lost_training_s": 1.5, "replayed_s": 0.6,
+           "failures": [{}, {}, {}], "lost_updates": None, "interval": interval}
+    c = expected_cost(row, 86400.0)
+    r = overhead.daly_interval(0.05, 86400.0) / overhead.daly_interval(0.05, 10.0)
+    assert r > 50 and c["interval_ratio"] == pytest.approx(r)
+    assert c["overhead_s_per_day"] == pytest.approx(86400 * 0.2 / r)
+    assert c["failures_s_per_day"] == pytest.approx(0.9 + 0.6 * r)
+    assert c["interval_s"] == pytest.approx(r)
+    # at the run's own MTBF every figure is the measured one
+    same = expected_cost(row, 10.0)
+    assert same["interval_ratio"] == pytest.approx(1.0)
+    assert same["cost_s_per_day"] == pytest.approx(86400 * 0.2 + 8640 * 1.5)
+    given = expected_cost(dict(row, interval={"how": "given", "interval_s": 1.0, "interval_steps": 10}), 86400.0)
+    assert given["interval_ratio"] == 1.0 and given["overhead_s_per_day"] == pytest.approx(86400 * 0.2)
+
+
+def test_cost_per_day_of_cpr_scales_its_pls_interval_and_lost_updates_with_the_mtbf():
+    from ecrec.bench.cost import cost_table, expected_cost, format_cost_table
+
+    interval = {"how": "PLS", "target_pls": 0.01, "servers": 4, "mtbf_s": 10.0, "interval_s": 0.8}
+    cpr = {"strategy": "cpr", "overhead_vs_none": 0.05, "lost_training_s": 0.3, "replayed_s": 0.0,
+           "failures": [{}, {}], "lost_updates": 400, "interval": interval}
+    c = expected_cost(cpr, 3600.0)
+    assert c["interval_ratio"] == pytest.approx(360.0)
+    assert c["overhead_s_per_day"] == pytest.approx(86400 * 0.05 / 360)
+    assert c["lost_updates_per_day"] == pytest.approx(24 * 200 * 360)
+    none = {"strategy": "none", "overhead_vs_none": None, "lost_training_s": None}
+    table = cost_table([none, cpr, {"strategy": "ecrec", "overhead_vs_none": 0.0001, "lost_training_s": 0.2}], 3600.0)
+    assert [t["strategy"] for t in table] == ["ecrec", "cpr", "none"]  # cheapest first, no cost last
+    text = format_cost_table(table)
+    assert "MTBF of 1 h" in text and "24.00 failures/day" in text and text.count("\n") == 4
+    with pytest.raises(ValueError, match="MTBF"):
+        expected_cost(cpr, 0.0)

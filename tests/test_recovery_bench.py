@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ecrec.bench import cli, recovery
@@ -129,3 +130,37 @@ def test_the_records_of_a_run_through_a_failure_are_saved_and_accounted():
     assert figures["samples_per_s_before"] == pytest.approx(100.0)
     assert figures["paused_s"] == pytest.approx(0.5) and figures["lost_training_s"] == pytest.approx(0.5)
     json.dumps(saved)
+
+
+@pytest.mark.cluster
+def test_full_is_measured_through_its_interval_with_kills_at_stratified_phases(tmp_path, capsys):
+    """``full`` meets two kills, at 1/4 and 3/4 of its interval after a save: the later one replays more; a
+    standby is started for the second; the cost per day comes from those measured losses."""
+    report_path = tmp_path / "r.json"
+    rc = cli.main(["recovery", "--rows", "20000", "--dim", "8", "--strategies", "none,full", "--during-training",
+                   "--failures", "2", "--mtbf-hours", "0.1", "--before-s", "1.5", "--after-s", "0.5",
+                   "--batch-size", "64", "--json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    full = report["strategies"]["full"]
+    failures = full["failures"]
+    assert [f["phase"] for f in failures] == [0.25, 0.75]
+    assert all(f["replayed_s"] > 0 and f["steps_redone"] > 0 for f in failures)
+    assert failures[1]["steps_redone"] > failures[0]["steps_redone"]  # further into the interval: more to redo
+    assert full["lost_training_s"] == pytest.approx(np.mean([f["lost_training_s"] for f in failures]))
+    assert full["interval"]["how"] == "Daly" and full["interval"]["interval_s"] > 0
+    assert len(full["accounting"]["failures"]) == 2 and len(full["kills"]) == 2
+    costs = report["cost_per_day"]
+    assert set(costs) == {"0.1", "24"}
+    by = {c["strategy"]: c for c in costs["24"]}
+    assert by["full"]["interval_ratio"] > 1 and by["full"]["cost_s_per_day"] is not None
+    assert "expected cost per day of training at an MTBF of 24 h" in capsys.readouterr().out
+
+
+@pytest.mark.cluster
+def test_an_interval_too_long_to_measure_whole_is_refused_with_the_way_out(capsys):
+    rc = cli.main(["recovery", "--rows", "2000", "--dim", "8", "--strategies", "full", "--during-training",
+                   "--mtbf-hours", "24", "--max-s", "5", "--batch-size", "64"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "full's checkpoint interval at --mtbf-hours 24" in err and "pass a shorter --mtbf-hours" in err

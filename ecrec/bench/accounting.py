@@ -284,12 +284,42 @@ def resource_figures(record: dict, records: list[dict]) -> dict:
     per_server = [v for v in (record.get("stats") or {}).values() if isinstance(v, dict)]
     model_bytes = record.get("model_bytes") or 0
     redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)
-    return {"memory_overhead": redundancy / model_bytes if model_bytes else None,
+    return {"memory_overhead": redundancy / model_bytes if model_bytes else None, **memory_figures(record),
             "checkpoint_bytes": int(sum(v.get("bytes_written", 0) for v in per_server)),
             "network_bytes": int((record.get("client_bytes") or 0) + sum(v.get("parity_bytes_sent", 0)
                                                                         for v in per_server)),
             "rows_acknowledged": int(sum(r.get("rows", 0) for r in records)),
             "elapsed_s": float(records[-1]["end"] - records[0]["start"]) if records else None}
+
+
+#: the memory phases a run records, in the order the report prefers for its steady and peak figures
+MEMORY_PHASES = ("failure_free", "run")
+
+
+def memory_figures(record: dict) -> dict:
+    """The servers' memory over the model's bytes: ``memory_steady`` (resident at the end of the failure-free
+    phase) and ``memory_peak`` (the peak within it: saves and their temporaries included), and
+    ``memory_peak_failures`` (the peak through the failures: promotion, reload, rebuild); None where not
+    recorded.  :func:`table` adds each one's excess over the reference (``none``) as ``*_over_none``."""
+    model_bytes = record.get("model_bytes") or 0
+    memory = record.get("memory") or {}
+    steady = next((memory[p] for p in MEMORY_PHASES if p in memory), None)
+    failures = memory.get("failures")
+
+    def per_model(reading, key):
+        return reading[key] / model_bytes if reading and model_bytes and reading.get(key) else None
+
+    return {"memory_steady": per_model(steady, "rss_bytes"), "memory_peak": per_model(steady, "peak_rss_bytes"),
+            "memory_peak_failures": per_model(failures, "peak_rss_bytes")}
+
+
+def memory_over_reference(row: dict, reference: dict) -> dict:
+    """``row``'s memory figures (:func:`memory_figures`) less the reference's: what fault tolerance costs."""
+    out = {}
+    for key in ("memory_steady", "memory_peak", "memory_peak_failures"):
+        mine, base = row.get(key), reference.get(key)
+        out[key + "_over_none"] = mine - base if mine is not None and base is not None else None
+    return out
 
 
 def mean_timeline(timelines: list[dict]) -> dict:
@@ -445,12 +475,26 @@ def cpu_ms_per_step(slices: list[dict], run: str) -> dict:
 
 
 # --- the whole table ----------------------------------------------------------------------------------------
-def table(runs: dict, slices: list[dict] | None, strategies: list[str], fail_at: int | None, seed: int = 0) -> dict:
-    """The report's figures from the saved records: ``reference`` (its row), ``rows`` (one per strategy)
-    and ``differences``.  With slices (side by side) the failure-free columns come from them; without,
-    from the steps, the reference run before (``reference``) and after (``reference2``) the strategies."""
+def table(runs: dict, slices: list[dict] | None, strategies: list[str], fail_at: int | None, seed: int = 0,
+          cost_mtbf_s=()) -> dict:
+    """The report's figures from the saved records: ``reference`` (its row), ``rows`` (one per strategy),
+    ``differences`` and ``costs`` (the expected cost per day at each MTBF of ``cost_mtbf_s``, seconds:
+    ``ecrec.bench.cost``, keyed by the MTBF in hours).  With slices (side by side) the failure-free columns
+    come from them; without, from the steps, the reference run before (``reference``) and after
+    (``reference2``) the strategies."""
+    out = _table(runs, slices, strategies, fail_at, seed)
+    from ecrec.bench.cost import cost_table
+
+    model_bytes = runs["reference"].get("model_bytes") or None
+    out["costs"] = {f"{mtbf / 3600:g}": cost_table(out["rows"], mtbf, model_bytes) for mtbf in cost_mtbf_s}
+    return out
+
+
+def _table(runs: dict, slices: list[dict] | None, strategies: list[str], fail_at: int | None, seed: int) -> dict:
     reference = strategy_row(runs["reference"], None)
     rows = [strategy_row(runs[name], fail_at) for name in strategies]
+    for row in rows:
+        row.update(memory_over_reference(row, reference))
     if slices:
         reference.update(reference_fields(slices, seed=seed), cpu_ms_per_step=cpu_ms_per_step(slices, "reference"))
         for row in rows:

@@ -20,7 +20,9 @@ compilation is timed or promoted), trains the same DLRM on the same data through
   meets its failures in turn (shuffled), every cluster still up;
 - lost updates (counted exactly), PLS, test AUC and log loss, whether the final state matches the
   failure-free run bit for bit; memory kept for fault tolerance (parity, replicas, MFU/SSU counters)
-  over model bytes; checkpoint and network bytes.
+  over model bytes (``mem ovh``), and the servers' memory beyond the reference's, resident at the end of
+  the failure-free rounds (``mem steady``) and at its peak within them (``mem peak``: a save's
+  temporaries too), per byte of model; checkpoint and network bytes.
 
 Checkpoint intervals are chosen by the models unless given (``ecrec.bench.intervals``): Daly's
 optimum for ``full`` from its measured save stall and the job MTBF; ``2 * PLS * servers * MTBF`` for
@@ -97,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpr*: explicit seconds between full saves (default: from the target PLS)")
     p.add_argument("--mtbf-hours", type=float, default=None,
                    help="the job's MTBF for the interval models (default: the preset's, about one failure per run)")
+    p.add_argument("--cost-mtbf-hours", type=float, default=24.0,
+                   help="the MTBF the expected cost per day is reported at, besides the run's own (default 24)")
     p.add_argument("--target-pls", type=float, default=None, help="cpr*: target portion of lost updates (preset: 0.01)")
     p.add_argument("--equal-pls", action="store_true",
                    help="tune cpr-mfu and cpr-ssu to the target PLS of cpr (longer full intervals), as CPR compares them")
@@ -187,7 +191,7 @@ def run_record(strategy: str, run: dict, reference: dict | None, cfg: dict) -> d
             "client_bytes": result.get("client_bytes", 0), "stats": run.get("stats") or {},
             "model_bytes": _model_bytes(run["map"]) if run.get("map") is not None else 0,
             "state_matches_failure_free": matches, "interval": run.get("interval"),
-            "load_average": run.get("load_average")}
+            "load_average": run.get("load_average"), "memory": run.get("memory") or {}}
 
 
 def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_at) -> dict:
@@ -221,6 +225,8 @@ def _config(args) -> tuple[dict | None, str | None]:
         cfg["mtbf_source"] = "(given)"
     if not 0 < cfg["target_pls"] < 1:
         return None, "--target-pls must be in (0, 1)"
+    if not (math.isfinite(args.cost_mtbf_hours) and args.cost_mtbf_hours > 0):
+        return None, "--cost-mtbf-hours must be finite and > 0"
     if cfg["failures"] < 1:
         return None, "--failures must be >= 1"
     if cfg["checkpoint_interval_steps"] is not None and cfg["checkpoint_interval_steps"] < 1:
@@ -312,9 +318,10 @@ def run(args) -> int:
     from ecrec.bench import compare_report
     from ecrec.bench.accounting import load_warnings, table
 
-    figures = table(runs, plan["slices"] if plan else None, strategies, fail_at, args.seed)
+    cost_mtbf_s = sorted({cfg["mtbf_s"], args.cost_mtbf_hours * 3600.0})
+    figures = table(runs, plan["slices"] if plan else None, strategies, fail_at, args.seed, cost_mtbf_s)
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
-              "model": args.model,
+              "model": args.model, "cost_mtbf_hours": [m / 3600.0 for m in cost_mtbf_s],
               "strategies": strategies, "cpu_count": os.cpu_count(), "equal_pls": bool(args.equal_pls),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after",
               "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())}

@@ -31,6 +31,8 @@ COLUMNS = [
     ("test_auc", "AUC", "{:.4f}"),
     ("state_matches_failure_free", "exact", "{}"),
     ("memory_overhead", "mem ovh", "{:.3f}"),
+    ("memory_steady_over_none", "mem steady", "{:+.2f}"),
+    ("memory_peak_over_none", "mem peak", "{:+.2f}"),
     ("checkpoint_bytes", "ckpt MB", None),
 ]
 
@@ -166,9 +168,22 @@ def print_report(figures: dict, cfg: dict, warnings: list[str]) -> None:
     print_intervals(rows, cfg)
     print_failures(rows)
     print_cpu([reference, *rows])
+    print_costs(figures.get("costs") or {})
     for line in warnings:
         print(f"warning: {line}; read its timings as ratios only (the load averages are in the JSON)",
               file=sys.stderr)
+
+
+def print_costs(costs: dict) -> None:
+    """The expected cost per day at each MTBF asked (``ecrec.bench.cost``)."""
+    from ecrec.bench.cost import format_cost_table
+
+    for table in costs.values():
+        print()
+        print(format_cost_table(table))
+    if costs:
+        print("cost = overhead x 24 h + failures/day x training lost per failure; a checkpointing strategy at its "
+              "model's interval for that MTBF (overhead / r, replayed part x r, r = that interval / the run's)")
 
 
 def aa_row(aa: dict) -> dict:
@@ -195,6 +210,7 @@ def write_json(path: str, figures: dict, config: dict, runs: dict, warnings: lis
               "strategies": {row["strategy"]: row for row in rows},
               "intervals": {row["strategy"]: row["interval"] for row in rows if row.get("interval")},
               "overhead_differences": figures["differences"], "aa_overhead": figures["reference"].get("aa_overhead"),
+              "cost_per_day": figures.get("costs") or {},
               "load_warnings": warnings, "runs": runs}
     text = json.dumps(report, indent=1, default=json_default)
     with open(path, "w") as f:  # temporary paths (checkpoint dirs) are shown relative to the work dir

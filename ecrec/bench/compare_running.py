@@ -91,6 +91,8 @@ class StrategyRun:
         self._standby: dict | None = None  # the standby started for the next failure and whether it settled
         self._reconfigure = False  # after a failure: give the replacement the tuned interval (once)
         self.load_average = {"before": list(os.getloadavg())}  # one-minute, five, fifteen
+        self.memory: dict[str, dict] = {}  # phase -> the servers' resident and peak bytes (memory_end)
+        self._memory_reset = False
         self._result: dict | None = None
         self._state: dict | None = None
         self.local.start()
@@ -107,6 +109,21 @@ class StrategyRun:
         return {"worker": time.process_time(),
                 "servers": sum(process_cpu_seconds(p.pid) for p in self.local.server_procs),
                 "coordinator": process_cpu_seconds(self.local.coordinator_proc.pid)}
+
+    # --- memory -----------------------------------------------------------------------------------------
+    def memory_start(self) -> None:
+        """Starts a memory phase: the serving servers' peak resident memory is reset (``clear_refs``), so that
+        the peak read at its end (:meth:`memory_end`) is that phase's own (a save's, a rebuild's)."""
+        self._memory_reset = reset_peak_memory(self.server_pids())
+
+    def memory_end(self, phase: str) -> None:
+        """Records the serving servers' resident memory now and its peak since :meth:`memory_start`."""
+        from ecrec.bench.recovery import memory_of
+
+        self.memory[phase] = dict(memory_of(self.server_pids()), peak_reset=self._memory_reset)
+
+    def server_pids(self) -> list[int]:
+        return [self.local.pid_of_index(i) for i in range(self.cfg["servers"])]
 
     # --- checkpoint timers and intervals ----------------------------------------------------------------
     def pause_timers(self, paused: bool) -> None:
@@ -286,6 +303,8 @@ class StrategyRun:
         """Trains to the end (the failures included) and collects the run's figures; stops the cluster."""
         try:
             self.train_to_end()
+            if not self.memory:  # run on its own: one phase, from the warm steps to the end
+                self.memory_end("run")
             return self.collect()
         finally:
             self.close()
@@ -316,7 +335,7 @@ class StrategyRun:
         stats = _strategy_stats(self.local, self.strategy)
         return {"result": self._result, "killed": {"failures": self.kills}, "state": self._state, "stats": stats,
                 "map": cluster_map, "interval": self.interval, "planned_failures": self.failures,
-                "load_average": dict(self.load_average),
+                "load_average": dict(self.load_average), "memory": dict(self.memory),
                 "events": [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in cluster_map.events]}
 
     def close(self) -> None:
@@ -373,6 +392,19 @@ def equal_pls_for(runs: dict, cfg: dict, seed: int) -> dict | None:
     return out
 
 
+def reset_peak_memory(pids: list[int]) -> bool:
+    """Resets the peak resident memory (``VmHWM``) of ``pids`` (``/proc/PID/clear_refs``, Linux); whether it
+    could for every one (when not, a phase's peak is the process's since it started)."""
+    ok = True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            ok = False
+    return ok
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process from ``/proc/PID/stat`` (0 when it is gone or not Linux)."""
     try:
@@ -392,6 +424,7 @@ def run_strategy(strategy: str, args, cfg: dict, data_path: Path, work: Path, fa
             run.prepare()
             if args.equal_pls and strategy in ("cpr-mfu", "cpr-ssu"):
                 run.interval = run.choose_interval(equal_pls_for({strategy: run, "cpr": run}, cfg, args.seed))
+        run.memory_start()
     except BaseException:
         run.close()
         raise
@@ -436,6 +469,8 @@ def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, wor
         warm = len(runs["reference"].trainer.records)
         end = max(warm + 2 * rounds, fail_at - 30)
         bounds = np.linspace(warm, end, rounds + 1).astype(int)
+        for run in runs.values():
+            run.memory_start()
         slices: list[dict] = []
         orders = []
         for r in range(rounds):
@@ -450,9 +485,13 @@ def run_interleaved(strategies: list[str], args, cfg: dict, data_path: Path, wor
                     part = sum(1 for s in slices if s["run"] == "reference" and s["round"] == r)
                     until = halfway if part == 0 else until
                 slices.append(dict(_slice(runs[name], until), round=r, position=position, run=name, part=part))
+        for run in runs.values():
+            run.memory_end("failure_free")
         failure_order = [strategies[i] for i in rng.permutation(len(strategies))]
         for name in ["reference", *failure_order]:
+            runs[name].memory_start()
             runs[name].train_to_end()
+            runs[name].memory_end("failures")
         results = {name: runs[name].collect() for name in names}
     finally:
         for run in runs.values():

@@ -14,24 +14,30 @@ and ``cpr``: one checkpoint of every server, written and fsynced), SIGKILLs one 
   ``full``: every server's reload; ``cpr``: the failed shard's) over ``redundant s``, and for checkpoint
   strategies the reload itself (``reload s``, ``reload MB/s``: reading and verifying the files, from the same
   disk, and writing them into the tables; just written, so mostly from the page cache);
-- table creation time and rate, the checkpoint write, and each strategy's memory per GB of model: the
-  servers' peak resident memory over the model's bytes (``mem GB/GB``), the redundancy the strategy reports
-  (``redundancy_gb_per_model_gb``), and with ``none`` in the run the peak beyond ``none``'s (``over none``:
-  parity, logs, snapshots and their temporaries).
+- table creation time and rate, the checkpoint write, and each strategy's memory per GB of model, steady and
+  peak: the servers' resident memory just before the kill (``steady GB/GB``: what the strategy keeps) and
+  their peak resident memory since they started (``peak GB/GB``: a save's or an encode's temporaries too),
+  over the model's bytes, the redundancy the strategy reports (``redundancy_gb_per_model_gb``), and with
+  ``none`` in the run each one's excess over ``none``'s (``over none``).
 
 ``--during-training``: a worker (embedding bags over every table, a linear head, Adagrad/SGD on the
-servers, ``full`` and ``cpr`` driven by ``baselines.driver.CheckpointDriver`` with the Young/Daly or PLS
-interval for ``--mtbf-hours``) trains before and through the failure, and the report adds training time
-lost (:func:`lost_training`: paused time + replayed steps + the deficit of throughput while recovering),
-the throughput while recovering over before, and the longest step.  For ``full`` the measured loss replays
-only the steps since the checkpoint made at the start; ``expected lost s`` puts the Young/Daly expectation
-(half an interval) in the replay's place.
+servers, ``full`` and ``cpr`` driven by ``baselines.driver.CheckpointDriver`` with the Daly or PLS
+interval for ``--mtbf-hours``) trains before and through ``--failures`` kills, and the report adds training
+time lost per failure (:func:`lost_training`: paused time + replayed steps + the deficit of throughput while
+recovering; mean and range), the throughput while recovering over before, and the longest step.  ``full``'s
+and ``cpr``'s kills fall at stratified phases of their interval ((i + 0.5) / n, measured from a save), so
+the mean loss is the expectation over the interval, measured rather than modelled; the run's MTBF must be
+short enough for the interval to fit in ``--max-s`` (a clear error says so otherwise).  A new standby is
+started, and waited for, before each further kill.  The report ends with the expected cost per day
+(``ecrec.bench.cost``: overhead against ``none``'s rate, which needs ``none`` in the run, plus failures per
+day x training lost per failure) at the run's MTBF and at ``--cost-mtbf-hours``.
 
 Examples::
 
     ecrec-bench recovery                                         # 400k x 64 Adagrad, ecrec/full/cpr, idle
     ecrec-bench recovery --rows 4000000 --strategies ecrec       # 4M x 64 (2 GB of rows + optimizer state)
-    ecrec-bench recovery --rows 4000000 --during-training --mtbf-hours 24 --json rec.json --plot rec.png
+    ecrec-bench recovery --during-training --strategies none,ecrec,full,cpr --failures 3 --json rec.json
+    ecrec-bench recovery --rows 4000000 --during-training --mtbf-hours 0.2 --cost-mtbf-hours 24 --plot rec.png
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ecrec.bench.recovery_training import first_event
+from ecrec.bench.cost import cost_table, format_cost_table
+from ecrec.bench.recovery_training import IntervalDoesNotFit, first_event
 from ecrec.wire import cluster_pb2, embedding_pb2
 
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
@@ -84,8 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--during-training: seconds trained after full redundancy (default 3)")
     p.add_argument("--max-s", type=float, default=180.0,
                    help="--during-training: most seconds trained after the kill (default 180)")
-    p.add_argument("--mtbf-hours", type=float, default=24.0,
-                   help="--during-training: MTBF for full's Young/Daly and cpr's PLS interval (default 24)")
+    p.add_argument("--mtbf-hours", type=float, default=0.1,
+                   help="--during-training: the run's MTBF for full's Daly and cpr's PLS interval, short enough for "
+                        "the interval to be measured whole (default 0.1)")
+    p.add_argument("--failures", type=int, default=1,
+                   help="--during-training: kills per strategy, full's and cpr's each at its own phase of the "
+                        "checkpoint interval, (i + 0.5) / n (default 1: half an interval)")
+    p.add_argument("--cost-mtbf-hours", type=float, default=24.0,
+                   help="--during-training: the MTBF the expected cost per day is reported at (default 24)")
     p.add_argument("--target-pls", type=float, default=0.02, help="--during-training: cpr's target PLS (default 0.02)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra option of strategy ecrec (e.g. rebuild_batch_rows=65536); repeatable")
@@ -112,7 +125,9 @@ def check_args(args) -> str | None:
     for name in ("rows", "dim", "tables", "servers", "probe_rows", "batch_size", "ids_per_sample"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
-    for name in ("before_s", "after_s", "max_s", "mtbf_hours"):
+    if args.failures < 1:
+        return "--failures must be >= 1"
+    for name in ("before_s", "after_s", "max_s", "mtbf_hours", "cost_mtbf_hours"):
         if not getattr(args, name) > 0:
             return f"--{name.replace('_', '-')} must be > 0"
     if not 0 < args.target_pls < 1:
@@ -277,6 +292,7 @@ def _memory(local, cluster, model_bytes: int) -> dict:
     gb = model_bytes / 1e9
     return {"server_rss_bytes": mem["rss_bytes"], "server_peak_rss_bytes": mem["peak_rss_bytes"],
             "memory_gb_per_model_gb": mem["peak_rss_bytes"] / 1e9 / gb,
+            "memory_steady_gb_per_model_gb": mem["rss_bytes"] / 1e9 / gb,
             "redundancy_gb_per_model_gb": redundancy / 1e9 / gb}
 
 
@@ -344,7 +360,9 @@ COLUMNS = [
     ("reload_mb_per_s", "reload MB/s", "{:,.0f}"),
     ("create_s", "create s", "{:.2f}"),
     ("create_mb_per_s", "create MB/s", "{:,.0f}"),
-    ("memory_gb_per_model_gb", "mem GB/GB", "{:.2f}"),
+    ("memory_steady_gb_per_model_gb", "steady GB/GB", "{:.2f}"),
+    ("memory_steady_overhead_gb_per_gb", "over none", "{:+.2f}"),
+    ("memory_gb_per_model_gb", "peak GB/GB", "{:.2f}"),
     ("memory_overhead_gb_per_gb", "over none", "{:+.2f}"),
     ("exact", "exact", "{}"),
 ]
@@ -355,7 +373,7 @@ TRAINING_COLUMNS = [
     ("paused_s", "paused s", "{:.2f}"),
     ("replayed_s", "replayed s", "{:.2f}"),
     ("deficit_s", "deficit s", "{:.2f}"),
-    ("expected_lost_s", "expected lost s", "{:.2f}"),
+    ("lost_training_s_range", "(range)", "range"),
     ("throughput_ratio", "tput in rec.", "{:.2f}"),
     ("longest_step_s", "longest step s", "{:.3f}"),
     ("redundant_s", "redundant s", "{:.2f}"),
@@ -374,6 +392,8 @@ def print_rows(rows: list[dict], columns, stream=None) -> None:
             return "-"
         if f == "mb":
             return f"{v / 1e6:,.0f}"
+        if f == "range":
+            return f"{v[0]:.2f}-{v[1]:.2f}"
         return f.format(v)
 
     print_table([title for _, title, _ in columns], [[fmt(r, key, f) for key, _, f in columns] for r in rows],
@@ -435,7 +455,11 @@ def run(args) -> int:
     rows = []
     try:
         for strategy in strategies:
-            row = run_strategy(strategy, args, work)
+            try:
+                row = run_strategy(strategy, args, work)
+            except IntervalDoesNotFit as exc:
+                print(f"ecrec-bench recovery: {exc}", file=sys.stderr)
+                return 2
             rows.append(row)
             print_rows(rows, TRAINING_COLUMNS if args.during_training else COLUMNS, stream=sys.stderr)
     finally:
@@ -448,13 +472,23 @@ def run(args) -> int:
         print()
         print_rows(rows, TRAINING_COLUMNS)
     _print_ratios(rows, args)
+    costs = {}
+    if args.during_training:
+        costs = _costs(rows, args, model)
+        for table in costs.values():
+            print()
+            print(format_cost_table(table))
+        if costs:
+            print("overhead: each strategy's rate before its first kill against none's, runs one after another (noisy: "
+                  "`ecrec-bench compare` measures it side by side); failures: training lost per failure, measured")
     if args.json:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count())
         from ecrec.bench.compare import json_default
 
         with open(args.json, "w") as f:
-            json.dump({"config": config, "strategies": {r["strategy"]: r for r in rows}}, f, indent=2,
+            json.dump({"config": config, "strategies": {r["strategy"]: r for r in rows}, "cost_per_day": costs}, f,
+                      indent=2,
                       default=json_default)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot and write_plot(args.plot, rows):
@@ -463,14 +497,28 @@ def run(args) -> int:
 
 
 def _memory_over_none(rows: list[dict]) -> None:
-    """With ``none`` in the run: each strategy's peak server memory beyond ``none``'s, per GB of model (its
-    parity, logs, snapshots and their temporaries), as ``memory_overhead_gb_per_gb``."""
+    """With ``none`` in the run: each strategy's server memory beyond ``none``'s, per GB of model, resident
+    just before the kill (``memory_steady_overhead_gb_per_gb``: parity, logs, snapshots kept) and at its peak
+    since the servers started (``memory_overhead_gb_per_gb``: a save's or an encode's temporaries too)."""
     base = next((r for r in rows if r["strategy"] == "none" and r.get("server_peak_rss_bytes")), None)
     if base is None:
         return
     for r in rows:
         if r.get("server_peak_rss_bytes"):
             r["memory_overhead_gb_per_gb"] = (r["server_peak_rss_bytes"] - base["server_peak_rss_bytes"]) / r["model_bytes"]
+            r["memory_steady_overhead_gb_per_gb"] = (r["server_rss_bytes"] - base["server_rss_bytes"]) / r["model_bytes"]
+
+
+def _costs(rows: list[dict], args, model_bytes: int) -> dict:
+    """The expected cost per day (``ecrec.bench.cost``) at the run's MTBF and at ``--cost-mtbf-hours``, keyed
+    by the MTBF in hours.  The failure-free overhead is each strategy's rate before the kill against ``none``'s
+    (runs one after the other, not side by side: ``compare`` measures it side by side); without ``none`` in
+    the run there is no overhead and no cost."""
+    base = next((r.get("samples_per_s_before") for r in rows if r["strategy"] == "none"), None)
+    for r in rows:
+        rate = r.get("samples_per_s_before")
+        r["overhead_vs_none"] = base / rate - 1.0 if base and rate else None
+    return {f"{h:g}": cost_table(rows, h * 3600.0, model_bytes) for h in sorted({args.mtbf_hours, args.cost_mtbf_hours})}
 
 
 def _print_ratios(rows: list[dict], args) -> None:
@@ -482,8 +530,8 @@ def _print_ratios(rows: list[dict], args) -> None:
         o = by.get(other)
         if o and o.get("redundant_s") and ec.get("redundant_s"):
             print(f"ecrec fully redundant {o['redundant_s'] / ec['redundant_s']:.2f}x sooner than {other}")
-        if args.during_training and o and o.get("expected_lost_s") and ec.get("lost_training_s") is not None:
-            print(f"ecrec training time lost / {other}'s (expected at its interval): "
-                  f"{ec['lost_training_s'] / o['expected_lost_s']:.3f}")
+        if args.during_training and o and o.get("lost_training_s") and ec.get("lost_training_s") is not None:
+            print(f"ecrec training time lost per failure / {other}'s (both measured, {other}'s over its interval): "
+                  f"{ec['lost_training_s'] / o['lost_training_s']:.3f}")
 
 

@@ -134,23 +134,134 @@ class _Worker:
         self.step = resume if resume is not None else step + 1
 
 
+class IntervalDoesNotFit(ValueError):
+    """A checkpointing strategy's interval is too long for a failure at each of its phases within ``--max-s``."""
+
+
 def train_through_failure(strategy: str, args, local, cluster, names: list[str], measure_memory,
                           progress) -> dict:
-    """Trains ``--before-s``, kills ``--fail-server``, trains until full redundancy plus ``--after-s``; returns
-    the lost-training figures and a timeline.  ``measure_memory()`` (the servers' memory, just before the
-    kill) and ``progress(text)`` come from the caller."""
+    """Trains ``--before-s``, then meets ``--failures`` kills of ``--fail-server``, each at its own phase of the
+    checkpoint interval for ``full`` and ``cpr`` (``(i + 0.5) / n``: the interval measured whole, not
+    modelled), each after the previous one is over (redundant again, ``--after-s`` trained, a new standby
+    started and warm); returns the lost-training figures per failure and their mean, and a timeline.
+    ``measure_memory()`` (the servers' memory, just before the first kill) and ``progress(text)`` come from
+    the caller."""
+    from ecrec.bench.lost_training import failure_phases
+
     worker = _Worker(strategy, args, cluster, names)
     for _ in range(10):  # warm-up: first calls, compiled paths
         worker.train_one()
     worker.records.clear()
+    interval = _interval(strategy, args, worker, cluster)
+    phases = failure_phases(args.failures)
+    if interval is not None and interval["interval_s"] * (1 + max(phases)) > args.max_s:
+        raise IntervalDoesNotFit(
+            f"{strategy}'s checkpoint interval at --mtbf-hours {args.mtbf_hours:g} is {interval['interval_s']:.1f} s: "
+            f"a failure at each phase of it needs up to {interval['interval_s'] * (1 + max(phases)):.0f} s of training "
+            f"before the kill, more than --max-s {args.max_s:g}; pass a shorter --mtbf-hours (the cost per day is "
+            f"still reported at --cost-mtbf-hours) or a longer --max-s")
     t_start = time.time()
     while time.time() - t_start < args.before_s:
         worker.train_one()
     out = measure_memory()
     index = args.fail_server
+    failures, since = [], -math.inf
+    for n, phase in enumerate(phases):
+        if n:
+            _next_standby(local, worker, progress)
+            t0 = time.time()  # the rate of this failure: steps after the previous window
+            while time.time() - t0 < max(1.0, args.before_s / 2):
+                worker.train_one()
+        kill_at = _kill_time(strategy, worker, cluster, index, phase) if interval is not None else time.time()
+        while time.time() < kill_at:
+            worker.train_one()
+        failures.append(_one_failure(strategy, args, local, worker, index, since, progress,
+                                     phase if interval is not None else None))
+        since = worker.records[-1]["end"]
+    out["failures"] = failures
+    for key in ("lost_training_s", "paused_s", "replayed_s", "deficit_s", "throughput_ratio", "redundant_s",
+                "go_on_s", "promotion_s", "samples_per_s_before", "median_step_s", "window_s"):
+        values = [f[key] for f in failures if f.get(key) is not None]
+        out[key] = float(np.mean(values)) if values else None
+        if key == "lost_training_s" and values:
+            out["lost_training_s_range"] = [float(min(values)), float(max(values))]
+    out["longest_step_s"] = max(f["longest_step_s"] for f in failures)
+    out["steps"] = len(worker.records)
+    if interval is not None:
+        out["interval"] = interval
+        out["checkpoint_interval_s"] = interval["interval_s"]
+    if worker.driver is not None:
+        report = worker.driver.report()
+        out["o_save_s"], out["o_load_s"] = report.get("o_save_s"), report.get("o_load_s")
+        out["steps_redone"] = report.get("steps_redone")
+        out["lost_updates"] = report.get("lost_updates")
+    elif strategy == "none":
+        out["lost_updates"] = None  # every update the killed server held: not counted by this benchmark
+    # the mean over failures at stratified phases of the interval: the expectation, measured (no model)
+    out["expected_lost_s"] = out["lost_training_s"]
+    out["timeline"] = _timeline(worker.records, failures[0]["kill_time"])
+    out.update(saved_records(worker.records, local, [f["kill_time"] for f in failures], strategy))
+    return out
+
+
+def _interval(strategy: str, args, worker: "_Worker", cluster) -> dict | None:
+    """The checkpoint interval the strategy's model chose at ``--mtbf-hours`` (``ecrec.bench.cost`` reads it)."""
+    if worker.driver is None:
+        return None
+    mtbf_s = args.mtbf_hours * 3600.0
+    driver = worker.driver
+    if strategy == "full":
+        return {"how": "Daly", "formula": driver.opts.formula, "o_save_s": driver.o_save_s, "mtbf_s": mtbf_s,
+                "interval_s": driver.full_interval_s}
+    reply = cluster.strategy_call("timers", {}, indices=[args.fail_server])[args.fail_server]
+    return {"how": "PLS", "target_pls": args.target_pls, "servers": args.servers, "mtbf_s": mtbf_s,
+            "interval_s": float(reply["interval_s"])}
+
+
+def _kill_time(strategy: str, worker: "_Worker", cluster, index: int, phase: float) -> float:
+    """When (``time.time()``) to kill for a failure at ``phase`` of the interval: ``full``, that far past the
+    driver's next save; ``cpr``, that far into the failed server's timer interval (at least a step away)."""
+    if strategy == "full":
+        driver = worker.driver
+        saves = driver.saves
+        while driver.saves == saves:  # the next save: the interval's start, measured rather than predicted
+            worker.train_one()
+        return time.time() + phase * driver.full_interval_s
+    reply = cluster.strategy_call("timers", {}, indices=[index])[index]
+    now, period = time.time(), float(reply["interval_s"])
+    if reply.get("next_full_in_s") is None:
+        return now + phase * period
+    at = now + reply["next_full_in_s"] - period + phase * period
+    while at < now + 0.05:
+        at += period
+    return at
+
+
+def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) -> None:
+    """Starts a standby for the next failure and trains until the map lists it (it compiled its kernels
+    before it registered) and its table memory is ready."""
+    from ecrec.bench.recovery import wait_standby_reserve
+    from ecrec.wire import cluster_pb2
+
+    local.start_server(standby=True)
+    deadline = time.time() + timeout_s
+    while not any(s.state == cluster_pb2.STANDBY for s in local.cluster_map().servers):
+        if time.time() > deadline:
+            raise RuntimeError(f"no standby registered {timeout_s:.0f} s after it was started")
+        worker.train_one()
+    wait_standby_reserve(worker.cluster)
+    progress("a standby for the next failure is ready")
+
+
+def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, since: float, progress,
+                 phase: float | None) -> dict:
+    """Kills ``index`` now and trains until it is redundant again plus ``--after-s``; the failure's figures
+    (:func:`lost_training` over the steps after ``since``)."""
     t_kill = time.time()
     local.kill(local.pid_of_index(index))
-    progress(f"killed server {index} after {len(worker.records)} steps")
+    seen = len(worker.driver.events) if worker.driver is not None else 0
+    progress(f"killed server {index} after {len(worker.records)} steps"
+             + (f" ({phase:.2f} of the checkpoint interval)" if phase is not None else ""))
     redundant = None
     last_check = 0.0
     while time.time() - t_kill < args.max_s:
@@ -159,44 +270,40 @@ def train_through_failure(strategy: str, args, local, cluster, names: list[str],
         if redundant is None and now - last_check > 0.25:
             last_check = now
             redundant = first_event(local, "redundant", index, t_kill)
-            if redundant is not None and strategy in ("full", "cpr") and worker.driver.events:
+            if redundant is not None and worker.driver is not None and len(worker.driver.events) > seen:
                 redundant = max(redundant, t_kill + worker.driver.events[-1].seconds)
         if redundant is not None and now > max(redundant, t_kill) + args.after_s:
             break
     promoted = first_event(local, "promoted", index, t_kill)
-    figures = lost_training(worker.records, t_kill, recovering_from=promoted, recovering_until=redundant)
-    out.update({k if k != "rate_before" else "samples_per_s_before": v for k, v in figures.items()})
-    out["redundant_s"] = redundant - t_kill if redundant is not None else None
-    out["go_on_s"] = next(r["end"] for r in worker.records if r["end"] > t_kill) - t_kill  # the first step done
-    out["promotion_s"] = promoted - t_kill if promoted else None
-    out["steps"] = len(worker.records)
-    if worker.driver is not None:
-        report = worker.driver.report()
-        out["checkpoint_interval_s"] = report.get("full_interval_s")
-        out["o_save_s"], out["o_load_s"] = report.get("o_save_s"), report.get("o_load_s")
-        out["steps_redone"] = report.get("steps_redone")
-        out["lost_updates"] = report.get("lost_updates")
-        interval = report.get("full_interval_s")
-        if strategy == "full" and interval:
-            # Young/Daly's expectation: a failure lands on average half an interval after the last checkpoint
-            out["expected_lost_s"] = figures["paused_s"] + max(figures["deficit_s"], 0.0) + interval / 2
-    if "expected_lost_s" not in out:
-        out["expected_lost_s"] = figures["lost_training_s"]
-    out["timeline"] = _timeline(worker.records, t_kill)
-    out.update(saved_records(worker.records, local, t_kill, strategy))
-    return out
+    records = [r for r in worker.records if r["start"] >= since]
+    figures = lost_training(records, t_kill, recovering_from=promoted, recovering_until=redundant)
+    figures["samples_per_s_before"] = figures.pop("rate_before")
+    figures.update(kill_time=t_kill, phase=phase, redundant_s=redundant - t_kill if redundant is not None else None,
+                   go_on_s=next(r["end"] for r in worker.records if r["end"] > t_kill) - t_kill,
+                   promotion_s=promoted - t_kill if promoted else None)
+    if worker.driver is not None and len(worker.driver.events) > seen:
+        event = worker.driver.events[-1]
+        figures["lost_updates"] = event.lost_updates
+        figures["steps_redone"] = (event.step + 1 - event.resume_step) if event.resume_step is not None else None
+    return figures
 
 
-def saved_records(records: list[dict], local, kill_t: float, strategy: str) -> dict:
-    """Every step (``ecrec.bench.accounting.STEP_FIELDS``), the cluster's events and the kill, for the JSON,
-    and the failure's figures as ``compare`` accounts them (``accounting``: the rate just before the kill)."""
-    from ecrec.bench.accounting import failure_account, step_columns
+def saved_records(records: list[dict], local, kill_times, strategy: str) -> dict:
+    """Every step (``ecrec.bench.accounting.STEP_FIELDS``), the cluster's events and the kills, for the JSON,
+    and the failures' figures as ``compare`` accounts them (``accounting``: each at the rate just before its
+    kill, under ``failures``, and their mean and range; ``kill_times``: one time or several)."""
+    from ecrec.bench.accounting import failure_accounts, failure_summary, step_columns
     from ecrec.strategies import get_spec
 
+    kill_times = [kill_times] if isinstance(kill_times, (int, float)) else list(kill_times)
     events = [dict(kind=e.kind, index=e.index, wall_time=e.wall_time) for e in local.cluster_map().events]
     kind = get_spec(strategy).kind
-    return {"step_records": step_columns(records), "events": events, "kills": [{"time": kill_t}],
-            "accounting": failure_account(records, events, kill_t, None, -math.inf, kind)}
+    kills = [{"time": t} for t in kill_times]
+    accounts = failure_accounts(records, events, kills, kind)
+    rates = [a["samples_per_s_before"] for a in accounts if a.get("samples_per_s_before") is not None]
+    summary = dict(failure_summary(accounts), failures=accounts,
+                   samples_per_s_before=float(np.mean(rates)) if rates else None)
+    return {"step_records": step_columns(records), "events": events, "kills": kills, "accounting": summary}
 
 
 def _timeline(records: list[dict], kill_time: float, bucket_s: float = 0.25) -> dict:
