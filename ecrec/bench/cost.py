@@ -14,8 +14,9 @@ For each strategy, from figures a run measured (``compare``'s table rows, ``reco
   of its loss (the work since the last save, half an interval on average) ``replayed x r``; the rest of the
   loss is taken as measured.  Counting all of a checkpointing strategy's overhead as save cost is the choice
   that favours it at a longer interval.
-- ``cpr*`` and ``none`` also lose updates: ``lost updates per day`` = failures per day x lost updates per
-  failure (x ``r`` for the checkpointing strategies: the updates since the last save).
+- ``cpr*`` also loses updates: ``lost updates per day`` = failures per day x lost updates per failure x ``r``
+  (the updates since the last save).  ``none`` loses everything the failed shard learned since the start:
+  no rate a short run can give (None).
 
 The interval of the cost spans the overhead's interval and the range of the loss per failure.
 """
@@ -78,9 +79,11 @@ def expected_cost(row: dict, mtbf_s: float, model_bytes: int | None = None) -> d
     out["cost_high_s"] = DAY_S * ovh_high / r + per_day * loss(lost_range[1])
     failures = len(row.get("failures") or []) or None
     lost_updates = row.get("lost_updates")
-    if lost_updates is not None and failures:
-        out["lost_updates_per_day"] = per_day * lost_updates / failures * (r if run_interval_s else 1.0)
-    else:
+    if lost_updates == 0:
+        out["lost_updates_per_day"] = 0
+    elif lost_updates is not None and failures and run_interval_s:
+        out["lost_updates_per_day"] = per_day * lost_updates / failures * r
+    else:  # none loses everything the shard learned since the start: not a rate a short run can give
         out["lost_updates_per_day"] = None
     return out
 
@@ -97,7 +100,8 @@ def format_cost_table(costs: list[dict]) -> str:
         return ""
     first = costs[0]
     size = f", model {first['model_bytes'] / 1e6:,.1f} MB" if first.get("model_bytes") else ""
-    lines = [f"expected cost per day of training at an MTBF of {first['mtbf_hours']:g} h "
+    mtbf = f"{first['mtbf_hours']:g} h" if first["mtbf_hours"] >= 0.1 else f"{first['mtbf_s']:g} s"
+    lines = [f"expected cost per day of training at an MTBF of {mtbf} "
              f"({first['failures_per_day']:.2f} failures/day{size}):",
              f"{'strategy':<10} {'overhead h':>10} {'failures h':>10} {'total h':>8} {'% of day':>8} "
              f"{'95% interval h':>16} {'lost upd./day':>14}"]
