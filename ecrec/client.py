@@ -36,7 +36,7 @@ from ecrec.config import ClientConfig
 from ecrec.courier import Courier
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
-from ecrec.tables import DenseSpec, TableSpec
+from ecrec.tables import INITS, DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.client")
@@ -44,6 +44,25 @@ log = logging.getLogger("ecrec.client")
 #: the largest reply of one ``ReadPayload`` call of :meth:`Cluster.read_payload` (tables of any size are read
 #: in pieces; the default message limit is 256 MiB)
 READ_PAYLOAD_BYTES = 64 << 20
+#: the most bytes of values one push of :meth:`Cluster.write_rows` carries (all servers together)
+WRITE_ROWS_BYTES = 16 << 20
+#: a string ``init`` of ``create_table`` ending so (or holding a ``/``) is a warm start's file
+WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
+#: what :meth:`Cluster.read_table` and :meth:`Cluster.write_rows` read or replace of each row
+ROW_PARTS = ("weights", "state", "payload")
+
+
+def _columns(spec: TableSpec, what: str) -> slice:
+    """The columns of a row's float32 payload that ``what`` (:data:`ROW_PARTS`) names."""
+    if what == "weights":
+        return slice(0, spec.dim)
+    if what == "payload":
+        return slice(0, spec.row_floats)
+    if what == "state":
+        if spec.row_floats == spec.dim:
+            raise ValueError(f"table {spec.name!r}: optimizer {spec.optimizer!r} keeps no state")
+        return slice(spec.dim, spec.row_floats)
+    raise ValueError(f"what must be one of {ROW_PARTS}, got {what!r}")
 
 
 class ClusterError(RuntimeError):
@@ -188,18 +207,54 @@ class Cluster:
 
     # --- tables ----------------------------------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
-                     eps: float = 1e-10, initial_accumulator_value: float = 0.0, init: str = "uniform",
-                     init_scale: float = 0.0, seed: int = 0) -> TableSpec:
-        """Creates a table on every server (idempotent for the same spec)."""
+                     eps: float = 1e-10, initial_accumulator_value: float = 0.0, init="uniform",
+                     init_scale: float = 0.0, seed: int = 0, on_progress=None) -> TableSpec:
+        """Creates a table on every server (idempotent for the same spec).
+
+        ``init``: ``uniform``, ``normal`` or ``zeros`` (drawn on the servers from ``seed``), or pretrained rows
+        (a warm start): a tensor or array ``(num_rows, dim)``, or the path of a ``.npy`` file (read a push at
+        a time) or a torch file.  A warm start creates a new table only (an existing one is refused: load
+        into it with ``load_state_dict`` or :meth:`write_rows`) and writes the rows in pushes
+        (``on_progress(rows, total)`` after each); its optimizer state starts at
+        ``initial_accumulator_value``."""
+        values = None
+        if not isinstance(init, str) or (init not in INITS and ("/" in init or init.endswith(WARM_START_SUFFIXES))):
+            from ecrec.model_state import load_values
+
+            shape_only = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer,
+                                   initial_accumulator_value=float(initial_accumulator_value)).validate()
+            values = load_values(init, shape_only)
+            if any(t.name == name for t in self.refresh_map().tables):
+                raise ClusterError(f"create_table {name!r}: the table exists; a warm start creates a new table "
+                                   "(load into an existing one with load_state_dict or Cluster.write_rows)")
+            init = "zeros"
         spec = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer, lr=float(lr), eps=float(eps),
                          initial_accumulator_value=float(initial_accumulator_value), init=init,
                          init_scale=float(init_scale), seed=int(seed)).validate()
+        if values is not None:  # every value checked before the table exists
+            self._check_values(spec, values)
         try:
             m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s)
         except grpc.RpcError as exc:
             raise ClusterError(f"create_table {name!r}: {exc.code().name}: {exc.details()}") from None
         self._adopt(m)
+        if values is not None:
+            self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress)
         return spec
+
+    @staticmethod
+    def _check_values(spec: TableSpec, values, what: str = "weights") -> None:
+        """Raises ``ValueError`` naming the table and the rows when ``values`` are not finite numbers (read a
+        push's worth at a time: a memory-mapped file stays on disk)."""
+        width = _columns(spec, what).stop - _columns(spec, what).start
+        chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
+        for start in range(0, len(values), chunk):
+            piece = np.asarray(values[start:start + chunk])
+            if piece.dtype.kind not in "fiu" or not np.isfinite(piece).all():
+                raise ValueError(f"table {spec.name!r}: {what} must be finite numbers (rows {start}.."
+                                 f"{min(start + chunk, len(values)) - 1} are not)")
+            if what == "state" and spec.optimizer == "adagrad" and (piece < 0).any():
+                raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative (rows from {start})")
 
     def table_spec(self, name: str) -> TableSpec:
         for t in self.map.tables:
@@ -282,6 +337,72 @@ class Cluster:
         primary = self.layout.dense_servers(name)[0]
         reply = self._call(primary, "ReadPayload", embedding_pb2.ReadPayloadRequest(dense=[name]))
         return np.frombuffer(reply.dense[0].value, dtype="<f4").copy()
+
+    def read_table(self, name: str, what: str = "weights", out: np.ndarray | None = None,
+                   on_progress=None) -> np.ndarray:
+        """Every row of table ``name`` as float32 ``(num_rows, width)`` in id order: its ``weights`` (``dim``
+        wide), its optimizer ``state`` or its whole ``payload`` (weights then state).  Read from every server at
+        once, a message of at most :data:`READ_PAYLOAD_BYTES` at a time, each written straight into ``out`` (or
+        a new array): the client holds the result and one message per server.  ``on_progress(rows, total)``
+        after each round."""
+        spec = self.table_spec(name)
+        columns = _columns(spec, what)
+        width = columns.stop - columns.start
+        if out is None:
+            out = np.empty((spec.num_rows, width), dtype=np.float32)
+        elif out.shape != (spec.num_rows, width) or out.dtype != np.float32:
+            raise ValueError(f"table {name!r}: out must be float32 {(spec.num_rows, width)}, got {out.dtype} {out.shape}")
+        per_message = max(1, READ_PAYLOAD_BYTES // spec.row_bytes)
+        owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
+        done = 0
+        for start in range(0, max(len(v) for v in owned.values()), per_message):
+            replies = self._fan_out("ReadPayload", {
+                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(v[start:start + per_message]))
+                for i, v in owned.items() if len(v) > start})
+            for r in replies.values():
+                ids = transport.bytes_to_ids(r.ids)
+                out[ids] = np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats)[:, columns]
+                done += len(ids)
+            if on_progress is not None:
+                on_progress(done, spec.num_rows)
+        return out
+
+    def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None) -> int:
+        """Replaces rows ``ids`` of table ``name`` with ``values`` (float32 ``(len(ids), width)``): their
+        ``weights`` (the optimizer state is kept), their optimizer ``state`` or their whole ``payload``
+        (weights then state, as :meth:`read_table` gives it).  Not a gradient: a load, a warm start.
+
+        Sent as pushes of at most ``WRITE_ROWS_BYTES`` (each applied exactly once and protected like a
+        training push: parity, replicas, checkpoints); everything is checked before the first is sent (shape,
+        ids in range and distinct, finite values), so bad input changes nothing.  ``values`` may be any array
+        (a ``numpy.memmap`` of a file included: it is read a push at a time).  Returns the rows written."""
+        spec, ids = self._check_ids(name, ids)
+        columns = _columns(spec, what)
+        width = columns.stop - columns.start
+        if isinstance(values, torch.Tensor):
+            values = values.detach().cpu().numpy()
+        if not hasattr(values, "shape") or tuple(values.shape) != (len(ids), width):
+            raise ValueError(f"table {name!r}: {what} of {len(ids)} rows must have shape {(len(ids), width)}, got "
+                             f"{tuple(getattr(values, 'shape', ()))}")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"table {name!r}: row ids repeat")
+        chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
+        self._check_values(spec, values, what)  # checked whole before anything is sent
+        kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]
+        for start in range(0, len(ids), chunk):
+            part_ids = ids[start:start + chunk]
+            part = np.ascontiguousarray(np.asarray(values[start:start + chunk]), dtype=np.float32)
+            push_id = self._next_push_id()
+            requests = {}
+            for i, pos in self._group_by_server(part_ids).items():
+                request = embedding_pb2.PushRequest(push_id=push_id, epoch=self.map.epoch)
+                request.tables.add(table=name, ids=transport.ids_to_bytes(part_ids[pos]),
+                                   grads=transport.floats_to_bytes(part[pos]), assign=kind)
+                requests[i] = request
+            self._send_push(requests)
+            if on_progress is not None:
+                on_progress(min(start + chunk, len(ids)), len(ids))
+        return len(ids)
 
     def strategy_call(self, command: str, args: dict | None = None, indices: list[int] | None = None) -> dict[int, dict]:
         """Runs a strategy command on servers (all by default); returns each server's JSON result."""
@@ -383,6 +504,11 @@ class Cluster:
             param.grad = None
         if not requests:
             return {"servers": 0, "rows": 0, "rows_by_server": {}, "already_applied": 0}
+        return self._send_push(requests)
+
+    def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
+        """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries
+        rides along, each reply's relay and confirmations go back to it."""
         for i, request in requests.items():
             self.courier.attach(i, request)
         self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
@@ -394,6 +520,11 @@ class Cluster:
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}
+
+    def _next_push_id(self) -> embedding_pb2.PushId:
+        with self._lock:
+            self._sequence += 1
+            return embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
 
     def wait_confirmed(self, timeout_s: float = 30.0) -> int:
         """Waits until every push this worker made is *confirmed* (its parity applied at every destination),
@@ -449,6 +580,15 @@ class EmbeddingBag(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
+
+    # --- state_dict: the table's weights, as torch.nn.EmbeddingBag keeps them ----------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = torch.from_numpy(self.cluster.read_table(self.name))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        _load_tables(self.cluster, {prefix + "weight": self.name}, state_dict, prefix, strict, missing_keys,
+                     unexpected_keys, error_msgs)
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -622,6 +762,58 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{len(self.names)} tables, mode={self.mode!r}"
+
+    # --- state_dict: TorchRec's keys, embedding_bags.<table>.weight ------------------------------------
+    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
+        """The state-dict key of each table (``embedding_bags.<table>.weight``, as in
+        ``torchrec.EmbeddingBagCollection``) -> the table."""
+        return {f"{prefix}embedding_bags.{name}.weight": name for name in self.names}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for key, name in self.state_dict_keys(prefix).items():
+            destination[key] = torch.from_numpy(self.cluster.read_table(name))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        _load_tables(self.cluster, self.state_dict_keys(prefix), state_dict, prefix, strict, missing_keys,
+                     unexpected_keys, error_msgs)
+
+
+def _load_tables(cluster: Cluster, keys: dict[str, str], state_dict, prefix: str, strict: bool, missing_keys,
+                 unexpected_keys, error_msgs) -> None:
+    """``Module._load_from_state_dict`` for cluster modules: each of ``keys`` (state-dict key -> table) found
+    in ``state_dict`` is checked (a tensor or array of the table's ``(num_rows, dim)``, finite) and written to
+    the table's weights (:meth:`Cluster.write_rows`, in pushes; the optimizer state is kept); a key missing,
+    a key under ``prefix`` that is not a table's, or a mismatch is reported as ``torch.nn.Module`` reports
+    it (``load_state_dict`` raises with every message).  A table is written only when its value checked."""
+    for key, table in keys.items():
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            continue
+        value = state_dict[key]
+        spec = cluster.table_spec(table)
+        shape = (spec.num_rows, spec.dim)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            if value.is_floating_point():
+                value = value.to(torch.float32).numpy()
+            else:
+                value = value.numpy()
+        if not isinstance(value, np.ndarray):
+            error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
+                              f"tensor or array, got {type(value).__name__}.")
+            continue
+        if tuple(value.shape) != shape:
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
+                              f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
+            continue
+        try:
+            cluster.write_rows(table, np.arange(spec.num_rows), value)
+        except (ValueError, ClusterError) as exc:
+            error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
+    if strict:  # these modules hold nothing else: any other key under their prefix is not theirs
+        unexpected_keys.extend(key for key in state_dict if key.startswith(prefix) and key not in keys)
 
 
 def _is_keyed_jagged(x) -> bool:

@@ -14,6 +14,7 @@ completion (if any) is done.  Each push id is applied at most once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -580,6 +581,44 @@ def parse_dense_spec(p: cluster_pb2.DenseSpec, value: bytes) -> tuple[DenseSpec,
     return spec, initial
 
 
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Values that replace ``columns`` of a push's rows (``TableGrads.assign``), in place of gradients."""
+    values: np.ndarray  # float32 (rows, width)
+    columns: slice
+
+
+def _assignment(spec: TableSpec, t, ids: np.ndarray, slots: np.ndarray):
+    """An assignment's ``(ids, slots, Assignment)``, sorted by id; refused (``InvalidRequest``, naming the
+    table) when an id repeats, the bytes do not fit the width or a value is not finite."""
+    kind = t.assign
+    if kind == embedding_pb2.WEIGHTS:
+        columns, what = slice(0, spec.dim), "weights"
+    elif kind == embedding_pb2.PAYLOAD:
+        columns, what = slice(0, spec.row_floats), "payload (weights and optimizer state)"
+    elif kind == embedding_pb2.STATE:
+        if spec.state_width == 0:
+            raise errors.InvalidRequest(f"table {spec.name!r}: optimizer {spec.optimizer!r} keeps no state to assign")
+        columns, what = slice(spec.dim, spec.row_floats), "optimizer state"
+    else:
+        raise errors.InvalidRequest(f"table {spec.name!r}: unknown assignment {kind}")
+    width = columns.stop - columns.start
+    if len(t.grads) != 4 * width * len(ids):
+        raise errors.InvalidRequest(f"table {spec.name!r}: assigning the {what} of {len(ids)} rows needs "
+                                    f"{4 * width * len(ids)} bytes ({width} floats a row), got {len(t.grads)}")
+    order = np.argsort(ids, kind="stable")
+    ids, slots = ids[order], slots[order]
+    if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
+        raise errors.InvalidRequest(f"table {spec.name!r}: row {int(ids[1:][ids[1:] == ids[:-1]][0])} is assigned "
+                                    "twice in one push")
+    values = transport.bytes_to_floats(t.grads, (len(order), width))[order]
+    if not np.isfinite(values).all():
+        raise errors.InvalidRequest(f"table {spec.name!r}: an assigned value is NaN or Inf")
+    if kind == embedding_pb2.STATE and spec.optimizer == "adagrad" and (values < 0).any():
+        raise errors.InvalidRequest(f"table {spec.name!r}: an Adagrad accumulator is negative")
+    return ids, slots, Assignment(values, columns)
+
+
 def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     """Sums the gradients of duplicate ids (like ``torch.sparse`` coalesce); returns sorted unique rows."""
     if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):  # the SDK sends sorted unique ids
@@ -702,6 +741,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             shard = st.table(t.table)
             ids = transport.bytes_to_ids(t.ids)
             slots = shard.slots_for(ids)
+            if t.assign != embedding_pb2.GRADIENT:
+                table_plans.append((shard, *_assignment(shard.spec, t, ids, slots)))
+                continue
             dim = shard.spec.dim
             if len(t.grads) != 4 * dim * len(ids):
                 raise errors.InvalidRequest(
@@ -804,7 +846,11 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             st.applied.admit(key[0])  # a new incarnation beyond the table's bound is refused, nothing applied
             push = AppliedPush(key, st.sequencer.next(st.epoch))
             for shard, ids, slots, grads in table_plans:
-                old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old, want_delta)
+                if isinstance(grads, Assignment):
+                    old, new, old_versions = shard.assign_rows(slots, grads.values, grads.columns, push.seq,
+                                                               keep_old, want_delta)
+                else:
+                    old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old, want_delta)
                 push.tables.append(TableUpdate(shard, ids, slots, None, new, old_versions, delta=old) if want_delta
                                    else TableUpdate(shard, ids, slots, old, new, old_versions))
                 rows_updated += len(slots)

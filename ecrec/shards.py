@@ -100,6 +100,22 @@ class TableShard:
             np.bitwise_xor(old, rows.view(np.uint8), out=old)
         return old, rows.view(np.uint8), old_versions
 
+    def assign_rows(self, slots: np.ndarray, values: np.ndarray, columns: slice, version: int,
+                    keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """Replaces ``columns`` of rows ``slots`` (unique) with ``values`` (a load or a warm start, not a
+        gradient) and stamps them with ``version``; returns what :meth:`apply_gradients` returns."""
+        with self._lock:
+            rows = self._floats[slots]
+            old = rows.view(np.uint8).copy() if keep_old or delta else None
+            rows[:, columns] = values
+            self._floats[slots] = rows
+            old_versions = self._versions[slots]
+            self._versions[slots] = version
+            self.row_updates += len(slots)
+        if delta:
+            np.bitwise_xor(old, rows.view(np.uint8), out=old)
+        return old, rows.view(np.uint8), old_versions
+
     def weights(self, slots: np.ndarray) -> np.ndarray:
         """The rows' weights (float32 ``(n, dim)``, a copy)."""
         with self._lock:

@@ -1,11 +1,23 @@
 from ecrec.wire import cluster_pb2 as _cluster_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Assign(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRADIENT: _ClassVar[Assign]
+    WEIGHTS: _ClassVar[Assign]
+    PAYLOAD: _ClassVar[Assign]
+    STATE: _ClassVar[Assign]
+GRADIENT: Assign
+WEIGHTS: Assign
+PAYLOAD: Assign
+STATE: Assign
 
 class Ack(_message.Message):
     __slots__ = ("epoch", "recovering", "index")
@@ -90,14 +102,16 @@ class PullReply(_message.Message):
     def __init__(self, values: _Optional[_Iterable[bytes]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., watermarks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ..., confirmed_upto: _Optional[int] = ..., server_id: _Optional[str] = ...) -> None: ...
 
 class TableGrads(_message.Message):
-    __slots__ = ("table", "ids", "grads")
+    __slots__ = ("table", "ids", "grads", "assign")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     grads: bytes
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ...) -> None: ...
+    assign: Assign
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., assign: _Optional[_Union[Assign, str]] = ...) -> None: ...
 
 class DenseValue(_message.Message):
     __slots__ = ("name", "value")

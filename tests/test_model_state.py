@@ -1,0 +1,217 @@
+"""The model in and out (``ecrec.model_state``, ``Cluster.read_table``/``write_rows``): ``state_dict`` /
+``load_state_dict`` of the cluster modules, loaded into plain PyTorch and TorchRec modules and back; the
+optimizer state, so that training resumes exactly on a cluster of another shape; warm starts; bad input.
+Every test runs real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from ecrec.client import Cluster, ClusterError, EmbeddingBag, EmbeddingBagCollection
+from ecrec.model_state import EmbeddingOptimizer
+from ecrec.wire import embedding_pb2
+
+pytestmark = pytest.mark.cluster
+needs_torchrec = pytest.mark.skipif(importlib.util.find_spec("torchrec") is None,
+                                    reason="the torchrec extra is not installed")
+
+
+def _batches(rows: int, steps: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, rows, (96,), generator=generator), torch.arange(0, 96, 4)) for _ in range(steps)]
+
+
+def _train(cluster: Cluster, bags, batches) -> None:
+    for ids, offsets in batches:
+        loss = sum(bag(ids % bag.spec.num_rows, offsets).square().sum() for bag in bags)
+        loss.backward()
+        cluster.step()
+
+
+def test_state_dict_holds_every_table_and_loads_into_plain_torch_and_back(make_cluster, tmp_path):
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("user", 700, 8, optimizer="adagrad", lr=0.1, seed=1)
+    cluster.create_table("item", 300, 4, optimizer="sgd", lr=0.1, seed=2)
+    model = torch.nn.Module()
+    model.user = EmbeddingBag(cluster, "user")
+    model.both = EmbeddingBagCollection(cluster, ["item"])
+    model.head = torch.nn.Linear(8, 1)
+    _train(cluster, [model.user, EmbeddingBag(cluster, "item")], _batches(700, 4))
+    saved = model.state_dict()
+    assert set(saved) == {"user.weight", "both.embedding_bags.item.weight", "head.weight", "head.bias"}
+    assert torch.equal(saved["user.weight"], cluster.pull("user", np.arange(700)))
+    torch.save(saved, tmp_path / "model.pt")
+
+    plain = torch.nn.Module()  # what serving loads: plain PyTorch modules, no cluster
+    plain.user = torch.nn.EmbeddingBag(700, 8, mode="sum")
+    plain.both = torch.nn.Module()
+    plain.both.embedding_bags = torch.nn.ModuleDict({"item": torch.nn.EmbeddingBag(300, 4, mode="sum")})
+    plain.head = torch.nn.Linear(8, 1)
+    plain.load_state_dict(torch.load(tmp_path / "model.pt"))
+    ids, offsets = _batches(700, 1, seed=5)[0]
+    assert torch.allclose(plain.user(ids, offsets), model.user(ids, offsets), rtol=1e-6, atol=1e-6)
+
+    # and back: new values into the cluster, the parity following them
+    changed = {k: v + 1.0 for k, v in plain.state_dict().items()}
+    model.load_state_dict(changed)
+    assert torch.equal(cluster.pull("user", np.arange(700)), changed["user.weight"])
+    assert torch.equal(cluster.pull("item", np.arange(300)), changed["both.embedding_bags.item.weight"])
+    assert sum(r["mismatched"] for r in cluster.strategy_call("verify_parity").values()) == 0
+
+
+def test_training_resumes_exactly_from_the_model_and_optimizer_state_on_another_cluster(make_cluster):
+    """Trained 6 steps on 4 servers (ecrec, RS(2,1)), saved; 6 more there. The saved model and optimizer
+    state loaded into a cluster of another shape and strategy (3 servers, none), 6 more steps: equal, bit for
+    bit, rows and Adagrad accumulators."""
+    first = make_cluster(servers=4, strategy="ecrec", k=2, m=1)
+    second = make_cluster(servers=3, strategy="none")
+    batches = _batches(1000, 12, seed=3)
+    a = Cluster.connect(first.coordinator_address)
+    a.create_table("t", 1000, 8, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=7)
+    model_a = EmbeddingBag(a, "t")
+    _train(a, [model_a], batches[:6])
+    saved_model = model_a.state_dict()
+    saved_opt = EmbeddingOptimizer(model_a).state_dict()
+    assert saved_opt["param_groups"][0]["optimizer"] == "adagrad"
+    assert saved_opt["state"]["weight"]["sum"].shape == (1000, 8)
+    _train(a, [model_a], batches[6:])
+
+    b = Cluster.connect(second.coordinator_address)
+    b.create_table("t", 1000, 8, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=99)
+    model_b = EmbeddingBag(b, "t")
+    model_b.load_state_dict(saved_model)
+    EmbeddingOptimizer(model_b).load_state_dict(saved_opt)
+    assert np.array_equal(b.read_table("t", "payload").view(np.uint32),
+                          np.concatenate([saved_model["weight"].numpy(), saved_opt["state"]["weight"]["sum"].numpy()],
+                                         axis=1).view(np.uint32))
+    _train(b, [model_b], batches[6:])
+    assert np.array_equal(a.read_table("t", "payload").view(np.uint32), b.read_table("t", "payload").view(np.uint32))
+
+
+def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(make_cluster, tmp_path):
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    cluster = Cluster.connect(local.coordinator_address)
+    pretrained = torch.randn(5000, 16, generator=torch.Generator().manual_seed(1))
+    cluster.create_table("from_tensor", 5000, 16, optimizer="adagrad", initial_accumulator_value=0.1, init=pretrained)
+    assert torch.equal(cluster.pull("from_tensor", np.arange(5000)), pretrained)
+    state = cluster.read_table("from_tensor", "state")
+    assert (state == np.float32(0.1)).all()  # the optimizer state starts where a new table's does
+    np.save(tmp_path / "rows.npy", pretrained.numpy())
+    progress = []
+    cluster.create_table("from_npy", 5000, 16, init=str(tmp_path / "rows.npy"),
+                         on_progress=lambda done, total: progress.append((done, total)))
+    assert torch.equal(cluster.pull("from_npy", np.arange(5000)), pretrained)
+    assert progress and progress[-1] == (5000, 5000)
+    torch.save({"weight": pretrained}, tmp_path / "rows.pt")
+    cluster.create_table("from_pt", 5000, 16, init=tmp_path / "rows.pt")
+    assert torch.equal(cluster.pull("from_pt", np.arange(5000)), pretrained)
+    assert sum(r["mismatched"] for r in cluster.strategy_call("verify_parity").values()) == 0
+
+    tables = {t.name for t in cluster.refresh_map().tables}
+    with pytest.raises(ClusterError, match="the table exists"):
+        cluster.create_table("from_pt", 5000, 16, init=pretrained)  # never overwrites a trained table
+    with pytest.raises(ValueError, match=r"'wrong'.*shape \(5000, 8\)"):
+        cluster.create_table("wrong", 5000, 8, init=pretrained)
+    bad = pretrained.clone()
+    bad[4321, 3] = float("nan")
+    with pytest.raises(ValueError, match="'nan'.*finite"):
+        cluster.create_table("nan", 5000, 16, init=bad)
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        cluster.create_table("missing", 5000, 16, init=str(tmp_path / "missing.npy"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt"):
+        cluster.create_table("junk", 5000, 16, init=tmp_path / "junk.pt")
+    assert {t.name for t in cluster.refresh_map().tables} == tables  # none of them created
+
+
+def test_bad_loads_name_the_table_and_change_nothing(make_cluster):
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("a", 400, 4, optimizer="adagrad", seed=1)
+    cluster.create_table("b", 200, 4, seed=2)
+    collection = EmbeddingBagCollection(cluster, ["a", "b"])
+    before = {name: cluster.read_table(name, "payload").copy() for name in ("a", "b")}
+
+    def unchanged():
+        return all(np.array_equal(cluster.read_table(n, "payload"), before[n]) for n in before)
+
+    saved = collection.state_dict()
+    wrong_shape = dict(saved, **{"embedding_bags.b.weight": torch.zeros(199, 4)})
+    with pytest.raises(RuntimeError, match=r"size mismatch for embedding_bags.b.weight.*cluster table 'b'"):
+        collection.load_state_dict({k: v for k, v in wrong_shape.items() if k != "embedding_bags.a.weight"},
+                                   strict=False)
+    nan = saved["embedding_bags.a.weight"].clone()
+    nan[17, 2] = float("inf")
+    with pytest.raises(RuntimeError, match=r"embedding_bags.a.weight.*'a'.*finite"):
+        collection.load_state_dict({"embedding_bags.a.weight": nan, "embedding_bags.b.weight": saved["embedding_bags.b.weight"]})
+    with pytest.raises(RuntimeError, match="Missing key.*embedding_bags.b.weight"):
+        collection.load_state_dict({"embedding_bags.a.weight": saved["embedding_bags.a.weight"]})
+    assert unchanged()
+    with pytest.raises(RuntimeError, match="Unexpected key.*embedding_bags.c.weight"):
+        collection.load_state_dict(dict(saved, **{"embedding_bags.c.weight": torch.zeros(3, 4)}))
+    with pytest.raises(ValueError, match="row ids repeat"):
+        cluster.write_rows("a", [1, 1], np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="'b'.*keeps no state"):
+        cluster.write_rows("b", [1], np.zeros((1, 4), np.float32), what="state")
+    with pytest.raises(ValueError, match="accumulator is negative"):
+        cluster.write_rows("a", [1], -np.ones((1, 4), np.float32), what="state")
+    opt = EmbeddingOptimizer(collection).state_dict()
+    opt["param_groups"][0]["optimizer"] = "sgd"
+    with pytest.raises(ValueError, match="'embedding_bags.a.weight'.*'sgd'.*'adagrad'"):
+        EmbeddingOptimizer(collection).load_state_dict(opt)
+    assert unchanged()
+
+    # the server refuses a malformed assignment itself (a client that skipped the checks): nothing applied
+    index = 0
+    ids = cluster.layout.rows_of(index, 400)[0][:2]
+    request = embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker="w", sequence=1, incarnation="i"),
+                                        epoch=cluster.map.epoch)
+    request.tables.add(table="a", ids=ids.astype("<i8").tobytes(), grads=np.zeros(3, "<f4").tobytes(),
+                       assign=embedding_pb2.PAYLOAD)
+    with pytest.raises(grpc.RpcError) as info:
+        cluster.peers.stub(cluster.map.servers[index].address).Push(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'a'" in info.value.details()
+    assert "needs 64 bytes" in info.value.details()
+    assert unchanged()
+
+
+@needs_torchrec
+def test_a_dlrm_trained_on_the_cluster_loads_into_plain_torchrec_with_the_same_predictions(make_cluster):
+    import torchrec
+    from torchrec.models.dlrm import DLRM
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    cluster = Cluster.connect(local.coordinator_address)
+    configs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=4, num_embeddings=60, feature_names=[f"f{i}"])
+               for i in range(2)]
+    torch.manual_seed(0)
+    model = DLRM(embedding_bag_collection=EmbeddingBagCollection.from_configs(cluster, configs, lr=0.3, seed=2),
+                 dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1],
+                 dense_device=torch.device("cpu"))
+    generator = torch.Generator().manual_seed(1)
+
+    def batch():
+        lengths = torch.randint(0, 4, (16,), generator=generator)
+        values = torch.randint(0, 60, (int(lengths.sum()),), generator=generator)
+        return torch.randn(8, 3, generator=generator), KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0", "f1"], values=values, lengths=lengths)
+
+    for _ in range(3):
+        model(*batch()).sum().backward()
+        cluster.step()
+    saved = model.state_dict()
+    plain = DLRM(embedding_bag_collection=torchrec.EmbeddingBagCollection(tables=configs),
+                 dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1],
+                 dense_device=torch.device("cpu"))
+    assert set(plain.state_dict()) == set(saved)
+    plain.load_state_dict(saved)
+    dense, sparse = batch()
+    with torch.no_grad():
+        assert torch.allclose(plain(dense, sparse), model(dense, sparse), rtol=1e-5, atol=1e-6)
