@@ -447,3 +447,26 @@ def test_the_report_is_a_function_of_the_records_it_saves(tmp_path, monkeypatch,
     assert ecrec["lost_training_s"] == pytest.approx(0.29)  # the 0.3 s step less one normal step
     assert report["aa_overhead"]["wall"]["within_noise"] is True
     assert report["load_warnings"] == [] and report["config"]["load_average_before"] == [0.25, 0.25, 0.25]
+
+
+def test_report_recomputes_a_saved_json_from_its_records(tmp_path, monkeypatch, capsys):
+    """``ecrec-bench report`` reprints a compare JSON's table from its records alone, equal to the saved
+    one, with the cost per day at another MTBF on request; a file that is not a compare JSON is refused."""
+    monkeypatch.setattr(compare, "prepare_data", lambda args, cfg, work: (tmp_path / "d.npz", {"name": "fake"}))
+    monkeypatch.setattr(compare, "run_interleaved",
+                        lambda strategies, args, cfg, data_path, work, fail_at, rounds: _fake_interleaved(strategies, fail_at))
+    path, again = tmp_path / "r.json", tmp_path / "again.json"
+    assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "200", "--fail-at", "150",
+                     "--model", "ecrec", "--json", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["report", str(path), "--cost-mtbf-hours", "8", "--json", str(again)]) == 0
+    out = capsys.readouterr().out
+    assert "largest relative difference from the saved table 0.00e+00" in out
+    assert "expected cost per day of training at an MTBF of 8 h" in out
+    saved, recomputed = json.loads(path.read_text()), json.loads(again.read_text())
+    assert recomputed["strategies"]["ecrec"]["lost_training_s"] == saved["strategies"]["ecrec"]["lost_training_s"]
+    assert set(recomputed["cost_per_day"]) == {"8", f"{saved['config']['mtbf_s'] / 3600:g}"}
+    (tmp_path / "other.json").write_text(json.dumps({"strategies": {}}))
+    assert cli.main(["report", str(tmp_path / "other.json")]) == 2
+    assert "not written by `ecrec-bench compare --json`" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 2

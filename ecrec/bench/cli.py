@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "compare": ("ecrec.bench.compare", "train one DLRM under one failure with every strategy; report side by side"),
     "recovery": ("ecrec.bench.recovery", "kill one server of a cluster holding large tables: time until training goes "
                                          "on, until fully redundant, bytes restored per second, per strategy"),
+    "report": ("ecrec.bench.report", "a compare JSON's table recomputed from the step records it keeps"),
     "profile": ("ecrec.bench.profile", "sample one server and the worker with py-spy while training; top functions"),
     "server": ("ecrec.bench.server", "pull/push rows/s of the servers beside a raw gRPC round trip of the same bytes"),
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
@@ -26,6 +27,7 @@ SUBCOMMANDS = {
 EXAMPLES = {
     "codec": "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json codec.json",
     "compare": "ecrec-bench compare --preset quick --strategies none,ecrec,cpr --json compare.json --plot compare.png",
+    "report": "ecrec-bench report ecrec/bench/results/compare-quick.json --cost-mtbf-hours 8",
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
     "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",

@@ -452,6 +452,7 @@ def run(args) -> int:
           f"{row_bytes} B per row, {model / 1e6:,.0f} MB; {model / args.servers / 1e6:,.0f} MB per server), "
           f"{args.servers} servers + 1 standby, kill server {args.fail_server}"
           f"{', training through the failure' if args.during_training else ', idle'}", file=sys.stderr)
+    load_before = os.getloadavg()  # the JSON keeps it: a figure measured beside other jobs is read as such
     rows = []
     try:
         for strategy in strategies:
@@ -483,7 +484,8 @@ def run(args) -> int:
                   "`ecrec-bench compare` measures it side by side); failures: training lost per failure, measured")
     if args.json:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-        config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count())
+        config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count(),
+                      load_average_before=list(load_before), load_average_after=list(os.getloadavg()))
         from ecrec.bench.compare import json_default
 
         with open(args.json, "w") as f:

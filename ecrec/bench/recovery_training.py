@@ -257,8 +257,10 @@ def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) 
 
 def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, since: float, progress,
                  phase: float | None) -> dict:
-    """Kills ``index`` now and trains until it is redundant again plus ``--after-s``; the failure's figures
-    (:func:`lost_training` over the steps after ``since``)."""
+    """Kills ``index`` now and trains until it is redundant again plus ``--after-s`` and past the furthest step
+    reached before the kill (a rollback's replay counted whole); the failure's figures (:func:`lost_training`
+    over the steps after ``since``)."""
+    furthest = max(r["step"] for r in worker.records)  # the window closes only once training is past it
     t_kill = time.time()
     local.kill(local.pid_of_index(index))
     seen = len(worker.driver.events) if worker.driver is not None else 0
@@ -274,8 +276,11 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
             redundant = first_event(local, "redundant", index, t_kill)
             if redundant is not None and worker.driver is not None and len(worker.driver.events) > seen:
                 redundant = max(redundant, t_kill + worker.driver.events[-1].seconds)
-        if redundant is not None and now > max(redundant, t_kill) + args.after_s:
+        if redundant is not None and now > max(redundant, t_kill) + args.after_s and worker.step > furthest + 1:
             break
+    if worker.step <= furthest + 1:
+        progress(f"--max-s {args.max_s:g} ended the window before training passed step {furthest} again: the "
+                 "figures of this failure miss the rest of its replay")
     promoted = first_event(local, "promoted", index, t_kill)
     records = [r for r in worker.records if r["start"] >= since]
     figures = lost_training(records, t_kill, recovering_from=promoted, recovering_until=redundant)
