@@ -404,6 +404,22 @@ class Cluster:
                 on_progress(min(start + chunk, len(ids)), len(ids))
         return len(ids)
 
+    def save(self, path: str, on_progress=None) -> dict:
+        """A snapshot of every table (weights and optimizer state) and dense tensor, in
+        ``torch.distributed.checkpoint`` format, to ``path`` (a directory or an fsspec URL); returns its
+        manifest.  Consistent when no push runs meanwhile (call it between steps).  See :mod:`ecrec.snapshot`."""
+        from ecrec import snapshot
+
+        return snapshot.save(self, path, on_progress)
+
+    def load(self, path: str, on_progress=None) -> dict:
+        """Restores a snapshot written by :meth:`save` onto this cluster, whatever its shape (servers, k and m,
+        strategy): missing tables are created, every tensor is checked against the manifest before anything is
+        written.  See :mod:`ecrec.snapshot`."""
+        from ecrec import snapshot
+
+        return snapshot.load(self, path, on_progress)
+
     def strategy_call(self, command: str, args: dict | None = None, indices: list[int] | None = None) -> dict[int, dict]:
         """Runs a strategy command on servers (all by default); returns each server's JSON result."""
         request = embedding_pb2.StrategyCallRequest(command=command, args_json=json.dumps(args or {}))

@@ -1,0 +1,152 @@
+"""Snapshots (``ecrec.snapshot``, ``Cluster.save``/``load``, ``ecrec-server snapshot``/``restore``): written in
+``torch.distributed.checkpoint`` format that DCP's own reader reads, restored onto clusters of other shapes
+with training continuing bit for bit, the disaster path (more than m failures in a stripe), and bad
+snapshots refused with the cluster unchanged.  Real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ecrec import cli as server_cli
+from ecrec.client import Cluster, EmbeddingBag
+from ecrec.snapshot import SnapshotError
+
+pytestmark = pytest.mark.cluster
+
+
+def _batches(steps: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 900, (120,), generator=generator), torch.arange(0, 120, 6)) for _ in range(steps)]
+
+
+def _train(cluster: Cluster, batches) -> None:
+    bags = [EmbeddingBag(cluster, "a"), EmbeddingBag(cluster, "b")]
+    for ids, offsets in batches:
+        sum(bag(ids % bag.spec.num_rows, offsets).square().sum() for bag in bags).backward()
+        cluster.step()
+
+
+def _state(cluster: Cluster) -> dict[str, np.ndarray]:
+    return {name: cluster.read_table(name, "payload").view(np.uint32).copy() for name in ("a", "b")}
+
+
+def _tables(cluster: Cluster) -> None:
+    cluster.create_table("a", 900, 8, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=1)
+    cluster.create_table("b", 500, 4, optimizer="sgd", lr=0.1, seed=2)
+
+
+def test_a_snapshot_restores_onto_other_shapes_and_training_continues_bit_for_bit(make_cluster, tmp_path):
+    """4 servers with RS(2,1) train 5 steps, snapshot, 5 more. The snapshot restored onto 3 servers (RS(2,1))
+    and onto 5 servers (RS(3,2)), 5 more steps each: every row and accumulator equal to the uninterrupted run."""
+    import torch.distributed.checkpoint as dcp
+
+    batches = _batches(10)
+    source = Cluster.connect(make_cluster(servers=4, strategy="ecrec", k=2, m=1).coordinator_address)
+    _tables(source)
+    _train(source, batches[:5])
+    snapshot = tmp_path / "snap"
+    messages = []
+    manifest = source.save(str(snapshot), on_progress=messages.append)
+    assert set(manifest["tables"]) == {"a", "b"} and manifest["servers"] == 4 and manifest["k"] == 2
+    assert any("wrote" in m for m in messages)
+    at_snapshot = _state(source)
+    _train(source, batches[5:])
+    expected = _state(source)
+
+    # DCP's own reader, no ECRec code: a plain state dict
+    metadata = dcp.FileSystemReader(str(snapshot)).read_metadata()
+    plain = {key: torch.empty(tuple(meta.size)) for key, meta in metadata.state_dict_metadata.items()}
+    dcp.load(plain, checkpoint_id=str(snapshot))
+    assert set(plain) == {"tables/a/weight", "tables/a/state", "tables/b/weight"}
+    assert np.array_equal(np.concatenate([plain["tables/a/weight"].numpy(), plain["tables/a/state"].numpy()], 1)
+                          .view(np.uint32), at_snapshot["a"])
+
+    for shape in ({"servers": 3, "strategy": "ecrec", "k": 2, "m": 1}, {"servers": 5, "strategy": "ecrec", "k": 3, "m": 2}):
+        target = Cluster.connect(make_cluster(**shape).coordinator_address)
+        target.load(str(snapshot))  # creates the tables from the manifest
+        assert {k: np.array_equal(v, at_snapshot[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
+        _train(target, batches[5:])
+        assert {k: np.array_equal(v, expected[k]) for k, v in _state(target).items()} == {"a": True, "b": True}, shape
+        assert sum(r["mismatched"] for r in target.strategy_call("verify_parity").values()) == 0
+
+
+def test_the_disaster_path_more_than_m_failures_then_a_restore(make_cluster, tmp_path):
+    """RS(2,1): two servers of a stripe killed at once is beyond what parity rebuilds: the rows are lost
+    (``DATA_LOSS``); the last snapshot restored onto a new cluster brings them back."""
+    local = make_cluster(servers=3, standby=2, strategy="ecrec", k=2, m=1)
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    _train(cluster, _batches(3))
+    cluster.save(str(tmp_path / "snap"))
+    saved = _state(cluster)
+    local.kill(local.pid_of_index(0))
+    local.kill(local.pid_of_index(1))
+    with pytest.raises(Exception, match="(?i)data.?loss|lost"):
+        for _ in range(200):  # until the replacements found the stripes they cannot rebuild
+            cluster.read_table("a")
+    fresh = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    fresh.load(str(tmp_path / "snap"))
+    assert {k: np.array_equal(v, saved[k]) for k, v in _state(fresh).items()} == {"a": True, "b": True}
+
+
+def test_bad_snapshots_are_refused_naming_the_table_or_file_and_change_nothing(make_cluster, tmp_path):
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(cluster)
+    _train(cluster, _batches(2))
+    cluster.save(str(tmp_path / "good"))
+    _train(cluster, _batches(2, seed=1))
+    before = _state(cluster)
+
+    with pytest.raises(SnapshotError, match="no manifest.json"):
+        cluster.load(str(tmp_path / "nowhere"))
+    # a corrupted shard file: its bytes changed, the checksum catches it before anything is written
+    bad = tmp_path / "corrupt"
+    _copy(tmp_path / "good", bad)
+    shard = sorted(bad.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match=r"(checksum|cannot be read).*\.distcp"):
+        cluster.load(str(bad))
+    # a truncated one
+    cut = tmp_path / "truncated"
+    _copy(tmp_path / "good", cut)
+    shard = sorted(cut.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    with pytest.raises(SnapshotError, match=r"\.distcp"):
+        cluster.load(str(cut))
+    # another model: a table of another shape
+    other = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    other.create_table("a", 900, 16, optimizer="adagrad")
+    other.save(str(tmp_path / "other"))
+    with pytest.raises(SnapshotError, match=r"table 'a'.*900 x 16.*900 x 8"):
+        cluster.load(str(tmp_path / "other"))
+    assert {k: np.array_equal(v, before[k]) for k, v in _state(cluster).items()} == {"a": True, "b": True}
+
+
+def test_the_snapshot_and_restore_commands(make_cluster, tmp_path, capsys):
+    source = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(source.coordinator_address)
+    _tables(cluster)
+    _train(cluster, _batches(2))
+    path = str(tmp_path / "cli-snap")
+    assert server_cli.main(["snapshot", "--coordinator", source.coordinator_address, path]) == 0
+    assert "wrote 2 table(s)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cli-snap" / "manifest.json").read_text())["tables"]["a"]["dim"] == 8
+    target = make_cluster(servers=3, strategy="none")
+    assert server_cli.main(["restore", "--coordinator", target.coordinator_address, path]) == 0
+    assert "restored 2 table(s)" in capsys.readouterr().out
+    restored = Cluster.connect(target.coordinator_address)
+    assert {k: np.array_equal(v, _state(cluster)[k]) for k, v in _state(restored).items()} == {"a": True, "b": True}
+    assert server_cli.main(["restore", "--coordinator", target.coordinator_address, str(tmp_path / "none")]) == 1
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def _copy(source, target) -> None:
+    import shutil
+
+    shutil.copytree(source, target)
