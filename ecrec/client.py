@@ -219,7 +219,7 @@ class Cluster:
         ``initial_accumulator_value``."""
         values = None
         if not isinstance(init, str) or (init not in INITS and ("/" in init or init.endswith(WARM_START_SUFFIXES))):
-            from ecrec.model_state import load_values
+            from ecrec.warm_start import load_values
 
             shape_only = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer,
                                    initial_accumulator_value=float(initial_accumulator_value)).validate()
@@ -598,12 +598,16 @@ class EmbeddingBag(torch.nn.Module):
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
 
     # --- state_dict: the table's weights, as torch.nn.EmbeddingBag keeps them ----------------------------
+    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
+        """The table's state-dict key (``weight``, as in ``torch.nn.EmbeddingBag``) -> the table."""
+        return {prefix + "weight": self.name}
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = torch.from_numpy(self.cluster.read_table(self.name))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        _load_tables(self.cluster, {prefix + "weight": self.name}, state_dict, prefix, strict, missing_keys,
+        _load_tables(self.cluster, self.state_dict_keys(prefix), state_dict, prefix, strict, missing_keys,
                      unexpected_keys, error_msgs)
 
 

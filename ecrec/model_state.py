@@ -1,5 +1,5 @@
-"""A model's cluster tables in and out: the servers' optimizer state as an optimizer-like object, and
-pretrained values for a new table (a warm start).
+"""A model's cluster tables in and out: the servers' optimizer state as an optimizer-like object (a warm
+start's values: ``ecrec.warm_start``; snapshots of a whole cluster: ``ecrec.snapshot``).
 
 ``EmbeddingBag`` and ``EmbeddingBagCollection`` put their tables' weights in ``model.state_dict()`` (keys
 ``weight`` and TorchRec's ``embedding_bags.<table>.weight``) and load them back; the optimizer state, which
@@ -15,26 +15,18 @@ the servers keep beside each row, is :class:`EmbeddingOptimizer`'s, keyed by the
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import torch
 
 
 def cluster_tables(model: torch.nn.Module) -> dict[str, tuple]:
     """``{state-dict key: (cluster, table)}`` of every cluster table ``model`` holds (its ``EmbeddingBag`` and
-    ``EmbeddingBagCollection`` modules, wherever they sit)."""
-    from ecrec.client import EmbeddingBag, EmbeddingBagCollection
-
+    ``EmbeddingBagCollection`` modules, wherever they sit: each says which through ``state_dict_keys``)."""
     out = {}
-    modules = [("", model)] if isinstance(model, (EmbeddingBag, EmbeddingBagCollection)) else model.named_modules()
-    for name, module in modules:
-        prefix = f"{name}." if name else ""
-        if isinstance(module, EmbeddingBag):
-            out[prefix + "weight"] = (module.cluster, module.name)
-        elif isinstance(module, EmbeddingBagCollection):
-            out.update({key: (module.cluster, table) for key, table in module.state_dict_keys(prefix).items()})
+    for name, module in model.named_modules():
+        keys = getattr(module, "state_dict_keys", None)
+        if keys is not None and hasattr(module, "cluster"):
+            out.update({key: (module.cluster, table) for key, table in keys(f"{name}." if name else "").items()})
     return out
 
 
@@ -97,39 +89,3 @@ class EmbeddingOptimizer:
             raise ValueError(f"the optimizer state has entries for tables this model does not hold: {sorted(extra)}")
         for cluster, table, value in todo:
             cluster.write_rows(table, np.arange(value.shape[0]), value, what="state")
-
-
-def load_values(source, spec) -> np.ndarray:
-    """A warm start's rows for table ``spec``: a tensor or array ``(num_rows, dim)``, or the path of a ``.npy``
-    file (memory-mapped: read a push at a time) or of a ``.pt`` file holding one tensor (or a state dict with
-    one ``weight``)."""
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"table {spec.name!r}: warm-start file {str(path)!r} does not exist")
-        if path.suffix == ".npy":
-            try:
-                values = np.load(path, mmap_mode="r")
-            except ValueError as exc:
-                raise ValueError(f"table {spec.name!r}: {str(path)!r} is not a readable .npy file: {exc}") from None
-        else:
-            try:
-                loaded = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - reported with the file's name
-                raise ValueError(f"table {spec.name!r}: {str(path)!r} is not a .npy or torch file: {exc}") from None
-            if isinstance(loaded, dict):
-                weights = [v for k, v in loaded.items() if k == "weight" or k.endswith(".weight")]
-                if len(weights) != 1:
-                    raise ValueError(f"table {spec.name!r}: {str(path)!r} holds {len(weights)} weights; "
-                                     "give a file with one tensor")
-                loaded = weights[0]
-            values = loaded
-        where = f"{str(path)!r}"
-    else:
-        values, where = source, "the values given"
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().to(torch.float32).numpy()
-    if not hasattr(values, "shape") or tuple(values.shape) != (spec.num_rows, spec.dim):
-        raise ValueError(f"table {spec.name!r}: {where} must have shape {(spec.num_rows, spec.dim)}, got "
-                         f"{tuple(getattr(values, 'shape', ()))}")
-    return values

@@ -118,7 +118,7 @@ class StrategyRun:
 
     def memory_end(self, phase: str) -> None:
         """Records the serving servers' resident memory now and its peak since :meth:`memory_start`."""
-        from ecrec.bench.recovery import memory_of
+        from ecrec.bench.processes import memory_of
 
         self.memory[phase] = dict(memory_of(self.server_pids()), peak_reset=self._memory_reset)
 

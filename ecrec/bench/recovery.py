@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from ecrec.bench.cost import cost_table, format_cost_table
+from ecrec.bench.processes import memory_of, wait_standby_reserve  # noqa: F401 - re-exported
 from ecrec.bench.recovery_training import IntervalDoesNotFit, first_event
-from ecrec.wire import cluster_pb2, embedding_pb2
 
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
 #: health checks and leases that tolerate a loaded machine (creating and reloading gigabytes keeps servers busy
@@ -163,22 +163,6 @@ def _options(strategy: str, args, work: Path) -> dict:
     return {}
 
 
-def memory_of(pids: list[int]) -> dict:
-    """Resident and peak resident bytes summed over processes (``/proc/PID/status``; 0 when unreadable)."""
-    rss = hwm = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        rss += int(line.split()[1]) * 1024
-                    elif line.startswith("VmHWM:"):
-                        hwm += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return {"rss_bytes": rss, "peak_rss_bytes": hwm}
-
-
 def wait_started(cluster, servers: int, timeout_s: float = 300.0) -> None:
     """Creates a tiny table until every server has answered: started, kernels compiled (a loaded machine can
     take longer than one creation deadline)."""
@@ -266,22 +250,6 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
     finally:
         local.close()
     return out
-
-
-def wait_standby_reserve(cluster, timeout_s: float = 120.0) -> dict:
-    """Waits until every standby holds its tables' memory ready (:mod:`ecrec.reserve`), so that the failure
-    meets a settled cluster rather than one whose tables were created a moment ago; returns the reserve's size
-    and the wait."""
-    t0 = time.monotonic()
-    request = embedding_pb2.StrategyCallRequest(command="stats")
-    while True:
-        standbys = [s.address for s in cluster.refresh_map().servers if s.state == cluster_pb2.STANDBY]
-        status = [json.loads(cluster.peers.stub(address).StrategyCall(request, timeout=30).result_json)["server"]
-                  for address in standbys]
-        if not any(st.get("standby_reserve_pending") for st in status) or time.monotonic() - t0 > timeout_s:
-            return {"standby_reserve_bytes": sum(int(st.get("standby_reserve_bytes", 0)) for st in status),
-                    "standby_reserve_wait_s": time.monotonic() - t0}
-        time.sleep(0.05)
 
 
 def _memory(local, cluster, model_bytes: int) -> dict:

@@ -242,7 +242,7 @@ def _kill_time(strategy: str, worker: "_Worker", cluster, index: int, phase: flo
 def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) -> None:
     """Starts a standby for the next failure and trains until the map lists it (it compiled its kernels
     before it registered) and its table memory is ready."""
-    from ecrec.bench.recovery import wait_standby_reserve
+    from ecrec.bench.processes import wait_standby_reserve
     from ecrec.wire import cluster_pb2
 
     local.start_server(standby=True)
