@@ -5,6 +5,8 @@ examples:
     ecrec-server serve --coordinator 127.0.0.1:7000 [--standby] [--device cuda] [--metrics-port 9101]
     ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1
     ecrec-server status --coordinator 127.0.0.1:7000 [--json] [--wait 60]
+    ecrec-server snapshot --coordinator 127.0.0.1:7000 /backups/step-120000   # the model, in DCP format
+    ecrec-server restore --coordinator 127.0.0.1:7000 /backups/step-120000    # onto a cluster of any shape
 
 Every process binds 127.0.0.1 unless ``--host`` says otherwise and stops
 cleanly on SIGTERM or Ctrl-C.
@@ -81,7 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", type=float, default=5.0, help="deadline of each call in seconds (default 5)")
     st.add_argument("--wait", type=float, default=0.0,
                     help="poll up to this many seconds until the cluster is fully redundant (default 0: once)")
+    return parser
 
+
+#: commands of ``ecrec-server`` that are clients of a running cluster rather than processes of one: parsed on
+#: their own (:func:`build_client_parser`), listed in ``ecrec-server --help``'s examples
+CLIENT_COMMANDS = ("snapshot", "restore")
+
+
+def build_client_parser() -> argparse.ArgumentParser:
+    """``ecrec-server snapshot`` and ``ecrec-server restore``."""
+    parser = argparse.ArgumentParser(prog="ecrec-server", description="Snapshot a cluster's model, or restore one.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING...); default INFO")
+    parser.add_argument("--log-format", default="text", choices=FORMATS,
+                        help="log lines as text or as one JSON object per line (default text)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
     for name, text, example in (
             ("snapshot", "write every table's weights and optimizer state (and the dense tensors) to PATH in "
                          "torch.distributed.checkpoint format, with a manifest of checksums; consistent when no "
@@ -96,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(sp, SecurityOptions)
         sp.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds (default 600)")
     return parser
+
+
+def _command_of(argv: list[str] | None) -> str | None:
+    """The sub-command ``argv`` names (after the global options), or None."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--log-level")
+    pre.add_argument("--log-format")
+    _, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return rest[0] if rest and not rest[0].startswith("-") else None
 
 
 def _snapshot_command(args) -> int:
@@ -148,7 +174,8 @@ def _stop_all(*stops):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    client_command = _command_of(argv) in CLIENT_COMMANDS
+    args = (build_client_parser() if client_command else build_parser()).parse_args(argv)
     from ecrec import logs
     from ecrec.transport import tune_allocator
 

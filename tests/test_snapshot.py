@@ -150,3 +150,18 @@ def _copy(source, target) -> None:
     import shutil
 
     shutil.copytree(source, target)
+
+
+def test_the_snapshot_commands_have_help_with_examples_beside_the_cluster_commands(capsys):
+    from ecrec import cli
+
+    for name in cli.CLIENT_COMMANDS:
+        with pytest.raises(SystemExit) as info:
+            cli.main([name, "--help"])
+        assert info.value.code == 0
+        text = capsys.readouterr().out
+        assert f"example: ecrec-server {name} --coordinator" in text and "--coordinator" in text
+    assert "ecrec-server snapshot --coordinator" in cli.build_parser().format_help()
+    with pytest.raises(SystemExit):
+        cli.main(["snapshot", "--coordinator", "127.0.0.1:1"])  # no PATH: argparse's error, exit 2
+    assert "path" in capsys.readouterr().err
