@@ -44,6 +44,8 @@ log = logging.getLogger("ecrec.client")
 #: the largest reply of one ``ReadPayload`` call of :meth:`Cluster.read_payload` (tables of any size are read
 #: in pieces; the default message limit is 256 MiB)
 READ_PAYLOAD_BYTES = 64 << 20
+#: and at most this many ids (a server refuses more than ``--max-ids-per-request``, 1 << 22 by default)
+READ_PAYLOAD_IDS = 1 << 20
 #: the most bytes of values one push of :meth:`Cluster.write_rows` carries (all servers together)
 WRITE_ROWS_BYTES = 16 << 20
 #: a string ``init`` of ``create_table`` ending so (or holding a ``/``) is a warm start's file
@@ -239,7 +241,7 @@ class Cluster:
             raise ClusterError(f"create_table {name!r}: {exc.code().name}: {exc.details()}") from None
         self._adopt(m)
         if values is not None:
-            self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress)
+            self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress, checked=True)
         return spec
 
     @staticmethod
@@ -248,12 +250,18 @@ class Cluster:
         push's worth at a time: a memory-mapped file stays on disk)."""
         width = _columns(spec, what).stop - _columns(spec, what).start
         chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
+        # Adagrad's accumulators: the state columns (all of them for "state", past dim for "payload")
+        state_from = {"state": 0, "payload": spec.dim}.get(what) if spec.optimizer == "adagrad" else None
         for start in range(0, len(values), chunk):
             piece = np.asarray(values[start:start + chunk])
-            if piece.dtype.kind not in "fiu" or not np.isfinite(piece).all():
-                raise ValueError(f"table {spec.name!r}: {what} must be finite numbers (rows {start}.."
+            if piece.dtype.kind not in "fiu":
+                raise ValueError(f"table {spec.name!r}: {what} must be numbers, got {piece.dtype}")
+            with np.errstate(over="ignore"):
+                piece = piece.astype(np.float32, copy=False)  # as sent: 1e39 is Inf in float32
+            if not np.isfinite(piece).all():
+                raise ValueError(f"table {spec.name!r}: {what} must be finite float32 numbers (rows {start}.."
                                  f"{min(start + chunk, len(values)) - 1} are not)")
-            if what == "state" and spec.optimizer == "adagrad" and (piece < 0).any():
+            if state_from is not None and (piece[:, state_from:] < 0).any():
                 raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative (rows from {start})")
 
     def table_spec(self, name: str) -> TableSpec:
@@ -319,7 +327,7 @@ class Cluster:
         """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order;
         read from every server at once in messages of at most :data:`READ_PAYLOAD_BYTES`."""
         spec = self.table_spec(name)
-        per_message = max(1, READ_PAYLOAD_BYTES // spec.row_bytes)
+        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
         owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
         ids, payload = [], []
         for start in range(0, max(len(v) for v in owned.values()), per_message):
@@ -352,7 +360,7 @@ class Cluster:
             out = np.empty((spec.num_rows, width), dtype=np.float32)
         elif out.shape != (spec.num_rows, width) or out.dtype != np.float32:
             raise ValueError(f"table {name!r}: out must be float32 {(spec.num_rows, width)}, got {out.dtype} {out.shape}")
-        per_message = max(1, READ_PAYLOAD_BYTES // spec.row_bytes)
+        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
         owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
         done = 0
         for start in range(0, max(len(v) for v in owned.values()), per_message):
@@ -367,7 +375,8 @@ class Cluster:
                 on_progress(done, spec.num_rows)
         return out
 
-    def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None) -> int:
+    def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None,
+                   checked: bool = False) -> int:
         """Replaces rows ``ids`` of table ``name`` with ``values`` (float32 ``(len(ids), width)``): their
         ``weights`` (the optimizer state is kept), their optimizer ``state`` or their whole ``payload``
         (weights then state, as :meth:`read_table` gives it).  Not a gradient: a load, a warm start.
@@ -379,15 +388,15 @@ class Cluster:
         spec, ids = self._check_ids(name, ids)
         columns = _columns(spec, what)
         width = columns.stop - columns.start
-        if isinstance(values, torch.Tensor):
-            values = values.detach().cpu().numpy()
+        values = _as_array(values)
         if not hasattr(values, "shape") or tuple(values.shape) != (len(ids), width):
             raise ValueError(f"table {name!r}: {what} of {len(ids)} rows must have shape {(len(ids), width)}, got "
                              f"{tuple(getattr(values, 'shape', ()))}")
-        if len(np.unique(ids)) != len(ids):
+        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
             raise ValueError(f"table {name!r}: row ids repeat")
         chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
-        self._check_values(spec, values, what)  # checked whole before anything is sent
+        if not checked:  # ``checked``: the caller ran _check_values on these very values
+            self._check_values(spec, values, what)  # checked whole before anything is sent
         kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]
         for start in range(0, len(ids), chunk):
             part_ids = ids[start:start + chunk]
@@ -607,8 +616,8 @@ class EmbeddingBag(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        _load_tables(self.cluster, self.state_dict_keys(prefix), state_dict, prefix, strict, missing_keys,
-                     unexpected_keys, error_msgs)
+        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
+                     missing_keys, unexpected_keys, error_msgs)
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -795,45 +804,62 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        _load_tables(self.cluster, self.state_dict_keys(prefix), state_dict, prefix, strict, missing_keys,
-                     unexpected_keys, error_msgs)
+        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
+                     missing_keys, unexpected_keys, error_msgs)
 
 
-def _load_tables(cluster: Cluster, keys: dict[str, str], state_dict, prefix: str, strict: bool, missing_keys,
-                 unexpected_keys, error_msgs) -> None:
-    """``Module._load_from_state_dict`` for cluster modules: each of ``keys`` (state-dict key -> table) found
-    in ``state_dict`` is checked (a tensor or array of the table's ``(num_rows, dim)``, finite) and written to
-    the table's weights (:meth:`Cluster.write_rows`, in pushes; the optimizer state is kept); a key missing,
-    a key under ``prefix`` that is not a table's, or a mismatch is reported as ``torch.nn.Module`` reports
-    it (``load_state_dict`` raises with every message).  A table is written only when its value checked."""
+def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str], state_dict, prefix: str,
+                 local_metadata, strict: bool, missing_keys, unexpected_keys, error_msgs) -> None:
+    """``Module._load_from_state_dict`` for cluster modules: the module's load pre-hooks run first, as
+    ``torch.nn.Module``'s do; each of ``keys`` (state-dict key -> table) found in ``state_dict`` is checked (a
+    tensor or array of the table's ``(num_rows, dim)``, finite as float32); only when every one of the module's
+    tables checked are they written to the tables' weights (:meth:`Cluster.write_rows`, in pushes; the optimizer
+    state is kept).  A key missing, a key under ``prefix`` that is not a table's, or a mismatch is reported as
+    ``torch.nn.Module`` reports it (``load_state_dict`` raises with every message)."""
+    for hook in module._load_state_dict_pre_hooks.values():
+        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+    checked, errors = [], []
     for key, table in keys.items():
         if key not in state_dict:
             if strict:
                 missing_keys.append(key)
             continue
-        value = state_dict[key]
         spec = cluster.table_spec(table)
         shape = (spec.num_rows, spec.dim)
-        if isinstance(value, torch.Tensor):
-            value = value.detach().cpu()
-            if value.is_floating_point():
-                value = value.to(torch.float32).numpy()
-            else:
-                value = value.numpy()
+        value = _as_array(state_dict[key])
         if not isinstance(value, np.ndarray):
-            error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
-                              f"tensor or array, got {type(value).__name__}.")
+            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
+                          f"tensor or array, got {type(state_dict[key]).__name__}.")
             continue
         if tuple(value.shape) != shape:
-            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
-                              f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
+            errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
+                          f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
             continue
         try:
-            cluster.write_rows(table, np.arange(spec.num_rows), value)
-        except (ValueError, ClusterError) as exc:
-            error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
+            Cluster._check_values(spec, value)
+        except ValueError as exc:
+            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
+            continue
+        checked.append((key, table, spec, value))
+    if errors:  # nothing of this module is written
+        error_msgs.extend(errors)
+    else:
+        for key, table, spec, value in checked:
+            try:
+                cluster.write_rows(table, np.arange(spec.num_rows), value, checked=True)
+            except (ValueError, ClusterError) as exc:
+                error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
     if strict:  # these modules hold nothing else: any other key under their prefix is not theirs
         unexpected_keys.extend(key for key in state_dict if key.startswith(prefix) and key not in keys)
+
+
+def _as_array(value):
+    """A tensor as a numpy array (floating tensors as float32: bfloat16 and half have no numpy form), an
+    array as it is; anything else unchanged (the caller refuses it)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return (value.to(torch.float32) if value.is_floating_point() else value).numpy()
+    return value
 
 
 def _is_keyed_jagged(x) -> bool:

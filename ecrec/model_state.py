@@ -79,13 +79,20 @@ class EmbeddingOptimizer:
             if spec.state_width == 0:
                 continue
             value = entry.get("sum") if isinstance(entry, dict) else None
+            if isinstance(value, torch.Tensor):  # floating tensors as float32 (bfloat16 has no numpy form)
+                value = value.detach().cpu()
+                value = (value.to(torch.float32) if value.is_floating_point() else value).numpy()
             shape = (spec.num_rows, spec.dim * spec.state_width)
-            if value is None or tuple(value.shape) != shape:
+            if value is None or tuple(getattr(value, "shape", ())) != shape:
                 raise ValueError(f"{key!r} (cluster table {table!r}): the saved state must have shape {shape}, "
-                                 f"got {None if value is None else tuple(value.shape)}")
+                                 f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
+            try:
+                type(cluster)._check_values(spec, value, "state")  # finite, accumulators >= 0: before any write
+            except ValueError as exc:
+                raise ValueError(f"{key!r}: {exc}") from None
             todo.append((cluster, table, value))
         extra = set(state_dict["state"]) - set(self.tables)
         if extra:
             raise ValueError(f"the optimizer state has entries for tables this model does not hold: {sorted(extra)}")
         for cluster, table, value in todo:
-            cluster.write_rows(table, np.arange(value.shape[0]), value, what="state")
+            cluster.write_rows(table, np.arange(value.shape[0]), value, what="state", checked=True)

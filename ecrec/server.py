@@ -614,7 +614,8 @@ def _assignment(spec: TableSpec, t, ids: np.ndarray, slots: np.ndarray):
     values = transport.bytes_to_floats(t.grads, (len(order), width))[order]
     if not np.isfinite(values).all():
         raise errors.InvalidRequest(f"table {spec.name!r}: an assigned value is NaN or Inf")
-    if kind == embedding_pb2.STATE and spec.optimizer == "adagrad" and (values < 0).any():
+    state_from = {embedding_pb2.STATE: 0, embedding_pb2.PAYLOAD: spec.dim}.get(kind)
+    if spec.optimizer == "adagrad" and state_from is not None and (values[:, state_from:] < 0).any():
         raise errors.InvalidRequest(f"table {spec.name!r}: an Adagrad accumulator is negative")
     return ids, slots, Assignment(values, columns)
 

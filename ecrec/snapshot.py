@@ -145,7 +145,17 @@ def load(cluster, path: str, on_progress=None) -> dict:
     existing = {t.name: TableSpec.from_proto(t) for t in cluster.refresh_map().tables}
     specs = {}
     for name, fields in manifest["tables"].items():
-        spec = TableSpec(**fields).validate()
+        try:
+            spec = TableSpec(**fields).validate()
+        except (TypeError, ValueError) as exc:
+            raise SnapshotError(f"{path}/{MANIFEST}: table {name!r} has no valid spec: {exc}") from None
+        wanted = [f"tables/{name}/weight"] + ([f"tables/{name}/state"] if spec.row_floats > spec.dim else [])
+        for key in wanted:
+            info = manifest["tensors"].get(key)
+            width = spec.dim if key.endswith("/weight") else spec.row_floats - spec.dim
+            if info is None or list(info.get("shape", [])) != [spec.num_rows, width]:
+                raise SnapshotError(f"{path}/{MANIFEST}: table {name!r} needs {key} of shape "
+                                    f"[{spec.num_rows}, {width}], the manifest has {info and info.get('shape')}")
         have = existing.get(name)
         if have is not None and (have.num_rows, have.dim, have.optimizer) != (spec.num_rows, spec.dim, spec.optimizer):
             raise SnapshotError(f"table {name!r}: the snapshot holds {spec.num_rows:,} x {spec.dim} ({spec.optimizer}); "
@@ -172,10 +182,12 @@ def load(cluster, path: str, on_progress=None) -> dict:
                                  initial_accumulator_value=spec.initial_accumulator_value, init="zeros",
                                  seed=spec.seed)
         ids = np.arange(spec.num_rows)
-        cluster.write_rows(name, ids, tables[f"tables/{name}/weight"].numpy())
-        state = tables.get(f"tables/{name}/state")
-        if state is not None:
-            cluster.write_rows(name, ids, state.numpy(), what="state")
+        weight, state = tables.pop(f"tables/{name}/weight").numpy(), tables.pop(f"tables/{name}/state", None)
+        if state is None:
+            cluster.write_rows(name, ids, weight)
+        else:  # weights and state in one pass: no moment with new weights and old accumulators
+            cluster.write_rows(name, ids, np.concatenate([weight, state.numpy()], axis=1), what="payload")
+        del weight, state
         if on_progress is not None:
             on_progress(f"restored table {name!r} ({spec.num_rows:,} x {spec.dim})")
     return manifest

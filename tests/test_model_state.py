@@ -215,3 +215,43 @@ def test_a_dlrm_trained_on_the_cluster_loads_into_plain_torchrec_with_the_same_p
     dense, sparse = batch()
     with torch.no_grad():
         assert torch.allclose(plain(dense, sparse), model(dense, sparse), rtol=1e-5, atol=1e-6)
+
+
+def test_a_module_loads_all_its_tables_or_none_and_values_are_checked_as_float32(make_cluster):
+    """A collection whose second table's value is bad writes neither; values are checked as the float32 they
+    are sent as (1e39 is Inf); whole-row writes check Adagrad's accumulators too; bfloat16 loads; the
+    module's load pre-hooks run, as torch.nn.Module's do."""
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("a", 300, 4, optimizer="adagrad", seed=1)
+    cluster.create_table("b", 200, 4, optimizer="adagrad", seed=2)
+    collection = EmbeddingBagCollection(cluster, ["a", "b"])
+    before = {n: cluster.read_table(n, "payload").copy() for n in ("a", "b")}
+
+    def unchanged():
+        return all(np.array_equal(cluster.read_table(n, "payload"), before[n]) for n in before)
+
+    saved = collection.state_dict()
+    huge = saved["embedding_bags.b.weight"].double()
+    huge[199, 0] = 1e39  # finite as float64, Inf as float32
+    with pytest.raises(RuntimeError, match=r"embedding_bags.b.weight.*finite float32"):
+        collection.load_state_dict({"embedding_bags.a.weight": saved["embedding_bags.a.weight"] + 1,
+                                    "embedding_bags.b.weight": huge})
+    assert unchanged()  # a was not written either
+    payload = cluster.read_table("a", "payload")
+    payload[5, 4] = -1.0  # an accumulator
+    with pytest.raises(ValueError, match="accumulator is negative"):
+        cluster.write_rows("a", np.arange(300), payload, what="payload")
+    opt = EmbeddingOptimizer(collection).state_dict()
+    opt["state"]["embedding_bags.b.weight"]["sum"][0, 0] = float("nan")
+    opt["state"]["embedding_bags.a.weight"]["sum"] += 1
+    with pytest.raises(ValueError, match="'embedding_bags.b.weight'.*finite"):
+        EmbeddingOptimizer(collection).load_state_dict(opt)
+    assert unchanged()
+
+    seen = []
+    collection.register_load_state_dict_pre_hook(lambda module, state_dict, prefix, *rest: seen.append(prefix))
+    halves = {k: v.to(torch.bfloat16) for k, v in saved.items()}
+    collection.load_state_dict(halves)
+    assert seen == [""]
+    assert torch.equal(cluster.pull("a", np.arange(300)), halves["embedding_bags.a.weight"].float())

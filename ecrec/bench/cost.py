@@ -18,7 +18,9 @@ For each strategy, from figures a run measured (``compare``'s table rows, ``reco
   (the updates since the last save).  ``none`` loses everything the failed shard learned since the start:
   no rate a short run can give (None).
 
-The interval of the cost spans the overhead's interval and the range of the loss per failure.
+The cost's interval (``low``-``high``) puts the overhead's 95 % interval together with the range (min to
+max) of the loss per failure: not itself a 95 % interval.  ``overhead`` is extra time per unit of work,
+counted against a day of wall time: the two differ by a factor ``1 + overhead``, negligible at small ones.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def cost_table(rows: list[dict], mtbf_s: float, model_bytes: int | None = None) 
 
 
 def format_cost_table(costs: list[dict]) -> str:
-    """The cost table as text (hours per day, percent of the day, its interval, lost updates per day)."""
+    """The cost table as text (hours per day, percent of the day, its interval: the overhead's 95 % interval
+    with the loss's range, lost updates per day)."""
     if not costs:
         return ""
     first = costs[0]
@@ -104,7 +107,7 @@ def format_cost_table(costs: list[dict]) -> str:
     lines = [f"expected cost per day of training at an MTBF of {mtbf} "
              f"({first['failures_per_day']:.2f} failures/day{size}):",
              f"{'strategy':<10} {'overhead h':>10} {'failures h':>10} {'total h':>8} {'% of day':>8} "
-             f"{'95% interval h':>16} {'lost upd./day':>14}"]
+             f"{'interval h':>16} {'lost upd./day':>14}"]
     for c in costs:
         if c["cost_s_per_day"] is None:
             lines.append(f"{c['strategy']:<10} {'-':>10} {'-':>10} {'-':>8} {'-':>8} {'-':>16} {'-':>14}")

@@ -216,6 +216,8 @@ def _interval(strategy: str, args, worker: "_Worker", cluster) -> dict | None:
         return {"how": "Daly", "formula": driver.opts.formula, "o_save_s": driver.o_save_s, "mtbf_s": mtbf_s,
                 "interval_s": driver.full_interval_s}
     reply = cluster.strategy_call("timers", {}, indices=[args.fail_server])[args.fail_server]
+    if not reply.get("interval_s"):
+        return None  # no timer: the kills come without a phase
     return {"how": "PLS", "target_pls": args.target_pls, "servers": args.servers, "mtbf_s": mtbf_s,
             "interval_s": float(reply["interval_s"])}
 
@@ -230,9 +232,10 @@ def _kill_time(strategy: str, worker: "_Worker", cluster, index: int, phase: flo
             worker.train_one()
         return time.time() + phase * driver.full_interval_s
     reply = cluster.strategy_call("timers", {}, indices=[index])[index]
-    now, period = time.time(), float(reply["interval_s"])
-    if reply.get("next_full_in_s") is None:
-        return now + phase * period
+    now = time.time()
+    if not reply.get("interval_s") or reply.get("next_full_in_s") is None:
+        return now  # no timer running (saves driven elsewhere): the kill comes now, without a phase
+    period = float(reply["interval_s"])
     at = now + reply["next_full_in_s"] - period + phase * period
     while at < now + 0.05:
         at += period
