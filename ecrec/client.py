@@ -324,21 +324,10 @@ class Cluster:
         return {name: torch.from_numpy(rows) for name, rows in out.items()}
 
     def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order;
-        read from every server at once in messages of at most :data:`READ_PAYLOAD_BYTES`."""
-        spec = self.table_spec(name)
-        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
-        owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
-        ids, payload = [], []
-        for start in range(0, max(len(v) for v in owned.values()), per_message):
-            replies = self._fan_out("ReadPayload", {
-                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(v[start:start + per_message]))
-                for i, v in owned.items() if len(v) > start})
-            ids += [transport.bytes_to_ids(r.ids) for r in replies.values()]
-            payload += [np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats) for r in replies.values()]
-        ids, payload = np.concatenate(ids), np.concatenate(payload)
-        order = np.argsort(ids)
-        return ids[order], payload[order]
+        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order
+        (:meth:`read_table` of the whole payload)."""
+        payload = self.read_table(name, "payload")
+        return np.arange(len(payload), dtype=np.int64), payload
 
     def read_dense_payload(self, name: str) -> np.ndarray:
         """A dense tensor's payload (weights then optimizer state) from its primary."""

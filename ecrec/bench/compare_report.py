@@ -176,14 +176,11 @@ def print_report(figures: dict, cfg: dict, warnings: list[str]) -> None:
 
 def print_costs(costs: dict) -> None:
     """The expected cost per day at each MTBF asked (``ecrec.bench.cost``)."""
-    from ecrec.bench.cost import format_cost_table
+    from ecrec.bench.cost import print_cost_tables
 
-    for table in costs.values():
-        print()
-        print(format_cost_table(table))
-    if costs:
-        print("cost = overhead x 24 h + failures/day x training lost per failure; a checkpointing strategy at its "
-              "model's interval for that MTBF (overhead / r, replayed part x r, r = that interval / the run's)")
+    print_cost_tables(costs, "cost = overhead x 24 h + failures/day x training lost per failure; a checkpointing "
+                             "strategy at its model's interval for that MTBF (overhead / r, replayed part x r, r = "
+                             "that interval / the run's)")
 
 
 def aa_row(aa: dict) -> dict:

@@ -117,3 +117,12 @@ def format_cost_table(costs: list[dict]) -> str:
         lines.append(f"{c['strategy']:<10} {c['overhead_s_per_day'] / 3600:>10.2f} {c['failures_s_per_day'] / 3600:>10.3f} "
                      f"{c['cost_s_per_day'] / 3600:>8.2f} {c['cost_fraction']:>8.1%} {interval:>16} {upd:>14}")
     return "\n".join(lines)
+
+
+def print_cost_tables(costs: dict, footnote: str) -> None:
+    """Prints each table of ``costs`` (keyed by MTBF) and, when there is one, the ``footnote`` under them."""
+    for table in costs.values():
+        print()
+        print(format_cost_table(table))
+    if costs:
+        print(footnote)

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ecrec.bench.cost import cost_table, format_cost_table
+from ecrec.bench.cost import cost_table, print_cost_tables
 from ecrec.bench.processes import memory_of, wait_standby_reserve  # noqa: F401 - re-exported
 from ecrec.bench.recovery_training import IntervalDoesNotFit, first_event
 
@@ -444,12 +444,9 @@ def run(args) -> int:
     costs = {}
     if args.during_training:
         costs = _costs(rows, args, model)
-        for table in costs.values():
-            print()
-            print(format_cost_table(table))
-        if costs:
-            print("overhead: each strategy's rate before its first kill against none's, runs one after another (noisy: "
-                  "`ecrec-bench compare` measures it side by side); failures: training lost per failure, measured")
+        print_cost_tables(costs, "overhead: each strategy's rate before its first kill against none's, runs one after "
+                                 "another (noisy: `ecrec-bench compare` measures it side by side); failures: training "
+                                 "lost per failure, measured")
     if args.json:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count(),
