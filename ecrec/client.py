@@ -335,6 +335,35 @@ class Cluster:
         reply = self._call(primary, "ReadPayload", embedding_pb2.ReadPayloadRequest(dense=[name]))
         return np.frombuffer(reply.dense[0].value, dtype="<f4").copy()
 
+    def dense_spec(self, name: str) -> DenseSpec:
+        for m in (self.map, self.refresh_map()):
+            for d in m.dense:
+                if d.name == name:
+                    return DenseSpec.from_proto(d)
+        raise KeyError(f"unknown dense tensor {name!r}")
+
+    def write_dense(self, name: str, payload) -> None:
+        """Replaces dense tensor ``name``'s whole payload (its weights then its optimizer state, float32, as
+        :meth:`read_dense_payload` gives it): one push to its primary, replicated like a training push.
+        Checked first (size, finite, Adagrad accumulators >= 0); a registered parameter of that name is
+        reloaded."""
+        spec = self.dense_spec(name)
+        width = spec.numel * (1 + spec.state_width)
+        values = np.asarray(payload)
+        if values.dtype.kind not in "fiu" or values.size != width:
+            raise ValueError(f"dense tensor {name!r}: a payload of {width} numbers ({spec.numel} weights and their "
+                             f"optimizer state) is expected, got {values.dtype} {values.shape}")
+        with np.errstate(over="ignore"):
+            values = values.reshape(-1).astype(np.float32)
+        if not np.isfinite(values).all():
+            raise ValueError(f"dense tensor {name!r}: the payload must be finite float32 numbers")
+        if spec.optimizer == "adagrad" and (values[spec.numel:] < 0).any():
+            raise ValueError(f"dense tensor {name!r}: an Adagrad accumulator is negative")
+        request = embedding_pb2.PushRequest(push_id=self._next_push_id(), epoch=self.map.epoch,
+                                            return_dense=name in self._dense)
+        request.dense.add(name=name, value=transport.floats_to_bytes(values), assign=embedding_pb2.PAYLOAD)
+        self._send_push({self.layout.dense_servers(name)[0]: request})
+
     def read_table(self, name: str, what: str = "weights", out: np.ndarray | None = None,
                    on_progress=None) -> np.ndarray:
         """Every row of table ``name`` as float32 ``(num_rows, width)`` in id order: its ``weights`` (``dim``
@@ -451,6 +480,19 @@ class Cluster:
             names.append(name)
         self.pull_dense(names)
         return names
+
+    def create_dense(self, spec: DenseSpec, initial=None) -> None:
+        """Creates a dense tensor from its spec alone (zeros, or ``initial``), without a module: a restore
+        creates the tensors a snapshot holds this way.  A tensor of that name that exists is kept."""
+        spec = spec.validate()
+        value = np.zeros(spec.shape, dtype=np.float32) if initial is None else np.asarray(initial, dtype=np.float32)
+        try:
+            m = self._coordinator.RegisterDense(
+                coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
+                timeout=self.config.create_timeout_s)
+        except grpc.RpcError as exc:
+            raise ClusterError(f"create_dense {spec.name!r}: {exc.code().name}: {exc.details()}") from None
+        self._adopt(m)
 
     def pull_dense(self, names: list[str] | None = None) -> None:
         """Loads the servers' current values into the registered parameters."""

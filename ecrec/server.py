@@ -29,7 +29,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Histogram
 
-from ecrec import errors, faults, transport
+from ecrec import errors, faults, snapshot_part, transport
 from ecrec.config import ServerConfig
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, Peers
@@ -620,6 +620,23 @@ def _assignment(spec: TableSpec, t, ids: np.ndarray, slots: np.ndarray):
     return ids, slots, Assignment(values, columns)
 
 
+def _dense_assignment(spec: DenseSpec, g) -> Assignment:
+    """A dense tensor's whole payload (weights then optimizer state) that replaces its own
+    (``DenseValue.assign`` = PAYLOAD: a restore); refused naming the tensor when it does not fit."""
+    if g.assign != embedding_pb2.PAYLOAD:
+        raise errors.InvalidRequest(f"dense tensor {spec.name!r}: only its whole payload can be assigned")
+    width = spec.numel * (1 + spec.state_width)
+    if len(g.value) != 4 * width:
+        raise errors.InvalidRequest(f"dense tensor {spec.name!r}: assigning its payload needs {4 * width} bytes "
+                                    f"({spec.numel} weights and their optimizer state), got {len(g.value)}")
+    values = transport.bytes_to_floats(g.value)
+    if not np.isfinite(values).all():
+        raise errors.InvalidRequest(f"dense tensor {spec.name!r}: an assigned value is NaN or Inf")
+    if spec.optimizer == "adagrad" and (values[spec.numel:] < 0).any():
+        raise errors.InvalidRequest(f"dense tensor {spec.name!r}: an Adagrad accumulator is negative")
+    return Assignment(values, slice(0, width))
+
+
 def _coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     """Sums the gradients of duplicate ids (like ``torch.sparse`` coalesce); returns sorted unique rows."""
     if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):  # the SDK sends sorted unique ids
@@ -763,6 +780,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             d = st.dense(g.name)
             if st.layout.dense_servers(g.name)[0] != st.index:
                 raise errors.FailedPrecondition(f"server {st.index} is not the primary of {g.name!r}")
+            if g.assign != embedding_pb2.GRADIENT:
+                dense_plans.append((d, _dense_assignment(d.spec, g)))
+                continue
             if len(g.value) != 4 * d.spec.numel:
                 raise errors.InvalidRequest(
                     f"dense tensor {g.name!r}: expected {4 * d.spec.numel} gradient bytes, got {len(g.value)}")
@@ -857,7 +877,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 rows_updated += len(slots)
                 push.nbytes += new.nbytes
             for d, grad in dense_plans:
-                old, new, old_version = d.apply_gradient(grad, push.seq, keep_old, want_delta)
+                if isinstance(grad, Assignment):
+                    old, new, old_version = d.assign_payload(grad.values, push.seq, keep_old, want_delta)
+                else:
+                    old, new, old_version = d.apply_gradient(grad, push.seq, keep_old, want_delta)
                 push.dense.append(DenseUpdate(d, None, new, old_version, delta=old) if want_delta
                                   else DenseUpdate(d, old, new, old_version))
                 push.nbytes += new.nbytes
@@ -913,6 +936,14 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             reply.dense.add(name=name, value=d.read()[0].tobytes())
         st.require_serving()
         return reply
+
+    @transport.service_method
+    def WriteSnapshot(self, request, context):
+        st = self.state
+        st.require_index()
+        st.require_serving()
+        items, size, seconds = snapshot_part.write(st, request)
+        return embedding_pb2.WriteSnapshotReply(items_json=json.dumps(items), bytes=size, seconds=seconds)
 
     @transport.service_method
     def StrategyCall(self, request, context):

@@ -255,6 +255,19 @@ class DenseShard:
             np.bitwise_xor(old, new, out=old)
         return old, new, old_version
 
+    def assign_payload(self, payload: np.ndarray, version: int,
+                       keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """Replaces the whole payload (weights then optimizer state, float32): a restore; returns what
+        :meth:`apply_gradient` returns."""
+        with self._lock:
+            old = self._bytes.copy() if keep_old or delta else None
+            self._floats[0, :] = payload
+            old_version, self.version = self.version, version
+            new = self._bytes.copy()
+        if delta:
+            np.bitwise_xor(old, new, out=old)
+        return old, new, old_version
+
     def weights_bytes(self) -> bytes:
         with self._lock:
             return self._floats[0, : self.spec.numel].tobytes()

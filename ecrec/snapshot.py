@@ -1,5 +1,6 @@
-"""Snapshots of a cluster's tables in ``torch.distributed.checkpoint`` (DCP) format, restored onto a cluster of
-any shape (another number of servers, another k and m, another strategy).
+"""Snapshots of a cluster's tables and dense tensors in ``torch.distributed.checkpoint`` (DCP) format, written
+by the servers in parallel and restored onto a cluster of any shape (another number of servers, another k
+and m, another strategy).
 
 A snapshot is a DCP checkpoint (a directory, or any fsspec URL) that DCP's own API reads into a plain state
 dict, no ECRec code needed::
@@ -8,193 +9,343 @@ dict, no ECRec code needed::
     tables/<name>/state     float32 (num_rows, state columns): Adagrad's accumulators (absent for SGD)
     dense/<name>/payload    float32: a dense tensor's values then its optimizer state
 
-and ``manifest.json`` beside it: the format version, each table's spec, each dense tensor's spec, the
-cluster's shape and map epoch when saved, and the SHA-256 of every tensor.  A restore checks every tensor
-against the manifest before it writes anything, so a corrupted or truncated snapshot is refused naming the
-tensor and the file, and the cluster is left as it was.
+Server ``i`` writes ``__i_0.distcp``: the rows of the ``i``-th contiguous range of every table (gathered from
+their owners, :mod:`ecrec.snapshot_part`) in chunks of at most 64 MB, and the dense tensors it is primary of.
+The client only plans, then writes DCP's ``.metadata`` and last ``manifest.json`` (the format, each table's and
+dense tensor's spec, the cluster's shape and map epoch, and the SHA-256 of every chunk): a snapshot without
+its manifest is incomplete and is never restored.
 
-The snapshot is consistent when no push runs while it is read: save from the (only) worker between steps,
-or with the other workers paused.  The client gathers each tensor in memory before DCP writes it (the
-model's size: this is not yet the servers writing their own shards in parallel).
+A restore reads one chunk at a time (the client holds a few chunks, never the model), checks every chunk
+against the manifest before it writes anything, so a corrupted or truncated snapshot is refused naming the
+tensor and the file and the cluster is left as it was, then writes the rows as assignment pushes (parity,
+replicas and checkpoints follow as for training).
+
+The snapshot is consistent when no push runs while it is written: save from the (only) worker between
+steps (``Cluster.save``, or ``Cluster.snapshot_every``), or with every worker stopped at a barrier.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import pickle
+import threading
 import time
-import warnings
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
-FORMAT = "ecrec-snapshot/1"
+from ecrec import snapshot_files
+from ecrec.snapshot_part import CHUNK_BYTES
+
+FORMAT = "ecrec-snapshot/2"
+FORMATS = ("ecrec-snapshot/1", FORMAT)
 MANIFEST = "manifest.json"
+METADATA = ".metadata"
+#: a restore keeps the chunks it verified in memory up to this many bytes (then reads them again to write)
+KEEP_VERIFIED_BYTES = 256 << 20
 
 
 class SnapshotError(ValueError):
-    """A snapshot that cannot be restored here: missing, corrupted, or shaped for another model."""
+    """A snapshot that cannot be written or restored here: missing, corrupted, or shaped for another model."""
 
 
-def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).reshape(-1)).hexdigest()
+def _ranges(num_rows: int, parts: int) -> list[tuple[int, int]]:
+    per = -(-num_rows // parts)
+    return [(a, min(num_rows, a + per)) for a in range(0, num_rows, per)]
 
 
-def _is_url(path: str) -> bool:
-    return "://" in str(path)
-
-
-def _writer(path: str):
-    import torch.distributed.checkpoint as dcp
-
-    if _is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: PLC0415 - only for URLs
-
-        return FsspecWriter(path)
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return dcp.FileSystemWriter(path)
-
-
-def _reader(path: str):
-    import torch.distributed.checkpoint as dcp
-
-    if _is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # noqa: PLC0415
-
-        return FsspecReader(path)
-    return dcp.FileSystemReader(path)
-
-
-def _open(path: str, name: str, mode: str):
-    if _is_url(path):
-        import fsspec
-
-        return fsspec.open(f"{str(path).rstrip('/')}/{name}", mode).open()
-    return open(Path(path) / name, mode)
-
-
-def save(cluster, path: str, on_progress=None) -> dict:
-    """Writes a snapshot of every table and dense tensor of ``cluster`` to ``path`` (a directory or an fsspec
-    URL); returns the manifest.  ``on_progress(text)`` after each table."""
-    import torch.distributed.checkpoint as dcp
+def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Has every server write its part of a snapshot of ``cluster`` to ``path`` (a directory or an fsspec URL
+    every server can reach) at once; writes the DCP metadata and the manifest; returns the manifest.
+    ``on_progress(text)`` as each server finishes.  A path that already holds a snapshot is refused unless
+    ``overwrite``."""
+    from ecrec.client import ClusterError
+    from ecrec.peers import PeerError, PeerUnreachable
+    from ecrec.tables import DenseSpec, TableSpec
+    from ecrec.wire import embedding_pb2
 
     t0 = time.perf_counter()
+    path = str(path)
+    if snapshot_files.exists(path, MANIFEST):
+        if not overwrite:
+            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
+        for name in snapshot_files.listdir(path):
+            if name in (MANIFEST, METADATA) or name.endswith(".distcp"):
+                snapshot_files.remove(path, name)
+    snapshot_files.makedirs(path)
     cluster_map = cluster.refresh_map()
-    from ecrec.tables import DenseSpec, TableSpec
+    layout = cluster.layout
+    servers = layout.num_servers
+    tables = [TableSpec.from_proto(t) for t in cluster_map.tables]
+    denses = [DenseSpec.from_proto(d) for d in cluster_map.dense]
+    requests = {i: embedding_pb2.WriteSnapshotRequest(path=path, file=f"__{i}_0.distcp", chunk_bytes=chunk_bytes)
+                for i in range(servers)}
+    for spec in tables:
+        for i, (a, b) in enumerate(_ranges(spec.num_rows, servers)):
+            requests[i].ranges.add(table=spec.name, start=a, stop=b)
+    for spec in denses:
+        requests[layout.dense_servers(spec.name)[0]].dense.append(spec.name)
+    total = sum(s.num_rows * s.row_bytes for s in tables) + sum(s.numel * (1 + s.state_width) * 4 for s in denses)
+    timeout_s = cluster.config.rpc_timeout_s + total / (5 << 20)  # at 5 MB/s a server still finishes
+    lock, replies = threading.Lock(), {}
 
-    state: dict[str, torch.Tensor] = {}
-    manifest = {"format": FORMAT, "created": time.time(), "epoch": cluster_map.epoch,
-                "servers": cluster_map.num_servers, "strategy": cluster_map.strategy, "k": cluster_map.k,
-                "m": cluster_map.m, "tables": {}, "dense": {}, "tensors": {}}
-    for t in cluster_map.tables:
-        spec = TableSpec.from_proto(t)
-        manifest["tables"][spec.name] = dataclasses.asdict(spec)
-        parts = ["weights"] + (["state"] if spec.row_floats > spec.dim else [])
-        for part in parts:
-            array = cluster.read_table(spec.name, part)
-            key = f"tables/{spec.name}/{'weight' if part == 'weights' else 'state'}"
-            state[key] = torch.from_numpy(array)
-            manifest["tensors"][key] = {"shape": list(array.shape), "sha256": _digest(array)}
-        if on_progress is not None:
-            on_progress(f"read table {spec.name!r} ({spec.num_rows:,} x {spec.dim})")
-    for d in cluster_map.dense:
-        spec = DenseSpec.from_proto(d)
-        array = cluster.read_dense_payload(spec.name)
-        key = f"dense/{spec.name}/payload"
-        state[key] = torch.from_numpy(array)
-        manifest["dense"][spec.name] = {"shape": list(spec.shape), "optimizer": spec.optimizer}
-        manifest["tensors"][key] = {"shape": list(array.shape), "sha256": _digest(array)}
-    with warnings.catch_warnings():  # DCP warns that it runs in one process: that is the intent
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(state, storage_writer=_writer(str(path)))
-    manifest["bytes"] = int(sum(v.numel() * 4 for v in state.values()))
+    def write(i: int):
+        try:
+            reply = cluster.peers.call(i, "WriteSnapshot", requests[i], timeout_s=timeout_s)
+        except (PeerError, PeerUnreachable) as exc:
+            raise ClusterError(f"snapshot to {path}: {exc}") from None
+        with lock:
+            replies[i] = reply
+            if on_progress is not None:
+                on_progress(f"server {i} wrote {reply.bytes / 1e6:,.1f} MB in {reply.seconds:.2f} s "
+                            f"({len(replies)}/{servers})")
+
+    with ThreadPoolExecutor(max_workers=servers, thread_name_prefix="ecrec-save") as pool:
+        for future in [pool.submit(write, i) for i in range(servers)]:
+            future.result()
+    items = [item for i in sorted(replies) for item in json.loads(replies[i].items_json)]
+    manifest = {"format": FORMAT, "created": time.time(), "epoch": cluster_map.epoch, "servers": servers,
+                "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m,
+                "tables": {s.name: dataclasses.asdict(s) for s in tables},
+                "dense": {s.name: dataclasses.asdict(s) | {"shape": list(s.shape)} for s in denses},
+                "tensors": {}, "files": {requests[i].file: replies[i].bytes for i in sorted(replies)}}
+    for spec in tables:
+        manifest["tensors"][f"tables/{spec.name}/weight"] = {"shape": [spec.num_rows, spec.dim], "chunks": []}
+        if spec.row_floats > spec.dim:
+            manifest["tensors"][f"tables/{spec.name}/state"] = {"shape": [spec.num_rows, spec.row_floats - spec.dim],
+                                                                 "chunks": []}
+    for spec in denses:
+        manifest["tensors"][f"dense/{spec.name}/payload"] = {"shape": [spec.numel * (1 + spec.state_width)],
+                                                              "chunks": []}
+    for item in items:
+        manifest["tensors"][item.pop("key")]["chunks"].append(item)
+    snapshot_files.write_atomically(path, METADATA, pickle.dumps(_dcp_metadata(manifest)))
+    manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
-    with _open(str(path), MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
+    snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
     if on_progress is not None:
-        on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s")
+        on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
+                    f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
     return manifest
+
+
+def _dcp_metadata(manifest: dict):
+    """DCP's ``Metadata`` for the manifest's chunks: what ``dcp.load`` and ``FileSystemReader`` read."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    state, storage = {}, {}
+    for key, info in manifest["tensors"].items():
+        chunks = []
+        for index, chunk in enumerate(info["chunks"]):
+            offsets, sizes = torch.Size(chunk["offsets"]), torch.Size(chunk["sizes"])
+            chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=sizes))
+            storage[MetadataIndex(key, offsets, index)] = _StorageInfo(chunk["file"], chunk["offset"], chunk["length"])
+        state[key] = TensorStorageMetadata(properties=TensorProperties(dtype=torch.float32),
+                                           size=torch.Size(info["shape"]), chunks=chunks)
+    return Metadata(state_dict_metadata=state, planner_data={key: (key,) for key in state}, storage_data=storage)
 
 
 def read_manifest(path: str) -> dict:
     try:
-        with _open(str(path), MANIFEST, "r") as f:
-            manifest = json.load(f)
+        with snapshot_files.open_file(str(path), MANIFEST, "rb") as f:
+            manifest = json.loads(f.read())
     except FileNotFoundError:
-        raise SnapshotError(f"{path}: no {MANIFEST}; not an ECRec snapshot") from None
+        raise SnapshotError(f"{path}: no {MANIFEST}; not an ECRec snapshot (or one whose writing did not "
+                            "finish)") from None
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"{path}/{MANIFEST} cannot be read: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise SnapshotError(f"{path}/{MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+        raise SnapshotError(f"{path}/{MANIFEST}: format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+                            f"expected one of {FORMATS}")
+    if manifest["format"] == "ecrec-snapshot/1":
+        _chunks_of_version_1(path, manifest)
     return manifest
 
 
-def load(cluster, path: str, on_progress=None) -> dict:
-    """Restores the snapshot at ``path`` into ``cluster`` (any shape): tables the cluster lacks are created
-    with the snapshot's specs, tables it has must have the same rows, dim and optimizer; every tensor is read
-    and checked against the manifest's SHA-256 before the first row is written.  Returns the manifest.
-    Dense tensors are not restored yet (registered dense modules keep the cluster's values)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
+def _chunks_of_version_1(path: str, manifest: dict) -> None:
+    """A version-1 snapshot (one tensor per item, written through DCP by the client) given version 2's chunk
+    list, read from DCP's metadata."""
+    try:
+        with snapshot_files.open_file(path, METADATA, "rb") as f:
+            metadata = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        raise SnapshotError(f"{path}/{METADATA} cannot be read: {exc}") from None
+    for index, info in metadata.storage_data.items():
+        tensor = manifest["tensors"].get(index.fqn)
+        if tensor is not None:
+            tensor["chunks"] = [{"offsets": list(index.offset), "sizes": list(tensor["shape"]),
+                                 "file": info.relative_path, "offset": info.offset, "length": info.length,
+                                 "sha256": tensor["sha256"]}]
 
-    from ecrec.tables import TableSpec
 
-    manifest = read_manifest(path)
-    existing = {t.name: TableSpec.from_proto(t) for t in cluster.refresh_map().tables}
-    specs = {}
-    for name, fields in manifest["tables"].items():
+def _check_specs(cluster, path: str, manifest: dict):
+    """The snapshot's table and dense specs, checked against the manifest's tensors and the cluster's own."""
+    from ecrec.tables import DenseSpec, TableSpec
+
+    cluster_map = cluster.refresh_map()
+    existing = {t.name: TableSpec.from_proto(t) for t in cluster_map.tables}
+    existing_dense = {d.name: DenseSpec.from_proto(d) for d in cluster_map.dense}
+    tables, denses = {}, {}
+    for name, fields in manifest.get("tables", {}).items():
         try:
             spec = TableSpec(**fields).validate()
         except (TypeError, ValueError) as exc:
             raise SnapshotError(f"{path}/{MANIFEST}: table {name!r} has no valid spec: {exc}") from None
-        wanted = [f"tables/{name}/weight"] + ([f"tables/{name}/state"] if spec.row_floats > spec.dim else [])
-        for key in wanted:
-            info = manifest["tensors"].get(key)
-            width = spec.dim if key.endswith("/weight") else spec.row_floats - spec.dim
-            if info is None or list(info.get("shape", [])) != [spec.num_rows, width]:
-                raise SnapshotError(f"{path}/{MANIFEST}: table {name!r} needs {key} of shape "
-                                    f"[{spec.num_rows}, {width}], the manifest has {info and info.get('shape')}")
+        for key, width in [(f"tables/{name}/weight", spec.dim)] + (
+                [(f"tables/{name}/state", spec.row_floats - spec.dim)] if spec.row_floats > spec.dim else []):
+            _check_tensor(path, manifest, key, [spec.num_rows, width])
         have = existing.get(name)
         if have is not None and (have.num_rows, have.dim, have.optimizer) != (spec.num_rows, spec.dim, spec.optimizer):
             raise SnapshotError(f"table {name!r}: the snapshot holds {spec.num_rows:,} x {spec.dim} ({spec.optimizer}); "
                                 f"this cluster's table is {have.num_rows:,} x {have.dim} ({have.optimizer})")
-        specs[name] = spec
-    tables = {key: torch.empty(info["shape"], dtype=torch.float32) for key, info in manifest["tensors"].items()
-              if key.startswith("tables/")}
-    reader = _reader(str(path))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(tables, storage_reader=reader)
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's own errors (CheckpointException
-        # is a BaseException), named with the snapshot
-        raise SnapshotError(f"{path}: the snapshot's tensors cannot be read ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}); {_files(path)}") from None
-    for key, tensor in tables.items():
-        if _digest(tensor.numpy()) != manifest["tensors"][key]["sha256"]:
-            raise SnapshotError(f"{path}: {key} does not match its checksum in {MANIFEST} (a corrupted file: "
-                                f"{_files(path)}); nothing was restored")
-    for name, spec in specs.items():
+        tables[name] = spec
+    for name, fields in manifest.get("dense", {}).items():
+        if "name" not in fields:  # version 1 kept only the shape and the optimizer: not restorable exactly
+            continue
+        try:
+            spec = DenseSpec(**{f.name: fields[f.name] for f in dataclasses.fields(DenseSpec)}
+                             | {"shape": tuple(fields["shape"])}).validate()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"{path}/{MANIFEST}: dense tensor {name!r} has no valid spec: {exc}") from None
+        _check_tensor(path, manifest, f"dense/{name}/payload", [spec.numel * (1 + spec.state_width)])
+        have = existing_dense.get(name)
+        if have is not None and (have.shape, have.optimizer) != (spec.shape, spec.optimizer):
+            raise SnapshotError(f"dense tensor {name!r}: the snapshot holds {spec.shape} ({spec.optimizer}); this "
+                                f"cluster's is {have.shape} ({have.optimizer})")
+        denses[name] = spec
+    return tables, denses, existing, existing_dense
+
+
+def _check_tensor(path: str, manifest: dict, key: str, shape: list[int]) -> None:
+    """The manifest lists ``key`` with ``shape``, its chunks tile it (every row once) and name a data file."""
+    info = manifest["tensors"].get(key)
+    if info is None or list(info.get("shape", [])) != shape:
+        raise SnapshotError(f"{path}/{MANIFEST}: {key} of shape {shape} expected, the manifest has "
+                            f"{info and info.get('shape')}")
+    covered = 0
+    for chunk in sorted(info.get("chunks", []), key=lambda c: c["offsets"][0]):
+        if chunk["offsets"][0] != covered or list(chunk["sizes"][1:]) != shape[1:] or \
+                not snapshot_files.DATA_FILE.match(str(chunk.get("file", ""))):
+            raise SnapshotError(f"{path}/{MANIFEST}: the chunks of {key} do not tile it (at row {covered})")
+        covered += chunk["sizes"][0]
+    if covered != shape[0]:
+        raise SnapshotError(f"{path}/{MANIFEST}: the chunks of {key} cover {covered} of its {shape[0]} rows")
+
+
+class _ChunkReader:
+    """Reads and checks chunks of a snapshot, one open file per data file at a time."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self, key: str, chunk: dict) -> np.ndarray:
+        rows = f"{key} rows {chunk['offsets'][0]}..{chunk['offsets'][0] + chunk['sizes'][0] - 1}"
+        file = snapshot_files.join(self.path, chunk["file"])
+        try:
+            with snapshot_files.open_file(self.path, chunk["file"], "rb") as stream:
+                array = snapshot_files.read_tensor(stream, chunk["offset"], chunk["length"])
+        except FileNotFoundError:
+            raise SnapshotError(f"{self.path}: {chunk['file']} is missing ({key})") from None
+        except Exception as exc:  # noqa: BLE001 - a truncated or garbled item: torch.load's many errors
+            raise SnapshotError(f"{rows} cannot be read ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}) from {file}; nothing was "
+                                "restored") from None
+        if list(array.shape) != list(chunk["sizes"]) or array.dtype != np.float32:
+            raise SnapshotError(f"{rows} cannot be read as the manifest says (float32 {chunk['sizes']}): "
+                                f"{file} holds {array.dtype} {list(array.shape)}; nothing was restored")
+        if snapshot_files.digest(array) != chunk["sha256"]:
+            raise SnapshotError(f"{rows} does not match its checksum in {MANIFEST}: a corrupted file, {file}; "
+                                "nothing was restored")
+        return array
+
+
+def load(cluster, path: str, on_progress=None) -> dict:
+    """Restores the snapshot at ``path`` into ``cluster`` (any shape): tables and dense tensors the cluster
+    lacks are created with the snapshot's specs, those it has must have the same shape and optimizer; every
+    chunk is read and checked (checksum, finite values, Adagrad accumulators >= 0) before the first row is
+    written.  The client holds a few chunks at a time.  Returns the manifest."""
+    path = str(path)
+    manifest = read_manifest(path)
+    tables, denses, existing, existing_dense = _check_specs(cluster, path, manifest)
+    reader = _ChunkReader(path)
+    order = []  # (table or dense, name, row offset, [(key, chunk)]): a chunk of rows, weights then state
+    for name, spec in tables.items():
+        weight = sorted(manifest["tensors"][f"tables/{name}/weight"]["chunks"], key=lambda c: c["offsets"][0])
+        state = {c["offsets"][0]: c for c in manifest["tensors"].get(f"tables/{name}/state", {}).get("chunks", [])}
+        for chunk in weight:
+            row = chunk["offsets"][0]
+            parts = [(f"tables/{name}/weight", chunk)]
+            if spec.row_floats > spec.dim:
+                partner = state.get(row)
+                if partner is None or partner["sizes"][0] != chunk["sizes"][0]:
+                    raise SnapshotError(f"{path}/{MANIFEST}: table {name!r}: no state chunk matches the weights "
+                                        f"at row {row}")
+                parts.append((f"tables/{name}/state", partner))
+            order.append(("table", name, row, parts))
+    for name in denses:
+        for chunk in manifest["tensors"][f"dense/{name}/payload"]["chunks"]:
+            order.append(("dense", name, 0, [(f"dense/{name}/payload", chunk)]))
+    total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
+
+    def payload_of(item) -> np.ndarray:
+        kind, name, row, parts = item
+        arrays = [reader.read(key, chunk) for key, chunk in parts]
+        payload = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+        if kind == "table":
+            try:
+                cluster._check_values(tables[name], payload, "payload")
+            except ValueError as exc:
+                raise SnapshotError(f"{path}: rows from {row} of {exc}; nothing was restored") from None
+        return payload
+
+    # 1. every chunk read and checked before anything is written (kept while they fit KEEP_VERIFIED_BYTES)
+    kept: dict[int, np.ndarray] = {}
+    verified = 0
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ecrec-verify") as pool:
+        window = [pool.submit(payload_of, item) for item in order[:2]]  # two chunks in flight at most
+        for i in range(len(order)):
+            payload = window.pop(0).result()
+            if i + 2 < len(order):
+                window.append(pool.submit(payload_of, order[i + 2]))
+            verified += payload.nbytes
+            if verified <= KEEP_VERIFIED_BYTES:
+                kept[i] = payload
+            del payload
+    if on_progress is not None:
+        on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
+    # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
+    for name, spec in tables.items():
         if name not in existing:
             cluster.create_table(name, spec.num_rows, spec.dim, optimizer=spec.optimizer, lr=spec.lr, eps=spec.eps,
                                  initial_accumulator_value=spec.initial_accumulator_value, init="zeros",
                                  seed=spec.seed)
-        ids = np.arange(spec.num_rows)
-        weight, state = tables.pop(f"tables/{name}/weight").numpy(), tables.pop(f"tables/{name}/state", None)
-        if state is None:
-            cluster.write_rows(name, ids, weight)
-        else:  # weights and state in one pass: no moment with new weights and old accumulators
-            cluster.write_rows(name, ids, np.concatenate([weight, state.numpy()], axis=1), what="payload")
-        del weight, state
-        if on_progress is not None:
-            on_progress(f"restored table {name!r} ({spec.num_rows:,} x {spec.dim})")
+    for name, spec in denses.items():
+        if name not in existing_dense:
+            cluster.create_dense(spec)
+    written = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-restore-read") as pool:
+        ahead = pool.submit(lambda: kept.pop(0, None) if 0 in kept else payload_of(order[0])) if order else None
+        for i, item in enumerate(order):
+            payload = ahead.result()
+            if i + 1 < len(order):
+                ahead = pool.submit(lambda j=i + 1: kept.pop(j) if j in kept else payload_of(order[j]))
+            kind, name, row, _ = item
+            if kind == "table":
+                cluster.write_rows(name, np.arange(row, row + len(payload), dtype=np.int64), payload,
+                                   what="payload", checked=True)
+            else:
+                cluster.write_dense(name, payload)
+            written += payload.nbytes
+            del payload
+            if on_progress is not None:
+                on_progress(f"restored {name!r} rows {row:,}.. ({written / 1e6:,.1f} of {total / 1e6:,.1f} MB)")
     return manifest
-
-
-def _files(path: str) -> str:
-    if _is_url(path):
-        return f"files under {path}"
-    names = sorted(p.name for p in Path(path).glob("*.distcp"))
-    return f"files {', '.join(names) or '(none)'} in {path}"

@@ -114,12 +114,14 @@ class TableGrads(_message.Message):
     def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., assign: _Optional[_Union[Assign, str]] = ...) -> None: ...
 
 class DenseValue(_message.Message):
-    __slots__ = ("name", "value")
+    __slots__ = ("name", "value", "assign")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: bytes
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    assign: Assign
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., assign: _Optional[_Union[Assign, str]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense", "relay", "acks", "replay")
@@ -214,6 +216,40 @@ class ReadPayloadReply(_message.Message):
     row_bytes: int
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
     def __init__(self, ids: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., row_bytes: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ...) -> None: ...
+
+class SnapshotRange(_message.Message):
+    __slots__ = ("table", "start", "stop")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    start: int
+    stop: int
+    def __init__(self, table: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class WriteSnapshotRequest(_message.Message):
+    __slots__ = ("path", "file", "ranges", "dense", "chunk_bytes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    file: str
+    ranges: _containers.RepeatedCompositeFieldContainer[SnapshotRange]
+    dense: _containers.RepeatedScalarFieldContainer[str]
+    chunk_bytes: int
+    def __init__(self, path: _Optional[str] = ..., file: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[SnapshotRange, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class WriteSnapshotReply(_message.Message):
+    __slots__ = ("items_json", "bytes", "seconds")
+    ITEMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    items_json: str
+    bytes: int
+    seconds: float
+    def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class StrategyCallRequest(_message.Message):
     __slots__ = ("command", "args_json")

@@ -80,6 +80,11 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
                 _registered_method=True)
+        self.WriteSnapshot = channel.unary_unary(
+                '/ecrec.wire.EmbeddingServer/WriteSnapshot',
+                request_serializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.FromString,
+                _registered_method=True)
         self.Echo = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/Echo',
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.EchoMessage.SerializeToString,
@@ -151,6 +156,14 @@ class EmbeddingServerServicer:
     def StrategyCall(self, request, context):
         """A command of the active strategy (e.g. "save", "restore", "stats" for the
         checkpointing baselines); arguments and result are JSON objects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteSnapshot(self, request, context):
+        """This server's part of a snapshot (ecrec/snapshot.py): the rows of each range, gathered from their
+        owners, and the dense tensors named, written to one file of a torch.distributed.checkpoint directory.
         (The erasure-coding strategy adds its own service, ParityService in parity.proto.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -211,6 +224,11 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.StrategyCall,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.SerializeToString,
+            ),
+            'WriteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteSnapshot,
+                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.SerializeToString,
             ),
             'Echo': grpc.unary_unary_rpc_method_handler(
                     servicer.Echo,
@@ -461,6 +479,33 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/StrategyCall',
             ecrec_dot_wire_dot_embedding__pb2.StrategyCallRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.StrategyCallReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.EmbeddingServer/WriteSnapshot',
+            ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.SerializeToString,
+            ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.FromString,
             options,
             channel_credentials,
             insecure,
