@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ecrec.config import (ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments, from_arguments,
                           parse_key_values)
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics: the coordinator on this port, server i on port+1+i, "
                          "standbys after them (default off)")
+    lo.add_argument("--restore", default=None, metavar="PATH",
+                    help="restore this snapshot once the servers are up (the coordinator's --restore)")
     _add_strategy_args(lo, defaults={"num_servers": 4})
 
     st = sub.add_parser("status", help="show a cluster's servers, rows, rebuild progress and events",
@@ -150,6 +153,35 @@ def _snapshot_command(args) -> int:
     return 0
 
 
+def _restore_when_ready(coordinator, address: str, path: str, config, done: threading.Event, outcome: dict) -> None:
+    """``ecrec-server coordinator --restore PATH``: waits until every index has a server, then restores the
+    snapshot as a client of this coordinator; a failure stops the coordinator (exit status 1)."""
+    from ecrec.client import Cluster, ClusterError
+    from ecrec.config import ClientConfig
+    from ecrec.snapshot import SnapshotError
+
+    log = logging.getLogger("ecrec.restore")
+    log.info("waiting for %d servers before restoring %s", config.cluster.num_servers, path)
+    while not done.is_set() and not coordinator.GetClusterMap(None, None).ready:
+        time.sleep(0.2)
+    if done.is_set():
+        return
+    try:
+        security = {f.name: getattr(config, f.name) for f in dataclasses.fields(SecurityOptions)}
+        cluster = Cluster.connect(address, ClientConfig(**security, rpc_timeout_s=600.0), worker="coordinator-restore")
+        try:
+            manifest = cluster.load(path, on_progress=lambda text: log.info("restore: %s", text))
+        finally:
+            cluster.close(confirm_timeout_s=30.0)
+    except (SnapshotError, ClusterError, ValueError, OSError) as exc:
+        log.error("restoring %s failed: %s; stopping", path, exc)
+        outcome["exit"] = 1
+        done.set()
+        return
+    log.info("restored %d table(s) and %d dense tensor(s) from %s", len(manifest["tables"]), len(manifest["dense"]),
+             path)
+
+
 def _wait_for_signal(stop, done: threading.Event | None = None) -> None:
     """Waits for SIGTERM/SIGINT (or ``done``: the process stopped on its own), then stops."""
     done = done or threading.Event()
@@ -219,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ecrec-server coordinator: {exc}", file=sys.stderr)
             return 2
         print(f"ECREC_COORDINATOR {running.address}", flush=True)
-        _wait_for_signal(_stop_all(running.stop, endpoint and endpoint.close))
-        return 0
+        done, outcome = threading.Event(), {}
+        if config.restore:
+            threading.Thread(target=_restore_when_ready, args=(coordinator, running.address, config.restore, config,
+                                                               done, outcome),
+                             name="ecrec-restore", daemon=True).start()
+        _wait_for_signal(_stop_all(running.stop, endpoint and endpoint.close), done)
+        return outcome.get("exit", 0)
 
     if args.command == "serve":
         from ecrec import faults, metrics
@@ -254,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             options=options, host=args.host, device=args.device, state_path=args.state_path,
             log_level=args.log_level, log_format=args.log_format, metrics_port=args.metrics_port,
             server_security={"token_file": args.token_file} if args.token_file else {},
+            coordinator_options={"restore": args.restore} if args.restore else {},
         ))
         cluster.start()
     except (RuntimeError, TimeoutError, ValueError) as exc:

@@ -105,6 +105,8 @@ class Cluster:
                            retry_deadline_s=self.config.retry_deadline_s,
                            max_message_bytes=self.config.max_message_bytes, security=self.config.security)
         self.courier = Courier()
+        self.steps_done = 0  # step() calls that returned
+        self._periodic = None  # snapshot_every's schedule
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -393,6 +395,24 @@ class Cluster:
                 on_progress(done, spec.num_rows)
         return out
 
+    def read_rows(self, name: str, ids, what: str = "weights") -> np.ndarray:
+        """Rows ``ids`` of table ``name`` (float32 ``(len(ids), width)``, in the order given): their ``weights``,
+        optimizer ``state`` or whole ``payload``, read from their owners at once, a message of at most
+        :data:`READ_PAYLOAD_BYTES` each."""
+        spec, ids = self._check_ids(name, ids)
+        columns = _columns(spec, what)
+        out = np.empty((len(ids), columns.stop - columns.start), dtype=np.float32)
+        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
+        groups = self._group_by_server(ids) if len(ids) else {}
+        for start in range(0, max((len(pos) for pos in groups.values()), default=0), per_message):
+            parts = {i: pos[start:start + per_message] for i, pos in groups.items() if len(pos) > start}
+            replies = self._fan_out("ReadPayload", {
+                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(ids[pos]))
+                for i, pos in parts.items()})
+            for i, reply in replies.items():
+                out[parts[i]] = np.frombuffer(reply.payload, dtype="<f4").reshape(-1, spec.row_floats)[:, columns]
+        return out
+
     def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None,
                    checked: bool = False) -> int:
         """Replaces rows ``ids`` of table ``name`` with ``values`` (float32 ``(len(ids), width)``): their
@@ -431,13 +451,15 @@ class Cluster:
                 on_progress(min(start + chunk, len(ids)), len(ids))
         return len(ids)
 
-    def save(self, path: str, on_progress=None) -> dict:
+    def save(self, path: str, on_progress=None, overwrite: bool = False) -> dict:
         """A snapshot of every table (weights and optimizer state) and dense tensor, in
-        ``torch.distributed.checkpoint`` format, to ``path`` (a directory or an fsspec URL); returns its
-        manifest.  Consistent when no push runs meanwhile (call it between steps).  See :mod:`ecrec.snapshot`."""
+        ``torch.distributed.checkpoint`` format, to ``path`` (a directory or an fsspec URL every server can
+        reach), written by every server at once; returns its manifest.  A path holding a snapshot is refused
+        unless ``overwrite``.  Consistent when no push runs meanwhile (call it between steps).  See
+        :mod:`ecrec.snapshot`."""
         from ecrec import snapshot
 
-        return snapshot.save(self, path, on_progress)
+        return snapshot.save(self, path, on_progress, overwrite=overwrite)
 
     def load(self, path: str, on_progress=None) -> dict:
         """Restores a snapshot written by :meth:`save` onto this cluster, whatever its shape (servers, k and m,
@@ -558,9 +580,21 @@ class Cluster:
             request_for(self.layout.dense_servers(name)[0]).dense.add(
                 name=name, value=transport.floats_to_bytes(param.grad.detach().to(torch.float32).numpy()))
             param.grad = None
-        if not requests:
-            return {"servers": 0, "rows": 0, "rows_by_server": {}, "already_applied": 0}
-        return self._send_push(requests)
+        result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
+                                                             "already_applied": 0}
+        self.steps_done += 1
+        if self._periodic is not None:
+            result["snapshot"] = self._periodic.after_step(self, self.steps_done)
+        return result
+
+    def snapshot_every(self, steps: int, directory: str, keep: int = 2, on_progress=None) -> None:
+        """From now on every ``steps``-th :meth:`step` ends with a snapshot (:meth:`save`) to
+        ``directory/step-<n>`` (a directory or fsspec URL), between steps so the cut is consistent for this
+        worker; the newest ``keep`` complete snapshots are kept.  ``steps=0`` stops.  The way back after more
+        failures than the code tolerates: :func:`ecrec.snapshot.latest` and :meth:`load`."""
+        from ecrec.snapshot import Periodic
+
+        self._periodic = Periodic(steps, str(directory), keep, on_progress) if steps else None
 
     def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries

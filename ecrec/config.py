@@ -146,6 +146,9 @@ class CoordinatorConfig(SecurityOptions):
                                             "values and parity of a large table take a while)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
+    restore: str | None = option(None, "once every index has a server, restore this snapshot (a directory or fsspec "
+                                       "URL written by `ecrec-server snapshot` or Cluster.save) onto the cluster, "
+                                       "whatever shape it was saved from; the coordinator exits 1 if it cannot")
 
 
 @dataclass

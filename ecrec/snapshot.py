@@ -43,7 +43,7 @@ FORMATS = ("ecrec-snapshot/1", FORMAT)
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
 #: a restore keeps the chunks it verified in memory up to this many bytes (then reads them again to write)
-KEEP_VERIFIED_BYTES = 256 << 20
+KEEP_VERIFIED_BYTES = 128 << 20
 
 
 class SnapshotError(ValueError):
@@ -67,6 +67,9 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
 
     t0 = time.perf_counter()
     path = str(path)
+    # DCP's metadata classes take a second to import: meanwhile the servers write
+    importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
+    importer.start()
     if snapshot_files.exists(path, MANIFEST):
         if not overwrite:
             raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
@@ -104,6 +107,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     with ThreadPoolExecutor(max_workers=servers, thread_name_prefix="ecrec-save") as pool:
         for future in [pool.submit(write, i) for i in range(servers)]:
             future.result()
+    importer.join()
     items = [item for i in sorted(replies) for item in json.loads(replies[i].items_json)]
     manifest = {"format": FORMAT, "created": time.time(), "epoch": cluster_map.epoch, "servers": servers,
                 "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m,
@@ -128,6 +132,11 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
     return manifest
+
+
+def _import_dcp() -> None:
+    import torch.distributed.checkpoint.filesystem  # noqa: F401
+    import torch.distributed.checkpoint.metadata  # noqa: F401
 
 
 def _dcp_metadata(manifest: dict):
@@ -349,3 +358,61 @@ def load(cluster, path: str, on_progress=None) -> dict:
             if on_progress is not None:
                 on_progress(f"restored {name!r} rows {row:,}.. ({written / 1e6:,.1f} of {total / 1e6:,.1f} MB)")
     return manifest
+
+
+STEP_PREFIX = "step-"
+
+
+def latest(directory: str) -> str | None:
+    """The newest complete snapshot (``step-<n>`` with its manifest) under ``directory``, or None."""
+    names = [n for n in snapshot_files.listdir(str(directory)) if n.startswith(STEP_PREFIX)
+             and n[len(STEP_PREFIX):].isdigit()]
+    for name in sorted(names, key=lambda n: int(n[len(STEP_PREFIX):]), reverse=True):
+        path = snapshot_files.join(str(directory), name)
+        if snapshot_files.exists(path, MANIFEST):
+            return path
+    return None
+
+
+class Periodic:
+    """``Cluster.snapshot_every``: a snapshot every ``steps`` steps into ``directory/step-<n>``, the newest
+    ``keep`` complete ones kept (an incomplete one, a save cut short, is removed with the old)."""
+
+    def __init__(self, steps: int, directory: str, keep: int = 2, on_progress=None):
+        if steps < 1 or keep < 1:
+            raise ValueError(f"snapshot_every: steps ({steps}) and keep ({keep}) must be at least 1")
+        self.steps, self.directory, self.keep, self.on_progress = steps, directory, keep, on_progress
+        self.saved: list[dict] = []
+
+    def after_step(self, cluster, step: int) -> dict | None:
+        if step % self.steps:
+            return None
+        path = snapshot_files.join(self.directory, f"{STEP_PREFIX}{step:09d}")
+        t0 = time.perf_counter()
+        manifest = save(cluster, path, self.on_progress, overwrite=True)
+        record = {"step": step, "path": path, "bytes": manifest["bytes"], "seconds": time.perf_counter() - t0}
+        self.saved.append(record)
+        self._prune()
+        return record
+
+    def _prune(self) -> None:
+        names = sorted((n for n in snapshot_files.listdir(self.directory) if n.startswith(STEP_PREFIX)
+                        and n[len(STEP_PREFIX):].isdigit()), key=lambda n: int(n[len(STEP_PREFIX):]))
+        complete = [n for n in names if snapshot_files.exists(snapshot_files.join(self.directory, n), MANIFEST)]
+        keep = set(complete[-self.keep:])
+        for name in names:
+            if name not in keep and (name in complete or int(name[len(STEP_PREFIX):]) < int(
+                    (complete[-1] if complete else name)[len(STEP_PREFIX):])):
+                _remove_tree(snapshot_files.join(self.directory, name))
+
+
+def _remove_tree(path: str) -> None:
+    if snapshot_files.is_url(path):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path)
+        fs.rm(root, recursive=True)
+    else:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)

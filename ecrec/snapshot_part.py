@@ -111,7 +111,7 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
         for name in request.dense:
             dense = state.dense(name)
             state.strategy.ensure_dense(dense)
-            value = dense.read()[0]
+            value = dense.read()[0].view(np.float32)  # the payload bytes as its floats
             written = snapshot_files.write_tensor(stream, value)
             items.append({"key": f"dense/{name}/payload", "offsets": [0], "sizes": [len(value)],
                           "file": request.file, **written})

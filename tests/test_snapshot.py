@@ -6,6 +6,7 @@ snapshots refused with the cluster unchanged.  Real servers on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -165,3 +166,91 @@ def test_the_snapshot_commands_have_help_with_examples_beside_the_cluster_comman
     with pytest.raises(SystemExit):
         cli.main(["snapshot", "--coordinator", "127.0.0.1:1"])  # no PATH: argparse's error, exit 2
     assert "path" in capsys.readouterr().err
+
+
+def _dense_model(cluster: Cluster, seed: int):
+    torch.manual_seed(seed)
+    mlp = torch.nn.Linear(8, 1)
+    cluster.register_dense(mlp, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, prefix="mlp.")
+    return mlp
+
+
+def _train_with_dense(cluster: Cluster, mlp, batches) -> None:
+    bag = EmbeddingBag(cluster, "a")
+    for ids, offsets in batches:
+        mlp(bag(ids, offsets)).square().sum().backward()
+        cluster.step()
+
+
+def test_every_server_writes_its_own_file_and_dense_tensors_come_back_with_their_optimizer_state(make_cluster,
+                                                                                                 tmp_path):
+    """Three servers each write their own .distcp (rows gathered from their peers, in several chunks); the
+    dense tensors and their Adagrad state are in the snapshot; restored onto two servers, a new worker's
+    modules take the restored values and training goes on bit for bit."""
+    from ecrec import snapshot
+
+    batches = _batches(6, seed=3)
+    source = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    _tables(source)
+    mlp = _dense_model(source, seed=0)
+    _train_with_dense(source, mlp, batches[:3])
+    manifest = snapshot.save(source, str(tmp_path / "snap"), chunk_bytes=4096)  # 4 KB: many chunks a server
+    files = {c["file"] for t in manifest["tensors"].values() for c in t["chunks"]}
+    assert files == {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp"}
+    assert all((tmp_path / "snap" / f).stat().st_size > 0 for f in files)
+    assert len(manifest["tensors"]["tables/a/weight"]["chunks"]) > 3
+    assert set(manifest["dense"]) == {"mlp.weight", "mlp.bias"}
+    dense_at_snapshot = {n: source.read_dense_payload(n).view(np.uint32) for n in manifest["dense"]}
+    _train_with_dense(source, mlp, batches[3:])
+    expected = _state(source)["a"], {n: source.read_dense_payload(n).view(np.uint32) for n in manifest["dense"]}
+
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.load(str(tmp_path / "snap"))
+    assert {n: np.array_equal(target.read_dense_payload(n).view(np.uint32), v)
+            for n, v in dense_at_snapshot.items()} == {"mlp.weight": True, "mlp.bias": True}
+    fresh_mlp = _dense_model(target, seed=99)  # other initial values: the restored ones win
+    _train_with_dense(target, fresh_mlp, batches[3:])
+    assert np.array_equal(_state(target)["a"], expected[0])
+    assert {n: np.array_equal(target.read_dense_payload(n).view(np.uint32), v) for n, v in expected[1].items()} == \
+        {"mlp.weight": True, "mlp.bias": True}
+    with pytest.raises(SnapshotError, match="already holds a snapshot"):
+        source.save(str(tmp_path / "snap"))
+    assert source.save(str(tmp_path / "snap"), overwrite=True)["tables"]
+
+
+def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_cluster, tmp_path):
+    """``snapshot_every(2, dir, keep=2)``: after 6 steps step-4 and step-6 remain; ``latest`` names step-6,
+    read back through an fsspec ``file://`` URL equal to the cluster after step 6."""
+    from ecrec import snapshot
+
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(cluster)
+    url = f"file://{tmp_path / 'periodic'}"
+    cluster.snapshot_every(2, url, keep=2)
+    _train(cluster, _batches(6))
+    assert sorted(p.name for p in (tmp_path / "periodic").iterdir()) == ["step-000000004", "step-000000006"]
+    newest = snapshot.latest(url)
+    assert newest == f"{url}/step-000000006"
+    at_six = _state(cluster)
+    cluster.snapshot_every(0, url)
+    target = Cluster.connect(make_cluster(servers=3, strategy="none").coordinator_address)
+    target.load(newest)
+    assert {k: np.array_equal(v, at_six[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
+    with pytest.raises(ValueError, match="at least 1"):
+        cluster.snapshot_every(2, url, keep=0)
+
+
+def test_a_coordinator_restores_a_snapshot_when_its_servers_are_up(make_cluster, tmp_path):
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(source)
+    _train(source, _batches(2))
+    source.save(str(tmp_path / "snap"))
+    saved = _state(source)
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, coordinator_options={"restore": str(tmp_path / "snap")})
+    target = Cluster.connect(local.coordinator_address)
+    for _ in range(600):
+        if {t.name for t in target.refresh_map().tables} == {"a", "b"} and \
+                {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}:
+            break
+        time.sleep(0.1)
+    assert {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}

@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "report": ("ecrec.bench.report", "a compare JSON's table recomputed from the step records it keeps"),
     "profile": ("ecrec.bench.profile", "sample one server and the worker with py-spy while training; top functions"),
     "server": ("ecrec.bench.server", "pull/push rows/s of the servers beside a raw gRPC round trip of the same bytes"),
+    "snapshot": ("ecrec.bench.snapshot", "save a snapshot of a cluster (every server at once) and restore it onto "
+                                         "a cluster of another shape: MB/s, client memory, bit-exactness"),
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
 }
 
@@ -31,6 +33,7 @@ EXAMPLES = {
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
     "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",
+    "snapshot": "ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json",
     "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
 }
 

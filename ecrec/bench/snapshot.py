@@ -1,0 +1,181 @@
+"""``ecrec-bench snapshot``: how fast a cluster saves a snapshot and restores it onto a cluster of another shape.
+
+One cluster (``--servers``, ``--k``/``--m`` with ``--strategy ecrec``) creates ``--tables`` tables of ``--rows``
+x ``--dim`` (Adagrad by default: weights and accumulators, 8 bytes a float pair), saves a snapshot into
+``--dir`` (every server writing its own file at once), then a second cluster of another shape
+(``--restore-servers``, ``--restore-k``/``--restore-m``) restores it.  Printed and saved: MB/s of the save and
+of the restore, each server's write time, the client's peak memory during each (VmHWM, reset before), the
+disk's own rate for the same bytes (a file written and fsynced; the goal), load averages, and whether the
+restored rows equal the saved ones (``--verify``: every row, or a sample of 100,000).
+
+Examples::
+
+    ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json
+    ecrec-bench snapshot --rows 200000 --servers 4 --k 2 --m 1 --restore-servers 5 --restore-k 3 --restore-m 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows of each table (default 1,000,000)")
+    p.add_argument("--dim", type=int, default=64, help="embedding dim (default 64)")
+    p.add_argument("--tables", type=int, default=1, help="number of tables (default 1)")
+    p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "sgd"])
+    p.add_argument("--servers", type=int, default=4, help="servers of the saving cluster (default 4)")
+    p.add_argument("--strategy", default="ecrec", help="strategy of both clusters (default ecrec)")
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--m", type=int, default=1)
+    p.add_argument("--restore-servers", type=int, default=3, help="servers of the restoring cluster (default 3)")
+    p.add_argument("--restore-k", type=int, default=2)
+    p.add_argument("--restore-m", type=int, default=1)
+    p.add_argument("--dir", default=None, help="where the snapshot is written (default: a temporary directory, "
+                                                "removed after)")
+    p.add_argument("--verify", choices=["all", "sample", "no"], default="sample",
+                   help="compare the restored rows with the saved ones: all, a sample of 100,000, or not")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+
+
+def _peak_reset() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def disk_rate(directory: Path, nbytes: int) -> float:
+    """MB/s of writing ``nbytes`` to a new file of ``directory`` and fsyncing it (64 MB writes)."""
+    block = np.random.default_rng(0).integers(0, 255, size=64 << 20, dtype=np.uint8).tobytes()
+    target = directory / ".disk-rate"
+    t0 = time.perf_counter()
+    with open(target, "wb") as f:
+        for _ in range(max(1, nbytes // len(block))):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t0
+    target.unlink()
+    return max(1, nbytes // len(block)) * len(block) / 1e6 / seconds
+
+
+def _cluster(servers: int, strategy: str, k: int, m: int):
+    from ecrec.local import LocalCluster, LocalClusterSpec
+
+    local = LocalCluster(LocalClusterSpec(servers=servers, strategy=strategy, k=k if strategy == "ecrec" else 0,
+                                          m=m if strategy == "ecrec" else 0,
+                                          server_options={"no_standby_reserve": True}))
+    local.start(timeout_s=180)
+    return local
+
+
+def _equal(source, target, names: list[str], rows: int, how: str, seed: int) -> bool | None:
+    """Whether ``target``'s rows equal ``source``'s, bit for bit: all of them, or a sample of 100,000."""
+    if how == "no":
+        return None
+    ids = np.arange(rows) if how == "all" else np.unique(np.random.default_rng(seed).integers(0, rows, 100_000))
+    for name in names:
+        for start in range(0, len(ids), 1 << 18):
+            part = ids[start:start + (1 << 18)]
+            if not np.array_equal(source.read_rows(name, part, "payload").view(np.uint32),
+                                  target.read_rows(name, part, "payload").view(np.uint32)):
+                return False
+    return True
+
+
+def run(args) -> int:
+    from ecrec.client import Cluster
+    from ecrec.config import ClientConfig
+
+    if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
+        print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
+        return 2
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ecrec-snapshot-bench-"))
+    path = work / "snapshot"
+    if path.exists():
+        print(f"ecrec-bench snapshot: {path} exists; choose another --dir", file=sys.stderr)
+        return 2
+    out = {"config": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "dir"},
+           "load_average_before": list(os.getloadavg()), "cpu_count": os.cpu_count()}
+    names = [f"t{i}" for i in range(args.tables)]
+    source_local = target_local = None
+    try:
+        source_local = _cluster(args.servers, args.strategy, args.k, args.m)
+        config = ClientConfig(rpc_timeout_s=600.0)
+        source = Cluster.connect(source_local.coordinator_address, config, worker="bench-save")
+        for name in names:
+            source.create_table(name, args.rows, args.dim, optimizer=args.optimizer, lr=0.05, seed=args.seed,
+                                initial_accumulator_value=0.1 if args.optimizer == "adagrad" else 0.0)
+        messages: list[str] = []
+        _peak_reset()
+        t0 = time.perf_counter()
+        manifest = source.save(str(path), on_progress=lambda text: (messages.append(text),
+                                                                  print(f"  save: {text}", file=sys.stderr)))
+        save_s = time.perf_counter() - t0
+        out["save"] = {"seconds": save_s, "bytes": manifest["bytes"], "mb_per_s": manifest["bytes"] / 1e6 / save_s,
+                       "client_peak_bytes": _peak_bytes(), "messages": messages}
+        target_local = _cluster(args.restore_servers, args.strategy, args.restore_k, args.restore_m)
+        target = Cluster.connect(target_local.coordinator_address, config, worker="bench-restore")
+        messages = []
+        _peak_reset()
+        t0 = time.perf_counter()
+        target.load(str(path), on_progress=lambda text: messages.append(text))
+        restore_s = time.perf_counter() - t0
+        out["restore"] = {"seconds": restore_s, "bytes": manifest["bytes"],
+                          "mb_per_s": manifest["bytes"] / 1e6 / restore_s, "client_peak_bytes": _peak_bytes(),
+                          "messages": messages[:1] + messages[-1:]}
+        out["exact"] = _equal(source, target, names, args.rows, args.verify, args.seed)
+        if args.strategy == "ecrec":
+            checked = target.strategy_call("verify_parity")
+            out["parity_mismatched"] = int(sum(r["mismatched"] for r in checked.values()))
+        source.close()
+        target.close()
+    finally:
+        for local in (source_local, target_local):
+            if local is not None:
+                local.close()
+        shutil.rmtree(path, ignore_errors=True)
+    try:  # with no cluster running: the disk alone
+        out["disk_mb_per_s"] = disk_rate(work, out["save"]["bytes"])
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    out["load_average_after"] = list(os.getloadavg())
+    mb = out["save"]["bytes"] / 1e6
+    print(f"snapshot of {args.tables} x {args.rows:,} x {args.dim} ({args.optimizer}, {mb:,.0f} MB): "
+          f"{args.servers} servers -> {args.restore_servers}")
+    print(f"  save     {out['save']['seconds']:7.2f} s  {out['save']['mb_per_s']:7.0f} MB/s  client peak "
+          f"{(out['save']['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
+    print(f"  restore  {out['restore']['seconds']:7.2f} s  {out['restore']['mb_per_s']:7.0f} MB/s  client peak "
+          f"{(out['restore']['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
+    print(f"  disk (one file, fsynced) {out['disk_mb_per_s']:,.0f} MB/s;  restored rows equal: {out['exact']};  "
+          f"parity mismatched: {out.get('parity_mismatched', '-')}")
+    print(f"  load average before {out['load_average_before'][0]:.2f}, after {out['load_average_after'][0]:.2f} "
+          f"({out['cpu_count']} cores)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if out["exact"] in (True, None) and not out.get("parity_mismatched") else 1
