@@ -928,7 +928,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 slots = shard.slots_for(ids)
             st.strategy.ensure_rows([(shard, slots)])
             reply.ids = transport.ids_to_bytes(ids)
-            reply.payload = shard.read_payload(slots).tobytes()
+            reply.payload = shard.read_payload_bytes(slots)
             reply.row_bytes = shard.spec.row_bytes
         for name in request.dense:
             d = st.dense(name)

@@ -126,6 +126,14 @@ class TableShard:
         with self._lock:
             return self._payload[slots]
 
+    def read_payload_bytes(self, slots: np.ndarray) -> bytes:
+        """The rows' payload as bytes; slots that run consecutively (a snapshot's reads) are copied as one
+        slice, not gathered row by row."""
+        if len(slots) > 1 and slots[-1] - slots[0] == len(slots) - 1 and bool((np.diff(slots) == 1).all()):
+            with self._lock:
+                return self._payload[int(slots[0]):int(slots[-1]) + 1].tobytes()
+        return self.read_payload(slots).tobytes()
+
     def read(self, slots: np.ndarray) -> RowsRead:
         """Payload, versions and ready flags of ``slots``, read atomically."""
         with self._lock:

@@ -42,16 +42,16 @@ FORMAT = "ecrec-snapshot/2"
 FORMATS = ("ecrec-snapshot/1", FORMAT)
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
-#: a restore keeps the chunks it verified in memory up to this many bytes (then reads them again to write)
-KEEP_VERIFIED_BYTES = 128 << 20
 
 
 class SnapshotError(ValueError):
     """A snapshot that cannot be written or restored here: missing, corrupted, or shaped for another model."""
 
 
-def _ranges(num_rows: int, parts: int) -> list[tuple[int, int]]:
+def _ranges(num_rows: int, parts: int, block: int = 1) -> list[tuple[int, int]]:
+    """``num_rows`` cut into at most ``parts`` contiguous ranges, each a multiple of ``block`` rows but the last."""
     per = -(-num_rows // parts)
+    per = -(-per // block) * block
     return [(a, min(num_rows, a + per)) for a in range(0, num_rows, per)]
 
 
@@ -85,7 +85,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     requests = {i: embedding_pb2.WriteSnapshotRequest(path=path, file=f"__{i}_0.distcp", chunk_bytes=chunk_bytes)
                 for i in range(servers)}
     for spec in tables:
-        for i, (a, b) in enumerate(_ranges(spec.num_rows, servers)):
+        for i, (a, b) in enumerate(_ranges(spec.num_rows, servers, servers * layout.k)):
             requests[i].ranges.add(table=spec.name, start=a, stop=b)
     for spec in denses:
         requests[layout.dense_servers(spec.name)[0]].dense.append(spec.name)
@@ -251,17 +251,26 @@ def _check_tensor(path: str, manifest: dict, key: str, shape: list[int]) -> None
 
 
 class _ChunkReader:
-    """Reads and checks chunks of a snapshot, one open file per data file at a time."""
+    """Reads and checks chunks of a snapshot: mapped from a local file, read from a URL."""
 
     def __init__(self, path: str):
         self.path = path
 
-    def read(self, key: str, chunk: dict) -> np.ndarray:
+    def joined(self, item) -> np.ndarray:
+        """A chunk of rows, weights and state side by side (checked already: read again, not checked again)."""
+        arrays = [self.read(key, chunk, check=False) for key, chunk in item[3]]
+        return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+
+    def read(self, key: str, chunk: dict, check: bool = True) -> np.ndarray:
         rows = f"{key} rows {chunk['offsets'][0]}..{chunk['offsets'][0] + chunk['sizes'][0] - 1}"
         file = snapshot_files.join(self.path, chunk["file"])
         try:
-            with snapshot_files.open_file(self.path, chunk["file"], "rb") as stream:
-                array = snapshot_files.read_tensor(stream, chunk["offset"], chunk["length"])
+            if snapshot_files.is_url(self.path):
+                with snapshot_files.open_file(self.path, chunk["file"], "rb") as stream:
+                    array = snapshot_files.read_tensor(stream, chunk["offset"], chunk["length"])
+            else:  # mapped: the values straight from the page cache
+                array = snapshot_files.map_tensor(self.path, chunk["file"], chunk["offset"], chunk["length"],
+                                                  chunk["sizes"])
         except FileNotFoundError:
             raise SnapshotError(f"{self.path}: {chunk['file']} is missing ({key})") from None
         except Exception as exc:  # noqa: BLE001 - a truncated or garbled item: torch.load's many errors
@@ -271,7 +280,7 @@ class _ChunkReader:
         if list(array.shape) != list(chunk["sizes"]) or array.dtype != np.float32:
             raise SnapshotError(f"{rows} cannot be read as the manifest says (float32 {chunk['sizes']}): "
                                 f"{file} holds {array.dtype} {list(array.shape)}; nothing was restored")
-        if snapshot_files.digest(array) != chunk["sha256"]:
+        if check and snapshot_files.digest(array) != chunk["sha256"]:
             raise SnapshotError(f"{rows} does not match its checksum in {MANIFEST}: a corrupted file, {file}; "
                                 "nothing was restored")
         return array
@@ -305,30 +314,28 @@ def load(cluster, path: str, on_progress=None) -> dict:
             order.append(("dense", name, 0, [(f"dense/{name}/payload", chunk)]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
-    def payload_of(item) -> np.ndarray:
+    def payload_of(item, joined: bool = True) -> np.ndarray | None:
+        """A chunk's rows checked (checksums, then values), and ``joined``: weights and state side by side."""
         kind, name, row, parts = item
         arrays = [reader.read(key, chunk) for key, chunk in parts]
-        payload = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
         if kind == "table":
             try:
-                cluster._check_values(tables[name], payload, "payload")
+                cluster._check_values(tables[name], arrays[0], "weights")
+                if len(arrays) > 1:
+                    cluster._check_values(tables[name], arrays[1], "state")
             except ValueError as exc:
                 raise SnapshotError(f"{path}: rows from {row} of {exc}; nothing was restored") from None
-        return payload
+        if not joined:
+            return None
+        return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
 
-    # 1. every chunk read and checked before anything is written (kept while they fit KEEP_VERIFIED_BYTES)
-    kept: dict[int, np.ndarray] = {}
-    verified = 0
+    # 1. every chunk read and checked before anything is written (two at a time: checksums run in parallel)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ecrec-verify") as pool:
-        window = [pool.submit(payload_of, item) for item in order[:2]]  # two chunks in flight at most
+        window = [pool.submit(payload_of, item, False) for item in order[:2]]
         for i in range(len(order)):
-            payload = window.pop(0).result()
+            window.pop(0).result()
             if i + 2 < len(order):
-                window.append(pool.submit(payload_of, order[i + 2]))
-            verified += payload.nbytes
-            if verified <= KEEP_VERIFIED_BYTES:
-                kept[i] = payload
-            del payload
+                window.append(pool.submit(payload_of, order[i + 2], False))
     if on_progress is not None:
         on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
     # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
@@ -342,11 +349,11 @@ def load(cluster, path: str, on_progress=None) -> dict:
             cluster.create_dense(spec)
     written = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-restore-read") as pool:
-        ahead = pool.submit(lambda: kept.pop(0, None) if 0 in kept else payload_of(order[0])) if order else None
+        ahead = pool.submit(reader.joined, order[0]) if order else None
         for i, item in enumerate(order):
             payload = ahead.result()
             if i + 1 < len(order):
-                ahead = pool.submit(lambda j=i + 1: kept.pop(j) if j in kept else payload_of(order[j]))
+                ahead = pool.submit(reader.joined, order[i + 1])
             kind, name, row, _ = item
             if kind == "table":
                 cluster.write_rows(name, np.arange(row, row + len(payload), dtype=np.int64), payload,

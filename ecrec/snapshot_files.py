@@ -12,6 +12,8 @@ import hashlib
 import io
 import os
 import re
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +133,48 @@ def read_tensor(stream, offset: int, length: int) -> np.ndarray:
     if len(data) != length:
         raise EOFError(f"{length} bytes at offset {offset} wanted, the file holds {len(data)}")
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True).numpy()
+
+
+class _Window(io.RawIOBase):
+    """A read-only file over a buffer (a memory map): what :mod:`zipfile` needs to read a zip's directory."""
+
+    def __init__(self, buffer):
+        self._buffer, self._pos = memoryview(buffer), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: len(self._buffer)}[whence] + offset
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), len(self._buffer) - self._pos))
+        b[:n] = self._buffer[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+def map_tensor(path: str, name: str, offset: int, length: int, shape) -> np.ndarray:
+    """The float32 tensor item at ``offset`` of a local ``.distcp`` file, mapped, not read: the values of a
+    ``torch.save`` zip are stored uncompressed, so they are viewed in place (the page cache, no copy).  Raises
+    ``ValueError`` when the item is not one uncompressed float32 storage of ``shape``."""
+    count = int(np.prod(shape, dtype=np.int64))
+    item = np.memmap(Path(path) / name, dtype=np.uint8, mode="r", offset=offset, shape=(length,))
+    with zipfile.ZipFile(_Window(item)) as archive:
+        data = [i for i in archive.infolist() if i.filename.rsplit("/", 2)[-2:-1] == ["data"]]
+        if len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED or data[0].file_size != 4 * count:
+            raise ValueError(f"not one uncompressed storage of {4 * count} bytes")
+        header = bytes(item[data[0].header_offset:data[0].header_offset + 30])
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            raise ValueError("no local file header where the directory points")
+        start = data[0].header_offset + 30 + sum(struct.unpack("<HH", header[26:30]))
+    if start + 4 * count > length:
+        raise ValueError(f"the storage runs past the item ({start + 4 * count} > {length} bytes)")
+    return np.frombuffer(item, dtype="<f4", count=count, offset=start).reshape(shape)

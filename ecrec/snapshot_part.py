@@ -21,6 +21,10 @@ from ecrec.wire import embedding_pb2
 #: the default and largest item written (a chunk of rows' weights or state)
 CHUNK_BYTES = 64 << 20
 MAX_CHUNK_BYTES = 128 << 20
+#: the largest ``ReadPayload`` reply asked of a peer
+READ_BYTES = 4 << 20
+#: reads in flight at once
+READERS = 4
 
 
 def validate(state, request) -> list:
@@ -43,26 +47,58 @@ def validate(state, request) -> list:
     return ranges
 
 
-def _gather(state, shard, ids: np.ndarray, pool: ThreadPoolExecutor) -> np.ndarray:
-    """The payload of rows ``ids`` in that order: this server's own from its shard, the rest from their owners
-    (one ``ReadPayload`` per owner, in parallel)."""
-    owners, slots = state.layout.locate(ids)
-    payload = np.empty((len(ids), shard.spec.row_bytes), dtype=np.uint8)
+def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor) -> np.ndarray:
+    """The payload of rows ``start..stop-1`` in id order: this server's own from its shard, the rest from their
+    owners (``ReadPayload`` messages of at most :data:`READ_BYTES`, several in flight: gRPC moves small
+    messages several times faster than one large one).  A range of whole blocks (``S*k`` rows: every server
+    holds ``k`` rows of each, in consecutive slots) is read as consecutive slots and placed by strided copies;
+    any other range (a table's tail) row by row."""
+    layout, spec = state.layout, shard.spec
+    block = layout.num_servers * layout.k
+    payload = np.empty((stop - start, spec.row_bytes), dtype=np.uint8)
+    pieces = []  # (server, ids, where: row positions, or the first block of a run of whole blocks)
+    if start % block == 0 and (stop - start) % block == 0 and stop <= spec.num_rows:
+        by_block = payload.reshape(-1, block, spec.row_bytes)
+        per = max(1, READ_BYTES // (layout.k * spec.row_bytes))  # blocks a message
+        first = start // block
+        for r in range(layout.num_servers):
+            for b0 in range(0, len(by_block), per):
+                b1 = min(len(by_block), b0 + per)
+                slots = np.arange((first + b0) * layout.k, (first + b1) * layout.k, dtype=np.int64)
+                pieces.append((r, layout.ids_of_slots(r, slots), b0))
+    else:
+        by_block = None
+        ids = np.arange(start, stop, dtype=np.int64)
+        owners, _ = layout.locate(ids)
+        per = max(1, READ_BYTES // spec.row_bytes)
+        for r in np.unique(owners):
+            where = np.flatnonzero(owners == r)
+            for a in range(0, len(where), per):
+                pieces.append((int(r), ids[where[a:a + per]], where[a:a + per]))
 
-    def read_peer(owner: int, where: np.ndarray) -> None:
-        reply = state.peers.call(owner, "ReadPayload", embedding_pb2.ReadPayloadRequest(
-            table=shard.name, ids=transport.ids_to_bytes(ids[where])))
-        if transport.bytes_to_ids(reply.ids).shape != (len(where),):
-            raise errors.Internal(f"server {owner} answered {len(reply.ids) // 8} rows of {len(where)} asked")
-        payload[where] = np.frombuffer(reply.payload, dtype=np.uint8).reshape(len(where), shard.spec.row_bytes)
+    def place(r: int, rows: np.ndarray, where) -> None:
+        if by_block is None:
+            payload[where] = rows
+            return
+        rows = rows.reshape(-1, layout.k, spec.row_bytes)
+        target = by_block[where:where + len(rows)]
+        for t in range(layout.k):  # slot t of a block holds the row at position ((r - t) % S) * k + t of it
+            target[:, ((r - t) % layout.num_servers) * layout.k + t] = rows[:, t]
 
-    futures = [pool.submit(read_peer, int(owner), np.flatnonzero(owners == owner))
-               for owner in np.unique(owners) if owner != state.index]
-    mine = np.flatnonzero(owners == state.index)
-    if len(mine):
-        state.strategy.ensure_rows([(shard, slots[mine])])
-        payload[mine] = shard.read_payload(slots[mine])
-    for future in futures:
+    def read(piece) -> None:
+        r, ids, where = piece
+        if r == state.index:
+            slots = shard.slots_for(ids)
+            state.strategy.ensure_rows([(shard, slots)])
+            data = shard.read_payload_bytes(slots)
+        else:
+            data = state.peers.call(r, "ReadPayload", embedding_pb2.ReadPayloadRequest(
+                table=shard.name, ids=transport.ids_to_bytes(ids))).payload
+            if len(data) != len(ids) * spec.row_bytes:
+                raise errors.Internal(f"server {r} answered {len(data)} bytes for {len(ids)} rows")
+        place(r, np.frombuffer(data, dtype=np.uint8).reshape(len(ids), spec.row_bytes), where)
+
+    for future in [pool.submit(read, piece) for piece in pieces]:
         future.result()
     return payload.view(np.float32)
 
@@ -86,19 +122,20 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
     chunk_bytes = request.chunk_bytes or CHUNK_BYTES
     items: list[dict] = []
     snapshot_files.makedirs(request.path)
-    with ThreadPoolExecutor(max_workers=state.layout.num_servers + 1, thread_name_prefix="ecrec-snapshot") as pool, \
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-snapshot-gather") as gatherer, \
+            ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="ecrec-snapshot-read") as pool, \
             snapshot_files.open_file(request.path, request.file, "wb") as stream:
         for shard, start, stop in ranges:
             spec = shard.spec
+            block = state.layout.num_servers * state.layout.k
             rows = max(1, chunk_bytes // spec.row_bytes)
-            pending = pool.submit(_gather, state, shard, np.arange(start, min(stop, start + rows), dtype=np.int64),
-                                  pool)
+            rows = rows // block * block or rows  # whole blocks: read as consecutive slots
+            pending = gatherer.submit(_gather, state, shard, start, min(stop, start + rows), pool)
             for a in range(start, stop, rows):
                 payload = pending.result()
                 b = min(stop, a + rows)
                 if b < stop:  # the next chunk is gathered while this one is written
-                    pending = pool.submit(_gather, state, shard, np.arange(b, min(stop, b + rows), dtype=np.int64),
-                                          pool)
+                    pending = gatherer.submit(_gather, state, shard, b, min(stop, b + rows), pool)
                 parts = [("weight", slice(0, spec.dim))]
                 if spec.row_floats > spec.dim:
                     parts.append(("state", slice(spec.dim, spec.row_floats)))
