@@ -48,7 +48,8 @@ class TableShard:
         self.num_slots = layout.data_slots_per_server(spec.num_rows)
         self._payload = allocate((self.num_slots, spec.row_bytes), np.uint8)
         self._floats = self._payload.view(np.float32)  # (slots, row_floats)
-        if initial_values:  # a replacement whose strategy rebuilds every row skips this
+        if initial_values and not spec.initially_zero:  # a replacement whose strategy rebuilds every row skips
+            # this, and zeroed rows are initial rows already
             fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)

@@ -342,7 +342,7 @@ def load(cluster, path: str, on_progress=None) -> dict:
     for name, spec in tables.items():
         if name not in existing:
             cluster.create_table(name, spec.num_rows, spec.dim, optimizer=spec.optimizer, lr=spec.lr, eps=spec.eps,
-                                 initial_accumulator_value=spec.initial_accumulator_value, init="zeros",
+                                 initial_accumulator_value=spec.initial_accumulator_value, init="blank",
                                  seed=spec.seed)
     for name, spec in denses.items():
         if name not in existing_dense:

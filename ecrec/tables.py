@@ -20,7 +20,9 @@ import numpy as np
 from ecrec import optim
 from ecrec.wire import cluster_pb2
 
-INITS = ("uniform", "normal", "zeros")
+#: "blank": every float zero, the optimizer state included: a table whose every row is written right after
+#: (a restore), created without computing initial rows or their parity
+INITS = ("uniform", "normal", "zeros", "blank")
 MAX_DIM = 1 << 16
 
 
@@ -56,6 +58,13 @@ class TableSpec:
     @property
     def state_width(self) -> int:
         return optim.state_width(self.optimizer)
+
+    @property
+    def initially_zero(self) -> bool:
+        """Every initial float is zero (weights and state): a fresh zeroed array already holds the initial rows
+        and their parity."""
+        return self.init == "blank" or (self.init == "zeros" and (self.state_width == 0
+                                                                  or self.initial_accumulator_value == 0))
 
     @property
     def row_floats(self) -> int:
@@ -150,7 +159,7 @@ def _uniform01(spec: TableSpec, ids: np.ndarray, stream: int) -> np.ndarray:
 def initial_weights(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     """Initial float32 weights ``(len(ids), dim)`` of the given rows."""
     ids = np.asarray(ids, dtype=np.int64)
-    if spec.init == "zeros":
+    if spec.init in ("zeros", "blank"):
         return np.zeros((len(ids), spec.dim), dtype=np.float32)
     if spec.init == "uniform":
         scale = spec.init_scale or 1.0 / math.sqrt(spec.num_rows)
@@ -246,5 +255,5 @@ def _initial_payload_numpy(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     """The reference (numpy) form of :func:`initial_payload`."""
     out = np.empty((len(ids), spec.row_floats), dtype=np.float32)
     out[:, : spec.dim] = initial_weights(spec, ids)
-    out[:, spec.dim :] = np.float32(spec.initial_accumulator_value)
+    out[:, spec.dim :] = np.float32(0.0 if spec.init == "blank" else spec.initial_accumulator_value)
     return out

@@ -69,3 +69,27 @@ def test_server_bench_compares_with_raw_grpc(tmp_path, capsys):
 def test_server_bench_refuses_a_batch_larger_than_the_table(capsys):
     assert cli.main(["server", "--rows", "100", "--batch", "200"]) == 2
     assert "ecrec-bench server: --batch must not exceed --rows" in capsys.readouterr().err
+
+
+@pytest.mark.cluster
+def test_snapshot_bench_saves_restores_onto_another_shape_and_checks_every_row(tmp_path, capsys):
+    out = tmp_path / "snapshot.json"
+    assert cli.main(["snapshot", "--rows", "3001", "--dim", "8", "--servers", "3", "--k", "2", "--m", "1",
+                     "--restore-servers", "4", "--restore-k", "2", "--restore-m", "2", "--verify", "all",
+                     "--dir", str(tmp_path), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["exact"] is True and report["parity_mismatched"] == 0 and report["failures_declared"] == 0
+    for phase in ("save", "restore"):
+        figures = report[phase]
+        assert 3001 * 64 < figures["bytes"] < 3001 * 64 + 100_000  # the rows (8 floats and 8 accumulators
+        # each) and each item's torch.save framing
+        assert figures["mb_per_s"] == pytest.approx(figures["bytes"] / 1e6 / figures["seconds"])
+        assert figures["client_peak_bytes"] > 0
+    assert report["disk_mb_per_s"] > 0 and len(report["load_average_before"]) == 3
+    assert "restored rows equal: True" in capsys.readouterr().out
+    assert not (tmp_path / "snapshot").exists()  # the snapshot is removed after, the --dir kept
+
+
+def test_snapshot_bench_refuses_bad_sizes(capsys):
+    assert cli.main(["snapshot", "--rows", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err
