@@ -470,3 +470,30 @@ def test_report_recomputes_a_saved_json_from_its_records(tmp_path, monkeypatch, 
     assert cli.main(["report", str(tmp_path / "other.json")]) == 2
     assert "not written by `ecrec-bench compare --json`" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.cluster
+def test_ecrecs_periodic_snapshots_are_timed_inside_its_steps(tmp_path):
+    """``--snapshot-every 10``: the erasure-coded run's worker snapshots after steps 10, 20 and 30, each inside
+    the step it ends (so ECRec's overhead counts it), the newest kept; ``none`` takes none."""
+    report_path = tmp_path / "r.json"
+    assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "30", "--fail-at", "-1",
+                     "--snapshot-every", "10", "--work-dir", str(tmp_path / "work"), "--keep",
+                     "--json", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["config"]["snapshot_every"] == 10
+    runs = report["runs"]
+    snapshots = runs["ecrec"]["snapshots"]
+    assert [s["step"] for s in snapshots] == [9, 19, 29] and all(s["seconds"] > 0 for s in snapshots)
+    steps = runs["ecrec"]["steps"]
+    for s in snapshots:  # the step that took it lasted at least as long as the snapshot
+        i = steps["step"].index(s["step"])
+        assert steps["end"][i] - steps["start"][i] >= s["seconds"]
+    assert runs["none"]["snapshots"] == []
+    kept = sorted((tmp_path / "work").glob("snapshots-ecrec*/step-*"))
+    assert [p.name for p in kept] == ["step-000000030"] and (kept[0] / "manifest.json").exists()
+
+
+def test_snapshot_every_needs_one_worker(capsys):
+    assert cli.main(["compare", "--workers", "2", "--strategies", "none,ecrec", "--snapshot-every", "5"]) == 2
+    assert "--snapshot-every needs --workers 1" in capsys.readouterr().err

@@ -105,6 +105,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--equal-pls", action="store_true",
                    help="tune cpr-mfu and cpr-ssu to the target PLS of cpr (longer full intervals), as CPR compares them")
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
+    p.add_argument("--snapshot-every", type=int, default=0, metavar="STEPS",
+                   help="ECRec's long-interval fallback for more than m failures in a stripe: every STEPS steps the "
+                        "erasure-coded runs' worker writes a snapshot (Cluster.snapshot_every, the newest kept), its "
+                        "time counted in their step times and overhead (default 0: none)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help=f"interleaved rounds of short slices for the failure-free throughput (default {ROUNDS})")
     p.add_argument("--model", choices=["auto", "ecrec", "torchrec"], default="auto",
@@ -191,7 +195,9 @@ def run_record(strategy: str, run: dict, reference: dict | None, cfg: dict) -> d
             "client_bytes": result.get("client_bytes", 0), "stats": run.get("stats") or {},
             "model_bytes": _model_bytes(run["map"]) if run.get("map") is not None else 0,
             "state_matches_failure_free": matches, "interval": run.get("interval"),
-            "load_average": run.get("load_average"), "memory": run.get("memory") or {}}
+            "load_average": run.get("load_average"), "memory": run.get("memory") or {},
+            "snapshots": [{"step": int(r["step"]), "seconds": float(r["snapshot_s"])} for r in result["records"]
+                          if r.get("snapshot_s") is not None]}
 
 
 def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_at) -> dict:
@@ -265,6 +271,13 @@ def run(args) -> int:
     if args.rounds < 1:
         print("ecrec-bench compare: --rounds must be >= 1", file=sys.stderr)
         return 2
+    if args.snapshot_every < 0:
+        print("ecrec-bench compare: --snapshot-every must be >= 0", file=sys.stderr)
+        return 2
+    if args.snapshot_every and args.workers > 1:
+        print("ecrec-bench compare: --snapshot-every needs --workers 1 (a snapshot is a consistent cut only when no "
+              "other worker pushes meanwhile)", file=sys.stderr)
+        return 2
     checkpointing = [s for s in strategies if _kind(s) == "checkpoint"]
     if args.workers > 1 and checkpointing:
         print(f"ecrec-bench compare: {', '.join(checkpointing)} need one checkpoint driver that sees every worker's "
@@ -321,6 +334,7 @@ def run(args) -> int:
     cost_mtbf_s = sorted({cfg["mtbf_s"], args.cost_mtbf_hours * 3600.0})
     figures = table(runs, plan["slices"] if plan else None, strategies, fail_at, args.seed, cost_mtbf_s)
     config = {**cfg, "preset": args.preset, "dataset": data_desc, "workers": args.workers, "seed": args.seed,
+              "snapshot_every": args.snapshot_every,
               "model": args.model, "cost_mtbf_hours": [m / 3600.0 for m in cost_mtbf_s],
               "strategies": strategies, "cpu_count": os.cpu_count(), "equal_pls": bool(args.equal_pls),
               "throughput_measurement": plan if side_by_side else "sequential runs, reference before and after",

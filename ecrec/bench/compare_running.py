@@ -101,7 +101,9 @@ class StrategyRun:
             address=self.local.coordinator_address, data_path=str(data_path), strategy=strategy, steps=cfg["steps"],
             batch_size=cfg["batch_size"], embedding_dim=cfg["embedding_dim"], lr=cfg["lr"], seed=args.seed,
             checkpoint_interval_steps=interval_steps, records_dir=str(self.records_dir),
-            model=getattr(args, "model", "auto"))
+            model=getattr(args, "model", "auto"),
+            snapshot_every=getattr(args, "snapshot_every", 0) if self.kind == "erasure" else 0,
+            snapshot_dir=str(work / f"snapshots-{label}"))
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds so far (user + system, from the processes' own counters): this process (the worker),

@@ -37,6 +37,8 @@ class TrainConfig:
     checkpoint_interval_steps: int | None = None
     mtbf_s: float | None = None
     records_dir: str = ""
+    snapshot_every: int = 0  # > 0: Cluster.snapshot_every(snapshot_every, snapshot_dir, keep=1) (rank 0)
+    snapshot_dir: str = ""
     extra: dict = field(default_factory=dict)
     #: the DLRM: "ecrec" (ecrec.workload.dlrm.DLRM), "torchrec" (TorchRec's), "auto" (TorchRec's when installed)
     model: str = "auto"
@@ -78,6 +80,8 @@ class Trainer:
 
             self.driver = CheckpointDriver(self.cluster, interval_steps=cfg.checkpoint_interval_steps,
                                            mtbf_s=cfg.mtbf_s)
+        if cfg.snapshot_every and rank == 0:
+            self.cluster.snapshot_every(cfg.snapshot_every, cfg.snapshot_dir, keep=1)
         records_path = os.path.join(cfg.records_dir, f"rank{rank}.jsonl") if cfg.records_dir else None
         self._out = open(records_path, "w") if records_path else None
         self.records: list[dict] = []
@@ -103,6 +107,8 @@ class Trainer:
             record = {"step": step, "start": t0, "end": t1, "samples": len(batch), "loss": loss.item(),
                       "rows": result.get("rows", 0), "rows_by_server": result.get("rows_by_server", {}),
                       "rewind_to": resume}
+            if result.get("snapshot"):
+                record["snapshot_s"] = result["snapshot"]["seconds"]
             self.records.append(record)
             if self._out:
                 self._out.write(json.dumps(record) + "\n")
