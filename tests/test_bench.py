@@ -84,7 +84,7 @@ def test_snapshot_bench_saves_restores_onto_another_shape_and_checks_every_row(t
         assert 3001 * 64 < figures["bytes"] < 3001 * 64 + 100_000  # the rows (8 floats and 8 accumulators
         # each) and each item's torch.save framing
         assert figures["mb_per_s"] == pytest.approx(figures["bytes"] / 1e6 / figures["seconds"])
-        assert figures["client_peak_bytes"] > 0
+        assert figures["client_peak_bytes"] > 0 and figures["servers_cpu_s"] > 0 and figures["client_cpu_s"] > 0
     assert report["disk_mb_per_s"] > 0 and len(report["load_average_before"]) == 3
     assert "restored rows equal: True" in capsys.readouterr().out
     assert not (tmp_path / "snapshot").exists()  # the snapshot is removed after, the --dir kept

@@ -84,6 +84,13 @@ def disk_rate(directory: Path, nbytes: int) -> float:
     return max(1, nbytes // len(block)) * len(block) / 1e6 / seconds
 
 
+def _servers_cpu(local) -> float:
+    """CPU seconds (user + system) the cluster's servers have used so far, from their own counters."""
+    from ecrec.bench.compare_running import process_cpu_seconds
+
+    return sum(process_cpu_seconds(p.pid) for p in local.server_procs if p.poll() is None)
+
+
 def _cluster(servers: int, strategy: str, k: int, m: int):
     from ecrec.local import LocalCluster, LocalClusterSpec
 
@@ -146,12 +153,14 @@ def run(args) -> int:
                                 initial_accumulator_value=0.1 if args.optimizer == "adagrad" else 0.0)
         messages: list[str] = []
         _peak_reset()
+        cpu0, client0 = _servers_cpu(source_local), time.process_time()
         t0 = time.perf_counter()
         manifest = source.save(str(path), on_progress=lambda text: (messages.append(text),
                                                                   print(f"  save: {text}", file=sys.stderr)))
         save_s = time.perf_counter() - t0
         out["save"] = {"seconds": save_s, "bytes": manifest["bytes"], "mb_per_s": manifest["bytes"] / 1e6 / save_s,
-                       "client_peak_bytes": _peak_bytes(), "messages": messages}
+                       "client_peak_bytes": _peak_bytes(), "servers_cpu_s": _servers_cpu(source_local) - cpu0,
+                       "client_cpu_s": time.process_time() - client0, "messages": messages}
         source.close()
         source_local.close()  # one cluster at a time: the restoring one has the machine to itself
         source_local = None
@@ -159,12 +168,14 @@ def run(args) -> int:
         target = Cluster.connect(target_local.coordinator_address, config, worker="bench-restore")
         messages = []
         _peak_reset()
+        cpu0, client0 = _servers_cpu(target_local), time.process_time()
         t0 = time.perf_counter()
         target.load(str(path), on_progress=lambda text: (messages.append(f"{time.perf_counter() - t0:7.2f} s {text}"),
                                                        print(f"  restore: {messages[-1]}", file=sys.stderr)))
         restore_s = time.perf_counter() - t0
         out["restore"] = {"seconds": restore_s, "bytes": manifest["bytes"],
                           "mb_per_s": manifest["bytes"] / 1e6 / restore_s, "client_peak_bytes": _peak_bytes(),
+                          "servers_cpu_s": _servers_cpu(target_local) - cpu0, "client_cpu_s": time.process_time() - client0,
                           "messages": messages[:1] + messages[-1:]}
         out["exact"] = _equal(target, path, manifest, args.verify, args.seed)
         if args.strategy == "ecrec" and manifest["bytes"] <= 1 << 30:  # as `recovery --verify auto`: the
@@ -187,10 +198,10 @@ def run(args) -> int:
     mb = out["save"]["bytes"] / 1e6
     print(f"snapshot of {args.tables} x {args.rows:,} x {args.dim} ({args.optimizer}, {mb:,.0f} MB): "
           f"{args.servers} servers -> {args.restore_servers}")
-    print(f"  save     {out['save']['seconds']:7.2f} s  {out['save']['mb_per_s']:7.0f} MB/s  client peak "
-          f"{(out['save']['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
-    print(f"  restore  {out['restore']['seconds']:7.2f} s  {out['restore']['mb_per_s']:7.0f} MB/s  client peak "
-          f"{(out['restore']['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
+    for phase in ("save", "restore"):
+        f = out[phase]
+        print(f"  {phase:<8} {f['seconds']:7.2f} s  {f['mb_per_s']:7.0f} MB/s  CPU s: servers {f['servers_cpu_s']:.2f}, "
+              f"client {f['client_cpu_s']:.2f}  client peak {(f['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
     print(f"  disk (one file, fsynced) {out['disk_mb_per_s']:,.0f} MB/s;  restored rows equal: {out['exact']};  "
           f"parity mismatched: {out.get('parity_mismatched', '-')};  servers declared failed: "
           f"{out.get('failures_declared', '-')}")
