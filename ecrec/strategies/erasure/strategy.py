@@ -27,6 +27,8 @@ from ecrec.wire import parity_pb2
 
 #: the timer's period while this server's owner has nothing to watch (s)
 IDLE_TIMER_S = 0.5
+#: the data rows ``verify_parity`` gathers and encodes at once
+VERIFY_BYTES = 32 << 20
 
 
 class ErasureCoding(FaultToleranceStrategy):
@@ -144,19 +146,21 @@ class ErasureCoding(FaultToleranceStrategy):
         self.owner.seal_for_read()  # this server's own data rows are read below too
         mismatched, checked = 0, 0
         for name, (arena, part) in self.receiver.parts.items():
-            slots = part.slots
-            if not len(slots):
-                continue
-            stripes = arena.slot_to_stripe[slots]
-            want = np.ones((layout.k, len(slots)), dtype=bool)
-            members = gather_members(host, part.spec, stripes, want, want_parity=False, local=host.table(name))
-            if not members.answered[: layout.k].all():
-                raise errors.Unavailable(f"a server is unavailable for verification of table {name!r}")
-            data = np.ascontiguousarray(members.payload[: layout.k].transpose(1, 0, 2))
-            expected = self.codec.encode_stripes(data)[np.arange(len(slots)), arena.slot_to_parity_index[slots]]
-            actual = arena.read(slots)[0]
-            mismatched += int((expected != actual).any(axis=1).sum())
-            checked += len(slots)
+            # a bounded number of stripes at a time: a table of gigabytes is never gathered, encoded and compared
+            # whole (memory, and seconds-long native calls that would starve this server's health checks)
+            chunk = max(1, VERIFY_BYTES // (layout.k * part.spec.row_bytes))
+            for start in range(0, len(part.slots), chunk):
+                slots = part.slots[start:start + chunk]
+                stripes = arena.slot_to_stripe[slots]
+                want = np.ones((layout.k, len(slots)), dtype=bool)
+                members = gather_members(host, part.spec, stripes, want, want_parity=False, local=host.table(name))
+                if not members.answered[: layout.k].all():
+                    raise errors.Unavailable(f"a server is unavailable for verification of table {name!r}")
+                data = np.ascontiguousarray(members.payload[: layout.k].transpose(1, 0, 2))
+                expected = self.codec.encode_stripes(data)[np.arange(len(slots)), arena.slot_to_parity_index[slots]]
+                actual = arena.read(slots)[0]
+                mismatched += int((expected != actual).any(axis=1).sum())
+                checked += len(slots)
         for dense in host.dense_tensors():
             primary = layout.dense_servers(dense.spec.name)[0]
             if primary == host.index:
