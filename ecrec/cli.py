@@ -173,8 +173,9 @@ def _restore_when_ready(coordinator, address: str, path: str, config, done: thre
             manifest = cluster.load(path, on_progress=lambda text: log.info("restore: %s", text))
         finally:
             cluster.close(confirm_timeout_s=30.0)
-    except (SnapshotError, ClusterError, ValueError, OSError) as exc:
-        log.error("restoring %s failed: %s; stopping", path, exc)
+    except Exception as exc:  # noqa: BLE001 - whatever stops the restore stops the coordinator, said
+        log.error("restoring %s failed: %s; stopping", path, exc if isinstance(exc, (SnapshotError, ClusterError))
+                  else f"{type(exc).__name__}: {exc}")
         outcome["exit"] = 1
         done.set()
         return

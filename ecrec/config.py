@@ -98,6 +98,9 @@ class ServerConfig(SecurityOptions):
     max_workers: int = option(16, "gRPC handler threads")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
+    snapshot_root: str | None = option(None, "snapshots (WriteSnapshot) are written only under this directory or "
+                                             "URL prefix (default: wherever the caller asks; a file that exists is "
+                                             "never overwritten)")
     # --- bounds on what a caller can make this server keep or do (README, "Safety"; refused beyond them) -------
     max_worker_name_bytes: int = option(256, "longest worker name a push may carry (bytes, UTF-8)")
     max_incarnation_bytes: int = option(64, "longest worker incarnation a push may carry (bytes, UTF-8)")
@@ -148,7 +151,9 @@ class CoordinatorConfig(SecurityOptions):
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
     restore: str | None = option(None, "once every index has a server, restore this snapshot (a directory or fsspec "
                                        "URL written by `ecrec-server snapshot` or Cluster.save) onto the cluster, "
-                                       "whatever shape it was saved from; the coordinator exits 1 if it cannot")
+                                       "whatever shape it was saved from; the coordinator exits 1 if it cannot. "
+                                       "Start the workers once it logs `restored` (the restore's writes would "
+                                       "replace theirs)")
 
 
 @dataclass

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import threading
 import time
@@ -60,22 +61,23 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     every server can reach) at once; writes the DCP metadata and the manifest; returns the manifest.
     ``on_progress(text)`` as each server finishes.  A path that already holds a snapshot is refused unless
     ``overwrite``."""
+    import grpc
+
     from ecrec.client import ClusterError
-    from ecrec.peers import PeerError, PeerUnreachable
     from ecrec.tables import DenseSpec, TableSpec
     from ecrec.wire import embedding_pb2
 
     t0 = time.perf_counter()
-    path = str(path)
+    path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
-    if snapshot_files.exists(path, MANIFEST):
-        if not overwrite:
-            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
-        for name in snapshot_files.listdir(path):
-            if name in (MANIFEST, METADATA) or name.endswith(".distcp"):
-                snapshot_files.remove(path, name)
+    if snapshot_files.exists(path, MANIFEST) and not overwrite:
+        raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
+    # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
+    # complete-looking snapshot is ever without its files
+    for name in [MANIFEST, METADATA] + [n for n in snapshot_files.listdir(path) if n.endswith(".distcp")]:
+        snapshot_files.remove(path, name)
     snapshot_files.makedirs(path)
     cluster_map = cluster.refresh_map()
     layout = cluster.layout
@@ -94,10 +96,17 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     lock, replies = threading.Lock(), {}
 
     def write(i: int):
+        # one attempt, no failure report: a slow or refused write is not a dead server, and a retry would race
+        # the first writer for the same file
+        address = cluster.peers.address_of(i)
+        if address is None:
+            raise ClusterError(f"snapshot to {path}: no live server holds index {i}")
         try:
-            reply = cluster.peers.call(i, "WriteSnapshot", requests[i], timeout_s=timeout_s)
-        except (PeerError, PeerUnreachable) as exc:
-            raise ClusterError(f"snapshot to {path}: {exc}") from None
+            reply = cluster.peers.stub(address).WriteSnapshot(requests[i], timeout=timeout_s,
+                                                              metadata=cluster.peers.metadata())
+        except grpc.RpcError as exc:
+            raise ClusterError(f"snapshot to {path}: server {i} ({address}) WriteSnapshot: {exc.code().name}: "
+                               f"{exc.details()}") from None
         with lock:
             replies[i] = reply
             if on_progress is not None:
@@ -257,8 +266,9 @@ class _ChunkReader:
         self.path = path
 
     def joined(self, item) -> np.ndarray:
-        """A chunk of rows, weights and state side by side (checked already: read again, not checked again)."""
-        arrays = [self.read(key, chunk, check=False) for key, chunk in item[3]]
+        """A chunk of rows, weights and state side by side, read again and its checksums checked again (the
+        file could have changed since the first pass)."""
+        arrays = [self.read(key, chunk) for key, chunk in item[3]]
         return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
 
     def read(self, key: str, chunk: dict, check: bool = True) -> np.ndarray:
@@ -287,6 +297,15 @@ class _ChunkReader:
 
 
 def load(cluster, path: str, on_progress=None) -> dict:
+    """See :func:`_load`; a manifest whose structure is not what :func:`save` writes is refused as such."""
+    try:
+        return _load(cluster, path, on_progress)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise SnapshotError(f"{path}/{MANIFEST} is malformed ({type(exc).__name__}: {exc}); nothing was "
+                            "restored") from None
+
+
+def _load(cluster, path: str, on_progress=None) -> dict:
     """Restores the snapshot at ``path`` into ``cluster`` (any shape): tables and dense tensors the cluster
     lacks are created with the snapshot's specs, those it has must have the same shape and optimizer; every
     chunk is read and checked (checksum, finite values, Adagrad accumulators >= 0) before the first row is
@@ -325,6 +344,11 @@ def load(cluster, path: str, on_progress=None) -> dict:
                     cluster._check_values(tables[name], arrays[1], "state")
             except ValueError as exc:
                 raise SnapshotError(f"{path}: rows from {row} of {exc}; nothing was restored") from None
+        else:
+            spec = denses[name]
+            if not np.isfinite(arrays[0]).all() or (spec.optimizer == "adagrad" and (arrays[0][spec.numel:] < 0).any()):
+                raise SnapshotError(f"{path}: dense tensor {name!r} holds NaN, Inf or a negative Adagrad "
+                                    "accumulator; nothing was restored")
         if not joined:
             return None
         return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
@@ -370,6 +394,11 @@ def load(cluster, path: str, on_progress=None) -> dict:
 STEP_PREFIX = "step-"
 
 
+def _step_of(name: str) -> int | None:
+    number = name[len(STEP_PREFIX):]
+    return int(number) if name.startswith(STEP_PREFIX) and number.isdigit() else None
+
+
 def latest(directory: str) -> str | None:
     """The newest complete snapshot (``step-<n>`` with its manifest) under ``directory``, or None."""
     names = [n for n in snapshot_files.listdir(str(directory)) if n.startswith(STEP_PREFIX)
@@ -390,10 +419,15 @@ class Periodic:
             raise ValueError(f"snapshot_every: steps ({steps}) and keep ({keep}) must be at least 1")
         self.steps, self.directory, self.keep, self.on_progress = steps, directory, keep, on_progress
         self.saved: list[dict] = []
+        # numbered on from what the directory holds: a job restored from step-40 and training on writes
+        # step-50, step-60 (never below an older run's snapshots, which pruning would keep instead)
+        self.base = max((_step_of(n) for n in snapshot_files.listdir(directory) if _step_of(n) is not None),
+                        default=0)
 
     def after_step(self, cluster, step: int) -> dict | None:
         if step % self.steps:
             return None
+        step += self.base
         path = snapshot_files.join(self.directory, f"{STEP_PREFIX}{step:09d}")
         t0 = time.perf_counter()
         manifest = save(cluster, path, self.on_progress, overwrite=True)

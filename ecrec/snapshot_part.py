@@ -9,6 +9,8 @@ reads about ``(S-1)/S`` of its range from its peers (``ReadPayload``) while it w
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,12 +29,30 @@ READ_BYTES = 4 << 20
 READERS = 4
 
 
+_writing: set[str] = set()  # the files being written by this process (one writer each)
+_writing_lock = threading.Lock()
+
+
+def _within(path: str, root: str) -> bool:
+    if snapshot_files.is_url(root) or snapshot_files.is_url(path):
+        return path.rstrip("/") == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root + os.sep)
+
+
 def validate(state, request) -> list:
     """Checks a ``WriteSnapshotRequest`` before anything is written; returns ``[(shard, start, stop)]``."""
     if not snapshot_files.DATA_FILE.match(request.file):
         raise errors.InvalidRequest(f"file {request.file!r}: a plain name ending in .distcp is expected")
     if not request.path:
         raise errors.InvalidRequest("no snapshot path")
+    if not snapshot_files.is_url(request.path) and not os.path.isabs(request.path):
+        raise errors.InvalidRequest(f"snapshot path {request.path!r} is relative: each server would resolve it in "
+                                    "its own directory; send an absolute path or a URL")
+    root = state.config.snapshot_root
+    if root and not _within(request.path, root):
+        raise errors.PermissionDenied(f"snapshot path {request.path!r} is outside this server's --snapshot-root "
+                                      f"{root!r}")
     if request.chunk_bytes < 0 or request.chunk_bytes > MAX_CHUNK_BYTES:
         raise errors.InvalidRequest(f"chunk_bytes {request.chunk_bytes} outside [0, {MAX_CHUNK_BYTES}]")
     ranges = []
@@ -59,7 +79,8 @@ def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor) -> np
     pieces = []  # (server, ids, where: row positions, or the first block of a run of whole blocks)
     if start % block == 0 and (stop - start) % block == 0 and stop <= spec.num_rows:
         by_block = payload.reshape(-1, block, spec.row_bytes)
-        per = max(1, READ_BYTES // (layout.k * spec.row_bytes))  # blocks a message
+        per = max(1, min(READ_BYTES // spec.row_bytes, state.config.max_ids_per_request) // layout.k)  # blocks a
+        # message
         first = start // block
         for r in range(layout.num_servers):
             for b0 in range(0, len(by_block), per):
@@ -70,7 +91,7 @@ def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor) -> np
         by_block = None
         ids = np.arange(start, stop, dtype=np.int64)
         owners, _ = layout.locate(ids)
-        per = max(1, READ_BYTES // spec.row_bytes)
+        per = max(1, min(READ_BYTES // spec.row_bytes, state.config.max_ids_per_request))
         for r in np.unique(owners):
             where = np.flatnonzero(owners == r)
             for a in range(0, len(where), per):
@@ -108,13 +129,23 @@ def write(state, request) -> tuple[list[dict], int, float]:
     the file's size and the seconds it took."""
     t0 = time.perf_counter()
     ranges = validate(state, request)
+    target = snapshot_files.join(request.path, request.file)
+    with _writing_lock:
+        if target in _writing:
+            raise errors.FailedPrecondition(f"server {state.index} is writing {target} already")
+        _writing.add(target)
     try:
         items, size = _write(state, request, ranges)
+    except FileExistsError:
+        raise errors.AlreadyExists(f"server {state.index}: {target} exists; a snapshot never overwrites a file "
+                                   "(remove the old snapshot first)") from None
     except OSError as exc:
-        raise errors.FailedPrecondition(f"server {state.index} writing "
-                                        f"{snapshot_files.join(request.path, request.file)}: {exc}") from None
-    except (PeerError, PeerUnreachable) as exc:
-        raise errors.Unavailable(f"server {state.index} gathering rows for a snapshot: {exc}") from None
+        raise errors.FailedPrecondition(f"server {state.index} writing {target}: {exc}") from None
+    except (PeerError, PeerUnreachable) as exc:  # not UNAVAILABLE: this server is fine, a peer's read was not
+        raise errors.FailedPrecondition(f"server {state.index} gathering rows for {target}: {exc}") from None
+    finally:
+        with _writing_lock:
+            _writing.discard(target)
     return items, size, time.perf_counter() - t0
 
 
@@ -124,7 +155,8 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
     snapshot_files.makedirs(request.path)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-snapshot-gather") as gatherer, \
             ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="ecrec-snapshot-read") as pool, \
-            snapshot_files.open_file(request.path, request.file, "wb") as stream:
+            snapshot_files.open_file(request.path, request.file, "wb" if snapshot_files.is_url(request.path) else "xb") \
+            as stream:
         for shard, start, stop in ranges:
             spec = shard.spec
             block = state.layout.num_servers * state.layout.k

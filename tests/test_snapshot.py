@@ -254,3 +254,69 @@ def test_a_coordinator_restores_a_snapshot_when_its_servers_are_up(make_cluster,
             break
         time.sleep(0.1)
     assert {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
+
+
+def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster, tmp_path):
+    """``--snapshot-root``: a path outside it is refused by every server (nothing written), a path inside it
+    saves; a file already there is never overwritten; a relative path is refused; a malformed manifest is
+    refused as such."""
+    from ecrec import snapshot
+    from ecrec.client import ClusterError
+
+    root = tmp_path / "root"
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1,
+                         server_options={"snapshot_root": str(root)})
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    _train(cluster, _batches(2))
+    with pytest.raises(ClusterError, match="outside this server's --snapshot-root"):
+        cluster.save(str(tmp_path / "elsewhere"))
+    assert not (tmp_path / "elsewhere").exists() or not list((tmp_path / "elsewhere").glob("*.distcp"))
+    saved = _state(cluster)
+    cluster.save(str(root / "ok"))
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.load(str(root / "ok"))
+    assert {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
+    # a data file where a server would write: refused, the file kept
+    (root / "taken").mkdir()
+    (root / "taken" / "__1_0.distcp").write_bytes(b"someone else's")
+    request = __import__("ecrec.wire.embedding_pb2", fromlist=["x"]).WriteSnapshotRequest(
+        path=str(root / "taken"), file="__1_0.distcp")
+    request.ranges.add(table="a", start=0, stop=10)
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        cluster.peers.stub(cluster.peers.address_of(1)).WriteSnapshot(request, timeout=30,
+                                                                      metadata=cluster.peers.metadata())
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS and "never overwrites" in info.value.details()
+    assert (root / "taken" / "__1_0.distcp").read_bytes() == b"someone else's"
+    request.path = "relative/dir"
+    with pytest.raises(grpc.RpcError, match="relative"):
+        cluster.peers.stub(cluster.peers.address_of(1)).WriteSnapshot(request, timeout=30,
+                                                                      metadata=cluster.peers.metadata())
+    # a manifest of the right format but the wrong structure
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text(json.dumps({"format": snapshot.FORMAT, "tables": {"a": {}}}))
+    with pytest.raises(SnapshotError, match="malformed|no valid spec"):
+        target.load(str(broken))
+    (broken / "manifest.json").write_text(json.dumps({"format": snapshot.FORMAT, "tables": [1, 2]}))
+    with pytest.raises(SnapshotError, match="malformed"):
+        target.load(str(broken))
+
+
+def test_periodic_snapshots_number_on_from_what_the_directory_holds(make_cluster, tmp_path):
+    """A job restored from step-40 that trains on with ``snapshot_every(10)`` into the same directory writes
+    step-50, step-60: its snapshots are the newest, never pruned in favour of the older run's."""
+    from ecrec import snapshot
+
+    first = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(first)
+    _train(first, _batches(2))
+    first.save(str(tmp_path / "snaps" / "step-000000040"))
+    second = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    second.load(snapshot.latest(str(tmp_path / "snaps")))
+    second.snapshot_every(1, str(tmp_path / "snaps"), keep=2)
+    _train(second, _batches(2, seed=5))
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["step-000000041", "step-000000042"]
+    assert snapshot.latest(str(tmp_path / "snaps")).endswith("step-000000042")

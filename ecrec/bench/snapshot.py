@@ -5,9 +5,9 @@ x ``--dim`` (Adagrad by default: weights and accumulators, 8 bytes a float pair)
 ``--dir`` (every server writing its own file at once), then a second cluster of another shape
 (``--restore-servers``, ``--restore-k``/``--restore-m``) restores it.  Printed and saved: MB/s of the save and
 of the restore, each server's write time, the client's peak memory during each (VmHWM, reset before), the
-disk's own rate for the same bytes (a file written and fsynced; the goal), load averages, whether the
-restored rows equal the saved ones (``--verify``: every row, or a sample of 100,000, read back from the
-snapshot's files: the saving cluster is stopped before the restoring one starts) and, with ``ecrec``, whether
+disk's own rate for the same bytes (a file written and fsynced; the goal), load averages, whether the snapshot's
+files equal the saving cluster's rows and the restored rows equal the files (``--verify``: every row, or a
+sample of 100,000; the saving cluster is stopped before the restoring one starts) and, with ``ecrec``, whether
 every parity row matches its stripe.
 
 Examples::
@@ -101,9 +101,10 @@ def _cluster(servers: int, strategy: str, k: int, m: int):
     return local
 
 
-def _equal(target, path: Path, manifest: dict, how: str, seed: int) -> bool | None:
-    """Whether ``target``'s rows equal the snapshot's, bit for bit: every row, or a sample of 100,000 a table
-    (read from the snapshot's files, so the saving cluster need not run beside the restoring one)."""
+def _equal(cluster, path: Path, manifest: dict, how: str, seed: int) -> bool | None:
+    """Whether ``cluster``'s rows equal the snapshot's files, bit for bit: every row, or a sample of 100,000 a
+    table (the saving cluster right after the save, the restoring one after the restore: the two need not run
+    side by side)."""
     from ecrec import snapshot_files
 
     if how == "no":
@@ -123,7 +124,7 @@ def _equal(target, path: Path, manifest: dict, how: str, seed: int) -> bool | No
                 saved = snapshot_files.map_tensor(str(path), chunk["file"], chunk["offset"], chunk["length"],
                                                   chunk["sizes"])[ids - a]
                 if not np.array_equal(saved.view(np.uint32),
-                                      target.read_rows(name, ids, "payload")[:, columns].view(np.uint32)):
+                                      cluster.read_rows(name, ids, "payload")[:, columns].view(np.uint32)):
                     return False
     return True
 
@@ -161,6 +162,7 @@ def run(args) -> int:
         out["save"] = {"seconds": save_s, "bytes": manifest["bytes"], "mb_per_s": manifest["bytes"] / 1e6 / save_s,
                        "client_peak_bytes": _peak_bytes(), "servers_cpu_s": _servers_cpu(source_local) - cpu0,
                        "client_cpu_s": time.process_time() - client0, "messages": messages}
+        out["saved_exact"] = _equal(source, path, manifest, args.verify, args.seed)  # the files hold the cluster
         source.close()
         source_local.close()  # one cluster at a time: the restoring one has the machine to itself
         source_local = None
@@ -177,7 +179,8 @@ def run(args) -> int:
                           "mb_per_s": manifest["bytes"] / 1e6 / restore_s, "client_peak_bytes": _peak_bytes(),
                           "servers_cpu_s": _servers_cpu(target_local) - cpu0, "client_cpu_s": time.process_time() - client0,
                           "messages": messages[:1] + messages[-1:]}
-        out["exact"] = _equal(target, path, manifest, args.verify, args.seed)
+        restored = _equal(target, path, manifest, args.verify, args.seed)  # ... and the restored cluster the files
+        out["exact"] = None if restored is None else bool(restored and out["saved_exact"])
         if args.strategy == "ecrec" and args.verify != "no":
             checked = target.strategy_call("verify_parity")
             out["parity_mismatched"] = int(sum(r["mismatched"] for r in checked.values()))
