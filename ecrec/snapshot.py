@@ -63,7 +63,6 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     ``overwrite``."""
     import grpc
 
-    from ecrec.client import ClusterError
     from ecrec.tables import DenseSpec, TableSpec
     from ecrec.wire import embedding_pb2
 
@@ -100,13 +99,13 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         # the first writer for the same file
         address = cluster.peers.address_of(i)
         if address is None:
-            raise ClusterError(f"snapshot to {path}: no live server holds index {i}")
+            raise SnapshotError(f"snapshot to {path}: no live server holds index {i}")
         try:
             reply = cluster.peers.stub(address).WriteSnapshot(requests[i], timeout=timeout_s,
                                                               metadata=cluster.peers.metadata())
         except grpc.RpcError as exc:
-            raise ClusterError(f"snapshot to {path}: server {i} ({address}) WriteSnapshot: {exc.code().name}: "
-                               f"{exc.details()}") from None
+            raise SnapshotError(f"snapshot to {path}: server {i} ({address}) WriteSnapshot: {exc.code().name}: "
+                                f"{exc.details()}") from None
         with lock:
             replies[i] = reply
             if on_progress is not None:

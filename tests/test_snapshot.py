@@ -261,7 +261,6 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
     saves; a file already there is never overwritten; a relative path is refused; a malformed manifest is
     refused as such."""
     from ecrec import snapshot
-    from ecrec.client import ClusterError
 
     root = tmp_path / "root"
     local = make_cluster(servers=3, strategy="ecrec", k=2, m=1,
@@ -269,7 +268,7 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
     cluster = Cluster.connect(local.coordinator_address)
     _tables(cluster)
     _train(cluster, _batches(2))
-    with pytest.raises(ClusterError, match="outside this server's --snapshot-root"):
+    with pytest.raises(SnapshotError, match="outside this server's --snapshot-root"):
         cluster.save(str(tmp_path / "elsewhere"))
     assert not (tmp_path / "elsewhere").exists() or not list((tmp_path / "elsewhere").glob("*.distcp"))
     saved = _state(cluster)
