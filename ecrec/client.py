@@ -215,7 +215,9 @@ class Cluster:
                      init_scale: float = 0.0, seed: int = 0, on_progress=None) -> TableSpec:
         """Creates a table on every server (idempotent for the same spec).
 
-        ``init``: ``uniform``, ``normal`` or ``zeros`` (drawn on the servers from ``seed``), or pretrained rows
+        ``init``: ``uniform``, ``normal`` or ``zeros`` (drawn on the servers from ``seed``), ``blank`` (every
+        float zero, the optimizer state too, nothing computed: for a table whose every row is written next, as
+        a restore does), or pretrained rows
         (a warm start): a tensor or array ``(num_rows, dim)``, or the path of a ``.npy`` file (read a push at
         a time) or a torch file.  A warm start creates a new table only (an existing one is refused: load
         into it with ``load_state_dict`` or :meth:`write_rows`) and writes the rows in pushes
