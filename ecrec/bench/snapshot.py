@@ -141,7 +141,10 @@ def run(args) -> int:
     if path.exists():
         print(f"ecrec-bench snapshot: {path} exists; choose another --dir", file=sys.stderr)
         return 2
-    out = {"config": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "dir"},
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "dir"}
+    if config.get("json"):
+        config["json"] = os.path.basename(config["json"])  # the file's name, not this machine's path
+    out = {"config": config,
            "load_average_before": list(os.getloadavg()), "cpu_count": os.cpu_count()}
     names = [f"t{i}" for i in range(args.tables)]
     source_local = target_local = None
@@ -156,7 +159,7 @@ def run(args) -> int:
         _peak_reset()
         cpu0, client0 = _servers_cpu(source_local), time.process_time()
         t0 = time.perf_counter()
-        manifest = source.save(str(path), on_progress=lambda text: (messages.append(text),
+        manifest = source.save(str(path), on_progress=lambda text: (messages.append(text.replace(str(path), "SNAPSHOT")),
                                                                   print(f"  save: {text}", file=sys.stderr)))
         save_s = time.perf_counter() - t0
         out["save"] = {"seconds": save_s, "bytes": manifest["bytes"], "mb_per_s": manifest["bytes"] / 1e6 / save_s,
@@ -172,7 +175,8 @@ def run(args) -> int:
         _peak_reset()
         cpu0, client0 = _servers_cpu(target_local), time.process_time()
         t0 = time.perf_counter()
-        target.load(str(path), on_progress=lambda text: (messages.append(f"{time.perf_counter() - t0:7.2f} s {text}"),
+        target.load(str(path), on_progress=lambda text: (messages.append(
+            f"{time.perf_counter() - t0:7.2f} s {text.replace(str(path), 'SNAPSHOT')}"),
                                                        print(f"  restore: {messages[-1]}", file=sys.stderr)))
         restore_s = time.perf_counter() - t0
         out["restore"] = {"seconds": restore_s, "bytes": manifest["bytes"],
