@@ -268,6 +268,15 @@ class Cluster:
             if state_from is not None and (piece[:, state_from:] < 0).any():
                 raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative (rows from {start})")
 
+    @staticmethod
+    def _check_dense_values(spec: DenseSpec, payload: np.ndarray) -> None:
+        """Raises ``ValueError`` naming the tensor when a dense payload (weights then optimizer state, float32)
+        is not finite or holds a negative Adagrad accumulator."""
+        if not np.isfinite(payload).all():
+            raise ValueError(f"dense tensor {spec.name!r}: the payload must be finite float32 numbers")
+        if spec.optimizer == "adagrad" and (payload[spec.numel:] < 0).any():
+            raise ValueError(f"dense tensor {spec.name!r}: an Adagrad accumulator is negative")
+
     def table_spec(self, name: str) -> TableSpec:
         for t in self.map.tables:
             if t.name == name:
@@ -359,10 +368,7 @@ class Cluster:
                              f"optimizer state) is expected, got {values.dtype} {values.shape}")
         with np.errstate(over="ignore"):
             values = values.reshape(-1).astype(np.float32)
-        if not np.isfinite(values).all():
-            raise ValueError(f"dense tensor {name!r}: the payload must be finite float32 numbers")
-        if spec.optimizer == "adagrad" and (values[spec.numel:] < 0).any():
-            raise ValueError(f"dense tensor {name!r}: an Adagrad accumulator is negative")
+        self._check_dense_values(spec, values)
         request = embedding_pb2.PushRequest(push_id=self._next_push_id(), epoch=self.map.epoch,
                                             return_dense=name in self._dense)
         request.dense.add(name=name, value=transport.floats_to_bytes(values), assign=embedding_pb2.PAYLOAD)
@@ -492,14 +498,7 @@ class Cluster:
             name = prefix + pname
             spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr), eps=float(eps),
                              initial_accumulator_value=float(initial_accumulator_value)).validate()
-            value = param.detach().to(torch.float32).cpu().numpy()
-            try:
-                m = self._coordinator.RegisterDense(
-                    coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
-                    timeout=self.config.create_timeout_s)
-            except grpc.RpcError as exc:
-                raise ClusterError(f"register_dense {name!r}: {exc.code().name}: {exc.details()}") from None
-            self._adopt(m)
+            self._register_dense(spec, param.detach().to(torch.float32).cpu().numpy(), "register_dense")
             self._dense[name] = param
             names.append(name)
         self.pull_dense(names)
@@ -510,12 +509,16 @@ class Cluster:
         creates the tensors a snapshot holds this way.  A tensor of that name that exists is kept."""
         spec = spec.validate()
         value = np.zeros(spec.shape, dtype=np.float32) if initial is None else np.asarray(initial, dtype=np.float32)
+        self._register_dense(spec, value, "create_dense")
+
+    def _register_dense(self, spec: DenseSpec, value: np.ndarray, caller: str) -> None:
+        """The coordinator's RegisterDense (the first value wins); the map it answers is adopted."""
         try:
             m = self._coordinator.RegisterDense(
                 coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
                 timeout=self.config.create_timeout_s)
         except grpc.RpcError as exc:
-            raise ClusterError(f"create_dense {spec.name!r}: {exc.code().name}: {exc.details()}") from None
+            raise ClusterError(f"{caller} {spec.name!r}: {exc.code().name}: {exc.details()}") from None
         self._adopt(m)
 
     def pull_dense(self, names: list[str] | None = None) -> None:

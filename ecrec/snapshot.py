@@ -270,7 +270,7 @@ class _ChunkReader:
         arrays = [self.read(key, chunk) for key, chunk in item[3]]
         return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
 
-    def read(self, key: str, chunk: dict, check: bool = True) -> np.ndarray:
+    def read(self, key: str, chunk: dict) -> np.ndarray:
         rows = f"{key} rows {chunk['offsets'][0]}..{chunk['offsets'][0] + chunk['sizes'][0] - 1}"
         file = snapshot_files.join(self.path, chunk["file"])
         try:
@@ -289,7 +289,7 @@ class _ChunkReader:
         if list(array.shape) != list(chunk["sizes"]) or array.dtype != np.float32:
             raise SnapshotError(f"{rows} cannot be read as the manifest says (float32 {chunk['sizes']}): "
                                 f"{file} holds {array.dtype} {list(array.shape)}; nothing was restored")
-        if check and snapshot_files.digest(array) != chunk["sha256"]:
+        if snapshot_files.digest(array) != chunk["sha256"]:
             raise SnapshotError(f"{rows} does not match its checksum in {MANIFEST}: a corrupted file, {file}; "
                                 "nothing was restored")
         return array
@@ -332,33 +332,28 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             order.append(("dense", name, 0, [(f"dense/{name}/payload", chunk)]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
-    def payload_of(item, joined: bool = True) -> np.ndarray | None:
-        """A chunk's rows checked (checksums, then values), and ``joined``: weights and state side by side."""
+    def check(item) -> None:
+        """A chunk's rows checked: checksums (in :meth:`_ChunkReader.read`), then values."""
         kind, name, row, parts = item
         arrays = [reader.read(key, chunk) for key, chunk in parts]
-        if kind == "table":
-            try:
+        try:
+            if kind == "table":
                 cluster._check_values(tables[name], arrays[0], "weights")
                 if len(arrays) > 1:
                     cluster._check_values(tables[name], arrays[1], "state")
-            except ValueError as exc:
-                raise SnapshotError(f"{path}: rows from {row} of {exc}; nothing was restored") from None
-        else:
-            spec = denses[name]
-            if not np.isfinite(arrays[0]).all() or (spec.optimizer == "adagrad" and (arrays[0][spec.numel:] < 0).any()):
-                raise SnapshotError(f"{path}: dense tensor {name!r} holds NaN, Inf or a negative Adagrad "
-                                    "accumulator; nothing was restored")
-        if not joined:
-            return None
-        return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+            else:
+                cluster._check_dense_values(denses[name], arrays[0])
+        except ValueError as exc:
+            where = f"rows from {row} of " if kind == "table" else ""
+            raise SnapshotError(f"{path}: {where}{exc}; nothing was restored") from None
 
     # 1. every chunk read and checked before anything is written (two at a time: checksums run in parallel)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ecrec-verify") as pool:
-        window = [pool.submit(payload_of, item, False) for item in order[:2]]
+        window = [pool.submit(check, item) for item in order[:2]]
         for i in range(len(order)):
             window.pop(0).result()
             if i + 2 < len(order):
-                window.append(pool.submit(payload_of, order[i + 2], False))
+                window.append(pool.submit(check, order[i + 2]))
     if on_progress is not None:
         on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
     # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
@@ -400,9 +395,8 @@ def _step_of(name: str) -> int | None:
 
 def latest(directory: str) -> str | None:
     """The newest complete snapshot (``step-<n>`` with its manifest) under ``directory``, or None."""
-    names = [n for n in snapshot_files.listdir(str(directory)) if n.startswith(STEP_PREFIX)
-             and n[len(STEP_PREFIX):].isdigit()]
-    for name in sorted(names, key=lambda n: int(n[len(STEP_PREFIX):]), reverse=True):
+    names = [n for n in snapshot_files.listdir(str(directory)) if _step_of(n) is not None]
+    for name in sorted(names, key=_step_of, reverse=True):
         path = snapshot_files.join(str(directory), name)
         if snapshot_files.exists(path, MANIFEST):
             return path
@@ -436,13 +430,11 @@ class Periodic:
         return record
 
     def _prune(self) -> None:
-        names = sorted((n for n in snapshot_files.listdir(self.directory) if n.startswith(STEP_PREFIX)
-                        and n[len(STEP_PREFIX):].isdigit()), key=lambda n: int(n[len(STEP_PREFIX):]))
+        names = sorted((n for n in snapshot_files.listdir(self.directory) if _step_of(n) is not None), key=_step_of)
         complete = [n for n in names if snapshot_files.exists(snapshot_files.join(self.directory, n), MANIFEST)]
         keep = set(complete[-self.keep:])
         for name in names:
-            if name not in keep and (name in complete or int(name[len(STEP_PREFIX):]) < int(
-                    (complete[-1] if complete else name)[len(STEP_PREFIX):])):
+            if name not in keep and (name in complete or _step_of(name) < _step_of(complete[-1] if complete else name)):
                 _remove_tree(snapshot_files.join(self.directory, name))
 
 

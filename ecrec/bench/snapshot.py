@@ -51,22 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _peak_reset() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+    from ecrec.bench.compare_running import reset_peak_memory
+
+    reset_peak_memory([os.getpid()])
 
 
-def _peak_bytes() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+def _peak_bytes() -> int:
+    from ecrec.bench.processes import memory_of
+
+    return memory_of([os.getpid()])["peak_rss_bytes"]
 
 
 def disk_rate(directory: Path, nbytes: int) -> float:
