@@ -20,7 +20,11 @@ def explicit_inputs(**override) -> dict[str, Input]:
                   mfu_save_bytes_per_s=100e6, ssu_save_bytes_per_s=100e6, load_bytes_per_s=200e6, reschedule_s=10.0, parity_overhead=0.05,
                   rebuild_bytes_per_s=50e6, recovery_throughput_ratio=0.8, target_pls=0.01,
                   partial_saves_per_interval=4.0, mfu_save_fraction=0.05, mfu_update_coverage=0.5,
-                  ssu_save_fraction=0.1, ssu_update_coverage=0.8)
+                  ssu_save_fraction=0.1, ssu_update_coverage=0.8,
+                  # the fit basis (issue 24): no latencies, so o_save = shard / rate as on the overhead basis
+                  save_latency_s=0.0, save_fit_bytes_per_s=100e6, stall_latency_s=0.0, load_latency_s=0.0,
+                  rebuild_latency_s=0.0, parity_s_per_update=5e-6, updates_per_server_s=10_000.0,
+                  snapshot_bytes_per_s=100e6, snapshot_restore_bytes_per_s=200e6)
     values.update(override)
     assert set(values) == set(simulate.DEFAULTS)
     return {k: Input(v, "", "given") for k, v in values.items()}
@@ -345,3 +349,148 @@ def test_stall_only_is_reported_beside_the_overhead_basis():
     assert s["full"]["overhead_stall_only"] == pytest.approx(10 / t_stall + (5 + 10 + t_stall / 2) / 10800)
     assert s["cpr"]["overhead"] == pytest.approx(20 / 1728 + 15 / 10800)
     assert s["cpr"]["overhead_stall_only"] == pytest.approx(10 / 1728 + 15 / 10800)
+
+
+# --- issue 24: the fit basis, CPR's plan, ECRec's data loss, the README's headline command ----------------------
+def test_fit_recovers_latency_and_bandwidth_from_synthetic_points():
+    lat, bw = 0.134, 80e6
+    pts = [(b, lat + b / bw) for b in (0.1e6, 5e6, 50e6, 500e6)]
+    fit = simulate.fit_latency_bandwidth(pts)
+    assert fit["latency_s"] == pytest.approx(lat, rel=1e-9)
+    assert fit["bytes_per_s"] == pytest.approx(bw, rel=1e-9)
+    assert fit["rms_relative_residual"] == pytest.approx(0.0, abs=1e-9)
+    # a through-the-origin bandwidth (the old approach) would be 5e6 / 0.1965 = 25 MB/s from the 5 MB point alone
+    assert 5e6 / (lat + 5e6 / bw) < 0.4 * fit["bytes_per_s"]
+    # noisy points: both terms still near the truth
+    noisy = [(b, s * f) for (b, s), f in zip(pts, (1.05, 0.97, 1.03, 0.98))]
+    fit = simulate.fit_latency_bandwidth(noisy)
+    assert fit["latency_s"] == pytest.approx(lat, rel=0.1) and fit["bytes_per_s"] == pytest.approx(bw, rel=0.1)
+    with pytest.raises(ValueError, match="two sizes"):
+        simulate.fit_latency_bandwidth([(5e6, 0.2), (5e6, 0.3)])
+    # no latency in the data: clamped at 0, not negative
+    fit = simulate.fit_latency_bandwidth([(1e6, 0.009), (1e7, 0.1), (1e8, 1.0)])
+    assert fit["latency_s"] >= 0 and fit["bytes_per_s"] == pytest.approx(1e8, rel=0.05)
+
+
+def test_plan_picks_full_when_partial_costs_more():
+    # a tiny target PLS forces partial saves so often that full recovery is cheaper: the cpr* columns show full
+    inputs = explicit_inputs(target_pls=1e-4)
+    for row in (simulate.simulate_row_fit(8, 24.0, 8e9, inputs), simulate.simulate_row(8, 24.0, 8e9, inputs)):
+        for name in ("cpr", "cpr-mfu", "cpr-ssu"):
+            s = row["strategies"][name]
+            assert s["plan"] == "full"
+            assert s["partial_overhead"] > s["full_overhead"]
+            assert s["overhead"] == pytest.approx(s["full_overhead"])
+            assert s["pls"] == 0.0
+    # and partial where it costs less (the default target)
+    s = simulate.simulate_row_fit(8, 24.0, 8e9, explicit_inputs())["strategies"]["cpr"]
+    assert s["plan"] == "partial" and s["overhead"] == pytest.approx(s["partial_overhead"])
+    assert s["partial_overhead"] < s["full_overhead"]
+    assert simulate.plan_min({"overhead": 0.2, "interval_s": 1.0}, {"overhead": 0.1, "interval_s": 2.0})["plan"] == "full"
+
+
+def test_fit_basis_charges_every_checkpointing_strategy_one_save_cost():
+    inputs = explicit_inputs(save_latency_s=2.0, save_fit_bytes_per_s=50e6, full_save_bytes_per_s=1e6)
+    s = simulate.simulate_row_fit(8, 24.0, 8e9, inputs, formula="young")["strategies"]
+    o = 2.0 + 1e9 / 50e6  # 22 s for every strategy, whatever the per-strategy (overhead basis) rates say
+    assert [s[n]["o_save_s"] for n in ("full", "cpr", "cpr-mfu", "cpr-ssu")] == pytest.approx([o] * 4)
+    t = math.sqrt(2 * o * 10800)
+    assert s["full"]["overhead"] == pytest.approx(o / t + (5 + 10 + t / 2) / 10800)
+    # ECRec: parity = 5 us x 10,000 updates/s = 5 %; rebuild of data + parity rows 1e9 x 1.5 / 50e6 = 30 s
+    e = s["ecrec"]
+    assert e["parity_overhead"] == pytest.approx(0.05)
+    assert e["rebuild_s"] == pytest.approx(30.0)
+    assert e["overhead_without_loss"] == pytest.approx(0.05 + (10 + 0.2 * 30) / 10800)
+    assert e["overhead"] >= e["overhead_without_loss"]
+
+
+def test_stripe_loss_sets_follow_the_layout():
+    # k=2, m=1 on 4 servers: server 0 shares a stripe with 3, 1 (windows {3,0,1}... {0,1,2}): servers 1, 2, 3
+    assert simulate.stripe_loss_sets(2, 1, 4) == 3
+    # on 100 servers the windows of 3 around server 0 reach 98, 99, 1, 2
+    assert simulate.stripe_loss_sets(2, 1, 100) == 4
+    # m = 2, k = 2: pairs inside one window of 4 containing server 0: {97,98,99} gives 3 pairs, each later
+    # window ({98,99,1}, {99,1,2}, {1,2,3}) 2 new ones
+    assert simulate.stripe_loss_sets(2, 2, 100) == 9
+    with pytest.raises(ValueError):
+        simulate.stripe_loss_sets(4, 1, 4)
+
+
+def test_data_loss_probability_grows_with_rebuild_time_and_failure_rate():
+    day = 86400.0
+    p = simulate.data_loss_probability(100.0, day, 2, 1, 64)
+    # one failure: 4 neighbours, each fails within 100 s with q = 1 - exp(-100 / 86400)
+    q = 1 - math.exp(-100 / day)
+    assert p == pytest.approx(1 - (1 - q) ** 4)
+    assert simulate.data_loss_probability(1000.0, day, 2, 1, 64) > p  # longer rebuild
+    assert simulate.data_loss_probability(100.0, day / 10, 2, 1, 64) > p  # shorter MTBF
+    assert simulate.data_loss_probability(100.0, day, 2, 2, 64) < p  # a second parity
+    assert simulate.data_loss_probability(0.0, day, 2, 1, 64) == 0.0
+    # in the row: a slower rebuild raises the loss probability and what ECRec pays for snapshots
+    fast = simulate.simulate_row_fit(64, 24.0, 64e9, explicit_inputs())["strategies"]["ecrec"]
+    slow = simulate.simulate_row_fit(64, 24.0, 64e9, explicit_inputs(rebuild_bytes_per_s=1e6))["strategies"]["ecrec"]
+    assert slow["data_loss_probability_per_failure"] > fast["data_loss_probability_per_failure"] > 0
+    assert slow["snapshot"]["overhead"] > fast["snapshot"]["overhead"] > 0
+    assert slow["snapshot"]["interval_s"] < fast["snapshot"]["interval_s"]
+
+
+def test_snapshot_fallback_by_hand():
+    f = simulate.snapshot_fallback(1e-6, 100.0, 50.0, 10.0, formula="young")
+    t = math.sqrt(2 * 100 * 1e6)
+    assert f["interval_s"] == pytest.approx(t)
+    assert f["overhead"] == pytest.approx(100 / t + 1e-6 * (50 + 10 + t / 2))
+    assert simulate.snapshot_fallback(0.0, 100.0, 50.0, 10.0)["overhead"] == 0.0
+
+
+def test_relative_error_to_the_papers_range():
+    assert simulate.relative_error(0.083, 0.082, 0.085) == 0.0
+    assert simulate.relative_error(0.102, 0.082, 0.085) == pytest.approx(0.2)
+    assert simulate.relative_error(0.0053 * 0.5, 0.0053, 0.0068) == pytest.approx(-0.5)
+
+
+RESULTS = __import__("pathlib").Path(simulate.__file__).parent / "results"
+
+
+def test_defaults_are_what_the_result_files_give():
+    found, fits = simulate.measured_results(RESULTS)
+    assert set(simulate.REGENERATED) <= set(found)
+    for name in simulate.REGENERATED:
+        assert simulate.DEFAULTS[name][0] == pytest.approx(found[name].value, rel=2e-3), name
+    # the loaded run without paired rounds is left out; the fits say what they were fitted on
+    assert "compare-quick-run1.json" in fits["files"]["skipped"]
+    assert len(fits["save"]["points"]) >= 4 and len({round(p[0], -5) for p in fits["save"]["points"]}) >= 3
+    assert len(fits["parity"]["samples"]) >= 12
+
+
+#: the README's command (README.md, "Production scale: ecrec-bench simulate")
+README_COMMAND = ["simulate", "--from-results", "ecrec/bench/results", "--servers", "8", "--model-gb", "192.5",
+                  "--job-mtbf-hours", "20.5", "--target-pls", "0.02", "--paper-check"]
+
+
+def test_readme_command_reproduces_cprs_headline_within_20_percent(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(RESULTS.parent.parent.parent)  # the repository root, where the README's command runs
+    out = tmp_path / "sim.json"
+    assert cli.main(README_COMMAND + ["--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "CPR's headline" in printed and "8.20-8.50" in printed
+    report = json.loads(out.read_text())
+    assert report["config"]["basis"] == "fit"
+    assert {report["inputs"][n]["source"] for n in simulate.REGENERATED} == {"measured", "modelled"}
+    assert {report["inputs"][n]["source"] for n in simulate.REGENERATED if "coverage" not in n} == {"measured"}
+    check = report["rows"][0]["paper_check"]
+    assert set(check) == {"full", "cpr-mfu", "cpr-ssu"}
+    for name, c in check.items():
+        assert abs(c["relative_error"]) <= 0.2, (name, c)
+    assert check["full"]["simulated"] > 10 * check["cpr-mfu"]["simulated"]
+    assert report["fits"]["save"]["latency_s"] > 0
+
+
+def test_cli_basis_overhead_keeps_the_earlier_model(tmp_path):
+    out = tmp_path / "sim.json"
+    assert cli.main(["simulate", "--servers", "8", "--basis", "overhead", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row = report["rows"][0]
+    assert row["basis"] == "overhead"
+    assert row["strategies"]["ecrec"]["overhead"] >= simulate.DEFAULTS["parity_overhead"][0]
+    assert cli.main(["simulate", "--servers", "2", "--k", "2", "--m", "1"]) == 2
+    assert cli.main(["simulate", "--from-results", str(tmp_path / "nowhere")]) == 2

@@ -27,12 +27,22 @@ servers each fail every ``--mtbf-hours`` (``mtbf = per-server MTBF / N`` for the
 ``none``
     ``o_res / mtbf`` only: no time is spent, but every failure loses a shard's state.
 
-One cost basis: every strategy is charged its *measured failure-free overhead* from the same
-compare run.  ECRec's is a constant fraction (``parity_overhead``); a checkpointing strategy's is
-turned into seconds per save (overhead x its interval, see :func:`save_cost_from_overhead`), so that
-it scales with the interval the model picks: ``{full,cpr,mfu,ssu}_save_bytes_per_s``.  The bare
-training stall of a save (``save_bytes_per_s``, the driver's measured ``o_save``) is shown beside it
-as "stall only": it leaves out what the background writes take from training.
+Cost basis ``fit`` (the default, issue 24): one save cost for every checkpointing strategy,
+``o_save = save_latency_s + shard / save_fit_bytes_per_s``, a least-squares fit of fixed latency plus
+bytes / bandwidth over the measured persisted saves of different sizes (:func:`fit_latency_bandwidth`;
+the fit and its points are printed and written to the JSON); loads and ECRec's rebuild are fitted the
+same way.  ``cpr``, ``cpr-mfu`` and ``cpr-ssu`` each report CPR's plan, the lower of their partial and
+full recovery overheads (``plan``).  ECRec's parity overhead is ``parity_s_per_update x
+updates_per_server_s`` (a pooled median over every paired round of the current runs), and it pays for
+data loss: ``m + 1`` failures in one stripe during a rebuild (:func:`data_loss_probability`, from the
+per-server MTBF, the rebuild time and the layout of ``ecrec/layout.py``), bounded by periodic snapshots
+at Daly's interval for the loss rate (:func:`snapshot_fallback`, rates of ``ecrec-bench snapshot``).
+``--from-results DIR`` takes every measured input from the result files of DIR (:func:`measured_results`);
+the built-in :data:`DEFAULTS` are those of ``ecrec/bench/results``.  ``--basis overhead`` keeps the earlier
+basis: each checkpointing strategy charged its measured failure-free overhead per save
+(``{full,cpr,mfu,ssu}_save_bytes_per_s``) and ECRec a constant ``parity_overhead``.  The training stall
+alone (``stall_latency_s + shard / save_bytes_per_s``) is shown beside as "stall only".
+``--paper-check`` prints CPR's headline beside the simulated figures with the relative error.
 
 Costs scale with the shard: ``o_save = shard / save_rate`` (per server, servers saving in
 parallel), ``o_load = shard / load_rate``; ``--storage-gbps``
@@ -43,6 +53,18 @@ assumption, e.g. all of ``full``'s slowdown put on its saves when the report lac
 driver's save stall), ``default`` (built in; see :data:`DEFAULTS` for how each was
 obtained) or ``given`` (``--set NAME=VALUE``, ``--target-pls``, ``--reschedule-s``).  Every
 output figure is modelled.
+
+Examples::
+
+    # CPR's headline (full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) from the measured inputs (README)
+    ecrec-bench simulate --from-results ecrec/bench/results --servers 8 --model-gb 192.5 \\
+        --job-mtbf-hours 20.5 --target-pls 0.02 --paper-check
+    # growing clusters, per-server MTBF 24 h, a 100 GB model, JSON with the fits
+    ecrec-bench simulate --from-results ecrec/bench/results --servers 8..1024 --json sim.json
+    # ECRec with two parities; the earlier cost basis; one input overridden
+    ecrec-bench simulate --servers 64 --k 4 --m 2
+    ecrec-bench simulate --basis overhead --from-compare ecrec/bench/results/compare-quick.json
+    ecrec-bench simulate --set save_fit_bytes_per_s=1e9 --reschedule-s 120
 """
 
 from __future__ import annotations
@@ -86,52 +108,78 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs: the inputs `inputs_from_compare` reads from ecrec/bench/results/compare-quick-run1.json
-# (`ecrec-bench compare --preset quick --equal-pls`, 2026-12-01, on the development machine: 2 cores shared
-# with other jobs, load average 30-48 during the run, so steps took ~0.1 s against ~0.01 s on an idle machine;
-# 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad: 5.12 MB of embedding state per shard; 3 kills per
-# strategy).  Of the two runs beside the README, this is the one whose reference spread less (84 % against
-# 258 %); the README shows what the other one's inputs give.  Regenerate with
-# `ecrec-bench simulate --from-compare REPORT --json OUT` and copy the values.  Absolute rates are those of
-# this Python prototype on a loaded 2-core machine, not of a production parameter server: pass
-# --from-compare with a report from the machine you care about.
-_RUN = "dev machine, compare-quick-run1.json"
+# Built-in costs, regenerated from the result files kept in ecrec/bench/results/ (issue 24) with
+# `ecrec-bench simulate --from-results ecrec/bench/results --json OUT` (see :func:`measured_results`, which
+# says how each is measured; `tests/test_simulate.py` checks that these values still equal what those files
+# give).  The files: the current compare reports (paired rounds) compare-quick.json (`--preset quick
+# --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad) and compare-movielens.json;
+# recovery-default.json (400k x 64 rows), recovery-4m-idle.json and recovery-4m-training.json (4M x 64 rows,
+# 2.05 GB), snapshot-4m.json.  compare-quick-run1.json (no paired rounds, a machine at load 30-48) is left out.
+# The legacy overhead basis (`--basis overhead`: `{full,cpr,mfu,ssu}_save_bytes_per_s`, `parity_overhead`)
+# comes from compare-quick.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
+# parity cost below x its update rate.  Absolute rates are those of this Python prototype on a 2-core shared
+# VM writing to a local disk, not of a production parameter server.
+_RES = "ecrec/bench/results"
+_QUICK = "compare-quick.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
-    "save_bytes_per_s": (38.1e6, "bytes/s per server",
-                         f"{_RUN}: median driver o_save_s (training stall per save) of full/cpr* = 134.4 ms per 5.12 MB "
-                         "shard (stall only)"),
-    "full_save_bytes_per_s": (9.99e6, "bytes/s per server",
-                              f"{_RUN}: full's failure-free overhead +54.9 % (within noise) x its interval 0.934 s = "
-                              "512.6 ms per save"),
-    "cpr_save_bytes_per_s": (8.07e6, "bytes/s per server",
-                             f"{_RUN}: cpr's overhead +79.3 % x its interval 0.800 s = 634.8 ms per save"),
-    "mfu_save_bytes_per_s": (6.43e6, "bytes/s per server",
-                             f"{_RUN}: cpr-mfu's overhead +50.2 % (within noise) x its interval 1.662 s / 1.048 = "
-                             "796.1 ms per save"),
-    "ssu_save_bytes_per_s": (4.14e6, "bytes/s per server",
-                             f"{_RUN}: cpr-ssu's overhead +37.9 % (within noise) x its interval 3.728 s / 1.144 = "
-                             "1236.0 ms per save"),
-    "load_bytes_per_s": (86.5e6, "bytes/s per server",
-                         f"{_RUN}: median driver o_load_s (verified load of a shard) of full/cpr* = 59.2 ms per 5.12 MB"),
-    "reschedule_s": (0.253, "s", f"{_RUN}: none's promotion_s (kill -> a local standby promoted); production "
-                                 "schedulers take far longer, see --reschedule-s"),
-    "parity_overhead": (0.293, "fraction", f"{_RUN}: ecrec's failure-free overhead, median of 5 paired rounds "
-                                           "(95 % interval +3 % to +64 %)"),
-    "rebuild_bytes_per_s": (6.14e6, "bytes/s per server", f"{_RUN}: ecrec stats, 40,000 rows (5.12 MB) rebuilt in "
-                                                          "0.83 s"),
-    "recovery_throughput_ratio": (0.35, "fraction", f"{_RUN}: ecrec's useful throughput while recovering, mean of 3 "
-                                                    "failures (0.94 for the first; later ones waited seconds for "
-                                                    "promotion)"),
+    "save_bytes_per_s": (353.6e6, "bytes/s per server",
+                         f"{_RES}: training stall per save, fit over 5 drivers' o_save_s (0.11-512 MB per server; with "
+                         "stall_latency_s); the 'stall only' figures"),
+    "full_save_bytes_per_s": (63.73e6, "bytes/s per server",
+                              f"{_QUICK} (--basis overhead): full's overhead +15.5 % x its interval 0.518 s = 80.3 ms "
+                              "per 5.12 MB save"),
+    "cpr_save_bytes_per_s": (77.98e6, "bytes/s per server",
+                             f"{_QUICK} (--basis overhead): cpr's +0.9 % (within noise) is below its stall: the stall "
+                             "65.7 ms per save"),
+    "mfu_save_bytes_per_s": (39.19e6, "bytes/s per server",
+                             f"{_QUICK} (--basis overhead): cpr-mfu's +8.7 % (within noise) x 1.608 s / 1.067 = "
+                             "130.7 ms per save"),
+    "ssu_save_bytes_per_s": (37.81e6, "bytes/s per server",
+                             f"{_QUICK} (--basis overhead): cpr-ssu's +2.8 % (within noise) is below its stall: the "
+                             "stall 135.4 ms per save"),
+    "load_bytes_per_s": (476.4e6, "bytes/s per server",
+                         f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
+    "reschedule_s": (0.1918, "s", f"{_RES}: median promotion_s of none in 4 runs (kill -> a local standby serving); "
+                                  "production schedulers take far longer, see --reschedule-s"),
+    "parity_overhead": (0.07782, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
+    "rebuild_bytes_per_s": (201.8e6, "bytes/s per server",
+                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 7 points "
+                            "(0.15-768 MB, 3 of them while training; with rebuild_latency_s)"),
+    "recovery_throughput_ratio": (0.4052, "fraction", f"{_RES}: median of ECRec's useful throughput while "
+                                                      "recovering in 3 runs (0.26, 0.41, 0.45)"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
-    "mfu_save_fraction": (0.0159, "fraction", f"f, {_RUN}: cpr-mfu stats, 385,199 rows in 605 partial saves of "
-                                              "40,000-row shards"),
-    "mfu_update_coverage": (0.691, "fraction", f"h, {_RUN} (modelled): cpr-mfu's equal-PLS replay of the run's "
-                                               "updates leaves g = 0.481 of cpr's unsaved; h = (1 - g) / (1 - 1/r)"),
-    "ssu_save_fraction": (0.048, "fraction", f"f, {_RUN}: cpr-ssu stats, 618,272 rows in 322 partial saves"),
-    "ssu_update_coverage": (1.0, "fraction", f"h, {_RUN} (modelled): cpr-ssu's replay gives g = 0.215, below 1/r: "
+    "mfu_save_fraction": (0.02247, "fraction", f"f, {_QUICK}: cpr-mfu stats, 308,256 rows in 343 partial saves of "
+                                               "40,000-row shards"),
+    "mfu_update_coverage": (0.6701, "fraction", f"h, {_QUICK} (modelled): cpr-mfu's equal-PLS replay leaves "
+                                                "g = 0.497 of cpr's updates unsaved; h = (1 - g) / (1 - 1/r)"),
+    "ssu_save_fraction": (0.06992, "fraction", f"f, {_QUICK}: cpr-ssu stats, 548,165 rows in 196 partial saves"),
+    "ssu_update_coverage": (1.0, "fraction", f"h, {_QUICK} (modelled): cpr-ssu's replay gives g = 0.239, below 1/r: "
                                              "h clamped to 1"),
+    # --- the fit basis (issue 24) ---
+    "save_latency_s": (0.05211, "s", f"{_RES}: persisted saves of full/cpr, fit latency + bytes / bandwidth over 16 "
+                                     "points (0.11-520 MB per server, rms relative residual 27 %)"),
+    "save_fit_bytes_per_s": (86.92e6, "bytes/s per server", f"{_RES}: the same fit's bandwidth (4 servers writing to "
+                                                            "one local disk at once)"),
+    "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
+    "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
+    "rebuild_latency_s": (0.3743, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "parity_s_per_update": (11.99e-6, "s per row update",
+                            f"{_RES}: pooled median of 25 paired measurements (compare-quick 12 rounds, "
+                            "compare-movielens 12 rounds, recovery-4m-training) of slowdown x step / row updates per "
+                            "server per step; 95 % interval -0.5 to +29.6 us"),
+    "updates_per_server_s": (6489.0, "row updates/s per server", f"{_RES}: median row-update rate per server of those "
+                                                                 "3 runs (4,016, 6,489, 25,130)"),
+    "snapshot_bytes_per_s": (48.00e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB over 4 servers in 10.67 s"),
+    "snapshot_restore_bytes_per_s": (39.08e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB onto 3 servers in "
+                                                                    "17.47 s"),
 }
+
+#: the inputs :func:`measured_results` regenerates from the result files (the rest are choices or legacy)
+REGENERATED = ("save_bytes_per_s", "load_bytes_per_s", "reschedule_s", "rebuild_bytes_per_s", "recovery_throughput_ratio",
+               "mfu_save_fraction", "mfu_update_coverage", "ssu_save_fraction", "ssu_update_coverage", "save_latency_s",
+               "save_fit_bytes_per_s", "stall_latency_s", "load_latency_s", "rebuild_latency_s", "parity_s_per_update",
+               "updates_per_server_s", "snapshot_bytes_per_s", "snapshot_restore_bytes_per_s")
 
 
 # --- pure formulas (beside baselines/overhead.py's) -------------------------------------------------
@@ -193,7 +241,13 @@ CHECKPOINT_KEYS = {"full": "full", "cpr": "cpr", "cpr-mfu": "mfu", "cpr-ssu": "s
 # --- the model per cluster size ---------------------------------------------------------------------
 def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: dict[str, Input],
                  formula: str = "daly", storage_bytes_per_s: float | None = None) -> dict:
-    """Expected overhead (fraction of failure-free training time) of every strategy on ``servers`` servers."""
+    """Expected overhead of every strategy on ``servers`` servers, on the legacy ``overhead`` cost basis.
+
+    Each checkpointing strategy is charged its own measured failure-free overhead per save
+    (``{full,cpr,mfu,ssu}_save_bytes_per_s``) and ECRec the constant ``parity_overhead``; ``cpr``, ``cpr-mfu``
+    and ``cpr-ssu`` report CPR's plan (``plan``: the lower of partial and full recovery).  The ``fit`` basis,
+    the command's default, is :func:`simulate_row_fit`.
+    """
     v = {name: inp.value for name, inp in inputs.items()}
     n = int(servers)
     mtbf = mtbf_hours * 3600.0 / n
@@ -221,18 +275,29 @@ def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: di
                    "pls": 0.0}
 
     t_part = overhead.interval_for_pls(p, n, mtbf)
-    plan = overhead.plan_recovery(o_save["cpr"], o_load_one, mtbf, n, p, o_res, formula)
-    out["cpr"] = {"overhead": overhead.partial_overhead(t_part, o_save["cpr"], o_load_one, mtbf, o_res),
-                  "overhead_stall_only": overhead.partial_overhead(t_part, o_stall, o_load_one, mtbf, o_res),
-                  "interval_s": t_part, "o_save_s": o_save["cpr"], "o_save_stall_s": o_stall, "o_load_s": o_load_one,
-                  "pls": overhead.expected_pls(t_part, n, mtbf), "plan": plan.recovery,
-                  "plan_overhead": min(plan.full_overhead, plan.partial_overhead)}
+
+    def full_plan(o: float) -> dict:
+        t, ov = full_at(o)
+        return {"overhead": ov, "interval_s": t, "o_save_s": o, "o_load_s": o_load_all, "pls": 0.0}
+
+    # CPR's plan (issue 24): each of cpr, cpr-mfu, cpr-ssu falls back to full recovery (at its own save cost)
+    # where that costs less; "overhead" is the plan's, "partial_overhead" the partial figure
+    partial = {"overhead": overhead.partial_overhead(t_part, o_save["cpr"], o_load_one, mtbf, o_res),
+               "interval_s": t_part, "o_save_s": o_save["cpr"], "o_load_s": o_load_one,
+               "pls": overhead.expected_pls(t_part, n, mtbf)}
+    out["cpr"] = {**plan_min(partial, full_plan(o_save["cpr"])),
+                  "overhead_stall_only": min(overhead.partial_overhead(t_part, o_stall, o_load_one, mtbf, o_res),
+                                             full_at(o_stall)[1]),
+                  "o_save_stall_s": o_stall}
+    out["cpr"]["plan_overhead"] = out["cpr"]["overhead"]
     for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
         args = (o_load_one, mtbf, n, p, v[f"{key}_save_fraction"], v[f"{key}_update_coverage"],
                 v["partial_saves_per_interval"], o_res)
         t, o, pls = hot_partial_overhead(o_save[name], *args)
-        out[name] = {"overhead": o, "overhead_stall_only": hot_partial_overhead(o_stall, *args)[1], "interval_s": t,
-                     "o_save_s": o_save[name], "o_save_stall_s": o_stall, "o_load_s": o_load_one, "pls": pls}
+        hot = {"overhead": o, "interval_s": t, "o_save_s": o_save[name], "o_load_s": o_load_one, "pls": pls}
+        out[name] = {**plan_min(hot, full_plan(o_save[name])),
+                     "overhead_stall_only": min(hot_partial_overhead(o_stall, *args)[1], full_at(o_stall)[1]),
+                     "o_save_stall_s": o_stall}
 
     rebuild_s = shard / v["rebuild_bytes_per_s"]
     out["ecrec"] = {"overhead": ecrec_overhead(v["parity_overhead"], o_res, rebuild_s, v["recovery_throughput_ratio"], mtbf),
@@ -240,7 +305,169 @@ def simulate_row(servers: int, mtbf_hours: float, model_bytes: float, inputs: di
     out["none"] = {"overhead": none_overhead(o_res, mtbf), "pls": None,
                    "note": "every failure loses the failed shard's state"}
     return {"servers": n, "job_mtbf_s": mtbf, "shard_bytes": shard, "failures_per_day": 86400.0 / mtbf,
-            "strategies": out}
+            "basis": "overhead", "strategies": out}
+
+
+def simulate_row_fit(servers: int, mtbf_hours: float, model_bytes: float, inputs: dict[str, Input],
+                     formula: str = "daly", storage_bytes_per_s: float | None = None, k: int = 2, m: int = 1,
+                     ecrec_servers_in_stripe: bool = True) -> dict:
+    """The ``fit`` cost basis (issue 24): one save cost for every checkpointing strategy, CPR's plan for each.
+
+    ``o_save = save_latency_s + shard / save_fit_bytes_per_s`` for ``full``, ``cpr``, ``cpr-mfu``, ``cpr-ssu``
+    (a save costs its whole persisted write: on the measured runs that write competes with training);
+    ``o_load = load_latency_s + shard / load_bytes_per_s``.  ``cpr``, ``cpr-mfu`` and ``cpr-ssu`` each report
+    CPR's plan: the lower of their partial-recovery overhead and full recovery's (``plan``).  ECRec:
+    ``parity = parity_s_per_update x updates_per_server_s``; per failure the reschedule and the part of the
+    rebuild (``rebuild_latency_s + shard (1 + m/k) / rebuild_bytes_per_s``) training does not overlap; plus the
+    data loss of ``m + 1`` failures in a stripe during the rebuild (:func:`data_loss_probability`) and the
+    periodic snapshots that bound its cost (:func:`snapshot_fallback`).
+    """
+    v = {name: inp.value for name, inp in inputs.items()}
+    n = int(servers)
+    server_mtbf = mtbf_hours * 3600.0
+    mtbf = server_mtbf / n
+    shard = model_bytes / n
+    o_res = v["reschedule_s"]
+
+    def capped(own_s: float, total_bytes: float) -> float:
+        return max(own_s, total_bytes / storage_bytes_per_s) if storage_bytes_per_s else own_s
+
+    o_save = capped(v["save_latency_s"] + shard / v["save_fit_bytes_per_s"], model_bytes)
+    o_stall = capped(v["stall_latency_s"] + shard / v["save_bytes_per_s"], model_bytes)
+    o_load_one = capped(v["load_latency_s"] + shard / v["load_bytes_per_s"], shard)
+    o_load_all = capped(v["load_latency_s"] + shard / v["load_bytes_per_s"], model_bytes)
+    p = v["target_pls"]
+    out: dict = {}
+
+    def full_at(o: float) -> dict:
+        t = overhead.optimal_full_interval(o, mtbf, formula)
+        return {"overhead": overhead.full_overhead(t, o, o_load_all, mtbf, o_res), "interval_s": t, "o_save_s": o,
+                "o_load_s": o_load_all, "pls": 0.0}
+
+    full = full_at(o_save)
+    out["full"] = {**full, "overhead_stall_only": full_at(o_stall)["overhead"], "o_save_stall_s": o_stall}
+    t_part = overhead.interval_for_pls(p, n, mtbf)
+
+    def partial_at(o: float) -> dict:
+        return {"overhead": overhead.partial_overhead(t_part, o, o_load_one, mtbf, o_res), "interval_s": t_part,
+                "o_save_s": o, "o_load_s": o_load_one, "pls": overhead.expected_pls(t_part, n, mtbf)}
+
+    out["cpr"] = {**plan_min(partial_at(o_save), full),
+                  "overhead_stall_only": plan_min(partial_at(o_stall), full_at(o_stall))["overhead"],
+                  "o_save_stall_s": o_stall}
+    for name, key in (("cpr-mfu", "mfu"), ("cpr-ssu", "ssu")):
+        args = (o_load_one, mtbf, n, p, v[f"{key}_save_fraction"], v[f"{key}_update_coverage"],
+                v["partial_saves_per_interval"], o_res)
+
+        def hot(o: float) -> dict:
+            t, ov, pls = hot_partial_overhead(o, *args)
+            return {"overhead": ov, "interval_s": t, "o_save_s": o, "o_load_s": o_load_one, "pls": pls}
+
+        out[name] = {**plan_min(hot(o_save), full), "overhead_stall_only": plan_min(hot(o_stall), full_at(o_stall))["overhead"],
+                     "o_save_stall_s": o_stall}
+
+    rebuild_s = v["rebuild_latency_s"] + shard * (1.0 + m / k) / v["rebuild_bytes_per_s"]
+    parity = v["parity_s_per_update"] * v["updates_per_server_s"]
+    base = ecrec_overhead(parity, o_res, rebuild_s, v["recovery_throughput_ratio"], mtbf)
+    p_loss = data_loss_probability(rebuild_s, server_mtbf, k, m, n)
+    o_snap = capped(shard / v["snapshot_bytes_per_s"], model_bytes)
+    o_restore = capped(shard / v["snapshot_restore_bytes_per_s"], model_bytes)
+    snap = snapshot_fallback(p_loss / mtbf, o_snap, o_restore, o_res, formula)
+    out["ecrec"] = {"overhead": base + snap["overhead"], "overhead_without_loss": base, "parity_overhead": parity,
+                    "rebuild_s": rebuild_s, "pls": 0.0, "data_loss_probability_per_failure": p_loss,
+                    "data_loss_per_year": p_loss / mtbf * 365.25 * 86400, "snapshot": snap, "k": k, "m": m}
+    out["none"] = {"overhead": none_overhead(o_res, mtbf), "pls": None,
+                   "note": "every failure loses the failed shard's state"}
+    return {"servers": n, "job_mtbf_s": mtbf, "shard_bytes": shard, "failures_per_day": 86400.0 / mtbf,
+            "basis": "fit", "strategies": out}
+
+
+# --- ECRec's data loss (m + 1 failures in one stripe during a rebuild) and its snapshot fallback -------------
+def stripe_loss_sets(k: int, m: int, servers: int) -> int:
+    """How many sets of ``m`` other servers lose data together with one failed server.
+
+    ``ecrec/layout.py`` puts stripe ``s`` on the ``k + m`` consecutive servers ``(s + t) % S``: a failed
+    server shares stripes with the windows of ``k + m`` servers that contain it, and ``m`` more failures
+    inside one such window leave a stripe with fewer than ``k`` members.  Counts the distinct ``m``-sets.
+    """
+    import itertools
+
+    k, m, servers = int(k), int(m), int(servers)
+    if k < 1 or m < 0 or k + m > servers:
+        raise ValueError(f"need k >= 1, m >= 0, k + m <= servers (k={k}, m={m}, servers={servers})")
+    if m == 0:
+        return 1  # any failure loses data
+    sets = set()
+    w = k + m
+    for start in range(-(w - 1), 1):
+        members = {(start + t) % servers for t in range(w)} - {0}
+        sets.update(frozenset(c) for c in itertools.combinations(sorted(members), m))
+    return len(sets)
+
+
+def data_loss_probability(rebuild_s: float, server_mtbf_s: float, k: int, m: int, servers: int) -> float:
+    """Probability that one failure ends in data loss: ``m`` more servers of a stripe fail before its rebuild ends.
+
+    Each server fails independently at rate ``1 / server_mtbf_s``; during the rebuild window ``R`` one fails
+    with ``q = 1 - exp(-R / MTBF)``; with ``C`` = :func:`stripe_loss_sets` sets that would lose a stripe,
+    ``P = 1 - (1 - q^m)^C`` (first order: failures during the window do not extend it).
+    """
+    if rebuild_s < 0:
+        raise ValueError(f"rebuild_s must be >= 0, got {rebuild_s}")
+    q = 1.0 - math.exp(-float(rebuild_s) / _mtbf(server_mtbf_s))
+    if int(m) == 0:
+        return 1.0
+    c = stripe_loss_sets(k, m, servers)
+    return 1.0 - (1.0 - q ** int(m)) ** c
+
+
+def snapshot_fallback(loss_rate: float, o_snap: float, o_restore: float, o_res: float,
+                      formula: str = "daly") -> dict:
+    """Periodic snapshots for the rare data loss: Daly's interval for the loss rate, and their overhead.
+
+    ``O = o_snap / T + loss_rate * (o_restore + o_res + T / 2)`` (a loss rolls everything back to the last
+    snapshot, as full recovery does).  With no loss (``loss_rate = 0``) no snapshot is needed: ``O = 0``.
+    """
+    if loss_rate <= 0:
+        return {"interval_s": None, "overhead": 0.0, "loss_rate_per_s": 0.0, "o_snapshot_s": o_snap,
+                "o_restore_s": o_restore}
+    mtbl = 1.0 / loss_rate
+    t = overhead.optimal_full_interval(max(o_snap, 1e-9), mtbl, formula)
+    o = overhead.full_overhead(t, o_snap, o_restore, mtbl, o_res)
+    return {"interval_s": t, "overhead": o, "loss_rate_per_s": loss_rate, "o_snapshot_s": o_snap,
+            "o_restore_s": o_restore}
+
+
+# --- CPR's plan for each checkpointing strategy -------------------------------------------------------------
+def plan_min(partial: dict, full: dict) -> dict:
+    """CPR's choice: partial recovery when its modelled overhead is below full recovery's, else full."""
+    chosen = partial if partial["overhead"] < full["overhead"] else full
+    return {**chosen, "plan": "partial" if chosen is partial else "full",
+            "partial_overhead": partial["overhead"], "full_overhead": full["overhead"],
+            "partial_interval_s": partial["interval_s"], "full_interval_s": full["interval_s"]}
+
+
+# --- CPR's headline (reference/CPR.md): what simulate's README command is checked against ------------------
+#: strategy -> (low, high) of the overhead CPR reports (fraction of training time)
+PAPER_CPR = {"full": (0.082, 0.085), "cpr-mfu": (0.0053, 0.0068), "cpr-ssu": (0.0053, 0.0068)}
+
+
+def relative_error(value: float, low: float, high: float) -> float:
+    """0 inside ``[low, high]``, else the signed distance to the nearer end relative to that end."""
+    if low <= value <= high:
+        return 0.0
+    end = low if value < low else high
+    return (value - end) / end
+
+
+def paper_check(row: dict) -> dict:
+    """Each headline strategy's simulated overhead beside CPR's figure, with the relative error."""
+    out = {}
+    for name, (lo, hi) in PAPER_CPR.items():
+        x = row["strategies"][name]["overhead"]
+        out[name] = {"simulated": x, "paper_low": lo, "paper_high": hi, "relative_error": relative_error(x, lo, hi),
+                     "plan": row["strategies"][name].get("plan")}
+    return out
 
 
 # --- inputs ---------------------------------------------------------------------------------------------
@@ -449,6 +676,268 @@ def save_cost_from_overhead(row: dict, partials_per_interval: float, save_fracti
     return cost, note
 
 
+# --- measured inputs from the result files (issue 24): fits, parity per update, rebuild, snapshot ----------
+def fit_latency_bandwidth(points, relative: bool = True) -> dict:
+    """Least-squares fit ``seconds = latency + bytes / bandwidth`` over measured ``(bytes, seconds)`` points.
+
+    ``relative`` weighs each point by ``1 / seconds**2`` (the relative error is minimised), so a small save
+    (mostly fixed latency) and a large one (mostly bandwidth) both count; plain least squares is dominated
+    by the largest points.  A negative latency is clamped to 0 and the bandwidth refitted through the
+    origin.  Needs two distinct sizes.  Returns ``latency_s``, ``bytes_per_s``, ``points`` (sorted),
+    ``rms_relative_residual`` and ``method``.
+    """
+    pts = sorted((float(b), float(s)) for b, s in points)
+    if any(not (math.isfinite(b) and math.isfinite(s)) or b < 0 or s <= 0 for b, s in pts):
+        raise ValueError("fit points need bytes >= 0 and seconds > 0")
+    if len({b for b, _ in pts}) < 2:
+        raise ValueError(f"a latency + bandwidth fit needs saves of at least two sizes, got {len(pts)} point(s)")
+    w = [1.0 / (s * s) if relative else 1.0 for _, s in pts]
+    sw = sum(w)
+    sx = sum(wi * b for wi, (b, _) in zip(w, pts))
+    sy = sum(wi * s for wi, (_, s) in zip(w, pts))
+    sxx = sum(wi * b * b for wi, (b, _) in zip(w, pts))
+    sxy = sum(wi * b * s for wi, (b, s) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    slope = (sw * sxy - sx * sy) / det
+    latency = (sy - slope * sx) / sw
+    method = ("weighted least squares (weights 1/seconds^2: relative error)" if relative else "least squares")
+    if latency < 0 or slope <= 0:
+        latency = 0.0
+        slope = sxy / sxx
+        method += "; latency clamped to 0, bandwidth fitted through the origin"
+    if slope <= 0:
+        raise ValueError("the fit gives no positive bandwidth: the larger saves were not slower")
+    resid = [((latency + slope * b) - s) / s for b, s in pts]
+    return {"latency_s": latency, "bytes_per_s": 1.0 / slope, "points": [[b, s] for b, s in pts],
+            "rms_relative_residual": math.sqrt(sum(r * r for r in resid) / len(resid)), "method": method}
+
+
+def _load_json(path) -> dict | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_current_compare(report: dict) -> bool:
+    """A compare report measured with paired rounds (the protocol of the current ``compare``)."""
+    st = report.get("strategies")
+    return isinstance(st, dict) and any(
+        isinstance(v, dict) and isinstance(v.get("overhead_spread"), dict) and v["overhead_spread"].get("log_ratios")
+        for v in st.values())
+
+
+def _bootstrap_median_ci(xs: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    import random
+
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(rounds))
+    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
+def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
+    """Every input this model can take from the result files of ``results_dir`` (``ecrec-bench`` JSONs).
+
+    - ``save_latency_s`` / ``save_fit_bytes_per_s``: :func:`fit_latency_bandwidth` over the persisted saves of
+      ``full``/``cpr`` (per server, all servers writing at once): the one-shot checkpoints of ``recovery-*.json``
+      (``checkpoint_write_s`` for ``checkpoint_bytes`` / servers) and the per-save means of the servers' stats in
+      the current ``compare-*.json`` (``persist_s_total`` / ``saves`` for ``bytes_written`` / ``saves``);
+    - ``stall_latency_s`` / ``save_bytes_per_s``: the same fit over the training stall per save (the drivers'
+      ``o_save_s``: compare and recovery-during-training);
+    - ``load_latency_s`` / ``load_bytes_per_s``: the fit over one server's reload (``cpr``'s ``reload_s`` in
+      recovery, the drivers' ``o_load_s`` in compare);
+    - ``rebuild_latency_s`` / ``rebuild_bytes_per_s``: the fit over ECRec's rebuilds (restored bytes = data and
+      parity rows of the replacement; recovery's ``rebuild_s`` and compare's server stats);
+    - ``parity_s_per_update``: the pooled median over every paired round of ECRec against its reference in the
+      current compare reports (and recovery-during-training's ECRec/none throughput) of the training time one
+      row update costs in parity work: ``(slowdown) x (failure-free step) / (row updates per server per step)``;
+      ``updates_per_server_s``: the median row-update rate per server of those runs;
+    - ``recovery_throughput_ratio``: median of ECRec's useful throughput while recovering;
+    - ``reschedule_s``: median promotion of ``none`` (kill -> standby serving);
+    - ``snapshot_bytes_per_s`` / ``snapshot_restore_bytes_per_s``: ``snapshot-*.json`` (per server);
+    - MFU/SSU save fractions and update coverage: :func:`inputs_from_compare` of the current compare reports
+      (median over reports).
+
+    Returns ``(inputs, fits)``; ``fits`` holds each fit with its points and the pooled parity samples.
+    """
+    import glob
+    import os
+
+    found: dict[str, Input] = {}
+    fits: dict = {}
+    files = sorted(glob.glob(os.path.join(str(results_dir), "*.json")))
+    reports = {os.path.basename(p): _load_json(p) for p in files}
+    reports = {k: v for k, v in reports.items() if v}
+    compares = {k: v for k, v in reports.items() if k.startswith("compare") and _is_current_compare(v)}
+    recoveries = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "recovery"}
+    snapshots = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "snapshot"}
+    fits["files"] = {"compare (current: paired rounds)": sorted(compares), "recovery": sorted(recoveries),
+                     "snapshot": sorted(snapshots),
+                     "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares)}
+
+    write, stall, load, rebuild = [], [], [], []
+    for name, rep in recoveries.items():
+        cfg = rep.get("config") or {}
+        servers = _num(cfg.get("servers")) or 0
+        k, m = _num(cfg.get("k")) or 0, _num(cfg.get("m")) or 0
+        st = rep.get("strategies") or {}
+        for s in ("full", "cpr"):
+            row = st.get(s) or {}
+            w, b = _num(row.get("checkpoint_write_s")), _num(row.get("checkpoint_bytes"))
+            if w and b and servers:
+                write.append((b / servers, w, f"{name} {s} checkpoint"))
+            o, mb = _num(row.get("o_save_s")), _num(row.get("model_bytes"))
+            if o and mb and servers:
+                stall.append((mb / servers, o, f"{name} {s} o_save_s"))
+        cpr = st.get("cpr") or {}
+        r, rb = _num(cpr.get("reload_s")), _num(cpr.get("restored_bytes"))
+        if r and rb:
+            load.append((rb, r, f"{name} cpr reload"))
+        ec = st.get("ecrec") or {}
+        r, rb = _num(ec.get("rebuild_s")), _num(ec.get("restored_bytes"))
+        if r and rb:
+            rebuild.append((rb, r, f"{name} ecrec rebuild"))
+        elif ec.get("failures") and servers and k:
+            shard = (_num(ec.get("model_bytes")) or 0) / servers
+            for i, f in enumerate(ec["failures"]):
+                red, promo = _num(f.get("redundant_s")), _num(f.get("promotion_s")) or 0.0
+                if shard and red and red > promo:
+                    rebuild.append((shard * (1 + m / k), red - promo, f"{name} ecrec failure {i} (while training)"))
+    for name, rep in compares.items():
+        cfg = rep.get("config") or {}
+        st = rep.get("strategies") or {}
+        dim = _num(cfg.get("embedding_dim"))
+        shard = compare_shard_bytes(cfg)
+        k, m = _num(cfg.get("k")) or 0, _num(cfg.get("m")) or 0
+        for s in ("full", "cpr"):
+            for sid, x in ((st.get(s) or {}).get("stats") or {}).items():
+                if not isinstance(x, dict) or x.get("partial_saves"):
+                    continue
+                n, b, t = _num(x.get("saves")), _num(x.get("bytes_written")), _num(x.get("persist_s_total"))
+                if n and b and t:
+                    write.append((b / n, t / n, f"{name} {s} server {sid}: mean of {n:.0f} saves"))
+            d = (st.get(s) or {}).get("driver") or {}
+            for key, acc in (("o_save_s", stall), ("o_load_s", load)):
+                v = _num(d.get(key))
+                # the shard the driver saved: its full saves' mean bytes (the report's config lacks some datasets' rows)
+                per_save = [(_num(x.get("bytes_written")) or 0) / (_num(x.get("saves")) or 1)
+                             for x in ((st.get(s) or {}).get("stats") or {}).values() if isinstance(x, dict)]
+                size = statistics.median(per_save) if per_save and any(per_save) else shard
+                if v and size:
+                    acc.append((size, v, f"{name} {s} driver {key}"))
+        for sid, x in ((st.get("ecrec") or {}).get("stats") or {}).items():
+            if not isinstance(x, dict):
+                continue
+            rows = (_num(x.get("rows_rebuilt")) or 0) + (_num(x.get("parity_rows_rebuilt")) or 0)
+            t = _num(x.get("rebuild_s"))
+            if rows and t and dim:
+                rebuild.append((rows * dim * 4.0 * _COMPARE_FLOATS_PER_WEIGHT, t, f"{name} ecrec server {sid} rebuild"))
+
+    def put_fit(key: str, pts: list, lat_name: str, bw_name: str, what: str) -> None:
+        try:
+            fit = fit_latency_bandwidth([(b, s) for b, s, _ in pts])
+        except ValueError as exc:
+            fits[key] = {"error": str(exc), "points": [list(p) for p in pts]}
+            return
+        fit["points"] = [[b, s, label] for b, s, label in sorted(pts)]
+        fits[key] = fit
+        note = (f"{what}: fit over {len(pts)} measured points, {min(b for b, _, _ in pts) / MB:.3g}-"
+                f"{max(b for b, _, _ in pts) / MB:.4g} MB per server, rms relative residual "
+                f"{fit['rms_relative_residual']:.0%}")
+        found[lat_name] = Input(fit["latency_s"], "s", "measured", note)
+        found[bw_name] = Input(fit["bytes_per_s"], "bytes/s per server", "measured", note)
+
+    put_fit("save", write, "save_latency_s", "save_fit_bytes_per_s", "persisted checkpoint save (full, cpr)")
+    put_fit("stall", stall, "stall_latency_s", "save_bytes_per_s", "training stall per save (drivers' o_save_s)")
+    put_fit("load", load, "load_latency_s", "load_bytes_per_s", "one server's checkpoint reload")
+    put_fit("rebuild", rebuild, "rebuild_latency_s", "rebuild_bytes_per_s", "ECRec rebuild of a replacement")
+
+    # parity: training time per row update, pooled over every paired round
+    samples, rates = [], []
+    for name, rep in compares.items():
+        cfg = rep.get("config") or {}
+        ec = (rep.get("strategies") or {}).get("ecrec") or {}
+        lrs = (ec.get("overhead_spread") or {}).get("log_ratios") or []
+        servers, steps = _num(cfg.get("servers")), _num(cfg.get("steps"))
+        pushed = [_num(((x.get("server") or {}).get("rows") or {}).get("pushed"))
+                  for x in (ec.get("stats") or {}).values() if isinstance(x, dict)]
+        pushed = sum(p for p in pushed if p)
+        ov, step = _num(ec.get("overhead_vs_none")), _num(ec.get("median_step_s"))
+        if not (lrs and servers and steps and pushed and step and ov is not None):
+            continue
+        per_step = pushed / servers / steps  # row updates a server applies per training step
+        base_step = step / (1.0 + ov)  # the failure-free step without parity work
+        rates.append((per_step / base_step, name))
+        samples += [((math.exp(lr) - 1.0) * base_step / per_step, f"{name} round {i}") for i, lr in enumerate(lrs)]
+    for name, rep in recoveries.items():
+        cfg = rep.get("config") or {}
+        st = rep.get("strategies") or {}
+        ec, no = st.get("ecrec") or {}, st.get("none") or {}
+        a, b = _num(ec.get("samples_per_s_before")), _num(no.get("samples_per_s_before"))
+        step = _num(no.get("median_step_s"))
+        ids = (_num(cfg.get("batch_size")) or 0) * (_num(cfg.get("ids_per_sample")) or 0) * (_num(cfg.get("tables")) or 0)
+        servers = _num(cfg.get("servers"))
+        if a and b and step and ids and servers and cfg.get("during_training"):
+            per_step = ids / servers  # ids looked up per step (an upper bound on the distinct rows updated)
+            rates.append((per_step / step, name))
+            samples.append(((b / a - 1.0) * step / per_step, f"{name} ecrec vs none samples/s before the kill"))
+    if samples:
+        xs = [x for x, _ in samples]
+        med = statistics.median(xs)
+        lo, hi = _bootstrap_median_ci(xs)
+        fits["parity"] = {"samples": [[x, label] for x, label in samples], "median_s_per_update": med,
+                          "ci95": [lo, hi], "rates": [[r, label] for r, label in rates]}
+        found["parity_s_per_update"] = Input(
+            max(med, 0.0), "s per row update", "measured",
+            f"pooled median of {len(xs)} paired measurements from {len({l.split(' ')[0] for _, l in samples})} runs "
+            f"(95 % interval {lo * 1e6:+.2f} to {hi * 1e6:+.2f} us): slowdown x failure-free step / row updates "
+            "per server per step")
+        rate = statistics.median(r for r, _ in rates)
+        found["updates_per_server_s"] = Input(rate, "row updates/s per server", "measured",
+                                              f"median of {len(rates)} runs' row-update rate per server")
+    ratios = [(_num(((rep.get("strategies") or {}).get("ecrec") or {}).get(key)), name)
+              for name, rep in {**compares, **recoveries}.items()
+              for key in ("throughput_during_recovery_ratio", "throughput_ratio")]
+    ratios = [(min(max(r, 0.0), 1.0), n) for r, n in ratios if r is not None]
+    if ratios:
+        found["recovery_throughput_ratio"] = Input(
+            statistics.median(r for r, _ in ratios), "fraction", "measured",
+            f"median of ECRec's useful throughput while recovering in {len(ratios)} runs")
+    promos = [_num(((rep.get("strategies") or {}).get("none") or {}).get("promotion_s"))
+              for rep in {**compares, **recoveries}.values()]
+    promos = [p for p in promos if p]
+    if promos:
+        found["reschedule_s"] = Input(statistics.median(promos), "s", "measured",
+                                      f"median promotion_s of none (kill -> standby serving) in {len(promos)} runs; "
+                                      "production schedulers take far longer, see --reschedule-s")
+    snaps, restores = [], []
+    for name, rep in snapshots.items():
+        servers = _num((rep.get("config") or {}).get("servers"))
+        rservers = _num((rep.get("config") or {}).get("restore_servers")) or servers
+        for key, acc, n in (("save", snaps, servers), ("restore", restores, rservers)):
+            x = rep.get(key) or {}
+            b, t = _num(x.get("bytes")), _num(x.get("seconds"))
+            if b and t and n:
+                acc.append((b / n / t, f"{name}: {b / MB:,.0f} MB over {n:.0f} servers in {t:.2f} s"))
+    for key, acc in (("snapshot_bytes_per_s", snaps), ("snapshot_restore_bytes_per_s", restores)):
+        if acc:
+            found[key] = Input(statistics.median(r for r, _ in acc), "bytes/s per server", "measured",
+                               f"{'; '.join(n for _, n in acc)} (one size: no latency fitted)")
+    # MFU/SSU: what the current compare reports measure of their hot-row saves
+    per: dict[str, list[tuple[float, str]]] = {}
+    for name, rep in compares.items():
+        got, _ = inputs_from_compare(rep)
+        for key in ("mfu_save_fraction", "ssu_save_fraction", "mfu_update_coverage", "ssu_update_coverage"):
+            if key in got:
+                per.setdefault(key, []).append((got[key].value, f"{name}: {got[key].note}"))
+    for key, acc in per.items():
+        found[key] = Input(statistics.median(v for v, _ in acc), "fraction",
+                           "modelled" if key.endswith("coverage") else "measured", "; ".join(n for _, n in acc))
+    return found, fits
+
+
 # --- command line ---------------------------------------------------------------------------------------
 def parse_servers(text: str) -> list[int]:
     """``8..1024`` (the ends and the powers of two between) or ``8,16,100`` or ``64``."""
@@ -509,6 +998,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", metavar="NAME=VALUE", type=_setting, action="append",
                    help="override one input, e.g. mfu_save_fraction=0.05 or mfu_update_coverage=0.6 "
                         f"(repeatable; inputs: {', '.join(DEFAULTS)})")
+    p.add_argument("--from-results", metavar="DIR",
+                   help="take every input the result files of DIR measure (ecrec-bench compare/recovery/snapshot "
+                        "JSONs, e.g. ecrec/bench/results): the save, load and rebuild fits, ECRec's parity cost per "
+                        "update, the snapshot rates (see measured_results)")
+    p.add_argument("--basis", choices=("fit", "overhead"), default="fit",
+                   help="cost basis: fit (default: one save cost latency + bytes / bandwidth for every checkpointing "
+                        "strategy, ECRec's parity per update, data loss and snapshots) or overhead (the earlier basis: "
+                        "each strategy's measured failure-free overhead per save, a constant parity overhead)")
+    p.add_argument("--job-mtbf-hours", type=_positive_float,
+                   help="MTBF of the whole job in hours (then a server's is this x servers); overrides --mtbf-hours")
+    p.add_argument("--k", type=int, default=2, help="ECRec: data rows per stripe (default 2)")
+    p.add_argument("--m", type=int, default=1, help="ECRec: parity rows per stripe (default 1)")
+    p.add_argument("--paper-check", action="store_true",
+                   help="print CPR's headline (full 8.2-8.5 %%, CPR-MFU/SSU 0.53-0.68 %%) beside each row's figures "
+                        "with the relative error (0 inside the paper's range)")
     p.add_argument("--formula", choices=overhead.FORMULAS, default="daly", help="full recovery's optimal interval (default daly)")
     p.add_argument("--json", metavar="PATH", help="write config, inputs (with sources) and rows as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of expected overhead vs servers (log x)")
@@ -552,11 +1056,20 @@ def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
     """Defaults, then what ``--from-compare`` measured, then the command line (source ``given``)."""
     inputs = default_inputs()
     notes: list[str] = []
+    if getattr(args, "from_results", None):
+        import os
+
+        if not os.path.isdir(args.from_results):
+            raise FileNotFoundError(args.from_results)
+        found, _ = measured_results(args.from_results)
+        inputs.update(found)
+        notes += [f"{name}: not measured in {args.from_results}" for name in REGENERATED if name not in found]
     if args.from_compare:
         with open(args.from_compare) as f:
             report = json.load(f)
-        found, notes = inputs_from_compare(report)
+        found, more = inputs_from_compare(report)
         inputs.update(found)
+        notes += more
     given = list(args.set or [])
     if args.target_pls is not None:
         given.append(("target_pls", args.target_pls))
@@ -573,9 +1086,11 @@ def _fmt_input(name: str, inp: Input) -> str:
         value = f"{inp.value / MB:,.1f} MB/s"
     elif inp.unit == "fraction":
         value = f"{inp.value:.4g}"
+    elif inp.unit == "s per row update":
+        value = f"{inp.value * 1e6:.3g} us/update"
     else:
         value = f"{inp.value:.4g} {inp.unit}"
-    return f"  {name:<27} {value:>14}  {inp.source:<8}  {inp.note}"
+    return f"  {name:<29} {value:>15}  {inp.source:<8}  {inp.note}"
 
 
 def _pct(fraction: float) -> str:
@@ -583,48 +1098,96 @@ def _pct(fraction: float) -> str:
     return f"{x:.3f}" if x == 0 or x >= 0.001 else f"{x:.1e}"
 
 
-def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict]) -> None:
-    print("ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
-    storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
-    print(f"  model {config['model_gb']:g} GB over N servers, per-server MTBF {config['mtbf_hours']:g} h "
-          f"(job MTBF = {config['mtbf_hours']:g} h / N), {config['formula']} interval for full{storage}")
-    print(f"  costs: {config['from_compare'] or 'built-in defaults (measured once on the dev machine, see DEFAULTS)'}")
-    print("\ninputs (source: measured = from the compare report, modelled = inferred from its figures through an "
-          "assumption, default = built in, given = command line):")
-    for name, inp in inputs.items():
-        print(_fmt_input(name, inp))
-    for n in notes:
-        print(f"  (default used) {n}")
-    print("\nexpected overhead, % of failure-free training time (all modelled):")
-    head = ["servers", "job MTBF h"] + list(STRATEGIES) + ["cpr PLS", "CPR picks"]
-    cells = [head]
-    for r in rows:
-        s = r["strategies"]
-        cells.append([str(r["servers"]), f"{r['job_mtbf_s'] / 3600:.3g}"]
-                     + [_pct(s[name]["overhead"]) for name in STRATEGIES]
-                     + [f"{s['cpr']['pls']:.4f}", s["cpr"]["plan"]])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    for i, row in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    print("\ncheckpointing charged only its training stall per save (o_save = the driver's stall; the table above "
-          "charges each strategy its measured failure-free overhead per save):")
-    names = [n for n in CHECKPOINT_KEYS if n in STRATEGIES]
-    cells = [["servers"] + [f"{n} (stall)" for n in names]]
-    for r in rows:
-        cells.append([str(r["servers"])] + [_pct(r["strategies"][n]["overhead_stall_only"]) for n in names])
+def _table(cells: list[list[str]]) -> None:
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     for i, row in enumerate(cells):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+
+
+#: inputs each basis uses (the others are printed only with --json)
+_FIT_ONLY = {"save_latency_s", "save_fit_bytes_per_s", "stall_latency_s", "load_latency_s", "rebuild_latency_s",
+             "parity_s_per_update", "updates_per_server_s", "snapshot_bytes_per_s", "snapshot_restore_bytes_per_s"}
+_OVERHEAD_ONLY = {"full_save_bytes_per_s", "cpr_save_bytes_per_s", "mfu_save_bytes_per_s", "ssu_save_bytes_per_s",
+                  "parity_overhead"}
+
+
+def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict],
+                 fits: dict | None = None) -> None:
+    basis = config.get("basis", "overhead")
+    print("ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
+    storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
+    mtbf = (f"job MTBF {config['job_mtbf_hours']:g} h (a server's = that x N)" if config.get("job_mtbf_hours")
+            else f"per-server MTBF {config['mtbf_hours']:g} h (job MTBF = {config['mtbf_hours']:g} h / N)")
+    print(f"  model {config['model_gb']:g} GB over N servers, {mtbf}, {config['formula']} interval for full{storage}")
+    source = " + ".join(x for x in (config.get("from_results"), config["from_compare"]) if x)
+    print(f"  costs: {source or 'built-in defaults (regenerated from ecrec/bench/results, see DEFAULTS)'}; "
+          f"cost basis: {basis}")
+    print("\ninputs (source: measured = from the result files, modelled = inferred from their figures through an "
+          "assumption, default = built in, given = command line):")
+    skip = _OVERHEAD_ONLY if basis == "fit" else _FIT_ONLY
+    for name, inp in inputs.items():
+        if name not in skip:
+            print(_fmt_input(name, inp))
+    for n in notes:
+        print(f"  (default used) {n}")
+    if basis == "fit":
+        print("\ncost basis 'fit': every checkpointing strategy saves at o_save = save_latency_s + shard / "
+              "save_fit_bytes_per_s (its whole persisted write); ECRec's parity = parity_s_per_update x "
+              "updates_per_server_s; cpr, cpr-mfu, cpr-ssu each take CPR's plan (min of partial and full recovery)")
+    for key, fit in (fits or {}).items():
+        if isinstance(fit, dict) and "latency_s" in fit:
+            print(f"  fit {key:<8} {fit['latency_s'] * 1e3:8.1f} ms + bytes / {fit['bytes_per_s'] / MB:7.1f} MB/s over "
+                  f"{len(fit['points'])} points, rms relative residual {fit['rms_relative_residual']:.0%} ({fit['method']})")
+    print("\nexpected overhead, % of failure-free training time (all modelled):")
+    head = ["servers", "job MTBF h"] + list(STRATEGIES) + ["cpr PLS", "plan cpr/mfu/ssu"]
+    cells = [head]
+    for r in rows:
+        s = r["strategies"]
+        plans = "/".join(s[x].get("plan", "?") for x in ("cpr", "cpr-mfu", "cpr-ssu"))
+        cells.append([str(r["servers"]), f"{r['job_mtbf_s'] / 3600:.3g}"]
+                     + [_pct(s[name]["overhead"]) for name in STRATEGIES]
+                     + [f"{s['cpr']['pls']:.4f}", plans])
+    _table(cells)
+    if any(r["strategies"][x].get("plan") == "full" for r in rows for x in ("cpr", "cpr-mfu", "cpr-ssu")):
+        print("  (where the plan is full, the partial-recovery figure was higher; both are in the JSON)")
+    if basis == "fit":
+        print("\nECRec: parity, rebuild and data loss (m + 1 failures in one stripe before the rebuild ends; "
+              "snapshots bound what a loss costs):")
+        cells = [["servers", "parity %", "rebuild s", "P(loss)/failure", "losses/year", "snapshot every h",
+                  "snapshots+loss %"]]
+        for r in rows:
+            e = r["strategies"]["ecrec"]
+            snap = e["snapshot"]
+            cells.append([str(r["servers"]), _pct(e["parity_overhead"]), f"{e['rebuild_s']:.1f}",
+                          f"{e['data_loss_probability_per_failure']:.2e}", f"{e['data_loss_per_year']:.2e}",
+                          f"{snap['interval_s'] / 3600:.3g}" if snap["interval_s"] else "-", _pct(snap["overhead"])])
+        _table(cells)
+    print("\ncheckpointing charged only its training stall per save (o_save = the drivers' stall"
+          + (", fitted" if basis == "fit" else "") + "):")
+    names = [n for n in CHECKPOINT_KEYS if n in STRATEGIES]
+    cells = [["servers"] + [f"{n} (stall)" for n in names]]
+    for r in rows:
+        cells.append([str(r["servers"])] + [_pct(r["strategies"][n]["overhead_stall_only"]) for n in names])
+    _table(cells)
+    if config.get("paper_check"):
+        print("\nCPR's headline (reference/CPR.md: full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) beside the simulated "
+              "figures (relative error: 0 inside the paper's range, else to its nearer end):")
+        cells = [["servers", "strategy", "paper %", "simulated %", "rel. error", "plan"]]
+        for r in rows:
+            for name, c in r["paper_check"].items():
+                cells.append([str(r["servers"]), name, f"{100 * c['paper_low']:.2f}-{100 * c['paper_high']:.2f}",
+                              f"{100 * c['simulated']:.2f}", f"{c['relative_error']:+.1%}", c["plan"] or "full"])
+        _table(cells)
     worst = max(s["overhead"] for r in rows for s in r["strategies"].values())
     if worst >= 0.5:
         print(f"\ncaution: overheads reach {100 * worst:.0f} %: the model is first order (failures rare against the "
               "checkpoint interval and the recovery); such figures only say that the strategy does not scale there.")
-    print("\nnone loses the failed shard's state at every failure; ecrec's parity overhead is held constant across "
-          "cluster sizes; cpr* intervals come from the target PLS.", flush=True)
+    tail = ("ecrec's parity per update is held constant across cluster sizes" if basis == "fit"
+            else "ecrec's parity overhead is held constant across cluster sizes")
+    print(f"\nnone loses the failed shard's state at every failure; {tail}; cpr* intervals come from the target PLS.",
+          flush=True)
 
 
 def write_plot(path: str, rows: list[dict], config: dict) -> bool:
@@ -664,12 +1227,17 @@ def run(args) -> int:
     if args.reschedule_s is not None and not (math.isfinite(args.reschedule_s) and args.reschedule_s >= 0):
         print("ecrec-bench simulate: --reschedule-s must be finite and >= 0", file=sys.stderr)
         return 2
+    k, m = getattr(args, "k", 2), getattr(args, "m", 1)
+    if k < 1 or m < 0 or any(k + m > n for n in args.servers):
+        print(f"ecrec-bench simulate: need --k >= 1, --m >= 0 and k + m <= every --servers (k={k}, m={m})",
+              file=sys.stderr)
+        return 2
     try:
         inputs, notes = resolve_inputs(args)
         for name, inp in inputs.items():
             check_input(name, inp.value)
-    except FileNotFoundError:
-        print(f"ecrec-bench simulate: no such file {args.from_compare!r}", file=sys.stderr)
+    except FileNotFoundError as exc:
+        print(f"ecrec-bench simulate: no such file {exc.filename or exc.args[0]!r}", file=sys.stderr)
         return 2
     except json.JSONDecodeError as exc:
         print(f"ecrec-bench simulate: {args.from_compare!r} is not JSON: {exc}", file=sys.stderr)
@@ -678,15 +1246,28 @@ def run(args) -> int:
         where = f" (from {args.from_compare!r})" if args.from_compare else ""
         print(f"ecrec-bench simulate: {exc}{where}", file=sys.stderr)
         return 2
-    config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "model_gb": args.model_gb,
-              "formula": args.formula, "storage_gbps": args.storage_gbps, "from_compare": args.from_compare,
-              "strategies": list(STRATEGIES)}
+    fits = measured_results(args.from_results)[1] if getattr(args, "from_results", None) else {}
+    basis = getattr(args, "basis", "fit")
+    job = getattr(args, "job_mtbf_hours", None)
+    config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "job_mtbf_hours": job,
+              "model_gb": args.model_gb, "formula": args.formula, "storage_gbps": args.storage_gbps,
+              "from_compare": args.from_compare, "from_results": getattr(args, "from_results", None), "basis": basis,
+              "k": k, "m": m, "paper_check": bool(getattr(args, "paper_check", False)), "strategies": list(STRATEGIES)}
     storage = args.storage_gbps * GB if args.storage_gbps else None
-    rows = [simulate_row(n, args.mtbf_hours, args.model_gb * GB, inputs, args.formula, storage) for n in args.servers]
-    print_report(config, inputs, notes, rows)
+    rows = []
+    for n in args.servers:
+        per_server_h = job * n if job else args.mtbf_hours
+        if basis == "fit":
+            row = simulate_row_fit(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage, k, m)
+        else:
+            row = simulate_row(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage)
+        if config["paper_check"]:
+            row["paper_check"] = paper_check(row)
+        rows.append(row)
+    print_report(config, inputs, notes, rows, fits)
     if args.json:
-        report = {"config": config, "inputs": {k: v.to_dict() for k, v in inputs.items()},
-                  "inputs_not_measured": notes, "rows_source": "modelled", "rows": rows}
+        report = {"config": config, "inputs": {k_: v.to_dict() for k_, v in inputs.items()},
+                  "inputs_not_measured": notes, "fits": fits, "rows_source": "modelled", "rows": rows}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
