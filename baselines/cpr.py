@@ -18,8 +18,10 @@ checkpoints are real files under ``dir`` (a local directory or an fsspec URL, se
     server's replacement loads that index's newest complete checkpoint (in
     ``on_recovery``); the others keep their state and training goes on.  The row updates
     the failed shard received after that save are lost; the driver counts them exactly.
-    The dense tensors held by the failed server roll back to its checkpoint too (in
-    ECRec they live on the embedding servers; in the CPR paper they live on trainers).
+    The failed server's dense tensors come back from its checkpoint, and the worker's
+    ``CheckpointDriver`` then puts them back as they were before the failure from its own copy
+    (``baselines.driver.DenseCopy``): in the CPR paper the dense model lives on the trainers, so a
+    partial recovery loses embedding rows only.
 
 ``cpr-mfu`` (:class:`PartialRecoveryMFU`)
     Like ``cpr``; each server also counts updates per row, and between full saves a
@@ -36,9 +38,12 @@ checkpoints are real files under ``dir`` (a local directory or an fsspec URL, se
 Snapshot / persist (CheckFreq): a save copies each table's owned rows in memory under
 that table's lock (the only time pushes wait), then a single background writer thread
 writes the files, one checkpoint at a time.  A timer save finding the writer busy is
-skipped (``saves_skipped``); a commanded save (the driver's cuts) queues its snapshot
+deferred, not dropped: the timer keeps it due and takes it at its first tick after the write
+ends (``saves_deferred`` counts the deferrals), so the interval never falls below the persist
+time; a commanded save (the driver's cuts) queues its snapshot
 behind the running write (``saves_queued``) and stalls only when another snapshot is
-already queued (``save_wait_s``: time the caller waited beyond the copy).  A failed write
+already queued (``save_wait_s``: time the caller waited beyond the copy).  Before a reload
+the files are dropped from the page cache (``Storage.drop_cache``), so o_load is a device read.  A failed write
 is logged and reported in ``stats`` and in the next save's reply.
 
 Exact loss accounting: every strategy keeps, per table, the number of row updates its
@@ -69,6 +74,9 @@ Options (``--option key=value``; validated by :meth:`layout_params` on the coord
 ``mtbf_s``                mean time between failures of the job, for the model
 ``o_res_s``               reschedule cost per failure for the model (default 0)
 ``formula``               ``daly`` (default) or ``young`` for full recovery's optimum
+``files``                 ``per-table`` (default: a file, an fsync and a directory fsync per table and dense
+                          tensor) or ``one`` (every record in one data file, fsynced once, then the manifest)
+``bandwidth_mb_s``        cap the store's bandwidth, MB/s each way (a remote store's, for benchmarks)
 ``keep``                  complete full checkpoints kept per server (default 2; >= 2 for full);
                           a driver cut at or after the newest cut the driver saw complete on
                           every server (``keep_cut``) is never deleted
@@ -90,8 +98,8 @@ count of failed writes so far and the last error), ``flush``,
 ``list``, ``restore`` {cut | seq}, ``probe_load``, ``configure`` {mode, interval_s},
 ``timers`` {paused} (pauses or resumes the timer saves keeping their phase: a benchmark that interleaves
 strategies runs each one's timers only during its own slices; its reply gives the seconds to the next
-full and partial save), ``stats`` (``redundancy_bytes``: the per-row counters, id map and sample this
-strategy keeps in memory for fault tolerance).
+full and partial save), ``stats`` (``redundancy_bytes``: the memory the mechanism needs, MFU's counter per row or
+SSU's sample, nothing for ``full`` and ``cpr``; ``accounting_bytes``: the benchmark's loss accounting).
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ from baselines.storage import (
     Snapshot,
     Storage,
     TableSnapshot,
+    Throttled,
     latest_chain,
     load_checkpoint,
     read_manifest,
@@ -159,9 +168,14 @@ class _TableAccount:
 
     @property
     def nbytes(self) -> int:
-        """Memory this account keeps for fault tolerance: id map, per-row counters, sample."""
-        arrays = (self.slot_to_id, self.since_full, self.captured, self.freq, self.reservoir)
-        return int(sum(a.nbytes for a in arrays if a is not None))
+        """Memory the strategy's mechanism needs: MFU's counter per row, SSU's sample (the id map duplicates the
+        shard's own, and ``since_full``/``captured`` serve the exact loss accounting, not the strategy)."""
+        return int(sum(a.nbytes for a in (self.freq, self.reservoir) if a is not None))
+
+    @property
+    def accounting_nbytes(self) -> int:
+        """Memory of the instrumentation: the id map and the per-row counts of the exact loss accounting."""
+        return int(sum(a.nbytes for a in (self.slot_to_id, self.since_full, self.captured) if a is not None))
 
     def reset_capture(self) -> None:
         if self.since_full is not None:
@@ -212,6 +226,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         super().__init__(host, options)
         self.opts = options
         self.storage = Storage.open(self.opts.dir)
+        if self.opts.bandwidth_mb_s is not None:
+            self.storage = Throttled(self.storage, self.opts.bandwidth_mb_s * 1e6)
         # "partial" | "full"; None with recovery=auto until the driver's ``configure`` (no timer saves till then)
         self.mode: str | None = "full" if self.full_only else {"full": "full", "partial": "partial"}.get(self.opts.recovery)
         self._interval_override: float | None = None
@@ -233,7 +249,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         self._paused_at: float | None = None  # ``timers`` {paused: true}: when the timer saves were paused
         self.needs_restore = False
         self._s = {
-            "saves": 0, "partial_saves": 0, "saves_skipped": 0, "saves_queued": 0, "save_wait_s": 0.0,
+            "saves": 0, "partial_saves": 0, "saves_skipped": 0, "saves_deferred": 0, "saves_queued": 0,
+            "save_wait_s": 0.0,
             "bytes_written": 0, "snapshot_s_total": 0.0, "snapshot_s_last": 0.0, "persist_s_total": 0.0,
             "persist_s_last": 0.0, "rows_saved_full": 0, "rows_saved_partial": 0, "loads": 0, "load_s_last": 0.0,
             "load_bytes_last": 0, "restored": None, "write_errors": 0, "last_error": None, "incomplete_skipped": [],
@@ -312,6 +329,12 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         tables = self.host.tables()
         updates = sum(shard.row_updates for shard in tables)
         if (tables or self.host.dense_tensors()) and updates != self._updates_at_snapshot:
+            with self._lock:
+                busy = bool(self._outstanding())
+            if busy:  # the previous write still runs: the save stays due (retried at the next tick)
+                with self._stats_lock:
+                    self._s["saves_deferred"] += 1
+                return
             self.save(kind=kind, blocking=False)  # an idle shard has nothing new: no save
         if kind == "full":
             self._next_full_at = now + full
@@ -513,7 +536,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
     def _persist(self, snap: Snapshot, keep_cut: int | None) -> dict:
         t0 = time.perf_counter()
         try:
-            manifest = write_checkpoint(self.storage, snap)
+            manifest = write_checkpoint(self.storage, snap, packed=self.opts.files == "one")
         except Exception as exc:
             with self._stats_lock:
                 self._s["write_errors"] += 1
@@ -783,7 +806,8 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             row_updates={name: a.updates for name, a in self._acct.items()},
         )
         out["row_updates_total"] = sum(out["row_updates"].values())
-        out["redundancy_bytes"] = sum(a.nbytes for a in list(self._acct.values()))
+        out["redundancy_bytes"] = sum(a.nbytes for a in list(self._acct.values()))  # the mechanism's memory only
+        out["accounting_bytes"] = sum(a.accounting_nbytes for a in list(self._acct.values()))
         if self.variant == "ssu":
             out["ssu_sample_cap"] = self.opts.ssu_sample
             out["ssu_sample_max"] = max((a.res_max for a in self._acct.values()), default=0)

@@ -20,8 +20,15 @@ What it does, by the recovery the run uses:
   dense parameters into the worker, and returns the cut's step: the training loop rewinds
   its data position there and the lost work is redone.
 - **partial** (``cpr``, ``cpr-mfu``, ``cpr-ssu``): servers save on their own timers and the
-  replacement restores itself (``on_recovery``); the driver only counts what was lost and
-  reloads the dense parameters.
+  replacement restores itself (``on_recovery``); the driver counts what was lost, gives the
+  replacement the intervals it was configured with (:meth:`configure`), and puts the dense
+  parameters back as they were before the failure: CPR keeps the dense model on its trainers, so
+  a partial recovery loses embedding rows only.  The driver keeps that copy (:class:`DenseCopy`):
+  it reads the dense payloads (weights and optimizer state) once and applies to them every
+  acknowledged step's dense gradients with the servers' own optimizer code, so the copy equals
+  the servers' bit for bit.  That holds when every push passes through this driver (one worker);
+  with several workers pass ``keep_dense=False`` and a failed server's dense tensors roll back to
+  its checkpoint (reported in ``FailureEvent.dense_rolled_back``).
 
 Interval: an explicit ``interval_steps``/``interval_s`` wins; otherwise the full-recovery
 interval is Daly's (or Young's) optimum from the *measured* save stall and the user's
@@ -46,9 +53,12 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from baselines import overhead
 from baselines.storage import CheckpointError
 from ecrec.client import Cluster, ClusterError
+from ecrec import optim
 from ecrec.cluster_map import live_servers
 from baselines.options import VARIANTS
 from ecrec.strategies import get_spec, names_of_kind
@@ -66,15 +76,58 @@ class FailureEvent:
     cut: int | None = None  # full: the restored cut
     updates_rolled_back: int = 0  # full: acknowledged row updates undone (to be redone)
     restored: dict = field(default_factory=dict)  # partial: index -> what the replacement restored
-    dense_rolled_back: list[str] = field(default_factory=list)
+    dense_rolled_back: list[str] = field(default_factory=list)  # partial: rolled back to the checkpoint
+    dense_kept: list[str] = field(default_factory=list)  # partial: put back from the driver's copy
     seconds: float = 0.0
+
+
+class DenseCopy:
+    """The worker's copy of every dense tensor's payload (weights then optimizer state, float32).
+
+    Read from the servers once (:meth:`reload`), then advanced with each acknowledged step's dense
+    gradients (``Cluster.last_dense_grads``) through ``ecrec.optim.apply``, the code the primary runs,
+    on the same float32 layout: the copy stays equal to the primary's payload bit for bit as long as
+    every push to the dense tensors passes through :meth:`advance`.
+    """
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.payloads: dict[str, np.ndarray] = {}
+        self.specs: dict = {}
+
+    def reload(self) -> None:
+        """Reads every dense tensor's payload from its primary (at a step boundary)."""
+        self.payloads, self.specs = {}, {}
+        for d in self.cluster.refresh_map().dense:
+            spec = self.cluster.dense_spec(d.name)
+            self.specs[d.name] = spec
+            self.payloads[d.name] = self.cluster.read_dense_payload(d.name)[None, :].copy()
+
+    def advance(self, grads: dict[str, np.ndarray]) -> None:
+        for name, grad in grads.items():
+            payload = self.payloads.get(name)
+            if payload is None:  # registered after the copy was read: read it now (it holds this step)
+                self.reload()
+                return
+            spec = self.specs[name]
+            optim.apply(spec.optimizer, payload, np.asarray(grad, dtype=np.float32).reshape(1, -1), spec.numel,
+                        spec.lr, spec.eps)
+
+    def put_back(self, names: list[str]) -> list[str]:
+        """Writes the copy of ``names`` to their (new) primaries; returns the names written."""
+        written = []
+        for name in names:
+            if name in self.payloads:
+                self.cluster.write_dense(name, self.payloads[name][0])
+                written.append(name)
+        return written
 
 
 class CheckpointDriver:
     """Drives the checkpointing baselines from the training loop (see the module docstring)."""
 
     def __init__(self, cluster: Cluster, interval_steps: int | None = None, interval_s: float | None = None,
-                 mtbf_s: float | None = None, recovery: str | None = None):
+                 mtbf_s: float | None = None, recovery: str | None = None, keep_dense: bool = True):
         if cluster.map is None:
             cluster.refresh_map()
         self.cluster = cluster
@@ -100,6 +153,7 @@ class CheckpointDriver:
         self.plan: overhead.RecoveryPlan | None = None
         self.o_save_s: float | None = None  # EWMA of the measured save stall
         self.o_load_s: float | None = None
+        self.o_persist_s: float = 0.0  # the initial save's write time (the slowest server's): T >= it
         self.full_interval_s: float | None = None  # driver-driven interval in seconds (explicit or modelled)
         self.saves = 0
         self.save_stall_s = 0.0
@@ -117,6 +171,9 @@ class CheckpointDriver:
         self._last_save_step: int | None = None
         self._last_save_time = 0.0
         self._started = False
+        self._configured: dict = {}  # what configure() set on the servers: a replacement gets it too
+        #: partial recovery: the dense parameters are kept here and put back after a failure (None: not kept)
+        self.dense_copy: DenseCopy | None = DenseCopy(cluster) if keep_dense and not self.full_only else None
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start(self, step: int = 0) -> dict:
@@ -130,12 +187,13 @@ class CheckpointDriver:
         if failed:
             raise CheckpointError(f"the initial checkpoint (cut {self._cut}) was not written on servers {failed}")
         self._confirmed_cut = self._cut
+        self.o_persist_s = max(float(r.get("persist_s_last") or 0.0) for r in self.cluster.strategy_call("stats").values())
         probes = self.cluster.strategy_call("probe_load")
         self.o_load_s = max(r["load_s"] for r in probes.values())
         n = self.cluster.layout.num_servers
         if self.recovery == "auto":
             self.plan = overhead.plan_recovery(self.o_save_s, self.o_load_s, self.mtbf_s, n, self.opts.target_pls,
-                                               self.opts.o_res_s, self.opts.formula)
+                                               self.opts.o_res_s, self.opts.formula, self.o_persist_s)
             self.mode = self.plan.recovery
             log.info("recovery plan: %s", self.plan)
         else:
@@ -143,13 +201,28 @@ class CheckpointDriver:
         self._update_interval()
         if not self.full_only:
             self.cluster.strategy_call("configure", self._configure_args())
+        if self.mode != "partial":
+            self.dense_copy = None  # a full recovery rolls everything back to the cut: nothing to keep
+        if self.dense_copy is not None:
+            self.dense_copy.reload()
         self._started = True
         return self.report()
+
+    def configure(self, **args) -> dict[int, dict]:
+        """Sets the servers' timer intervals (``interval_s``: between full saves); remembered, so that a
+        server that replaces a failed one is given them as soon as the failure is seen."""
+        unknown = set(args) - {"interval_s"}
+        if unknown:
+            raise ValueError(f"configure: unknown arguments {sorted(unknown)}; allowed: ['interval_s']")
+        replies = self.cluster.strategy_call("configure", args)
+        self._configured.update(args)
+        return replies
 
     def _configure_args(self) -> dict:
         args = {"mode": self.mode}
         if self.mode == "partial" and self.plan is not None and self.opts.interval_s is None:
             args["interval_s"] = self.plan.partial_interval_s
+        args.update(self._configured)
         return args
 
     def _update_interval(self) -> None:
@@ -158,7 +231,8 @@ class CheckpointDriver:
             return
         if self.mtbf_s is None:
             raise ValueError("full recovery needs interval_steps, interval_s or mtbf_s")
-        self.full_interval_s = overhead.optimal_full_interval(max(self.o_save_s, 1e-6), self.mtbf_s, self.opts.formula)
+        self.full_interval_s = overhead.optimal_full_interval(max(self.o_save_s, 1e-6), self.mtbf_s, self.opts.formula,
+                                                              self.o_persist_s)
 
     # --- the training loop's hooks ------------------------------------------------------------------------
     def add_acked(self, rows: int) -> None:
@@ -174,6 +248,8 @@ class CheckpointDriver:
             return None
         if result is not None:
             self.add_acked(result.get("rows", 0))
+        if self.dense_copy is not None:
+            self.dense_copy.advance(self.cluster.last_dense_grads)
         if self._failures_pending():
             return self._on_failure(step)
         if self._due(step):
@@ -280,8 +356,10 @@ class CheckpointDriver:
         stats = self.cluster.strategy_call("stats", indices=indices)
         self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
         dense = [d.name for d in self.cluster.map.dense if self.cluster.layout.dense_servers(d.name)[0] in indices]
+        kept = self.dense_copy.put_back(dense) if self.dense_copy is not None else []
         self.cluster.pull_dense()
-        event = FailureEvent(step, indices, "partial", lost_updates=lost, dense_rolled_back=dense,
+        event = FailureEvent(step, indices, "partial", lost_updates=lost,
+                             dense_rolled_back=[n for n in dense if n not in kept], dense_kept=kept,
                              restored={i: stats[i]["restored"] for i in indices}, seconds=time.perf_counter() - t0)
         self.events.append(event)
         log.warning("servers %s replaced after step %d: partial recovery, %d row updates lost (PLS so far %.3g)",
@@ -336,7 +414,7 @@ class CheckpointDriver:
     def report(self) -> dict:
         return {
             "strategy": self.strategy, "mode": self.mode, "plan": self.plan.to_dict() if self.plan else None,
-            "o_save_s": self.o_save_s, "o_load_s": self.o_load_s, "interval_steps": self.interval_steps,
+            "o_save_s": self.o_save_s, "o_load_s": self.o_load_s, "o_persist_s": self.o_persist_s, "interval_steps": self.interval_steps,
             "full_interval_s": self.full_interval_s, "saves": self.saves, "save_stall_s": self.save_stall_s,
             "rows_acked": self.rows_acked_total, "lost_updates": self.lost_updates, "pls": self.pls(),
             "updates_rolled_back": self.updates_rolled_back, "steps_redone": self.steps_redone,

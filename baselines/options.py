@@ -28,6 +28,10 @@ class CheckpointOptions:
     o_res_s: float = option(0.0, "reschedule cost per failure for the model")
     formula: str = option("daly", "daly or young: full recovery's optimum", choices=overhead.FORMULAS)
     keep: int = option(2, "complete full checkpoints kept per server (>= 2 for full)")
+    files: str = option("per-table", "per-table (a file per table and dense tensor) or one (one data file, one fsync)",
+                        choices=("per-table", "one"))
+    bandwidth_mb_s: float | None = option(None, "cap the checkpoint store's bandwidth (MB/s each way), as a remote "
+                                                "store's; default: none")
     target_pls: float | None = option(None, "partial variants: target portion of lost updates, in (0, 1)")
     recovery: str = option("partial", "partial variants: partial | full | auto")
     mfu_fraction: float = option(0.05, "cpr-mfu: fraction of a shard's rows in a partial save")
@@ -36,7 +40,7 @@ class CheckpointOptions:
     ssu_interval_s: float | None = option(None, "cpr-ssu: seconds between partial saves (default interval / 4)")
 
 
-COMMON = {"dir", "interval_s", "interval_steps", "mtbf_s", "o_res_s", "formula", "keep"}
+COMMON = {"dir", "interval_s", "interval_steps", "mtbf_s", "o_res_s", "formula", "keep", "files", "bandwidth_mb_s"}
 PARTIAL = COMMON | {"target_pls", "recovery"}
 
 
@@ -90,7 +94,7 @@ def parse_options(strategy: str, variant: str | None, full_only: bool, options: 
                          "own checkpoints and a replacement must read the failed server's; use a directory or a "
                          "URL every server reaches (file://, s3://, gs://...)")
     kw: dict = {"dir": o["dir"]}
-    for key in ("interval_s", "mtbf_s", "mfu_interval_s", "ssu_interval_s"):
+    for key in ("interval_s", "mtbf_s", "mfu_interval_s", "ssu_interval_s", "bandwidth_mb_s"):
         if key in o:
             kw[key] = _float(key, o[key])
     if "o_res_s" in o:
@@ -99,6 +103,10 @@ def parse_options(strategy: str, variant: str | None, full_only: bool, options: 
         kw["interval_steps"] = _int("interval_steps", o["interval_steps"], 1)
     if "keep" in o:
         kw["keep"] = _int("keep", o["keep"], 2 if full_only else 1)
+    if "files" in o:
+        if o["files"] not in ("per-table", "one"):
+            raise ValueError(f"option files={o['files']!r}: choose per-table or one")
+        kw["files"] = o["files"]
     if "formula" in o:
         if o["formula"] not in overhead.FORMULAS:
             raise ValueError(f"option formula={o['formula']!r}: choose one of {overhead.FORMULAS}")

@@ -15,7 +15,11 @@ Full recovery (every node reloads the last checkpoint and redoes the lost work):
     O_full = o_save * t_total / t_save + (t_total / mtbf) * (o_load + o_res + t_save / 2)
 
 whose optimum is Young's ``t_save = sqrt(2 * o_save * mtbf)``; Daly's higher-order
-refinement is :func:`daly_interval`.  Partial recovery (only the failed shard reloads,
+refinement is :func:`daly_interval`.  The save's stall ``o_save`` is not its whole cost: the
+write runs on after it for ``o_persist`` seconds (``persist_s``), a save cannot start before the
+previous one is on disk, and a failure meanwhile falls back to the checkpoint before.  So the
+interval is at least ``o_persist`` and a failure loses ``t_save / 2 + o_persist`` of work on average
+(``persist_s`` of :func:`optimal_full_interval`, :func:`full_overhead`, :func:`plan_recovery`).  Partial recovery (only the failed shard reloads,
 nobody redoes work) has no lost-computation term::
 
     O_partial = o_save * t_total / t_save + (t_total / mtbf) * (o_load + o_res)
@@ -71,20 +75,24 @@ def daly_interval(o_save: float, mtbf: float) -> float:
     return math.sqrt(2.0 * d * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - d
 
 
-def optimal_full_interval(o_save: float, mtbf: float, formula: str = "daly") -> float:
+def optimal_full_interval(o_save: float, mtbf: float, formula: str = "daly", persist_s: float = 0.0) -> float:
+    """Young's or Daly's optimum from the stall ``o_save``, and never below the persist time ``persist_s``."""
+    persist_s = _non_negative("persist_s", persist_s)
     if formula == "young":
-        return young_interval(o_save, mtbf)
+        return max(young_interval(o_save, mtbf), persist_s)
     if formula == "daly":
-        return daly_interval(o_save, mtbf)
+        return max(daly_interval(o_save, mtbf), persist_s)
     raise ValueError(f"formula must be one of {FORMULAS}, got {formula!r}")
 
 
 def full_overhead(t_save: float, o_save: float, o_load: float, mtbf: float, o_res: float = 0.0,
-                  t_total: float = 1.0) -> float:
-    """``O_full``: saves plus, per failure, load, reschedule and half an interval of redone work."""
+                  t_total: float = 1.0, persist_s: float = 0.0) -> float:
+    """``O_full``: saves plus, per failure, load, reschedule and half an interval (plus the persist latency) of
+    redone work."""
     t_save, mtbf = _positive("t_save", t_save), _positive("mtbf", mtbf)
     o_save, o_load, o_res = _non_negative("o_save", o_save), _non_negative("o_load", o_load), _non_negative("o_res", o_res)
-    return o_save * t_total / t_save + (t_total / mtbf) * (o_load + o_res + t_save / 2.0)
+    persist_s = _non_negative("persist_s", persist_s)
+    return o_save * t_total / t_save + (t_total / mtbf) * (o_load + o_res + t_save / 2.0 + persist_s)
 
 
 def partial_overhead(t_save: float, o_save: float, o_load: float, mtbf: float, o_res: float = 0.0,
@@ -136,11 +144,11 @@ class RecoveryPlan:
 
 
 def plan_recovery(o_save: float, o_load: float, mtbf: float, n_emb: int, target_pls: float, o_res: float = 0.0,
-                  formula: str = "daly") -> RecoveryPlan:
+                  formula: str = "daly", persist_s: float = 0.0) -> RecoveryPlan:
     """Chooses partial or full recovery by modelled overhead (fractions of training time)."""
-    t_full = optimal_full_interval(max(float(o_save), 1e-9), mtbf, formula)
-    t_partial = interval_for_pls(target_pls, n_emb, mtbf)
-    o_full = full_overhead(t_full, o_save, o_load, mtbf, o_res)
+    t_full = optimal_full_interval(max(float(o_save), 1e-9), mtbf, formula, persist_s)
+    t_partial = max(interval_for_pls(target_pls, n_emb, mtbf), persist_s)
+    o_full = full_overhead(t_full, o_save, o_load, mtbf, o_res, persist_s=persist_s)
     o_part = partial_overhead(t_partial, o_save, o_load, mtbf, o_res)
     if o_part < o_full:
         return RecoveryPlan("partial", t_partial, t_full, t_partial, o_full, o_part, expected_pls(t_partial, n_emb, mtbf))

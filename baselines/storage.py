@@ -8,11 +8,21 @@ Layout under the checkpoint root (a local directory, or any URL fsspec understan
         MANIFEST.json                              written last: files, sizes, sha256, counters
     server-<index>/ckpt-<seq:08d>.delta-<k:06d>/   a partial save (MFU/SSU) on top of base <seq>
 
+or, *packed* (``write_checkpoint(..., packed=True)``; the strategies' ``files=one``), every table and
+dense tensor of a checkpoint in one file written once and fsynced once, each at its offset::
+
+    server-<index>/ckpt-<seq:08d>/
+        data.bin                                   the table and dense records above, one after another
+        MANIFEST.json                              written last: each record's offset, size, sha256
+
+(a packed checkpoint costs one data file and its fsync, then the manifest's, where the per-file layout
+costs a file, an fsync and a directory fsync per table and dense tensor).
+
 A table file holds the owned rows' global ids and their payload (weights then optimizer
 state); a delta's table file also holds, per row, the number of row updates since the
 base snapshot that its payload reflects (the exact loss accounting of ``cpr.py``).
 
-Every file is written to a temporary name and renamed (``os.replace`` plus fsync of the
+Every file of the per-file layout is written to a temporary name and renamed (``os.replace`` plus fsync of the
 file and directory on a local path; ``fs.mv`` through fsspec elsewhere).  The manifest is
 written last, so a checkpoint without one is *incomplete* (torn: the writer died), and a
 checkpoint whose files do not match the manifest's sizes and sha256 is *corrupt*.  Neither
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -36,6 +47,7 @@ import numpy as np
 
 FORMAT = "ecrec-cpr/1"
 MANIFEST = "MANIFEST.json"
+PACKED = "data.bin"  # the one data file of a packed checkpoint
 INT64 = np.dtype("<i8")
 FLOAT32 = np.dtype("<f4")
 _CKPT = re.compile(r"^ckpt-(\d{8})(?:\.delta-(\d{6}))?$")
@@ -79,6 +91,15 @@ class Storage:
 
     def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
+        """Writes a new file durably without the rename: for a file that nothing reads before a manifest written
+        after it names it (a packed checkpoint's data).  By default the same as :meth:`write_atomic`."""
+        return self.write_atomic(rel, chunks)
+
+    def drop_cache(self, rel: str) -> None:
+        """Evicts the file from the page cache where that is possible (a local file), so that the next read
+        comes from the device, as a reload on another machine would."""
 
     def read(self, rel: str) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
@@ -146,6 +167,27 @@ class LocalStorage(Storage):
         finally:
             os.close(dfd)
         return size, digest
+
+    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
+        path = self._path(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "xb") as f:  # never over an existing file
+            size, digest = _write_chunks(f, chunks)
+            f.flush()
+            os.fsync(f.fileno())
+        return size, digest
+
+    def drop_cache(self, rel: str) -> None:
+        try:
+            fd = os.open(self._path(rel), os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages (fsynced) are dropped
+        except (OSError, AttributeError):
+            pass
+        finally:
+            os.close(fd)
 
     def read(self, rel: str) -> bytes:
         with open(self._path(rel), "rb") as f:
@@ -228,6 +270,52 @@ class FsspecStorage(Storage):
         self.fs.rm(self._path(rel), recursive=True)
 
 
+class Throttled(Storage):
+    """Another storage at most ``bytes_per_s`` each way (writes and reads each wait out their share): a remote
+    store's bandwidth on a local disk, for benchmarks."""
+
+    def __init__(self, inner: Storage, bytes_per_s: float):
+        if not (bytes_per_s > 0 and math.isfinite(bytes_per_s)):
+            raise ValueError(f"bandwidth must be finite and > 0 bytes/s, got {bytes_per_s!r}")
+        self.inner, self.bytes_per_s, self.url = inner, float(bytes_per_s), inner.url
+
+    @property
+    def process_local(self) -> str | None:
+        return self.inner.process_local
+
+    def _wait(self, nbytes: int, t0: float) -> None:
+        rest = nbytes / self.bytes_per_s - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+
+    def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:
+        t0 = time.perf_counter()
+        out = self.inner.write_atomic(rel, chunks)
+        self._wait(out[0], t0)
+        return out
+
+    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
+        t0 = time.perf_counter()
+        out = self.inner.write_new(rel, chunks)
+        self._wait(out[0], t0)
+        return out
+
+    def drop_cache(self, rel: str) -> None:
+        self.inner.drop_cache(rel)
+
+    def read(self, rel: str) -> bytes:
+        t0 = time.perf_counter()
+        data = self.inner.read(rel)
+        self._wait(len(data), t0)
+        return data
+
+    def listdir(self, rel: str) -> list[str]:
+        return self.inner.listdir(rel)
+
+    def remove_tree(self, rel: str) -> None:
+        self.inner.remove_tree(rel)
+
+
 # --- what a checkpoint holds --------------------------------------------------------------------------
 
 @dataclass
@@ -285,34 +373,69 @@ def checkpoint_dir(index: int, seq: int, delta: int | None = None) -> str:
 
 # --- write ----------------------------------------------------------------------------------------------
 
-def write_checkpoint(storage: Storage, snap: Snapshot) -> dict:
-    """Writes every file then the manifest; returns the manifest (with ``bytes`` written)."""
+def write_checkpoint(storage: Storage, snap: Snapshot, packed: bool = False) -> dict:
+    """Writes every file (``packed``: the one data file) then the manifest; returns the manifest (with
+    ``bytes`` written)."""
+    if packed:
+        return _write_packed(storage, snap)
     d = snap.dirname
     tables, dense = [], []
     total = 0
     for j, t in enumerate(snap.tables):
-        ids = np.ascontiguousarray(t.ids, dtype=INT64)
-        payload = np.ascontiguousarray(t.payload, dtype=np.uint8)
-        if payload.shape != (len(ids), int(t.spec["row_bytes"])):
-            raise ValueError(f"table {t.name!r}: payload {payload.shape} does not match {len(ids)} ids x {t.spec['row_bytes']} bytes")
-        chunks = [ids, payload]
-        if t.counts is not None:
-            counts = np.ascontiguousarray(t.counts, dtype=INT64)
-            if counts.shape != ids.shape:
-                raise ValueError(f"table {t.name!r}: {len(counts)} counts for {len(ids)} ids")
-            chunks.append(counts)
         fname = f"table-{j:03d}.bin"
-        size, digest = storage.write_atomic(f"{d}/{fname}", chunks)
+        size, digest = storage.write_atomic(f"{d}/{fname}", _table_chunks(t))
         total += size
-        tables.append({"name": t.name, "file": fname, "rows": int(len(ids)), "row_bytes": int(t.spec["row_bytes"]),
-                       "spec": t.spec, "row_updates": int(t.row_updates), "has_counts": t.counts is not None,
-                       "size": size, "sha256": digest})
+        tables.append(_table_entry(t, file=fname, size=size, sha256=digest))
     for j, dn in enumerate(snap.dense):
         floats = np.ascontiguousarray(dn.floats, dtype=FLOAT32).reshape(-1)
         fname = f"dense-{j:03d}.bin"
         size, digest = storage.write_atomic(f"{d}/{fname}", [floats])
         total += size
         dense.append({"name": dn.name, "file": fname, "floats": int(floats.size), "size": size, "sha256": digest})
+    return _commit(storage, snap, tables, dense, total)
+
+
+def _table_entry(t: TableSnapshot, **where) -> dict:
+    return {"name": t.name, **where, "rows": int(len(t.ids)), "row_bytes": int(t.spec["row_bytes"]), "spec": t.spec,
+            "row_updates": int(t.row_updates), "has_counts": t.counts is not None}
+
+
+def _table_chunks(t: TableSnapshot) -> list:
+    ids = np.ascontiguousarray(t.ids, dtype=INT64)
+    payload = np.ascontiguousarray(t.payload, dtype=np.uint8)
+    if payload.shape != (len(ids), int(t.spec["row_bytes"])):
+        raise ValueError(f"table {t.name!r}: payload {payload.shape} does not match {len(ids)} ids x {t.spec['row_bytes']} bytes")
+    chunks = [ids, payload]
+    if t.counts is not None:
+        counts = np.ascontiguousarray(t.counts, dtype=INT64)
+        if counts.shape != ids.shape:
+            raise ValueError(f"table {t.name!r}: {len(counts)} counts for {len(ids)} ids")
+        chunks.append(counts)
+    return chunks
+
+
+def _write_packed(storage: Storage, snap: Snapshot) -> dict:
+    """One data file (every record at its offset, hashed record by record while written), then the manifest."""
+    records = [(t, _table_chunks(t)) for t in snap.tables]
+    records += [(dn, [np.ascontiguousarray(dn.floats, dtype=FLOAT32).reshape(-1)]) for dn in snap.dense]
+    entries, offset, chunks = [], 0, []
+    for item, parts in records:
+        size, digest = _hash_chunks(parts)
+        entries.append((item, offset, size, digest))
+        offset += size
+        chunks += parts
+    total, _ = storage.write_new(f"{snap.dirname}/{PACKED}", chunks)
+    tables, dense = [], []
+    for item, off, size, digest in entries:
+        where = {"file": PACKED, "offset": off, "size": size, "sha256": digest}
+        if isinstance(item, TableSnapshot):
+            tables.append(_table_entry(item, **where))
+        else:
+            dense.append({"name": item.name, "floats": int(np.asarray(item.floats).size), **where})
+    return _commit(storage, snap, tables, dense, total)
+
+
+def _commit(storage: Storage, snap: Snapshot, tables: list, dense: list, total: int) -> dict:
     manifest = {
         "format": FORMAT, "kind": snap.kind, "server_index": snap.server_index, "seq": snap.seq,
         "delta": snap.delta, "cut": snap.cut, "step": snap.step, "strategy": snap.strategy,
@@ -320,7 +443,7 @@ def write_checkpoint(storage: Storage, snap: Snapshot) -> dict:
         "tables": tables, "dense": dense,
     }
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    size, _ = storage.write_atomic(f"{d}/{MANIFEST}", [body])
+    size, _ = storage.write_atomic(f"{snap.dirname}/{MANIFEST}", [body])
     manifest["bytes"] = total + size
     return manifest
 
@@ -344,12 +467,23 @@ def read_manifest(storage: Storage, dirname: str) -> dict:
     return manifest
 
 
-def _verified(storage: Storage, dirname: str, entry: dict) -> bytes:
+def _verified(storage: Storage, dirname: str, entry: dict, files: dict | None = None) -> bytes:
+    """The bytes of one manifest entry, checked against its size and sha256 (``files``: the files read so far,
+    so that the records of a packed checkpoint are read from one read of its data file)."""
     where = storage.describe(f"{dirname}/{entry['file']}")
+    files = {} if files is None else files
     try:
-        data = storage.read(f"{dirname}/{entry['file']}")
+        whole = files.get(entry["file"])
+        if whole is None:
+            storage.drop_cache(f"{dirname}/{entry['file']}")
+            whole = files[entry["file"]] = storage.read(f"{dirname}/{entry['file']}")
     except FileNotFoundError:
         raise CheckpointCorrupt(f"checkpoint file {where} listed in the manifest is missing; refusing to load") from None
+    data = whole
+    if "offset" in entry:
+        off = int(entry["offset"])
+        data = memoryview(whole)[off:off + int(entry["size"])]
+        where += f" (record at offset {off})"
     if len(data) != entry["size"]:
         raise CheckpointCorrupt(f"checkpoint file {where} has {len(data)} bytes, the manifest says {entry['size']} "
                                 "(truncated or torn); refusing to load")
@@ -365,10 +499,11 @@ def load_checkpoint(storage: Storage, dirname: str) -> LoadedCheckpoint:
     manifest = read_manifest(storage, dirname)
     tables: dict[str, TableSnapshot] = {}
     dense: dict[str, np.ndarray] = {}
+    files: dict[str, bytes] = {}
     nbytes = 0
     try:
         for e in manifest["tables"]:
-            data = _verified(storage, dirname, e)
+            data = _verified(storage, dirname, e, files)
             nbytes += len(data)
             n, rb = int(e["rows"]), int(e["row_bytes"])
             want = n * 8 + n * rb + (n * 8 if e["has_counts"] else 0)
@@ -381,7 +516,7 @@ def load_checkpoint(storage: Storage, dirname: str) -> LoadedCheckpoint:
                       if e["has_counts"] else None)
             tables[e["name"]] = TableSnapshot(e["name"], e["spec"], ids, payload, int(e["row_updates"]), counts)
         for e in manifest["dense"]:
-            data = _verified(storage, dirname, e)
+            data = _verified(storage, dirname, e, files)
             nbytes += len(data)
             dense[e["name"]] = np.frombuffer(data, dtype=FLOAT32).astype(np.float32)
     except (KeyError, TypeError, ValueError) as exc:

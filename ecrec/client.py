@@ -107,6 +107,9 @@ class Cluster:
         self.courier = Courier()
         self.steps_done = 0  # step() calls that returned
         self._periodic = None  # snapshot_every's schedule
+        #: the gradient (float32, flattened) the last acknowledged step() pushed to each dense tensor: a checkpoint
+        #: driver keeps the dense parameters from these (CPR keeps them on its trainers)
+        self.last_dense_grads: dict[str, np.ndarray] = {}
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -579,14 +582,17 @@ class Cluster:
             for i, pos in self._group_by_server(ids).items():
                 request_for(i).tables.add(table=table, ids=transport.ids_to_bytes(ids[pos]),
                                           grads=transport.floats_to_bytes(grads[pos]))
+        dense_grads: dict[str, np.ndarray] = {}
         for name, param in self._dense.items():
             if param.grad is None:
                 continue
+            dense_grads[name] = param.grad.detach().to(torch.float32).numpy().reshape(-1).copy()
             request_for(self.layout.dense_servers(name)[0]).dense.add(
-                name=name, value=transport.floats_to_bytes(param.grad.detach().to(torch.float32).numpy()))
+                name=name, value=transport.floats_to_bytes(dense_grads[name]))
             param.grad = None
         result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
                                                              "already_applied": 0}
+        self.last_dense_grads = dense_grads  # what this (acknowledged) push applied to each dense tensor
         self.steps_done += 1
         if self._periodic is not None:
             result["snapshot"] = self._periodic.after_step(self, self.steps_done)

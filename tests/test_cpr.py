@@ -532,3 +532,115 @@ def test_empty_chunks_are_written_and_hashed(tmp_path, memory_url):
         assert (size, digest) == (24, hashlib.sha256(expected).hexdigest())
         assert store.read("x/empty.bin") == expected  # what was written is exactly the non-empty chunk
         assert st._hash_chunks(chunks) == (24, hashlib.sha256(store.read("x/empty.bin")).hexdigest())
+
+
+# --- issue 24: the baselines as CPR runs them -------------------------------------------------------------------
+
+@pytest.mark.cluster
+def test_partial_recovery_keeps_the_dense_parameters(make_cluster, tmp_path):
+    """CPR keeps the dense model on its trainers: a partial recovery loses embedding rows only.  The driver's copy
+    of the dense payloads (weights and Adagrad state) puts the failed server's dense tensors back as they were, so
+    the servers' dense payloads end equal, bit for bit, to the initial ones advanced by every gradient pushed."""
+    lc = make_cluster(servers=2, standby=1, strategy="cpr", options={"dir": str(tmp_path / "ckpt"), "interval_s": 3600},
+                      health_interval_s=0.2)
+    c, bag = connect(lc)
+    head = Head()
+    names = c.register_dense(head, optimizer="adagrad", lr=0.05, eps=1e-8, initial_accumulator_value=0.1,
+                             prefix="head.")
+    expected = {n: c.read_dense_payload(n)[None, :].copy() for n in names}
+    specs = {n: c.dense_spec(n) for n in names}
+    driver = CheckpointDriver(c)
+    driver.start(0)  # the checkpoint a replacement restores: the dense tensors at their initial values
+    assert driver.dense_copy is not None
+    failed = c.layout.dense_servers("head.lin.weight")[0]
+    batches = make_batches(12, seed=4)
+    for step, (ids, w) in enumerate(batches):
+        out = head.lin(bag(torch.from_numpy(ids), torch.arange(len(ids))))
+        (out * torch.from_numpy(w[:, :2])).sum().backward()
+        grads = {n: p.grad.detach().numpy().reshape(1, -1).copy() for n, p in
+                 (("head." + k, v) for k, v in head.named_parameters())}
+        result = c.step()
+        for n, g in grads.items():
+            optim.apply("adagrad", expected[n], g, specs[n].numel, specs[n].lr, specs[n].eps)
+        assert driver.after_step(step, result) is None
+        if step == 5:
+            lc.kill(lc.pid_of_index(failed))
+    [event] = driver.events
+    on_failed = [n for n in names if c.layout.dense_servers(n)[0] == failed]
+    assert event.recovery == "partial" and event.dense_kept == on_failed and event.dense_rolled_back == []
+    for n in names:
+        np.testing.assert_array_equal(c.read_dense_payload(n).view(np.uint32), expected[n][0].view(np.uint32))
+    # without the copy (several workers push: no one worker's copy is exact) the tensors roll back, and say so
+    assert CheckpointDriver(c, keep_dense=False).dense_copy is None
+
+
+def test_a_packed_checkpoint_is_one_data_file_and_names_a_corrupt_record(tmp_path):
+    st = storage.Storage.open(str(tmp_path))
+    m = storage.write_checkpoint(st, _snapshot(), packed=True)
+    d = storage.checkpoint_dir(0, 1)
+    assert sorted(os.listdir(os.path.join(tmp_path, *d.split("/")))) == [storage.MANIFEST, storage.PACKED]
+    assert {e["file"] for e in m["tables"] + m["dense"]} == {storage.PACKED}
+    assert [e["offset"] for e in m["tables"] + m["dense"]] == [0, m["tables"][0]["size"]]
+    ck = storage.load_checkpoint(st, d)
+    np.testing.assert_array_equal(ck.tables["t"].ids, [3, 5, 9])
+    np.testing.assert_array_equal(ck.dense["w"], np.arange(4, dtype=np.float32))
+    data = bytearray(st.read(f"{d}/{storage.PACKED}"))
+    data[-3] ^= 1  # inside the dense record, the last one
+    os.remove(os.path.join(tmp_path, *d.split("/"), storage.PACKED))
+    st.write_new(f"{d}/{storage.PACKED}", [bytes(data)])
+    with pytest.raises(storage.CheckpointCorrupt, match=r"data\.bin \(record at offset \d+\) is corrupt: sha256"):
+        storage.load_checkpoint(st, d)
+    with pytest.raises(FileExistsError):  # the one data file is never written over
+        st.write_new(f"{d}/{storage.PACKED}", [b"x"])
+
+
+def test_a_bandwidth_cap_makes_writes_and_reads_take_their_share(tmp_path):
+    inner = storage.Storage.open(str(tmp_path))
+    capped = storage.Throttled(inner, bytes_per_s=2e6)
+    import time
+
+    t0 = time.perf_counter()
+    capped.write_atomic("a/x.bin", [np.zeros(400_000, dtype=np.uint8)])
+    t1 = time.perf_counter()
+    assert capped.read("a/x.bin") == bytes(400_000)
+    t2 = time.perf_counter()
+    assert t1 - t0 >= 0.2 and t2 - t1 >= 0.2  # 400 kB at 2 MB/s each way, at least (sleeps are lower bounds)
+    with pytest.raises(ValueError, match="bandwidth"):
+        storage.Throttled(inner, 0)
+
+
+@pytest.mark.cluster
+def test_timer_saves_that_find_the_writer_busy_are_deferred_not_dropped(make_cluster, tmp_path):
+    """A store capped at 5 kB/s makes every write (about 2 kB) slower than the 0.1 s timer interval: the timer keeps the save
+    due and takes it when the write ends (``saves_deferred``), never drops one (``saves_skipped`` 0)."""
+    options = {"dir": str(tmp_path / "ckpt"), "interval_s": 0.1, "bandwidth_mb_s": 0.005, "files": "one"}
+    lc = make_cluster(servers=2, strategy="cpr", options=options)
+    c, bag = connect(lc)
+    import time
+
+    for step, (ids, w) in enumerate(make_batches(40, seed=6)):
+        train_step(c, bag, ids, w)
+        time.sleep(0.03)
+    stats = c.strategy_call("stats")
+    for s in stats.values():
+        assert s["saves_skipped"] == 0
+        assert s["saves_deferred"] > 0 and s["saves"] >= 2, s
+        assert s["redundancy_bytes"] == 0 < s["accounting_bytes"]  # plain cpr's mechanism keeps nothing per row
+    entries = storage.scan(storage.Storage.open(options["dir"]), 0)
+    assert all(sorted(os.listdir(os.path.join(options["dir"], *e.dirname.split("/")))) in
+               ([storage.MANIFEST, storage.PACKED], [storage.PACKED]) for e in entries)
+
+
+def test_the_memory_of_the_mechanism_is_mfus_counters_and_ssus_sample(tmp_path):
+    """``redundancy_bytes`` counts what the mechanism needs: nothing for cpr, a counter per row for MFU, the
+    bounded sample for SSU; the loss accounting's per-row counts are ``accounting_bytes``."""
+    from baselines.cpr import _TableAccount
+
+    class Shard:
+        num_slots = 1000
+        owned_slots = np.arange(1000)
+        owned_ids = np.arange(1000)
+
+    plain, mfu, ssu = (_TableAccount(Shard(), v, 64) for v in (None, "mfu", "ssu"))
+    assert plain.nbytes == 0 and mfu.nbytes == 1000 * 8 and ssu.nbytes == 64 * 8
+    assert plain.accounting_nbytes == 1000 * 8 and mfu.accounting_nbytes == ssu.accounting_nbytes == 3 * 1000 * 8

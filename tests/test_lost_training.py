@@ -199,3 +199,14 @@ def test_paused_timers_neither_save_nor_lose_their_phase(tmp_path):
     with pytest.raises(ValueError, match="unknown arguments"):
         strategy.call("timers", {"pause": True})
     assert strategy.stats()["redundancy_bytes"] == 0  # no table: no per-row counters yet
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 123])
+def test_seeded_failure_phases_fall_one_per_part_and_off_the_partial_save_grid(seed):
+    phases = lt.failure_phases(3, seed=seed, avoid=4, margin=0.02)
+    assert phases == lt.failure_phases(3, seed=seed, avoid=4, margin=0.02)  # the seed decides
+    for i, x in enumerate(phases):
+        assert i / 3 <= x < (i + 1) / 3  # stratified: one per third of the interval
+        assert min(abs(x - g / 4) for g in range(5)) >= 0.02 - 1e-12  # never at a partial save (every 1/4)
+    assert lt.failure_phases(3, seed=seed) != lt.failure_phases(3)  # not the midpoints 1/6, 1/2, 5/6
+    assert lt.failure_phases(3, seed=seed + 1, avoid=4) != phases

@@ -76,3 +76,30 @@ def test_plan_falls_back_to_full_for_tiny_pls_targets():
     assert plan.partial_interval_s == pytest.approx(2.88)
     assert plan.partial_overhead == pytest.approx(2 / 2.88 + 10 / 3600)
     assert plan.expected_pls == 0.0
+
+
+def test_the_persist_time_bounds_the_interval_and_adds_to_the_lost_work():
+    """A save stalls training for o_save but is on disk only o_persist later: the interval never falls below
+    the persist time, and a failure loses T/2 + o_persist of work on average."""
+    t = overhead.optimal_full_interval(0.001, 10.0)  # about 0.14 s from the stall alone
+    assert overhead.optimal_full_interval(0.001, 10.0, persist_s=0.43) == 0.43 > t
+    assert overhead.optimal_full_interval(0.001, 10.0, persist_s=0.01) == t
+    base = overhead.full_overhead(1.0, 0.01, 0.1, 10.0)
+    assert overhead.full_overhead(1.0, 0.01, 0.1, 10.0, persist_s=0.4) == pytest.approx(base + 0.4 / 10.0)
+    plan = overhead.plan_recovery(0.001, 0.05, 10.0, 4, 1e-4, persist_s=0.43)
+    assert plan.full_interval_s == 0.43 and plan.partial_interval_s == 0.43
+    with pytest.raises(ValueError, match="persist_s"):
+        overhead.optimal_full_interval(0.01, 10.0, persist_s=-1)
+
+
+def test_the_realistic_preset_leaves_cpr_room():
+    """``compare --preset realistic``: cpr's PLS interval is 10x or more full's Daly interval for every save
+    stall up to 100 ms and persist time up to 1 s (quick's measured: tens of ms and 0.1-0.4 s)."""
+    from ecrec.bench.compare import PRESETS
+
+    p = PRESETS["realistic"]
+    t_cpr = overhead.interval_for_pls(p["target_pls"], p["servers"], p["mtbf_s"])
+    for o_save in (0.005, 0.04, 0.1):
+        for persist in (0.0, 0.43, 1.0):
+            assert t_cpr >= 10 * overhead.optimal_full_interval(o_save, p["mtbf_s"], "daly", persist)
+    assert PRESETS["quick"]["mtbf_s"] < p["mtbf_s"]

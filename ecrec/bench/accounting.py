@@ -283,8 +283,10 @@ def resource_figures(record: dict, records: list[dict]) -> dict:
     """Memory kept for fault tolerance over model bytes, checkpoint and network bytes, rows, elapsed time."""
     per_server = [v for v in (record.get("stats") or {}).values() if isinstance(v, dict)]
     model_bytes = record.get("model_bytes") or 0
-    redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)
-    return {"memory_overhead": redundancy / model_bytes if model_bytes else None, **memory_figures(record),
+    redundancy = sum(v.get("redundancy_bytes", 0) for v in per_server)  # the mechanism's own (parity, MFU counters)
+    accounting = sum(v.get("accounting_bytes", 0) for v in per_server)  # the benchmark's exact loss accounting
+    return {"memory_overhead": (redundancy + accounting) / model_bytes if model_bytes else None,
+            "memory_mechanism": redundancy / model_bytes if model_bytes else None, **memory_figures(record),
             "checkpoint_bytes": int(sum(v.get("bytes_written", 0) for v in per_server)),
             "network_bytes": int((record.get("client_bytes") or 0) + sum(v.get("parity_bytes_sent", 0)
                                                                         for v in per_server)),

@@ -43,8 +43,9 @@ def interval_ratio(interval: dict | None, mtbf_s: float) -> float:
     if interval.get("formula") or str(interval.get("how", "")).startswith("Daly"):
         o_save = max(float(interval.get("o_save_s") or 0.0), 1e-6)
         formula = interval.get("formula") or "daly"
-        return overhead.optimal_full_interval(o_save, mtbf_s, formula) / overhead.optimal_full_interval(
-            o_save, run_mtbf, formula)
+        persist = float(interval.get("o_persist_s") or 0.0)
+        return overhead.optimal_full_interval(o_save, mtbf_s, formula, persist) / overhead.optimal_full_interval(
+            o_save, run_mtbf, formula, persist)
     return mtbf_s / run_mtbf  # the PLS interval, 2 x PLS x servers x MTBF, and intervals tuned in proportion
 
 

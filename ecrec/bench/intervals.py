@@ -32,11 +32,13 @@ from baselines import overhead
 POLICIES = ("cpr", "cpr-mfu", "cpr-ssu")
 
 
-def full_interval_steps(o_save_s: float, mtbf_s: float, step_s: float, formula: str = "daly") -> tuple[int, float]:
-    """``(steps, seconds)`` of full recovery's optimal interval, in steps of ``step_s`` (at least 1)."""
+def full_interval_steps(o_save_s: float, mtbf_s: float, step_s: float, formula: str = "daly",
+                        persist_s: float = 0.0) -> tuple[int, float]:
+    """``(steps, seconds)`` of full recovery's optimal interval, in steps of ``step_s`` (at least 1), never below
+    the measured persist time ``persist_s``."""
     if not (step_s and step_s > 0 and math.isfinite(step_s)):
         raise ValueError(f"step_s must be finite and > 0, got {step_s!r}")
-    seconds = overhead.optimal_full_interval(o_save_s, mtbf_s, formula)
+    seconds = overhead.optimal_full_interval(o_save_s, mtbf_s, formula, persist_s)
     return max(1, int(round(seconds / step_s))), seconds
 
 

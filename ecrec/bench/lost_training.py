@@ -38,11 +38,30 @@ BACK_TO_SPEED_STEPS = 5
 BACK_TO_SPEED_SLACK = 1.25
 
 
-def failure_phases(count: int) -> list[float]:
-    """``count`` points of one checkpoint interval, as fractions of it: midpoints of equal parts."""
+def failure_phases(count: int, seed: int | None = None, avoid: int = 0, margin: float = 0.02) -> list[float]:
+    """``count`` points of one checkpoint interval, as fractions of it: midpoints of equal parts.
+
+    With ``seed``: one point drawn uniformly in each of the ``count`` equal parts (stratified, so their mean
+    stays near one half), then moved at least ``margin`` away from every multiple of ``1 / avoid`` (the
+    partial saves of ``avoid`` per interval), so that no failure meets a save at the same instant.
+    """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of failures must be an integer >= 1, got {count!r}")
-    return [(i + 0.5) / count for i in range(count)]
+    if seed is None:
+        return [(i + 0.5) / count for i in range(count)]
+    if isinstance(avoid, bool) or not isinstance(avoid, int) or avoid < 0:
+        raise ValueError(f"avoid must be an integer >= 0, got {avoid!r}")
+    rng = np.random.default_rng(seed)
+    phases = []
+    for i in range(count):
+        lo, hi = i / count + margin, (i + 1) / count - margin
+        x = float(rng.uniform(lo, hi)) if hi > lo else (i + 0.5) / count
+        if avoid:
+            grid = round(x * avoid) / avoid
+            if abs(x - grid) < margin:  # onto the nearer side of the save, inside this part when it can be
+                x = grid + margin if grid + margin <= hi or grid - margin < lo else grid - margin
+        phases.append(min(max(x, 0.0), 1.0 - 1e-9))
+    return phases
 
 
 def useful_mask(records: list[dict]) -> np.ndarray:
