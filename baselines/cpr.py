@@ -94,7 +94,8 @@ its manifest's size or sha256) or FAILED_PRECONDITION (torn: no manifest; missin
 layout), naming the file; a ``Promote`` whose restore fails is refused the same way.
 
 Commands (``StrategyCall``, JSON): ``save`` {kind, cut, step, wait, keep_cut} (its reply carries the
-count of failed writes so far and the last error), ``flush``,
+count of failed writes so far and the last error), ``flush``, ``restored_rows`` (what the last restore put
+back, for a sample-weighted count of the lost updates),
 ``list``, ``restore`` {cut | seq}, ``probe_load``, ``configure`` {mode, interval_s},
 ``timers`` {paused} (pauses or resumes the timer saves keeping their phase: a benchmark that interleaves
 strategies runs each one's timers only during its own slices; its reply gives the seconds to the next
@@ -248,6 +249,10 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         self._next_partial_at: float | None = None
         self._paused_at: float | None = None  # ``timers`` {paused: true}: when the timer saves were paused
         self.needs_restore = False
+        # what the last restore put back: per table the base's update counter, and the rows its deltas held with
+        # the updates since the base each reflects (``restored_rows``: a sample-weighted loss count needs them)
+        self._restored_base: dict[str, int] = {}
+        self._restored_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._s = {
             "saves": 0, "partial_saves": 0, "saves_skipped": 0, "saves_deferred": 0, "saves_queued": 0,
             "save_wait_s": 0.0,
@@ -364,7 +369,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         handlers = {
             "save": self._cmd_save, "flush": self._cmd_flush, "list": self._cmd_list, "restore": self._cmd_restore,
             "probe_load": self._cmd_probe_load, "configure": self._cmd_configure, "timers": self._cmd_timers,
-            "stats": lambda a: self.stats(),
+            "stats": lambda a: self.stats(), "restored_rows": self._cmd_restored_rows,
         }
         h = handlers.get(command)
         if h is None:
@@ -666,6 +671,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             if d is None or d.nbytes != floats.nbytes:
                 raise CheckpointError(f"{self.storage.describe(loaded[0].dirname)}: dense tensor {d_name!r} does not "
                                       "match this server's")
+        self._restored_rows, self._restored_base = {}, {}
         for name, shard in self._tables():
             acct = self._account(shard)
             acct.reset_capture()
@@ -685,6 +691,9 @@ class _CheckpointStrategy(FaultToleranceStrategy):
                     acct.captured[slots] = counts
             if acct.since_full is not None:
                 acct.updates += int(acct.since_full.sum())
+                saved = np.flatnonzero(acct.since_full)
+                self._restored_rows[name] = (acct.slot_to_id[saved], acct.since_full[saved].copy())
+            self._restored_base[name] = int(steps[0][3])
         dense = dict(self._dense())
         for d_name, floats in loaded[0].dense.items():
             dense[d_name].write(np.ascontiguousarray(floats, dtype=np.float32).view(np.uint8).reshape(-1))
@@ -746,6 +755,16 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         t0 = time.perf_counter()
         nbytes = sum(load_checkpoint(self.storage, e.dirname).bytes_read for e in [base, *deltas])
         return {"seq": base.seq, "load_s": time.perf_counter() - t0, "bytes": nbytes}
+
+    def _cmd_restored_rows(self, args: dict) -> dict:
+        """What the last restore put back: per table the base checkpoint's update counter and the rows its deltas
+        held, with the updates since the base each reflects (global ids and counts as lists)."""
+        if args:
+            raise ValueError(f"restored_rows: takes no arguments, got {sorted(args)}")
+        with self._lock:
+            return {"base_row_updates": dict(self._restored_base),
+                    "rows": {name: {"ids": ids.tolist(), "counts": counts.tolist()}
+                             for name, (ids, counts) in self._restored_rows.items()}}
 
     def _cmd_configure(self, args: dict) -> dict:
         unknown = set(args) - {"mode", "interval_s"}

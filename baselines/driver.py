@@ -43,12 +43,23 @@ every push of the job passes through :meth:`after_step` (one worker, or workers 
 their step results to one driver via :meth:`add_acked`) and nothing is pushed while the
 driver counts.  PLS = lost / all acknowledged row updates.
 
+Sample-weighted PLS (CPR's own definition: a portion of lost *samples*): every step the driver
+also keeps, per table, the ids the step updated and how many lookups of the batch each had
+(``Cluster.last_lookups``), for the last ``sample_history_s`` seconds.  At a partial recovery it
+finds the step at which the restored base was taken (the failed server's update counter then
+equals the base's), takes each row's updates since then in order, skips the first ones the
+deltas put back (``restored_rows``) and the last ones the replacement applied after its restore,
+and adds up the lookups of the rest: the samples whose updates were lost.  The count is checked
+against the exact row-update count; where it cannot be made (the base is older than the history,
+or several workers push) ``lost_samples`` is None, never a guess.
+
 Every call goes through the client (``Cluster.strategy_call``), so it has the client's RPC
 timeout and follows failures to the replacement; errors are raised, never swallowed.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,6 +89,7 @@ class FailureEvent:
     restored: dict = field(default_factory=dict)  # partial: index -> what the replacement restored
     dense_rolled_back: list[str] = field(default_factory=list)  # partial: rolled back to the checkpoint
     dense_kept: list[str] = field(default_factory=list)  # partial: put back from the driver's copy
+    lost_samples: int | None = None  # partial: the lookups of the lost updates (None: could not be counted)
     seconds: float = 0.0
 
 
@@ -127,7 +139,8 @@ class CheckpointDriver:
     """Drives the checkpointing baselines from the training loop (see the module docstring)."""
 
     def __init__(self, cluster: Cluster, interval_steps: int | None = None, interval_s: float | None = None,
-                 mtbf_s: float | None = None, recovery: str | None = None, keep_dense: bool = True):
+                 mtbf_s: float | None = None, recovery: str | None = None, keep_dense: bool = True,
+                 sample_history_s: float = 120.0):
         if cluster.map is None:
             cluster.refresh_map()
         self.cluster = cluster
@@ -172,13 +185,21 @@ class CheckpointDriver:
         self._last_save_time = 0.0
         self._started = False
         self._configured: dict = {}  # what configure() set on the servers: a replacement gets it too
+        # sample-weighted accounting (module docstring): per step (time, counters after it, ids and lookups)
+        self.sample_history_s = float(sample_history_s)
+        self.samples_acked = 0  # lookups of every acknowledged row update since start
+        self.lost_samples: int | None = 0  # None once a failure's could not be counted
+        self._history: collections.deque = collections.deque()
+        self._counter_by_server: dict[int, int] = {}
         #: partial recovery: the dense parameters are kept here and put back after a failure (None: not kept)
         self.dense_copy: DenseCopy | None = DenseCopy(cluster) if keep_dense and not self.full_only else None
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start(self, step: int = 0) -> dict:
         """Initial checkpoint (durable before returning) at ``step``; measures costs; resolves the recovery mode."""
-        self._balance = self._server_counters()
+        self._counter_by_server = self._counters_by_server()
+        self._balance = sum(self._counter_by_server.values())
+        self._history.append((time.monotonic(), dict(self._counter_by_server), {}))  # the initial cut's counters
         lists = self.cluster.strategy_call("list")
         self._cut = max((c for r in lists.values() for c in r["cuts"]), default=0)
         self._save(step)
@@ -245,11 +266,14 @@ class CheckpointDriver:
         if not self._started:  # the servers' counters already include this step's rows
             self.start(step + 1)
             self.rows_acked_total += int(result.get("rows", 0)) if result else 0
+            self.samples_acked += int(sum(int(n.sum()) for _, n in self.cluster.last_lookups.values()))
             return None
         if result is not None:
             self.add_acked(result.get("rows", 0))
         if self.dense_copy is not None:
             self.dense_copy.advance(self.cluster.last_dense_grads)
+        if result is not None and self.mode == "partial":
+            self._remember(result)
         if self._failures_pending():
             return self._on_failure(step)
         if self._due(step):
@@ -337,7 +361,70 @@ class CheckpointDriver:
         return bool(self._replaced())
 
     def _server_counters(self) -> int:
-        return sum(int(r["row_updates_total"]) for r in self.cluster.strategy_call("stats").values())
+        return sum(self._counters_by_server().values())
+
+    def _counters_by_server(self) -> dict[int, int]:
+        return {i: int(r["row_updates_total"]) for i, r in self.cluster.strategy_call("stats").items()}
+
+    # --- sample-weighted accounting -------------------------------------------------------------------------
+    def _remember(self, result: dict) -> None:
+        """Keeps this step's updates per server and its ids with their lookups (see the module docstring)."""
+        lookups = self.cluster.last_lookups
+        self.samples_acked += int(sum(int(n.sum()) for _, n in lookups.values()))
+        for i, rows in (result.get("rows_by_server") or {}).items():
+            self._counter_by_server[int(i)] = self._counter_by_server.get(int(i), 0) + int(rows)
+        now = time.monotonic()
+        self._history.append((now, dict(self._counter_by_server),
+                              {t: (ids.astype(np.int64), n.astype(np.int32)) for t, (ids, n) in lookups.items()}))
+        while len(self._history) > 1 and self._history[0][0] < now - self.sample_history_s:
+            self._history.popleft()
+
+    def _lost_samples(self, index: int, lost_updates: int) -> int | None:
+        """The lookups of the updates server ``index``'s partial recovery lost, or None when they cannot be
+        counted exactly (checked against ``lost_updates``)."""
+        restored = self.cluster.strategy_call("restored_rows", indices=[index])[index]
+        base = sum(int(v) for v in restored["base_row_updates"].values())
+        counter_now = self._counters_by_server()[index]
+        restored_counter = base + sum(sum(r["counts"]) for r in restored["rows"].values())
+        history = list(self._history)
+        after = [h[1].get(index, 0) for h in history]
+        if base not in after:
+            return None  # the base was taken before the oldest step kept (or not at a step boundary)
+        first = after.index(base) + 1
+        applied_since = counter_now - restored_counter  # updates the replacement applied after its restore
+        last, acc = len(history), 0
+        while acc < applied_since and last > first:
+            last -= 1
+            acc += history[last][1].get(index, 0) - history[last - 1][1].get(index, 0)
+        if acc != applied_since:
+            return None
+        window = history[first:last]
+        lost_rows = lost_samples = 0
+        for table in {t for h in window for t in h[2]}:
+            parts = [(h[2][table], j) for j, h in enumerate(window) if table in h[2]]
+            ids = np.concatenate([p[0][0] for p in parts])
+            weights = np.concatenate([p[0][1] for p in parts]).astype(np.int64)
+            order = np.concatenate([np.full(len(p[0][0]), p[1]) for p in parts])
+            servers, _ = self.cluster.layout.locate(ids)
+            mine = servers == index
+            ids, weights, order = ids[mine], weights[mine], order[mine]
+            sort = np.lexsort((order, ids))  # by row, then by step
+            ids, weights = ids[sort], weights[sort]
+            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+            rank = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
+            saved = restored["rows"].get(table, {"ids": [], "counts": []})
+            reflected = np.zeros(len(ids), dtype=np.int64)
+            if saved["ids"]:
+                saved_ids, saved_counts = np.asarray(saved["ids"]), np.asarray(saved["counts"])
+                by_id = np.argsort(saved_ids)
+                saved_ids, saved_counts = saved_ids[by_id], saved_counts[by_id]
+                at = np.clip(np.searchsorted(saved_ids, ids), 0, len(saved_ids) - 1)
+                hit = saved_ids[at] == ids
+                reflected[hit] = saved_counts[at[hit]]
+            lost = rank >= reflected
+            lost_rows += int(lost.sum())
+            lost_samples += int(weights[lost].sum())
+        return lost_samples if lost_rows == lost_updates else None
 
     def _on_failure(self, step: int) -> int | None:
         t0 = time.perf_counter()
@@ -353,6 +440,13 @@ class CheckpointDriver:
                                   "to this driver: route every worker's step result through after_step/add_acked")
         self._balance = counters
         self.lost_updates += lost
+        lost_samples: int | None = None
+        if len(indices) == 1 and self._history:
+            try:
+                lost_samples = self._lost_samples(indices[0], lost)
+            except (ClusterError, KeyError, ValueError) as exc:  # reported as "not counted", never guessed
+                log.warning("the lost samples of server %d could not be counted: %s", indices[0], exc)
+        self.lost_samples = None if lost_samples is None or self.lost_samples is None else self.lost_samples + lost_samples
         stats = self.cluster.strategy_call("stats", indices=indices)
         self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
         dense = [d.name for d in self.cluster.map.dense if self.cluster.layout.dense_servers(d.name)[0] in indices]
@@ -360,6 +454,7 @@ class CheckpointDriver:
         self.cluster.pull_dense()
         event = FailureEvent(step, indices, "partial", lost_updates=lost,
                              dense_rolled_back=[n for n in dense if n not in kept], dense_kept=kept,
+                             lost_samples=lost_samples,
                              restored={i: stats[i]["restored"] for i in indices}, seconds=time.perf_counter() - t0)
         self.events.append(event)
         log.warning("servers %s replaced after step %d: partial recovery, %d row updates lost (PLS so far %.3g)",
@@ -411,12 +506,20 @@ class CheckpointDriver:
     def pls(self) -> float:
         return overhead.pls(self.lost_updates, self.rows_acked_total)
 
+    def pls_samples(self) -> float | None:
+        """Sample-weighted PLS: lookups of the lost updates over those of every acknowledged update (None when a
+        failure's could not be counted)."""
+        if self.lost_samples is None:
+            return None
+        return overhead.pls(self.lost_samples, self.samples_acked)
+
     def report(self) -> dict:
         return {
             "strategy": self.strategy, "mode": self.mode, "plan": self.plan.to_dict() if self.plan else None,
             "o_save_s": self.o_save_s, "o_load_s": self.o_load_s, "o_persist_s": self.o_persist_s, "interval_steps": self.interval_steps,
             "full_interval_s": self.full_interval_s, "saves": self.saves, "save_stall_s": self.save_stall_s,
             "rows_acked": self.rows_acked_total, "lost_updates": self.lost_updates, "pls": self.pls(),
+            "samples_acked": self.samples_acked, "lost_samples": self.lost_samples, "pls_samples": self.pls_samples(),
             "updates_rolled_back": self.updates_rolled_back, "steps_redone": self.steps_redone,
             "failures": [asdict(e) for e in self.events],
         }

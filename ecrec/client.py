@@ -76,6 +76,7 @@ class _Pending:
     table: str
     ids: np.ndarray
     rows: torch.Tensor
+    lookups: np.ndarray | None = None  # per id: how many times the batch looked it up
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class Cluster:
         #: the gradient (float32, flattened) the last acknowledged step() pushed to each dense tensor: a checkpoint
         #: driver keeps the dense parameters from these (CPR keeps them on its trainers)
         self.last_dense_grads: dict[str, np.ndarray] = {}
+        #: per table, the ids the last acknowledged step() updated and how many lookups of the batch each had
+        #: (what a sample-weighted count of lost updates weighs them by)
+        self.last_lookups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -545,9 +549,9 @@ class Cluster:
                 param.copy_(torch.tensor(transport.bytes_to_floats(v.value, tuple(param.shape))))
 
     # --- training --------------------------------------------------------------------------------
-    def _record(self, table: str, ids: np.ndarray, rows: torch.Tensor) -> None:
+    def _record(self, table: str, ids: np.ndarray, rows: torch.Tensor, lookups: np.ndarray | None = None) -> None:
         with self._lock:
-            self._pending.append(_Pending(table, ids, rows))
+            self._pending.append(_Pending(table, ids, rows, lookups))
 
     def zero_grad(self) -> None:
         """Drops recorded row gradients and dense gradients without pushing."""
@@ -563,9 +567,12 @@ class Cluster:
             self._sequence += 1
             push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
         per_table: dict[str, tuple[list, list]] = {}
+        lookups: dict[str, list] = {}
         for p in pending:
             if p.rows.grad is None:
                 continue
+            if p.lookups is not None:
+                lookups.setdefault(p.table, []).append((p.ids, p.lookups))
             ids_list, grad_list = per_table.setdefault(p.table, ([], []))
             ids_list.append(p.ids)
             grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
@@ -593,6 +600,7 @@ class Cluster:
         result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
                                                              "already_applied": 0}
         self.last_dense_grads = dense_grads  # what this (acknowledged) push applied to each dense tensor
+        self.last_lookups = {t: _merge_lookups(parts) for t, parts in lookups.items()}
         self.steps_done += 1
         if self._periodic is not None:
             result["snapshot"] = self._periodic.after_step(self, self.steps_done)
@@ -943,6 +951,14 @@ def _is_keyed_jagged(x) -> bool:
     return all(callable(getattr(x, name, None)) for name in ("keys", "values", "lengths", "weights_or_none"))
 
 
+def _merge_lookups(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One table's ``(ids, lookups)`` of a step from those of its bags: unique ids, their lookups summed."""
+    if len(parts) == 1:
+        return parts[0]
+    ids, inverse = np.unique(np.concatenate([i for i, _ in parts]), return_inverse=True)
+    return ids, np.bincount(inverse, weights=np.concatenate([n for _, n in parts]), minlength=len(ids)).astype(np.int64)
+
+
 def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
             per_sample_weights=None) -> list[torch.Tensor]:
     """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
@@ -955,7 +971,8 @@ def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
         r = rows[name]
         if torch.is_grad_enabled():
             r.requires_grad_(True)
-            cluster._record(name, unique.numpy().astype(np.int64), r)
+            lookups = torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
+            cluster._record(name, unique.numpy().astype(np.int64), r, lookups)
         outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=table_mode,
                                                          per_sample_weights=per_sample_weights))
     return outputs

@@ -644,3 +644,52 @@ def test_the_memory_of_the_mechanism_is_mfus_counters_and_ssus_sample(tmp_path):
     plain, mfu, ssu = (_TableAccount(Shard(), v, 64) for v in (None, "mfu", "ssu"))
     assert plain.nbytes == 0 and mfu.nbytes == 1000 * 8 and ssu.nbytes == 64 * 8
     assert plain.accounting_nbytes == 1000 * 8 and mfu.accounting_nbytes == ssu.accounting_nbytes == 3 * 1000 * 8
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["cpr", "cpr-mfu"])
+def test_the_lost_samples_weigh_each_lost_update_by_its_lookups(make_cluster, tmp_path, strategy):
+    """CPR's PLS counts lost *samples*.  Batches here look hot rows up several times; the driver's sample-weighted
+    count equals the lookups of exactly the updates lost: the failed shard's updates since its base, minus those a
+    delta put back (the first ones of each saved row), minus those applied after the restore."""
+    options = {"dir": str(tmp_path / "ckpt"), "interval_s": 3600}
+    if strategy == "cpr-mfu":
+        options.update(mfu_fraction=0.1, mfu_interval_s=3600)
+    lc = make_cluster(servers=2, standby=1, strategy=strategy, options=options, health_interval_s=0.2)
+    c, bag = connect(lc)
+    driver = CheckpointDriver(c)
+    driver.start(0)
+    rng = np.random.default_rng(11)
+    batches = []
+    for _ in range(14):  # ids with repeats: the three hot rows are looked up 1-4 times per batch
+        ids = np.concatenate([np.repeat(np.arange(3), rng.integers(1, 5, size=3)), rng.choice(np.arange(3, ROWS), 6)])
+        batches.append((ids.astype(np.int64), rng.standard_normal((len(ids), DIM)).astype(np.float32)))
+    failed = 1
+    mine = owned_by(c, failed)
+    delta_step = 7
+    for step, (ids, w) in enumerate(batches):
+        result = train_step(c, bag, ids, w)
+        assert driver.after_step(step, result) is None
+        if step == 4:
+            driver.save_now(5, wait=True)  # the base: after step 4
+        if step == delta_step and strategy == "cpr-mfu":
+            c.strategy_call("save", {"kind": "partial", "wait": True}, indices=[failed])
+        if step == 10:
+            lc.kill(lc.pid_of_index(failed))
+    [event] = driver.events
+    delta_ids = np.concatenate(read_delta_ids(str(tmp_path / "ckpt"), failed) or [np.zeros(0, np.int64)])
+
+    def lookups(ids, rows):
+        u, n = np.unique(ids, return_counts=True)
+        return int(n[np.isin(u, rows)].sum())
+
+    lost_rows = np.setdiff1d(mine, delta_ids)
+    expected = sum(lookups(ids, mine) for ids, _ in batches[5:11]) - sum(
+        lookups(ids, delta_ids) for ids, _ in batches[5:delta_step + 1])
+    assert event.lost_samples == expected == driver.lost_samples
+    assert lookups(np.concatenate([b[0] for b in batches[5:11]]), lost_rows) <= expected
+    if strategy == "cpr-mfu":
+        assert len(delta_ids) and expected < sum(lookups(ids, mine) for ids, _ in batches[5:11])
+    assert driver.samples_acked == sum(len(ids) for ids, _ in batches)
+    assert driver.pls_samples() == pytest.approx(expected / driver.samples_acked)
+    assert driver.report()["pls_samples"] == driver.pls_samples()

@@ -97,3 +97,24 @@ def test_shard_updates_keeps_only_the_servers_rows():
                                layout.data_slots_per_server(100) + layout.data_slots_per_server(50))
     with pytest.raises(ValueError, match="outside"):
         intervals.shard_updates([[np.array([100]), np.array([0])]], rows, layout, server=1)
+
+
+def test_a_sample_weighted_replay_counts_each_update_by_its_lookups():
+    """Two slots: slot 0 is updated every step and looked up 3 times a step, slot 1 once a step once.  Weighted,
+    the unsaved count of a step boundary is the lookups since the last save; MFU keeping slot 0 saved leaves a
+    smaller share of the samples unsaved than of the row updates (a hot row's update carries more samples)."""
+    steps = tuple(np.array([0, 1]) for _ in range(8))
+    samples = tuple(np.array([3, 1]) for _ in range(8))
+    u = intervals.ShardUpdates(steps, (0, 2), (2,), samples)
+    assert intervals.mean_unsaved_updates(u, 4, "cpr", min_intervals=2) == pytest.approx(2 * (1 + 2 + 3 + 0) / 4)
+    assert intervals.mean_unsaved_updates(u, 4, "cpr", min_intervals=2, weighted=True) == pytest.approx(
+        4 * (1 + 2 + 3 + 0) / 4)
+    kw = dict(partials_per_interval=4, mfu_fraction=0.5, min_intervals=2)
+    by_updates = intervals.mean_unsaved_updates(u, 4, "cpr-mfu", **kw) / intervals.mean_unsaved_updates(u, 4, "cpr", **kw)
+    by_samples = intervals.mean_unsaved_updates(u, 4, "cpr-mfu", weighted=True, **kw) / intervals.mean_unsaved_updates(
+        u, 4, "cpr", weighted=True, **kw)
+    assert by_samples <= by_updates
+    with pytest.raises(ValueError, match="sample counts"):
+        intervals.mean_unsaved_updates(intervals.ShardUpdates(steps, (0, 2), (2,)), 4, "cpr", weighted=True)
+    with pytest.raises(ValueError, match="one count per slot"):
+        intervals.ShardUpdates(steps, (0, 2), (2,), samples[:3])

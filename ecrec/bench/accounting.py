@@ -248,6 +248,9 @@ def strategy_row(record: dict, fail_at: int | None) -> dict:
     out["state_matches_failure_free"] = record.get("state_matches_failure_free")
     if kind == "erasure" and out["state_matches_failure_free"] and out["lost_updates"] is None:
         out["lost_updates"], out["pls"] = 0, 0.0
+    elif kind == "erasure" and out["state_matches_failure_free"] is None and out["lost_updates"] is None \
+            and rebuilt_without_loss(record.get("stats") or {}, out["failures"]):
+        out["lost_updates"], out["pls"] = 0, 0.0  # several workers: no failure-free state to compare with
     out.update(resource_figures(record, records))
     if record.get("interval"):
         out["interval"] = record["interval"]
@@ -257,19 +260,31 @@ def strategy_row(record: dict, fail_at: int | None) -> dict:
     return out
 
 
+def rebuilt_without_loss(stats: dict, per_failure: list[dict]) -> bool:
+    """Whether an erasure-coded run's every failure ended in full redundancy and its rebuilds reported no row
+    lost (``rows_lost`` and ``parity_rows_lost`` of every server that rebuilt are 0): then no update was lost,
+    which is what a run whose final state cannot be compared with a failure-free one (several workers) has."""
+    servers = [v for v in stats.values() if isinstance(v, dict)]
+    rebuilt = [v for v in servers if "rows_lost" in v]
+    return (bool(per_failure) and all(f.get("fully_redundant_s") is not None for f in per_failure) and bool(rebuilt)
+            and all(not v.get("rows_lost") and not v.get("parity_rows_lost") for v in rebuilt))
+
+
 def lost_updates(record: dict, records: list[dict], per_failure: list[dict]) -> dict:
     """Lost updates and PLS: counted by the checkpoint driver, or for ``none`` every update the killed
     server acknowledged (None when neither applies); per failure when the driver saw each one."""
     driver, kind = record.get("driver"), record["kind"]
     total_rows = int(sum(r.get("rows", 0) for r in records))
     if driver:
-        out = {"driver": {k: driver.get(k) for k in ("o_save_s", "o_load_s", "saves", "save_stall_s",
-                                                    "full_interval_s", "interval_steps", "mode")},
+        out = {"driver": {k: driver.get(k) for k in ("o_save_s", "o_load_s", "o_persist_s", "saves", "save_stall_s",
+                                                    "full_interval_s", "interval_steps", "mode", "plan")},
                "lost_updates": driver["lost_updates"], "pls": driver["pls"],
+               "lost_samples": driver.get("lost_samples"), "pls_samples": driver.get("pls_samples"),
                "updates_rolled_back": driver["updates_rolled_back"], "steps_redone": driver["steps_redone"]}
         if len(driver.get("failures") or []) == len(per_failure):
             for figures, event in zip(per_failure, driver["failures"]):
                 figures["lost_updates"] = event.get("lost_updates")
+                figures["lost_samples"] = event.get("lost_samples")
                 figures["steps_redone"] = (event["step"] + 1 - event["resume_step"]
                                            if event.get("resume_step") is not None else None)
         return out

@@ -28,6 +28,7 @@ COLUMNS = [
     ("lost_training_s_range", "(range)", None),
     ("lost_updates", "lost upd.", "{:,}"),
     ("pls", "PLS", "{:.4f}"),
+    ("pls_samples", "PLS smp", "{:.4f}"),  # sample-weighted: the lookups of the lost updates
     ("test_auc", "AUC", "{:.4f}"),
     ("state_matches_failure_free", "exact", "{}"),
     ("memory_mechanism", "mem ovh", "{:.3f}"),  # the mechanism only (JSON memory_overhead: with the accounting)

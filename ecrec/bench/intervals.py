@@ -17,7 +17,9 @@ The replay follows ``baselines/cpr.py``: MFU keeps a counter per row since the s
 partial save writes the ``mfu_fraction`` most updated rows of each table that changed since they
 were saved; SSU keeps a uniform sample of at most ``ssu_sample`` update events per table since the
 last save (full or partial) and a partial save writes the sampled rows.  Every push counts once per
-row it updates (the server coalesces duplicate ids).
+row it updates (the server coalesces duplicate ids); with ``weighted=True`` an update counts the
+samples of the batch that looked its row up (CPR's PLS is a portion of lost *samples*: a hot row's
+update carries more of them, which the row-update count understates).
 """
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ class ShardUpdates:
     steps: tuple[np.ndarray, ...]  # per step: the (unique) slots updated
     table_offsets: tuple[int, ...]  # table t has slots [offsets[t], offsets[t + 1])
     owned_rows: tuple[int, ...]  # real rows per table on this server (the rest of its slots is padding)
+    samples: tuple[np.ndarray, ...] | None = None  # per step, per slot updated: the lookups of its row
 
     def __post_init__(self):
         if len(self.table_offsets) != len(self.owned_rows) + 1:
             raise ValueError("table_offsets needs one entry more than owned_rows")
         if not self.steps:
             raise ValueError("no steps of updates")
+        if self.samples is not None and [len(x) for x in self.samples] != [len(x) for x in self.steps]:
+            raise ValueError("samples needs one count per slot updated, step by step")
 
     @property
     def num_slots(self) -> int:
@@ -68,29 +73,32 @@ def shard_updates(step_ids: list[list[np.ndarray]], table_rows: list[int], layou
         where, _ = layout.locate(np.arange(rows, dtype=np.int64))
         owned.append(int((where == server).sum()))
         offsets.append(offsets[-1] + layout.data_slots_per_server(rows))
-    steps = []
+    steps, samples = [], []
     for ids_by_table in step_ids:
         if len(ids_by_table) != len(table_rows):
             raise ValueError(f"a step has ids of {len(ids_by_table)} tables, the model has {len(table_rows)}")
-        parts = []
+        parts, counts = [], []
         for t, ids in enumerate(ids_by_table):
-            ids = np.unique(np.asarray(ids, dtype=np.int64))
+            ids, n = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)
             if ids.size and (ids.min() < 0 or ids.max() >= table_rows[t]):
                 raise ValueError(f"table {t}: ids outside [0, {table_rows[t]})")
             where, slots = layout.locate(ids)
             parts.append(slots[where == server] + offsets[t])
+            counts.append(n[where == server])
         steps.append(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
-    return ShardUpdates(tuple(steps), tuple(offsets), tuple(owned))
+        samples.append(np.concatenate(counts) if counts else np.empty(0, dtype=np.int64))
+    return ShardUpdates(tuple(steps), tuple(offsets), tuple(owned), tuple(samples))
 
 
 def mean_unsaved_updates(updates: ShardUpdates, interval_steps: float, policy: str, partials_per_interval: int = 4,
                          mfu_fraction: float = 0.05, ssu_sample: int = 1024, seed: int = 0,
-                         min_intervals: int = 8) -> float:
+                         min_intervals: int = 8, weighted: bool = False) -> float:
     """Mean, over step boundaries, of the shard's row updates that no checkpoint holds (see the module docstring).
 
     Full saves every ``interval_steps`` steps (the first at step 0); with ``cpr-mfu``/``cpr-ssu`` a partial
     save at every ``interval_steps / partials_per_interval`` in between.  The steps are replayed in a cycle
-    for at least ``min_intervals`` full intervals.
+    for at least ``min_intervals`` full intervals.  ``weighted``: each update counts its row's lookups in
+    the batch (``ShardUpdates.samples``): the sample-weighted PLS.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -102,6 +110,8 @@ def mean_unsaved_updates(updates: ShardUpdates, interval_steps: float, policy: s
         raise ValueError(f"mfu_fraction must be in (0, 1], got {mfu_fraction}")
     if ssu_sample < 1:
         raise ValueError(f"ssu_sample must be >= 1, got {ssu_sample}")
+    if weighted and updates.samples is None:
+        raise ValueError("a sample-weighted replay needs the updates' sample counts (shard_updates gives them)")
     rng = np.random.default_rng(seed)
     unsaved = np.zeros(updates.num_slots, dtype=np.int64)  # per row: updates since it was last saved
     freq = np.zeros(updates.num_slots, dtype=np.int64) if policy == "cpr-mfu" else None
@@ -114,8 +124,13 @@ def mean_unsaved_updates(updates: ShardUpdates, interval_steps: float, policy: s
     fulls = partials = 0
     for b in range(1, total_steps + 1):
         slots = updates.steps[(b - 1) % len(updates.steps)]
-        unsaved[slots] += 1
-        unsaved_total += int(slots.size)
+        if weighted:
+            w = updates.samples[(b - 1) % len(updates.steps)]
+            unsaved[slots] += w
+            unsaved_total += int(w.sum())
+        else:
+            unsaved[slots] += 1
+            unsaved_total += int(slots.size)
         if freq is not None:
             freq[slots] += 1
         if policy == "cpr-ssu":
@@ -174,6 +189,7 @@ class TunedInterval:
     partial_interval_s: float | None  # between partial saves (MFU/SSU)
     lost_ratio: float  # its mean unsaved updates over plain cpr's at the same interval (1 for cpr)
     expected_pls: float  # modelled: lost_ratio * interval / (2 * servers * mtbf)
+    pls_basis: str = "updates"  # what the replay counted: row updates, or samples (updates weighed by lookups)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,7 +197,8 @@ class TunedInterval:
 
 def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: float, updates: ShardUpdates | None,
                         strategies: list[str], partials_per_interval: int = 4, mfu_fraction: float = 0.05,
-                        ssu_sample: int = 1024, seed: int = 0, iterations: int = 4) -> dict[str, TunedInterval]:
+                        ssu_sample: int = 1024, seed: int = 0, iterations: int = 4,
+                        weighted: bool = False) -> dict[str, TunedInterval]:
     """Intervals at which each of ``strategies`` (cpr, cpr-mfu, cpr-ssu) reaches ``target_pls``.
 
     ``cpr`` takes ``interval_for_pls``; a variant the fixed point ``T = T_cpr / ratio(T)`` (``iterations``
@@ -196,7 +213,8 @@ def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: 
     out = {}
     for name in strategies:
         if name == "cpr":
-            out[name] = TunedInterval(name, t_cpr, None, 1.0, overhead.expected_pls(t_cpr, servers, mtbf_s))
+            out[name] = TunedInterval(name, t_cpr, None, 1.0, overhead.expected_pls(t_cpr, servers, mtbf_s),
+                                      "samples" if weighted else "updates")
             continue
         if updates is None:
             raise ValueError(f"tuning {name} to a PLS needs the run's updates")
@@ -204,10 +222,10 @@ def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: 
         for _ in range(iterations):
             n = t / step_s
             kw = dict(partials_per_interval=partials_per_interval, mfu_fraction=mfu_fraction, ssu_sample=ssu_sample,
-                      seed=seed)
+                      seed=seed, weighted=weighted)
             plain = mean_unsaved_updates(updates, n, "cpr", **kw)
             ratio = mean_unsaved_updates(updates, n, name, **kw) / plain if plain > 0 else 1.0
             t = t_cpr / max(ratio, 1e-3)
         out[name] = TunedInterval(name, t, t / partials_per_interval, ratio,
-                                  ratio * overhead.expected_pls(t, servers, mtbf_s))
+                                  ratio * overhead.expected_pls(t, servers, mtbf_s), "samples" if weighted else "updates")
     return out
