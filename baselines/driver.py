@@ -370,6 +370,15 @@ class CheckpointDriver:
     def _remember(self, result: dict) -> None:
         """Keeps this step's updates per server and its ids with their lookups (see the module docstring)."""
         lookups = self.cluster.last_lookups
+        if self.lost_samples is None:
+            return
+        if sum(len(ids) for ids, _ in lookups.values()) != int(result.get("rows", 0)):
+            # the step's rows are not this worker's lookups (several workers' results summed, a replayed push):
+            # the samples cannot be counted exactly, so they are not counted at all
+            log.info("sample-weighted PLS off: a step's acknowledged rows are not this worker's lookups")
+            self.lost_samples = None
+            self._history.clear()
+            return
         self.samples_acked += int(sum(int(n.sum()) for _, n in lookups.values()))
         for i, rows in (result.get("rows_by_server") or {}).items():
             self._counter_by_server[int(i)] = self._counter_by_server.get(int(i), 0) + int(rows)
@@ -441,7 +450,7 @@ class CheckpointDriver:
         self._balance = counters
         self.lost_updates += lost
         lost_samples: int | None = None
-        if len(indices) == 1 and self._history:
+        if len(indices) == 1 and self._history and self.lost_samples is not None:
             try:
                 lost_samples = self._lost_samples(indices[0], lost)
             except (ClusterError, KeyError, ValueError) as exc:  # reported as "not counted", never guessed
@@ -509,7 +518,7 @@ class CheckpointDriver:
     def pls_samples(self) -> float | None:
         """Sample-weighted PLS: lookups of the lost updates over those of every acknowledged update (None when a
         failure's could not be counted)."""
-        if self.lost_samples is None:
+        if self.lost_samples is None or not self.samples_acked:
             return None
         return overhead.pls(self.lost_samples, self.samples_acked)
 

@@ -81,18 +81,28 @@ def print_intervals(rows: list[dict], cfg: dict) -> None:
                        f"{i['interval_s']:.3f} s / step {1e3 * i['step_s']:.1f} ms (measured)")
             else:
                 why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why})")
+            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why}){_plan_note(i)}")
         else:
             partial = f", partial saves every {i['partial_interval_s']:.3f} s" if i.get("partial_interval_s") else ""
             if i["how"] == "target PLS":
                 why = f"2 x PLS {i['target_pls']:g} x {i['servers']} servers x MTBF {i['mtbf_s']:g} s"
             elif i["how"].startswith("equal PLS"):
-                why = (f"equal PLS: unsaved updates {i['lost_ratio']:.3f} x cpr's at the same interval (modelled by "
+                unit = "samples" if i.get("pls_basis") == "samples" else "updates"
+                why = (f"equal PLS: unsaved {unit} {i['lost_ratio']:.3f} x cpr's at the same interval (modelled by "
                        f"replaying this run's updates of server {cfg['fail_server']}); modelled PLS "
                        f"{i['expected_pls']:.4f}")
             else:
                 why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why})")
+            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why}){_plan_note(i)}")
+
+
+def _plan_note(interval: dict) -> str:
+    """CPR's plan (``recovery=auto``), when it chose: which recovery and both modelled overheads."""
+    plan = interval.get("plan")
+    if not plan:
+        return ""
+    return (f"; CPR's plan: {plan['recovery']} recovery (modelled overhead partial {plan['partial_overhead']:.2%}, "
+            f"full {plan['full_overhead']:.2%})")
 
 
 def print_failures(rows: list[dict]) -> None:
