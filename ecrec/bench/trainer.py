@@ -4,8 +4,10 @@ Used in-process by ``ecrec-bench compare`` (one worker) and, for ``--workers W >
 launched by torchrun as ``python -m ecrec.bench.trainer CONFIG.json`` (rank and world
 size from the TorchElastic environment), each worker reading its own shard of the data.
 Checkpointing strategies are driven through ``baselines.driver.CheckpointDriver``, which
-may rewind the data position after a failure (full recovery).  Records go to a JSON-lines
-file per rank so the parent can follow progress and trigger the failure.
+may rewind the data position after a failure (full recovery); with several workers through
+``baselines.workers.GroupCheckpointDriver`` (the ranks in step, one driver on rank 0, which
+also chooses the interval after the warm steps when ``compare`` asks: ``extra["choose_interval"]``).
+Records go to a JSON-lines file per rank so the parent can follow progress and trigger the failure.
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ class Trainer:
         self.driver = None
         from ecrec.strategies import get_spec
 
-        if get_spec(cfg.strategy).checkpoints:
+        if get_spec(cfg.strategy).checkpoints and world > 1:  # one driver on rank 0, the ranks in step
+            from baselines.workers import GroupCheckpointDriver
+
+            self.driver = GroupCheckpointDriver(self.cluster, rank, world, interval_steps=cfg.checkpoint_interval_steps,
+                                                mtbf_s=cfg.mtbf_s)
+        elif get_spec(cfg.strategy).checkpoints:
             from baselines.driver import CheckpointDriver
 
             self.driver = CheckpointDriver(self.cluster, interval_steps=cfg.checkpoint_interval_steps,
@@ -121,6 +128,8 @@ class Trainer:
         if self._out:
             self._out.close()
             self._out = None
+        if hasattr(self.driver, "close"):  # several workers: leave their process group
+            self.driver.close()
 
     def finish(self) -> dict:
         from ecrec.workload.dlrm import evaluate
@@ -156,8 +165,23 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(**raw)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    result = run(cfg, rank, world)
+    trainer = Trainer(cfg, rank, world)
+    chosen: dict = {}
+    interval_cfg = cfg.extra.get("choose_interval")  # compare: rank 0 chooses the interval after the warm steps
+
+    def on_step(step: int) -> None:
+        if interval_cfg and rank == 0 and not chosen and step >= interval_cfg["after_steps"]:
+            from ecrec.bench.compare_running import choose_interval
+
+            chosen.update(choose_interval(cfg.strategy, interval_cfg["cfg"], trainer))
+
+    try:
+        trainer.advance(cfg.steps, on_step)
+        result = trainer.finish()
+    finally:
+        trainer.close()
     summary = {k: v for k, v in result.items() if k not in ("records", "cluster")}
+    summary["interval"] = chosen or None
     with open(os.path.join(cfg.records_dir, f"rank{rank}.result.json"), "w") as f:
         json.dump(summary, f)
     return 0
