@@ -69,7 +69,7 @@ def test_quick_none_and_ecrec(tmp_path):
     (["--strategies", "ecrec", "--servers", "2", "--k", "2", "--m", "1", "--fail-server", "0"], "exceeds --servers"),
     (["--fail-server", "9"], "--fail-server"),
     (["--workers", "0"], "--workers"),
-    (["--workers", "2", "--strategies", "none,cpr"], "need one checkpoint driver"),
+    (["--workers", "2", "--strategies", "cpr,cpr-mfu", "--equal-pls"], "--equal-pls needs --workers 1"),
 ])
 def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
     def must_not_run(*a, **kw):

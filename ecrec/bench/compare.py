@@ -33,7 +33,10 @@ The split: ``ecrec.bench.compare_running`` runs the clusters, :func:`run_record`
 records the JSON keeps (every step, slice and event, the load averages), ``ecrec.bench.accounting``
 computes every figure from those records alone, ``ecrec.bench.compare_report`` prints the table (with
 an A/A row) and writes the JSON and a ``--plot`` of useful samples per second around the failures
-(mean over the failures).  ``--workers W > 1`` launches W workers with torchrun (one failure).
+(mean over the failures).  ``--workers W > 1`` launches W workers with torchrun (one failure, at
+``--fail-at``; the runs one after another, no interleaved rounds); the checkpointing strategies' workers
+then move in step and share one checkpoint driver on rank 0 (``baselines.workers``): a cut consistent
+across the workers, every worker rewound to it, lost updates counted from every worker's pushes.
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ PRESETS = {
     "standard": dict(servers=4, k=2, m=1, steps=2200, fail_at=1000, fail_server=1, failures=3, batch_size=512,
                      tables=26, rows_per_table=50_000, samples=300_000, embedding_dim=16, lr=0.05, mtbf_s=60.0,
                      target_pls=0.01, dataset="synthetic"),
+    # the quick workload at a realistic save-cost-to-MTBF ratio, where CPR's benefit can show: at PLS 0.1 (the
+    # order of the targets CPR studies) cpr's interval 2 x 0.1 x 4 x 30 s = 24 s is 10x or more full's Daly
+    # interval (about 1.5-2.5 s from a stall of 40-100 ms); the rounds span 2000 steps (several of full's saves
+    # per strategy) and the run is long enough for three failures at their phases of cpr's interval.  The
+    # comparison uses CPR's own plan (recovery=auto), so a cpr* run may pick full recovery
+    "realistic": dict(servers=4, k=2, m=1, steps=8000, fail_at=2000, fail_server=1, failures=3, batch_size=256,
+                      tables=8, rows_per_table=20_000, samples=60_000, embedding_dim=16, lr=0.05, mtbf_s=30.0,
+                      target_pls=0.1, dataset="synthetic"),
     # MovieLens-100k (fetched when missing): 90,000 training ratings, a random 10 % held out
     "movielens": dict(servers=4, k=2, m=1, steps=1500, fail_at=800, fail_server=1, failures=3, batch_size=256,
                       tables=9, rows_per_table=None, samples=None, embedding_dim=16, lr=0.1, mtbf_s=10.0,
@@ -102,6 +113,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-mtbf-hours", type=float, default=24.0,
                    help="the MTBF the expected cost per day is reported at, besides the run's own (default 24)")
     p.add_argument("--target-pls", type=float, default=None, help="cpr*: target portion of lost updates (preset: 0.01)")
+    p.add_argument("--checkpoint-files", choices=["one", "per-table"], default="one",
+                   help="checkpointing strategies: one data file and one fsync per checkpoint (default), or a file "
+                        "per table and dense tensor")
+    p.add_argument("--checkpoint-url", default=None, metavar="URL",
+                   help="checkpointing strategies: write checkpoints under this directory or fsspec URL (s3://, gs://, "
+                        "file://...) instead of the work directory; each run uses its own sub-directory")
+    p.add_argument("--checkpoint-bandwidth-mb-s", type=float, default=None, metavar="MB_S",
+                   help="cap the checkpoint store's bandwidth (MB/s each way), as a remote store's (default: none)")
+    p.add_argument("--pls-basis", choices=["samples", "updates"], default="samples",
+                   help="what --equal-pls equalises: the portion of lost samples (each update weighed by its row's "
+                        "lookups in the batch, CPR's definition; default) or of lost row updates")
     p.add_argument("--equal-pls", action="store_true",
                    help="tune cpr-mfu and cpr-ssu to the target PLS of cpr (longer full intervals), as CPR compares them")
     p.add_argument("--workers", type=int, default=1, help="training workers (> 1: launched with torchrun)")
@@ -239,6 +261,21 @@ def _config(args) -> tuple[dict | None, str | None]:
         return None, "--checkpoint-interval-steps must be >= 1"
     if cfg["cpr_interval_s"] is not None and not (math.isfinite(cfg["cpr_interval_s"]) and cfg["cpr_interval_s"] > 0):
         return None, "--cpr-interval-s must be finite and > 0"
+    cfg["checkpoint_files"] = getattr(args, "checkpoint_files", "one")
+    cfg["pls_basis"] = getattr(args, "pls_basis", "samples")
+    bandwidth = getattr(args, "checkpoint_bandwidth_mb_s", None)
+    if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
+        return None, "--checkpoint-bandwidth-mb-s must be finite and > 0"
+    cfg["bandwidth_mb_s"] = bandwidth
+    cfg["checkpoint_url"] = getattr(args, "checkpoint_url", None)
+    if cfg["checkpoint_url"]:
+        from baselines.storage import Storage
+
+        try:
+            if Storage.open(cfg["checkpoint_url"]).process_local:
+                return None, f"--checkpoint-url {cfg['checkpoint_url']!r}: the servers are other processes, use a store they reach"
+        except ValueError as exc:
+            return None, f"--checkpoint-url: {exc}"
     if (args.dataset or cfg["dataset"]) == "synthetic" and not cfg["rows_per_table"]:
         cfg.update(rows_per_table=20_000, samples=60_000, tables=8)
     return cfg, None
@@ -278,12 +315,9 @@ def run(args) -> int:
         print("ecrec-bench compare: --snapshot-every needs --workers 1 (a snapshot is a consistent cut only when no "
               "other worker pushes meanwhile)", file=sys.stderr)
         return 2
-    checkpointing = [s for s in strategies if _kind(s) == "checkpoint"]
-    if args.workers > 1 and checkpointing:
-        print(f"ecrec-bench compare: {', '.join(checkpointing)} need one checkpoint driver that sees every worker's "
-              "pushes (consistent cuts, rollback of every worker's data position, exact lost-update counts), which "
-              "the torchrun launcher does not coordinate yet; run them with --workers 1 (none and ecrec scale out)",
-              file=sys.stderr)
+    if args.workers > 1 and args.equal_pls:
+        print("ecrec-bench compare: --equal-pls needs --workers 1 (its replay of the failed server's updates reads "
+              "one worker's batches)", file=sys.stderr)
         return 2
     from ecrec.workload.dlrm import resolve_arch
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ecrec.bench.intervals import PARTIALS_PER_INTERVAL, cpr_interval  # noqa: F401 - re-exported (compare, tests)
+
 WARM_STEPS = 30  # steps every run trains before the intervals are chosen (the save stall and step time measured)
 WARM_SAVE_STEPS = 5  # full's interval during the warm steps, so that its save stall is measured a few times
-PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
 MIN_STEPS_BETWEEN_FAILURES = 20
 #: steps trained between the end of the previous failure (a settled standby included) and the next kill: the
 #: rate of that failure is measured on them (``ecrec.bench.accounting.rate_before``), the same for every
@@ -57,7 +58,8 @@ class StrategyRun:
         self.strategy, self.label, self.args, self.cfg, self.fail_at = strategy, label, args, cfg, fail_at
         self.kind = _kind(strategy)
         self.failures = cfg["failures"] if fail_at is not None else 0
-        self.phases = failure_phases(cfg["failures"])
+        # drawn with the run's seed in equal parts of the interval, off the grid of the partial saves
+        self.phases = failure_phases(cfg["failures"], seed=args.seed, avoid=PARTIALS_PER_INTERVAL)
         options = {}
         k = m = 0
         self.variant = None
@@ -72,11 +74,24 @@ class StrategyRun:
             ckpt = work / f"ckpt-{label}"
             shutil.rmtree(ckpt, ignore_errors=True)
             options["dir"] = str(ckpt)
+            if cfg.get("checkpoint_url"):  # a store the servers reach (fsspec); a run's own sub-directory, emptied
+                from baselines.storage import Storage
+
+                options["dir"] = f"{cfg['checkpoint_url'].rstrip('/')}/ckpt-{label}"
+                store = Storage.open(cfg["checkpoint_url"])
+                if f"ckpt-{label}" in store.listdir(""):
+                    store.remove_tree(f"ckpt-{label}")
+            options["files"] = cfg.get("checkpoint_files", "one")  # one data file and one fsync per checkpoint
+            if cfg.get("bandwidth_mb_s"):
+                options["bandwidth_mb_s"] = str(cfg["bandwidth_mb_s"])
             if full_only:  # consistent cuts: the driver saves every N steps (the model's N is set after the warm steps)
                 interval_steps = cfg["checkpoint_interval_steps"] or WARM_SAVE_STEPS
                 options["interval_steps"] = str(interval_steps)
-            else:  # partial recovery: each server saves on its own timer
-                options["interval_s"] = str(cpr_interval(cfg)[0])
+            elif cfg.get("cpr_interval_s"):  # partial recovery at the given interval
+                options["interval_s"] = str(cfg["cpr_interval_s"])
+            else:  # CPR's own plan: the driver measures o_save/o_load and picks partial or full recovery
+                options.update(mtbf_s=str(cfg["mtbf_s"]), target_pls=str(cfg["target_pls"]), recovery="auto")
+        self.full_mode = self.kind == "checkpoint" and self.full_only  # cpr*: also when CPR's plan picks full
         self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1,
                                                    strategy=strategy, k=k, m=m, options=options))
         self.records_dir = work / f"records-{label}"
@@ -142,40 +157,16 @@ class StrategyRun:
             self.interval = self.choose_interval(tuning)
 
     def warm_step_s(self) -> float:
-        records = self.trainer.records
-        durations = [r["end"] - r["start"] for r in records[len(records) // 3:]]  # past the first calls' set-up
-        return float(np.median(durations))
+        from ecrec.bench.intervals import warm_step_s
+
+        return warm_step_s(self.trainer.records)
 
     def choose_interval(self, tuning=None) -> dict:
-        """``full``: Daly's optimum from the measured save stall, in steps; ``cpr*``: the PLS interval (set at
-        start), or with ``--equal-pls`` the one tuned to cpr's PLS (``tuning``: :func:`equal_pls_for`)."""
-        from baselines import overhead
-        from ecrec.bench import intervals
+        """The interval the models choose after the warm steps (``ecrec.bench.intervals.choose_interval``)."""
+        from ecrec.bench.intervals import choose_interval
 
-        cfg, driver = self.cfg, self.trainer.driver
-        step_s = self.warm_step_s()
-        if self.full_only:
-            if cfg["checkpoint_interval_steps"]:
-                n = int(cfg["checkpoint_interval_steps"])
-                return {"strategy": self.strategy, "how": "given", "interval_steps": n, "interval_s": n * step_s,
-                        "step_s": step_s}
-            o_save = driver.o_save_s
-            n, seconds = intervals.full_interval_steps(o_save, cfg["mtbf_s"], step_s, "daly")
-            driver.set_interval_steps(n)
-            return {"strategy": self.strategy, "how": "Daly", "formula": "daly", "o_save_s": o_save, "o_save_source": "measured stall",
-                    "mtbf_s": cfg["mtbf_s"], "step_s": step_s, "interval_s": seconds, "interval_steps": n}
-        t, how = cpr_interval(cfg)
-        info = {"strategy": self.strategy, "how": how, "target_pls": cfg["target_pls"], "servers": cfg["servers"],
-                "mtbf_s": cfg["mtbf_s"], "step_s": step_s, "interval_s": t,
-                "partial_interval_s": t / PARTIALS_PER_INTERVAL if self.variant else None,
-                "expected_pls": overhead.expected_pls(t, cfg["servers"], cfg["mtbf_s"]), "lost_ratio": 1.0}
-        if tuning is not None and self.strategy in tuning:
-            tuned = tuning[self.strategy]
-            info.update(tuned.to_dict(), how=f"equal PLS ({how} for cpr)", step_s=step_s)
-            replies = self.trainer.cluster.strategy_call("configure", {"interval_s": tuned.interval_s})
-            info["servers_interval_s"] = sorted({round(r["interval_s"], 9) for r in replies.values()})
-            info["servers_partial_interval_s"] = sorted({round(r["partial_interval_s"], 9) for r in replies.values()
-                                                         if r["partial_interval_s"] is not None})
+        info = choose_interval(self.strategy, self.cfg, self.trainer.records, self.trainer.driver, tuning)
+        self.full_mode = "interval_steps" in info  # full, or a cpr* strategy whose plan picked full recovery
         return info
 
     def shard_updates(self):
@@ -189,7 +180,8 @@ class StrategyRun:
     # --- failures -----------------------------------------------------------------------------------------
     def kill(self, step: int | None = None) -> None:
         pid = self.local.pid_of_index(self.cfg["fail_server"])
-        phase = self.phases[len(self.kills)] if self.kind == "checkpoint" else None
+        # --workers > 1: the kill comes at --fail-at (rank 0's step), at no chosen phase of the interval
+        phase = self.phases[len(self.kills)] if self.kind == "checkpoint" and self.args.workers == 1 else None
         self.kills.append({"pid": pid, "time": time.time(), "step": step, "phase": phase,
                            "quiet_since": self._quiet_since, **({"planned": self._planned} if self._planned else {})})
         self._planned = None
@@ -268,7 +260,7 @@ class StrategyRun:
         quiet = QUIET_STEPS if self.kills else 0
         if self.kind != "checkpoint":
             self._planned = {"step": step + quiet}
-        elif self.full_only:
+        elif self.full_mode:
             driver = self.trainer.driver
             n = int(driver.interval_steps)
             offset = min(int(round(phase * n)), n - 1)
@@ -316,8 +308,13 @@ class StrategyRun:
         self.load_average["before_failures"] = list(os.getloadavg())
         if self.args.workers > 1:
             self.failures = min(self.failures, 1)
+            if self.kind == "checkpoint":  # rank 0 chooses the interval after the warm steps, as prepare() does
+                warm = min(WARM_STEPS, max(self.fail_at or self.cfg["steps"], 1))
+                cfg = {k: v for k, v in self.cfg.items() if isinstance(v, (str, int, float, bool, type(None)))}
+                self.tcfg.extra["choose_interval"] = {"after_steps": warm, "cfg": cfg}
             self._result = _run_torchrun(self.tcfg, self.args.workers, self.records_dir, self.fail_at,
                                          lambda: self.kill(None), self.label)
+            self.interval = self._result.pop("interval", None) or self.interval
             self._state = None
         else:
             self.pause_timers(False)
@@ -365,18 +362,10 @@ def wait_until_idle(pids: list[int], limit_s: float = STANDBY_SETTLE_LIMIT_S) ->
     return False
 
 
-def cpr_interval(cfg: dict) -> tuple[float, str]:
-    """cpr*'s full interval in seconds and how it was chosen: given, or ``2 * PLS * servers * MTBF``."""
-    from baselines import overhead
-
-    if cfg.get("cpr_interval_s"):
-        return float(cfg["cpr_interval_s"]), "given"
-    return overhead.interval_for_pls(cfg["target_pls"], cfg["servers"], cfg["mtbf_s"]), "target PLS"
-
-
 def equal_pls_for(runs: dict, cfg: dict, seed: int) -> dict | None:
     """cpr, cpr-mfu and cpr-ssu tuned to cpr's PLS (``ecrec.bench.intervals.equal_pls_intervals``) from the
-    row updates of the failed server, replayed from the first cpr* run's batches (the same for every run)."""
+    row updates of the failed server, replayed from the first cpr* run's batches (the same for every run); each
+    update weighs its row's lookups in the batch unless ``cfg["pls_basis"]`` is ``updates``."""
     from ecrec.bench.intervals import equal_pls_intervals
 
     names = [n for n in ("cpr", "cpr-mfu", "cpr-ssu") if n in runs]
@@ -390,7 +379,8 @@ def equal_pls_for(runs: dict, cfg: dict, seed: int) -> dict | None:
     for name in names:
         step_s = runs[name].warm_step_s()
         out.update(equal_pls_intervals(p, cfg["servers"], cfg["mtbf_s"], step_s, updates, [name],
-                                       partials_per_interval=PARTIALS_PER_INTERVAL, seed=seed))
+                                       partials_per_interval=PARTIALS_PER_INTERVAL, seed=seed,
+                                       weighted=cfg.get("pls_basis", "samples") == "samples"))
     return out
 
 
@@ -521,7 +511,8 @@ def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -
     config_path.write_text(json.dumps(dataclasses.asdict(tcfg)))
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--standalone", f"--nproc_per_node={workers}", "-m", "ecrec.bench.trainer", str(config_path)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the checkpointing strategies' workers talk through gloo (baselines.workers): on the loopback interface
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     rank0 = records_dir / "rank0.jsonl"
     killed = False  # per run (a flag on ``kill``, a bound method, was shared by every strategy's run)
@@ -544,9 +535,12 @@ def _run_torchrun(tcfg, workers: int, records_dir: Path, fail_at, kill, label) -
         rank = int(path.stem[len("rank"):])
         records += [dict(json.loads(line), rank=rank) for line in path.read_text().splitlines() if line]
     records.sort(key=lambda r: r["end"])
-    summary = json.loads((records_dir / "rank0.result.json").read_text())
+    summaries = {int(p.name[len("rank"):].split(".", 1)[0]): json.loads(p.read_text())
+                 for p in records_dir.glob("rank*.result.json")}
+    summary = summaries[0]  # rank 0: the evaluation and the checkpoint driver (every rank's pushes counted)
     return {"records": records, "evaluation": summary["evaluation"], "driver": summary["driver"],
-            "client_bytes": summary["client_bytes"], "cluster": None}
+            "client_bytes": sum(s["client_bytes"] for s in summaries.values()), "cluster": None,
+            "interval": summary.get("interval")}
 
 
 def _last_step(path: Path) -> int:

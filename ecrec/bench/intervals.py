@@ -229,3 +229,63 @@ def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: 
         out[name] = TunedInterval(name, t, t / partials_per_interval, ratio,
                                   ratio * overhead.expected_pls(t, servers, mtbf_s), "samples" if weighted else "updates")
     return out
+
+
+# --- the interval a compare run chooses after its warm steps -------------------------------------------------------
+PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
+
+
+def cpr_interval(cfg: dict) -> tuple[float, str]:
+    """cpr*'s full interval in seconds and how it was chosen: given, or ``2 * PLS * servers * MTBF``."""
+    if cfg.get("cpr_interval_s"):
+        return float(cfg["cpr_interval_s"]), "given"
+    return overhead.interval_for_pls(cfg["target_pls"], cfg["servers"], cfg["mtbf_s"]), "target PLS"
+
+
+def warm_step_s(records: list[dict]) -> float:
+    """The median step time of a worker's records, past the first third (the first calls' set-up)."""
+    durations = [r["end"] - r["start"] for r in records[len(records) // 3:]]
+    return float(np.median(durations))
+
+
+def choose_interval(strategy: str, cfg: dict, records: list[dict], driver, tuning=None) -> dict:
+    """The interval of a checkpointing run, chosen after its warm steps (``records``) on its running
+    ``driver`` (a ``baselines.driver.CheckpointDriver``), and why.
+
+    ``full`` (or a ``cpr*`` strategy whose plan picked full recovery): Daly's optimum from the measured save
+    stall, never below the measured persist time, in steps (set on the driver); the returned dict then has
+    ``interval_steps``.  ``cpr*``: the PLS interval (CPR's plan's when it chose), or with ``--equal-pls`` the
+    one tuned to cpr's PLS (``tuning``: ``compare_running.equal_pls_for``), set on every server.
+    """
+    from baselines.options import VARIANTS
+
+    variant, full_only = VARIANTS[strategy]
+    step_s = warm_step_s(records)
+    plan = {"plan": driver.plan.to_dict()} if driver.plan is not None else {}
+    if full_only or driver.mode == "full":  # consistent cuts, driven by the worker every N steps
+        if cfg["checkpoint_interval_steps"]:
+            n = int(cfg["checkpoint_interval_steps"])
+            return {"strategy": strategy, "how": "given", "interval_steps": n, "interval_s": n * step_s,
+                    "step_s": step_s}
+        o_save, persist = driver.o_save_s, driver.o_persist_s
+        n, seconds = full_interval_steps(o_save, cfg["mtbf_s"], step_s, "daly", persist)
+        driver.set_interval_steps(n)
+        return {"strategy": strategy, "how": "Daly", "formula": "daly", "o_save_s": o_save,
+                "o_save_source": "measured stall", "o_persist_s": persist, "mtbf_s": cfg["mtbf_s"], "step_s": step_s,
+                "interval_s": seconds, "interval_steps": n, **plan}
+    t, how = cpr_interval(cfg)
+    if driver.plan is not None:  # CPR's plan picked partial recovery (its interval never below the persist time)
+        t, how = driver.plan.partial_interval_s, "target PLS"
+    info = {"strategy": strategy, "how": how, "target_pls": cfg["target_pls"], "servers": cfg["servers"],
+            "mtbf_s": cfg["mtbf_s"], "step_s": step_s, "interval_s": t,
+            "partial_interval_s": t / PARTIALS_PER_INTERVAL if variant else None,
+            "expected_pls": overhead.expected_pls(t, cfg["servers"], cfg["mtbf_s"]), "lost_ratio": 1.0,
+            "o_persist_s": driver.o_persist_s, **plan}
+    if tuning is not None and strategy in tuning:
+        tuned = tuning[strategy]
+        info.update(tuned.to_dict(), how=f"equal PLS ({how} for cpr)", step_s=step_s)
+        replies = driver.configure(interval_s=tuned.interval_s)  # a replacement gets it too, at once
+        info["servers_interval_s"] = sorted({round(r["interval_s"], 9) for r in replies.values()})
+        info["servers_partial_interval_s"] = sorted({round(r["partial_interval_s"], 9) for r in replies.values()
+                                                     if r["partial_interval_s"] is not None})
+    return info

@@ -171,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_step(step: int) -> None:
         if interval_cfg and rank == 0 and not chosen and step >= interval_cfg["after_steps"]:
-            from ecrec.bench.compare_running import choose_interval
+            from ecrec.bench.intervals import choose_interval
 
-            chosen.update(choose_interval(cfg.strategy, interval_cfg["cfg"], trainer))
+            driver = getattr(trainer.driver, "driver", trainer.driver)  # rank 0's CheckpointDriver in the group
+            chosen.update(choose_interval(cfg.strategy, interval_cfg["cfg"], trainer.records, driver))
 
     try:
         trainer.advance(cfg.steps, on_step)
