@@ -249,6 +249,7 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         self._next_partial_at: float | None = None
         self._paused_at: float | None = None  # ``timers`` {paused: true}: when the timer saves were paused
         self.needs_restore = False
+        self._deferring = False  # a timer save is waiting for the running write (counted once in saves_deferred)
         # what the last restore put back: per table the base's update counter, and the rows its deltas held with
         # the updates since the base each reflects (``restored_rows``: a sample-weighted loss count needs them)
         self._restored_base: dict[str, int] = {}
@@ -334,13 +335,10 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         tables = self.host.tables()
         updates = sum(shard.row_updates for shard in tables)
         if (tables or self.host.dense_tensors()) and updates != self._updates_at_snapshot:
-            with self._lock:
-                busy = bool(self._outstanding())
-            if busy:  # the previous write still runs: the save stays due (retried at the next tick)
-                with self._stats_lock:
-                    self._s["saves_deferred"] += 1
+            # an idle shard has nothing new: no save.  While the previous write still runs the save stays due
+            # (the timer is not moved on) and is taken at the first tick after that write ends
+            if self.save(kind=kind, blocking=False, defer=True).get("deferred"):
                 return
-            self.save(kind=kind, blocking=False)  # an idle shard has nothing new: no save
         if kind == "full":
             self._next_full_at = now + full
         if partial:
@@ -432,8 +430,11 @@ class _CheckpointStrategy(FaultToleranceStrategy):
         return time.perf_counter() - t0 if waited else 0.0
 
     def save(self, kind: str = "full", cut: int | None = None, step: int | None = None, wait: bool = False,
-             blocking: bool = True, keep_cut: int | None = None) -> dict:
-        """Snapshot now (under each table's lock), persist in the background; see the module docstring."""
+             blocking: bool = True, keep_cut: int | None = None, defer: bool = False) -> dict:
+        """Snapshot now (under each table's lock), persist in the background; see the module docstring.
+
+        ``defer`` (the timer's saves): when a write still runs, answer ``{"deferred": True}`` and save nothing;
+        the caller keeps the save due (``saves_deferred`` counts each save deferred once, not each retry)."""
         index = self._index()
         if self.needs_restore:
             raise errors.FailedPrecondition(
@@ -445,6 +446,13 @@ class _CheckpointStrategy(FaultToleranceStrategy):
             raise ValueError(f"strategy {self.name!r} has no partial saves (use cpr-mfu or cpr-ssu)")
         with self._lock:
             waited = 0.0
+            if self._outstanding() and defer:
+                if not self._deferring:
+                    self._deferring = True
+                    with self._stats_lock:
+                        self._s["saves_deferred"] += 1
+                return {"skipped": False, "deferred": True}
+            self._deferring = False
             if self._outstanding():
                 if not blocking:
                     with self._stats_lock:

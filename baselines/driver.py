@@ -45,13 +45,17 @@ driver counts.  PLS = lost / all acknowledged row updates.
 
 Sample-weighted PLS (CPR's own definition: a portion of lost *samples*): every step the driver
 also keeps, per table, the ids the step updated and how many lookups of the batch each had
-(``Cluster.last_lookups``), for the last ``sample_history_s`` seconds.  At a partial recovery it
+(``Cluster.last_lookups``), for the last ``sample_history_s`` seconds or three of the servers' full
+intervals, whichever is longer.  At a partial recovery it
 finds the step at which the restored base was taken (the failed server's update counter then
 equals the base's), takes each row's updates since then in order, skips the first ones the
 deltas put back (``restored_rows``) and the last ones the replacement applied after its restore,
-and adds up the lookups of the rest: the samples whose updates were lost.  The count is checked
+and adds up the lookups of the rest: the samples whose updates were lost.  The lost ones are then
+dropped from the history, so that a later failure of the same index is counted against what its
+state holds.  The count is checked
 against the exact row-update count; where it cannot be made (the base is older than the history,
-or several workers push) ``lost_samples`` is None, never a guess.
+or several workers push: :meth:`add_acked`, or a step's rows that are not this worker's lookups)
+``lost_samples`` is None, never a guess; so is the dense copy dropped then.
 
 Every call goes through the client (``Cluster.strategy_call``), so it has the client's RPC
 timeout and follows failures to the replacement; errors are raised, never swallowed.
@@ -140,7 +144,7 @@ class CheckpointDriver:
 
     def __init__(self, cluster: Cluster, interval_steps: int | None = None, interval_s: float | None = None,
                  mtbf_s: float | None = None, recovery: str | None = None, keep_dense: bool = True,
-                 sample_history_s: float = 120.0):
+                 sample_history_s: float = 60.0):
         if cluster.map is None:
             cluster.refresh_map()
         self.cluster = cluster
@@ -187,7 +191,9 @@ class CheckpointDriver:
         self._configured: dict = {}  # what configure() set on the servers: a replacement gets it too
         # sample-weighted accounting (module docstring): per step (time, counters after it, ids and lookups)
         self.sample_history_s = float(sample_history_s)
-        self.samples_acked = 0  # lookups of every acknowledged row update since start
+        self._samples_dropped = 0  # lookups of the steps no longer in the history (samples_acked: with the rest)
+        self._step_s: float | None = None  # EWMA of the time between steps (the history's horizon in steps)
+        self._last_step_at: float | None = None
         self.lost_samples: int | None = 0  # None once a failure's could not be counted
         self._history: collections.deque = collections.deque()
         self._counter_by_server: dict[int, int] = {}
@@ -257,7 +263,19 @@ class CheckpointDriver:
 
     # --- the training loop's hooks ------------------------------------------------------------------------
     def add_acked(self, rows: int) -> None:
-        """Adds row updates acknowledged to a worker whose step results do not pass through :meth:`after_step`."""
+        """Adds row updates acknowledged to a worker whose step results do not pass through :meth:`after_step`.
+
+        Another worker pushes then: this driver's copy of the dense parameters misses its gradients and its
+        lookups are not counted, so the copy is dropped (a failed server's dense tensors roll back with its
+        checkpoint, as reported) and the sample-weighted loss is not counted (None)."""
+        if self.dense_copy is not None or self.lost_samples is not None:
+            log.info("rows acknowledged to another worker: no dense copy, no sample-weighted loss count")
+        self.dense_copy = None
+        self.lost_samples = None
+        self._history.clear()
+        self._acked(rows)
+
+    def _acked(self, rows: int) -> None:
         self.rows_acked_total += int(rows)
         self._balance += int(rows)
 
@@ -266,10 +284,10 @@ class CheckpointDriver:
         if not self._started:  # the servers' counters already include this step's rows
             self.start(step + 1)
             self.rows_acked_total += int(result.get("rows", 0)) if result else 0
-            self.samples_acked += int(sum(int(n.sum()) for _, n in self.cluster.last_lookups.values()))
+            self._samples_dropped += int(sum(int(n.sum()) for _, n in self.cluster.last_lookups.values()))
             return None
         if result is not None:
-            self.add_acked(result.get("rows", 0))
+            self._acked(result.get("rows", 0))
         if self.dense_copy is not None:
             self.dense_copy.advance(self.cluster.last_dense_grads)
         if result is not None and self.mode == "partial":
@@ -372,30 +390,50 @@ class CheckpointDriver:
         lookups = self.cluster.last_lookups
         if self.lost_samples is None:
             return
-        if sum(len(ids) for ids, _ in lookups.values()) != int(result.get("rows", 0)):
-            # the step's rows are not this worker's lookups (several workers' results summed, a replayed push):
-            # the samples cannot be counted exactly, so they are not counted at all
-            log.info("sample-weighted PLS off: a step's acknowledged rows are not this worker's lookups")
+        if sum(len(ids) for ids, _ in lookups.values()) < int(result.get("rows", 0)):
+            # more rows acknowledged than this worker looked up: other workers' results summed in; the samples
+            # cannot be counted exactly, so they are not counted at all
+            log.info("sample-weighted PLS off: a step acknowledged rows this worker did not look up")
             self.lost_samples = None
             self._history.clear()
             return
-        self.samples_acked += int(sum(int(n.sum()) for _, n in lookups.values()))
         for i, rows in (result.get("rows_by_server") or {}).items():
             self._counter_by_server[int(i)] = self._counter_by_server.get(int(i), 0) + int(rows)
         now = time.monotonic()
-        self._history.append((now, dict(self._counter_by_server),
-                              {t: (ids.astype(np.int64), n.astype(np.int32)) for t, (ids, n) in lookups.items()}))
-        while len(self._history) > 1 and self._history[0][0] < now - self.sample_history_s:
-            self._history.popleft()
+        if self._last_step_at is not None and now - self._last_step_at < 1.0:  # a step's time, not a pause
+            dt = now - self._last_step_at
+            self._step_s = dt if self._step_s is None else 0.95 * self._step_s + 0.05 * dt
+        self._last_step_at = now
+        self._history.append((now, dict(self._counter_by_server), lookups))  # the client's fresh arrays, kept as is
+        keep = self._history_horizon_steps()
+        while len(self._history) > keep:
+            self._samples_dropped += sum(int(n.sum()) for _, n in self._history.popleft()[2].values())
+
+    @property
+    def samples_acked(self) -> int:
+        """Lookups of every acknowledged row update since start (summed lazily: the history holds them)."""
+        return self._samples_dropped + sum(int(n.sum()) for h in self._history for _, n in h[2].values())
+
+    def _history_horizon_steps(self) -> int:
+        """How many steps are kept: ``sample_history_s`` of steps, or three full intervals of the servers'
+        timers when that is longer (a restored base is at most about one interval and one write old).  Counted
+        in steps, not wall time: a benchmark that pauses the timers between its slices stops this clock too."""
+        interval = self._configured.get("interval_s") or self.opts.interval_s
+        if interval is None and self.plan is not None:
+            interval = self.plan.partial_interval_s
+        seconds = max(self.sample_history_s, 3.0 * float(interval or 0.0) + 10.0)
+        return int(seconds / max(self._step_s or 0.001, 1e-4)) + 2
 
     def _lost_samples(self, index: int, lost_updates: int) -> int | None:
         """The lookups of the updates server ``index``'s partial recovery lost, or None when they cannot be
-        counted exactly (checked against ``lost_updates``)."""
+        counted exactly (checked against ``lost_updates``).  When counted, the history is rewritten to what the
+        replacement's state holds (the lost updates dropped, its counters renumbered), so that a later failure
+        of the same index, restoring the same base or a newer one, is counted against that state."""
         restored = self.cluster.strategy_call("restored_rows", indices=[index])[index]
         base = sum(int(v) for v in restored["base_row_updates"].values())
         counter_now = self._counters_by_server()[index]
         restored_counter = base + sum(sum(r["counts"]) for r in restored["rows"].values())
-        history = list(self._history)
+        history = list(self._history)  # the same entries (their dicts are rewritten in place below)
         after = [h[1].get(index, 0) for h in history]
         if base not in after:
             return None  # the base was taken before the oldest step kept (or not at a step boundary)
@@ -404,36 +442,54 @@ class CheckpointDriver:
         last, acc = len(history), 0
         while acc < applied_since and last > first:
             last -= 1
-            acc += history[last][1].get(index, 0) - history[last - 1][1].get(index, 0)
+            acc += after[last] - after[last - 1]
         if acc != applied_since:
             return None
-        window = history[first:last]
         lost_rows = lost_samples = 0
-        for table in {t for h in window for t in h[2]}:
-            parts = [(h[2][table], j) for j, h in enumerate(window) if table in h[2]]
-            ids = np.concatenate([p[0][0] for p in parts])
-            weights = np.concatenate([p[0][1] for p in parts]).astype(np.int64)
-            order = np.concatenate([np.full(len(p[0][0]), p[1]) for p in parts])
+        keep: dict[tuple[int, str], np.ndarray] = {}  # (entry, table) -> which of its ids stay in the lineage
+        lost_in: dict[int, int] = {}  # entry -> updates of ``index`` it loses
+        for table in {t for h in history[first:last] for t in h[2]}:
+            parts = [(g, history[g][2][table]) for g in range(first, last) if table in history[g][2]]
+            ids = np.concatenate([p[1][0] for p in parts]).astype(np.int64)
+            weights = np.concatenate([p[1][1] for p in parts]).astype(np.int64)
+            entry = np.concatenate([np.full(len(p[1][0]), p[0]) for p in parts])
+            pos = np.concatenate([np.arange(len(p[1][0])) for p in parts])
             servers, _ = self.cluster.layout.locate(ids)
-            mine = servers == index
-            ids, weights, order = ids[mine], weights[mine], order[mine]
-            sort = np.lexsort((order, ids))  # by row, then by step
-            ids, weights = ids[sort], weights[sort]
-            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-            rank = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
+            mine = np.flatnonzero(servers == index)
+            sort = mine[np.lexsort((entry[mine], ids[mine]))]  # this server's rows, by row then by step
+            rows = ids[sort]
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else np.zeros(0, np.int64)
+            rank = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
             saved = restored["rows"].get(table, {"ids": [], "counts": []})
-            reflected = np.zeros(len(ids), dtype=np.int64)
+            reflected = np.zeros(len(rows), dtype=np.int64)
             if saved["ids"]:
                 saved_ids, saved_counts = np.asarray(saved["ids"]), np.asarray(saved["counts"])
                 by_id = np.argsort(saved_ids)
                 saved_ids, saved_counts = saved_ids[by_id], saved_counts[by_id]
-                at = np.clip(np.searchsorted(saved_ids, ids), 0, len(saved_ids) - 1)
-                hit = saved_ids[at] == ids
+                at = np.clip(np.searchsorted(saved_ids, rows), 0, len(saved_ids) - 1)
+                hit = saved_ids[at] == rows
                 reflected[hit] = saved_counts[at[hit]]
-            lost = rank >= reflected
-            lost_rows += int(lost.sum())
+            lost = sort[rank >= reflected]  # the updates after the first ``reflected`` of each row
+            lost_rows += len(lost)
             lost_samples += int(weights[lost].sum())
-        return lost_samples if lost_rows == lost_updates else None
+            for g in np.unique(entry[lost]):
+                in_g = lost[entry[lost] == g]
+                mask = np.ones(len(history[g][2][table][0]), dtype=bool)
+                mask[pos[in_g]] = False
+                keep[(int(g), table)] = mask
+                lost_in[int(g)] = lost_in.get(int(g), 0) + len(in_g)
+        if lost_rows != lost_updates:
+            return None
+        for (g, table), mask in keep.items():  # the lineage: what the replacement's state holds
+            ids, n = history[g][2][table]
+            self._samples_dropped += int(n[~mask].sum())  # acknowledged all the same: samples_acked keeps them
+            history[g][2][table] = (ids[mask], n[mask])
+        counter = base
+        for g in range(first, len(history)):
+            counter += after[g] - after[g - 1] - lost_in.get(g, 0)
+            history[g][1][index] = counter
+        self._counter_by_server[index] = counter
+        return lost_samples if counter == counter_now else None
 
     def _on_failure(self, step: int) -> int | None:
         t0 = time.perf_counter()
@@ -456,6 +512,8 @@ class CheckpointDriver:
             except (ClusterError, KeyError, ValueError) as exc:  # reported as "not counted", never guessed
                 log.warning("the lost samples of server %d could not be counted: %s", indices[0], exc)
         self.lost_samples = None if lost_samples is None or self.lost_samples is None else self.lost_samples + lost_samples
+        if self.lost_samples is None:
+            self._history.clear()  # nothing more is counted: keep no history
         stats = self.cluster.strategy_call("stats", indices=indices)
         self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
         dense = [d.name for d in self.cluster.map.dense if self.cluster.layout.dense_servers(d.name)[0] in indices]

@@ -39,13 +39,16 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 
-FORMAT = "ecrec-cpr/1"
+FORMAT = "ecrec-cpr/1"  # the per-file layout's manifest
+FORMAT_PACKED = "ecrec-cpr/2"  # a packed checkpoint's manifest: its records have offsets into one data file
+FORMATS = (FORMAT, FORMAT_PACKED)
 MANIFEST = "MANIFEST.json"
 PACKED = "data.bin"  # the one data file of a packed checkpoint
 INT64 = np.dtype("<i8")
@@ -92,10 +95,11 @@ class Storage:
     def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
-        """Writes a new file durably without the rename: for a file that nothing reads before a manifest written
-        after it names it (a packed checkpoint's data).  By default the same as :meth:`write_atomic`."""
-        return self.write_atomic(rel, chunks)
+    def write_new(self, rel: str, chunks: list, digest: bool = True) -> tuple[int, str | None]:
+        """Writes a new file (never over an existing one) durably, without a temporary name and a rename: for a
+        file nothing reads before a manifest written after it names it (a packed checkpoint's data).  Returns
+        ``(size, sha256 hex)`` (``digest=False``: ``(size, None)``, for a caller that hashed the parts)."""
+        raise NotImplementedError  # pragma: no cover - interface
 
     def drop_cache(self, rel: str) -> None:
         """Evicts the file from the page cache where that is possible (a local file), so that the next read
@@ -134,6 +138,14 @@ def _hash_chunks(chunks: list) -> tuple[int, str]:
     return _write_chunks(None, chunks)
 
 
+def _write_plain(f, chunks: list) -> int:
+    size = 0
+    for mv in _byte_views(chunks):
+        f.write(mv)
+        size += mv.nbytes
+    return size
+
+
 class LocalStorage(Storage):
     """A local directory: temp file in the same directory, fsync, ``os.replace``, fsync of the directory."""
 
@@ -168,14 +180,14 @@ class LocalStorage(Storage):
             os.close(dfd)
         return size, digest
 
-    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
+    def write_new(self, rel: str, chunks: list, digest: bool = True) -> tuple[int, str | None]:
         path = self._path(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "xb") as f:  # never over an existing file
-            size, digest = _write_chunks(f, chunks)
+            out = _write_chunks(f, chunks) if digest else (_write_plain(f, chunks), None)
             f.flush()
             os.fsync(f.fileno())
-        return size, digest
+        return out
 
     def drop_cache(self, rel: str) -> None:
         try:
@@ -255,6 +267,22 @@ class FsspecStorage(Storage):
             raise
         return size, digest
 
+    def write_new(self, rel: str, chunks: list, digest: bool = True) -> tuple[int, str | None]:
+        """Straight to its name (an object store's ``mv`` is a copy and a delete: the data would be written
+        twice); the manifest written after it is the commit, and a file already there is never written over."""
+        path = self._path(rel)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if self.fs.exists(path):
+            raise FileExistsError(f"{self.describe(rel)} exists; a checkpoint file is never written over")
+        with self.fs.open(path, "wb") as f:
+            return _write_chunks(f, chunks) if digest else (_write_plain(f, chunks), None)
+
+    def drop_cache(self, rel: str) -> None:
+        from fsspec.implementations.local import LocalFileSystem
+
+        if isinstance(self.fs, LocalFileSystem):  # file://: a local file, as LocalStorage drops it
+            LocalStorage(self.root).drop_cache(rel)
+
     def read(self, rel: str) -> bytes:
         return self.fs.cat_file(self._path(rel))
 
@@ -271,33 +299,39 @@ class FsspecStorage(Storage):
 
 
 class Throttled(Storage):
-    """Another storage at most ``bytes_per_s`` each way (writes and reads each wait out their share): a remote
-    store's bandwidth on a local disk, for benchmarks."""
+    """Another storage at most ``bytes_per_s`` each way, shared by every caller of this object (one server's
+    link): each write or read books its bytes' time on its direction's link after the bookings before it and
+    returns when that time is over.  A remote store's bandwidth on a local disk, for benchmarks."""
 
     def __init__(self, inner: Storage, bytes_per_s: float):
         if not (bytes_per_s > 0 and math.isfinite(bytes_per_s)):
             raise ValueError(f"bandwidth must be finite and > 0 bytes/s, got {bytes_per_s!r}")
         self.inner, self.bytes_per_s, self.url = inner, float(bytes_per_s), inner.url
+        self._lock = threading.Lock()
+        self._free_at = {"write": 0.0, "read": 0.0}  # when each direction's link is free again
 
     @property
     def process_local(self) -> str | None:
         return self.inner.process_local
 
-    def _wait(self, nbytes: int, t0: float) -> None:
-        rest = nbytes / self.bytes_per_s - (time.perf_counter() - t0)
+    def _wait(self, direction: str, nbytes: int, t0: float) -> None:
+        with self._lock:
+            end = max(self._free_at[direction], t0) + nbytes / self.bytes_per_s
+            self._free_at[direction] = end
+        rest = end - time.perf_counter()
         if rest > 0:
             time.sleep(rest)
 
     def write_atomic(self, rel: str, chunks: list) -> tuple[int, str]:
         t0 = time.perf_counter()
         out = self.inner.write_atomic(rel, chunks)
-        self._wait(out[0], t0)
+        self._wait("write", out[0], t0)
         return out
 
-    def write_new(self, rel: str, chunks: list) -> tuple[int, str]:
+    def write_new(self, rel: str, chunks: list, digest: bool = True) -> tuple[int, str | None]:
         t0 = time.perf_counter()
-        out = self.inner.write_new(rel, chunks)
-        self._wait(out[0], t0)
+        out = self.inner.write_new(rel, chunks, digest)
+        self._wait("write", out[0], t0)
         return out
 
     def drop_cache(self, rel: str) -> None:
@@ -306,7 +340,7 @@ class Throttled(Storage):
     def read(self, rel: str) -> bytes:
         t0 = time.perf_counter()
         data = self.inner.read(rel)
-        self._wait(len(data), t0)
+        self._wait("read", len(data), t0)
         return data
 
     def listdir(self, rel: str) -> list[str]:
@@ -424,7 +458,7 @@ def _write_packed(storage: Storage, snap: Snapshot) -> dict:
         entries.append((item, offset, size, digest))
         offset += size
         chunks += parts
-    total, _ = storage.write_new(f"{snap.dirname}/{PACKED}", chunks)
+    total, _ = storage.write_new(f"{snap.dirname}/{PACKED}", chunks, digest=False)  # each record hashed above
     tables, dense = [], []
     for item, off, size, digest in entries:
         where = {"file": PACKED, "offset": off, "size": size, "sha256": digest}
@@ -432,12 +466,12 @@ def _write_packed(storage: Storage, snap: Snapshot) -> dict:
             tables.append(_table_entry(item, **where))
         else:
             dense.append({"name": item.name, "floats": int(np.asarray(item.floats).size), **where})
-    return _commit(storage, snap, tables, dense, total)
+    return _commit(storage, snap, tables, dense, total, FORMAT_PACKED)
 
 
-def _commit(storage: Storage, snap: Snapshot, tables: list, dense: list, total: int) -> dict:
+def _commit(storage: Storage, snap: Snapshot, tables: list, dense: list, total: int, fmt: str = FORMAT) -> dict:
     manifest = {
-        "format": FORMAT, "kind": snap.kind, "server_index": snap.server_index, "seq": snap.seq,
+        "format": fmt, "kind": snap.kind, "server_index": snap.server_index, "seq": snap.seq,
         "delta": snap.delta, "cut": snap.cut, "step": snap.step, "strategy": snap.strategy,
         "wall_time": snap.wall_time, "snapshot_s": snap.snapshot_s, "written_at": time.time(),
         "tables": tables, "dense": dense,
@@ -462,8 +496,8 @@ def read_manifest(storage: Storage, dirname: str) -> dict:
         manifest = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointCorrupt(f"{where} is not valid JSON ({exc}); refusing to load the checkpoint") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointCorrupt(f"{where}: not an {FORMAT} manifest; refusing to load the checkpoint")
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+        raise CheckpointCorrupt(f"{where}: not an {' or '.join(FORMATS)} manifest; refusing to load the checkpoint")
     return manifest
 
 

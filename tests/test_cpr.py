@@ -693,3 +693,29 @@ def test_the_lost_samples_weigh_each_lost_update_by_its_lookups(make_cluster, tm
     assert driver.samples_acked == sum(len(ids) for ids, _ in batches)
     assert driver.pls_samples() == pytest.approx(expected / driver.samples_acked)
     assert driver.report()["pls_samples"] == driver.pls_samples()
+
+
+def test_a_packed_checkpoint_through_fsspec_is_written_once_and_never_over(tmp_path):
+    st = storage.Storage.open(f"file://{tmp_path}")
+    m = storage.write_checkpoint(st, _snapshot(), packed=True)
+    assert m["format"] == storage.FORMAT_PACKED
+    ck = storage.load_checkpoint(st, storage.checkpoint_dir(0, 1))
+    np.testing.assert_array_equal(ck.dense["w"], np.arange(4, dtype=np.float32))
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp-")]  # no temporary name, no move
+    with pytest.raises(FileExistsError, match="never written over"):
+        st.write_new(f"{storage.checkpoint_dir(0, 1)}/{storage.PACKED}", [b"x"])
+
+
+def test_the_bandwidth_cap_is_shared_by_concurrent_writes(tmp_path):
+    import threading
+    import time
+
+    capped = storage.Throttled(storage.Storage.open(str(tmp_path)), bytes_per_s=1e6)
+    threads = [threading.Thread(target=capped.write_atomic, args=(f"t/{i}.bin", [np.zeros(200_000, np.uint8)]))
+               for i in range(4)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.perf_counter() - t0 >= 0.8  # 800 kB at 1 MB/s in all, not 200 kB each side by side

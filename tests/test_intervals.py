@@ -118,3 +118,10 @@ def test_a_sample_weighted_replay_counts_each_update_by_its_lookups():
         intervals.mean_unsaved_updates(intervals.ShardUpdates(steps, (0, 2), (2,)), 4, "cpr", weighted=True)
     with pytest.raises(ValueError, match="one count per slot"):
         intervals.ShardUpdates(steps, (0, 2), (2,), samples[:3])
+
+
+def test_the_interval_in_steps_never_falls_below_the_persist_time():
+    # Daly's 0.14 s and the persist floor 0.43 s: 0.43 / 0.1 rounds to 4 steps (0.40 s), so 5 are needed
+    steps, seconds = intervals.full_interval_steps(0.001, 10.0, 0.1, persist_s=0.43)
+    assert seconds == 0.43 and steps == 5 and steps * 0.1 >= 0.43
+    assert intervals.full_interval_steps(0.001, 10.0, 0.3, persist_s=0.43)[0] == 2

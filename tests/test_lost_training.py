@@ -208,5 +208,14 @@ def test_seeded_failure_phases_fall_one_per_part_and_off_the_partial_save_grid(s
     for i, x in enumerate(phases):
         assert i / 3 <= x < (i + 1) / 3  # stratified: one per third of the interval
         assert min(abs(x - g / 4) for g in range(5)) >= 0.02 - 1e-12  # never at a partial save (every 1/4)
+    assert sum(phases) / 3 == pytest.approx(0.5)  # mirrored pairs: a cost linear in the phase is unbiased
     assert lt.failure_phases(3, seed=seed) != lt.failure_phases(3)  # not the midpoints 1/6, 1/2, 5/6
     assert lt.failure_phases(3, seed=seed + 1, avoid=4) != phases
+
+
+def test_seeded_failure_phases_reject_a_margin_that_leaves_no_room():
+    with pytest.raises(ValueError, match="margin"):
+        lt.failure_phases(3, seed=0, avoid=4, margin=-1)
+    with pytest.raises(ValueError, match="margin"):
+        lt.failure_phases(3, seed=0, avoid=4, margin=float("nan"))
+    assert sum(lt.failure_phases(4, seed=3, avoid=4)) / 4 == pytest.approx(0.5)

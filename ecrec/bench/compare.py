@@ -11,8 +11,9 @@ compilation is timed or promoted), trains the same DLRM on the same data through
   CPU overhead as the median per-round ratio to the reference with a bootstrap interval of that
   median, marked ``~`` when the interval holds zero;
 - ``--failures N`` kills of the same server (SIGKILL), each at its own phase of one checkpoint
-  interval: failure ``i`` falls ``(i + 0.5) / N`` of the way through the interval of the save before
-  it (``ecrec.bench.lost_training.failure_phases``; for ``none``/``ecrec``, which have no interval,
+  interval: failure ``i`` falls in the ``i``-th ``N``-th of the interval of the save before it, at a point
+  drawn with ``--seed`` in mirrored pairs (mean phase exactly one half) off the grid of the partial saves
+  (``ecrec.bench.lost_training.failure_phases``; for ``none``/``ecrec``, which have no interval,
   as soon as the previous failure is over).  Per failure: promotion, back to speed, full redundancy,
   *useful* throughput (only steps past the furthest step reached before the failure count) and
   ``lost_training_s`` = paused + replayed + throughput deficit, against the rate of the steps just

@@ -81,7 +81,7 @@ def print_intervals(rows: list[dict], cfg: dict) -> None:
                        f"{i['interval_s']:.3f} s / step {1e3 * i['step_s']:.1f} ms (measured)")
             else:
                 why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why}){_plan_note(i)}")
+            print(f"  {r['strategy']:<9} every {i['interval_steps']} steps ({why}){_plan_note(i)}{_store_note(r)}")
         else:
             partial = f", partial saves every {i['partial_interval_s']:.3f} s" if i.get("partial_interval_s") else ""
             if i["how"] == "target PLS":
@@ -93,7 +93,17 @@ def print_intervals(rows: list[dict], cfg: dict) -> None:
                        f"{i['expected_pls']:.4f}")
             else:
                 why = "given"
-            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why}){_plan_note(i)}")
+            print(f"  {r['strategy']:<9} every {i['interval_s']:.3f} s{partial} ({why}){_plan_note(i)}{_store_note(r)}")
+
+
+def _store_note(row: dict) -> str:
+    """The checkpoint store's rate as the servers saw it: bytes written over the seconds their writes took."""
+    servers = [v for v in (row.get("stats") or {}).values() if isinstance(v, dict)]
+    written = sum(v.get("bytes_written", 0) for v in servers)
+    seconds = sum(v.get("persist_s_total", 0.0) for v in servers)
+    if not written or not seconds:
+        return ""
+    return f"; store {written / seconds / 1e6:.0f} MB/s per write ({written / 1e6:.0f} MB in {seconds:.2f} s)"
 
 
 def _plan_note(interval: dict) -> str:

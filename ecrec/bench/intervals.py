@@ -41,7 +41,8 @@ def full_interval_steps(o_save_s: float, mtbf_s: float, step_s: float, formula: 
     if not (step_s and step_s > 0 and math.isfinite(step_s)):
         raise ValueError(f"step_s must be finite and > 0, got {step_s!r}")
     seconds = overhead.optimal_full_interval(o_save_s, mtbf_s, formula, persist_s)
-    return max(1, int(round(seconds / step_s))), seconds
+    steps = max(1, int(round(seconds / step_s)), int(math.ceil(persist_s / step_s - 1e-9)))  # never below the persist
+    return steps, seconds
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,10 @@ def choose_interval(strategy: str, cfg: dict, records: list[dict], driver, tunin
     if full_only or driver.mode == "full":  # consistent cuts, driven by the worker every N steps
         if cfg["checkpoint_interval_steps"]:
             n = int(cfg["checkpoint_interval_steps"])
+            if driver.interval_steps != n:  # a cpr* run whose plan picked full: saved by steps from now on
+                driver.set_interval_steps(n)
             return {"strategy": strategy, "how": "given", "interval_steps": n, "interval_s": n * step_s,
-                    "step_s": step_s}
+                    "step_s": step_s, **plan}
         o_save, persist = driver.o_save_s, driver.o_persist_s
         n, seconds = full_interval_steps(o_save, cfg["mtbf_s"], step_s, "daly", persist)
         driver.set_interval_steps(n)
@@ -284,7 +287,10 @@ def choose_interval(strategy: str, cfg: dict, records: list[dict], driver, tunin
     if tuning is not None and strategy in tuning:
         tuned = tuning[strategy]
         info.update(tuned.to_dict(), how=f"equal PLS ({how} for cpr)", step_s=step_s)
-        replies = driver.configure(interval_s=tuned.interval_s)  # a replacement gets it too, at once
+        if tuned.interval_s < driver.o_persist_s:  # never below the persist time, as every interval
+            info.update(interval_s=driver.o_persist_s, partial_interval_s=driver.o_persist_s / PARTIALS_PER_INTERVAL,
+                        raised_to_persist=True)
+        replies = driver.configure(interval_s=info["interval_s"])  # a replacement gets it too, at once
         info["servers_interval_s"] = sorted({round(r["interval_s"], 9) for r in replies.values()})
         info["servers_partial_interval_s"] = sorted({round(r["partial_interval_s"], 9) for r in replies.values()
                                                      if r["partial_interval_s"] is not None})

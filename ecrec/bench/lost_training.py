@@ -21,8 +21,10 @@ beyond the failure-free speed (rebuilds competing with training).
 
 *Failure phases.*  A checkpointing strategy loses what it did since its last save, so where a
 failure falls in the checkpoint interval decides its cost.  :func:`failure_phases` spreads
-``n`` failures over one interval at the midpoints of ``n`` equal parts: their mean phase is
-exactly one half, and a cost linear in the phase averages to its expected value.
+``n`` failures over one interval, one in each of ``n`` equal parts: at their midpoints, or (with a
+seed, as ``compare`` runs them) at points drawn in mirrored pairs ``x``, ``1 - x`` and kept off the
+grid of the partial saves.  Either way their mean phase is exactly one half, so a cost linear in the
+phase averages to its expected value.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ BACK_TO_SPEED_SLACK = 1.25
 
 
 def failure_phases(count: int, seed: int | None = None, avoid: int = 0, margin: float = 0.02) -> list[float]:
-    """``count`` points of one checkpoint interval, as fractions of it: midpoints of equal parts.
+    """``count`` points of one checkpoint interval, as fractions of it, one in each of ``count`` equal parts;
+    their mean is exactly one half.
 
-    With ``seed``: one point drawn uniformly in each of the ``count`` equal parts (stratified, so their mean
-    stays near one half), then moved at least ``margin`` away from every multiple of ``1 / avoid`` (the
-    partial saves of ``avoid`` per interval), so that no failure meets a save at the same instant.
+    Without ``seed``: the midpoints ``(i + 0.5) / count``.  With ``seed``: the first half drawn uniformly in
+    their parts and the second half their mirror images ``1 - x`` (the middle one of an odd count at one half),
+    all at least ``margin`` from every multiple of ``1 / avoid`` (the partial saves, ``avoid`` per interval) so
+    that no failure meets a save at the same instant.  The middle one, when one half is on that grid, moves to
+    ``0.5 + margin`` and the mirror of the first point ``margin`` earlier, which keeps the mean.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of failures must be an integer >= 1, got {count!r}")
@@ -51,17 +56,26 @@ def failure_phases(count: int, seed: int | None = None, avoid: int = 0, margin: 
         return [(i + 0.5) / count for i in range(count)]
     if isinstance(avoid, bool) or not isinstance(avoid, int) or avoid < 0:
         raise ValueError(f"avoid must be an integer >= 0, got {avoid!r}")
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and 0 <= margin < 0.5 / count):
+        raise ValueError(f"margin must be in [0, {0.5 / count:g}) for {count} failures, got {margin!r}")
+
+    def off_grid(x: float) -> bool:
+        return not avoid or min(abs(x - k / avoid) for k in range(avoid + 1)) >= margin - 1e-12
+
     rng = np.random.default_rng(seed)
-    phases = []
-    for i in range(count):
-        lo, hi = i / count + margin, (i + 1) / count - margin
-        x = float(rng.uniform(lo, hi)) if hi > lo else (i + 0.5) / count
-        if avoid:
-            grid = round(x * avoid) / avoid
-            if abs(x - grid) < margin:  # onto the nearer side of the save, inside this part when it can be
-                x = grid + margin if grid + margin <= hi or grid - margin < lo else grid - margin
-        phases.append(min(max(x, 0.0), 1.0 - 1e-9))
-    return phases
+    half = count // 2
+    for _ in range(10_000):
+        first = [float(rng.uniform(i / count + margin, (i + 1) / count - margin)) for i in range(half)]
+        phases = first + ([0.5] if count % 2 else []) + [1.0 - x for x in reversed(first)]
+        if count % 2 and not off_grid(0.5):
+            if not half:  # one failure, and one half is a save: the nearest point off the grid
+                return [0.5 + margin]
+            phases[half] = 0.5 + margin
+            phases[-1] -= margin  # the mirror of the first point: the mean stays one half
+        inside = all(i / count <= x < (i + 1) / count for i, x in enumerate(phases))
+        if inside and all(off_grid(x) for x in phases):
+            return phases
+    raise ValueError(f"no {count} failure phases at least {margin} from every 1/{avoid} of the interval")
 
 
 def useful_mask(records: list[dict]) -> np.ndarray:
