@@ -192,6 +192,10 @@ class CheckpointDriver:
         # sample-weighted accounting (module docstring): per step (time, counters after it, ids and lookups)
         self.sample_history_s = float(sample_history_s)
         self._samples_dropped = 0  # lookups of the steps no longer in the history (samples_acked: with the rest)
+        self._history_first = 0  # the number of the history's first entry (entries are numbered from the start)
+        # failures whose lost samples are counted later (settle): counting them at the failure would charge the
+        # benchmark's accounting to the strategy's recovery time
+        self._pending_samples: list[dict] = []
         self._step_s: float | None = None  # EWMA of the time between steps (the history's horizon in steps)
         self._last_step_at: float | None = None
         self.lost_samples: int | None = 0  # None once a failure's could not be counted
@@ -272,7 +276,7 @@ class CheckpointDriver:
             log.info("rows acknowledged to another worker: no dense copy, no sample-weighted loss count")
         self.dense_copy = None
         self.lost_samples = None
-        self._history.clear()
+        self._drop_history()
         self._acked(rows)
 
     def _acked(self, rows: int) -> None:
@@ -395,7 +399,7 @@ class CheckpointDriver:
             # cannot be counted exactly, so they are not counted at all
             log.info("sample-weighted PLS off: a step acknowledged rows this worker did not look up")
             self.lost_samples = None
-            self._history.clear()
+            self._drop_history()
             return
         for i, rows in (result.get("rows_by_server") or {}).items():
             self._counter_by_server[int(i)] = self._counter_by_server.get(int(i), 0) + int(rows)
@@ -406,8 +410,16 @@ class CheckpointDriver:
         self._last_step_at = now
         self._history.append((now, dict(self._counter_by_server), lookups))  # the client's fresh arrays, kept as is
         keep = self._history_horizon_steps()
-        while len(self._history) > keep:
+        if len(self._history) > keep and self._pending_samples:
+            self.settle()  # a failure's count needs the steps about to be dropped: counted now, long after it
+        while len(self._history) > keep and self._history:
             self._samples_dropped += sum(int(n.sum()) for _, n in self._history.popleft()[2].values())
+            self._history_first += 1
+
+    def _drop_history(self) -> None:
+        self._samples_dropped += sum(int(n.sum()) for h in self._history for _, n in h[2].values())
+        self._history_first += len(self._history)
+        self._history.clear()
 
     @property
     def samples_acked(self) -> int:
@@ -424,22 +436,39 @@ class CheckpointDriver:
         seconds = max(self.sample_history_s, 3.0 * float(interval or 0.0) + 10.0)
         return int(seconds / max(self._step_s or 0.001, 1e-4)) + 2
 
-    def _lost_samples(self, index: int, lost_updates: int) -> int | None:
+    def settle(self) -> None:
+        """Counts the lost samples of the failures seen so far (:meth:`report` and :meth:`pls_samples` call it;
+        ``after_step`` only when the history would otherwise drop the steps a count needs)."""
+        pending, self._pending_samples = self._pending_samples, []
+        for p in pending:
+            counted = None
+            if self.lost_samples is not None:
+                try:
+                    counted = self._lost_samples(p["index"], p["lost"], p["restored"], p["counter"],
+                                                 p["end"] - self._history_first)
+                except (KeyError, ValueError) as exc:  # reported as "not counted", never guessed
+                    log.warning("the lost samples of server %d could not be counted: %s", p["index"], exc)
+            p["event"].lost_samples = counted
+            self.lost_samples = None if counted is None or self.lost_samples is None else self.lost_samples + counted
+        if self.lost_samples is None:
+            self._drop_history()  # nothing more is counted: keep no history
+
+    def _lost_samples(self, index: int, lost_updates: int, restored: dict, counter_now: int, end: int) -> int | None:
         """The lookups of the updates server ``index``'s partial recovery lost, or None when they cannot be
-        counted exactly (checked against ``lost_updates``).  When counted, the history is rewritten to what the
-        replacement's state holds (the lost updates dropped, its counters renumbered), so that a later failure
-        of the same index, restoring the same base or a newer one, is counted against that state."""
-        restored = self.cluster.strategy_call("restored_rows", indices=[index])[index]
+        counted exactly (checked against ``lost_updates``): ``restored`` is what its replacement's restore put
+        back (``restored_rows``), ``counter_now`` its update counter when the failure was seen and ``end`` the
+        history's length then.  When counted, the history is rewritten to what the replacement's state holds
+        (the lost updates dropped, its counters renumbered), so that a later failure of the same index,
+        restoring the same base or a newer one, is counted against that state."""
         base = sum(int(v) for v in restored["base_row_updates"].values())
-        counter_now = self._counters_by_server()[index]
         restored_counter = base + sum(sum(r["counts"]) for r in restored["rows"].values())
         history = list(self._history)  # the same entries (their dicts are rewritten in place below)
         after = [h[1].get(index, 0) for h in history]
-        if base not in after:
+        if end < 1 or base not in after[:end]:
             return None  # the base was taken before the oldest step kept (or not at a step boundary)
         first = after.index(base) + 1
         applied_since = counter_now - restored_counter  # updates the replacement applied after its restore
-        last, acc = len(history), 0
+        last, acc = end, 0
         while acc < applied_since and last > first:
             last -= 1
             acc += after[last] - after[last - 1]
@@ -485,11 +514,13 @@ class CheckpointDriver:
             self._samples_dropped += int(n[~mask].sum())  # acknowledged all the same: samples_acked keeps them
             history[g][2][table] = (ids[mask], n[mask])
         counter = base
-        for g in range(first, len(history)):
+        for g in range(first, len(history)):  # the steps after the failure too: their increments stand
             counter += after[g] - after[g - 1] - lost_in.get(g, 0)
             history[g][1][index] = counter
+            if g == end - 1 and counter != counter_now:
+                return None
         self._counter_by_server[index] = counter
-        return lost_samples if counter == counter_now else None
+        return lost_samples
 
     def _on_failure(self, step: int) -> int | None:
         t0 = time.perf_counter()
@@ -505,15 +536,16 @@ class CheckpointDriver:
                                   "to this driver: route every worker's step result through after_step/add_acked")
         self._balance = counters
         self.lost_updates += lost
-        lost_samples: int | None = None
-        if len(indices) == 1 and self._history and self.lost_samples is not None:
-            try:
-                lost_samples = self._lost_samples(indices[0], lost)
-            except (ClusterError, KeyError, ValueError) as exc:  # reported as "not counted", never guessed
-                log.warning("the lost samples of server %d could not be counted: %s", indices[0], exc)
-        self.lost_samples = None if lost_samples is None or self.lost_samples is None else self.lost_samples + lost_samples
-        if self.lost_samples is None:
-            self._history.clear()  # nothing more is counted: keep no history
+        pending = None
+        if self.lost_samples is not None:
+            if len(indices) == 1 and self._history:  # what the count needs, read now; counted later (settle)
+                index = indices[0]
+                pending = {"index": index, "lost": lost, "end": self._history_first + len(self._history),
+                           "restored": self.cluster.strategy_call("restored_rows", indices=[index])[index],
+                           "counter": self._counters_by_server()[index]}
+            else:
+                self.lost_samples = None
+                self._drop_history()
         stats = self.cluster.strategy_call("stats", indices=indices)
         self.cluster.strategy_call("configure", self._configure_args(), indices=indices)
         dense = [d.name for d in self.cluster.map.dense if self.cluster.layout.dense_servers(d.name)[0] in indices]
@@ -521,9 +553,10 @@ class CheckpointDriver:
         self.cluster.pull_dense()
         event = FailureEvent(step, indices, "partial", lost_updates=lost,
                              dense_rolled_back=[n for n in dense if n not in kept], dense_kept=kept,
-                             lost_samples=lost_samples,
                              restored={i: stats[i]["restored"] for i in indices}, seconds=time.perf_counter() - t0)
         self.events.append(event)
+        if pending is not None:
+            self._pending_samples.append(dict(pending, event=event))
         log.warning("servers %s replaced after step %d: partial recovery, %d row updates lost (PLS so far %.3g)",
                     indices, step, lost, self.pls())
         return None
@@ -576,11 +609,13 @@ class CheckpointDriver:
     def pls_samples(self) -> float | None:
         """Sample-weighted PLS: lookups of the lost updates over those of every acknowledged update (None when a
         failure's could not be counted)."""
+        self.settle()
         if self.lost_samples is None or not self.samples_acked:
             return None
         return overhead.pls(self.lost_samples, self.samples_acked)
 
     def report(self) -> dict:
+        self.settle()
         return {
             "strategy": self.strategy, "mode": self.mode, "plan": self.plan.to_dict() if self.plan else None,
             "o_save_s": self.o_save_s, "o_load_s": self.o_load_s, "o_persist_s": self.o_persist_s, "interval_steps": self.interval_steps,

@@ -677,6 +677,9 @@ def test_the_lost_samples_weigh_each_lost_update_by_its_lookups(make_cluster, tm
         if step == 10:
             lc.kill(lc.pid_of_index(failed))
     [event] = driver.events
+    assert event.lost_samples is None and driver._pending_samples  # counted later, not in the recovery's time
+    report = driver.report()  # settles the count
+    assert report["failures"][0]["lost_samples"] == event.lost_samples is not None
     delta_ids = np.concatenate(read_delta_ids(str(tmp_path / "ckpt"), failed) or [np.zeros(0, np.int64)])
 
     def lookups(ids, rows):
