@@ -446,8 +446,9 @@ class CheckpointDriver:
                 try:
                     counted = self._lost_samples(p["index"], p["lost"], p["restored"], p["counter"],
                                                  p["end"] - self._history_first)
-                except (KeyError, ValueError) as exc:  # reported as "not counted", never guessed
-                    log.warning("the lost samples of server %d could not be counted: %s", p["index"], exc)
+                except Exception as exc:  # noqa: BLE001 - reported (logged, the count None), never guessed
+                    log.warning("the lost samples of server %d could not be counted: %s: %s", p["index"],
+                                type(exc).__name__, exc)
             p["event"].lost_samples = counted
             self.lost_samples = None if counted is None or self.lost_samples is None else self.lost_samples + counted
         if self.lost_samples is None:
@@ -529,7 +530,8 @@ class CheckpointDriver:
         self._addresses.update(self._live())
         if self.mode == "full":
             return self._rollback(step, indices, t0)
-        counters = self._server_counters()
+        by_server = self._counters_by_server()
+        counters = sum(by_server.values())
         lost = self._balance - counters
         if lost < 0:
             raise CheckpointError(f"servers reflect {counters} row updates but only {self._balance} were acknowledged "
@@ -542,7 +544,7 @@ class CheckpointDriver:
                 index = indices[0]
                 pending = {"index": index, "lost": lost, "end": self._history_first + len(self._history),
                            "restored": self.cluster.strategy_call("restored_rows", indices=[index])[index],
-                           "counter": self._counters_by_server()[index]}
+                           "counter": by_server[index]}
             else:
                 self.lost_samples = None
                 self._drop_history()
