@@ -201,6 +201,7 @@ class CheckpointDriver:
         self.lost_samples: int | None = 0  # None once a failure's could not be counted
         self._history: collections.deque = collections.deque()
         self._counter_by_server: dict[int, int] = {}
+        cluster.count_lookups = not self.full_only  # the client counts each id's lookups for the sample count
         #: partial recovery: the dense parameters are kept here and put back after a failure (None: not kept)
         self.dense_copy: DenseCopy | None = DenseCopy(cluster) if keep_dense and not self.full_only else None
 
@@ -234,6 +235,7 @@ class CheckpointDriver:
             self.cluster.strategy_call("configure", self._configure_args())
         if self.mode != "partial":
             self.dense_copy = None  # a full recovery rolls everything back to the cut: nothing to keep
+            self.cluster.count_lookups = False
         if self.dense_copy is not None:
             self.dense_copy.reload()
         self._started = True
@@ -417,6 +419,8 @@ class CheckpointDriver:
             self._history_first += 1
 
     def _drop_history(self) -> None:
+        if self.lost_samples is None:  # no count any more: the client need not count lookups either
+            self.cluster.count_lookups = False
         self._samples_dropped += sum(int(n.sum()) for h in self._history for _, n in h[2].values())
         self._history_first += len(self._history)
         self._history.clear()

@@ -122,28 +122,23 @@ def _byte_views(chunks: list):
             yield memoryview(c).cast("B")
 
 
-def _write_chunks(f, chunks: list) -> tuple[int, str]:
-    """Writes the chunks to ``f`` (None: only hashes them); returns ``(size, sha256 hex)``."""
-    h = hashlib.sha256()
+def _write_chunks(f, chunks: list, digest: bool = True) -> tuple[int, str | None]:
+    """Writes the chunks to ``f`` (None: only hashes them); returns ``(size, sha256 hex)`` (``digest=False``:
+    ``(size, None)``, nothing hashed)."""
+    h = hashlib.sha256() if digest else None
     size = 0
     for mv in _byte_views(chunks):
         if f is not None:
             f.write(mv)
-        h.update(mv)
+        if h is not None:
+            h.update(mv)
         size += mv.nbytes
-    return size, h.hexdigest()
+    return size, h.hexdigest() if h is not None else None
 
 
 def _hash_chunks(chunks: list) -> tuple[int, str]:
     return _write_chunks(None, chunks)
 
-
-def _write_plain(f, chunks: list) -> int:
-    size = 0
-    for mv in _byte_views(chunks):
-        f.write(mv)
-        size += mv.nbytes
-    return size
 
 
 class LocalStorage(Storage):
@@ -184,7 +179,7 @@ class LocalStorage(Storage):
         path = self._path(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "xb") as f:  # never over an existing file
-            out = _write_chunks(f, chunks) if digest else (_write_plain(f, chunks), None)
+            out = _write_chunks(f, chunks, digest)
             f.flush()
             os.fsync(f.fileno())
         return out
@@ -275,7 +270,7 @@ class FsspecStorage(Storage):
         if self.fs.exists(path):
             raise FileExistsError(f"{self.describe(rel)} exists; a checkpoint file is never written over")
         with self.fs.open(path, "wb") as f:
-            return _write_chunks(f, chunks) if digest else (_write_plain(f, chunks), None)
+            return _write_chunks(f, chunks, digest)
 
     def drop_cache(self, rel: str) -> None:
         from fsspec.implementations.local import LocalFileSystem

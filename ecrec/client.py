@@ -112,8 +112,10 @@ class Cluster:
         #: driver keeps the dense parameters from these (CPR keeps them on its trainers)
         self.last_dense_grads: dict[str, np.ndarray] = {}
         #: per table, the ids the last acknowledged step() updated and how many lookups of the batch each had
-        #: (what a sample-weighted count of lost updates weighs them by)
+        #: (what a sample-weighted count of lost updates weighs them by); counted only while ``count_lookups``
+        #: is set (a checkpoint driver sets it), so that the pull path pays nothing otherwise
         self.last_lookups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.count_lookups = False
         self._pending: list[_Pending] = []
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
@@ -593,7 +595,7 @@ class Cluster:
         for name, param in self._dense.items():
             if param.grad is None:
                 continue
-            dense_grads[name] = param.grad.detach().to(torch.float32).numpy().reshape(-1).copy()
+            dense_grads[name] = param.grad.detach().to(torch.float32).numpy().reshape(-1)  # grad is dropped below
             request_for(self.layout.dense_servers(name)[0]).dense.add(
                 name=name, value=transport.floats_to_bytes(dense_grads[name]))
             param.grad = None
@@ -971,7 +973,8 @@ def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
         r = rows[name]
         if torch.is_grad_enabled():
             r.requires_grad_(True)
-            lookups = torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
+            lookups = (torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
+                       if cluster.count_lookups else None)
             cluster._record(name, unique.numpy().astype(np.int64), r, lookups)
         outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=table_mode,
                                                          per_sample_weights=per_sample_weights))

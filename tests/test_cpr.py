@@ -150,10 +150,9 @@ def test_full_failure_equals_failure_free_replay(make_cluster, tmp_path):
 
 # --- cpr, cpr-mfu, cpr-ssu: partial recovery, exact loss ---------------------------------------------------------
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("strategy", ["cpr", "cpr-mfu", "cpr-ssu"])
-def test_partial_recovery_exact(make_cluster, tmp_path, strategy):
-    root = str(tmp_path / "ckpt")
+def start_partial(make_cluster, strategy: str, root: str):
+    """Two servers and a standby of a ``cpr*`` strategy whose timers never fire (saves are commanded; MFU saves
+    a tenth of the rows, SSU samples 4), table ``t`` and a started driver."""
     options = {"dir": root, "interval_s": 3600}
     if strategy == "cpr-mfu":
         options.update(mfu_fraction=0.1, mfu_interval_s=3600)
@@ -163,6 +162,14 @@ def test_partial_recovery_exact(make_cluster, tmp_path, strategy):
     c, bag = connect(lc)
     driver = CheckpointDriver(c)
     driver.start(0)
+    return lc, c, bag, driver
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["cpr", "cpr-mfu", "cpr-ssu"])
+def test_partial_recovery_exact(make_cluster, tmp_path, strategy):
+    root = str(tmp_path / "ckpt")
+    lc, c, bag, driver = start_partial(make_cluster, strategy, root)
     assert driver.mode == "partial"
     batches = make_batches(16, seed=2, hot=3)
     failed = 1
@@ -652,13 +659,7 @@ def test_the_lost_samples_weigh_each_lost_update_by_its_lookups(make_cluster, tm
     """CPR's PLS counts lost *samples*.  Batches here look hot rows up several times; the driver's sample-weighted
     count equals the lookups of exactly the updates lost: the failed shard's updates since its base, minus those a
     delta put back (the first ones of each saved row), minus those applied after the restore."""
-    options = {"dir": str(tmp_path / "ckpt"), "interval_s": 3600}
-    if strategy == "cpr-mfu":
-        options.update(mfu_fraction=0.1, mfu_interval_s=3600)
-    lc = make_cluster(servers=2, standby=1, strategy=strategy, options=options, health_interval_s=0.2)
-    c, bag = connect(lc)
-    driver = CheckpointDriver(c)
-    driver.start(0)
+    lc, c, bag, driver = start_partial(make_cluster, strategy, str(tmp_path / "ckpt"))
     rng = np.random.default_rng(11)
     batches = []
     for _ in range(14):  # ids with repeats: the three hot rows are looked up 1-4 times per batch
