@@ -291,7 +291,7 @@ class ServerState:
         self._proof = ""  # this server's ecrec-caller-proof (set with the server key)
         self._refresh_lock = threading.Lock()
         self._refreshed_at = float("-inf")  # when a caller's newer epoch last made this server fetch the map
-        self._fetched_at = float("-inf")  # ... and when such a fetch last succeeded
+        self._fetched_at = float("-inf")  # ... and when the last such fetch that succeeded began
 
     def set_server_key(self, key: bytes) -> None:
         """The cluster's server key (the coordinator's Register reply): what this server seals batches and
@@ -348,22 +348,26 @@ class ServerState:
 
     def catch_up(self, caller_epoch: int) -> None:
         """A caller names map epoch ``caller_epoch``, newer than this server's: fetches the coordinator's map, at
-        most once per ``map_refresh_interval_s`` (callers that come meanwhile go on with the map held: the lease
-        fences a replaced server anyway).  An epoch above any the coordinator issued -- above its map fetched
-        within that interval (every map a server or client sees was recorded by the coordinator first, a
-        promotion's included) -- is refused with ``InvalidRequest``: it would make every call ask the
-        coordinator again."""
+        most once per ``map_refresh_interval_s`` (a caller that comes within the interval waits out its rest, so
+        concurrent callers share one fetch).  The epoch is refused with ``InvalidRequest`` only when a fetch that
+        began after this call arrived still shows an older map (every map a server or client sees was recorded
+        by the coordinator first, a promotion's included): a map fetched before the call arrived proves nothing,
+        the coordinator may have issued the caller's epoch since.  With the coordinator unreachable the call goes
+        on with the map held (the lease fences a replaced server anyway)."""
         interval = self.config.map_refresh_interval_s
+        arrived = time.monotonic()
         with self._refresh_lock:
-            now = time.monotonic()
-            if caller_epoch <= self.epoch:
-                return
-            if now - self._refreshed_at >= interval:
-                self._refreshed_at = now
-                if self.refresh_map():
-                    self._fetched_at = now
-            fetched_recently = now - self._fetched_at < interval
-        if fetched_recently and caller_epoch > self.epoch:
+            while caller_epoch > self.epoch and self._fetched_at < arrived:
+                wait = self._refreshed_at + interval - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                started = time.monotonic()
+                self._refreshed_at = started
+                if not self.refresh_map():
+                    return
+                self._fetched_at = started
+            definitive = self._fetched_at >= arrived
+        if definitive and caller_epoch > self.epoch:
             raise errors.InvalidRequest(f"map epoch {caller_epoch} was never issued (the coordinator's is "
                                         f"{self.epoch}); refused")
 

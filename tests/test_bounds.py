@@ -18,7 +18,7 @@ import pytest
 from ecrec import transport
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
 from test_parity_trust import refused
-from test_safety import ROWS, assert_counts, counting_push, start
+from test_safety import DIM, ROWS, assert_counts, counting_push, start
 
 pytestmark = pytest.mark.cluster
 
@@ -143,5 +143,26 @@ def test_an_epoch_never_issued_is_refused(make_cluster):
     for _ in range(50):
         refused(lambda: stub.Pull(request, timeout=30), IA, "never issued")
     assert time.monotonic() - t0 < 20
+    counting_push(client, np.arange(ROWS))
+    assert_counts(client, initial, np.ones(ROWS))
+
+
+def test_an_epoch_issued_after_the_servers_last_fetch_is_accepted(make_cluster):
+    """A server that fetched the map moments ago (a caller's newer epoch made it) is not the judge of a newer
+    epoch still: the coordinator may have issued it since.  With the refresh interval at 3 s, a table created
+    right after such a fetch is written at once at its new epoch (the server waits out the interval and fetches
+    again) -- while an epoch no map holds is still refused."""
+    local, client, initial = start(make_cluster, servers=3, server_options={"map_refresh_interval_s": 3.0})
+    stub, mine = stub_of(client, 0), owned(client, 0)
+    forged = embedding_pb2.PullRequest(epoch=1 << 62, tables=[embedding_pb2.TableIds(
+        table="t", ids=transport.ids_to_bytes(mine[:2].astype(np.int64)))])
+    refused(lambda: stub.Pull(forged, timeout=30), IA, "never issued")  # every server fetched just now? server 0 did
+    for index in (1, 2):
+        refused(lambda: stub_of(client, index).Pull(forged, timeout=30), IA, "never issued")
+    client.create_table("fresh", 64, DIM, optimizer="sgd", lr=1.0, init="zeros")  # a new epoch, within the 3 s
+    values = np.arange(64 * DIM, dtype=np.float32).reshape(64, DIM)
+    client.write_rows("fresh", np.arange(64), values)  # a push at the new epoch to every server
+    np.testing.assert_array_equal(client.pull("fresh", np.arange(64)).numpy(), values)
+    refused(lambda: stub.Pull(forged, timeout=30), IA, "never issued")
     counting_push(client, np.arange(ROWS))
     assert_counts(client, initial, np.ones(ROWS))
