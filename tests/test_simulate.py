@@ -494,3 +494,34 @@ def test_cli_basis_overhead_keeps_the_earlier_model(tmp_path):
     assert row["strategies"]["ecrec"]["overhead"] >= simulate.DEFAULTS["parity_overhead"][0]
     assert cli.main(["simulate", "--servers", "2", "--k", "2", "--m", "1"]) == 2
     assert cli.main(["simulate", "--from-results", str(tmp_path / "nowhere")]) == 2
+
+
+def test_the_save_fits_take_one_checkpoint_layout(tmp_path):
+    """Packed saves (files=one) are a different cost: the per-table fits leave them out (ECRec's inputs still take
+    those reports), and a fit of the packed layout alone needs two sizes."""
+    assert simulate.checkpoint_layout({"checkpoint_files": "one"}) == "one"
+    assert simulate.checkpoint_layout({"option": ["interval_s=2", "files=one"]}) == "one"
+    assert simulate.checkpoint_layout({}) == "per-table"
+    import shutil
+    for p in RESULTS.glob("*.json"):
+        if "realistic" not in p.name:
+            shutil.copy(p, tmp_path / p.name)
+    without, fits_without = simulate.measured_results(tmp_path)
+    found, fits = simulate.measured_results(RESULTS)
+    assert {"compare-realistic.json", "compare-realistic-run1.json"} <= set(fits["files"]["other checkpoint layout"])
+    for key in ("save", "stall", "load"):
+        assert fits[key]["points"] == fits_without[key]["points"], key
+        assert not any("realistic" in p[2] for p in fits[key]["points"])
+    assert any("realistic" in p[2] for p in fits["rebuild"]["points"])  # ECRec's rebuilds do not depend on it
+    assert len(fits["parity"]["samples"]) > len(fits_without["parity"]["samples"])
+    packed, fits_packed = simulate.measured_results(RESULTS, layout="one")
+    assert "error" in fits_packed["save"] and "save_fit_bytes_per_s" not in packed  # 5.2 MB only: not fitted
+    assert all("realistic" in p[2] for p in fits_packed["save"]["points"])
+
+
+def test_a_fit_over_sizes_a_few_per_cent_apart_is_refused():
+    with pytest.raises(ValueError, match=r"two sizes a factor 2 or more apart.*5.2-5.3 MB"):
+        simulate.fit_latency_bandwidth([(5.2e6, 0.03), (5.25e6, 0.04), (5.3e6, 0.035)])
+    with pytest.raises(ValueError, match="got none"):
+        simulate.fit_latency_bandwidth([])
+    assert simulate.fit_latency_bandwidth([(5e6, 0.1), (10e6, 0.15)])["bytes_per_s"] == pytest.approx(1e8)

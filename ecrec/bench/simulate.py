@@ -112,7 +112,9 @@ class Input:
 # `ecrec-bench simulate --from-results ecrec/bench/results --json OUT` (see :func:`measured_results`, which
 # says how each is measured; `tests/test_simulate.py` checks that these values still equal what those files
 # give).  The files: the current compare reports (paired rounds) compare-quick.json (`--preset quick
-# --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad) and compare-movielens.json;
+# --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad), compare-movielens.json and
+# compare-realistic.json / compare-realistic-run1.json (`--preset realistic`; packed checkpoints, so their saves
+# are left out of the per-table save, stall and load fits: FIT_LAYOUT);
 # recovery-default.json (400k x 64 rows), recovery-4m-idle.json and recovery-4m-training.json (4M x 64 rows,
 # 2.05 GB), snapshot-4m.json.  compare-quick-run1.json (no paired rounds, a machine at load 30-48) is left out.
 # The legacy overhead basis (`--basis overhead`: `{full,cpr,mfu,ssu}_save_bytes_per_s`, `parity_overhead`)
@@ -139,21 +141,23 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                              "stall 135.4 ms per save"),
     "load_bytes_per_s": (476.4e6, "bytes/s per server",
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
-    "reschedule_s": (0.1918, "s", f"{_RES}: median promotion_s of none in 4 runs (kill -> a local standby serving); "
+    "reschedule_s": (0.09859, "s", f"{_RES}: median promotion_s of none in 6 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
-    "parity_overhead": (0.07782, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (201.8e6, "bytes/s per server",
-                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 7 points "
+    "parity_overhead": (0.09047, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
+    "rebuild_bytes_per_s": (200.6e6, "bytes/s per server",
+                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 9 points "
                             "(0.15-768 MB, 3 of them while training; with rebuild_latency_s)"),
     "recovery_throughput_ratio": (0.4052, "fraction", f"{_RES}: median of ECRec's useful throughput while "
-                                                      "recovering in 3 runs (0.26, 0.41, 0.45)"),
+                                                      "recovering in 5 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
-    "mfu_save_fraction": (0.02247, "fraction", f"f, {_QUICK}: cpr-mfu stats, 308,256 rows in 343 partial saves of "
-                                               "40,000-row shards"),
+    "mfu_save_fraction": (0.04994, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
+                                               "of 40,000-row shards (quick 0.0225, realistic-run1 0.0500, "
+                                               "realistic 0.0499)"),
     "mfu_update_coverage": (0.6701, "fraction", f"h, {_QUICK} (modelled): cpr-mfu's equal-PLS replay leaves "
                                                 "g = 0.497 of cpr's updates unsaved; h = (1 - g) / (1 - 1/r)"),
-    "ssu_save_fraction": (0.06992, "fraction", f"f, {_QUICK}: cpr-ssu stats, 548,165 rows in 196 partial saves"),
+    "ssu_save_fraction": (0.1035, "fraction", "f: the same median for cpr-ssu (quick 0.0699, realistic-run1 0.1035, "
+                                              "realistic 0.1037)"),
     "ssu_update_coverage": (1.0, "fraction", f"h, {_QUICK} (modelled): cpr-ssu's replay gives g = 0.239, below 1/r: "
                                              "h clamped to 1"),
     # --- the fit basis (issue 24) ---
@@ -163,13 +167,13 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3743, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
-    "parity_s_per_update": (11.99e-6, "s per row update",
-                            f"{_RES}: pooled median of 25 paired measurements (compare-quick 12 rounds, "
-                            "compare-movielens 12 rounds, recovery-4m-training) of slowdown x step / row updates per "
-                            "server per step; 95 % interval -0.5 to +29.6 us"),
-    "updates_per_server_s": (6489.0, "row updates/s per server", f"{_RES}: median row-update rate per server of those "
-                                                                 "3 runs (4,016, 6,489, 25,130)"),
+    "rebuild_latency_s": (0.3588, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "parity_s_per_update": (6.549e-6, "s per row update",
+                            f"{_RES}: pooled median of 49 paired measurements (the 12 rounds of each of compare-quick, "
+                            "compare-movielens, compare-realistic, compare-realistic-run1, and recovery-4m-training) of "
+                            "slowdown x step / row updates per server per step; 95 % interval +4.6 to +11.4 us"),
+    "updates_per_server_s": (13814.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
+                                                                  "those 5 runs"),
     "snapshot_bytes_per_s": (48.00e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB over 4 servers in 10.67 s"),
     "snapshot_restore_bytes_per_s": (39.08e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB onto 3 servers in "
                                                                     "17.47 s"),
@@ -683,14 +687,16 @@ def fit_latency_bandwidth(points, relative: bool = True) -> dict:
     ``relative`` weighs each point by ``1 / seconds**2`` (the relative error is minimised), so a small save
     (mostly fixed latency) and a large one (mostly bandwidth) both count; plain least squares is dominated
     by the largest points.  A negative latency is clamped to 0 and the bandwidth refitted through the
-    origin.  Needs two distinct sizes.  Returns ``latency_s``, ``bytes_per_s``, ``points`` (sorted),
+    origin.  Needs sizes at least a factor 2 apart (sizes a few per cent apart fit only noise).  Returns ``latency_s``, ``bytes_per_s``, ``points`` (sorted),
     ``rms_relative_residual`` and ``method``.
     """
     pts = sorted((float(b), float(s)) for b, s in points)
     if any(not (math.isfinite(b) and math.isfinite(s)) or b < 0 or s <= 0 for b, s in pts):
         raise ValueError("fit points need bytes >= 0 and seconds > 0")
-    if len({b for b, _ in pts}) < 2:
-        raise ValueError(f"a latency + bandwidth fit needs saves of at least two sizes, got {len(pts)} point(s)")
+    if len({b for b, _ in pts}) < 2 or pts[-1][0] < 2 * pts[0][0]:
+        raise ValueError(f"a latency + bandwidth fit needs saves of at least two sizes a factor 2 or more apart, got "
+                         f"{len(pts)} point(s) of {pts[0][0] / MB:.4g}-{pts[-1][0] / MB:.4g} MB" if pts else
+                         "a latency + bandwidth fit needs saves of at least two sizes, got none")
     w = [1.0 / (s * s) if relative else 1.0 for _, s in pts]
     sw = sum(w)
     sx = sum(wi * b for wi, (b, _) in zip(w, pts))
@@ -737,7 +743,22 @@ def _bootstrap_median_ci(xs: list[float], rounds: int = 2000, seed: int = 0) -> 
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
-def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
+#: the checkpoint layout whose saves the save, stall and load fits take (the cpr plugin's default, ``files``)
+FIT_LAYOUT = "per-table"
+
+
+def checkpoint_layout(config: dict) -> str:
+    """The checkpoint layout a report's saves used: ``checkpoint_files`` (compare), a ``files=`` option
+    (recovery's ``--option``), else ``per-table`` (the default, and the only layout before the option)."""
+    if config.get("checkpoint_files"):
+        return str(config["checkpoint_files"])
+    for opt in config.get("option") or []:
+        if isinstance(opt, str) and opt.startswith("files="):
+            return opt.split("=", 1)[1]
+    return "per-table"
+
+
+def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, Input], dict]:
     """Every input this model can take from the result files of ``results_dir`` (``ecrec-bench`` JSONs).
 
     - ``save_latency_s`` / ``save_fit_bytes_per_s``: :func:`fit_latency_bandwidth` over the persisted saves of
@@ -760,6 +781,11 @@ def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
     - MFU/SSU save fractions and update coverage: :func:`inputs_from_compare` of the current compare reports
       (median over reports).
 
+    The save, stall and load fits take the saves of one checkpoint ``layout`` only (:func:`checkpoint_layout`;
+    default ``per-table``, the layout measured at every size): a packed save (``files=one``: one file, one
+    fsync) costs a different latency and bandwidth, and a fit over both layouts describes neither.  The reports
+    of another layout are listed in ``fits["files"]["other checkpoint layout"]`` and still give ECRec's inputs.
+
     Returns ``(inputs, fits)``; ``fits`` holds each fit with its points and the pooled parity samples.
     """
     import glob
@@ -775,15 +801,18 @@ def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
     snapshots = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "snapshot"}
     fits["files"] = {"compare (current: paired rounds)": sorted(compares), "recovery": sorted(recoveries),
                      "snapshot": sorted(snapshots),
-                     "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares)}
+                     "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares),
+                     "other checkpoint layout": sorted(k for k, v in {**compares, **recoveries}.items()
+                                                       if checkpoint_layout(v.get("config") or {}) != layout)}
 
     write, stall, load, rebuild = [], [], [], []
     for name, rep in recoveries.items():
         cfg = rep.get("config") or {}
+        same_layout = checkpoint_layout(cfg) == layout
         servers = _num(cfg.get("servers")) or 0
         k, m = _num(cfg.get("k")) or 0, _num(cfg.get("m")) or 0
         st = rep.get("strategies") or {}
-        for s in ("full", "cpr"):
+        for s in ("full", "cpr") if same_layout else ():
             row = st.get(s) or {}
             w, b = _num(row.get("checkpoint_write_s")), _num(row.get("checkpoint_bytes"))
             if w and b and servers:
@@ -793,7 +822,7 @@ def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
                 stall.append((mb / servers, o, f"{name} {s} o_save_s"))
         cpr = st.get("cpr") or {}
         r, rb = _num(cpr.get("reload_s")), _num(cpr.get("restored_bytes"))
-        if r and rb:
+        if r and rb and same_layout:
             load.append((rb, r, f"{name} cpr reload"))
         ec = st.get("ecrec") or {}
         r, rb = _num(ec.get("rebuild_s")), _num(ec.get("restored_bytes"))
@@ -811,7 +840,7 @@ def measured_results(results_dir) -> tuple[dict[str, Input], dict]:
         dim = _num(cfg.get("embedding_dim"))
         shard = compare_shard_bytes(cfg)
         k, m = _num(cfg.get("k")) or 0, _num(cfg.get("m")) or 0
-        for s in ("full", "cpr"):
+        for s in ("full", "cpr") if checkpoint_layout(cfg) == layout else ():
             for sid, x in ((st.get(s) or {}).get("stats") or {}).items():
                 if not isinstance(x, dict) or x.get("partial_saves"):
                     continue
