@@ -59,11 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     lo = sub.add_parser("local", help="start a coordinator and N servers on this machine; Ctrl-C stops them all",
                         description="Start a coordinator and N servers on this machine; Ctrl-C stops them all.",
-                        epilog="example: ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1")
+                        epilog="examples:\n  ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1\n"
+                               "  ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1 --store etcd "
+                               "--coordinators 2 --etcd-members 3",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.add_argument("--standby", type=int, default=0, help="spare servers (default 0)")
     lo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     lo.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where parity kernels run (default cpu)")
     lo.add_argument("--state-path", default=None, help="file where the coordinator persists the map")
+    lo.add_argument("--store", choices=["file", "etcd"], default="file",
+                    help="file (default: --state-path, else memory) or etcd: start a real etcd here (the etcd binary: "
+                         "Debian's etcd-server, or $ECREC_ETCD) and keep the map there")
+    lo.add_argument("--coordinators", type=int, default=1,
+                    help="coordinators on the etcd store (one leads, the others take over; default 1)")
+    lo.add_argument("--etcd-members", type=int, default=1, help="etcd members with --store etcd (default 1; 3 "
+                                                                "survive the loss of one)")
     lo.add_argument("--token-file", default=None,
                     help="shared secret every process checks on every call (ecrec.security); clients pass the same "
                          "file as ClientConfig(token_file=...)")
@@ -293,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             log_level=args.log_level, log_format=args.log_format, metrics_port=args.metrics_port,
             server_security={"token_file": args.token_file} if args.token_file else {},
             coordinator_options={"restore": args.restore} if args.restore else {},
+            store=args.store, coordinators=args.coordinators, etcd_members=args.etcd_members,
         ))
         cluster.start()
-    except (RuntimeError, TimeoutError, ValueError) as exc:
+    except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
         print(f"ecrec-server local: {exc}", file=sys.stderr)
         return 2
     print(f"coordinator at {cluster.coordinator_address} ({args.num_servers} servers, {args.standby} standby, "

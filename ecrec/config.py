@@ -148,6 +148,12 @@ class CoordinatorConfig(SecurityOptions):
     create_timeout_s: float = option(600.0, "deadline of creating a table or dense tensor on the servers (initial "
                                             "values and parity of a large table take a while)")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
+    store: str | None = option(None, "where the map is kept: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (one etcd key "
+                                     "written by compare-and-swap; run two or more coordinators on it, one leads; "
+                                     "TLS to etcd with --tls-ca/--tls-cert/--tls-key when they are set) or "
+                                     "file://PATH (= --state-path); default: --state-path, else memory only")
+    election_ttl_s: int = option(3, "with an etcd store: the TTL in seconds of the leader's etcd lease (a follower "
+                                    "takes over within it after the leader dies; at least 2)")
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free port; default off)")
     restore: str | None = option(None, "once every index has a server, restore this snapshot (a directory or fsspec "
                                        "URL written by `ecrec-server snapshot` or Cluster.save) onto the cluster, "

@@ -13,9 +13,13 @@ declared failed when a connection to it is refused (the process is gone) or when
 triggers a check).  Its replacement is promoted once it is surely not serving: at once when its process
 is gone, else only after its lease has run out.  A promotion is recorded before the standby hears of it (its
 entry ``PROMOTING`` at the index; the ``Promote`` carries that recorded map), runs on its own thread with a
-deadline, and skips a standby that stops answering health checks meanwhile.  With ``state_path`` the map and
-promotions in progress are persisted (atomically), so a restarted coordinator keeps them and finishes the
-promotions.  ``RECOVERING`` servers are asked for their state until they report full redundancy.
+deadline, and skips a standby that stops answering health checks meanwhile.  The map and promotions in
+progress are kept in a store (``ecrec.state_store``): with ``state_path`` a local file written atomically, so a
+restarted coordinator keeps them and finishes the promotions; with ``--store etcd://...`` one etcd key written by
+compare-and-swap, shared by several coordinators of which one leads (elected through etcd) and the others
+answer ``GetClusterMap`` from etcd and send every other call to the leader (UNAVAILABLE naming it).  A change
+the store did not record is rolled back and not acted on.  ``RECOVERING`` servers are asked for their state
+until they report full redundancy.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import heapq
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -35,6 +38,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ecrec import faults, seal, transport
 from ecrec.config import CoordinatorConfig
+from ecrec.etcd import EtcdTLS
+from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
 from ecrec.layout import Layout
 from ecrec.strategies import get_spec
 from ecrec.tables import DenseSpec, TableSpec
@@ -108,14 +113,25 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         )
         self.map.strategy_options.update({str(a): str(b) for a, b in options.items()})
         self.server_key = seal.new_key()  # servers seal what workers carry with it (ecrec.seal); never in the map
-        if config.state_path and os.path.exists(config.state_path):
-            self._load(config.state_path)
+        self._initial = cluster_pb2.ClusterMap()
+        self._initial.CopyFrom(self.map)
+        self._saved = b""  # the state the store holds (serialized): a change it refused is rolled back to this
+        #: set while this coordinator leads (always with a file store; with etcd once elected)
+        self.leading = threading.Event()
+        kind, store_args = parse_store(config.store)  # raises ValueError naming a bad --store
+        if kind == "etcd" and config.state_path:
+            raise ValueError("--store etcd://... and --state-path both name where the map is kept: choose one")
+        if kind == "etcd" and config.election_ttl_s < 2:
+            raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
+        self._store_args = store_args if kind == "etcd" else None
+        path = store_args.get("path") or config.state_path
+        self.store = FileStore(path)
+        if path and os.path.exists(path):
+            self._load(self.store.load(), path)
+        self._saved = self._state_locked().SerializeToString()
 
     # --- persistence -----------------------------------------------------------------------------
-    def _load(self, path: str) -> None:
-        state = coordinator_pb2.CoordinatorState()
-        with open(path, "rb") as f:
-            state.ParseFromString(f.read())
+    def _load(self, state: coordinator_pb2.CoordinatorState, path: str) -> None:
         saved = state.map
         if (saved.num_servers, saved.strategy, saved.k, saved.m) != (self.map.num_servers, self.map.strategy, self.map.k, self.map.m):
             raise ValueError(
@@ -136,20 +152,68 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._leases[s.server_id] = now + self.config.lease_s
         log.info("restored the cluster map from %s (epoch %d, %d tables)", path, self.map.epoch, len(self.map.tables))
 
+    def take_over(self, store) -> cluster_pb2.ClusterMap:
+        """This coordinator was elected through ``store`` (etcd): adopts the state it holds (a fresh map when
+        there is none yet), records it with a new epoch, and leads.  Raises what the store raises; then it
+        does not lead."""
+        with self._lock:
+            self.store = store
+            state = store.load()
+            self.map.CopyFrom(self._initial)
+            self._dense.clear()
+            self._promoting.clear()
+            self._lost_stripes.clear()
+            self._handles.clear()
+            self._gone.clear()
+            self._wanted.clear()
+            self._leases.clear()
+            if state is not None:
+                self._load(state, store.describe())
+                self._saved = state.SerializeToString()
+            else:
+                self._saved = self._state_locked().SerializeToString()
+            self.leading.set()
+            try:
+                snapshot = self._bump_locked()
+            except BaseException:
+                self.leading.clear()
+                raise
+        return snapshot
+
+    def step_down(self, why: str) -> None:
+        """This coordinator no longer leads (its etcd lease is gone): it changes nothing from now on."""
+        with self._lock:
+            if self.leading.is_set():
+                log.error("coordinator steps down: %s", why)
+            self.leading.clear()
+
+    def _state_locked(self) -> coordinator_pb2.CoordinatorState:
+        return coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()),
+                                                promoting=list(self._promoting.values()), server_key=self.server_key)
+
     def _save_locked(self) -> None:
-        path = self.config.state_path
-        if not path:
-            return
-        state = coordinator_pb2.CoordinatorState(map=self.map, dense=list(self._dense.values()),
-                                                 promoting=list(self._promoting.values()), server_key=self.server_key)
-        self.faults.hit("record_map")
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".coordinator-state-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(state.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        """Records the state in the store; when the store refuses it (not the leader, or unreachable) every change
+        since the last recorded state is rolled back and the error raised, so nothing unrecorded is acted on."""
+        state = self._state_locked()
+        try:
+            self.faults.hit("record_map")
+            if self.store.kind != "file" and not self.leading.is_set():
+                raise NotLeader("this coordinator does not lead")
+            self.store.save(state)
+        except (NotLeader, StoreUnavailable, OSError):
+            self._roll_back_locked()
+            raise
+        self._saved = state.SerializeToString()
+
+    def _roll_back_locked(self) -> None:
+        saved = coordinator_pb2.CoordinatorState.FromString(self._saved)
+        self.map.CopyFrom(saved.map)
+        self._dense.clear()
+        for d in saved.dense:
+            self._dense[d.spec.name] = d
+        self._promoting.clear()
+        for p in saved.promoting:
+            self._promoting[p.server_id] = p
 
     # --- map helpers (call with the lock held) -------------------------------------------------------
     def _handle(self, address: str) -> _ServerHandle:
@@ -657,6 +721,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._promote_wake.clear()
             if self._stop.is_set():
                 return
+            if not self.leading.is_set():
+                continue
             try:
                 self._promote_standbys()
             except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
@@ -670,6 +736,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if not self.leading.is_set():
+                continue
             with self._lock:
                 addresses = [s.address for s in self.map.servers if s.state != FAILED]
             try:
@@ -688,33 +756,107 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._rebroadcast()
 
     def start(self) -> "CoordinatorServer":
-        return CoordinatorServer(self)
+        if self._store_args is None:
+            return CoordinatorServer(self)
+        cfg, args = self.config, self._store_args
+        tls = EtcdTLS(cfg.tls_ca, cfg.tls_cert, cfg.tls_key) if cfg.tls_ca else None
+        me = f"{socket.gethostname()}-{os.getpid()}"
+        return CoordinatorServer(self, lambda address: EtcdStore(
+            args["endpoints"], args["prefix"], me=me, address=address, ttl_s=cfg.election_ttl_s,
+            timeout_s=min(cfg.health_timeout_s * 2, float(cfg.election_ttl_s) / 2), tls=tls))
+
+
+class _Guarded:
+    """The coordinator's RPCs as served: while it does not lead, every call but ``GetClusterMap`` is answered
+    UNAVAILABLE naming the leader (callers go on to the next coordinator), and ``GetClusterMap`` reads the map
+    from the store; a change the store refused (this coordinator was deposed, or the store is unreachable) is
+    answered UNAVAILABLE too, never with a map nobody recorded."""
+
+    def __init__(self, coordinator: Coordinator):
+        self._c = coordinator
+
+    def __getattr__(self, name: str):
+        method = getattr(self._c, name)
+        c = self._c
+
+        def guarded(request, context):
+            if not c.leading.is_set():
+                if name == "GetClusterMap" and c.store.kind != "file":
+                    try:
+                        state = c.store.peek()
+                    except StoreUnavailable as exc:
+                        context.abort(grpc.StatusCode.UNAVAILABLE, f"no coordinator leads and etcd cannot be read: {exc}")
+                    if state is not None:
+                        return state.map
+                leader = c.store.leader_address()
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              f"this coordinator does not lead; the leader is {leader or 'being elected'}; retry there")
+            try:
+                return method(request, context)
+            except (NotLeader, StoreUnavailable) as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"the change was not recorded: {exc}; retry")
+        return guarded
 
 
 class CoordinatorServer:
-    """Runs a :class:`Coordinator` behind a gRPC server with its health monitor."""
+    """Runs a :class:`Coordinator` behind a gRPC server with its health monitor.  With an etcd store it first
+    campaigns for the leadership (serving maps meanwhile), leads until it loses its lease, then campaigns
+    again."""
 
-    def __init__(self, coordinator: Coordinator):
+    def __init__(self, coordinator: Coordinator, store_factory=None):
         self.coordinator = coordinator
         config = coordinator.config
         self._grpc = transport.make_server(max_workers=16, security=config.security)
-        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, self._grpc)
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(_Guarded(coordinator), self._grpc)
         self.port = transport.bind(self._grpc, config.host, config.port, config.security)
         self.address = f"{config.host}:{self.port}"
-        self._grpc.start()
-        with coordinator._lock:
-            snapshot = coordinator._bump_locked()
-        coordinator._broadcast(snapshot)
+        self._leadership = None
+        if store_factory is not None:
+            coordinator.store = store_factory(self.address)
+            self._grpc.start()
+            self._leadership = threading.Thread(target=self._lead, name="ecrec-leadership", daemon=True)
+            self._leadership.start()
+        else:
+            self._grpc.start()
+            with coordinator._lock:
+                snapshot = coordinator._bump_locked()
+                coordinator.leading.set()
+            coordinator._broadcast(snapshot)
         self._monitor = threading.Thread(target=coordinator._monitor, name="ecrec-health-monitor", daemon=True)
         self._monitor.start()
         self._promoter = threading.Thread(target=coordinator._promoter, name="ecrec-promoter", daemon=True)
         self._promoter.start()
+
+    def _lead(self) -> None:
+        """Campaign, take over, lead until the lease is lost; again, until the coordinator stops."""
+        c = self.coordinator
+        store = c.store
+        while not c._stop.is_set():
+            if not store.campaign(c._stop):
+                return
+            try:
+                snapshot = c.take_over(store)
+            except (NotLeader, StoreUnavailable) as exc:
+                log.warning("elected, but could not take over: %s", exc)
+                store.resign()
+                c._stop.wait(0.5)
+                continue
+            log.info("leading the cluster from %s (epoch %d, %d servers, %d tables)", self.address, snapshot.epoch,
+                     len(snapshot.servers), len(snapshot.tables))
+            c._broadcast(snapshot)
+            c._wake.set()
+            c._promote_wake.set()
+            while not c._stop.is_set() and not store.lost.wait(0.2):
+                pass
+            c.step_down("its etcd lease is gone" if not c._stop.is_set() else "stopping")
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
 
     def stop(self, grace_s: float = 1.0) -> None:
         self.coordinator._stop.set()
+        self.coordinator.leading.clear()
+        self.coordinator.store.resign()
         self.coordinator._wake.set()
         self.coordinator._promote_wake.set()
         self._grpc.stop(grace_s).wait()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec import transport
+from ecrec.transport import free_port_outside_ephemeral_range
 from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -65,6 +66,11 @@ class LocalClusterSpec:
     coordinator_options: dict = field(default_factory=dict)
     #: more settings of every server as field name -> value (``no_standby_reserve``, ``rpc_timeout_s``, ...)
     server_options: dict = field(default_factory=dict)
+    #: where the coordinators keep the map: "file" (``state_path``, or memory) or "etcd" (a real etcd cluster of
+    #: ``etcd_members`` members started here, and ``coordinators`` coordinators on it, one leading)
+    store: str = "file"
+    coordinators: int = 1
+    etcd_members: int = 1
     coordinator_security: dict | None = None
     client_security: dict | None = None
 
@@ -81,8 +87,18 @@ class LocalCluster:
         if port is not None and not 1 <= port <= 65535 - 1 - self.spec.servers - self.spec.standby:
             raise ValueError(f"metrics port must leave room for {1 + self.spec.servers + self.spec.standby} "
                              f"consecutive ports in 1..65535, got {port}")
+        if self.spec.store not in ("file", "etcd"):
+            raise ValueError(f"store {self.spec.store!r}: choose file or etcd")
+        if self.spec.coordinators < 1 or (self.spec.coordinators > 1 and self.spec.store != "etcd"):
+            raise ValueError(f"{self.spec.coordinators} coordinators: more than one needs store='etcd' (they share "
+                             "the map through it)")
         self.coordinator_address: str | None = None
         self.coordinator_proc: subprocess.Popen | None = None
+        #: with an etcd store: every coordinator's address and process (coordinator_address names them all)
+        self.coordinator_addresses: list[str] = []
+        self.coordinator_procs: list[subprocess.Popen] = []
+        self.etcd = None  # ecrec.etcd_local.LocalEtcd with store="etcd"
+        self.etcd_prefix = ""
         self.server_procs: list[subprocess.Popen] = []
         self.old_coordinator_procs: list[subprocess.Popen] = []
         self._stderr: dict[int, collections.deque] = {}  # pid -> its last lines of stderr
@@ -133,14 +149,15 @@ class LocalCluster:
         from ecrec.config import ClientConfig
         return ClientConfig(**{**self.spec.security_of("client"), **overrides})
 
-    def _channel(self):
-        return transport.make_channel(self.coordinator_address, security=self.client_config().security)
+    def _stub(self):
+        from ecrec.peers import coordinator_stub
+        return coordinator_stub(self.coordinator_address, security=self.client_config().security)
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
         s = self.spec
         # a coordinator that may be restarted (state_path) must get its address back: take a port outside the
         # kernel's ephemeral range, which nothing else on this host is handed in the meantime
-        port = free_port_outside_ephemeral_range(s.host) if s.state_path else 0
+        port = free_port_outside_ephemeral_range(s.host) if s.state_path or s.store == "etcd" else 0
         args = ["coordinator", "--host", s.host, "--port", str(port), "--servers", str(s.servers),
                 "--strategy", s.strategy, "--health-interval", str(s.health_interval_s)]
         if s.k:
@@ -156,7 +173,10 @@ class LocalCluster:
         metrics = s.metrics_port is not None
         if metrics:
             args += ["--metrics-port", str(s.metrics_port)]
-        self.start_coordinator(args, timeout_s)
+        if s.store == "etcd":
+            self._start_etcd_control_plane(args, timeout_s)
+        else:
+            self.start_coordinator(args, timeout_s)
         for index in range(s.servers):  # each asks for its index, so per-index settings are deterministic
             self.start_server(index=index, env=s.server_env.get(index),
                               metrics_port=s.metrics_port + 1 + index if metrics else None)
@@ -165,6 +185,65 @@ class LocalCluster:
                               metrics_port=s.metrics_port + 1 + s.servers + n if metrics else None)
         self.wait_ready(timeout_s)
         return self
+
+    def _start_etcd_control_plane(self, args: list[str], timeout_s: float) -> None:
+        import uuid
+
+        from ecrec.etcd_local import LocalEtcd
+        s = self.spec
+        self.etcd = LocalEtcd(s.etcd_members, s.host)
+        try:
+            self.etcd.start(timeout_s)
+        except Exception:
+            self.close()
+            raise
+        self.etcd_prefix = f"/ecrec/{uuid.uuid4().hex[:12]}"
+        args = [*args, "--store", f"etcd://{','.join(self.etcd.endpoints)}{self.etcd_prefix}"]
+        addresses = []
+        for n in range(s.coordinators):
+            if n:
+                args = list(args)
+                args[args.index("--port") + 1] = str(free_port_outside_ephemeral_range(s.host))
+                if "--metrics-port" in args:  # one metrics port: the first coordinator's
+                    i = args.index("--metrics-port")
+                    del args[i:i + 2]
+            self.start_coordinator(args, timeout_s)
+            addresses.append(self.coordinator_address)
+            self.coordinator_procs.append(self.coordinator_proc)
+        self.coordinator_addresses = addresses
+        self.coordinator_address = ",".join(addresses)
+        self._coordinator_args_of = {a: list(args) for a in addresses}
+
+    def leading_coordinator(self) -> tuple[int, str]:
+        """(pid, address) of the coordinator that leads now (etcd store); raises LookupError when none does."""
+        from ecrec.etcd import EtcdClient
+        client = EtcdClient(self.etcd.endpoints, timeout_s=2.0)
+        try:
+            kv = client.get(f"{self.etcd_prefix}/leader".encode())
+        finally:
+            client.close()
+        if kv is None:
+            raise LookupError("no coordinator leads")
+        address = kv.value.decode().partition("@")[2]
+        for a, p in zip(self.coordinator_addresses, self.coordinator_procs):
+            if a == address and p.poll() is None:
+                return p.pid, a
+        raise LookupError(f"the leader {address} is not a live coordinator of this cluster")
+
+    def restart_coordinator_at(self, address: str, timeout_s: float = 60.0) -> subprocess.Popen:
+        """Starts a coordinator again at ``address`` (etcd store: one of ``coordinator_addresses``, whose process
+        died); it campaigns like the others."""
+        i = self.coordinator_addresses.index(address)
+        old = self.coordinator_procs[i]
+        if old.poll() is None:
+            raise RuntimeError(f"coordinator {old.pid} at {address} is still running")
+        args = list(self._coordinator_args_of[address])
+        args[args.index("--port") + 1] = address.rsplit(":", 1)[1]
+        joined = self.coordinator_address
+        self.start_coordinator(args, timeout_s)
+        self.coordinator_procs[i] = self.coordinator_proc
+        self.coordinator_address = joined
+        return self.coordinator_proc
 
     def restart_coordinator(self, timeout_s: float = 60.0) -> None:
         """Starts a new coordinator on the same address (after the old one died); it reloads ``state_path``."""
@@ -234,10 +313,10 @@ class LocalCluster:
     def wait_ready(self, timeout_s: float = 60.0):
         """Waits until every index has an active server; returns the map."""
         deadline = time.monotonic() + timeout_s
-        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel())
+        stub = self._stub()
         want_standby = self.spec.standby
         while True:
-            for p in [self.coordinator_proc, *self.server_procs]:
+            for p in [*(self.coordinator_procs or [self.coordinator_proc]), *self.server_procs]:
                 if p.poll() is not None and p.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
                     tail = self._tail_text(p.pid)
                     self.close()
@@ -255,7 +334,7 @@ class LocalCluster:
             time.sleep(0.1)
 
     def cluster_map(self):
-        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel())
+        stub = self._stub()
         return stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=10)
 
     def pid_of_index(self, index: int) -> int:
@@ -273,7 +352,7 @@ class LocalCluster:
         os.kill(pid, sig)
         if sig in (signal.SIGSTOP, signal.SIGCONT):
             return
-        for p in [*self.server_procs, self.coordinator_proc]:
+        for p in [*self.server_procs, self.coordinator_proc, *self.coordinator_procs]:
             if p is not None and p.pid == pid:
                 p.wait(timeout=10)
 
@@ -288,7 +367,9 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
-        procs = [p for p in [*self.server_procs, *self.old_coordinator_procs, self.coordinator_proc] if p is not None]
+        procs = [p for p in [*self.server_procs, *self.old_coordinator_procs, self.coordinator_proc,
+                             *self.coordinator_procs] if p is not None]
+        procs = list({p.pid: p for p in procs}.values())
         for p in procs:
             if p.poll() is None:
                 try:
@@ -303,6 +384,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
+        if self.etcd is not None:
+            self.etcd.close()
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001
@@ -314,28 +397,6 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def free_port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
-    """A port that is free now and below the kernel's ephemeral range (``ip_local_port_range``), so no
-    ``bind(0)`` or outgoing connection on this host can take it while its owner restarts."""
-    import random
-    import socket
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    candidates = list(range(max(1024, low - 12000), low))
-    random.shuffle(candidates)
-    for port in candidates[:200]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port below {low} on {host}")
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

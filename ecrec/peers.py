@@ -50,14 +50,60 @@ class PeerUnreachable(errors.Unavailable):
     """A server index stayed unreachable (and unreplaced) until the retry deadline."""
 
 
+class FailoverStub:
+    """A coordinator stub over several coordinators (``host:port,host:port``, an etcd-backed control plane): each
+    call goes to the one that answered last, and on UNAVAILABLE (it does not lead, or is gone) or a deadline
+    (paused) to the next, each with the call's own deadline; the last error is raised when none answers."""
+
+    #: codes after which the next coordinator is tried
+    MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def __init__(self, addresses: list[str], max_message_bytes: int = 256 << 20, security=None):
+        self.addresses = addresses
+        self._stubs = [coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(a, max_message_bytes, security))
+                       for a in addresses]
+        self._current = 0
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def call(request, timeout=None, **kwargs):
+            start, last = self._current, None
+            for i in range(len(self._stubs)):
+                at = (start + i) % len(self._stubs)
+                try:
+                    reply = getattr(self._stubs[at], name)(request, timeout=timeout, **kwargs)
+                except grpc.RpcError as exc:
+                    if exc.code() not in self.MOVE_ON:
+                        raise
+                    last = exc
+                    continue
+                self._current = at
+                return reply
+            raise last
+        return call
+
+
+def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=None):
+    """A stub for the coordinator at ``address``, or for the coordinators at ``host:port,host:port``."""
+    addresses = [a.strip() for a in address.split(",") if a.strip()]
+    if len(addresses) == 1:
+        return coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(addresses[0], max_message_bytes, security))
+    if not addresses:
+        raise ValueError("coordinator address: none given (host:port[,host:port...])")
+    return FailoverStub(addresses, max_message_bytes, security)
+
+
 class CoordinatorClient:
-    """The coordinator's methods with a deadline each; maps it returns go to ``on_map``."""
+    """The coordinator's methods with a deadline each; maps it returns go to ``on_map``.  ``address`` may name
+    several coordinators (``host:port,host:port``): calls follow the leader (:class:`FailoverStub`)."""
 
     def __init__(self, address: str, timeout_s: float, max_message_bytes: int = 256 << 20,
                  on_map: Callable[[cluster_pb2.ClusterMap], None] | None = None, security=None):
         self.address = address
         self.timeout_s = timeout_s
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(address, max_message_bytes, security))
+        self.stub = coordinator_stub(address, max_message_bytes, security)
         self.on_map = on_map or (lambda m: None)
 
     def get_map(self) -> cluster_pb2.ClusterMap:

@@ -168,3 +168,26 @@ def is_unavailable(exc: BaseException) -> bool:
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.CANCELLED,
     )
+
+
+def free_port_outside_ephemeral_range(host: str = "127.0.0.1") -> int:
+    """A port that is free now and below the kernel's ephemeral range (``ip_local_port_range``), so no
+    ``bind(0)`` or outgoing connection on this host can take it while its owner restarts."""
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low} on {host}")

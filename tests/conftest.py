@@ -27,7 +27,9 @@ def make_cluster():
     yield factory
     for cluster in started:
         cluster.close()
-        for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc]:
+        etcd = [*cluster.etcd.procs, *cluster.etcd.old_procs] if cluster.etcd is not None else []
+        for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc,
+                  *cluster.coordinator_procs, *etcd]:
             if p is not None and p.poll() is None:  # belt and braces: kill by pid
                 os.kill(p.pid, signal.SIGKILL)
 

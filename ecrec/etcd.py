@@ -1,0 +1,271 @@
+"""A small etcd v3 client over etcd's gRPC API (stubs generated from ``proto/ecrec/wire/etcd.proto``).
+
+What the control plane needs and no more: read a key with its revisions, compare-and-swap transactions, leases
+with a keep-alive stream, and a member's status.  Every call has a deadline; a call that finds its member
+unreachable goes to the next endpoint (etcd forwards writes to its raft leader itself), and an error that is
+not the member's absence is raised as :class:`EtcdError` naming the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from ecrec.wire import etcd_pb2, etcd_pb2_grpc
+
+log = logging.getLogger("ecrec.etcd")
+
+#: status codes that mean "this member cannot answer now": the next endpoint is tried
+_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class EtcdError(RuntimeError):
+    """An etcd call failed on every endpoint, or was refused."""
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS to etcd: the CA that signed its members' certificates, and this process's client certificate."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key) if self.key else None,
+                                            read(self.cert) if self.cert else None)
+
+
+def parse_endpoints(text: str) -> list[str]:
+    """``HOST:PORT[,HOST:PORT...]`` -> the list, each checked to name a port."""
+    endpoints = [e.strip() for e in text.split(",") if e.strip()]
+    if not endpoints:
+        raise ValueError("etcd endpoints: none given (HOST:PORT[,HOST:PORT...])")
+    for e in endpoints:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {e!r}: expected HOST:PORT")
+    return endpoints
+
+
+class EtcdClient:
+    """Keys, transactions and leases on the etcd cluster at ``endpoints``."""
+
+    def __init__(self, endpoints: list[str], timeout_s: float = 2.0, tls: EtcdTLS | None = None):
+        self.endpoints = list(endpoints)
+        self.timeout_s = timeout_s
+        creds = tls.credentials() if tls is not None else None
+        self._channels = [grpc.secure_channel(e, creds) if creds is not None else grpc.insecure_channel(e)
+                          for e in self.endpoints]
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def _call(self, service: str, method: str, request, timeout_s: float | None = None):
+        """``method`` of ``service`` on the current member, else on each other member in turn."""
+        errors = []
+        with self._lock:
+            start = self._current
+        for i in range(len(self._channels)):
+            at = (start + i) % len(self._channels)
+            stub = getattr(etcd_pb2_grpc, f"{service}Stub")(self._channels[at])
+            try:
+                reply = getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() in _MOVE_ON:
+                    errors.append(f"{self.endpoints[at]}: {exc.code().name}")
+                    continue
+                raise EtcdError(f"etcd {method} at {self.endpoints[at]}: {exc.code().name}: {exc.details()}") from None
+            with self._lock:
+                self._current = at
+            return reply
+        raise EtcdError(f"etcd {method}: no member answered ({'; '.join(errors)})")
+
+    # --- keys --------------------------------------------------------------------------------------
+    def get(self, key: bytes) -> etcd_pb2.KeyValue | None:
+        """The key's value and revisions (a linearizable read), or None when it does not exist."""
+        reply = self._call("KV", "Range", etcd_pb2.RangeRequest(key=key))
+        return reply.kvs[0] if reply.kvs else None
+
+    def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        """Writes ``key`` unconditionally; returns the store's revision after it."""
+        return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease)).header.revision
+
+    def delete(self, key: bytes) -> int:
+        """Deletes ``key``; returns how many keys were deleted (0 or 1)."""
+        return self._call("KV", "DeleteRange", etcd_pb2.DeleteRangeRequest(key=key)).deleted
+
+    def txn(self, compare: list, success: list, failure: list | None = None) -> etcd_pb2.TxnResponse:
+        return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []))
+
+    # --- leases ------------------------------------------------------------------------------------
+    def grant(self, ttl_s: int) -> int:
+        reply = self._call("Lease", "LeaseGrant", etcd_pb2.LeaseGrantRequest(TTL=int(ttl_s)))
+        if reply.error:
+            raise EtcdError(f"etcd LeaseGrant: {reply.error}")
+        return reply.ID
+
+    def revoke(self, lease: int) -> None:
+        try:
+            self._call("Lease", "LeaseRevoke", etcd_pb2.LeaseRevokeRequest(ID=lease))
+        except EtcdError as exc:
+            if "not found" not in str(exc):
+                raise
+
+    def keep_alive_once(self, lease: int) -> int:
+        """Renews ``lease`` once; returns its new TTL (0 or less: the lease is gone)."""
+        requests: queue.Queue = queue.Queue()
+        requests.put(etcd_pb2.LeaseKeepAliveRequest(ID=lease))
+        requests.put(None)
+
+        def stream():
+            while (r := requests.get()) is not None:
+                yield r
+
+        errors = []
+        with self._lock:
+            start = self._current
+        for i in range(len(self._channels)):
+            at = (start + i) % len(self._channels)
+            stub = etcd_pb2_grpc.LeaseStub(self._channels[at])
+            try:
+                for reply in stub.LeaseKeepAlive(stream(), timeout=self.timeout_s):
+                    return reply.TTL
+                return 0
+            except grpc.RpcError as exc:
+                if exc.code() not in _MOVE_ON:
+                    raise EtcdError(f"etcd LeaseKeepAlive at {self.endpoints[at]}: {exc.code().name}: "
+                                    f"{exc.details()}") from None
+                errors.append(f"{self.endpoints[at]}: {exc.code().name}")
+                requests = queue.Queue()
+                requests.put(etcd_pb2.LeaseKeepAliveRequest(ID=lease))
+                requests.put(None)
+        raise EtcdError(f"etcd LeaseKeepAlive: no member answered ({'; '.join(errors)})")
+
+    def status(self, endpoint: str) -> etcd_pb2.StatusResponse:
+        """One member's status (its version, its raft leader's id)."""
+        at = self.endpoints.index(endpoint)
+        stub = etcd_pb2_grpc.MaintenanceStub(self._channels[at])
+        try:
+            return stub.Status(etcd_pb2.StatusRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise EtcdError(f"etcd Status at {endpoint}: {exc.code().name}: {exc.details()}") from None
+
+
+# --- transaction building blocks ----------------------------------------------------------------------
+def value_is(key: bytes, value: bytes) -> etcd_pb2.Compare:
+    return etcd_pb2.Compare(result=etcd_pb2.Compare.EQUAL, target=etcd_pb2.Compare.VALUE, key=key, value=value)
+
+
+def modified_at(key: bytes, revision: int) -> etcd_pb2.Compare:
+    """``key`` was last written at ``revision`` (0: it does not exist)."""
+    return etcd_pb2.Compare(result=etcd_pb2.Compare.EQUAL, target=etcd_pb2.Compare.MOD, key=key,
+                            mod_revision=revision)
+
+
+def absent(key: bytes) -> etcd_pb2.Compare:
+    return etcd_pb2.Compare(result=etcd_pb2.Compare.EQUAL, target=etcd_pb2.Compare.CREATE, key=key,
+                            create_revision=0)
+
+
+def put_op(key: bytes, value: bytes, lease: int = 0) -> etcd_pb2.RequestOp:
+    return etcd_pb2.RequestOp(request_put=etcd_pb2.PutRequest(key=key, value=value, lease=lease))
+
+
+def get_op(key: bytes) -> etcd_pb2.RequestOp:
+    return etcd_pb2.RequestOp(request_range=etcd_pb2.RangeRequest(key=key))
+
+
+class Election:
+    """Leadership among coordinators through one lease-bound key (``key`` = this candidate's ``value`` while
+    it leads).  :meth:`campaign` blocks until this candidate leads; a thread renews the lease every third of its
+    TTL; :attr:`lost` is set when a renewal finds the lease gone or no member answered within the TTL, and then
+    this candidate must stop acting as leader at once (another may lead already)."""
+
+    def __init__(self, client: EtcdClient, key: bytes, value: bytes, ttl_s: int):
+        if ttl_s < 2:
+            raise ValueError(f"the election's lease TTL must be at least 2 s (etcd's minimum), got {ttl_s}")
+        self.client, self.key, self.value, self.ttl_s = client, key, value, ttl_s
+        self.lease = 0
+        self._lease_granted_at = 0.0  # when the lease was last granted or renewed (before the request went)
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def leader(self) -> bytes | None:
+        kv = self.client.get(self.key)
+        return kv.value if kv is not None else None
+
+    def campaign(self, stop: threading.Event, poll_s: float = 0.25) -> bool:
+        """Waits until this candidate holds the key (True) or ``stop`` is set (False)."""
+        while not stop.is_set():
+            try:
+                if not self.lease:
+                    sent = time.monotonic()
+                    self.lease = self.client.grant(self.ttl_s)
+                    self._lease_granted_at = sent
+                reply = self.client.txn([absent(self.key)], [put_op(self.key, self.value, self.lease)],
+                                        [get_op(self.key)])
+                if reply.succeeded:
+                    self.lost.clear()
+                    self._stop.clear()
+                    self._renewer = threading.Thread(target=self._renew, name="ecrec-election", daemon=True)
+                    self._renewer.start()
+                    return True
+                held = reply.responses[0].response_range.kvs
+                if held and held[0].value == self.value and held[0].lease == self.lease:
+                    continue  # our own key from an earlier try whose answer was lost: the next txn sees it
+                # someone else leads: keep our lease alive meanwhile so it is ready when the key goes
+                sent = time.monotonic()
+                if self.client.keep_alive_once(self.lease) <= 0:
+                    self.lease = 0
+                else:
+                    self._lease_granted_at = sent
+            except EtcdError as exc:
+                log.warning("election: %s", exc)
+                self.lease = 0
+            stop.wait(poll_s)
+        return False
+
+    def _renew(self) -> None:
+        last_ok = self._lease_granted_at  # etcd's clock of the lease started after this
+        while not self._stop.wait(self.ttl_s / 3.0):
+            sent = time.monotonic()  # etcd renews it when the request arrives: after this
+            try:
+                ttl = self.client.keep_alive_once(self.lease)
+            except EtcdError as exc:
+                log.warning("election: renewing the leader's lease: %s", exc)
+                ttl = None
+            now = time.monotonic()
+            if ttl is not None and ttl > 0:
+                last_ok = sent
+                continue
+            # gone (ttl <= 0), or unreachable for as long as the lease lasts: another may lead by now
+            if ttl is not None or now - last_ok >= self.ttl_s * 2.0 / 3.0:
+                log.error("election: lost the leadership (%s)", "lease expired" if ttl is not None else
+                          "etcd unreachable for two thirds of the lease")
+                self.lease = 0
+                self.lost.set()
+                return
+
+    def resign(self) -> None:
+        """Gives the leadership up (the key goes with the lease)."""
+        self._stop.set()
+        if self.lease:
+            try:
+                self.client.revoke(self.lease)
+            except EtcdError as exc:
+                log.warning("election: revoking the lease: %s", exc)
+            self.lease = 0
+        self.lost.set()

@@ -1,0 +1,170 @@
+"""Where the coordinator keeps its state (the map, dense tensors, promotions in progress, the server key).
+
+Two stores, chosen by ``--store``: a local file written atomically (the default, one coordinator), and etcd
+(``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]``), where the state is one key and every write is a
+compare-and-swap transaction that also requires this coordinator to hold the leader key: two coordinators can
+never both write, and a deposed leader's write is refused (:class:`NotLeader`).  Coordinators elect their
+leader through etcd (:class:`ecrec.etcd.Election`); the leader's address is kept beside the state, so any
+coordinator can name it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+
+from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, Election, modified_at, parse_endpoints, put_op, value_is
+from ecrec.wire import coordinator_pb2
+
+log = logging.getLogger("ecrec.state_store")
+
+
+class NotLeader(RuntimeError):
+    """This coordinator does not (or no longer) lead: it must not change the map."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not be reached: the change was not recorded (and must not be acted on)."""
+
+
+class FileStore:
+    """The state in one local file (or nowhere: ``path`` None), always led by this process."""
+
+    kind = "file"
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def describe(self) -> str:
+        return f"file {self.path}" if self.path else "memory (no --state-path)"
+
+    def campaign(self, stop: threading.Event) -> bool:
+        return True
+
+    @property
+    def lost(self) -> threading.Event | None:
+        return None
+
+    def leader_address(self) -> str:
+        return ""
+
+    def load(self) -> coordinator_pb2.CoordinatorState | None:
+        if not self.path or not os.path.exists(self.path):
+            return None
+        state = coordinator_pb2.CoordinatorState()
+        with open(self.path, "rb") as f:
+            state.ParseFromString(f.read())
+        return state
+
+    def save(self, state: coordinator_pb2.CoordinatorState) -> None:
+        if not self.path:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".coordinator-state-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(state.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def resign(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class EtcdStore:
+    """The state as the key ``PREFIX/state`` on etcd, the leader as ``PREFIX/leader`` (bound to its lease)."""
+
+    kind = "etcd"
+
+    def __init__(self, endpoints: list[str], prefix: str, me: str, address: str, ttl_s: int = 3,
+                 timeout_s: float = 2.0, tls: EtcdTLS | None = None):
+        self.client = EtcdClient(endpoints, timeout_s=timeout_s, tls=tls)
+        self.endpoints = endpoints
+        self.prefix = prefix.rstrip("/")
+        self.state_key = f"{self.prefix}/state".encode()
+        self.leader_key = f"{self.prefix}/leader".encode()
+        self.me = me
+        self.address = address
+        self._value = f"{me}@{address}".encode()
+        self.election = Election(self.client, self.leader_key, self._value, ttl_s)
+        self._revision = 0  # the state key's mod revision this leader last read or wrote
+
+    def describe(self) -> str:
+        return f"etcd {','.join(self.endpoints)} key {self.state_key.decode()}"
+
+    def campaign(self, stop: threading.Event) -> bool:
+        return self.election.campaign(stop)
+
+    @property
+    def lost(self) -> threading.Event:
+        return self.election.lost
+
+    def leader_address(self) -> str:
+        """The leading coordinator's address ("" when none leads or etcd cannot be reached)."""
+        try:
+            value = self.election.leader()
+        except EtcdError:
+            return ""
+        return value.decode().partition("@")[2] if value else ""
+
+    def load(self) -> coordinator_pb2.CoordinatorState | None:
+        """The state as etcd holds it now; remembers its revision for the next write's compare."""
+        try:
+            kv = self.client.get(self.state_key)
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        if kv is None:
+            self._revision = 0
+            return None
+        self._revision = kv.mod_revision
+        return coordinator_pb2.CoordinatorState.FromString(kv.value)
+
+    def peek(self) -> coordinator_pb2.CoordinatorState | None:
+        """The state as etcd holds it now (a follower's read: remembers nothing)."""
+        try:
+            kv = self.client.get(self.state_key)
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        return coordinator_pb2.CoordinatorState.FromString(kv.value) if kv is not None else None
+
+    def save(self, state: coordinator_pb2.CoordinatorState) -> None:
+        """Writes ``state`` if this coordinator still leads and nobody wrote since its last read or write."""
+        if self.election.lost.is_set():
+            raise NotLeader("this coordinator lost the leadership")
+        try:
+            reply = self.client.txn([value_is(self.leader_key, self._value), modified_at(self.state_key, self._revision)],
+                                    [put_op(self.state_key, state.SerializeToString())])
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        if not reply.succeeded:
+            self.election.lost.set()
+            raise NotLeader("the state was not written: this coordinator no longer holds the leader key, or another "
+                            "wrote the state since (compare-and-swap refused)")
+        self._revision = reply.header.revision
+
+    def resign(self) -> None:
+        self.election.resign()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def parse_store(url: str | None) -> tuple[str, dict]:
+    """``--store`` -> (kind, arguments): None or a path or ``file://PATH`` -> file; ``etcd://EP[,EP...][/PREFIX]``
+    -> etcd (default prefix ``/ecrec``).  Raises ValueError naming what is wrong."""
+    if not url:
+        return "file", {}
+    if url.startswith("file://"):
+        return "file", {"path": url[len("file://"):]}
+    if url.startswith("etcd://"):
+        rest = url[len("etcd://"):]
+        hosts, slash, prefix = rest.partition("/")
+        return "etcd", {"endpoints": parse_endpoints(hosts), "prefix": "/" + prefix if slash and prefix else "/ecrec"}
+    if "://" in url:
+        raise ValueError(f"--store {url!r}: unknown scheme (use etcd://HOST:PORT[,HOST:PORT...][/PREFIX] or file://PATH)")
+    return "file", {"path": url}
