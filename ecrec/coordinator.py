@@ -200,12 +200,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if self.store.kind != "file" and not self.leading.is_set():
                 raise NotLeader("this coordinator does not lead")
             self.store.save(state)
-        except (NotLeader, StoreUnavailable, OSError):
+        except Exception:
             self._roll_back_locked()
             raise
         self._saved = state.SerializeToString()
+        self._saved_sets = (set(self._gone), dict(self._wanted))
 
     def _roll_back_locked(self) -> None:
+        gone, wanted = getattr(self, "_saved_sets", (set(), {}))
+        self._gone, self._wanted = set(gone), dict(wanted)
         saved = coordinator_pb2.CoordinatorState.FromString(self._saved)
         self.map.CopyFrom(saved.map)
         self._dense.clear()
@@ -601,8 +604,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                                                                              address=chosen.address, index=index)
         return self._bump_locked()  # persisted with the intent: a restart finishes it
 
+    def _leads(self) -> bool:
+        return self.leading.is_set() and self.store.holds()
+
     def _promote_standbys_locked(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and (self._leads() or self.store.kind == "file"):
             with self._lock:
                 choice = self._choose_locked()
                 if choice is None:
@@ -661,6 +667,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         request = embedding_pb2.PromoteRequest(index=index, map=recorded, dense=dense)
         give_up = time.monotonic() + self.config.rpc_timeout_s
         while not self._stop.is_set() and self._still_promoting(server_id, index):
+            if self.store.kind != "file" and not self._leads():
+                return None  # deposed: the next leader finishes this promotion
             call = stub.Promote.future(request, timeout=self.config.promote_timeout_s)
             while not call.done():
                 try:
@@ -780,7 +788,7 @@ class _Guarded:
         c = self._c
 
         def guarded(request, context):
-            if not c.leading.is_set():
+            if not (c.leading.is_set() and c.store.holds()):
                 if name == "GetClusterMap" and c.store.kind != "file":
                     try:
                         state = c.store.peek()
@@ -817,10 +825,10 @@ class CoordinatorServer:
             self._leadership = threading.Thread(target=self._lead, name="ecrec-leadership", daemon=True)
             self._leadership.start()
         else:
-            self._grpc.start()
             with coordinator._lock:
                 snapshot = coordinator._bump_locked()
                 coordinator.leading.set()
+            self._grpc.start()
             coordinator._broadcast(snapshot)
         self._monitor = threading.Thread(target=coordinator._monitor, name="ecrec-health-monitor", daemon=True)
         self._monitor.start()
@@ -841,6 +849,11 @@ class CoordinatorServer:
                 store.resign()
                 c._stop.wait(0.5)
                 continue
+            except Exception:  # noqa: BLE001 - e.g. etcd holds another cluster's map: no coordinator can lead
+                log.critical("elected, but the state in %s cannot be used; stopping this coordinator",
+                             store.describe(), exc_info=True)
+                store.resign()
+                os._exit(2)
             log.info("leading the cluster from %s (epoch %d, %d servers, %d tables)", self.address, snapshot.epoch,
                      len(snapshot.servers), len(snapshot.tables))
             c._broadcast(snapshot)
@@ -848,7 +861,9 @@ class CoordinatorServer:
             c._promote_wake.set()
             while not c._stop.is_set() and not store.lost.wait(0.2):
                 pass
-            c.step_down("its etcd lease is gone" if not c._stop.is_set() else "stopping")
+            c.step_down("its etcd lease is gone, or a write's outcome was unknown" if not c._stop.is_set()
+                        else "stopping")
+            store.resign()  # the key goes now: a follower (or this one again) takes over from what etcd holds
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
@@ -857,6 +872,9 @@ class CoordinatorServer:
         self.coordinator._stop.set()
         self.coordinator.leading.clear()
         self.coordinator.store.resign()
+        if self._leadership is not None:
+            self._leadership.join(timeout=2.0)
+        self.coordinator.store.resign()  # in case a campaign won meanwhile
         self.coordinator._wake.set()
         self.coordinator._promote_wake.set()
         self._grpc.stop(grace_s).wait()

@@ -9,7 +9,6 @@ not the member's absence is raised as :class:`EtcdError` naming the call.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +25,14 @@ _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 class EtcdError(RuntimeError):
     """An etcd call failed on every endpoint, or was refused."""
+
+
+def _refused(exc: grpc.RpcError) -> bool:
+    """The member could not be reached at all (so a write surely did not reach etcd through it)."""
+    details = (exc.details() or "").lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
+        word in details for word in ("connection refused", "failed to connect", "connect failed", "unreachable",
+                                     "no route"))
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,11 @@ class EtcdClient:
         for c in self._channels:
             c.close()
 
-    def _call(self, service: str, method: str, request, timeout_s: float | None = None):
-        """``method`` of ``service`` on the current member, else on each other member in turn."""
+    def _call(self, service: str, method: str, request, timeout_s: float | None = None, write: bool = False):
+        """``method`` of ``service`` on the current member, else on each other member in turn.  A ``write`` goes
+        to the next member only when the first refused the connection outright: after a deadline, or an etcd
+        error that may follow a commit ("leader changed", "request timed out"), its outcome is unknown and the
+        caller must read before it writes again (raised as :class:`EtcdError`)."""
         errors = []
         with self._lock:
             start = self._current
@@ -85,6 +95,8 @@ class EtcdClient:
             except grpc.RpcError as exc:
                 if exc.code() in _MOVE_ON:
                     errors.append(f"{self.endpoints[at]}: {exc.code().name}")
+                    if write and not _refused(exc):
+                        raise EtcdError(f"etcd {method}: outcome unknown ({'; '.join(errors)})") from None
                     continue
                 raise EtcdError(f"etcd {method} at {self.endpoints[at]}: {exc.code().name}: {exc.details()}") from None
             with self._lock:
@@ -100,14 +112,16 @@ class EtcdClient:
 
     def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         """Writes ``key`` unconditionally; returns the store's revision after it."""
-        return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease)).header.revision
+        return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease),
+                          write=True).header.revision
 
     def delete(self, key: bytes) -> int:
         """Deletes ``key``; returns how many keys were deleted (0 or 1)."""
-        return self._call("KV", "DeleteRange", etcd_pb2.DeleteRangeRequest(key=key)).deleted
+        return self._call("KV", "DeleteRange", etcd_pb2.DeleteRangeRequest(key=key), write=True).deleted
 
     def txn(self, compare: list, success: list, failure: list | None = None) -> etcd_pb2.TxnResponse:
-        return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []))
+        return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []),
+                          write=True)
 
     # --- leases ------------------------------------------------------------------------------------
     def grant(self, ttl_s: int) -> int:
@@ -123,34 +137,30 @@ class EtcdClient:
             if "not found" not in str(exc):
                 raise
 
-    def keep_alive_once(self, lease: int) -> int:
-        """Renews ``lease`` once; returns its new TTL (0 or less: the lease is gone)."""
-        requests: queue.Queue = queue.Queue()
-        requests.put(etcd_pb2.LeaseKeepAliveRequest(ID=lease))
-        requests.put(None)
-
-        def stream():
-            while (r := requests.get()) is not None:
-                yield r
-
+    def keep_alive_once(self, lease: int, timeout_s: float | None = None) -> int:
+        """Renews ``lease`` once (each member gets ``timeout_s``); returns its new TTL (0 or less: the lease is
+        gone).  Raises :class:`EtcdError` when no member answered."""
         errors = []
         with self._lock:
             start = self._current
         for i in range(len(self._channels)):
             at = (start + i) % len(self._channels)
             stub = etcd_pb2_grpc.LeaseStub(self._channels[at])
-            try:
-                for reply in stub.LeaseKeepAlive(stream(), timeout=self.timeout_s):
-                    return reply.TTL
-                return 0
+            try:  # one request, then the stream is half-closed: etcd answers it and ends the call
+                replies = list(stub.LeaseKeepAlive(iter([etcd_pb2.LeaseKeepAliveRequest(ID=lease)]),
+                                                   timeout=timeout_s or self.timeout_s))
             except grpc.RpcError as exc:
                 if exc.code() not in _MOVE_ON:
                     raise EtcdError(f"etcd LeaseKeepAlive at {self.endpoints[at]}: {exc.code().name}: "
                                     f"{exc.details()}") from None
                 errors.append(f"{self.endpoints[at]}: {exc.code().name}")
-                requests = queue.Queue()
-                requests.put(etcd_pb2.LeaseKeepAliveRequest(ID=lease))
-                requests.put(None)
+                continue
+            if not replies:
+                errors.append(f"{self.endpoints[at]}: no answer")
+                continue
+            with self._lock:
+                self._current = at
+            return replies[0].TTL
         raise EtcdError(f"etcd LeaseKeepAlive: no member answered ({'; '.join(errors)})")
 
     def status(self, endpoint: str) -> etcd_pb2.StatusResponse:
@@ -190,8 +200,10 @@ def get_op(key: bytes) -> etcd_pb2.RequestOp:
 class Election:
     """Leadership among coordinators through one lease-bound key (``key`` = this candidate's ``value`` while
     it leads).  :meth:`campaign` blocks until this candidate leads; a thread renews the lease every third of its
-    TTL; :attr:`lost` is set when a renewal finds the lease gone or no member answered within the TTL, and then
-    this candidate must stop acting as leader at once (another may lead already)."""
+    TTL; :meth:`holds` is true only until two thirds of the TTL after the last renewal etcd answered (counted
+    from when it was sent, so always before etcd can expire the lease and let another lead); :attr:`lost` is
+    set when a renewal finds the lease gone or none succeeded for that long: this candidate must not act as
+    leader any more."""
 
     def __init__(self, client: EtcdClient, key: bytes, value: bytes, ttl_s: int):
         if ttl_s < 2:
@@ -199,6 +211,7 @@ class Election:
         self.client, self.key, self.value, self.ttl_s = client, key, value, ttl_s
         self.lease = 0
         self._lease_granted_at = 0.0  # when the lease was last granted or renewed (before the request went)
+        self._valid_until = 0.0  # monotonic: this candidate may act as leader until then
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -209,6 +222,10 @@ class Election:
 
     def campaign(self, stop: threading.Event, poll_s: float = 0.25) -> bool:
         """Waits until this candidate holds the key (True) or ``stop`` is set (False)."""
+        last_error = ""
+        self._stop.set()  # a renewer of an earlier term ends
+        if self._renewer is not None:
+            self._renewer.join(timeout=self.ttl_s)
         while not stop.is_set():
             try:
                 if not self.lease:
@@ -217,47 +234,64 @@ class Election:
                     self._lease_granted_at = sent
                 reply = self.client.txn([absent(self.key)], [put_op(self.key, self.value, self.lease)],
                                         [get_op(self.key)])
-                if reply.succeeded:
+                held = [] if reply.succeeded else reply.responses[0].response_range.kvs
+                # won, or the key is ours already (an earlier try committed and its answer was lost): our lease
+                # is alive as long as the key exists
+                if reply.succeeded or (held and held[0].value == self.value and held[0].lease == self.lease):
+                    self._valid_until = self._lease_granted_at + self.ttl_s * 2.0 / 3.0
                     self.lost.clear()
                     self._stop.clear()
                     self._renewer = threading.Thread(target=self._renew, name="ecrec-election", daemon=True)
                     self._renewer.start()
                     return True
-                held = reply.responses[0].response_range.kvs
-                if held and held[0].value == self.value and held[0].lease == self.lease:
-                    continue  # our own key from an earlier try whose answer was lost: the next txn sees it
                 # someone else leads: keep our lease alive meanwhile so it is ready when the key goes
                 sent = time.monotonic()
-                if self.client.keep_alive_once(self.lease) <= 0:
+                if self.client.keep_alive_once(self.lease, self._member_timeout()) <= 0:
                     self.lease = 0
                 else:
                     self._lease_granted_at = sent
             except EtcdError as exc:
-                log.warning("election: %s", exc)
+                if str(exc) != last_error:  # once per distinct error, not every poll
+                    log.warning("election: %s", exc)
+                    last_error = str(exc)
                 self.lease = 0
             stop.wait(poll_s)
         return False
 
+    def _member_timeout(self) -> float:
+        """Each member's deadline for a renewal: short enough that trying every member fits a third of the TTL."""
+        return max(0.05, self.ttl_s / 3.0 / max(1, len(self.client.endpoints)))
+
     def _renew(self) -> None:
         last_ok = self._lease_granted_at  # etcd's clock of the lease started after this
-        while not self._stop.wait(self.ttl_s / 3.0):
+        period = self.ttl_s / 3.0
+        while not self._stop.wait(max(0.0, last_ok + period - time.monotonic())):
             sent = time.monotonic()  # etcd renews it when the request arrives: after this
             try:
-                ttl = self.client.keep_alive_once(self.lease)
+                ttl = self.client.keep_alive_once(self.lease, self._member_timeout())
             except EtcdError as exc:
                 log.warning("election: renewing the leader's lease: %s", exc)
                 ttl = None
+            if self._stop.is_set():
+                return
             now = time.monotonic()
             if ttl is not None and ttl > 0:
                 last_ok = sent
+                self._valid_until = sent + self.ttl_s * 2.0 / 3.0
                 continue
-            # gone (ttl <= 0), or unreachable for as long as the lease lasts: another may lead by now
+            # gone (ttl <= 0), or unreachable for two thirds of the lease: another may lead soon
             if ttl is not None or now - last_ok >= self.ttl_s * 2.0 / 3.0:
                 log.error("election: lost the leadership (%s)", "lease expired" if ttl is not None else
                           "etcd unreachable for two thirds of the lease")
-                self.lease = 0
+                self._valid_until = 0.0
                 self.lost.set()
                 return
+            # try again soon, not a whole period later
+            self._stop.wait(min(period / 3.0, max(0.0, last_ok + self.ttl_s * 2.0 / 3.0 - now)))
+
+    def holds(self) -> bool:
+        """Whether this candidate may act as leader now (see the class)."""
+        return not self.lost.is_set() and time.monotonic() < self._valid_until
 
     def resign(self) -> None:
         """Gives the leadership up (the key goes with the lease)."""
@@ -268,4 +302,5 @@ class Election:
             except EtcdError as exc:
                 log.warning("election: revoking the lease: %s", exc)
             self.lease = 0
+        self._valid_until = 0.0
         self.lost.set()

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 
-from ecrec.etcd import EtcdClient, EtcdError
+from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS
 from ecrec.transport import free_port_outside_ephemeral_range
 
 
@@ -30,26 +30,30 @@ def etcd_binary() -> str:
 
 class LocalEtcd:
     """``members`` etcd members on ``host``, client and peer ports outside the ephemeral range (a restarted
-    member gets its ports back)."""
+    member gets its ports back).  With ``tls`` (:class:`ecrec.etcd.EtcdTLS`: the CA, and a certificate for
+    ``host`` that the members serve and this object's own client presents) clients must speak TLS with a
+    certificate the CA signed (``--client-cert-auth``)."""
 
-    def __init__(self, members: int = 1, host: str = "127.0.0.1"):
+    def __init__(self, members: int = 1, host: str = "127.0.0.1", tls: EtcdTLS | None = None):
         if members < 1:
             raise ValueError(f"etcd members must be >= 1, got {members}")
         self.host = host
+        self.tls = tls
+        scheme = "https" if tls is not None else "http"
         self.root = tempfile.mkdtemp(prefix="ecrec-etcd-")
         ports = set()
         while len(ports) < 2 * members:
             ports.add(free_port_outside_ephemeral_range(host))
         ports = sorted(ports)
         self.names = [f"m{i}" for i in range(members)]
-        self.client_urls = [f"http://{host}:{ports[2 * i]}" for i in range(members)]
+        self.client_urls = [f"{scheme}://{host}:{ports[2 * i]}" for i in range(members)]
         self.peer_urls = [f"http://{host}:{ports[2 * i + 1]}" for i in range(members)]
         self.procs: list[subprocess.Popen | None] = [None] * members
         self.old_procs: list[subprocess.Popen] = []
 
     @property
     def endpoints(self) -> list[str]:
-        return [u[len("http://"):] for u in self.client_urls]
+        return [u.partition("://")[2] for u in self.client_urls]
 
     def _args(self, i: int) -> list[str]:
         cluster = ",".join(f"{n}={u}" for n, u in zip(self.names, self.peer_urls))
@@ -59,7 +63,9 @@ class LocalEtcd:
                 "--initial-cluster", cluster, "--initial-cluster-state", "new",
                 "--initial-cluster-token", os.path.basename(self.root),
                 "--heartbeat-interval", "100", "--election-timeout", "1000", "--logger", "zap",
-                "--log-level", "error"]
+                "--log-level", "error",
+                *(["--client-cert-auth", "--trusted-ca-file", self.tls.ca, "--cert-file", self.tls.cert,
+                   "--key-file", self.tls.key] if self.tls is not None else [])]
 
     def start(self, timeout_s: float = 30.0) -> "LocalEtcd":
         for i in range(len(self.names)):
@@ -75,7 +81,7 @@ class LocalEtcd:
                 raise RuntimeError(f"etcd member {self.names[i]} (pid {old.pid}) is still running")
             self.old_procs.append(old)
         log = open(os.path.join(self.root, f"{self.names[i]}.log"), "ab")
-        self.procs[i] = subprocess.Popen(self._args(i), stdout=log, stderr=log, start_new_session=True)
+        self.procs[i] = subprocess.Popen(self._args(i), stdout=log, stderr=log)
         log.close()
         return self.procs[i]
 
@@ -88,7 +94,7 @@ class LocalEtcd:
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         """Waits until a write through the members succeeds (a leader is elected); raises with the logs' tail."""
-        client = EtcdClient(self.endpoints, timeout_s=1.0)
+        client = self.client(timeout_s=1.0)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -105,6 +111,10 @@ class LocalEtcd:
                     time.sleep(0.1)
         finally:
             client.close()
+
+    def client(self, timeout_s: float = 2.0) -> EtcdClient:
+        """A client of these members (with their TLS, when they have it)."""
+        return EtcdClient(self.endpoints, timeout_s=timeout_s, tls=self.tls)
 
     def log_tail(self, i: int, lines: int = 5) -> str:
         try:

@@ -71,6 +71,13 @@ class LocalClusterSpec:
     store: str = "file"
     coordinators: int = 1
     etcd_members: int = 1
+    #: the etcd endpoints coordinator n dials: ``(n, members' endpoints) -> endpoints`` (default: the members; a
+    #: test puts a proxy in between to cut one coordinator off from etcd)
+    coordinator_etcd: object = None
+    #: TLS of the etcd members: {"tls_cert", "tls_key", "tls_ca"} (a certificate for ``host``); the coordinators
+    #: dial etcd with their own certificate (``coordinator_security``, default the servers'), which the same CA
+    #: must sign
+    etcd_tls: dict | None = None
     coordinator_security: dict | None = None
     client_security: dict | None = None
 
@@ -191,42 +198,46 @@ class LocalCluster:
 
         from ecrec.etcd_local import LocalEtcd
         s = self.spec
-        self.etcd = LocalEtcd(s.etcd_members, s.host)
+        from ecrec.etcd import EtcdTLS
+        tls = EtcdTLS(s.etcd_tls["tls_ca"], s.etcd_tls["tls_cert"], s.etcd_tls["tls_key"]) if s.etcd_tls else None
+        self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls)
         try:
             self.etcd.start(timeout_s)
         except Exception:
             self.close()
             raise
         self.etcd_prefix = f"/ecrec/{uuid.uuid4().hex[:12]}"
-        args = [*args, "--store", f"etcd://{','.join(self.etcd.endpoints)}{self.etcd_prefix}"]
+        base = list(args)
         addresses = []
+        self._coordinator_args_of = {}
         for n in range(s.coordinators):
+            endpoints = s.coordinator_etcd(n, self.etcd.endpoints) if s.coordinator_etcd else self.etcd.endpoints
+            args = [*base, "--store", f"etcd://{','.join(endpoints)}{self.etcd_prefix}"]
+            # a port picked now, after etcd took its own (a restarted coordinator gets it back)
+            args[args.index("--port") + 1] = str(free_port_outside_ephemeral_range(s.host))
             if n:
-                args = list(args)
-                args[args.index("--port") + 1] = str(free_port_outside_ephemeral_range(s.host))
                 if "--metrics-port" in args:  # one metrics port: the first coordinator's
                     i = args.index("--metrics-port")
                     del args[i:i + 2]
             self.start_coordinator(args, timeout_s)
+            self._coordinator_args_of[self.coordinator_address] = list(args)
             addresses.append(self.coordinator_address)
             self.coordinator_procs.append(self.coordinator_proc)
         self.coordinator_addresses = addresses
         self.coordinator_address = ",".join(addresses)
-        self._coordinator_args_of = {a: list(args) for a in addresses}
 
     def leading_coordinator(self) -> tuple[int, str]:
         """(pid, address) of the coordinator that leads now (etcd store); raises LookupError when none does."""
-        from ecrec.etcd import EtcdClient
-        client = EtcdClient(self.etcd.endpoints, timeout_s=2.0)
+        client = self.etcd.client()
         try:
             kv = client.get(f"{self.etcd_prefix}/leader".encode())
         finally:
             client.close()
         if kv is None:
             raise LookupError("no coordinator leads")
-        address = kv.value.decode().partition("@")[2]
+        me, _, address = kv.value.decode().partition("@")  # me: host-pid
         for a, p in zip(self.coordinator_addresses, self.coordinator_procs):
-            if a == address and p.poll() is None:
+            if a == address and p.poll() is None and me.endswith(f"-{p.pid}"):
                 return p.pid, a
         raise LookupError(f"the leader {address} is not a live coordinator of this cluster")
 

@@ -60,9 +60,13 @@ class FailoverStub:
 
     def __init__(self, addresses: list[str], max_message_bytes: int = 256 << 20, security=None):
         self.addresses = addresses
-        self._stubs = [coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(a, max_message_bytes, security))
-                       for a in addresses]
+        self._channels = [transport.make_channel(a, max_message_bytes, security) for a in addresses]
+        self._stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in self._channels]
         self._current = 0
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -79,17 +83,16 @@ class FailoverStub:
                         raise
                     last = exc
                     continue
-                self._current = at
+                if name != "GetClusterMap":  # a follower answers maps too: stay with the one that leads
+                    self._current = at
                 return reply
             raise last
         return call
 
 
-def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=None):
+def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=None) -> "FailoverStub":
     """A stub for the coordinator at ``address``, or for the coordinators at ``host:port,host:port``."""
     addresses = [a.strip() for a in address.split(",") if a.strip()]
-    if len(addresses) == 1:
-        return coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(addresses[0], max_message_bytes, security))
     if not addresses:
         raise ValueError("coordinator address: none given (host:port[,host:port...])")
     return FailoverStub(addresses, max_message_bytes, security)

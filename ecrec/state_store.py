@@ -15,7 +15,7 @@ import os
 import tempfile
 import threading
 
-from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, Election, modified_at, parse_endpoints, put_op, value_is
+from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, Election, get_op, modified_at, parse_endpoints, put_op, value_is
 from ecrec.wire import coordinator_pb2
 
 log = logging.getLogger("ecrec.state_store")
@@ -49,6 +49,9 @@ class FileStore:
 
     def leader_address(self) -> str:
         return ""
+
+    def holds(self) -> bool:
+        return True
 
     def load(self) -> coordinator_pb2.CoordinatorState | None:
         if not self.path or not os.path.exists(self.path):
@@ -104,6 +107,10 @@ class EtcdStore:
     def lost(self) -> threading.Event:
         return self.election.lost
 
+    def holds(self) -> bool:
+        """Whether this coordinator may act as the leader now (its etcd lease surely current)."""
+        return self.election.holds()
+
     def leader_address(self) -> str:
         """The leading coordinator's address ("" when none leads or etcd cannot be reached)."""
         try:
@@ -133,15 +140,24 @@ class EtcdStore:
         return coordinator_pb2.CoordinatorState.FromString(kv.value) if kv is not None else None
 
     def save(self, state: coordinator_pb2.CoordinatorState) -> None:
-        """Writes ``state`` if this coordinator still leads and nobody wrote since its last read or write."""
-        if self.election.lost.is_set():
-            raise NotLeader("this coordinator lost the leadership")
+        """Writes ``state`` if this coordinator still leads and nobody wrote since its last read or write.  When
+        the outcome is unknown (etcd did not answer) or the write was refused, this coordinator steps down
+        (:attr:`lost`): the next leader, maybe this one again, starts from what etcd holds."""
+        if not self.election.holds():
+            raise NotLeader("this coordinator does not hold the leadership now (its etcd lease is not surely current)")
+        data = state.SerializeToString()
         try:
             reply = self.client.txn([value_is(self.leader_key, self._value), modified_at(self.state_key, self._revision)],
-                                    [put_op(self.state_key, state.SerializeToString())])
+                                    [put_op(self.state_key, data)], [get_op(self.state_key), get_op(self.leader_key)])
         except EtcdError as exc:
-            raise StoreUnavailable(str(exc)) from None
+            self.election.lost.set()
+            raise StoreUnavailable(f"{exc}; stepping down") from None
         if not reply.succeeded:
+            now = reply.responses[0].response_range.kvs
+            leader = reply.responses[1].response_range.kvs
+            if now and now[0].value == data and leader and leader[0].value == self._value:
+                self._revision = now[0].mod_revision  # this very write committed before (its answer was lost)
+                return
             self.election.lost.set()
             raise NotLeader("the state was not written: this coordinator no longer holds the leader key, or another "
                             "wrote the state since (compare-and-swap refused)")

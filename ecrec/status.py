@@ -65,11 +65,13 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     if timeout_s <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
     from ecrec.peers import coordinator_stub  # the coordinators at host:port[,host:port...]
+    stub = coordinator_stub(address, security=security)
     try:
-        cluster_map = coordinator_stub(address, security=security).GetClusterMap(
-            coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
+        cluster_map = stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
     except grpc.RpcError as exc:
         raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}") from None
+    finally:
+        stub.close()
     probed = [s for s in cluster_map.servers if s.state != cluster_pb2.FAILED]
     with futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(probed)))) as pool:
         probes = dict(zip((s.server_id for s in probed),

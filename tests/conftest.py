@@ -38,6 +38,10 @@ def pytest_addoption(parser):
     group = parser.getgroup("nemesis")
     group.addoption("--nemesis-seed", default=None, help="seed of the nemesis's fault schedule (default: random)")
     group.addoption("--nemesis-faults", default=50, type=int, help="faults the nemesis injects (default 50)")
+    group.addoption("--nemesis-store", default="file", choices=("file", "etcd"),
+                    help="the control plane under the nemesis: file (one coordinator, restarted on its state file) "
+                         "or etcd (three etcd members, two coordinators; leader and etcd member kills join the "
+                         "schedule)")
 
 
 def server_metadata(local, server_id: str, epoch: int = 0) -> tuple:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ecrec import state_store
+from ecrec.client import Cluster
 from ecrec.config import ClusterSpec, CoordinatorConfig
 from ecrec.coordinator import Coordinator
 from ecrec.peers import coordinator_stub
@@ -73,7 +74,10 @@ class MapWatcher:
 def wait_for(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except LookupError:  # no coordinator leads: a failover is under way
+            value = None
         if value:
             return value
         time.sleep(0.05)
@@ -174,3 +178,172 @@ def test_one_of_three_etcd_members_killed_changes_nothing(make_cluster):
     counting_push(client, np.arange(ROWS))
     counts += 1
     assert_counts(client, initial, counts)
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in front of one etcd member: ``cut()`` drops every connection and refuses new
+    ones (the coordinator behind it is cut off from etcd), ``heal()`` forwards again."""
+
+    def __init__(self, target: str):
+        import socket
+        self.target = target.rsplit(":", 1)
+        self._socket = socket
+        self._lock = threading.Lock()
+        self._conns: list = []
+        self.cut_off = threading.Event()
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.address = f"127.0.0.1:{self.port}"
+        self._listener = None
+        self.heal()
+
+    def heal(self):
+        s = self._socket.socket()
+        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        self.cut_off.clear()
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def cut(self):
+        self.cut_off.set()
+        try:
+            self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(self._socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, listener):
+        while not self.cut_off.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = self._socket.create_connection((self.target[0], int(self.target[1])), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.cut()
+
+
+@needs_etcd
+def test_the_leader_cut_off_from_etcd_steps_down_and_a_follower_takes_over(make_cluster):
+    proxies = {}
+
+    def through_proxy(n, endpoints):  # the first coordinator (it starts first and leads) reaches etcd via a proxy
+        if n:
+            return endpoints
+        proxies[n] = CuttableProxy(endpoints[0])
+        return [proxies[n].address]
+
+    try:
+        local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2,
+                                       coordinator_etcd=through_proxy)
+        watcher = MapWatcher(local)
+        first, second = local.coordinator_addresses
+        assert local.leading_coordinator()[1] == first
+        counts = np.zeros(ROWS)
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        proxies[0].cut()
+        cut = time.monotonic()
+        wait_for(lambda: local.leading_coordinator()[1] == second, 30, "the follower leads")
+        took = time.monotonic() - cut
+        # the deposed leader changes nothing: its calls are refused (it cannot even read etcd for a map)
+        with pytest.raises(Exception, match="UNAVAILABLE"):
+            coordinator_stub(first).ReportFailure(coordinator_pb2.ReportFailureRequest(address="x:1"), timeout=5)
+        standby_id = next(s.server_id for s in local.cluster_map().servers if s.index < 0)
+        local.kill(local.pid_of_index(1))
+        wait_for(lambda: (h := holder(local, 1)) is not None and h.server_id == standby_id
+                 and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING), 40, "index 1 promoted by the new leader")
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        proxies[0].heal()  # back, the old leader campaigns as a follower
+        time.sleep(3)
+        assert local.leading_coordinator()[1] == second
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        print(f"the follower led {took:.2f} s after the leader was cut off from etcd")
+        assert_counts(client, initial, counts)
+        watcher.stop()
+        assert not watcher.conflicts, f"two maps with one epoch: {watcher.conflicts}"
+    finally:
+        for p in proxies.values():
+            p.close()
+
+
+def test_the_control_plane_benchmark_summary_is_a_function_of_its_slices():
+    from ecrec.bench import control_plane
+
+    def slice_(r, store, total, wall):
+        return {"round": r, "store": store, "steps": 10, "wall_s": wall,
+                "cpu_s": {"servers": total * 0.6, "coordinators": total * 0.1, "etcd": 0.0, "worker": total * 0.3}}
+
+    slices = [slice_(0, "file", 1.0, 2.0), slice_(0, "etcd", 1.1, 2.0), slice_(1, "etcd", 0.9, 3.0),
+              slice_(1, "file", 1.0, 2.0), slice_(2, "file", 2.0, 2.0)]  # round 2 unpaired: no ratio
+    s = control_plane.summarize(slices)
+    assert s["cpu_ratio"]["pairs"] == pytest.approx([1.1, 0.9])
+    assert s["cpu_ratio"]["median"] == pytest.approx(1.0)
+    assert s["wall_ratio"]["max"] == pytest.approx(1.5)
+    assert s["stores"]["file"]["total_cpu_s_per_step"] == pytest.approx(0.1)  # median of 0.1, 0.1, 0.2
+    assert s["stores"]["etcd"]["cpu_s_per_step"]["servers"] == pytest.approx(0.06)
+    import argparse
+    args = argparse.Namespace(servers=4, rows=10, dim=4, batch=1, rounds=0, steps=1, coordinators=1, etcd_members=1)
+    with pytest.raises(ValueError, match="--rounds must be >= 1"):
+        control_plane._positive(args)
+
+
+@needs_etcd
+def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_cluster, tmp_path):
+    trustme = pytest.importorskip("trustme")
+    from test_security import issue
+
+    from ecrec.etcd import EtcdClient, EtcdError
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, store="etcd", coordinators=2,
+                         server_security=issue(ca, tmp_path, "ecrec-server"),
+                         coordinator_security=issue(ca, tmp_path, "ecrec-coordinator"),
+                         client_security=issue(ca, tmp_path, "trainer"), etcd_tls=issue(ca, tmp_path, "etcd"))
+    assert all(u.startswith("https://") for u in local.etcd.client_urls)
+    client = Cluster.connect(local.coordinator_address, config=local.client_config(rpc_timeout_s=60.0))
+    client.create_table("t", ROWS, 4, optimizer="sgd", lr=1.0, init="zeros")
+    initial = client.read_payload("t")[1].copy()
+    counting_push(client, np.arange(ROWS))
+    assert local.leading_coordinator()[1] in local.coordinator_addresses
+    plain = EtcdClient(local.etcd.endpoints, timeout_s=2.0)  # no TLS: etcd does not answer it
+    with pytest.raises(EtcdError):
+        plain.get(f"{local.etcd_prefix}/state".encode())
+    plain.close()
+    assert_counts(client, initial, np.ones(ROWS))

@@ -281,13 +281,39 @@ class Nemesis:
                 break
             time.sleep(0.005)
         killed = time.monotonic()
-        self.local.kill(self.local.coordinator_proc.pid)
-        time.sleep(self.rng.uniform(0.0, 0.5))
-        self.local.restart_coordinator()
+        if self.local.etcd is not None:  # the leader dies; a follower takes over; it comes back as a follower
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    pid, address = self.local.leading_coordinator()
+                    break
+                except LookupError:  # a failover is under way
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            self.local.kill(pid)
+            time.sleep(self.rng.uniform(0.0, 0.5))
+            self.local.restart_coordinator_at(address)
+        else:
+            self.local.kill(self.local.coordinator_proc.pid)
+            time.sleep(self.rng.uniform(0.0, 0.5))
+            self.local.restart_coordinator()
         self.coordinator_restarts.append((killed, time.monotonic()))
         self.local.start_server(standby=True)
         self.faults["sigkill"] += 1
         self.faults["coordinator_killed_in_promotion"] += 1
+
+
+    def kill_etcd_member(self) -> None:
+        """SIGKILLs one etcd member of three, restarts it on its data directory a moment later: nothing may
+        change for training (the two left keep the quorum)."""
+        i = self.rng.randrange(len(self.local.etcd.procs))
+        down = self.rng.uniform(0.5, 3.0)
+        self.log(f"SIGKILL etcd member {self.local.etcd.names[i]} for {down:.1f} s")
+        self.local.etcd.kill_member(i)
+        time.sleep(down)
+        self.local.etcd.start_member(i)
+        self.faults["etcd_member_killed"] += 1
 
 
 #: how long training may stop after a fault: the failure timeout, the lease, and 5 s for the rest
@@ -332,7 +358,9 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     seed = request.config.getoption("--nemesis-seed")
     seed = int(seed) if seed is not None else random.SystemRandom().randrange(1 << 30)
     want_faults = int(request.config.getoption("--nemesis-faults"))
-    print(f"\nnemesis seed {seed} (rerun: pytest -m nemesis --nemesis-seed {seed})")
+    store = request.config.getoption("--nemesis-store")
+    print(f"\nnemesis seed {seed}, store {store} (rerun: pytest -m nemesis --nemesis-seed {seed} --nemesis-store "
+          f"{store})")
     rng = random.Random(seed)
     events: list[str] = []
     t0 = time.monotonic()
@@ -344,9 +372,10 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     # the coordinator records slowly: every map change, and more so a promotion's record after its standby answered
     slow = f"record_map@1:delay={rng.uniform(0.005, 0.05):.3f},record_promotion@1:delay={rng.uniform(0.1, 1.0):.2f}"
     log(f"coordinator fault injection: {slow}")
+    control = (dict(store="etcd", coordinators=2, etcd_members=3, coordinator_options={**TIMING, "election_ttl_s": 2})
+               if store == "etcd" else dict(state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING))
     local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
-                         state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING,
-                         coordinator_env={"ECREC_COORDINATOR_FAULT": slow}, **placement)
+                         coordinator_env={"ECREC_COORDINATOR_FAULT": slow}, **control, **placement)
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
     setup.close()
@@ -365,6 +394,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
             kinds, weights = ["kill", "pause", "coordinator", "worker", "standby", "hostile"], [3, 2, 1, 3, 1, 1]
             if netlab is not None:
                 kinds, weights = kinds + ["partition"], weights + [2]
+            if store == "etcd":
+                kinds, weights = kinds + ["etcd"], weights + [1]
             kind = rng.choices(kinds, weights=weights)[0]
             if kind == "worker":
                 w = rng.choice(workers)
@@ -377,7 +408,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 continue
             {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
              "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
-             "hostile": nemesis.hostile}[kind]()
+             "hostile": nemesis.hostile, "etcd": nemesis.kill_etcd_member}[kind]()
             try:
                 nemesis.wait_redundant()
             except AssertionError as exc:

@@ -23,6 +23,8 @@ SUBCOMMANDS = {
     "snapshot": ("ecrec.bench.snapshot", "save a snapshot of a cluster (every server at once) and restore it onto "
                                          "a cluster of another shape: MB/s, client memory, bit-exactness"),
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
+    "control-plane": ("ecrec.bench.control_plane", "failure-free CPU per step with the map on etcd against a file, "
+                                                   "paired rounds side by side"),
 }
 
 # sub-command -> an example shown at the end of its --help
@@ -35,6 +37,7 @@ EXAMPLES = {
     "server": "ecrec-bench server --rows 200000 --json server.json",
     "snapshot": "ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json",
     "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
+    "control-plane": "ecrec-bench control-plane --rounds 6 --steps 150 --json control-plane.json",
 }
 
 
