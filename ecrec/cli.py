@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     lo = sub.add_parser("local", help="start a coordinator and N servers on this machine; Ctrl-C stops them all",
                         description="Start a coordinator and N servers on this machine; Ctrl-C stops them all.",
-                        epilog="examples:\n  ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1\n"
-                               "  ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1 --store etcd "
-                               "--coordinators 2 --etcd-members 3",
+                        epilog="example: ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1\n"
+                               "example: ecrec-server local --servers 4 --standby 1 --strategy ecrec --k 2 --m 1 "
+                               "--store etcd --coordinators 2 --etcd-members 3",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.add_argument("--standby", type=int, default=0, help="spare servers (default 0)")
     lo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
