@@ -116,6 +116,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._initial = cluster_pb2.ClusterMap()
         self._initial.CopyFrom(self.map)
         self._saved = b""  # the state the store holds (serialized): a change it refused is rolled back to this
+        self._saved_sets: tuple[set, dict] = (set(), {})  # ... with the gone servers and wanted indices then
         #: set while this coordinator leads (always with a file store; with etcd once elected)
         self.leading = threading.Event()
         kind, store_args = parse_store(config.store)  # raises ValueError naming a bad --store
@@ -207,7 +208,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._saved_sets = (set(self._gone), dict(self._wanted))
 
     def _roll_back_locked(self) -> None:
-        gone, wanted = getattr(self, "_saved_sets", (set(), {}))
+        gone, wanted = self._saved_sets
         self._gone, self._wanted = set(gone), dict(wanted)
         saved = coordinator_pb2.CoordinatorState.FromString(self._saved)
         self.map.CopyFrom(saved.map)

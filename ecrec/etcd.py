@@ -1,8 +1,8 @@
 """A small etcd v3 client over etcd's gRPC API (stubs generated from ``proto/ecrec/wire/etcd.proto``).
 
 What the control plane needs and no more: read a key with its revisions, compare-and-swap transactions, leases
-with a keep-alive stream, and a member's status.  Every call has a deadline; a call that finds its member
-unreachable goes to the next endpoint (etcd forwards writes to its raft leader itself), and an error that is
+with a keep-alive stream.  Every call has a deadline; a call that finds its member unreachable goes to the next
+endpoint (etcd forwards writes to its raft leader itself), and an error that is
 not the member's absence is raised as :class:`EtcdError` naming the call.
 """
 
@@ -115,10 +115,6 @@ class EtcdClient:
         return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease),
                           write=True).header.revision
 
-    def delete(self, key: bytes) -> int:
-        """Deletes ``key``; returns how many keys were deleted (0 or 1)."""
-        return self._call("KV", "DeleteRange", etcd_pb2.DeleteRangeRequest(key=key), write=True).deleted
-
     def txn(self, compare: list, success: list, failure: list | None = None) -> etcd_pb2.TxnResponse:
         return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []),
                           write=True)
@@ -162,15 +158,6 @@ class EtcdClient:
                 self._current = at
             return replies[0].TTL
         raise EtcdError(f"etcd LeaseKeepAlive: no member answered ({'; '.join(errors)})")
-
-    def status(self, endpoint: str) -> etcd_pb2.StatusResponse:
-        """One member's status (its version, its raft leader's id)."""
-        at = self.endpoints.index(endpoint)
-        stub = etcd_pb2_grpc.MaintenanceStub(self._channels[at])
-        try:
-            return stub.Status(etcd_pb2.StatusRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            raise EtcdError(f"etcd Status at {endpoint}: {exc.code().name}: {exc.details()}") from None
 
 
 # --- transaction building blocks ----------------------------------------------------------------------

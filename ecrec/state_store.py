@@ -119,24 +119,21 @@ class EtcdStore:
             return ""
         return value.decode().partition("@")[2] if value else ""
 
-    def load(self) -> coordinator_pb2.CoordinatorState | None:
-        """The state as etcd holds it now; remembers its revision for the next write's compare."""
+    def _read(self):
         try:
-            kv = self.client.get(self.state_key)
+            return self.client.get(self.state_key)
         except EtcdError as exc:
             raise StoreUnavailable(str(exc)) from None
-        if kv is None:
-            self._revision = 0
-            return None
-        self._revision = kv.mod_revision
-        return coordinator_pb2.CoordinatorState.FromString(kv.value)
+
+    def load(self) -> coordinator_pb2.CoordinatorState | None:
+        """The state as etcd holds it now; remembers its revision for the next write's compare."""
+        kv = self._read()
+        self._revision = kv.mod_revision if kv is not None else 0
+        return coordinator_pb2.CoordinatorState.FromString(kv.value) if kv is not None else None
 
     def peek(self) -> coordinator_pb2.CoordinatorState | None:
         """The state as etcd holds it now (a follower's read: remembers nothing)."""
-        try:
-            kv = self.client.get(self.state_key)
-        except EtcdError as exc:
-            raise StoreUnavailable(str(exc)) from None
+        kv = self._read()
         return coordinator_pb2.CoordinatorState.FromString(kv.value) if kv is not None else None
 
     def save(self, state: coordinator_pb2.CoordinatorState) -> None:
