@@ -140,7 +140,9 @@ class CoordinatorConfig(SecurityOptions):
     failure_timeout_s: float = option(1.5, "... over at least this many seconds (a refused connection declares it "
                                            "at once: the process is gone)")
     lease_s: float = option(3.0, "a server serves only while its lease lasts; a replacement is promoted only after "
-                                 "the lease of the server it replaces ran out (unless its process is gone)")
+                                 "the lease of the server it replaces ran out (unless its process is gone); with an "
+                                 "etcd store, the TTL of each server's etcd lease (whole seconds, at least 2): also "
+                                 "how long the servers serve on through a loss of etcd's quorum")
     rpc_timeout_s: float = option(30.0, "deadline of a call to a server (map update)")
     promote_timeout_s: float = option(5.0, "deadline of one Promote call; a standby still healthy past it is asked "
                                            "again (Promote is idempotent), one that stops answering health checks is "

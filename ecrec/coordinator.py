@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import os
 import socket
 import threading
@@ -39,7 +40,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ecrec import faults, seal, transport
 from ecrec.config import CoordinatorConfig
 from ecrec.etcd import EtcdTLS
-from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
+from ecrec.server_lease import lease_ttl_s
+from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, etcd_url, parse_store
 from ecrec.layout import Layout
 from ecrec.strategies import get_spec
 from ecrec.tables import DenseSpec, TableSpec
@@ -104,6 +106,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._check_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-health-check")
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
+        #: etcd leases (``map.lease_store``): servers whose revocation's outcome is unknown (a TTL is counted from
+        #: when their key is first seen gone)
+        self._revoke_unsure: set[str] = set()
+        self._dropped: set[str] = set()  # standbys removed from the map whose etcd lease is to be revoked
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
         self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
@@ -125,6 +131,12 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if kind == "etcd" and config.election_ttl_s < 2:
             raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
         self._store_args = store_args if kind == "etcd" else None
+        # how long after a server's last renewal it may still serve: with etcd, the TTL of its etcd lease
+        self._lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
+        if kind == "etcd":  # servers hold etcd leases there (ecrec.server_lease)
+            for m in (self.map, self._initial):
+                m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
+                m.lease_s = self._lease_wait_s
         path = store_args.get("path") or config.state_path
         self.store = FileStore(path)
         if path and os.path.exists(path):
@@ -150,7 +162,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         # every server's lease is unknown: wait a whole lease before promoting over any of them
         now = time.monotonic()
         for s in self.map.servers:
-            self._leases[s.server_id] = now + self.config.lease_s
+            self._leases[s.server_id] = now + self._lease_wait_s
         log.info("restored the cluster map from %s (epoch %d, %d tables)", path, self.map.epoch, len(self.map.tables))
 
     def take_over(self, store) -> cluster_pb2.ClusterMap:
@@ -168,11 +180,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._gone.clear()
             self._wanted.clear()
             self._leases.clear()
+            self._revoke_unsure.clear()
+            self._dropped.clear()
             if state is not None:
                 self._load(state, store.describe())
                 self._saved = state.SerializeToString()
             else:
                 self._saved = self._state_locked().SerializeToString()
+            if self.map.lease_store:  # servers reach etcd where this leader and etcd's member list say
+                self.map.lease_store = store.lease_store_url()
             self.leading.set()
             try:
                 snapshot = self._bump_locked()
@@ -296,10 +312,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def Register(self, request, context):
         if not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address is required")
+        etcd_leases = self._check_etcd_lease(request, context) if self.map.lease_store else None
         with self._lock:
             holder = next((s for s in self.map.servers if s.address == request.address and s.state != FAILED
                            and s.server_id != request.server_id), None)
-            leased = holder is not None and self._leases.get(holder.server_id, 0.0) > time.monotonic()
+            if etcd_leases is not None:
+                leased = holder is not None and holder.server_id in etcd_leases
+            else:
+                leased = holder is not None and self._leases.get(holder.server_id, 0.0) > time.monotonic()
             holder_id = holder.server_id if holder is not None else ""
         if leased and self._answers(request.address):
             # a live server holds this address: the caller is mistaken or hostile, not a restart of it
@@ -340,6 +360,23 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         return coordinator_pb2.RegisterReply(map=snapshot, index=index, lease_s=self.config.lease_s,
                                              server_key=self.server_key)
 
+    def _check_etcd_lease(self, request, context) -> dict[str, int]:
+        """With etcd leases: aborts the registration unless the caller's key exists, bound to the lease it names;
+        returns every server's lease."""
+        if not request.etcd_lease:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"this cluster's servers hold etcd leases (lease store {self.map.lease_store}): grant one and "
+                          "bind PREFIX/servers/<server_id> to it before registering (an older ecrec-server?)")
+        try:
+            leases = self.store.server_leases()
+        except StoreUnavailable as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd cannot be read to check the server's lease: {exc}")
+        if leases.get(request.server_id or request.address) != request.etcd_lease:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"etcd holds no key servers/{request.server_id} bound to lease {request.etcd_lease:x}: "
+                          "bind it before registering")
+        return leases
+
     def _answers(self, address: str) -> bool:
         """Whether the server registered at ``address`` answers a health check now."""
         with self._lock:
@@ -353,6 +390,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def RenewLease(self, request, context):
         """Extends a server's lease while the map holds it (active, recovering or standby), else refuses: a
         server that has been declared failed stops serving at once."""
+        if self.map.lease_store:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"this cluster's servers hold etcd leases (lease store {self.map.lease_store}), not leases "
+                          "renewed with the coordinator")
         with self._lock:
             info = next((s for s in self.map.servers if s.server_id == request.server_id and s.state != FAILED), None)
             if info is None:
@@ -536,31 +577,91 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._declare_failed(address, gone)
         return False
 
-    def _declare_failed(self, address: str, gone: bool = False) -> None:
+    def _declare_failed(self, address: str, gone: bool = False, why: str = "") -> None:
         with self._lock:
             info = next((s for s in self.map.servers if s.address == address and s.state != FAILED), None)
             if info is None:
                 return
             if gone:
                 self._gone.add(info.server_id)
+            elif self.map.lease_store:
+                # its etcd lease may have been revoked (by a deposed leader, by hand) moments ago: it may serve
+                # until its next renewal, so a TTL from now bounds it
+                self._leases[info.server_id] = max(self._leases.get(info.server_id, 0.0),
+                                                   time.monotonic() + self._lease_wait_s)
             was_standby = info.state == STANDBY
             if was_standby:
                 self.map.servers.remove(info)
+                if self.map.lease_store:
+                    self._dropped.add(info.server_id)
             else:
                 info.state = FAILED
                 self._event_locked("failed", info.index, address)
             snapshot = self._bump_locked()
         log.warning("server %s (%s) declared failed (%s); epoch %d", address,
                     "standby" if was_standby else f"index {info.index}",
-                    "its process is gone" if gone else "missed its health checks", snapshot.epoch)
+                    "its process is gone" if gone else why or "missed its health checks", snapshot.epoch)
         self._broadcast(snapshot)
+        if self.map.lease_store and not gone:
+            self._fence_etcd_leases()
         self._wake.set()
         self._promote_wake.set()
 
-    def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo]) -> bool:
-        """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out."""
+    def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo], etcd_leases: dict[str, int] | None) -> bool:
+        """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out (with etcd
+        leases: its key is gone, and a revocation's TTL has passed)."""
         now = time.monotonic()
-        return all(s.server_id in self._gone or self._leases.get(s.server_id, 0.0) <= now for s in failed)
+        return all(s.server_id in self._gone or (self._leases.get(s.server_id, 0.0) <= now and
+                                                  (etcd_leases is None or s.server_id not in etcd_leases))
+                   for s in failed)
+
+    # --- etcd leases (``map.lease_store``) -----------------------------------------------------------
+    def _fence_etcd_leases(self) -> dict[str, int] | None:
+        """Revokes the etcd lease of every failed server that still holds one (it stops at its next renewal; it
+        may serve until a TTL after the revocation, which the promotion waits); returns the leases etcd holds now,
+        or None when etcd cannot be read (nothing is promoted then)."""
+        try:
+            leases = self.store.server_leases()
+        except StoreUnavailable as exc:
+            log.warning("the servers' etcd leases cannot be read: %s", exc)
+            return None
+        with self._lock:
+            failed = {s.server_id for s in self.map.servers if s.state == FAILED}
+            for server_id in self._revoke_unsure & (failed - leases.keys()):
+                # the unsure revocation (or expiry) happened by now: a TTL from here covers it
+                self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
+                self._revoke_unsure.discard(server_id)
+            self._dropped &= leases.keys()
+            doomed = {server_id: lease for server_id, lease in leases.items() if server_id in failed | self._dropped}
+            self._dropped.clear()
+            for server_id in doomed:
+                self._leases[server_id] = math.inf  # until the revocation is answered
+        for server_id, lease in doomed.items():
+            try:
+                self.store.revoke_lease(lease)
+                log.info("revoked the etcd lease of failed server %s", server_id)
+            except StoreUnavailable as exc:
+                log.warning("revoking the etcd lease of failed server %s: %s", server_id, exc)
+                with self._lock:
+                    self._revoke_unsure.add(server_id)
+            with self._lock:
+                self._leases[server_id] = time.monotonic() + self._lease_wait_s
+            leases.pop(server_id, None)
+        return leases
+
+    def _check_etcd_leases(self) -> None:
+        """Declares failed every server of the map whose etcd lease key is gone (it expired: the server stopped
+        serving, or will stop at its next renewal)."""
+        with self._lock:
+            known = {s.server_id: s.address for s in self.map.servers if s.state != FAILED}
+        try:
+            leases = self.store.server_leases()  # read after ``known``: a server registers with its key in place
+        except StoreUnavailable as exc:
+            log.warning("the servers' etcd leases cannot be read: %s", exc)
+            return
+        for server_id, address in known.items():
+            if server_id not in leases:
+                self._declare_failed(address, why="its etcd lease expired")
 
     def _promote_standbys(self) -> None:
         with self._promote_lock:  # one promoter at a time (the promoter thread; a test may call it too)
@@ -570,7 +671,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 with self._promoted:
                     self._promoted.notify_all()
 
-    def _choose_locked(self) -> tuple[cluster_pb2.ServerInfo, int, cluster_pb2.ClusterMap | None] | None:
+    def _choose_locked(self, etcd_leases: dict[str, int] | None = None
+                       ) -> tuple[cluster_pb2.ServerInfo, int, cluster_pb2.ClusterMap | None] | None:
         """The next promotion: (its standby's entry, the index, the map that recorded it now or None when it was
         recorded before), recorded in the map as ``PROMOTING`` (one epoch, one map: the Promote carries this
         recorded map) and persisted as the intent; None when there is none to do now.  A promotion begun before (by this or a crashed coordinator) is finished first, with its own
@@ -591,7 +693,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             return None
         # a restarted server that asked for one of these indices first, else any standby; an index whose failed
         # holders (a server, a standby abandoned midway through its promotion) may still serve waits their lease
-        safe = [i for i in failed if self._safe_to_replace([s for s in failed_entries if s.index == i])]
+        safe = [i for i in failed if self._safe_to_replace([s for s in failed_entries if s.index == i], etcd_leases)]
         if not safe:
             return None
         chosen = next((s for s in standbys if self._wanted.get(s.server_id) in safe), standbys[0])
@@ -610,8 +712,13 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
 
     def _promote_standbys_locked(self) -> None:
         while not self._stop.is_set() and (self._leads() or self.store.kind == "file"):
+            etcd_leases = None
+            if self.map.lease_store:
+                etcd_leases = self._fence_etcd_leases()
+                if etcd_leases is None:
+                    return  # etcd cannot be read: no promotion can be recorded either
             with self._lock:
-                choice = self._choose_locked()
+                choice = self._choose_locked(etcd_leases)
                 if choice is None:
                     return
                 chosen, index, snapshot = choice
@@ -755,6 +862,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 return
             except Exception:  # noqa: BLE001 - reported, never swallowed
                 log.exception("health checks failed")
+            if self.map.lease_store:
+                try:
+                    self._check_etcd_leases()
+                except Exception:  # noqa: BLE001 - reported, never swallowed
+                    log.exception("checking the servers' etcd leases failed")
             self._promote_wake.set()
             try:
                 self._poll_recovering()

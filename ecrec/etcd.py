@@ -110,6 +110,10 @@ class EtcdClient:
         reply = self._call("KV", "Range", etcd_pb2.RangeRequest(key=key))
         return reply.kvs[0] if reply.kvs else None
 
+    def get_prefix(self, prefix: bytes) -> list[etcd_pb2.KeyValue]:
+        """Every key that starts with ``prefix`` (a linearizable read)."""
+        return list(self._call("KV", "Range", etcd_pb2.RangeRequest(key=prefix, range_end=prefix_end(prefix))).kvs)
+
     def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         """Writes ``key`` unconditionally; returns the store's revision after it."""
         return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease),
@@ -118,6 +122,12 @@ class EtcdClient:
     def txn(self, compare: list, success: list, failure: list | None = None) -> etcd_pb2.TxnResponse:
         return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []),
                           write=True)
+
+    # --- members ---------------------------------------------------------------------------------
+    def member_endpoints(self) -> list[str]:
+        """HOST:PORT of every member's advertised client URL (what other processes dial: etcd's member list)."""
+        reply = self._call("Cluster", "MemberList", etcd_pb2.MemberListRequest())
+        return [u.partition("://")[2] or u for m in reply.members if not m.isLearner for u in m.clientURLs]
 
     # --- leases ------------------------------------------------------------------------------------
     def grant(self, ttl_s: int) -> int:
@@ -136,6 +146,10 @@ class EtcdClient:
     def keep_alive_once(self, lease: int, timeout_s: float | None = None) -> int:
         """Renews ``lease`` once (each member gets ``timeout_s``); returns its new TTL (0 or less: the lease is
         gone).  Raises :class:`EtcdError` when no member answered."""
+        return self.keep_alive(lease, timeout_s).TTL
+
+    def keep_alive(self, lease: int, timeout_s: float | None = None) -> etcd_pb2.LeaseKeepAliveResponse:
+        """:meth:`keep_alive_once`'s whole answer (its header carries the store's revision)."""
         errors = []
         with self._lock:
             start = self._current
@@ -145,22 +159,31 @@ class EtcdClient:
             try:  # one request, then the stream is half-closed: etcd answers it and ends the call
                 replies = list(stub.LeaseKeepAlive(iter([etcd_pb2.LeaseKeepAliveRequest(ID=lease)]),
                                                    timeout=timeout_s or self.timeout_s))
-            except grpc.RpcError as exc:
-                if exc.code() not in _MOVE_ON:
-                    raise EtcdError(f"etcd LeaseKeepAlive at {self.endpoints[at]}: {exc.code().name}: "
-                                    f"{exc.details()}") from None
-                errors.append(f"{self.endpoints[at]}: {exc.code().name}")
+            except grpc.RpcError as exc:  # a renewal is idempotent: any member's error sends it to the next
+                errors.append(f"{self.endpoints[at]}: {exc.code().name}"
+                              + ("" if exc.code() in _MOVE_ON else f": {exc.details()}"))
                 continue
             if not replies:
                 errors.append(f"{self.endpoints[at]}: no answer")
                 continue
             with self._lock:
                 self._current = at
-            return replies[0].TTL
+            return replies[0]
         raise EtcdError(f"etcd LeaseKeepAlive: no member answered ({'; '.join(errors)})")
 
 
 # --- transaction building blocks ----------------------------------------------------------------------
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix`` (etcd's convention)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\x00"  # every key
+
+
 def value_is(key: bytes, value: bytes) -> etcd_pb2.Compare:
     return etcd_pb2.Compare(result=etcd_pb2.Compare.EQUAL, target=etcd_pb2.Compare.VALUE, key=key, value=value)
 

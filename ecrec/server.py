@@ -31,10 +31,12 @@ from prometheus_client import Histogram
 
 from ecrec import errors, faults, snapshot_part, transport
 from ecrec.config import ServerConfig
+from ecrec.etcd import EtcdError, EtcdTLS
 from ecrec.layout import Layout
 from ecrec.peers import CoordinatorClient, Peers
 from ecrec.reserve import Reserve
 from ecrec.seal import Sealer
+from ecrec.server_lease import EtcdServerLease
 from ecrec.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
@@ -1043,6 +1045,10 @@ class EmbeddingServer:
         self._stop = threading.Event()
         self.stopped = threading.Event()  # set when this server stops (replaced: its lease was refused)
         self._timer_thread: threading.Thread | None = None
+        #: the lease on etcd, when the map names a lease store (the control plane is on etcd); else None: the
+        #: coordinator grants it (RenewLease)
+        self.etcd_lease: EtcdServerLease | None = None
+        self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
 
     def start(self) -> None:
         self._grpc.start()
@@ -1059,6 +1065,12 @@ class EmbeddingServer:
             self.state.refresh_map()
             if self.state.map is None:
                 time.sleep(0.2)
+        if self.state.map is not None and self.state.map.lease_store:
+            cfg = self.config
+            tls = EtcdTLS(cfg.tls_ca, cfg.tls_cert, cfg.tls_key) if cfg.tls_ca else None
+            self.etcd_lease = EtcdServerLease(self.state.map.lease_store, self.state.map.lease_s, self.state.server_id,
+                                              self.state.address, tls)
+            self.etcd_lease.acquire(deadline)  # before registering: the coordinator checks the key
         self._register(max(1.0, deadline - time.monotonic()))
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
@@ -1070,6 +1082,7 @@ class EmbeddingServer:
         request = coordinator_pb2.RegisterRequest(
             address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
             want_index=self.config.want_index, health_address=f"{self.public_host}:{self.health_port}",
+            etcd_lease=self.etcd_lease.id if self.etcd_lease is not None else 0,
         )
         while True:
             sent = time.monotonic()
@@ -1079,8 +1092,16 @@ class EmbeddingServer:
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
+                if self.etcd_lease is not None:  # no coordinator leads yet: the lease must outlast the wait
+                    try:
+                        self.etcd_lease.renew()
+                    except EtcdError as renew_exc:
+                        log.warning("renewing the etcd lease while registering: %s", renew_exc)
                 time.sleep(0.2)
-        self.state.lease.grant(sent, reply.lease_s)
+        if self.etcd_lease is not None:
+            self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
+        else:
+            self.state.lease.grant(sent, reply.lease_s)
         try:
             self.state.set_server_key(reply.server_key)
         except ValueError as exc:
@@ -1096,6 +1117,8 @@ class EmbeddingServer:
     def _lease_loop(self) -> None:
         """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
         declared failed and is being replaced)."""
+        if self.etcd_lease is not None:
+            return self._etcd_lease_loop()
         st = self.state
         while not self._stop.is_set():
             period = max(0.05, st.lease.length_s / 3) if st.lease.length_s else 0.5
@@ -1117,6 +1140,48 @@ class EmbeddingServer:
             st.lease.grant(sent, reply.lease_s)
             if reply.epoch > st.epoch:
                 st.refresh_map()
+
+    def _etcd_lease_loop(self) -> None:
+        """Keeps the etcd lease alive a third of its TTL ahead (sooner after a failed try); stops this server when
+        etcd says the lease is gone (the coordinator revoked it to replace this server, or it expired).  A
+        renewal that shows a newer store revision than the map's fetch makes this server fetch the map."""
+        st, lease = self.state, self.etcd_lease
+        period = lease.ttl_s / 3.0
+        wait, seen = period, lease.revision
+        while not self._stop.wait(wait):
+            if st.map is not None:
+                lease.follow(st.map.lease_store)
+            try:
+                sent, ttl = lease.renew()
+            except EtcdError as exc:
+                log.warning("etcd lease renewal failed (%s); serving until %.1f s from now", exc,
+                            max(0.0, st.lease.until - time.monotonic()))
+                wait = period / 3.0
+                continue
+            wait = period
+            if ttl <= 0:
+                log.error("this server's etcd lease %x is gone (revoked: it was replaced, or it expired); stopping",
+                          lease.id)
+                st.lease.revoke("its etcd lease is gone")
+                threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
+                return
+            st.lease.grant(sent, ttl)
+            if lease.revision > seen and self._refresh_map_soon():
+                seen = lease.revision
+
+    def _refresh_map_soon(self) -> bool:
+        """Fetches the map on a thread of its own (a slow coordinator never delays a lease renewal); False when
+        a fetch is still under way."""
+        if not self._refreshing.acquire(blocking=False):
+            return False
+
+        def run():
+            try:
+                self.state.refresh_map()
+            finally:
+                self._refreshing.release()
+        threading.Thread(target=run, name="ecrec-map-refresh", daemon=True).start()
+        return True
 
     def _timer_loop(self) -> None:
         while not self._stop.is_set():
@@ -1145,4 +1210,6 @@ class EmbeddingServer:
                 log.exception("strategy close failed")
         self._grpc.stop(grace_s).wait()
         self._health_grpc.stop(0).wait()
+        if self.etcd_lease is not None:
+            self.etcd_lease.release()
         self.stopped.set()

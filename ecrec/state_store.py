@@ -16,6 +16,7 @@ import tempfile
 import threading
 
 from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, Election, get_op, modified_at, parse_endpoints, put_op, value_is
+from ecrec.server_lease import servers_prefix
 from ecrec.wire import coordinator_pb2
 
 log = logging.getLogger("ecrec.state_store")
@@ -91,6 +92,7 @@ class EtcdStore:
         self.prefix = prefix.rstrip("/")
         self.state_key = f"{self.prefix}/state".encode()
         self.leader_key = f"{self.prefix}/leader".encode()
+        self.servers_prefix = servers_prefix(self.prefix)
         self.me = me
         self.address = address
         self._value = f"{me}@{address}".encode()
@@ -160,11 +162,43 @@ class EtcdStore:
                             "wrote the state since (compare-and-swap refused)")
         self._revision = reply.header.revision
 
+    def lease_store_url(self) -> str:
+        """Where the servers take their leases (``map.lease_store``): every member's advertised client address
+        (etcd's member list), then the endpoints this coordinator dials."""
+        try:
+            members = self.client.member_endpoints()
+        except EtcdError as exc:
+            log.warning("etcd's member list cannot be read (%s): servers dial %s", exc, ",".join(self.endpoints))
+            members = []
+        return etcd_url(list(dict.fromkeys(members + self.endpoints)), self.prefix)
+
+    def server_leases(self) -> dict[str, int]:
+        """server_id -> etcd lease id of every server whose lease key exists (``ecrec.server_lease``); raises
+        :class:`StoreUnavailable` when etcd cannot be read."""
+        try:
+            kvs = self.client.get_prefix(self.servers_prefix)
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        return {kv.key[len(self.servers_prefix):].decode(): kv.lease for kv in kvs}
+
+    def revoke_lease(self, lease: int) -> None:
+        """Revokes a server's etcd lease (its key goes with it); raises :class:`StoreUnavailable` when etcd did not
+        answer (the revocation may still happen)."""
+        try:
+            self.client.revoke(lease)
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+
     def resign(self) -> None:
         self.election.resign()
 
     def close(self) -> None:
         self.client.close()
+
+
+def etcd_url(endpoints: list[str], prefix: str) -> str:
+    """The ``etcd://`` URL of ``endpoints`` and ``prefix`` (what :func:`parse_store` reads back)."""
+    return f"etcd://{','.join(endpoints)}{prefix.rstrip('/')}"
 
 
 def parse_store(url: str | None) -> tuple[str, dict]:

@@ -28,6 +28,20 @@ needs_etcd = pytest.mark.skipif(not HAVE_ETCD, reason="needs the etcd binary (ap
 
 def test_store_urls_are_parsed_and_bad_ones_named():
     assert state_store.parse_store(None) == ("file", {})
+    from ecrec.etcd import prefix_end
+    from ecrec.server_lease import lease_ttl_s, parse_lease_store, servers_prefix
+    url = state_store.etcd_url(["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a/")
+    assert url == "etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a"
+    assert parse_lease_store(url) == (["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a")
+    with pytest.raises(ValueError, match="not an etcd"):
+        parse_lease_store("/tmp/state")
+    assert servers_prefix("/jobs/a") == b"/jobs/a/servers/"
+    assert prefix_end(b"/jobs/a/servers/") == b"/jobs/a/servers0" and prefix_end(b"a\xff") == b"b"
+    assert [lease_ttl_s(x) for x in (0.5, 2.0, 2.1, 3.0)] == [2, 2, 3, 3]
+    spec0 = ClusterSpec(num_servers=2)
+    c = Coordinator(CoordinatorConfig(cluster=spec0, store="etcd://127.0.0.1:2379/x", lease_s=2.5))
+    assert (c.map.lease_store, c.map.lease_s) == ("etcd://127.0.0.1:2379/x", 3.0)
+    assert Coordinator(CoordinatorConfig(cluster=spec0)).map.lease_store == ""  # file store: leases on the coordinator
     assert state_store.parse_store("/var/lib/ecrec/state") == ("file", {"path": "/var/lib/ecrec/state"})
     assert state_store.parse_store("file:///tmp/s") == ("file", {"path": "/tmp/s"})
     assert state_store.parse_store("etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a") == (
@@ -130,6 +144,95 @@ def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_pa
     finally:
         watcher.stop()
     assert not watcher.conflicts, f"two maps with one epoch: {watcher.conflicts}"
+
+
+@needs_etcd
+def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_replaced(make_cluster):
+    from ecrec.server_lease import lease_ttl_s, servers_prefix
+    import grpc
+    local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    m = local.cluster_map()
+    assert m.lease_store.startswith("etcd://") and m.lease_s == lease_ttl_s(3.0)
+    etcd = local.etcd.client()
+    try:
+        keys = {kv.key.decode().rpartition("/")[2]: kv for kv in etcd.get_prefix(servers_prefix(local.etcd_prefix))}
+        assert set(keys) == {s.server_id for s in m.servers}  # every server and the standby, each its own lease
+        assert len({kv.lease for kv in keys.values()}) == len(keys) and all(kv.lease for kv in keys.values())
+        assert all(0 < etcd.keep_alive_once(kv.lease) <= m.lease_s for kv in keys.values())
+        # the coordinator's home-made renewal is not what these servers use
+        with pytest.raises(grpc.RpcError) as refused:
+            coordinator_stub(local.coordinator_address).RenewLease(coordinator_pb2.RenewLeaseRequest(
+                server_id=m.servers[0].server_id, index=0, epoch=m.epoch), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # a registration without a lease, or naming another's, is refused and changes nothing
+        for lease in (0, keys[m.servers[0].server_id].lease):
+            with pytest.raises(grpc.RpcError) as bad:
+                coordinator_stub(local.coordinator_address).Register(coordinator_pb2.RegisterRequest(
+                    address="127.0.0.1:9", server_id="intruder", standby=True, etcd_lease=lease), timeout=5)
+            assert bad.value.code() == grpc.StatusCode.FAILED_PRECONDITION, bad.value.details()
+        assert "intruder" not in {s.server_id for s in local.cluster_map().servers}
+        # revoke index 1's lease (as a deposed leader might have): it stops serving, its process ends, and the
+        # standby takes the index
+        victim = holder(local, 1)
+        standby_id = next(s.server_id for s in m.servers if s.index < 0)
+        proc = next(p for p in local.server_procs if p.pid == local.pid_of_index(1))
+        etcd.revoke(keys[victim.server_id].lease)
+        revoked = time.monotonic()
+        wait_for(lambda: proc.poll() is not None, 20, "the server whose lease was revoked to exit")
+        stopped = time.monotonic() - revoked
+        h = wait_for(lambda: (h := holder(local, 1)) is not None and h.server_id == standby_id
+                     and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING) and h, 40, "index 1 promoted")
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        print(f"the server stopped {stopped:.2f} s after its etcd lease was revoked")
+        assert stopped < m.lease_s  # at its next renewal, a third of the TTL apart
+        assert h.server_id in {kv.key.decode().rpartition("/")[2]
+                               for kv in etcd.get_prefix(servers_prefix(local.etcd_prefix))}
+    finally:
+        etcd.close()
+    assert_counts(client, initial, counts)
+
+
+@needs_etcd
+def test_two_of_three_etcd_members_killed_the_data_plane_serves_within_a_lease_and_promotions_wait(make_cluster):
+    lease_s = 8.0  # the servers ride out an etcd outage this long (a longer lease, a slower replacement of a hung one)
+    local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2, etcd_members=3,
+                                   coordinator_options={"lease_s": lease_s})
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    standby_id = next(s.server_id for s in local.cluster_map().servers if s.index < 0)
+    victim = local.pid_of_index(2)  # (the map cannot be read while etcd is down)
+    local.etcd.kill_member(1)
+    local.etcd.kill_member(2)
+    lost = time.monotonic()
+    steps = []
+    while time.monotonic() - lost < lease_s / 2:  # training goes on without etcd
+        began = time.monotonic()
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        steps.append(time.monotonic() - began)
+    assert max(steps) < 2.0, steps
+    local.kill(victim)  # its process is gone, but no promotion can be recorded
+    time.sleep(2.0)
+    from ecrec.etcd import EtcdError
+    with pytest.raises((LookupError, EtcdError)):  # etcd cannot say who leads: nobody can record a change
+        local.leading_coordinator()
+    local.etcd.start_member(1)
+    local.etcd.start_member(2)
+    back = time.monotonic()
+    h = wait_for(lambda: (h := holder(local, 2)) is not None and h.server_id == standby_id
+                 and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING) and h, 60, "index 2 promoted")
+    promoted = next(e for e in local.cluster_map().events if e.kind == "promoted" and e.index == 2)
+    assert promoted.wall_time > time.time() - (time.monotonic() - back)  # only once etcd was back
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    print(f"{len(steps)} steps while 2/3 etcd members were down, slowest {max(steps):.2f} s; index 2 promoted "
+          f"{time.monotonic() - back:.2f} s after etcd was back")
+    assert_counts(client, initial, counts)
 
 
 @needs_etcd

@@ -9,6 +9,7 @@ float32 is exact), whatever the order.
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import grpc
@@ -63,8 +64,11 @@ def wait_for(predicate, timeout_s: float, what: str):
         time.sleep(0.05)
 
 
-def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledges_nothing(make_cluster):
-    local, client, initial = start(make_cluster, servers=3, standby=1)
+@pytest.mark.parametrize("store", ["file", pytest.param("etcd", marks=pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="needs the etcd binary (apt-get install etcd-server)"))])
+def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledges_nothing(make_cluster, store):
+    """With ``store="etcd"`` the servers' leases are etcd leases: the paused server's is revoked or expires."""
+    local, client, initial = start(make_cluster, servers=3, standby=1, store=store)
     counts = np.zeros(ROWS)
     rng = np.random.default_rng(0)
 

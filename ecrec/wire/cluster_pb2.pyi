@@ -77,7 +77,7 @@ class ServerInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ..., health_address: _Optional[str] = ...) -> None: ...
 
 class ClusterMap(_message.Message):
-    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events", "data_loss")
+    __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events", "data_loss", "lease_store", "lease_s")
     class StrategyOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,8 @@ class ClusterMap(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     DATA_LOSS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_STORE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     num_servers: int
     strategy: str
@@ -109,7 +111,9 @@ class ClusterMap(_message.Message):
     ready: bool
     events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
     data_loss: _containers.RepeatedCompositeFieldContainer[DataLoss]
-    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., data_loss: _Optional[_Iterable[_Union[DataLoss, _Mapping]]] = ...) -> None: ...
+    lease_store: str
+    lease_s: float
+    def __init__(self, epoch: _Optional[int] = ..., num_servers: _Optional[int] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., k: _Optional[int] = ..., m: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerInfo, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseSpec, _Mapping]]] = ..., ready: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., data_loss: _Optional[_Iterable[_Union[DataLoss, _Mapping]]] = ..., lease_store: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class DataLoss(_message.Message):
     __slots__ = ("table", "stripes", "stripe_count", "indices", "wall_time")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ecrec.wire import cluster_pb2 as ecrec_dot_wire_dot_cluster__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65\x63rec/wire/coordinator.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"D\n\x11RenewLeaseRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"R\n\x0fRenewLeaseReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x15ReportDataLossRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.ecrec.wire.DataLoss\"r\n\x0fRegisterRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07standby\x18\x02 \x01(\x08\x12\x11\n\tserver_id\x18\x03 \x01(\t\x12\x12\n\nwant_index\x18\x04 \x01(\x05\x12\x16\n\x0ehealth_address\x18\x05 \x01(\t\"h\n\rRegisterReply\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bknown_epoch\x18\x01 \x01(\x04\"R\n\x14RegisterDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"S\n\x16ReportRedundantRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x03 \x01(\x01\"7\n\x14ReportFailureRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xad\x01\n\x10\x43oordinatorState\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12/\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32 .ecrec.wire.RegisterDenseRequest\x12/\n\tpromoting\x18\x03 \x03(\x0b\x32\x1c.ecrec.wire.PendingPromotion\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"E\n\x10PendingPromotion\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x32\xd6\x04\n\x0b\x43oordinator\x12\x42\n\x08Register\x12\x1b.ecrec.wire.RegisterRequest\x1a\x19.ecrec.wire.RegisterReply\x12I\n\rGetClusterMap\x12 .ecrec.wire.GetClusterMapRequest\x1a\x16.ecrec.wire.ClusterMap\x12<\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rRegisterDense\x12 .ecrec.wire.RegisterDenseRequest\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rReportFailure\x12 .ecrec.wire.ReportFailureRequest\x1a\x16.ecrec.wire.ClusterMap\x12M\n\x0fReportRedundant\x12\".ecrec.wire.ReportRedundantRequest\x1a\x16.ecrec.wire.ClusterMap\x12H\n\nRenewLease\x12\x1d.ecrec.wire.RenewLeaseRequest\x1a\x1b.ecrec.wire.RenewLeaseReply\x12K\n\x0eReportDataLoss\x12!.ecrec.wire.ReportDataLossRequest\x1a\x16.ecrec.wire.ClusterMapb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65\x63rec/wire/coordinator.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"D\n\x11RenewLeaseRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"R\n\x0fRenewLeaseReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x15ReportDataLossRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.ecrec.wire.DataLoss\"\x86\x01\n\x0fRegisterRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07standby\x18\x02 \x01(\x08\x12\x11\n\tserver_id\x18\x03 \x01(\t\x12\x12\n\nwant_index\x18\x04 \x01(\x05\x12\x16\n\x0ehealth_address\x18\x05 \x01(\t\x12\x12\n\netcd_lease\x18\x06 \x01(\x03\"h\n\rRegisterReply\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bknown_epoch\x18\x01 \x01(\x04\"R\n\x14RegisterDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"S\n\x16ReportRedundantRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x03 \x01(\x01\"7\n\x14ReportFailureRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xad\x01\n\x10\x43oordinatorState\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12/\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32 .ecrec.wire.RegisterDenseRequest\x12/\n\tpromoting\x18\x03 \x03(\x0b\x32\x1c.ecrec.wire.PendingPromotion\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"E\n\x10PendingPromotion\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x32\xd6\x04\n\x0b\x43oordinator\x12\x42\n\x08Register\x12\x1b.ecrec.wire.RegisterRequest\x1a\x19.ecrec.wire.RegisterReply\x12I\n\rGetClusterMap\x12 .ecrec.wire.GetClusterMapRequest\x1a\x16.ecrec.wire.ClusterMap\x12<\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rRegisterDense\x12 .ecrec.wire.RegisterDenseRequest\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rReportFailure\x12 .ecrec.wire.ReportFailureRequest\x1a\x16.ecrec.wire.ClusterMap\x12M\n\x0fReportRedundant\x12\".ecrec.wire.ReportRedundantRequest\x1a\x16.ecrec.wire.ClusterMap\x12H\n\nRenewLease\x12\x1d.ecrec.wire.RenewLeaseRequest\x1a\x1b.ecrec.wire.RenewLeaseReply\x12K\n\x0eReportDataLoss\x12!.ecrec.wire.ReportDataLossRequest\x1a\x16.ecrec.wire.ClusterMapb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,22 +38,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWLEASEREPLY']._serialized_end=222
   _globals['_REPORTDATALOSSREQUEST']._serialized_start=224
   _globals['_REPORTDATALOSSREQUEST']._serialized_end=317
-  _globals['_REGISTERREQUEST']._serialized_start=319
-  _globals['_REGISTERREQUEST']._serialized_end=433
-  _globals['_REGISTERREPLY']._serialized_start=435
-  _globals['_REGISTERREPLY']._serialized_end=539
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=541
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=584
-  _globals['_REGISTERDENSEREQUEST']._serialized_start=586
-  _globals['_REGISTERDENSEREQUEST']._serialized_end=668
-  _globals['_REPORTREDUNDANTREQUEST']._serialized_start=670
-  _globals['_REPORTREDUNDANTREQUEST']._serialized_end=753
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=755
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=810
-  _globals['_COORDINATORSTATE']._serialized_start=813
-  _globals['_COORDINATORSTATE']._serialized_end=986
-  _globals['_PENDINGPROMOTION']._serialized_start=988
-  _globals['_PENDINGPROMOTION']._serialized_end=1057
-  _globals['_COORDINATOR']._serialized_start=1060
-  _globals['_COORDINATOR']._serialized_end=1658
+  _globals['_REGISTERREQUEST']._serialized_start=320
+  _globals['_REGISTERREQUEST']._serialized_end=454
+  _globals['_REGISTERREPLY']._serialized_start=456
+  _globals['_REGISTERREPLY']._serialized_end=560
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=562
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=605
+  _globals['_REGISTERDENSEREQUEST']._serialized_start=607
+  _globals['_REGISTERDENSEREQUEST']._serialized_end=689
+  _globals['_REPORTREDUNDANTREQUEST']._serialized_start=691
+  _globals['_REPORTREDUNDANTREQUEST']._serialized_end=774
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=776
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=831
+  _globals['_COORDINATORSTATE']._serialized_start=834
+  _globals['_COORDINATORSTATE']._serialized_end=1007
+  _globals['_PENDINGPROMOTION']._serialized_start=1009
+  _globals['_PENDINGPROMOTION']._serialized_end=1078
+  _globals['_COORDINATOR']._serialized_start=1081
+  _globals['_COORDINATOR']._serialized_end=1679
 # @@protoc_insertion_point(module_scope)

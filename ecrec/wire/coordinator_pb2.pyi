@@ -40,18 +40,20 @@ class ReportDataLossRequest(_message.Message):
     def __init__(self, index: _Optional[int] = ..., server_id: _Optional[str] = ..., lost: _Optional[_Iterable[_Union[_cluster_pb2.DataLoss, _Mapping]]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("address", "standby", "server_id", "want_index", "health_address")
+    __slots__ = ("address", "standby", "server_id", "want_index", "health_address", "etcd_lease")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     WANT_INDEX_FIELD_NUMBER: _ClassVar[int]
     HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ETCD_LEASE_FIELD_NUMBER: _ClassVar[int]
     address: str
     standby: bool
     server_id: str
     want_index: int
     health_address: str
-    def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ..., health_address: _Optional[str] = ...) -> None: ...
+    etcd_lease: int
+    def __init__(self, address: _Optional[str] = ..., standby: _Optional[bool] = ..., server_id: _Optional[str] = ..., want_index: _Optional[int] = ..., health_address: _Optional[str] = ..., etcd_lease: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("map", "index", "lease_s", "server_key")

@@ -223,6 +223,32 @@ class LeaseKeepAliveResponse(_message.Message):
     TTL: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., ID: _Optional[int] = ..., TTL: _Optional[int] = ...) -> None: ...
 
+class MemberListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("ID", "name", "peerURLs", "clientURLs", "isLearner")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PEERURLS_FIELD_NUMBER: _ClassVar[int]
+    CLIENTURLS_FIELD_NUMBER: _ClassVar[int]
+    ISLEARNER_FIELD_NUMBER: _ClassVar[int]
+    ID: int
+    name: str
+    peerURLs: _containers.RepeatedScalarFieldContainer[str]
+    clientURLs: _containers.RepeatedScalarFieldContainer[str]
+    isLearner: bool
+    def __init__(self, ID: _Optional[int] = ..., name: _Optional[str] = ..., peerURLs: _Optional[_Iterable[str]] = ..., clientURLs: _Optional[_Iterable[str]] = ..., isLearner: _Optional[bool] = ...) -> None: ...
+
+class MemberListResponse(_message.Message):
+    __slots__ = ("header", "members")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -384,6 +384,78 @@ class Lease:
             _registered_method=True)
 
 
+class ClusterStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.MemberList = channel.unary_unary(
+                '/etcdserverpb.Cluster/MemberList',
+                request_serializer=ecrec_dot_wire_dot_etcd__pb2.MemberListRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_etcd__pb2.MemberListResponse.FromString,
+                _registered_method=True)
+
+
+class ClusterServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def MemberList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClusterServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'MemberList': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberList,
+                    request_deserializer=ecrec_dot_wire_dot_etcd__pb2.MemberListRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_etcd__pb2.MemberListResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'etcdserverpb.Cluster', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('etcdserverpb.Cluster', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Cluster:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def MemberList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Cluster/MemberList',
+            ecrec_dot_wire_dot_etcd__pb2.MemberListRequest.SerializeToString,
+            ecrec_dot_wire_dot_etcd__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class MaintenanceStub:
     """Missing associated documentation comment in .proto file."""
 
