@@ -39,9 +39,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ecrec import faults, seal, transport
 from ecrec.config import CoordinatorConfig
-from ecrec.etcd import EtcdTLS
+from ecrec.etcd import EtcdTLS, etcd_url
 from ecrec.server_lease import lease_ttl_s
-from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, etcd_url, parse_store
+from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
 from ecrec.layout import Layout
 from ecrec.strategies import get_spec
 from ecrec.tables import DenseSpec, TableSpec
@@ -714,6 +714,12 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         while not self._stop.is_set() and (self._leads() or self.store.kind == "file"):
             etcd_leases = None
             if self.map.lease_store:
+                with self._lock:  # read etcd only when there is something to fence or promote
+                    work = bool(self._promoting or self._dropped or self._revoke_unsure) or (
+                        any(s.state == STANDBY for s in self.map.servers)
+                        and any(s.state == FAILED and s.index >= 0 for s in self.map.servers))
+                if not work:
+                    return
                 etcd_leases = self._fence_etcd_leases()
                 if etcd_leases is None:
                     return  # etcd cannot be read: no promotion can be recorded either

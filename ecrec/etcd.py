@@ -63,6 +63,19 @@ def parse_endpoints(text: str) -> list[str]:
     return endpoints
 
 
+def etcd_url(endpoints: list[str], prefix: str) -> str:
+    """The ``etcd://EP[,EP...]/PREFIX`` URL of ``endpoints`` and ``prefix`` (what :func:`parse_etcd_url` reads)."""
+    return f"etcd://{','.join(endpoints)}{prefix.rstrip('/')}"
+
+
+def parse_etcd_url(url: str) -> tuple[list[str], str]:
+    """``etcd://EP[,EP...][/PREFIX]`` -> (endpoints, prefix; default ``/ecrec``); ValueError naming the problem."""
+    if not url.startswith("etcd://"):
+        raise ValueError(f"{url!r} is not an etcd:// URL (etcd://HOST:PORT[,HOST:PORT...][/PREFIX])")
+    hosts, slash, prefix = url[len("etcd://"):].partition("/")
+    return parse_endpoints(hosts), "/" + prefix if slash and prefix else "/ecrec"
+
+
 class EtcdClient:
     """Keys, transactions and leases on the etcd cluster at ``endpoints``."""
 

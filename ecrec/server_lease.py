@@ -14,7 +14,7 @@ import math
 import threading
 import time
 
-from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS
+from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, parse_etcd_url
 
 log = logging.getLogger("ecrec.server_lease")
 
@@ -31,11 +31,10 @@ def lease_ttl_s(lease_s: float) -> int:
 
 def parse_lease_store(url: str) -> tuple[list[str], str]:
     """``etcd://EP[,EP...]/PREFIX`` (a map's ``lease_store``) -> (endpoints, prefix); ValueError naming the problem."""
-    from ecrec.state_store import parse_store
-    kind, args = parse_store(url)
-    if kind != "etcd":
-        raise ValueError(f"the map's lease store {url!r} is not an etcd:// URL")
-    return args["endpoints"], args["prefix"]
+    try:
+        return parse_etcd_url(url)
+    except ValueError as exc:
+        raise ValueError(f"the map's lease store: {exc}") from None
 
 
 class EtcdServerLease:

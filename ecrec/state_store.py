@@ -15,7 +15,8 @@ import os
 import tempfile
 import threading
 
-from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, Election, get_op, modified_at, parse_endpoints, put_op, value_is
+from ecrec.etcd import (EtcdClient, EtcdError, EtcdTLS, Election, etcd_url, get_op, modified_at, parse_etcd_url, put_op,
+                        value_is)
 from ecrec.server_lease import servers_prefix
 from ecrec.wire import coordinator_pb2
 
@@ -196,11 +197,6 @@ class EtcdStore:
         self.client.close()
 
 
-def etcd_url(endpoints: list[str], prefix: str) -> str:
-    """The ``etcd://`` URL of ``endpoints`` and ``prefix`` (what :func:`parse_store` reads back)."""
-    return f"etcd://{','.join(endpoints)}{prefix.rstrip('/')}"
-
-
 def parse_store(url: str | None) -> tuple[str, dict]:
     """``--store`` -> (kind, arguments): None or a path or ``file://PATH`` -> file; ``etcd://EP[,EP...][/PREFIX]``
     -> etcd (default prefix ``/ecrec``).  Raises ValueError naming what is wrong."""
@@ -209,9 +205,8 @@ def parse_store(url: str | None) -> tuple[str, dict]:
     if url.startswith("file://"):
         return "file", {"path": url[len("file://"):]}
     if url.startswith("etcd://"):
-        rest = url[len("etcd://"):]
-        hosts, slash, prefix = rest.partition("/")
-        return "etcd", {"endpoints": parse_endpoints(hosts), "prefix": "/" + prefix if slash and prefix else "/ecrec"}
+        endpoints, prefix = parse_etcd_url(url)
+        return "etcd", {"endpoints": endpoints, "prefix": prefix}
     if "://" in url:
         raise ValueError(f"--store {url!r}: unknown scheme (use etcd://HOST:PORT[,HOST:PORT...][/PREFIX] or file://PATH)")
     return "file", {"path": url}

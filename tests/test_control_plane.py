@@ -30,7 +30,8 @@ def test_store_urls_are_parsed_and_bad_ones_named():
     assert state_store.parse_store(None) == ("file", {})
     from ecrec.etcd import prefix_end
     from ecrec.server_lease import lease_ttl_s, parse_lease_store, servers_prefix
-    url = state_store.etcd_url(["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a/")
+    from ecrec.etcd import etcd_url
+    url = etcd_url(["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a/")
     assert url == "etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a"
     assert parse_lease_store(url) == (["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a")
     with pytest.raises(ValueError, match="not an etcd"):
