@@ -1071,10 +1071,17 @@ class EmbeddingServer:
             self.etcd_lease = EtcdServerLease(self.state.map.lease_store, self.state.map.lease_s, self.state.server_id,
                                               self.state.address, tls)
             self.etcd_lease.acquire(deadline)  # before registering: the coordinator checks the key
-        self._register(max(1.0, deadline - time.monotonic()))
+            # kept alive from now on: a slow registration (a coordinator busy, none leading yet) never outlasts it
+            threading.Thread(target=self._etcd_lease_loop, name="ecrec-lease", daemon=True).start()
+        try:
+            self._register(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop(0)  # its etcd lease goes now, not a TTL later
+            raise
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
-        threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()
+        if self.etcd_lease is None:
+            threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()
 
     def _register(self, timeout_s: float) -> None:
         stub = self.state.coordinator.stub
@@ -1092,13 +1099,16 @@ class EmbeddingServer:
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
-                if self.etcd_lease is not None:  # no coordinator leads yet: the lease must outlast the wait
-                    try:
-                        self.etcd_lease.renew()
-                    except EtcdError as renew_exc:
-                        log.warning("renewing the etcd lease while registering: %s", renew_exc)
+                if self.state.lease.revoked:
+                    break
                 time.sleep(0.2)
+        if self.state.lease.revoked:  # the lease loop found the etcd lease gone meanwhile (and stops this server)
+            raise RuntimeError(f"this server's etcd lease is gone ({self.state.lease.revoked}) before it registered "
+                               f"with coordinator {self.config.coordinator}")
         if self.etcd_lease is not None:
+            # serve no longer than the leader's map says (a follower's map may have named a longer TTL): the leader
+            # promotes a replacement that long after revoking this server's lease
+            self.etcd_lease.bound(reply.map.lease_s)
             self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
         else:
             self.state.lease.grant(sent, reply.lease_s)
@@ -1117,8 +1127,6 @@ class EmbeddingServer:
     def _lease_loop(self) -> None:
         """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
         declared failed and is being replaced)."""
-        if self.etcd_lease is not None:
-            return self._etcd_lease_loop()
         st = self.state
         while not self._stop.is_set():
             period = max(0.05, st.lease.length_s / 3) if st.lease.length_s else 0.5
@@ -1146,11 +1154,13 @@ class EmbeddingServer:
         etcd says the lease is gone (the coordinator revoked it to replace this server, or it expired).  A
         renewal that shows a newer store revision than the map's fetch makes this server fetch the map."""
         st, lease = self.state, self.etcd_lease
-        period = lease.ttl_s / 3.0
-        wait, seen = period, lease.revision
+        seen = lease.revision
+        wait = max(0.0, lease.renewed_at + lease.ttl_s / 3.0 - time.monotonic())  # a third of the TTL from the grant
         while not self._stop.wait(wait):
+            period = lease.ttl_s / 3.0
             if st.map is not None:
                 lease.follow(st.map.lease_store)
+                lease.bound(st.map.lease_s)
             try:
                 sent, ttl = lease.renew()
             except EtcdError as exc:

@@ -42,7 +42,8 @@ class EtcdServerLease:
     the TTL apart, :meth:`follow` when the map names other endpoints (a new leader's), :meth:`release` at stop."""
 
     def __init__(self, lease_store: str, lease_s: float, server_id: str, address: str, tls: EtcdTLS | None = None):
-        self.endpoints, prefix = parse_lease_store(lease_store)
+        endpoints, prefix = parse_lease_store(lease_store)
+        self.endpoints = list(dict.fromkeys(endpoints))
         self.url = lease_store
         self.ttl_s = lease_ttl_s(lease_s)
         self.key = servers_prefix(prefix) + server_id.encode()
@@ -56,8 +57,15 @@ class EtcdServerLease:
 
     @property
     def member_timeout_s(self) -> float:
-        """Each member's deadline: trying every member fits within a third of the TTL."""
-        return max(0.05, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
+        """Each member's deadline: trying every member fits within a third of the TTL (at least 0.2 s each)."""
+        return max(0.2, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
+
+    def bound(self, lease_s: float) -> None:
+        """Counts the lease as ``lease_s`` (a map's TTL) when that is shorter: the leader times a revoked server's
+        end by its own map's TTL.  etcd still holds the lease its granted TTL; this server just stops sooner."""
+        if lease_s > 0 and lease_ttl_s(lease_s) < self.ttl_s:
+            log.info("serving on a %d s lease (the map's), not %d s", lease_ttl_s(lease_s), self.ttl_s)
+            self.ttl_s = lease_ttl_s(lease_s)
 
     def acquire(self, deadline: float) -> None:
         """Grants the lease and binds the key to it, retrying until ``deadline`` (monotonic); the lease lasts

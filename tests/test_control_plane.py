@@ -59,6 +59,69 @@ def test_store_urls_are_parsed_and_bad_ones_named():
         Coordinator(CoordinatorConfig(cluster=spec, store="etcd://127.0.0.1:2379", election_ttl_s=1))
 
 
+def test_a_servers_lease_counts_no_longer_than_the_map_says():
+    from ecrec.server_lease import EtcdServerLease
+    lease = EtcdServerLease("etcd://127.0.0.1:1,127.0.0.1:1/x", 6.0, "s1", "127.0.0.1:2")
+    assert lease.endpoints == ["127.0.0.1:1"] and lease.ttl_s == 6  # duplicates dialled once
+    lease.bound(2.5)  # a leader's map with a shorter TTL (a follower's map named the longer one)
+    assert lease.ttl_s == 3
+    lease.bound(8.0)  # never longer than granted
+    lease.bound(0.0)  # a map without one
+    assert lease.ttl_s == 3 and lease.member_timeout_s >= 0.2
+    lease.client.close()
+
+
+@needs_etcd
+def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_when_it_sees_its_key_go():
+    """A deposed leader (or an operator) may revoke a failed server's lease after a new leader took over: the
+    server may serve a TTL after that, so the new leader counts a TTL from when it first sees the key gone; and
+    it waits the TTL the servers were granted (the saved map's), however short its own --lease-s."""
+    from ecrec.etcd_local import LocalEtcd
+    etcd = LocalEtcd(1)
+    stop = threading.Event()
+    stores = []
+    try:
+        etcd.start()
+        url = f"etcd://{etcd.endpoints[0]}/t"
+
+        def coordinator(name, lease_s):
+            c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=url, lease_s=lease_s))
+            stores.append(state_store.EtcdStore(etcd.endpoints, "/t", name, f"127.0.0.1:{len(stores) + 1}"))
+            assert stores[-1].campaign(stop)
+            c.take_over(stores[-1])
+            return c
+
+        first = coordinator("a", 4.0)
+        client = etcd.client()
+        lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
+        client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
+        with first._lock:  # a server the first leader declared failed, and did not get to revoke
+            first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+            first._bump_locked()
+        stores[0].resign()
+        second = coordinator("b", 2.0)
+        took_over = time.monotonic()
+        assert second.map.lease_s == 4.0  # the servers hold 4 s leases: a 2 s wait would not cover them
+        failed = [s for s in second.map.servers if s.server_id == "s1"]
+        assert failed and failed[0].state == cluster_pb2.FAILED
+        time.sleep(3.0)
+        client.revoke(lease)  # the deposed leader's revocation lands now
+        revoked = time.monotonic()
+        leases = second._fence_etcd_leases()
+        assert leases is not None and "s1" not in leases
+        while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet
+            assert not second._safe_to_replace(failed, second._fence_etcd_leases())
+            time.sleep(0.2)
+        wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
+        assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
+        client.close()
+    finally:
+        stop.set()
+        for store in stores:
+            store.close()
+        etcd.close()
+
+
 class MapWatcher:
     """Reads the map from every coordinator in turn, all along: no two maps with one epoch may differ."""
 
