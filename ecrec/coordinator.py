@@ -107,11 +107,12 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
         #: etcd leases (``map.lease_store``): failed servers whose lease's end this leader has not timed yet.  A
-        #: TTL is counted from this leader's own answered revocation, or from when it first sees the key gone (a
-        #: revocation by a deposed leader or by hand, or one whose answer was lost, may land at any moment before)
+        #: TTL is counted from this leader's own answered revocation (of the lease the map recorded at registration
+        #: and the one its key is bound to), or, for an entry that recorded none, from when it first sees the key
+        #: gone (a revocation by a deposed leader or by hand may land at any moment before)
         self._untimed: set[str] = set()
-        #: standbys removed from the map whose etcd lease is still to be revoked (kept until etcd answers)
-        self._dropped: set[str] = set()
+        #: standbys removed from the map -> their etcd lease, still to be revoked (kept until etcd answers)
+        self._dropped: dict[str, int] = {}
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
         self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
@@ -202,11 +203,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._untimed.update(s.server_id for s in self.map.servers if s.state == FAILED)
             else:
                 self._saved = self._state_locked().SerializeToString()
-            if state is not None and not state.map.lease_store:
-                log.warning("the saved map names no lease store (saved by an older version): its servers are to "
-                            "hold etcd leases from now on")
-            # servers reach etcd where this leader and etcd's member list say
-            self.map.lease_store = store.lease_store_url()
+            if self.map.lease_store:  # servers reach etcd where this leader and etcd's member list say
+                self.map.lease_store = store.lease_store_url()
+            else:  # the running servers renew with the coordinator (RenewLease): switching would stop them all
+                log.warning("the saved map names no lease store (saved by an older version): its servers keep "
+                            "leases granted by the coordinator")
             self.leading.set()
             try:
                 snapshot = self._bump_locked()
@@ -356,7 +357,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                         return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s,
                                                              server_key=self.server_key)
                     s.state = FAILED  # the same address re-registers: the old process is gone or unresponsive
-                    if s.server_id == holder_id and old_gone or (etcd_leases is None and not leased):
+                    expired = etcd_leases is None and self._leases.get(s.server_id, 0.0) <= time.monotonic()
+                    if s.server_id == holder_id and old_gone or expired:
                         self._gone.add(s.server_id)
                     elif etcd_leases is not None:  # its lease is revoked and timed before any promotion over it
                         self._untimed.add(s.server_id)
@@ -374,6 +376,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             info = self.map.servers.add(
                 index=index, address=request.address, server_id=request.server_id or request.address,
                 state=ACTIVE if index >= 0 else STANDBY, health_address=request.health_address,
+                etcd_lease=request.etcd_lease if etcd_leases is not None else 0,
             )
             if index < 0 and request.want_index >= 0:
                 self._wanted[info.server_id] = request.want_index
@@ -621,7 +624,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if was_standby:
                 self.map.servers.remove(info)
                 if self.map.lease_store:
-                    self._dropped.add(info.server_id)
+                    self._dropped[info.server_id] = info.etcd_lease
             else:
                 info.state = FAILED
                 self._event_locked("failed", info.index, address)
@@ -645,42 +648,51 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- etcd leases (``map.lease_store``) -----------------------------------------------------------
     def _fence_etcd_leases(self) -> dict[str, int] | None:
-        """Revokes the etcd lease of every failed server (and removed standby) that still holds one; it stops at its
-        next renewal, so it may serve until a TTL after the revocation, which the promotion waits.  A failed server
-        whose key is gone without this leader's answered revocation is timed from now.  Returns the leases etcd
-        holds now, or None when etcd cannot be read (nothing is promoted then)."""
+        """Revokes the etcd lease of every failed server (and removed standby) not yet fenced by this leader: the
+        lease the map recorded at its registration and the one its key is bound to (revoking a gone lease is
+        answered too).  It stops at its next renewal, so it may serve until a TTL after the revocation, which the
+        promotion waits.  A failed server that recorded no lease and whose key is gone is timed from now.  Returns
+        the leases etcd holds now, or None when etcd cannot be read (nothing is promoted then)."""
         try:
             leases = self.store.server_leases()
         except StoreUnavailable as exc:
             log.warning("the servers' etcd leases cannot be read: %s", exc)
             return None
         with self._lock:
-            failed = {s.server_id for s in self.map.servers if s.state == FAILED}
-            self._untimed &= failed  # an entry no longer in the map (a restarted coordinator's cleanup) is moot
-            for server_id in self._untimed - leases.keys():
+            recorded = {s.server_id: s.etcd_lease for s in self.map.servers if s.state == FAILED}
+            self._untimed &= recorded.keys()  # an entry no longer in the map is moot
+            for server_id in [i for i in self._untimed if not recorded[i] and i not in leases]:
                 # revoked (or expired) by now, by whoever: a TTL from here covers it
                 self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
-            self._untimed &= leases.keys()
-            self._dropped &= leases.keys()
-            doomed = {server_id: lease for server_id, lease in leases.items() if server_id in failed | self._dropped}
-            for server_id in doomed.keys() & failed:
+                self._untimed.discard(server_id)
+            for server_id in [i for i, lease in self._dropped.items() if not lease and i not in leases]:
+                del self._dropped[server_id]  # nothing left to revoke
+            doomed = {}  # server_id -> the leases to revoke
+            for server_id, lease in {**recorded, **self._dropped}.items():
+                if server_id in leases or (lease and (server_id in self._untimed or server_id in self._dropped)):
+                    doomed[server_id] = {x for x in (lease, leases.get(server_id, 0)) if x}
+            for server_id in doomed.keys() & recorded.keys():
                 self._leases[server_id] = math.inf  # until the revocation is answered
-        for server_id, lease in doomed.items():
+                self._untimed.add(server_id)
+        for server_id, targets in doomed.items():
             answered = False
             try:
-                self.store.revoke_lease(lease)
+                for lease in sorted(targets):
+                    self.store.revoke_lease(lease)
                 answered = True
                 log.info("revoked the etcd lease of %s", server_id)
             except StoreUnavailable as exc:
                 log.warning("revoking the etcd lease of %s: %s", server_id, exc)
             finally:
                 with self._lock:
-                    if server_id in failed:  # answered or not, a TTL from now; unanswered: again once the key goes
+                    if server_id in recorded:  # answered or not, a TTL from now; unanswered: again next round
                         self._leases[server_id] = time.monotonic() + self._lease_wait_s
-                        (self._untimed.discard if answered else self._untimed.add)(server_id)
+                        if answered:
+                            self._untimed.discard(server_id)
                     elif answered:
-                        self._dropped.discard(server_id)  # else tried again next round
-            leases.pop(server_id, None)
+                        self._dropped.pop(server_id, None)  # else tried again next round
+            if answered:
+                leases.pop(server_id, None)
         return leases
 
     def _check_etcd_leases(self) -> None:

@@ -203,6 +203,11 @@ class Lease:
         self.length_s = length_s
         self.until = max(self.until, sent_at + length_s * self.margin)
 
+    def shorten(self, sent_at: float, length_s: float) -> None:
+        """Ends the lease no later than ``length_s`` from ``sent_at`` (a shorter lease than the one granted)."""
+        self.length_s = min(self.length_s, length_s) if self.length_s else length_s
+        self.until = min(self.until, sent_at + length_s * self.margin)
+
     def revoke(self, reason: str) -> None:
         self.revoked = reason or "revoked"
         self.until = 0.0
@@ -1049,6 +1054,7 @@ class EmbeddingServer:
         #: coordinator grants it (RenewLease)
         self.etcd_lease: EtcdServerLease | None = None
         self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
+        self._registered = threading.Event()  # set once registered (etcd leases: renewals count from then)
 
     def start(self) -> None:
         self._grpc.start()
@@ -1110,6 +1116,7 @@ class EmbeddingServer:
             # promotes a replacement that long after revoking this server's lease
             self.etcd_lease.bound(reply.map.lease_s)
             self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
+            self._registered.set()  # from now on the lease loop's renewals extend the serving lease
         else:
             self.state.lease.grant(sent, reply.lease_s)
         try:
@@ -1157,10 +1164,11 @@ class EmbeddingServer:
         seen = lease.revision
         wait = max(0.0, lease.renewed_at + lease.ttl_s / 3.0 - time.monotonic())  # a third of the TTL from the grant
         while not self._stop.wait(wait):
-            period = lease.ttl_s / 3.0
             if st.map is not None:
                 lease.follow(st.map.lease_store)
-                lease.bound(st.map.lease_s)
+                if lease.bound(st.map.lease_s):  # a shorter TTL: the serving lease ends no later than it says
+                    st.lease.shorten(lease.renewed_at, lease.ttl_s)
+            period = lease.ttl_s / 3.0
             try:
                 sent, ttl = lease.renew()
             except EtcdError as exc:
@@ -1175,7 +1183,8 @@ class EmbeddingServer:
                 st.lease.revoke("its etcd lease is gone")
                 threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
                 return
-            st.lease.grant(sent, ttl)
+            if self._registered.is_set():  # before, the registration grants the serving lease (by the leader's map)
+                st.lease.grant(sent, min(ttl, lease.ttl_s))  # bound by a map read since the renewal was sent
             if lease.revision > seen and self._refresh_map_soon():
                 seen = lease.revision
 

@@ -60,12 +60,14 @@ class EtcdServerLease:
         """Each member's deadline: trying every member fits within a third of the TTL (at least 0.2 s each)."""
         return max(0.2, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
 
-    def bound(self, lease_s: float) -> None:
-        """Counts the lease as ``lease_s`` (a map's TTL) when that is shorter: the leader times a revoked server's
-        end by its own map's TTL.  etcd still holds the lease its granted TTL; this server just stops sooner."""
+    def bound(self, lease_s: float) -> bool:
+        """Counts the lease as ``lease_s`` (a map's TTL) when that is shorter (True then): the leader times a revoked
+        server's end by its own map's TTL.  etcd still holds the lease its granted TTL; this server stops sooner."""
         if lease_s > 0 and lease_ttl_s(lease_s) < self.ttl_s:
             log.info("serving on a %d s lease (the map's), not %d s", lease_ttl_s(lease_s), self.ttl_s)
             self.ttl_s = lease_ttl_s(lease_s)
+            return True
+        return False
 
     def acquire(self, deadline: float) -> None:
         """Grants the lease and binds the key to it, retrying until ``deadline`` (monotonic); the lease lasts

@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -95,8 +96,12 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
         client = etcd.client()
         lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
         client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
-        with first._lock:  # a server the first leader declared failed, and did not get to revoke
+        unbound = client.grant(60)  # a second failed server's, its key deleted by hand (the lease lives on)
+        with first._lock:  # servers the first leader declared failed, and did not get to revoke (s1 recorded no
+            # lease: a map of an older version)
             first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+            first.map.servers.add(server_id="s2", address="127.0.0.1:8", index=1, state=cluster_pb2.FAILED,
+                                  etcd_lease=unbound)
             first._bump_locked()
         stores[0].resign()
         second = coordinator("b", 2.0)
@@ -109,6 +114,9 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
         revoked = time.monotonic()
         leases = second._fence_etcd_leases()
         assert leases is not None and "s1" not in leases
+        # the lease the map recorded is revoked, key or no key: the server stops at its next renewal
+        assert client.keep_alive_once(unbound) <= 0
+        assert not second._safe_to_replace([s for s in second.map.servers if s.server_id == "s2"], leases)
         while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet
             assert not second._safe_to_replace(failed, second._fence_etcd_leases())
             time.sleep(0.2)
@@ -118,6 +126,39 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
     finally:
         stop.set()
         for store in stores:
+            store.resign()  # its election's renewer stops
+            store.close()
+        etcd.close()
+
+
+@needs_etcd
+def test_a_saved_map_without_a_lease_store_keeps_its_servers_on_coordinator_leases():
+    """A map saved by an older version (its servers renew with the coordinator): a new leader must not switch it to
+    etcd leases under them (every server would stop, none holding a key)."""
+    from ecrec.etcd_local import LocalEtcd
+    etcd = LocalEtcd(1)
+    stop = threading.Event()
+    stores = []
+    try:
+        etcd.start()
+        coordinators = []
+        for name in ("old", "new"):
+            c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=f"etcd://{etcd.endpoints[0]}/u"))
+            stores.append(state_store.EtcdStore(etcd.endpoints, "/u", name, f"127.0.0.1:{len(stores) + 1}"))
+            assert stores[-1].campaign(stop)
+            c.take_over(stores[-1])
+            coordinators.append(c)
+            if name == "old":
+                assert c.map.lease_store.startswith("etcd://")
+                with c._lock:  # as an older version saved it
+                    c.map.lease_store = ""
+                    c._bump_locked()
+                stores[-1].resign()
+        assert coordinators[1].map.lease_store == ""
+    finally:
+        stop.set()
+        for store in stores:
+            store.resign()  # its election's renewer stops
             store.close()
         etcd.close()
 
@@ -155,6 +196,10 @@ def wait_for(predicate, timeout_s: float, what: str):
         try:
             value = predicate()
         except LookupError:  # no coordinator leads: a failover is under way
+            value = None
+        except grpc.RpcError as exc:  # no coordinator leads and etcd cannot be read yet (its quorum is returning)
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
             value = None
         if value:
             return value
