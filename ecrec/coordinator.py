@@ -113,6 +113,9 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._untimed: set[str] = set()
         #: standbys removed from the map -> their etcd lease, still to be revoked (kept until etcd answers)
         self._dropped: dict[str, int] = {}
+        #: server_id -> the etcd lease its key was last seen bound to, for entries of a map of an older version
+        #: that recorded none (fenced by it too: a key deleted by hand leaves the lease alive)
+        self._seen_leases: dict[str, int] = {}
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
         self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
@@ -194,6 +197,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._leases.clear()
             self._untimed.clear()
             self._dropped.clear()
+            self._seen_leases.clear()
             self._lease_wait_s = self._own_lease_wait_s
             if state is not None:
                 self._load(state, store.describe())
@@ -659,8 +663,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             log.warning("the servers' etcd leases cannot be read: %s", exc)
             return None
         with self._lock:
-            recorded = {s.server_id: s.etcd_lease for s in self.map.servers if s.state == FAILED}
+            recorded = {s.server_id: s.etcd_lease or self._seen_leases.get(s.server_id, 0)
+                        for s in self.map.servers if s.state == FAILED}
             self._untimed &= recorded.keys()  # an entry no longer in the map is moot
+            for server_id in [i for i in self._dropped if any(s.server_id == i for s in self.map.servers)]:
+                del self._dropped[server_id]  # back in the map (its removal was not recorded): not to be fenced
             for server_id in [i for i in self._untimed if not recorded[i] and i not in leases]:
                 # revoked (or expired) by now, by whoever: a TTL from here covers it
                 self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
@@ -700,11 +707,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         serving, or will stop at its next renewal)."""
         with self._lock:
             known = {s.server_id: s.address for s in self.map.servers if s.state != FAILED}
+            unrecorded = {s.server_id for s in self.map.servers if s.state != FAILED and not s.etcd_lease}
         try:
             leases = self.store.server_leases()  # read after ``known``: a server registers with its key in place
         except StoreUnavailable as exc:
             log.warning("the servers' etcd leases cannot be read: %s", exc)
             return
+        with self._lock:
+            self._seen_leases.update({i: leases[i] for i in unrecorded if i in leases})
         for server_id, address in known.items():
             if server_id not in leases:
                 self._declare_failed(address, why="its etcd lease expired")

@@ -1171,9 +1171,14 @@ class EmbeddingServer:
             period = lease.ttl_s / 3.0
             try:
                 sent, ttl = lease.renew()
-            except EtcdError as exc:
-                log.warning("etcd lease renewal failed (%s); serving until %.1f s from now", exc,
-                            max(0.0, st.lease.until - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - EtcdError; anything else is reported, and tried again
+                if self._stop.is_set():
+                    return  # stopping: the client may be closed under the call
+                if isinstance(exc, EtcdError):
+                    log.warning("etcd lease renewal failed (%s); serving until %.1f s from now", exc,
+                                max(0.0, st.lease.until - time.monotonic()))
+                else:
+                    log.exception("etcd lease renewal failed")
                 wait = period / 3.0
                 continue
             wait = period

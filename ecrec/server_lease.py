@@ -54,6 +54,7 @@ class EtcdServerLease:
         self.id = 0
         self.renewed_at = 0.0  # monotonic: when the last grant or renewal etcd answered was sent
         self.revision = 0  # the store's revision at the last renewal: a newer one may mean a newer map
+        self._closed = False
 
     @property
     def member_timeout_s(self) -> float:
@@ -112,15 +113,20 @@ class EtcdServerLease:
             return
         merged = list(dict.fromkeys(endpoints + self.endpoints))
         with self._lock:
+            if self._closed:
+                return
             self.endpoints, self.url = merged, lease_store
             old, self.client = self.client, EtcdClient(merged, timeout_s=self.member_timeout_s, tls=self._tls)
         old.close()
 
     def release(self) -> None:
         """Revokes the lease (a stopping server): its key goes at once."""
+        with self._lock:
+            self._closed = True
+            client = self.client
         if self.id:
             try:
-                self.client.revoke(self.id)
+                client.revoke(self.id)
             except EtcdError as exc:
                 log.warning("revoking this server's etcd lease: %s", exc)
-        self.client.close()
+        client.close()

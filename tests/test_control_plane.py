@@ -81,6 +81,7 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
     etcd = LocalEtcd(1)
     stop = threading.Event()
     stores = []
+    client = None
     try:
         etcd.start()
         url = f"etcd://{etcd.endpoints[0]}/t"
@@ -114,16 +115,20 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
         revoked = time.monotonic()
         leases = second._fence_etcd_leases()
         assert leases is not None and "s1" not in leases
-        # the lease the map recorded is revoked, key or no key: the server stops at its next renewal
+        # the lease the map recorded is revoked, key or no key: the server stops at its next renewal, and a TTL
+        # after this leader's revocation was answered it may be replaced
         assert client.keep_alive_once(unbound) <= 0
-        assert not second._safe_to_replace([s for s in second.map.servers if s.server_id == "s2"], leases)
+        s2 = [s for s in second.map.servers if s.server_id == "s2"]
+        wait_for(lambda: second._safe_to_replace(s2, second._fence_etcd_leases()), 6.0, "s2 replaceable")
+        assert time.monotonic() - revoked >= 4.0
         while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet
             assert not second._safe_to_replace(failed, second._fence_etcd_leases())
             time.sleep(0.2)
         wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
         assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
-        client.close()
     finally:
+        if client is not None:
+            client.close()
         stop.set()
         for store in stores:
             store.resign()  # its election's renewer stops

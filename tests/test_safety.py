@@ -232,7 +232,7 @@ def test_a_process_registering_at_a_silent_holders_address_replaces_it_only_afte
                                                 lease_s=6.0, health_timeout_s=0.3, failure_timeout_s=120.0,
                                                 failures_before_dead=1000))
     server = CoordinatorServer(coordinator)
-    sockets = []
+    sockets, stub = [], None
     try:
         stub = coordinator_stub(server.address)
         for name, paused in (("paused", True), ("killed", False)):
@@ -252,6 +252,8 @@ def test_a_process_registering_at_a_silent_holders_address_replaces_it_only_afte
             # the paused one may still serve until its lease (6 s from its registration) runs out
             assert coordinator._safe_to_replace([old], None) is (not paused), name
     finally:
+        if stub is not None:
+            stub.close()
         server.stop(0)
         for s in sockets:
             s.close()
