@@ -106,16 +106,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._check_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-health-check")
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
-        #: etcd leases (``map.lease_store``): failed servers whose lease's end this leader has not timed yet.  A
-        #: TTL is counted from this leader's own answered revocation (of the lease the map recorded at registration
-        #: and the one its key is bound to), or, for an entry that recorded none, from when it first sees the key
-        #: gone (a revocation by a deposed leader or by hand may land at any moment before)
-        self._untimed: set[str] = set()
-        #: standbys removed from the map -> their etcd lease, still to be revoked (kept until etcd answers)
-        self._dropped: dict[str, int] = {}
-        #: server_id -> the etcd lease its key was last seen bound to, for entries of a map of an older version
-        #: that recorded none (fenced by it too: a key deleted by hand leaves the lease alive)
-        self._seen_leases: dict[str, int] = {}
+        #: etcd leases (``map.lease_store``): servers whose revocation's outcome is unknown (a TTL is counted from
+        #: when their key is first seen gone)
+        self._revoke_unsure: set[str] = set()
+        self._dropped: set[str] = set()  # standbys removed from the map whose etcd lease is to be revoked
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
         self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
@@ -137,10 +131,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if kind == "etcd" and config.election_ttl_s < 2:
             raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
         self._store_args = store_args if kind == "etcd" else None
-        # how long after a server's last renewal it may still serve: with etcd, the TTL of its etcd lease (a saved
-        # map's, when longer: its servers may hold leases that long)
+        # how long after a server's last renewal it may still serve: with etcd, the TTL of its etcd lease
         self._lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
-        self._own_lease_wait_s = self._lease_wait_s
         if kind == "etcd":  # servers hold etcd leases there (ecrec.server_lease)
             for m in (self.map, self._initial):
                 m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
@@ -161,13 +153,6 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             )
         self.map.CopyFrom(saved)
         self.map.epoch = saved.epoch + 1
-        if self._store_args is not None:
-            # servers granted their etcd leases with the saved map's TTL: wait at least that long after each
-            if saved.lease_s > self._own_lease_wait_s:
-                log.warning("the saved map's servers hold %g s etcd leases, longer than this coordinator's %g s: "
-                            "keeping %g s", saved.lease_s, self._own_lease_wait_s, saved.lease_s)
-            self._lease_wait_s = max(self._own_lease_wait_s, saved.lease_s)
-            self.map.lease_s = self._lease_wait_s
         for d in state.dense:
             self._dense[d.spec.name] = d
         for p in state.promoting:
@@ -195,23 +180,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._gone.clear()
             self._wanted.clear()
             self._leases.clear()
-            self._untimed.clear()
+            self._revoke_unsure.clear()
             self._dropped.clear()
-            self._seen_leases.clear()
-            self._lease_wait_s = self._own_lease_wait_s
             if state is not None:
                 self._load(state, store.describe())
                 self._saved = state.SerializeToString()
-                # a deposed leader (or an operator) may revoke a failed server's lease at any moment: time each
-                # failed server's end from this leader's own revocation, or from when it sees the key gone
-                self._untimed.update(s.server_id for s in self.map.servers if s.state == FAILED)
             else:
                 self._saved = self._state_locked().SerializeToString()
             if self.map.lease_store:  # servers reach etcd where this leader and etcd's member list say
                 self.map.lease_store = store.lease_store_url()
-            else:  # the running servers renew with the coordinator (RenewLease): switching would stop them all
-                log.warning("the saved map names no lease store (saved by an older version): its servers keep "
-                            "leases granted by the coordinator")
             self.leading.set()
             try:
                 snapshot = self._bump_locked()
@@ -344,15 +321,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             else:
                 leased = holder is not None and self._leases.get(holder.server_id, 0.0) > time.monotonic()
             holder_id = holder.server_id if holder is not None else ""
-            holder_health = (holder.health_address or holder.address) if holder is not None else ""
         if leased and self._answers(request.address):
             # a live server holds this address: the caller is mistaken or hostile, not a restart of it
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           f"{request.address} is held by live server {holder_id} (its lease is current and it answers "
                           "health checks); a restarted server registers once the old one is gone")
-        # the old process is gone when nothing listens on its health port; a paused one (the new process may share
-        # its port) may serve until its lease ends, which a promotion over it waits
-        old_gone = bool(holder_health) and _connection_refused(holder_health, self.config.health_timeout_s)
         with self._lock:
             for s in self.map.servers:
                 if s.address == request.address and s.state != FAILED:
@@ -360,14 +333,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                         self._leases[s.server_id] = time.monotonic() + self.config.lease_s
                         return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s,
                                                              server_key=self.server_key)
-                    s.state = FAILED  # the same address re-registers: the old process is gone or unresponsive
-                    expired = etcd_leases is None and self._leases.get(s.server_id, 0.0) <= time.monotonic()
-                    if s.server_id == holder_id and old_gone or expired:
-                        self._gone.add(s.server_id)
-                    elif etcd_leases is not None:  # its lease is revoked and timed before any promotion over it
-                        self._untimed.add(s.server_id)
-                        self._leases[s.server_id] = max(self._leases.get(s.server_id, 0.0),
-                                                        time.monotonic() + self._lease_wait_s)
+                    s.state = FAILED  # the same address re-registers: the old process is gone
+                    self._gone.add(s.server_id)
             taken = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
             forming = len(self.map.tables) == 0 and len(self._dense) == 0
             index = -1
@@ -380,7 +347,6 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             info = self.map.servers.add(
                 index=index, address=request.address, server_id=request.server_id or request.address,
                 state=ACTIVE if index >= 0 else STANDBY, health_address=request.health_address,
-                etcd_lease=request.etcd_lease if etcd_leases is not None else 0,
             )
             if index < 0 and request.want_index >= 0:
                 self._wanted[info.server_id] = request.want_index
@@ -620,15 +586,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._gone.add(info.server_id)
             elif self.map.lease_store:
                 # its etcd lease may have been revoked (by a deposed leader, by hand) moments ago: it may serve
-                # until its next renewal, so a TTL from now bounds it until this leader times its lease's end
+                # until its next renewal, so a TTL from now bounds it
                 self._leases[info.server_id] = max(self._leases.get(info.server_id, 0.0),
                                                    time.monotonic() + self._lease_wait_s)
-                self._untimed.add(info.server_id)
             was_standby = info.state == STANDBY
             if was_standby:
                 self.map.servers.remove(info)
                 if self.map.lease_store:
-                    self._dropped[info.server_id] = info.etcd_lease
+                    self._dropped.add(info.server_id)
             else:
                 info.state = FAILED
                 self._event_locked("failed", info.index, address)
@@ -644,62 +609,44 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
 
     def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo], etcd_leases: dict[str, int] | None) -> bool:
         """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out (with etcd
-        leases: its key is gone, and a TTL has passed since this leader's revocation or since it saw the key gone)."""
+        leases: its key is gone, and a revocation's TTL has passed)."""
         now = time.monotonic()
-        return all(s.server_id in self._gone or (self._leases.get(s.server_id, 0.0) <= now and (
-            etcd_leases is None or (s.server_id not in etcd_leases and s.server_id not in self._untimed)))
+        return all(s.server_id in self._gone or (self._leases.get(s.server_id, 0.0) <= now and
+                                                  (etcd_leases is None or s.server_id not in etcd_leases))
                    for s in failed)
 
     # --- etcd leases (``map.lease_store``) -----------------------------------------------------------
     def _fence_etcd_leases(self) -> dict[str, int] | None:
-        """Revokes the etcd lease of every failed server (and removed standby) not yet fenced by this leader: the
-        lease the map recorded at its registration and the one its key is bound to (revoking a gone lease is
-        answered too).  It stops at its next renewal, so it may serve until a TTL after the revocation, which the
-        promotion waits.  A failed server that recorded no lease and whose key is gone is timed from now.  Returns
-        the leases etcd holds now, or None when etcd cannot be read (nothing is promoted then)."""
+        """Revokes the etcd lease of every failed server that still holds one (it stops at its next renewal; it
+        may serve until a TTL after the revocation, which the promotion waits); returns the leases etcd holds now,
+        or None when etcd cannot be read (nothing is promoted then)."""
         try:
             leases = self.store.server_leases()
         except StoreUnavailable as exc:
             log.warning("the servers' etcd leases cannot be read: %s", exc)
             return None
         with self._lock:
-            recorded = {s.server_id: s.etcd_lease or self._seen_leases.get(s.server_id, 0)
-                        for s in self.map.servers if s.state == FAILED}
-            self._untimed &= recorded.keys()  # an entry no longer in the map is moot
-            for server_id in [i for i in self._dropped if any(s.server_id == i for s in self.map.servers)]:
-                del self._dropped[server_id]  # back in the map (its removal was not recorded): not to be fenced
-            for server_id in [i for i in self._untimed if not recorded[i] and i not in leases]:
-                # revoked (or expired) by now, by whoever: a TTL from here covers it
+            failed = {s.server_id for s in self.map.servers if s.state == FAILED}
+            for server_id in self._revoke_unsure & (failed - leases.keys()):
+                # the unsure revocation (or expiry) happened by now: a TTL from here covers it
                 self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
-                self._untimed.discard(server_id)
-            for server_id in [i for i, lease in self._dropped.items() if not lease and i not in leases]:
-                del self._dropped[server_id]  # nothing left to revoke
-            doomed = {}  # server_id -> the leases to revoke
-            for server_id, lease in {**recorded, **self._dropped}.items():
-                if server_id in leases or (lease and (server_id in self._untimed or server_id in self._dropped)):
-                    doomed[server_id] = {x for x in (lease, leases.get(server_id, 0)) if x}
-            for server_id in doomed.keys() & recorded.keys():
+                self._revoke_unsure.discard(server_id)
+            self._dropped &= leases.keys()
+            doomed = {server_id: lease for server_id, lease in leases.items() if server_id in failed | self._dropped}
+            self._dropped.clear()
+            for server_id in doomed:
                 self._leases[server_id] = math.inf  # until the revocation is answered
-                self._untimed.add(server_id)
-        for server_id, targets in doomed.items():
-            answered = False
+        for server_id, lease in doomed.items():
             try:
-                for lease in sorted(targets):
-                    self.store.revoke_lease(lease)
-                answered = True
-                log.info("revoked the etcd lease of %s", server_id)
+                self.store.revoke_lease(lease)
+                log.info("revoked the etcd lease of failed server %s", server_id)
             except StoreUnavailable as exc:
-                log.warning("revoking the etcd lease of %s: %s", server_id, exc)
-            finally:
+                log.warning("revoking the etcd lease of failed server %s: %s", server_id, exc)
                 with self._lock:
-                    if server_id in recorded:  # answered or not, a TTL from now; unanswered: again next round
-                        self._leases[server_id] = time.monotonic() + self._lease_wait_s
-                        if answered:
-                            self._untimed.discard(server_id)
-                    elif answered:
-                        self._dropped.pop(server_id, None)  # else tried again next round
-            if answered:
-                leases.pop(server_id, None)
+                    self._revoke_unsure.add(server_id)
+            with self._lock:
+                self._leases[server_id] = time.monotonic() + self._lease_wait_s
+            leases.pop(server_id, None)
         return leases
 
     def _check_etcd_leases(self) -> None:
@@ -707,14 +654,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         serving, or will stop at its next renewal)."""
         with self._lock:
             known = {s.server_id: s.address for s in self.map.servers if s.state != FAILED}
-            unrecorded = {s.server_id for s in self.map.servers if s.state != FAILED and not s.etcd_lease}
         try:
             leases = self.store.server_leases()  # read after ``known``: a server registers with its key in place
         except StoreUnavailable as exc:
             log.warning("the servers' etcd leases cannot be read: %s", exc)
             return
-        with self._lock:
-            self._seen_leases.update({i: leases[i] for i in unrecorded if i in leases})
         for server_id, address in known.items():
             if server_id not in leases:
                 self._declare_failed(address, why="its etcd lease expired")
@@ -771,7 +715,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             etcd_leases = None
             if self.map.lease_store:
                 with self._lock:  # read etcd only when there is something to fence or promote
-                    work = bool(self._promoting or self._dropped or self._untimed) or (
+                    work = bool(self._promoting or self._dropped or self._revoke_unsure) or (
                         any(s.state == STANDBY for s in self.map.servers)
                         and any(s.state == FAILED and s.index >= 0 for s in self.map.servers))
                 if not work:

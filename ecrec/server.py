@@ -203,11 +203,6 @@ class Lease:
         self.length_s = length_s
         self.until = max(self.until, sent_at + length_s * self.margin)
 
-    def shorten(self, sent_at: float, length_s: float) -> None:
-        """Ends the lease no later than ``length_s`` from ``sent_at`` (a shorter lease than the one granted)."""
-        self.length_s = min(self.length_s, length_s) if self.length_s else length_s
-        self.until = min(self.until, sent_at + length_s * self.margin)
-
     def revoke(self, reason: str) -> None:
         self.revoked = reason or "revoked"
         self.until = 0.0
@@ -1054,7 +1049,6 @@ class EmbeddingServer:
         #: coordinator grants it (RenewLease)
         self.etcd_lease: EtcdServerLease | None = None
         self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
-        self._registered = threading.Event()  # set once registered (etcd leases: renewals count from then)
 
     def start(self) -> None:
         self._grpc.start()
@@ -1077,17 +1071,10 @@ class EmbeddingServer:
             self.etcd_lease = EtcdServerLease(self.state.map.lease_store, self.state.map.lease_s, self.state.server_id,
                                               self.state.address, tls)
             self.etcd_lease.acquire(deadline)  # before registering: the coordinator checks the key
-            # kept alive from now on: a slow registration (a coordinator busy, none leading yet) never outlasts it
-            threading.Thread(target=self._etcd_lease_loop, name="ecrec-lease", daemon=True).start()
-        try:
-            self._register(max(1.0, deadline - time.monotonic()))
-        except BaseException:
-            self.stop(0)  # its etcd lease goes now, not a TTL later
-            raise
+        self._register(max(1.0, deadline - time.monotonic()))
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
-        if self.etcd_lease is None:
-            threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()
+        threading.Thread(target=self._lease_loop, name="ecrec-lease", daemon=True).start()
 
     def _register(self, timeout_s: float) -> None:
         stub = self.state.coordinator.stub
@@ -1105,18 +1092,14 @@ class EmbeddingServer:
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
-                if self.state.lease.revoked:
-                    break
+                if self.etcd_lease is not None:  # no coordinator leads yet: the lease must outlast the wait
+                    try:
+                        self.etcd_lease.renew()
+                    except EtcdError as renew_exc:
+                        log.warning("renewing the etcd lease while registering: %s", renew_exc)
                 time.sleep(0.2)
-        if self.state.lease.revoked:  # the lease loop found the etcd lease gone meanwhile (and stops this server)
-            raise RuntimeError(f"this server's etcd lease is gone ({self.state.lease.revoked}) before it registered "
-                               f"with coordinator {self.config.coordinator}")
         if self.etcd_lease is not None:
-            # serve no longer than the leader's map says (a follower's map may have named a longer TTL): the leader
-            # promotes a replacement that long after revoking this server's lease
-            self.etcd_lease.bound(reply.map.lease_s)
             self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
-            self._registered.set()  # from now on the lease loop's renewals extend the serving lease
         else:
             self.state.lease.grant(sent, reply.lease_s)
         try:
@@ -1134,6 +1117,8 @@ class EmbeddingServer:
     def _lease_loop(self) -> None:
         """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
         declared failed and is being replaced)."""
+        if self.etcd_lease is not None:
+            return self._etcd_lease_loop()
         st = self.state
         while not self._stop.is_set():
             period = max(0.05, st.lease.length_s / 3) if st.lease.length_s else 0.5
@@ -1161,24 +1146,16 @@ class EmbeddingServer:
         etcd says the lease is gone (the coordinator revoked it to replace this server, or it expired).  A
         renewal that shows a newer store revision than the map's fetch makes this server fetch the map."""
         st, lease = self.state, self.etcd_lease
-        seen = lease.revision
-        wait = max(0.0, lease.renewed_at + lease.ttl_s / 3.0 - time.monotonic())  # a third of the TTL from the grant
+        period = lease.ttl_s / 3.0
+        wait, seen = period, lease.revision
         while not self._stop.wait(wait):
             if st.map is not None:
                 lease.follow(st.map.lease_store)
-                if lease.bound(st.map.lease_s):  # a shorter TTL: the serving lease ends no later than it says
-                    st.lease.shorten(lease.renewed_at, lease.ttl_s)
-            period = lease.ttl_s / 3.0
             try:
                 sent, ttl = lease.renew()
-            except Exception as exc:  # noqa: BLE001 - EtcdError; anything else is reported, and tried again
-                if self._stop.is_set():
-                    return  # stopping: the client may be closed under the call
-                if isinstance(exc, EtcdError):
-                    log.warning("etcd lease renewal failed (%s); serving until %.1f s from now", exc,
-                                max(0.0, st.lease.until - time.monotonic()))
-                else:
-                    log.exception("etcd lease renewal failed")
+            except EtcdError as exc:
+                log.warning("etcd lease renewal failed (%s); serving until %.1f s from now", exc,
+                            max(0.0, st.lease.until - time.monotonic()))
                 wait = period / 3.0
                 continue
             wait = period
@@ -1188,8 +1165,7 @@ class EmbeddingServer:
                 st.lease.revoke("its etcd lease is gone")
                 threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
                 return
-            if self._registered.is_set():  # before, the registration grants the serving lease (by the leader's map)
-                st.lease.grant(sent, min(ttl, lease.ttl_s))  # bound by a map read since the renewal was sent
+            st.lease.grant(sent, ttl)
             if lease.revision > seen and self._refresh_map_soon():
                 seen = lease.revision
 

@@ -42,8 +42,7 @@ class EtcdServerLease:
     the TTL apart, :meth:`follow` when the map names other endpoints (a new leader's), :meth:`release` at stop."""
 
     def __init__(self, lease_store: str, lease_s: float, server_id: str, address: str, tls: EtcdTLS | None = None):
-        endpoints, prefix = parse_lease_store(lease_store)
-        self.endpoints = list(dict.fromkeys(endpoints))
+        self.endpoints, prefix = parse_lease_store(lease_store)
         self.url = lease_store
         self.ttl_s = lease_ttl_s(lease_s)
         self.key = servers_prefix(prefix) + server_id.encode()
@@ -54,21 +53,11 @@ class EtcdServerLease:
         self.id = 0
         self.renewed_at = 0.0  # monotonic: when the last grant or renewal etcd answered was sent
         self.revision = 0  # the store's revision at the last renewal: a newer one may mean a newer map
-        self._closed = False
 
     @property
     def member_timeout_s(self) -> float:
-        """Each member's deadline: trying every member fits within a third of the TTL (at least 0.2 s each)."""
-        return max(0.2, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
-
-    def bound(self, lease_s: float) -> bool:
-        """Counts the lease as ``lease_s`` (a map's TTL) when that is shorter (True then): the leader times a revoked
-        server's end by its own map's TTL.  etcd still holds the lease its granted TTL; this server stops sooner."""
-        if lease_s > 0 and lease_ttl_s(lease_s) < self.ttl_s:
-            log.info("serving on a %d s lease (the map's), not %d s", lease_ttl_s(lease_s), self.ttl_s)
-            self.ttl_s = lease_ttl_s(lease_s)
-            return True
-        return False
+        """Each member's deadline: trying every member fits within a third of the TTL."""
+        return max(0.05, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
 
     def acquire(self, deadline: float) -> None:
         """Grants the lease and binds the key to it, retrying until ``deadline`` (monotonic); the lease lasts
@@ -113,20 +102,15 @@ class EtcdServerLease:
             return
         merged = list(dict.fromkeys(endpoints + self.endpoints))
         with self._lock:
-            if self._closed:
-                return
             self.endpoints, self.url = merged, lease_store
             old, self.client = self.client, EtcdClient(merged, timeout_s=self.member_timeout_s, tls=self._tls)
         old.close()
 
     def release(self) -> None:
         """Revokes the lease (a stopping server): its key goes at once."""
-        with self._lock:
-            self._closed = True
-            client = self.client
         if self.id:
             try:
-                client.revoke(self.id)
+                self.client.revoke(self.id)
             except EtcdError as exc:
                 log.warning("revoking this server's etcd lease: %s", exc)
-        client.close()
+        self.client.close()

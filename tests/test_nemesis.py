@@ -147,6 +147,21 @@ class Nemesis:
         self.local.kill(pid)
         self.local.start_server(standby=True)
         self.faults["sigkill"] += 1
+        self.wait_noticed(s)
+
+    def wait_noticed(self, s, timeout_s: float = 20.0) -> None:
+        """Until the map no longer lists ``s`` as active: faults are spaced by full redundancy, and a map read
+        before the coordinator noticed a kill would let the next fault take a second server of one stripe."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if not any(x.server_id == s.server_id and x.state == cluster_pb2.ACTIVE for x in self.map().servers):
+                    return
+            except Exception:  # noqa: BLE001 - the coordinator may be restarting
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server {s.index} ({s.server_id}) still active {timeout_s} s after its SIGKILL")
+            time.sleep(0.05)
 
     def pause(self) -> None:
         s, pid = self.victim()
@@ -413,6 +428,13 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 nemesis.wait_redundant()
             except AssertionError as exc:
                 fail(str(exc))
+            # and training has gone on (every worker acknowledged a push since): each fault's stall is measured on
+            # its own, not merged with the next fault's
+            before, resumed_by = [w.acked for w in workers], time.monotonic() + 60
+            while not all(w.acked > b or w.error is not None for w, b in zip(workers, before)):
+                if time.monotonic() > resumed_by:
+                    fail("training did not resume within 60 s of full redundancy")
+                time.sleep(0.02)
             for w in workers:
                 if w.error is not None:
                     fail(f"worker {w.worker} failed: {w.error!r}")

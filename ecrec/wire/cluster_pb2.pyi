@@ -63,20 +63,18 @@ class DenseSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., optimizer: _Optional[str] = ..., lr: _Optional[float] = ..., eps: _Optional[float] = ..., initial_accumulator_value: _Optional[float] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("index", "address", "state", "server_id", "health_address", "etcd_lease")
+    __slots__ = ("index", "address", "state", "server_id", "health_address")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    ETCD_LEASE_FIELD_NUMBER: _ClassVar[int]
     index: int
     address: str
     state: ServerState
     server_id: str
     health_address: str
-    etcd_lease: int
-    def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ..., health_address: _Optional[str] = ..., etcd_lease: _Optional[int] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ServerState, str]] = ..., server_id: _Optional[str] = ..., health_address: _Optional[str] = ...) -> None: ...
 
 class ClusterMap(_message.Message):
     __slots__ = ("epoch", "num_servers", "strategy", "strategy_options", "k", "m", "servers", "tables", "dense", "ready", "events", "data_loss", "lease_store", "lease_s")
