@@ -120,20 +120,25 @@ class Nemesis:
     def active(self, m) -> list:
         return [s for s in m.servers if s.index >= 0 and s.state == cluster_pb2.ACTIVE]
 
-    def wait_redundant(self, timeout_s: float = 60.0, standby: int = 1) -> None:
-        """Until every index is active (no recovery running) and ``standby`` spares are registered."""
+    def until_map(self, holds, timeout_s: float, what: str) -> None:
+        """Until ``holds(map)`` (a map read may fail while the coordinator restarts); AssertionError naming
+        ``what`` (and the last map) after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                m = self.map()
-                if (m.ready and len(self.active(m)) == m.num_servers
-                        and sum(1 for s in m.servers if s.index < 0 and s.state == cluster_pb2.STANDBY) >= standby):
+                if holds(self.map()):
                     return
             except Exception:  # noqa: BLE001 - the coordinator may be restarting
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"not fully redundant {timeout_s} s after the last fault: {self.map()}")
+                raise AssertionError(f"{what} not within {timeout_s} s: {self.map()}")
             time.sleep(0.05)
+
+    def wait_redundant(self, timeout_s: float = 60.0, standby: int = 1) -> None:
+        """Until every index is active (no recovery running) and ``standby`` spares are registered."""
+        self.until_map(lambda m: m.ready and len(self.active(m)) == m.num_servers and sum(
+            1 for s in m.servers if s.index < 0 and s.state == cluster_pb2.STANDBY) >= standby,
+                       timeout_s, "full redundancy after the last fault")
 
     def victim(self):
         m = self.map()
@@ -147,21 +152,10 @@ class Nemesis:
         self.local.kill(pid)
         self.local.start_server(standby=True)
         self.faults["sigkill"] += 1
-        self.wait_noticed(s)
-
-    def wait_noticed(self, s, timeout_s: float = 20.0) -> None:
-        """Until the map no longer lists ``s`` as active: faults are spaced by full redundancy, and a map read
-        before the coordinator noticed a kill would let the next fault take a second server of one stripe."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if not any(x.server_id == s.server_id and x.state == cluster_pb2.ACTIVE for x in self.map().servers):
-                    return
-            except Exception:  # noqa: BLE001 - the coordinator may be restarting
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server {s.index} ({s.server_id}) still active {timeout_s} s after its SIGKILL")
-            time.sleep(0.05)
+        # faults are spaced by full redundancy: a map read before the coordinator noticed this kill would let
+        # the next fault take a second server of one stripe
+        self.until_map(lambda m: not any(x.server_id == s.server_id and x.state == cluster_pb2.ACTIVE
+                                         for x in m.servers), 20.0, f"server {s.index} noticed failed after its SIGKILL")
 
     def pause(self) -> None:
         s, pid = self.victim()
@@ -421,10 +415,10 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                     fail(f"worker {w.worker} did not restart")
                 nemesis.faults["worker_restart"] += 1
                 continue
-            {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
-             "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
-             "hostile": nemesis.hostile, "etcd": nemesis.kill_etcd_member}[kind]()
             try:
+                {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
+                 "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
+                 "hostile": nemesis.hostile, "etcd": nemesis.kill_etcd_member}[kind]()
                 nemesis.wait_redundant()
             except AssertionError as exc:
                 fail(str(exc))
