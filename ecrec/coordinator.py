@@ -106,10 +106,12 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self._check_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ecrec-health-check")
         self._wanted: dict[str, int] = {}  # standby server_id -> the index it asked for (a restarted server)
         self._leases: dict[str, float] = {}  # server_id -> when its lease runs out (monotonic, this clock)
-        #: etcd leases (``map.lease_store``): servers whose revocation's outcome is unknown (a TTL is counted from
-        #: when their key is first seen gone)
-        self._revoke_unsure: set[str] = set()
-        self._dropped: set[str] = set()  # standbys removed from the map whose etcd lease is to be revoked
+        #: etcd leases (``map.lease_store``): failed servers whose end this leader has not timed yet.  A TTL is
+        #: counted from this leader's own answered revocation, or from when it first sees the key gone (a deposed
+        #: leader's revocation, or an operator's, may land at any moment before); none is replaced until then
+        self._untimed: set[str] = set()
+        #: standbys removed from the map whose etcd lease is still to be revoked (kept until etcd answers)
+        self._dropped: set[str] = set()
         self._gone: set[str] = set()  # failed servers whose process is known gone (connection refused)
         self._lost_stripes: dict[str, set[int]] = {}  # table -> every lost stripe reported (the map lists some)
         self._promoting: dict[str, coordinator_pb2.PendingPromotion] = {}  # server_id -> promotion in progress
@@ -131,8 +133,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if kind == "etcd" and config.election_ttl_s < 2:
             raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
         self._store_args = store_args if kind == "etcd" else None
-        # how long after a server's last renewal it may still serve: with etcd, the TTL of its etcd lease
-        self._lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
+        # how long after a server's last renewal it may still serve: with etcd, the TTL of its etcd lease (a saved
+        # map's, when longer: ``_load``)
+        self._own_lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
+        self._lease_wait_s = self._own_lease_wait_s
         if kind == "etcd":  # servers hold etcd leases there (ecrec.server_lease)
             for m in (self.map, self._initial):
                 m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
@@ -153,6 +157,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             )
         self.map.CopyFrom(saved)
         self.map.epoch = saved.epoch + 1
+        if self.map.lease_store and saved.lease_s > self._own_lease_wait_s:
+            # its servers were granted etcd leases that long: a shorter wait would not cover them.  Kept from now
+            # on (servers that register later get it too): a shorter --lease-s takes effect with a new cluster
+            log.warning("the saved map's servers hold %g s etcd leases, longer than this coordinator's %g s "
+                        "(--lease-s): keeping %g s", saved.lease_s, self._own_lease_wait_s, saved.lease_s)
+            self._lease_wait_s = saved.lease_s
+        if self.map.lease_store:
+            self.map.lease_s = self._lease_wait_s
         for d in state.dense:
             self._dense[d.spec.name] = d
         for p in state.promoting:
@@ -180,11 +192,16 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             self._gone.clear()
             self._wanted.clear()
             self._leases.clear()
-            self._revoke_unsure.clear()
+            self._untimed.clear()
             self._dropped.clear()
+            self._lease_wait_s = self._own_lease_wait_s
             if state is not None:
                 self._load(state, store.describe())
                 self._saved = state.SerializeToString()
+                if self.map.lease_store:
+                    # a deposed leader (or an operator) may revoke a failed server's lease at any moment: its end
+                    # is timed from this leader's own revocation, or from when it sees the key gone
+                    self._untimed.update(s.server_id for s in self.map.servers if s.state == FAILED)
             else:
                 self._saved = self._state_locked().SerializeToString()
             if self.map.lease_store:  # servers reach etcd where this leader and etcd's member list say
@@ -321,11 +338,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             else:
                 leased = holder is not None and self._leases.get(holder.server_id, 0.0) > time.monotonic()
             holder_id = holder.server_id if holder is not None else ""
+            holder_health = (holder.health_address or holder.address) if holder is not None else ""
         if leased and self._answers(request.address):
             # a live server holds this address: the caller is mistaken or hostile, not a restart of it
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           f"{request.address} is held by live server {holder_id} (its lease is current and it answers "
                           "health checks); a restarted server registers once the old one is gone")
+        # the old process is gone when nothing listens on its health port any more; a paused one (the new process
+        # may share its data port) may serve until its lease ends, which a promotion over it waits
+        holder_gone = bool(holder_health) and _connection_refused(holder_health, self.config.health_timeout_s)
         with self._lock:
             for s in self.map.servers:
                 if s.address == request.address and s.state != FAILED:
@@ -333,8 +354,13 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                         self._leases[s.server_id] = time.monotonic() + self.config.lease_s
                         return coordinator_pb2.RegisterReply(map=self.map, index=s.index, lease_s=self.config.lease_s,
                                                              server_key=self.server_key)
-                    s.state = FAILED  # the same address re-registers: the old process is gone
-                    self._gone.add(s.server_id)
+                    s.state = FAILED  # the same address re-registers: the old process is gone or unresponsive
+                    if s.server_id == holder_id and holder_gone:
+                        self._gone.add(s.server_id)
+                    elif etcd_leases is not None:  # fenced (its lease revoked) and timed before a promotion
+                        self._untimed.add(s.server_id)
+                        self._leases[s.server_id] = max(self._leases.get(s.server_id, 0.0),
+                                                        time.monotonic() + self._lease_wait_s)
             taken = {s.index for s in self.map.servers if s.index >= 0 and s.state != FAILED}
             forming = len(self.map.tables) == 0 and len(self._dense) == 0
             index = -1
@@ -586,9 +612,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._gone.add(info.server_id)
             elif self.map.lease_store:
                 # its etcd lease may have been revoked (by a deposed leader, by hand) moments ago: it may serve
-                # until its next renewal, so a TTL from now bounds it
+                # until its next renewal, so a TTL from now bounds it, until this leader times its end
                 self._leases[info.server_id] = max(self._leases.get(info.server_id, 0.0),
                                                    time.monotonic() + self._lease_wait_s)
+                if info.state != STANDBY:
+                    self._untimed.add(info.server_id)
             was_standby = info.state == STANDBY
             if was_standby:
                 self.map.servers.remove(info)
@@ -609,17 +637,20 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
 
     def _safe_to_replace(self, failed: list[cluster_pb2.ServerInfo], etcd_leases: dict[str, int] | None) -> bool:
         """Whether none of ``failed`` can still be serving: each is gone, or its lease has run out (with etcd
-        leases: its key is gone, and a revocation's TTL has passed)."""
+        leases: its key is gone, and a TTL has passed since this leader's answered revocation or since it first saw
+        the key gone)."""
         now = time.monotonic()
-        return all(s.server_id in self._gone or (self._leases.get(s.server_id, 0.0) <= now and
-                                                  (etcd_leases is None or s.server_id not in etcd_leases))
+        return all(s.server_id in self._gone or (self._leases.get(s.server_id, 0.0) <= now and (
+            etcd_leases is None or (s.server_id not in etcd_leases and s.server_id not in self._untimed)))
                    for s in failed)
 
     # --- etcd leases (``map.lease_store``) -----------------------------------------------------------
     def _fence_etcd_leases(self) -> dict[str, int] | None:
-        """Revokes the etcd lease of every failed server that still holds one (it stops at its next renewal; it
-        may serve until a TTL after the revocation, which the promotion waits); returns the leases etcd holds now,
-        or None when etcd cannot be read (nothing is promoted then)."""
+        """Revokes the etcd lease of every failed server (and removed standby) that still holds one: it stops at
+        its next renewal, so it may serve until a TTL after the revocation, which the promotion waits.  A failed
+        server whose key is gone is timed from when this leader first sees that (whoever revoked it, whenever).
+        A revocation etcd did not answer is tried again next round.  Returns the leases etcd holds now, or None
+        when etcd cannot be read (nothing is promoted then)."""
         try:
             leases = self.store.server_leases()
         except StoreUnavailable as exc:
@@ -627,26 +658,37 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             return None
         with self._lock:
             failed = {s.server_id for s in self.map.servers if s.state == FAILED}
-            for server_id in self._revoke_unsure & (failed - leases.keys()):
-                # the unsure revocation (or expiry) happened by now: a TTL from here covers it
+            self._untimed &= failed  # an entry no longer in the map (replaced) is moot
+            # a standby back in the map (its removal was rolled back) is not fenced; one whose key is gone is done
+            self._dropped -= {s.server_id for s in self.map.servers} | (self._dropped - leases.keys())
+            for server_id in self._untimed - leases.keys():
+                # revoked (or expired) by now, by whoever: a TTL from here covers it
                 self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
-                self._revoke_unsure.discard(server_id)
-            self._dropped &= leases.keys()
+                self._untimed.discard(server_id)
             doomed = {server_id: lease for server_id, lease in leases.items() if server_id in failed | self._dropped}
-            self._dropped.clear()
-            for server_id in doomed:
+            for server_id in doomed.keys() & failed:
                 self._leases[server_id] = math.inf  # until the revocation is answered
         for server_id, lease in doomed.items():
+            answered = False
             try:
                 self.store.revoke_lease(lease)
-                log.info("revoked the etcd lease of failed server %s", server_id)
-            except StoreUnavailable as exc:
-                log.warning("revoking the etcd lease of failed server %s: %s", server_id, exc)
+                answered = True
+                log.info("revoked the etcd lease of %s server %s", "failed" if server_id in failed else "removed",
+                         server_id)
+            except StoreUnavailable as exc:  # it may still happen: untimed until answered, or the key seen gone
+                log.warning("revoking the etcd lease of server %s: %s", server_id, exc)
+            finally:
                 with self._lock:
-                    self._revoke_unsure.add(server_id)
-            with self._lock:
-                self._leases[server_id] = time.monotonic() + self._lease_wait_s
-            leases.pop(server_id, None)
+                    if server_id in failed:
+                        self._leases[server_id] = time.monotonic() + self._lease_wait_s
+                        if answered:
+                            self._untimed.discard(server_id)
+                        else:
+                            self._untimed.add(server_id)
+                    elif answered:
+                        self._dropped.discard(server_id)
+            if answered:
+                leases.pop(server_id, None)
         return leases
 
     def _check_etcd_leases(self) -> None:
@@ -715,7 +757,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             etcd_leases = None
             if self.map.lease_store:
                 with self._lock:  # read etcd only when there is something to fence or promote
-                    work = bool(self._promoting or self._dropped or self._revoke_unsure) or (
+                    work = bool(self._promoting or self._dropped or self._untimed) or (
                         any(s.state == STANDBY for s in self.map.servers)
                         and any(s.state == FAILED and s.index >= 0 for s in self.map.servers))
                 if not work:

@@ -132,6 +132,10 @@ class EtcdClient:
         return self._call("KV", "Put", etcd_pb2.PutRequest(key=key, value=value, lease=lease),
                           write=True).header.revision
 
+    def delete(self, key: bytes) -> int:
+        """Deletes ``key`` (an operator's ``etcdctl del``); returns how many keys went."""
+        return self._call("KV", "DeleteRange", etcd_pb2.DeleteRangeRequest(key=key), write=True).deleted
+
     def txn(self, compare: list, success: list, failure: list | None = None) -> etcd_pb2.TxnResponse:
         return self._call("KV", "Txn", etcd_pb2.TxnRequest(compare=compare, success=success, failure=failure or []),
                           write=True)

@@ -1084,21 +1084,35 @@ class EmbeddingServer:
             want_index=self.config.want_index, health_address=f"{self.public_host}:{self.health_port}",
             etcd_lease=self.etcd_lease.id if self.etcd_lease is not None else 0,
         )
-        while True:
-            sent = time.monotonic()
-            try:
-                reply = stub.Register(request, timeout=self.config.rpc_timeout_s)
-                break
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: {exc.details()}") from None
-                if self.etcd_lease is not None:  # no coordinator leads yet: the lease must outlast the wait
-                    try:
-                        self.etcd_lease.renew()
-                    except EtcdError as renew_exc:
-                        log.warning("renewing the etcd lease while registering: %s", renew_exc)
-                time.sleep(0.2)
+        # the etcd lease is kept alive all along (no coordinator may lead yet, or one may be slow to answer): a
+        # registration never outlasts it
+        registered = threading.Event()
+        keeper = None
         if self.etcd_lease is not None:
+            keeper = threading.Thread(target=self._keep_etcd_lease_until, args=(registered,),
+                                      name="ecrec-lease-registering", daemon=True)
+            keeper.start()
+        try:
+            while True:
+                sent = time.monotonic()
+                try:
+                    reply = stub.Register(request, timeout=self.config.rpc_timeout_s)
+                    break
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: "
+                                           f"{exc.details()}") from None
+                    if self.etcd_lease is not None and self.etcd_lease.gone:
+                        break
+                    time.sleep(0.2)
+        finally:
+            registered.set()
+            if keeper is not None:
+                keeper.join()
+        if self.etcd_lease is not None:
+            if self.etcd_lease.gone:  # revoked (it was replaced) or expired while registering: it never serves
+                raise RuntimeError(f"this server's etcd lease {self.etcd_lease.id:x} is gone ({self.etcd_lease.gone}) "
+                                   f"before it registered with coordinator {self.config.coordinator}")
             self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
         else:
             self.state.lease.grant(sent, reply.lease_s)
@@ -1113,6 +1127,22 @@ class EmbeddingServer:
             self.state.adopt_map(reply.map)  # ignored when a broadcast brought a newer map first
         log.info("registered at %s as %s (epoch %d)", self.state.address,
                  f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
+
+    def _keep_etcd_lease_until(self, done: threading.Event) -> None:
+        """Keeps the etcd lease alive a third of its TTL ahead until ``done`` (the registration ended); it
+        grants no serving lease (the registration does) and stops at once when etcd says the lease is gone."""
+        lease = self.etcd_lease
+        wait = max(0.0, lease.renewed_at + lease.ttl_s / 3.0 - time.monotonic())
+        while not done.wait(wait):
+            try:
+                _, ttl = lease.renew()
+            except EtcdError as exc:
+                log.warning("renewing the etcd lease while registering: %s", exc)
+                wait = lease.ttl_s / 9.0
+                continue
+            if ttl <= 0:
+                return  # ``lease.gone`` says why
+            wait = lease.ttl_s / 3.0
 
     def _lease_loop(self) -> None:
         """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
@@ -1147,7 +1177,8 @@ class EmbeddingServer:
         renewal that shows a newer store revision than the map's fetch makes this server fetch the map."""
         st, lease = self.state, self.etcd_lease
         period = lease.ttl_s / 3.0
-        wait, seen = period, lease.revision
+        seen = lease.revision
+        wait = max(0.0, lease.renewed_at + period - time.monotonic())  # a third of the TTL from the last renewal
         while not self._stop.wait(wait):
             if st.map is not None:
                 lease.follow(st.map.lease_store)
@@ -1160,9 +1191,8 @@ class EmbeddingServer:
                 continue
             wait = period
             if ttl <= 0:
-                log.error("this server's etcd lease %x is gone (revoked: it was replaced, or it expired); stopping",
-                          lease.id)
-                st.lease.revoke("its etcd lease is gone")
+                log.error("this server's etcd lease %x is gone (%s); stopping", lease.id, lease.gone)
+                st.lease.revoke(f"its etcd lease is gone ({lease.gone})")
                 threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
                 return
             st.lease.grant(sent, ttl)

@@ -53,6 +53,7 @@ class EtcdServerLease:
         self.id = 0
         self.renewed_at = 0.0  # monotonic: when the last grant or renewal etcd answered was sent
         self.revision = 0  # the store's revision at the last renewal: a newer one may mean a newer map
+        self.gone = ""  # why the lease is gone, once a renewal found it so (this server must not serve then)
 
     @property
     def member_timeout_s(self) -> float:
@@ -78,14 +79,22 @@ class EtcdServerLease:
             time.sleep(0.2)
 
     def renew(self) -> tuple[float, int]:
-        """Keeps the lease alive once: (when the request was sent, the TTL granted: 0 when the lease is gone).
-        Raises :class:`EtcdError` when no member answered."""
+        """Keeps the lease alive once and checks the key is still bound to it: (when the request was sent, the
+        TTL granted: 0 when the lease is gone, or the key is: deleted by hand, the coordinator sees this server
+        gone and replaces it a TTL later, while the lease itself lives on).  :attr:`gone` says why.  Raises
+        :class:`EtcdError` when no member answered."""
         with self._lock:
             client = self.client
         sent = time.monotonic()
         reply = client.keep_alive(self.id, self.member_timeout_s)
         self.revision = max(self.revision, reply.header.revision)
         if reply.TTL <= 0:
+            self.gone = "revoked: this server was replaced, or it expired"
+            return sent, 0
+        kv = client.get(self.key)  # read after the renewal: a key deleted before this read ends the lease here
+        if kv is None or kv.lease != self.id:
+            self.gone = f"its key {self.key.decode()} was deleted" if kv is None else \
+                f"its key {self.key.decode()} is bound to another lease ({kv.lease:x})"
             return sent, 0
         self.renewed_at = sent
         return sent, min(int(reply.TTL), self.ttl_s)

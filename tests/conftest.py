@@ -38,6 +38,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("nemesis")
     group.addoption("--nemesis-seed", default=None, help="seed of the nemesis's fault schedule (default: random)")
     group.addoption("--nemesis-faults", default=50, type=int, help="faults the nemesis injects (default 50)")
+    group.addoption("--nemesis-check-each-fault", action="store_true",
+                    help="after every fault, hold the workers and check exactly-once then (not only at the end): "
+                         "a violation names the fault that caused it, with every server's log (servers log at INFO)")
     group.addoption("--nemesis-store", default="file", choices=("file", "etcd"),
                     help="the control plane under the nemesis: file (one coordinator, restarted on its state file) "
                          "or etcd (three etcd members, two coordinators; leader and etcd member kills join the "

@@ -60,6 +60,109 @@ def test_store_urls_are_parsed_and_bad_ones_named():
         Coordinator(CoordinatorConfig(cluster=spec, store="etcd://127.0.0.1:2379", election_ttl_s=1))
 
 
+@needs_etcd
+def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_when_it_sees_its_key_go():
+    """A deposed leader (or an operator) may revoke a failed server's lease after a new leader took over: the
+    server may serve a TTL after that, so the new leader counts a TTL from when it first sees the key gone; and
+    it waits the TTL the servers were granted (the saved map's), however short its own --lease-s."""
+    from ecrec.etcd_local import LocalEtcd
+    etcd = LocalEtcd(1)
+    stop = threading.Event()
+    stores = []
+    client = None
+    try:
+        etcd.start()
+        url = f"etcd://{etcd.endpoints[0]}/t"
+
+        def coordinator(name, lease_s):
+            c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=url, lease_s=lease_s))
+            stores.append(state_store.EtcdStore(etcd.endpoints, "/t", name, f"127.0.0.1:{len(stores) + 1}"))
+            assert stores[-1].campaign(stop)
+            c.take_over(stores[-1])
+            return c
+
+        first = coordinator("a", 4.0)
+        client = etcd.client()
+        lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
+        client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
+        with first._lock:  # a server the first leader declared failed, and did not get to revoke
+            first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+            first._bump_locked()
+        stores[0].resign()
+        second = coordinator("b", 2.0)
+        took_over = time.monotonic()
+        assert second.map.lease_s == 4.0  # the servers hold 4 s leases: a 2 s wait would not cover them
+        failed = [s for s in second.map.servers if s.server_id == "s1"]
+        assert failed and failed[0].state == cluster_pb2.FAILED
+        time.sleep(3.0)
+        client.revoke(lease)  # the deposed leader's revocation lands now
+        revoked = time.monotonic()
+        while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet (it was revoked at 3 s)
+            assert not second._safe_to_replace(failed, second._fence_etcd_leases())
+            time.sleep(0.2)
+        wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
+        assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
+        # a third coordinator started with a longer --lease-s waits that (and servers registering get it)
+        stores[1].resign()
+        third = coordinator("c", 6.0)
+        assert third.map.lease_s == 6.0 and third._lease_wait_s == 6.0
+    finally:
+        if client is not None:
+            client.close()
+        stop.set()
+        for store in stores:
+            store.resign()  # its election's renewer stops
+            store.close()
+        etcd.close()
+
+
+@needs_etcd
+def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again():
+    """A standby declared failed leaves the map; its etcd lease is revoked so it stops.  When etcd does not answer
+    that revocation (it may or may not have happened), the leader tries again, and stops trying once it is
+    answered (it reads etcd only while there is something left to do)."""
+    from ecrec.etcd_local import LocalEtcd
+    etcd = LocalEtcd(1)
+    stop = threading.Event()
+    store = client = None
+    try:
+        etcd.start()
+        c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=f"etcd://{etcd.endpoints[0]}/d"))
+        store = state_store.EtcdStore(etcd.endpoints, "/d", "a", "127.0.0.1:1")
+        assert store.campaign(stop)
+        c.take_over(store)
+        client = etcd.client()
+        lease = client.grant(60)
+        client.put(b"/d/servers/sb", b"127.0.0.1:9", lease=lease)
+        with c._lock:
+            c.map.servers.add(server_id="sb", address="127.0.0.1:9", index=-1, state=cluster_pb2.STANDBY)
+            c._bump_locked()
+        real, calls = store.revoke_lease, []
+
+        def unanswered_once(lease_id):
+            calls.append(lease_id)
+            if len(calls) == 1:
+                raise state_store.StoreUnavailable("etcd Revoke: outcome unknown (injected)")
+            real(lease_id)
+
+        store.revoke_lease = unanswered_once
+        c._declare_failed("127.0.0.1:9", why="a test")
+        assert calls == [lease] and "sb" not in {s.server_id for s in c.map.servers}
+        assert client.keep_alive_once(lease) > 0  # not revoked yet
+        assert c._dropped == {"sb"}
+        c._promote_standbys()  # the promoter's round: there is work left, so it reads etcd and tries again
+        assert calls == [lease, lease] and client.keep_alive_once(lease) <= 0
+        assert not c._dropped and not c._untimed
+    finally:
+        if client is not None:
+            client.close()
+        stop.set()
+        if store is not None:
+            store.resign()
+            store.close()
+        etcd.close()
+
+
 class MapWatcher:
     """Reads the map from every coordinator in turn, all along: no two maps with one epoch may differ."""
 
@@ -197,6 +300,62 @@ def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_re
         assert stopped < m.lease_s  # at its next renewal, a third of the TTL apart
         assert h.server_id in {kv.key.decode().rpartition("/")[2]
                                for kv in etcd.get_prefix(servers_prefix(local.etcd_prefix))}
+    finally:
+        etcd.close()
+    assert_counts(client, initial, counts)
+
+
+@needs_etcd
+def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluster):
+    """Deleting a server's key (etcdctl del) leaves its lease alive: the server renews it, but finds its key gone
+    at that renewal and stops; the coordinator sees the key gone and promotes the standby a TTL later."""
+    from ecrec.server_lease import servers_prefix
+    local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd")
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    m = local.cluster_map()
+    victim = holder(local, 2)
+    standby_id = next(s.server_id for s in m.servers if s.index < 0)
+    proc = next(p for p in local.server_procs if p.pid == local.pid_of_index(2))
+    etcd = local.etcd.client()
+    try:
+        key = servers_prefix(local.etcd_prefix) + victim.server_id.encode()
+        lease = etcd.get(key).lease
+        assert etcd.delete(key) == 1  # by hand: the lease lives on
+        deleted = time.monotonic()
+        wait_for(lambda: proc.poll() is not None, 20, "the server whose key was deleted to exit")
+        stopped = time.monotonic() - deleted
+        assert stopped < m.lease_s  # at its next renewal
+        assert etcd.keep_alive_once(lease) <= 0  # it revoked its lease on the way out
+        wait_for(lambda: (h := holder(local, 2)) is not None and h.server_id == standby_id
+                 and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING), 40, "index 2 promoted")
+        print(f"the server stopped {stopped:.2f} s after its key was deleted")
+    finally:
+        etcd.close()
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    assert_counts(client, initial, counts)
+
+
+@needs_etcd
+def test_registrations_slower_than_the_servers_lease_keep_it_alive(make_cluster):
+    """Each map change takes longer than a server's 2 s etcd lease (a coordinator whose disk is slow): a server
+    keeps its lease alive while its registration waits, so every server registers with the lease it took and
+    serves."""
+    from ecrec.server_lease import servers_prefix
+    local, client, initial = start(make_cluster, servers=3, store="etcd", coordinator_options={"lease_s": 2.0},
+                                   coordinator_env={"ECREC_COORDINATOR_FAULT": "record_map@1:delay=3.0"})
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    m = local.cluster_map()
+    assert [s.state for s in m.servers] == [cluster_pb2.ACTIVE] * 3, m
+    assert all(p.poll() is None for p in local.server_procs)
+    etcd = local.etcd.client()
+    try:
+        keys = {kv.key.decode().rpartition("/")[2] for kv in etcd.get_prefix(servers_prefix(local.etcd_prefix))}
+        assert keys == {s.server_id for s in m.servers}
     finally:
         etcd.close()
     assert_counts(client, initial, counts)

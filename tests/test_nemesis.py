@@ -22,7 +22,8 @@ runs on 127.0.0.1 and partitions are left out of the schedule (the report says s
 The checker's workload counts: SGD with lr=1 on a table initialized to zeros, gradient 1 on every element
 of each looked-up row, so a row must end at exactly minus the number of acknowledged pushes that touched
 it (any order).  Run: ``pytest -m nemesis`` (about 3 minutes; ``--nemesis-faults 200`` for a longer run,
-``--nemesis-seed N`` to repeat a schedule).  A failure prints its seed.
+``--nemesis-seed N`` to repeat a schedule).  A failure prints its seed; ``--nemesis-check-each-fault`` then
+checks exactly-once after every fault too (the workers held meanwhile), naming the fault that broke it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class CountingWorker(threading.Thread):
         self.stop = threading.Event()
         self.restart = threading.Event()
         self.restarted = threading.Event()
+        self.hold = threading.Event()  # set: wait before the next push (``holding`` says it waits)
+        self.holding = threading.Event()
 
     def connect(self) -> Cluster:
         return Cluster.connect(self.address, config=ClientConfig(**WORKER), worker=self.worker)
@@ -86,6 +89,11 @@ class CountingWorker(threading.Thread):
                     self.restarts += 1
                     self.restart.clear()
                     self.restarted.set()
+                if self.hold.is_set():  # every push so far is acknowledged: the checker reads the table
+                    self.holding.set()
+                    while self.hold.is_set() and not self.stop.is_set():
+                        time.sleep(0.01)
+                    self.holding.clear()
                 ids = self.rng.choice(ROWS, BAG, replace=False)
                 bag(torch.as_tensor(ids)[None, :]).sum().backward()
                 client.step()  # returns only once acknowledged; raises if it cannot be
@@ -345,6 +353,33 @@ def liveness_stalls(workers, coordinator_restarts, t0: float) -> list[str]:
     return out
 
 
+def check_exactly_once(local, workers, log, fail) -> None:
+    """Holds the workers (each between two acknowledged pushes), checks every row against the pushes
+    acknowledged so far, and lets them go on; a violation fails the test with every server's last log lines."""
+    for w in workers:
+        w.hold.set()
+    try:
+        for w in workers:
+            if not w.holding.wait(60) and w.error is None:
+                fail(f"worker {w.worker} did not stop for the check within 60 s")
+        checker = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=60.0))
+        try:
+            actual = -checker.read_payload("t")[1][:, :DIM]
+        finally:
+            checker.close()
+        diff = actual - sum(w.counts for w in workers)[:, None]
+        extra, lost = int(np.clip(diff, 0, None).sum()), int(np.clip(-diff, 0, None).sum())
+        log(f"checked: {lost} updates lost, {extra} applied twice")
+        if extra or lost:
+            logs = [f"server pid {p.pid} (exit code {p.poll()}):\n    " + "\n    ".join(local.stderr_tail(p.pid))
+                    for p in local.server_procs]
+            fail(f"after the last fault: {lost} updates lost, {extra} applied twice, rows "
+                 f"{np.flatnonzero(diff.any(axis=1)).tolist()}\n" + "\n".join(logs))
+    finally:
+        for w in workers:
+            w.hold.clear()
+
+
 @pytest.fixture
 def netlab():
     """A bridge and namespaces for partitions, or None (with the reason printed) where they cannot be made."""
@@ -367,6 +402,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     seed = request.config.getoption("--nemesis-seed")
     seed = int(seed) if seed is not None else random.SystemRandom().randrange(1 << 30)
     want_faults = int(request.config.getoption("--nemesis-faults"))
+    check_each = bool(request.config.getoption("--nemesis-check-each-fault"))
     store = request.config.getoption("--nemesis-store")
     print(f"\nnemesis seed {seed}, store {store} (rerun: pytest -m nemesis --nemesis-seed {seed} --nemesis-store "
           f"{store})")
@@ -383,7 +419,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     log(f"coordinator fault injection: {slow}")
     control = (dict(store="etcd", coordinators=2, etcd_members=3, coordinator_options={**TIMING, "election_ttl_s": 2})
                if store == "etcd" else dict(state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING))
-    local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
+    local = make_cluster(log_level="INFO" if check_each else "WARNING", servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
                          coordinator_env={"ECREC_COORDINATOR_FAULT": slow}, **control, **placement)
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
@@ -432,6 +468,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
             for w in workers:
                 if w.error is not None:
                     fail(f"worker {w.worker} failed: {w.error!r}")
+            if check_each:
+                check_exactly_once(local, workers, log, fail)
         before = [w.acked for w in workers]
         time.sleep(0.5)
         if not all(w.acked > b for w, b in zip(workers, before)):

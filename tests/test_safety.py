@@ -208,3 +208,52 @@ def test_maps_and_parity_from_strangers_are_refused_and_change_nothing(make_clus
     counts[:20] += 1
     counts[:5] += 1
     assert_counts(client, initial, counts)
+
+
+def test_a_process_registering_at_a_silent_holders_address_replaces_it_only_after_its_lease():
+    """A paused server still holds its sockets (a new process may share its port): a registration at its address
+    marks it failed, but a promotion over it waits its lease; one whose health port refuses connections is gone
+    (a killed process) and is replaced at once.  An in-process coordinator behind real gRPC; the "servers" are
+    sockets that listen and never answer (as a paused process's do) or are closed (a killed one's)."""
+    import socket
+
+    from ecrec.config import ClusterSpec, CoordinatorConfig
+    from ecrec.coordinator import Coordinator, CoordinatorServer
+    from ecrec.peers import coordinator_stub
+    from ecrec.wire import coordinator_pb2
+
+    def silent():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        return s, f"127.0.0.1:{s.getsockname()[1]}"
+
+    coordinator = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), host="127.0.0.1", port=0,
+                                                lease_s=6.0, health_timeout_s=0.3, failure_timeout_s=120.0,
+                                                failures_before_dead=1000))
+    server = CoordinatorServer(coordinator)
+    sockets, stub = [], None
+    try:
+        stub = coordinator_stub(server.address)
+        for name, paused in (("paused", True), ("killed", False)):
+            data, address = silent()
+            health, health_address = silent()
+            sockets += [data, health]
+            stub.Register(coordinator_pb2.RegisterRequest(address=address, server_id=f"{name}-old",
+                                                          health_address=health_address), timeout=10)
+            if not paused:
+                health.close()  # nothing listens there any more
+            _, other_health = silent()
+            sockets.append(_)
+            stub.Register(coordinator_pb2.RegisterRequest(address=address, server_id=f"{name}-new", standby=True,
+                                                          health_address=other_health), timeout=10)
+            old = next(s for s in coordinator.map.servers if s.server_id == f"{name}-old")
+            assert old.state == cluster_pb2.FAILED
+            # the paused one may still serve until its lease (6 s from its registration) runs out
+            assert coordinator._safe_to_replace([old], None) is (not paused), name
+    finally:
+        if stub is not None:
+            stub.close()
+        server.stop(0)
+        for s in sockets:
+            s.close()
