@@ -162,7 +162,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             # on (servers that register later get it too): a shorter --lease-s takes effect with a new cluster
             log.warning("the saved map's servers hold %g s etcd leases, longer than this coordinator's %g s "
                         "(--lease-s): keeping %g s", saved.lease_s, self._own_lease_wait_s, saved.lease_s)
-            self._lease_wait_s = saved.lease_s
+            self._lease_wait_s = lease_ttl_s(saved.lease_s)
         if self.map.lease_store:
             self.map.lease_s = self._lease_wait_s
         for d in state.dense:
@@ -651,6 +651,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         server whose key is gone is timed from when this leader first sees that (whoever revoked it, whenever).
         A revocation etcd did not answer is tried again next round.  Returns the leases etcd holds now, or None
         when etcd cannot be read (nothing is promoted then)."""
+        with self._lock:  # only what was so before the read: a key read before a server registered says nothing
+            untimed_before, dropped_before = set(self._untimed), set(self._dropped)
         try:
             leases = self.store.server_leases()
         except StoreUnavailable as exc:
@@ -660,8 +662,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             failed = {s.server_id for s in self.map.servers if s.state == FAILED}
             self._untimed &= failed  # an entry no longer in the map (replaced) is moot
             # a standby back in the map (its removal was rolled back) is not fenced; one whose key is gone is done
-            self._dropped -= {s.server_id for s in self.map.servers} | (self._dropped - leases.keys())
-            for server_id in self._untimed - leases.keys():
+            self._dropped -= {s.server_id for s in self.map.servers} | (dropped_before - leases.keys())
+            for server_id in (self._untimed & untimed_before) - leases.keys():
                 # revoked (or expired) by now, by whoever: a TTL from here covers it
                 self._leases[server_id] = max(self._leases.get(server_id, 0.0), time.monotonic() + self._lease_wait_s)
                 self._untimed.discard(server_id)

@@ -1133,16 +1133,20 @@ class EmbeddingServer:
         grants no serving lease (the registration does) and stops at once when etcd says the lease is gone."""
         lease = self.etcd_lease
         wait = max(0.0, lease.renewed_at + lease.ttl_s / 3.0 - time.monotonic())
-        while not done.wait(wait):
+        while not done.wait(wait) and not self._stop.is_set():
             try:
-                _, ttl = lease.renew()
+                sent, ttl = lease.renew()
             except EtcdError as exc:
                 log.warning("renewing the etcd lease while registering: %s", exc)
                 wait = lease.ttl_s / 9.0
                 continue
+            except Exception:  # noqa: BLE001 - e.g. its client closed by a stop meanwhile: reported, and ended
+                if not self._stop.is_set():
+                    log.exception("renewing the etcd lease while registering")
+                return
             if ttl <= 0:
                 return  # ``lease.gone`` says why
-            wait = lease.ttl_s / 3.0
+            wait = max(0.0, sent + lease.ttl_s / 3.0 - time.monotonic())
 
     def _lease_loop(self) -> None:
         """Renews the lease a third of its length ahead; stops this server when the coordinator refuses (it was
@@ -1189,7 +1193,7 @@ class EmbeddingServer:
                             max(0.0, st.lease.until - time.monotonic()))
                 wait = period / 3.0
                 continue
-            wait = period
+            wait = max(0.0, sent + period - time.monotonic())  # a third of the TTL from this one, however long it took
             if ttl <= 0:
                 log.error("this server's etcd lease %x is gone (%s); stopping", lease.id, lease.gone)
                 st.lease.revoke(f"its etcd lease is gone ({lease.gone})")

@@ -174,13 +174,14 @@ class EtcdStore:
         return etcd_url(list(dict.fromkeys(members + self.endpoints)), self.prefix)
 
     def server_leases(self) -> dict[str, int]:
-        """server_id -> etcd lease id of every server whose lease key exists (``ecrec.server_lease``); raises
-        :class:`StoreUnavailable` when etcd cannot be read."""
+        """server_id -> etcd lease id of every server whose lease key exists bound to a lease
+        (``ecrec.server_lease``; a key written without one, by hand, holds no server's lease: that server is gone,
+        or stops at its next renewal); raises :class:`StoreUnavailable` when etcd cannot be read."""
         try:
             kvs = self.client.get_prefix(self.servers_prefix)
         except EtcdError as exc:
             raise StoreUnavailable(str(exc)) from None
-        return {kv.key[len(self.servers_prefix):].decode(): kv.lease for kv in kvs}
+        return {kv.key[len(self.servers_prefix):].decode(): kv.lease for kv in kvs if kv.lease}
 
     def revoke_lease(self, lease: int) -> None:
         """Revokes a server's etcd lease (its key goes with it); raises :class:`StoreUnavailable` when etcd did not

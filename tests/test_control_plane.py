@@ -163,6 +163,54 @@ def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again()
         etcd.close()
 
 
+@needs_etcd
+def test_a_fence_round_times_only_what_it_read_after_and_a_key_without_a_lease_is_no_servers():
+    """The leader times a failed server's end from an etcd read that shows its key gone: only a read made after
+    the server was marked failed says so (a server may register, and be marked failed, between a round's read
+    and its lock).  And a key written by hand without a lease holds no server's lease."""
+    from ecrec.etcd_local import LocalEtcd
+    etcd = LocalEtcd(1)
+    stop = threading.Event()
+    store = client = None
+    try:
+        etcd.start()
+        c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=f"etcd://{etcd.endpoints[0]}/r"))
+        store = state_store.EtcdStore(etcd.endpoints, "/r", "a", "127.0.0.1:1")
+        assert store.campaign(stop)
+        c.take_over(store)
+        client = etcd.client()
+        client.put(b"/r/servers/by-hand", b"127.0.0.1:7")  # no lease
+        assert "by-hand" not in store.server_leases()
+        lease = client.grant(60)
+        real = store.server_leases
+
+        def read_then_a_registration():
+            leases = real()  # read before "late" took its key
+            client.put(b"/r/servers/late", b"127.0.0.1:9", lease=lease)
+            with c._lock:  # it registered, and a registration at its address marked it failed, meanwhile
+                c.map.servers.add(server_id="late", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+                c._untimed.add("late")
+            return leases
+
+        store.server_leases = read_then_a_registration
+        c._fence_etcd_leases()
+        assert "late" in c._untimed  # not timed from a read that predates it
+        store.server_leases = real
+        assert client.keep_alive_once(lease) > 0
+        c._fence_etcd_leases()  # the next round sees its key, revokes it, and times it from the answer
+        assert client.keep_alive_once(lease) <= 0 and "late" not in c._untimed
+        late = [s for s in c.map.servers if s.server_id == "late"]
+        assert not c._safe_to_replace(late, store.server_leases())  # a TTL from the revocation first
+    finally:
+        if client is not None:
+            client.close()
+        stop.set()
+        if store is not None:
+            store.resign()
+            store.close()
+        etcd.close()
+
+
 class MapWatcher:
     """Reads the map from every coordinator in turn, all along: no two maps with one epoch may differ."""
 
@@ -330,7 +378,11 @@ def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluste
         assert etcd.keep_alive_once(lease) <= 0  # it revoked its lease on the way out
         wait_for(lambda: (h := holder(local, 2)) is not None and h.server_id == standby_id
                  and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING), 40, "index 2 promoted")
-        print(f"the server stopped {stopped:.2f} s after its key was deleted")
+        promoted = time.monotonic() - deleted
+        print(f"the server stopped {stopped:.2f} s after its key was deleted; its standby held the index "
+              f"{promoted:.2f} s after")
+        # the coordinator saw the key gone after it went, and waited a whole TTL from then
+        assert promoted >= m.lease_s
     finally:
         etcd.close()
     counting_push(client, np.arange(ROWS))

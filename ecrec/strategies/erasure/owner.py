@@ -567,7 +567,9 @@ class ParityOwner:
             self.close_group()
         for d in restarted:
             self.counters.add("chains_restarted", 1)
-            self.sender(d).wake(due_now=True)
+            sender = self.sender(d)
+            sender.cancel_stale()  # a call hanging on the old incarnation must not hold up the replacement's chain
+            sender.wake(due_now=True)
         if self._eager:
             for sender in list(self.senders.values()):
                 sender.wake(due_now=True)

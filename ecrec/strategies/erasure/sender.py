@@ -42,6 +42,7 @@ class DestinationSender:
         self._due_now = False
         self._send_lock = threading.Lock()  # one delivery to this destination at a time (thread or caller)
         self.sent_confirm = 0
+        self._inflight = None  # the ApplyParity under way (a future): cancelled when its destination is replaced
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
@@ -68,6 +69,17 @@ class DestinationSender:
                     self._send([], owner.confirmed_upto())  # an idle destination trims its log
             except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
                 log.exception("parity sender to server %d", self.destination)
+
+    def cancel_stale(self) -> None:
+        """The destination was replaced: cancels the call under way to its old incarnation, which may hang until
+        its deadline (a cut-off or paused server), so that the chain restarts at the replacement now.  The
+        replacement's rebuild may already hold this owner's unacknowledged pushes in the rows it read: the
+        sooner their batches reach its log, the smaller the window in which this owner's own failure leaves
+        them there with no batch to undo them by (``receiver``, resolution).  A call cancelled by mistake (already
+        to the replacement) is sent again: a batch applied twice is skipped."""
+        call = self._inflight
+        if call is not None:
+            call.cancel()
 
     def confirm(self, confirmed: int) -> bool:
         """Tells the destination, now, that every push up to ``confirmed`` is applied everywhere (it trims its
@@ -100,9 +112,22 @@ class DestinationSender:
             if address is None:
                 return False
             try:
-                ack = host.peers.stub(address, PARITY).ApplyParity(message, timeout=host.config.rpc_timeout_s,
-                                                                   metadata=host.peers.metadata())
+                call = host.peers.stub(address, PARITY).ApplyParity.future(
+                    message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
+                self._inflight = call
+                try:
+                    ack = call.result()
+                finally:
+                    self._inflight = None
+            except grpc.FutureCancelledError:
+                log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the replacement",
+                         self.destination, address)
+                return False
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.CANCELLED:
+                    log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the "
+                             "replacement", self.destination, address)
+                    return False
                 if transport.is_unavailable(exc):
                     host.peers.report(address, f"ApplyParity: {exc.code().name}")
                 elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # e.g. addressed to a replaced incarnation
