@@ -60,155 +60,139 @@ def test_store_urls_are_parsed_and_bad_ones_named():
         Coordinator(CoordinatorConfig(cluster=spec, store="etcd://127.0.0.1:2379", election_ttl_s=1))
 
 
+class EtcdLeaders:
+    """A real one-member etcd and in-process coordinators that lead on it in turn (``lead``); ``client`` writes
+    keys and leases as a server or an operator would.  Closed by the ``etcd_leaders`` fixture."""
+
+    def __init__(self):
+        from ecrec.etcd_local import LocalEtcd
+        self.etcd = LocalEtcd(1)
+        self.stop = threading.Event()
+        self.stores: list = []
+        self.client = None
+        self.etcd.start()
+        self.client = self.etcd.client()
+
+    def lead(self, prefix: str, name: str, **options) -> tuple[Coordinator, state_store.EtcdStore]:
+        """A coordinator on ``prefix`` that campaigns and takes over (the previous leader must have resigned)."""
+        c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2),
+                                          store=f"etcd://{self.etcd.endpoints[0]}{prefix}", **options))
+        store = state_store.EtcdStore(self.etcd.endpoints, prefix, name, f"127.0.0.1:{len(self.stores) + 1}")
+        self.stores.append(store)
+        assert store.campaign(self.stop)
+        c.take_over(store)
+        return c, store
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.stop.set()
+        for store in self.stores:
+            store.resign()  # its election's renewer stops
+            store.close()
+        self.etcd.close()
+
+
+@pytest.fixture
+def etcd_leaders():
+    leaders = EtcdLeaders()
+    try:
+        yield leaders
+    finally:
+        leaders.close()
+
+
 @needs_etcd
-def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_when_it_sees_its_key_go():
+def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_when_it_sees_its_key_go(etcd_leaders):
     """A deposed leader (or an operator) may revoke a failed server's lease after a new leader took over: the
     server may serve a TTL after that, so the new leader counts a TTL from when it first sees the key gone; and
     it waits the TTL the servers were granted (the saved map's), however short its own --lease-s."""
-    from ecrec.etcd_local import LocalEtcd
-    etcd = LocalEtcd(1)
-    stop = threading.Event()
-    stores = []
-    client = None
-    try:
-        etcd.start()
-        url = f"etcd://{etcd.endpoints[0]}/t"
-
-        def coordinator(name, lease_s):
-            c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=url, lease_s=lease_s))
-            stores.append(state_store.EtcdStore(etcd.endpoints, "/t", name, f"127.0.0.1:{len(stores) + 1}"))
-            assert stores[-1].campaign(stop)
-            c.take_over(stores[-1])
-            return c
-
-        first = coordinator("a", 4.0)
-        client = etcd.client()
-        lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
-        client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
-        with first._lock:  # a server the first leader declared failed, and did not get to revoke
-            first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
-            first._bump_locked()
-        stores[0].resign()
-        second = coordinator("b", 2.0)
-        took_over = time.monotonic()
-        assert second.map.lease_s == 4.0  # the servers hold 4 s leases: a 2 s wait would not cover them
-        failed = [s for s in second.map.servers if s.server_id == "s1"]
-        assert failed and failed[0].state == cluster_pb2.FAILED
-        time.sleep(3.0)
-        client.revoke(lease)  # the deposed leader's revocation lands now
-        revoked = time.monotonic()
-        while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet (it was revoked at 3 s)
-            assert not second._safe_to_replace(failed, second._fence_etcd_leases())
-            time.sleep(0.2)
-        wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
-        assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
-        # a third coordinator started with a longer --lease-s waits that (and servers registering get it)
-        stores[1].resign()
-        third = coordinator("c", 6.0)
-        assert third.map.lease_s == 6.0 and third._lease_wait_s == 6.0
-    finally:
-        if client is not None:
-            client.close()
-        stop.set()
-        for store in stores:
-            store.resign()  # its election's renewer stops
-            store.close()
-        etcd.close()
+    first, first_store = etcd_leaders.lead("/t", "a", lease_s=4.0)
+    client = etcd_leaders.client
+    lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
+    client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
+    with first._lock:  # a server the first leader declared failed, and did not get to revoke
+        first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+        first._bump_locked()
+    first_store.resign()
+    second, second_store = etcd_leaders.lead("/t", "b", lease_s=2.0)
+    took_over = time.monotonic()
+    assert second.map.lease_s == 4.0  # the servers hold 4 s leases: a 2 s wait would not cover them
+    failed = [s for s in second.map.servers if s.server_id == "s1"]
+    assert failed and failed[0].state == cluster_pb2.FAILED
+    time.sleep(3.0)
+    client.revoke(lease)  # the deposed leader's revocation lands now
+    revoked = time.monotonic()
+    while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet (it was revoked at 3 s)
+        assert not second._safe_to_replace(failed, second._fence_etcd_leases())
+        time.sleep(0.2)
+    wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
+    assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
+    # a third coordinator started with a longer --lease-s waits that (and servers registering get it)
+    second_store.resign()
+    third, _ = etcd_leaders.lead("/t", "c", lease_s=6.0)
+    assert third.map.lease_s == 6.0 and third._lease_wait_s == 6.0
 
 
 @needs_etcd
-def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again():
+def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again(etcd_leaders):
     """A standby declared failed leaves the map; its etcd lease is revoked so it stops.  When etcd does not answer
     that revocation (it may or may not have happened), the leader tries again, and stops trying once it is
     answered (it reads etcd only while there is something left to do)."""
-    from ecrec.etcd_local import LocalEtcd
-    etcd = LocalEtcd(1)
-    stop = threading.Event()
-    store = client = None
-    try:
-        etcd.start()
-        c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=f"etcd://{etcd.endpoints[0]}/d"))
-        store = state_store.EtcdStore(etcd.endpoints, "/d", "a", "127.0.0.1:1")
-        assert store.campaign(stop)
-        c.take_over(store)
-        client = etcd.client()
-        lease = client.grant(60)
-        client.put(b"/d/servers/sb", b"127.0.0.1:9", lease=lease)
-        with c._lock:
-            c.map.servers.add(server_id="sb", address="127.0.0.1:9", index=-1, state=cluster_pb2.STANDBY)
-            c._bump_locked()
-        real, calls = store.revoke_lease, []
+    c, store = etcd_leaders.lead("/d", "a")
+    client = etcd_leaders.client
+    lease = client.grant(60)
+    client.put(b"/d/servers/sb", b"127.0.0.1:9", lease=lease)
+    with c._lock:
+        c.map.servers.add(server_id="sb", address="127.0.0.1:9", index=-1, state=cluster_pb2.STANDBY)
+        c._bump_locked()
+    real, calls = store.revoke_lease, []
 
-        def unanswered_once(lease_id):
-            calls.append(lease_id)
-            if len(calls) == 1:
-                raise state_store.StoreUnavailable("etcd Revoke: outcome unknown (injected)")
-            real(lease_id)
+    def unanswered_once(lease_id):
+        calls.append(lease_id)
+        if len(calls) == 1:
+            raise state_store.StoreUnavailable("etcd Revoke: outcome unknown (injected)")
+        real(lease_id)
 
-        store.revoke_lease = unanswered_once
-        c._declare_failed("127.0.0.1:9", why="a test")
-        assert calls == [lease] and "sb" not in {s.server_id for s in c.map.servers}
-        assert client.keep_alive_once(lease) > 0  # not revoked yet
-        assert c._dropped == {"sb"}
-        c._promote_standbys()  # the promoter's round: there is work left, so it reads etcd and tries again
-        assert calls == [lease, lease] and client.keep_alive_once(lease) <= 0
-        assert not c._dropped and not c._untimed
-    finally:
-        if client is not None:
-            client.close()
-        stop.set()
-        if store is not None:
-            store.resign()
-            store.close()
-        etcd.close()
+    store.revoke_lease = unanswered_once
+    c._declare_failed("127.0.0.1:9", why="a test")
+    assert calls == [lease] and "sb" not in {s.server_id for s in c.map.servers}
+    assert client.keep_alive_once(lease) > 0  # not revoked yet
+    assert c._dropped == {"sb"}
+    c._promote_standbys()  # the promoter's round: there is work left, so it reads etcd and tries again
+    assert calls == [lease, lease] and client.keep_alive_once(lease) <= 0
+    assert not c._dropped and not c._untimed
 
 
 @needs_etcd
-def test_a_fence_round_times_only_what_it_read_after_and_a_key_without_a_lease_is_no_servers():
+def test_a_fence_round_times_only_what_it_read_after_and_a_key_without_a_lease_is_no_servers(etcd_leaders):
     """The leader times a failed server's end from an etcd read that shows its key gone: only a read made after
     the server was marked failed says so (a server may register, and be marked failed, between a round's read
     and its lock).  And a key written by hand without a lease holds no server's lease."""
-    from ecrec.etcd_local import LocalEtcd
-    etcd = LocalEtcd(1)
-    stop = threading.Event()
-    store = client = None
-    try:
-        etcd.start()
-        c = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), store=f"etcd://{etcd.endpoints[0]}/r"))
-        store = state_store.EtcdStore(etcd.endpoints, "/r", "a", "127.0.0.1:1")
-        assert store.campaign(stop)
-        c.take_over(store)
-        client = etcd.client()
-        client.put(b"/r/servers/by-hand", b"127.0.0.1:7")  # no lease
-        assert "by-hand" not in store.server_leases()
-        lease = client.grant(60)
-        real = store.server_leases
+    c, store = etcd_leaders.lead("/r", "a")
+    client = etcd_leaders.client
+    client.put(b"/r/servers/by-hand", b"127.0.0.1:7")  # no lease
+    assert "by-hand" not in store.server_leases()
+    lease = client.grant(60)
+    real = store.server_leases
 
-        def read_then_a_registration():
-            leases = real()  # read before "late" took its key
-            client.put(b"/r/servers/late", b"127.0.0.1:9", lease=lease)
-            with c._lock:  # it registered, and a registration at its address marked it failed, meanwhile
-                c.map.servers.add(server_id="late", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
-                c._untimed.add("late")
-            return leases
+    def read_then_a_registration():
+        leases = real()  # read before "late" took its key
+        client.put(b"/r/servers/late", b"127.0.0.1:9", lease=lease)
+        with c._lock:  # it registered, and a registration at its address marked it failed, meanwhile
+            c.map.servers.add(server_id="late", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
+            c._untimed.add("late")
+        return leases
 
-        store.server_leases = read_then_a_registration
-        c._fence_etcd_leases()
-        assert "late" in c._untimed  # not timed from a read that predates it
-        store.server_leases = real
-        assert client.keep_alive_once(lease) > 0
-        c._fence_etcd_leases()  # the next round sees its key, revokes it, and times it from the answer
-        assert client.keep_alive_once(lease) <= 0 and "late" not in c._untimed
-        late = [s for s in c.map.servers if s.server_id == "late"]
-        assert not c._safe_to_replace(late, store.server_leases())  # a TTL from the revocation first
-    finally:
-        if client is not None:
-            client.close()
-        stop.set()
-        if store is not None:
-            store.resign()
-            store.close()
-        etcd.close()
+    store.server_leases = read_then_a_registration
+    c._fence_etcd_leases()
+    assert "late" in c._untimed  # not timed from a read that predates it
+    store.server_leases = real
+    assert client.keep_alive_once(lease) > 0
+    c._fence_etcd_leases()  # the next round sees its key, revokes it, and times it from the answer
+    assert client.keep_alive_once(lease) <= 0 and "late" not in c._untimed
+    late = [s for s in c.map.servers if s.server_id == "late"]
+    assert not c._safe_to_replace(late, store.server_leases())  # a TTL from the revocation first
 
 
 class MapWatcher:

@@ -119,14 +119,10 @@ class DestinationSender:
                     ack = call.result()
                 finally:
                     self._inflight = None
-            except grpc.FutureCancelledError:
-                log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the replacement",
-                         self.destination, address)
-                return False
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.CANCELLED:
+            except (grpc.FutureCancelledError, grpc.RpcError) as exc:
+                if isinstance(exc, grpc.FutureCancelledError) or exc.code() == grpc.StatusCode.CANCELLED:
                     log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the "
-                             "replacement", self.destination, address)
+                             "replacement", self.destination, address)  # by cancel_stale
                     return False
                 if transport.is_unavailable(exc):
                     host.peers.report(address, f"ApplyParity: {exc.code().name}")
