@@ -73,8 +73,8 @@ import numpy as np
 from baselines import overhead
 from baselines.storage import CheckpointError
 from ecrec.client import Cluster, ClusterError
-from ecrec import optim
-from ecrec.cluster_map import live_servers
+from ecrec.tables import optim
+from ecrec.net.cluster_map import live_servers
 from baselines.options import VARIANTS
 from ecrec.strategies import get_spec, names_of_kind
 
@@ -101,7 +101,7 @@ class DenseCopy:
     """The worker's copy of every dense tensor's payload (weights then optimizer state, float32).
 
     Read from the servers once (:meth:`reload`), then advanced with each acknowledged step's dense
-    gradients (``Cluster.last_dense_grads``) through ``ecrec.optim.apply``, the code the primary runs,
+    gradients (``Cluster.last_dense_grads``) through ``ecrec.tables.optim.apply``, the code the primary runs,
     on the same float32 layout: the copy stays equal to the primary's payload bit for bit as long as
     every push to the dense tensors passes through :meth:`advance`.
     """

@@ -26,7 +26,7 @@ import time
 
 from ecrec.config import (ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments, from_arguments,
                           parse_key_values)
-from ecrec.logs import FORMATS
+from ecrec.ops.logs import FORMATS
 
 
 def _add_strategy_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--etcd-members", type=int, default=1, help="etcd members with --store etcd (default 1; 3 "
                                                                 "survive the loss of one)")
     lo.add_argument("--token-file", default=None,
-                    help="shared secret every process checks on every call (ecrec.security); clients pass the same "
+                    help="shared secret every process checks on every call (ecrec.net.security); clients pass the same "
                          "file as ClientConfig(token_file=...)")
     lo.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics: the coordinator on this port, server i on port+1+i, "
@@ -219,8 +219,8 @@ def _stop_all(*stops):
 def main(argv: list[str] | None = None) -> int:
     client_command = _command_of(argv) in CLIENT_COMMANDS
     args = (build_client_parser() if client_command else build_parser()).parse_args(argv)
-    from ecrec import logs
-    from ecrec.transport import tune_allocator
+    from ecrec.ops import logs
+    from ecrec.net.transport import tune_allocator
 
     try:
         logs.configure(args.log_level, args.log_format, process_kind=args.command)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ecrec-server: {exc}", file=sys.stderr)
         return 2
     if args.command == "status":
-        from ecrec import status
+        from ecrec.ops import status
 
         try:
             security = from_arguments(SecurityOptions, args).security
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     # instead of ending the process without a word
     faulthandler.enable()
     if args.command == "coordinator":
-        from ecrec import metrics
-        from ecrec.coordinator import Coordinator
+        from ecrec.ops import metrics
+        from ecrec.control.coordinator import Coordinator
 
         try:
             spec = from_arguments(ClusterSpec, args)
@@ -271,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return outcome.get("exit", 0)
 
     if args.command == "serve":
-        from ecrec import faults, metrics
-        from ecrec.server import EmbeddingServer
+        from ecrec import faults
+        from ecrec.ops import metrics
+        from ecrec.server.embedding import EmbeddingServer
 
         try:
             config = from_arguments(ServerConfig, args, fault_spec=os.environ.get(faults.ENV, ""))
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # local
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
     try:
         options = parse_key_values(args.strategy_options)

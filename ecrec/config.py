@@ -56,7 +56,7 @@ class ClusterSpec:
 
 @dataclass(kw_only=True)
 class SecurityOptions:
-    """Transport security, the same four options on every process (``ecrec.security``)."""
+    """Transport security, the same four options on every process (``ecrec.net.security``)."""
 
     tls_cert: str | None = option(None, "PEM certificate this process presents: mutual TLS on every port and "
                                         "channel (with --tls-key and --tls-ca)")
@@ -66,10 +66,10 @@ class SecurityOptions:
 
     @property
     def security(self):
-        """The loaded :class:`ecrec.security.Security` (files read once; raises naming an unusable file)."""
+        """The loaded :class:`ecrec.net.security.Security` (files read once; raises naming an unusable file)."""
         cached = self.__dict__.get("_security")
         if cached is None:
-            from ecrec.security import Security
+            from ecrec.net.security import Security
             cached = self.__dict__["_security"] = Security(self.tls_cert, self.tls_key, self.tls_ca, self.token_file)
         return cached
 

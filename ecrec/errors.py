@@ -1,7 +1,7 @@
 """The project's exceptions: what went wrong, in domain terms, with no transport types.
 
 Code inside the servers, the strategies and the rebuild engine raises these; only the gRPC
-service edge (:func:`ecrec.transport.grpc_status_of`, used by every servicer) turns them into
+service edge (:func:`ecrec.net.transport.grpc_status_of`, used by every servicer) turns them into
 status codes.  Each class names the status it maps to, so a reader of domain code knows what
 the caller will see without the domain code importing ``grpc``.
 

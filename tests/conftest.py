@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ecrec.local import LocalCluster, LocalClusterSpec
+from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def server_metadata(local, server_id: str, epoch: int = 0) -> tuple:
     """The identity metadata a server of ``local`` sends on a server-to-server call (``ecrec-caller`` with its
     proof under the cluster's server key, read from the coordinator's state file: ``local`` needs a
     ``state_path``), as a test acting as that server sends it."""
-    from ecrec.seal import Sealer
+    from ecrec.net.seal import Sealer
     from ecrec.wire import coordinator_pb2
 
     with open(local.spec.state_path, "rb") as f:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec import transport
+from ecrec.net import transport
 from ecrec.client import Cluster, ClusterError
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
@@ -25,7 +25,7 @@ ROWS, DIM = 50, 4
 
 @pytest.fixture(scope="module", params=["none", "ecrec"])
 def env(request):
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
     extra = {"k": 1, "m": 1} if request.param == "ecrec" else {}
     local = LocalCluster(LocalClusterSpec(servers=2, host="127.0.0.1", strategy=request.param, **extra)).start()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from ecrec.bench import cli
-from ecrec.kernels import gpu as gpu_mod
+from ecrec.coding.kernels import gpu as gpu_mod
 
 
 def test_codec_bench_measures_every_operation(tmp_path, capsys):

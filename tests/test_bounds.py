@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
-from ecrec import transport
+from ecrec.net import transport
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
 from test_parity_trust import refused
 from test_safety import DIM, ROWS, assert_counts, counting_push, start

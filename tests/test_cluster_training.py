@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ecrec.client import Cluster, EmbeddingBag
-from ecrec.tables import TableSpec, initial_weights
+from ecrec.tables.spec import TableSpec, initial_weights
 
 pytestmark = pytest.mark.cluster
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from pyeclib.ec_iface import ECDriver
 
-from ecrec.codec import SUPPORTED_BACKENDS, Codec, gf_mul
+from ecrec.coding.codec import SUPPORTED_BACKENDS, Codec, gf_mul
 
-from ecrec.kernels import gpu as gpu_mod
+from ecrec.coding.kernels import gpu as gpu_mod
 
 BACKENDS = list(SUPPORTED_BACKENDS)
 KS, MS = [2, 4, 8], [1, 2, 3]

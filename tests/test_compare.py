@@ -322,7 +322,7 @@ def test_cpr_with_an_mtbf_runs_at_the_pls_interval(tmp_path):
 
 def test_a_child_that_fails_to_start_is_quoted(tmp_path):
     """The coordinator refuses options it cannot use and exits; the error names its own message."""
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
     cluster = LocalCluster(LocalClusterSpec(servers=2, strategy="cpr", options={"dir": str(tmp_path / "c")},
                                             host="127.0.0.1"))

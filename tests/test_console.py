@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ecrec import console, logs
+from ecrec.ops import console, logs
 from test_cli import _alive, _children
 
 

@@ -15,11 +15,11 @@ import grpc
 import numpy as np
 import pytest
 
-from ecrec import state_store
+from ecrec.control import stores as state_store
 from ecrec.client import Cluster
 from ecrec.config import ClusterSpec, CoordinatorConfig
-from ecrec.coordinator import Coordinator
-from ecrec.peers import coordinator_stub
+from ecrec.control.coordinator import Coordinator
+from ecrec.net.peers import coordinator_stub
 from ecrec.wire import cluster_pb2, coordinator_pb2
 from test_safety import ROWS, assert_counts, counting_push, start
 
@@ -29,9 +29,9 @@ needs_etcd = pytest.mark.skipif(not HAVE_ETCD, reason="needs the etcd binary (ap
 
 def test_store_urls_are_parsed_and_bad_ones_named():
     assert state_store.parse_store(None) == ("file", {})
-    from ecrec.etcd import prefix_end
-    from ecrec.server_lease import lease_ttl_s, parse_lease_store, servers_prefix
-    from ecrec.etcd import etcd_url
+    from ecrec.control.etcd import prefix_end
+    from ecrec.control.lease import lease_ttl_s, parse_lease_store, servers_prefix
+    from ecrec.control.etcd import etcd_url
     url = etcd_url(["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a/")
     assert url == "etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a"
     assert parse_lease_store(url) == (["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a")
@@ -65,7 +65,7 @@ class EtcdLeaders:
     keys and leases as a server or an operator would.  Closed by the ``etcd_leaders`` fixture."""
 
     def __init__(self):
-        from ecrec.etcd_local import LocalEtcd
+        from ecrec.control.etcd_local import LocalEtcd
         self.etcd = LocalEtcd(1)
         self.stop = threading.Event()
         self.stores: list = []
@@ -289,7 +289,7 @@ def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_pa
 
 @needs_etcd
 def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_replaced(make_cluster):
-    from ecrec.server_lease import lease_ttl_s, servers_prefix
+    from ecrec.control.lease import lease_ttl_s, servers_prefix
     import grpc
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
     counts = np.zeros(ROWS)
@@ -341,7 +341,7 @@ def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_re
 def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluster):
     """Deleting a server's key (etcdctl del) leaves its lease alive: the server renews it, but finds its key gone
     at that renewal and stops; the coordinator sees the key gone and promotes the standby a TTL later."""
-    from ecrec.server_lease import servers_prefix
+    from ecrec.control.lease import servers_prefix
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd")
     counts = np.zeros(ROWS)
     counting_push(client, np.arange(ROWS))
@@ -379,7 +379,7 @@ def test_registrations_slower_than_the_servers_lease_keep_it_alive(make_cluster)
     """Each map change takes longer than a server's 2 s etcd lease (a coordinator whose disk is slow): a server
     keeps its lease alive while its registration waits, so every server registers with the lease it took and
     serves."""
-    from ecrec.server_lease import servers_prefix
+    from ecrec.control.lease import servers_prefix
     local, client, initial = start(make_cluster, servers=3, store="etcd", coordinator_options={"lease_s": 2.0},
                                    coordinator_env={"ECREC_COORDINATOR_FAULT": "record_map@1:delay=3.0"})
     counts = np.zeros(ROWS)
@@ -419,7 +419,7 @@ def test_two_of_three_etcd_members_killed_the_data_plane_serves_within_a_lease_a
     assert max(steps) < 2.0, steps
     local.kill(victim)  # its process is gone, but no promotion can be recorded
     time.sleep(2.0)
-    from ecrec.etcd import EtcdError
+    from ecrec.control.etcd import EtcdError
     with pytest.raises((LookupError, EtcdError)):  # etcd cannot say who leads: nobody can record a change
         local.leading_coordinator()
     local.etcd.start_member(1)
@@ -633,7 +633,7 @@ def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_clust
     trustme = pytest.importorskip("trustme")
     from test_security import issue
 
-    from ecrec.etcd import EtcdClient, EtcdError
+    from ecrec.control.etcd import EtcdClient, EtcdError
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, store="etcd", coordinators=2,

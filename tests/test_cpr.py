@@ -23,9 +23,9 @@ import torch
 from baselines import storage
 from baselines.cpr import FullCheckpoint, PartialRecovery, PartialRecoveryMFU, PartialRecoverySSU
 from baselines.driver import CheckpointDriver
-from ecrec import optim
+from ecrec.tables import optim
 from ecrec.client import Cluster, ClusterError, EmbeddingBag
-from ecrec.tables import TableSpec, initial_payload
+from ecrec.tables.spec import TableSpec, initial_payload
 
 ROWS, DIM, BATCH = 90, 4, 10
 TABLE = dict(optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=3)

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from ecrec.kernels import gpu as gpu_mod
-from ecrec.local import LocalCluster, LocalClusterSpec
+from ecrec.coding.kernels import gpu as gpu_mod
+from ecrec.ops.local import LocalCluster, LocalClusterSpec
 from ecrec.wire import cluster_pb2
 from test_ecrec_recovery import assert_same, baseline, final_state, kill_index, train, wait_redundant
 

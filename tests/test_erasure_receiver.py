@@ -13,14 +13,14 @@ import pytest
 
 from ecrec import errors
 from ecrec.config import ServerConfig
-from ecrec.server import ServerState
+from ecrec.server.embedding import ServerState
 from ecrec.strategies.base import AppliedPush, TableUpdate
 from ecrec.strategies.builtin import ECREC
-from ecrec.tables import TableSpec
+from ecrec.tables.spec import TableSpec
 from ecrec.wire import cluster_pb2, parity_pb2
 
 S, K, M = 4, 2, 1
-KEY = bytes(range(32))  # the cluster's server key (ecrec.seal)
+KEY = bytes(range(32))  # the cluster's server key (ecrec.net.seal)
 TABLES = [TableSpec("a", 300, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=1),
           TableSpec("b", 200, 4, optimizer="sgd", lr=0.1, seed=2),
           TableSpec("c", 120, 6, optimizer="sgd", lr=0.1, seed=3)]  # another row width: another arena
@@ -184,7 +184,7 @@ def test_resolution_undoes_a_suffix_and_refuses_the_resolved_incarnation(servers
 @pytest.mark.parametrize("kernel", ["generic", "fused"])
 def test_a_row_repeated_with_newer_pushes_applies_in_order(kernel):
     """One batch may carry a row once per push; the versioned apply must take each newer one, skip the rest."""
-    from ecrec.kernels import KernelBackend, get_kernel
+    from ecrec.coding.kernels import KernelBackend, get_kernel
 
     impl = get_kernel("cpu")
     rng = np.random.default_rng(4)
@@ -197,7 +197,7 @@ def test_a_row_repeated_with_newer_pushes_applies_in_order(kernel):
     seqs = np.array([6, 7, 3, 9, 8, 5])
     coeff_row = np.array([7, 3], dtype=np.uint8)
     delta = rng.integers(0, 256, (6, 64), dtype=np.uint8)
-    from ecrec.kernels.base import gf_mul_table
+    from ecrec.coding.kernels.base import gf_mul_table
 
     mul = gf_mul_table()
     for r in (0, 1, 2):  # seq 6 and 7 over version 5; seq 3 over 2; seq 9 not over 9; row 4 unbuilt; seq 5 old

@@ -13,16 +13,16 @@ import functools
 import numpy as np
 import pytest
 
-from ecrec.codec import Codec
-from ecrec.layout import Layout
-from ecrec.shards import DenseShard, TableShard
+from ecrec.coding.codec import Codec
+from ecrec.coding.layout import Layout
+from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate
 from ecrec.strategies.erasure.owner import PushGroup, build_batches
 from ecrec.strategies.erasure.parity_store import ParityArena, place_rows
 from ecrec.strategies.erasure.rebuild import StripeMembers, plan_data_rebuild
 from ecrec.strategies.erasure.resolution import decide
 from ecrec.strategies.erasure.source_log import LogEntry, SourceLog, TableEntry
-from ecrec.tables import DenseSpec, TableSpec
+from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import embedding_pb2, parity_pb2
 
 SPEC = TableSpec("t", 37, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=5)

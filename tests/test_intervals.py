@@ -8,7 +8,7 @@ import pytest
 
 from baselines import overhead
 from ecrec.bench import intervals
-from ecrec.layout import Layout
+from ecrec.coding.layout import Layout
 
 
 def hot_and_cold(steps: int = 4) -> intervals.ShardUpdates:

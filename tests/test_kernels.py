@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from ecrec.kernels import KernelBackend, available_kernels, get_kernel, gf_mul, gf_mul_table, kernel_names
-from ecrec.kernels import gpu as gpu_mod
-from ecrec.kernels.gpu import cuda_kernels_dir
+from ecrec.coding.kernels import KernelBackend, available_kernels, get_kernel, gf_mul, gf_mul_table, kernel_names
+from ecrec.coding.kernels import gpu as gpu_mod
+from ecrec.coding.kernels.gpu import cuda_kernels_dir
 
 # every CPU kernel, unfiltered: if ISA-L (or numba) stops loading here its cases fail instead of vanishing
 CPU_KERNELS = ["cpu", "isal", pytest.param("numba", marks=pytest.mark.slow), "numpy"]
@@ -304,12 +304,12 @@ def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
 
     env = dict(os.environ, ECREC_ISAL_LIBRARY=str(tmp_path / "missing-libisal.so"))
     code = (
-        "import numpy as np; from ecrec.kernels import get_kernel, gf_mul_table\n"
+        "import numpy as np; from ecrec.coding.kernels import get_kernel, gf_mul_table\n"
         "k = get_kernel('cpu'); print(k.description)\n"
         "p = np.zeros((2, 70), np.uint8); d = np.arange(140, dtype=np.uint8).reshape(2, 70)\n"
         "k.apply_delta_batch(p, [1, 1], [3, 5], d)\n"
         "m = gf_mul_table(); assert (p[1] == (m[3][d[0]] ^ m[5][d[1]])).all() and not p[0].any()\n"
-        "from ecrec.kernels import available_kernels; assert 'isal' not in available_kernels()\n"
+        "from ecrec.coding.kernels import available_kernels; assert 'isal' not in available_kernels()\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

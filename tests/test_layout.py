@@ -5,7 +5,7 @@ parity rotates, and the inverse maps agree with the forward ones."""
 import numpy as np
 import pytest
 
-from ecrec.layout import Layout
+from ecrec.coding.layout import Layout
 
 
 @pytest.mark.parametrize("servers,k,m", [(1, 1, 0), (4, 4, 0), (3, 2, 1), (4, 2, 1), (5, 2, 2), (8, 4, 3), (6, 3, 3)])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from ecrec import metrics
+from ecrec.ops import metrics
 from ecrec.client import Cluster, EmbeddingBag
 
 

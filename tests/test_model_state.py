@@ -1,4 +1,4 @@
-"""The model in and out (``ecrec.model_state``, ``Cluster.read_table``/``write_rows``): ``state_dict`` /
+"""The model in and out (``ecrec.client.model_state``, ``Cluster.read_table``/``write_rows``): ``state_dict`` /
 ``load_state_dict`` of the cluster modules, loaded into plain PyTorch and TorchRec modules and back; the
 optimizer state, so that training resumes exactly on a cluster of another shape; warm starts; bad input.
 Every test runs real servers on 127.0.0.1."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ecrec.client import Cluster, ClusterError, EmbeddingBag, EmbeddingBagCollection
-from ecrec.model_state import EmbeddingOptimizer
+from ecrec.client.model_state import EmbeddingOptimizer
 from ecrec.wire import embedding_pb2
 
 pytestmark = pytest.mark.cluster

@@ -39,10 +39,10 @@ import torch
 
 import grpc
 
-from ecrec import transport
+from ecrec.net import transport
 from ecrec.client import Cluster, ClusterError, EmbeddingBag
 from ecrec.config import ClientConfig
-from ecrec.layout import Layout
+from ecrec.coding.layout import Layout
 from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc, parity_pb2, parity_pb2_grpc
 
 pytestmark = [pytest.mark.nemesis, pytest.mark.cluster]

@@ -1,4 +1,4 @@
-"""The parity path's parts: seals (``ecrec.seal``), the merge of a group's deltas (``erasure/merge.py``) against a
+"""The parity path's parts: seals (``ecrec.net.seal``), the merge of a group's deltas (``erasure/merge.py``) against a
 plain reference, and, with real processes on 127.0.0.1, the direct path for big groups (bit-exact across an
 owner's failure) and callers that claim a server's id without proving it.
 """
@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from ecrec import seal
+from ecrec.net import seal
 from ecrec.strategies.erasure.merge import IN_PLACE_MIN_BYTES, merge_rows
 from ecrec.wire import embedding_pb2, parity_pb2, parity_pb2_grpc
 
@@ -123,7 +123,7 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
 def test_a_worker_claiming_a_server_id_cannot_change_parity(make_cluster):
     """ApplyParity and ResolveSource from a caller that names a live server's id but cannot prove it (it has
     no server key) are refused; parity and the owners' chains are untouched and training goes on."""
-    from ecrec import transport
+    from ecrec.net import transport
     from ecrec.client import Cluster
     from test_safety import DIM, ROWS, assert_counts, counting_push
 

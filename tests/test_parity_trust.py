@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import server_metadata
-from ecrec import transport
+from ecrec.net import transport
 from ecrec.client import Cluster
 from ecrec.config import ClientConfig
 from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc

@@ -16,16 +16,16 @@ import torch
 
 from ecrec.bench.recovery import COORDINATOR_OPTIONS, wait_standby_reserve, wait_started
 from ecrec.client import Cluster, EmbeddingBag
-from ecrec.codec import Codec
+from ecrec.coding.codec import Codec
 from ecrec.config import ClientConfig
-from ecrec.layout import Layout
+from ecrec.coding.layout import Layout
 from ecrec.strategies.erasure import frame_socket, frames
-from ecrec.peers import Peers
+from ecrec.net.peers import Peers
 from ecrec.strategies.erasure.bulk import BulkRebuild, position_plan
 from ecrec.strategies.erasure.counters import Counters
 from ecrec.wire import cluster_pb2, parity_pb2
-from ecrec.tables import TableSpec, _initial_payload_numpy, initial_payload
-from ecrec.transport import make_channel
+from ecrec.tables.spec import TableSpec, _initial_payload_numpy, initial_payload
+from ecrec.net.transport import make_channel
 from conftest import server_metadata
 
 
@@ -33,7 +33,7 @@ from conftest import server_metadata
 def test_strided_install_skips_rows_rebuilt_on_demand_and_rows_not_selected():
     """The fast path installs a round through one strided view; rows rebuilt on demand meanwhile (ready) and
     rows not selected (a member was not ready) keep what they hold, every other row gets the rebuilt bytes."""
-    from ecrec.shards import TableShard
+    from ecrec.tables.shards import TableShard
 
     layout = Layout(4, 2, 1)
     spec = TableSpec("t", 4_000, 4)
@@ -331,7 +331,7 @@ def _wait_redundant(local, index, since, timeout_s=120.0):
 def test_fast_rebuild_over_many_rounds_is_bit_exact(make_cluster, servers, k, m, victim, transport, backend):
     """Tables of two row widths, rebuilt in rounds of 600 rows (dozens of rounds, several 8 kB frames each):
     every row and every parity row equal to before the failure, and most of them by the fast path, its
-    frames over the transport chosen.  The standby prepared its tables' memory before (ecrec.reserve; not
+    frames over the transport chosen.  The standby prepared its tables' memory before (ecrec.server.reserve; not
     with --no-standby-reserve, the gRPC case) and the promotion took all of it."""
     reserve = transport == "socket"
     local = make_cluster(servers=servers, standby=1, strategy="ecrec", k=k, m=m,

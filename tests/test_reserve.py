@@ -1,4 +1,4 @@
-"""The standby reserve (``ecrec/reserve.py``): zeroed arrays prepared in the background, each handed out once,
+"""The standby reserve (``ecrec/server/reserve.py``): zeroed arrays prepared in the background, each handed out once,
 dropped when no longer wanted or after the promotion.  Its use by a promoted standby is checked in
 ``test_recovery_fast.py`` (the reserve's size before, nothing left after, every row bit-exact)."""
 
@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ecrec.reserve import Reserve
+from ecrec.server.reserve import Reserve
 
 
 def _prepared(reserve: Reserve, timeout_s: float = 30.0) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec import transport
+from ecrec.net import transport
 from ecrec.client import Cluster, ClusterError, EmbeddingBag
 from ecrec.config import ClientConfig
 from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc, parity_pb2, parity_pb2_grpc
@@ -218,8 +218,8 @@ def test_a_process_registering_at_a_silent_holders_address_replaces_it_only_afte
     import socket
 
     from ecrec.config import ClusterSpec, CoordinatorConfig
-    from ecrec.coordinator import Coordinator, CoordinatorServer
-    from ecrec.peers import coordinator_stub
+    from ecrec.control.coordinator import Coordinator, CoordinatorServer
+    from ecrec.net.peers import coordinator_stub
     from ecrec.wire import coordinator_pb2
 
     def silent():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec import security, transport
+from ecrec.net import security, transport
 from ecrec.client import Cluster, EmbeddingBag
 from ecrec.config import ClientConfig
 from ecrec.wire import (cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc,

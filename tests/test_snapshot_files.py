@@ -1,5 +1,5 @@
-"""A snapshot's parts in-process: the items a server writes (``ecrec.snapshot_files``) read back in place and by
-DCP's own item format, and the rows a server gathers for its range (``ecrec.snapshot_part._gather``) placed
+"""A snapshot's parts in-process: the items a server writes (``ecrec.snapshot.files``) read back in place and by
+DCP's own item format, and the rows a server gathers for its range (``ecrec.snapshot.part._gather``) placed
 right for every layout, range and message size, the block-aligned path and the row-by-row one alike."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec import snapshot_files, snapshot_part
-from ecrec.layout import Layout
-from ecrec.shards import TableShard
-from ecrec.tables import TableSpec
+from ecrec.snapshot import files as snapshot_files, part as snapshot_part
+from ecrec.coding.layout import Layout
+from ecrec.tables.shards import TableShard
+from ecrec.tables.spec import TableSpec
 
 
 def test_an_item_reads_back_in_place_and_as_dcp_reads_it(tmp_path):
@@ -37,6 +37,36 @@ def test_an_item_reads_back_in_place_and_as_dcp_reads_it(tmp_path):
     (tmp_path / "cut.distcp").write_bytes(data[: first["offset"] + first["length"] // 2])
     with pytest.raises(ValueError):
         snapshot_files.map_tensor(str(tmp_path), "cut.distcp", first["offset"], first["length"], (1000, 16))
+
+
+@pytest.mark.parametrize("shape", [(1000, 16), (3,), (0, 5), (1, 7), (5, 1), (2, 3, 4)])
+def test_the_item_format_is_torch_saves_both_ways(shape):
+    """Servers write items without torch: torch.load reads them (as DCP's reader does, after other items), and
+    what torch.save writes reads back here; a tensor that is not one contiguous float32 storage is refused."""
+    a = np.random.default_rng(1).random(shape, dtype=np.float32)
+    stream = io.BytesIO(b"x" * 37)
+    stream.seek(37)
+    items = [snapshot_files.write_tensor(stream, a), snapshot_files.write_tensor(stream, a * 3)]
+    for item, want in zip(items, (a, a * 3)):
+        data = stream.getvalue()[item["offset"]:item["offset"] + item["length"]]
+        loaded = torch.load(io.BytesIO(data), weights_only=True)
+        assert loaded.dtype == torch.float32 and tuple(loaded.shape) == shape and np.array_equal(loaded.numpy(), want)
+        assert np.array_equal(snapshot_files.read_tensor(stream, item["offset"], item["length"]), want)
+    saved = io.BytesIO()
+    torch.save(torch.from_numpy(a), saved)
+    assert np.array_equal(snapshot_files.read_tensor(saved, 0, len(saved.getvalue())), a)
+
+
+@pytest.mark.parametrize("tensor, why", [
+    (torch.arange(12.0).reshape(3, 4).t(), "not contiguous"),
+    (torch.arange(12, dtype=torch.float64), "DoubleStorage"),
+    (torch.arange(12.0)[2:], "not contiguous"),
+])
+def test_an_item_that_is_not_one_contiguous_float32_tensor_is_refused(tensor, why):
+    saved = io.BytesIO()
+    torch.save(tensor, saved)
+    with pytest.raises(ValueError, match=why):
+        snapshot_files.read_tensor(saved, 0, len(saved.getvalue()))
 
 
 def _servers(layout: Layout, spec: TableSpec) -> list:

@@ -19,11 +19,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ecrec import errors, transport
+from ecrec import errors
+from ecrec.net import transport
 from ecrec.config import ServerConfig
-from ecrec.local import LocalCluster, LocalClusterSpec
-from ecrec.server import ServerState
-from ecrec.tables import TableSpec
+from ecrec.ops.local import LocalCluster, LocalClusterSpec
+from ecrec.server.embedding import ServerState
+from ecrec.tables.spec import TableSpec
 from ecrec.wire import coordinator_pb2, coordinator_pb2_grpc
 
 pytestmark = pytest.mark.cluster

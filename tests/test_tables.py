@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec import optim
-from ecrec.layout import Layout
-from ecrec.tables import DenseSpec, TableSpec, initial_payload, initial_weights
+from ecrec.tables import optim
+from ecrec.coding.layout import Layout
+from ecrec.tables.spec import DenseSpec, TableSpec, initial_payload, initial_weights
 
 
 def test_initial_rows_depend_only_on_seed_name_and_id():

@@ -2,7 +2,7 @@
 
 Under strategy ``ecrec`` an owner's parity batches reach their parity servers inside the worker's pulls, and
 the parity servers' watermarks reach the owner inside its pushes (``docs/protocol.md``).  Everything the
-worker carries is sealed by the server that made it (``ecrec.seal``).  Here the worker's courier is replaced
+worker carries is sealed by the server that made it (``ecrec.net.seal``).  Here the worker's courier is replaced
 by one that tampers -- flips a bit of a delta, makes a batch up, replays an old one, forges watermarks,
 sends a batch to the wrong server -- while it trains.  Each time: the tampering is refused and counted,
 training goes on, and after the owner is killed (SIGKILL) every row equals the count of acknowledged pushes
@@ -21,7 +21,7 @@ import pytest
 
 from ecrec.client import Cluster
 from ecrec.config import ClientConfig
-from ecrec.courier import Courier
+from ecrec.client.courier import Courier
 from ecrec.wire import embedding_pb2, parity_pb2
 from test_safety import DIM, ROWS, assert_counts, counting_push, wait_for
 

@@ -122,7 +122,7 @@ def test_matches_torchrec_collection_step_for_step(make_cluster, optimizer):
 
 
 def _torchrec_twin_initial(config, seed: int) -> np.ndarray:
-    from ecrec.tables import TableSpec, initial_weights
+    from ecrec.tables.spec import TableSpec, initial_weights
 
     spec = TableSpec(name=config.name, num_rows=config.num_embeddings, dim=config.embedding_dim, seed=seed).validate()
     return initial_weights(spec, np.arange(config.num_embeddings, dtype=np.int64))

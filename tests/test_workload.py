@@ -339,7 +339,7 @@ def test_dlrm_forward_shapes_and_interaction():
 
 
 def test_dlrm_init_is_deterministic_and_matches_cluster_tables():
-    from ecrec.tables import TableSpec, initial_weights
+    from ecrec.tables.spec import TableSpec, initial_weights
 
     spec = DLRMSpec(13, (50, 60), embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,))
     a, b, c = build_local_dlrm(spec, seed=3), build_local_dlrm(spec, seed=3), build_local_dlrm(spec, seed=4)

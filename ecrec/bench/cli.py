@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ecrec.transport import tune_allocator
+    from ecrec.net.transport import tune_allocator
 
     tune_allocator()  # the benchmark's client side gets what the servers get
     try:

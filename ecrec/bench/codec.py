@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ecrec import console
+from ecrec.ops import console
 
 DEFAULT_KERNELS = ("cpu", "gpu", "numba", "numpy")
 
@@ -80,8 +80,8 @@ def _figure(op: str, impl: str, nbytes: int, times: list[float], unit: str) -> d
 
 
 def run(args: argparse.Namespace) -> int:
-    from ecrec.codec import Codec
-    from ecrec.kernels import get_kernel, kernel_class
+    from ecrec.coding.codec import Codec
+    from ecrec.coding.kernels import get_kernel, kernel_class
 
     k, m, row = args.k, args.m, args.row_bytes
     if args.repeat < 1 or row < 1 or args.size_mib <= 0:

@@ -231,7 +231,7 @@ def summarize(strategy: str, run: dict, reference: dict | None, cfg: dict, fail_
 
 
 def _model_bytes(cluster_map) -> int:
-    from ecrec.tables import DenseSpec, TableSpec
+    from ecrec.tables.spec import DenseSpec, TableSpec
 
     total = sum(TableSpec.from_proto(t).row_bytes * t.num_rows for t in cluster_map.tables)
     return total + sum(DenseSpec.from_proto(d).payload_bytes for d in cluster_map.dense)
@@ -332,7 +332,7 @@ def run(args) -> int:
               "--strategies", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
-    from ecrec.transport import tune_allocator
+    from ecrec.net.transport import tune_allocator
 
     tune_allocator()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-compare-"))

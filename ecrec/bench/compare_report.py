@@ -60,7 +60,7 @@ def _cell(row: dict, key: str, f: str | None) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    from ecrec import console
+    from ecrec.ops import console
 
     console.print_table([title for _, title, _ in COLUMNS], [[_cell(r, key, f) for key, _, f in COLUMNS] for r in rows])
 

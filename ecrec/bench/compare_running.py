@@ -53,7 +53,7 @@ class StrategyRun:
     def __init__(self, strategy: str, label: str, args, cfg: dict, data_path: Path, work: Path, fail_at: int | None):
         from ecrec.bench.lost_training import failure_phases
         from ecrec.bench.trainer import TrainConfig
-        from ecrec.local import LocalCluster, LocalClusterSpec
+        from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
         self.strategy, self.label, self.args, self.cfg, self.fail_at = strategy, label, args, cfg, fail_at
         self.kind = _kind(strategy)
@@ -553,7 +553,7 @@ def _last_step(path: Path) -> int:
 
 
 def _progress(label: str, step: int, total: int, done: bool = False) -> None:
-    from ecrec import console
+    from ecrec.ops import console
 
     console.progress(label, step, total, done)  # rich bars on a terminal, plain lines in a log
 

@@ -87,7 +87,7 @@ def run(args) -> int:
     import torch
 
     from ecrec.client import Cluster, EmbeddingBag
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
     try:
         _positive(args)

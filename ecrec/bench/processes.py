@@ -25,7 +25,7 @@ def memory_of(pids: list[int]) -> dict:
 
 
 def wait_standby_reserve(cluster, timeout_s: float = 120.0) -> dict:
-    """Waits until every standby holds its tables' memory ready (:mod:`ecrec.reserve`), so that the failure
+    """Waits until every standby holds its tables' memory ready (:mod:`ecrec.server.reserve`), so that the failure
     meets a settled cluster rather than one whose tables were created a moment ago; returns the reserve's size
     and the wait."""
     t0 = time.monotonic()

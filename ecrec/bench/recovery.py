@@ -198,8 +198,8 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
     """One strategy: cluster, tables, protection, the kill, the measurements; the cluster is stopped after."""
     from ecrec.client import Cluster
     from ecrec.config import ClientConfig
-    from ecrec.local import LocalCluster, LocalClusterSpec
-    from ecrec.tables import TableSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
+    from ecrec.tables.spec import TableSpec
 
     k, m = (args.k, args.m) if strategy == "ecrec" else (0, 0)
     out: dict = {"strategy": strategy}
@@ -351,8 +351,8 @@ TRAINING_COLUMNS = [
 
 def print_rows(rows: list[dict], columns, stream=None) -> None:
     """``rows`` as a table of ``columns`` (``(key, title, format)``; ``"mb"``: bytes as MB; ``-`` when missing),
-    printed by :func:`ecrec.console.print_table`."""
-    from ecrec.console import print_table
+    printed by :func:`ecrec.ops.console.print_table`."""
+    from ecrec.ops.console import print_table
 
     def fmt(row, key, f):
         v = row.get(key)
@@ -410,7 +410,7 @@ def run(args) -> int:
         print(f"ecrec-bench recovery: {problem}", file=sys.stderr)
         return 2
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    from ecrec.tables import TableSpec
+    from ecrec.tables.spec import TableSpec
 
     row_bytes = TableSpec("x", 1, args.dim, optimizer=args.optimizer).row_bytes
     model = args.tables * args.rows * row_bytes

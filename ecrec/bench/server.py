@@ -24,9 +24,10 @@ from concurrent import futures
 import numpy as np
 import torch
 
-from ecrec import console, transport
+from ecrec.ops import console
+from ecrec.net import transport
 from ecrec.client import Cluster, EmbeddingBag
-from ecrec.local import LocalCluster, LocalClusterSpec
+from ecrec.ops.local import LocalCluster, LocalClusterSpec
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
 
 

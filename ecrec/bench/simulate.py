@@ -35,7 +35,7 @@ same way.  ``cpr``, ``cpr-mfu`` and ``cpr-ssu`` each report CPR's plan, the lowe
 full recovery overheads (``plan``).  ECRec's parity overhead is ``parity_s_per_update x
 updates_per_server_s`` (a pooled median over every paired round of the current runs), and it pays for
 data loss: ``m + 1`` failures in one stripe during a rebuild (:func:`data_loss_probability`, from the
-per-server MTBF, the rebuild time and the layout of ``ecrec/layout.py``), bounded by periodic snapshots
+per-server MTBF, the rebuild time and the layout of ``ecrec/coding/layout.py``), bounded by periodic snapshots
 at Daly's interval for the loss rate (:func:`snapshot_fallback`, rates of ``ecrec-bench snapshot``).
 ``--from-results DIR`` takes every measured input from the result files of DIR (:func:`measured_results`);
 the built-in :data:`DEFAULTS` are those of ``ecrec/bench/results``.  ``--basis overhead`` keeps the earlier
@@ -390,7 +390,7 @@ def simulate_row_fit(servers: int, mtbf_hours: float, model_bytes: float, inputs
 def stripe_loss_sets(k: int, m: int, servers: int) -> int:
     """How many sets of ``m`` other servers lose data together with one failed server.
 
-    ``ecrec/layout.py`` puts stripe ``s`` on the ``k + m`` consecutive servers ``(s + t) % S``: a failed
+    ``ecrec/coding/layout.py`` puts stripe ``s`` on the ``k + m`` consecutive servers ``(s + t) % S``: a failed
     server shares stripes with the windows of ``k + m`` servers that contain it, and ``m`` more failures
     inside one such window leave a stripe with fewer than ``k`` members.  Counts the distinct ``m``-sets.
     """

@@ -85,7 +85,7 @@ def _servers_cpu(local) -> float:
 
 
 def _cluster(servers: int, strategy: str, k: int, m: int):
-    from ecrec.local import LocalCluster, LocalClusterSpec
+    from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
     local = LocalCluster(LocalClusterSpec(servers=servers, strategy=strategy, k=k if strategy == "ecrec" else 0,
                                           m=m if strategy == "ecrec" else 0,
@@ -98,7 +98,7 @@ def _equal(cluster, path: Path, manifest: dict, how: str, seed: int) -> bool | N
     """Whether ``cluster``'s rows equal the snapshot's files, bit for bit: every row, or a sample of 100,000 a
     table (the saving cluster right after the save, the restoring one after the restore: the two need not run
     side by side)."""
-    from ecrec import snapshot_files
+    from ecrec.snapshot import files as snapshot_files
 
     if how == "no":
         return None

@@ -40,10 +40,10 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from ecrec.config import ServerConfig
     from ecrec.faults import FaultInjector
-    from ecrec.layout import Layout
-    from ecrec.peers import CoordinatorClient, Peers
-    from ecrec.seal import Sealer
-    from ecrec.shards import DenseShard, TableShard
+    from ecrec.coding.layout import Layout
+    from ecrec.net.peers import CoordinatorClient, Peers
+    from ecrec.net.seal import Sealer
+    from ecrec.tables.shards import DenseShard, TableShard
     from ecrec.wire import cluster_pb2
 
 
@@ -146,7 +146,7 @@ class StrategyHost(Protocol):
     def check_peer(self, context, changes_parity: bool = True) -> str: ...  # a proven server of the map: its id
 
     @property
-    def sealer(self) -> "Sealer | None": ...  # MACs under the server key (ecrec.seal); None before registering
+    def sealer(self) -> "Sealer | None": ...  # MACs under the server key (ecrec.net.seal); None before registering
 
     def refresh_map(self) -> None: ...  # fetch the coordinator's map now
 
@@ -189,7 +189,7 @@ class FaultToleranceStrategy:
 
     def reserve_shapes(self, specs: list) -> dict[str, list[tuple[tuple[int, ...], str]]]:
         """Large zeroed arrays (``(shape, dtype name)`` by table name) this strategy allocates when a promoted
-        replacement creates ``specs`` in this order, for a standby to prepare in advance (:mod:`ecrec.reserve`;
+        replacement creates ``specs`` in this order, for a standby to prepare in advance (:mod:`ecrec.server.reserve`;
         taken through ``host.allocate``)."""
         return {}
 

@@ -162,7 +162,7 @@ class EmbeddingServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WriteSnapshot(self, request, context):
-        """This server's part of a snapshot (ecrec/snapshot.py): the rows of each range, gathered from their
+        """This server's part of a snapshot (ecrec/snapshot/cluster.py): the rows of each range, gathered from their
         owners, and the dense tensors named, written to one file of a torch.distributed.checkpoint directory.
         (The erasure-coding strategy adds its own service, ParityService in parity.proto.)
         """

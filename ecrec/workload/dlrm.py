@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecrec.tables import TableSpec, initial_weights
+from ecrec.tables.spec import TableSpec, initial_weights
 from ecrec.workload.metrics import auc, logloss
 
 EmbeddingFactory = Callable[[int, int, int], nn.Module]
@@ -288,9 +288,9 @@ def build_cluster_dlrm(cluster, spec: DLRMSpec, table_prefix: str = "emb", optim
     are created once, and every worker loads the first one's MLP values.  Train
     with ``loss.backward(); cluster.step()``.  ``arch="torchrec"`` builds TorchRec's
     DLRM over the cluster tables (see :func:`resolve_arch`); ``progress`` names a
-    progress bar of the table creation (``ecrec.console``).
+    progress bar of the table creation (``ecrec.ops.console``).
     """
-    from ecrec import console
+    from ecrec.ops import console
     from ecrec.client import EmbeddingBag, EmbeddingBagCollection  # the SDK pulls in gRPC: only for a cluster
 
     names = spec.table_names(table_prefix)

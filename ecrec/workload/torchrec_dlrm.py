@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecrec.tables import TableSpec, initial_weights
+from ecrec.tables.spec import TableSpec, initial_weights
 
 
 def available() -> bool:

@@ -1,6 +1,6 @@
 """The fast rebuild path: a replacement's rows rebuilt block by block from streams of every survivor.
 
-Placement is block-periodic (``ecrec.layout``): in block ``b`` (stripes ``b*S .. b*S+S-1``) every server
+Placement is block-periodic (``ecrec.coding.layout``): in block ``b`` (stripes ``b*S .. b*S+S-1``) every server
 holds data slots ``b*k .. b*k+k-1`` and parity slots ``b*m .. b*m+m-1``, and which member of which of the
 replacement's stripes a survivor holds at each of those positions is the same in every block.  So the
 replacement asks each survivor once per *round* of blocks for the positions it needs
@@ -39,10 +39,11 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from ecrec import errors, transport
-from ecrec.codec import Codec
-from ecrec.layout import Layout
-from ecrec.shards import TableShard
+from ecrec import errors
+from ecrec.net import transport
+from ecrec.coding.codec import Codec
+from ecrec.coding.layout import Layout
+from ecrec.tables.shards import TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure import frame_socket, frames
 from ecrec.strategies.erasure.options import MAX_FRAME_BYTES, ErasureOptions

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ecrec.codec import SUPPORTED_BACKENDS, check_code
+from ecrec.coding.codec import SUPPORTED_BACKENDS, check_code
 from ecrec.config import option
 from ecrec.strategies.spec import options_to_strings, parse_options
 

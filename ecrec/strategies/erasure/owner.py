@@ -8,7 +8,7 @@ the group changed -- ``payload before the group's first push to it XOR payload a
 the row's version before the first and the last push's sequence -- so a hot row updated in most pushes of a
 group sends one delta, not one per push, and undoing the group is one XOR.  The deltas go to the ``m``
 parity servers of each row's stripe; a dense tensor's delta goes to its ``m`` backups.  All deltas of one group
-for one destination form one ``ParityBatch``, serialized and sealed (:mod:`ecrec.seal`) once.
+for one destination form one ``ParityBatch``, serialized and sealed (:mod:`ecrec.net.seal`) once.
 
 Delivery is pipelined (``DESIGN.md``, "The update path"): a push is acknowledged as soon as it is applied here;
 the batches of the group it closes go back to the worker in that push's reply, and the worker attaches them to
@@ -42,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ecrec import errors
-from ecrec.cluster_map import live_servers
+from ecrec.net.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
 from ecrec.strategies.erasure import merge
 from ecrec.strategies.erasure.merge import merge_rows

@@ -1,7 +1,7 @@
 """Parity rows held by one server, with per-row version vectors: one arena per row width.
 
 A :class:`ParityArena` holds this server's parity rows of every table whose rows have the same byte
-width, side by side in one array (``ecrec.layout`` says which stripes and parity index each table's
+width, side by side in one array (``ecrec.coding.layout`` says which stripes and parity index each table's
 rows are; :class:`TableParity` is one table's part, at an offset).  So the deltas of one batch, whatever
 tables they touch, are one version check and one kernel call.  For every parity row the arena keeps the
 version (owner push sequence) last applied for each of the stripe's ``k`` data positions.  A delta is
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ecrec.codec import Codec
-from ecrec.layout import Layout
-from ecrec.tables import TableSpec, fill_initial_payload
+from ecrec.coding.codec import Codec
+from ecrec.coding.layout import Layout
+from ecrec.tables.spec import TableSpec, fill_initial_payload
 
 ENCODE_CHUNK_STRIPES = 16384
 

@@ -31,16 +31,17 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from ecrec import errors, transport
-from ecrec.codec import Codec
-from ecrec.peers import PARITY
-from ecrec.shards import DenseShard, TableShard
+from ecrec import errors
+from ecrec.net import transport
+from ecrec.coding.codec import Codec
+from ecrec.net.peers import PARITY
+from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.bulk import BulkRebuild, lower_priority
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
-from ecrec.tables import TableSpec
-from ecrec.cluster_map import live_servers
+from ecrec.tables.spec import TableSpec
+from ecrec.net.cluster_map import live_servers
 from ecrec.wire import cluster_pb2, coordinator_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")

@@ -2,7 +2,7 @@
 and dense replicas, and keeps them in a per-source log until the owner confirms them.
 
 Batches arrive relayed by workers (inside pulls and pushes) or directly from their owner, in any order,
-always sealed by their owner (:mod:`ecrec.seal`): one whose seal does not check -- changed, made up, or not
+always sealed by their owner (:mod:`ecrec.net.seal`): one whose seal does not check -- changed, made up, or not
 from a server -- is refused, counted and logged with the worker that carried it, and changes nothing.  Each
 source's batches form a chain (every batch names its predecessor) applied strictly in order, later
 ones held back until their predecessor arrives, duplicates skipped.  A batch is validated whole before
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ecrec import errors, transport
-from ecrec.cluster_map import LIVE_STATES, live_servers
-from ecrec.codec import Codec
-from ecrec.shards import TableShard
+from ecrec import errors
+from ecrec.net import transport
+from ecrec.net.cluster_map import LIVE_STATES, live_servers
+from ecrec.coding.codec import Codec
+from ecrec.tables.shards import TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
 from ecrec.strategies.erasure.source_log import DenseEntry, LogEntry, SourceLog, TableEntry

@@ -23,8 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ecrec import errors
-from ecrec.cluster_map import live_servers
-from ecrec.peers import PARITY
+from ecrec.net.cluster_map import live_servers
+from ecrec.net.peers import PARITY
 from ecrec.strategies.base import StrategyHost
 from ecrec.wire import parity_pb2
 

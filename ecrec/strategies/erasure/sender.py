@@ -21,8 +21,8 @@ import time
 
 import grpc
 
-from ecrec import transport
-from ecrec.peers import PARITY
+from ecrec.net import transport
+from ecrec.net.peers import PARITY
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")

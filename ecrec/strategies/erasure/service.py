@@ -5,7 +5,7 @@ before a verification), ``ResolveSource`` (replacement -> survivors), ``ReadRows
 stripe members) and ``StreamStripes`` (the fast rebuild path, :mod:`~ecrec.strategies.erasure.bulk`: registered by
 :func:`add_to_server` beside the generated methods, its replies raw frames).  Each method checks the request's shape, calls the part that
 owns the state (:class:`~ecrec.strategies.erasure.receiver.ParityReceiver`, the shards) and turns domain
-errors into gRPC status codes (:func:`ecrec.transport.service_method`); nothing else here.
+errors into gRPC status codes (:func:`ecrec.net.transport.service_method`); nothing else here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import threading
 import grpc
 import numpy as np
 
-from ecrec import errors, transport
+from ecrec import errors
+from ecrec.net import transport
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure import bulk, frame_socket, frames
 from ecrec.strategies.erasure.owner import ParityOwner

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ecrec import errors
-from ecrec.codec import Codec
+from ecrec.coding.codec import Codec
 from ecrec.strategies.base import AppliedPush, FaultToleranceStrategy, PushOutcome, StrategyHost
 from ecrec.strategies.erasure.counters import Counters
 from ecrec.strategies.erasure.options import ErasureOptions
@@ -173,7 +173,7 @@ class ErasureCoding(FaultToleranceStrategy):
 
     def flush_cluster(self, timeout_s: float = 30.0) -> None:
         """Every server (this one included) delivers its unconfirmed batches directly and waits for them."""
-        from ecrec.cluster_map import live_servers
+        from ecrec.net.cluster_map import live_servers
 
         peers = [i for i in live_servers(self.host.cluster_map) if i != self.host.index]
         request = parity_pb2.FlushRequest(timeout_s=timeout_s)

@@ -16,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ecrec import errors, snapshot_files, transport
-from ecrec.peers import PeerError, PeerUnreachable
+from ecrec import errors
+from ecrec.snapshot import files as snapshot_files
+from ecrec.net import transport
+from ecrec.net.peers import PeerError, PeerUnreachable
 from ecrec.wire import embedding_pb2
 
 #: the default and largest item written (a chunk of rows' weights or state)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ecrec.cluster_map import fully_redundant
+from ecrec.net.cluster_map import fully_redundant
 
 log = logging.getLogger("ecrec.metrics")
 
@@ -110,7 +110,7 @@ class ServerCollector:
         yield GaugeMetricFamily("ecrec_server_index", "this server's index (-1: standby)", value=status["index"])
         yield GaugeMetricFamily("ecrec_server_data_rows", "data rows this server holds", value=status["data_rows"])
         yield GaugeMetricFamily("ecrec_server_standby_reserve_bytes", "table memory a standby holds ready for its "
-                                "promotion (ecrec.reserve)", value=status["standby_reserve_bytes"])
+                                "promotion (ecrec.server.reserve)", value=status["standby_reserve_bytes"])
         yield GaugeMetricFamily("ecrec_server_lease_remaining_seconds",
                                 "seconds left of this server's lease from the coordinator (0: none; it stops serving)",
                                 value=status["lease_remaining_s"])

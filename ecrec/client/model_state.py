@@ -1,5 +1,5 @@
 """A model's cluster tables in and out: the servers' optimizer state as an optimizer-like object (a warm
-start's values: ``ecrec.warm_start``; snapshots of a whole cluster: ``ecrec.snapshot``).
+start's values: ``ecrec.client.warm_start``; snapshots of a whole cluster: ``ecrec.snapshot``).
 
 ``EmbeddingBag`` and ``EmbeddingBagCollection`` put their tables' weights in ``model.state_dict()`` (keys
 ``weight`` and TorchRec's ``embedding_bags.<table>.weight``) and load them back; the optimizer state, which

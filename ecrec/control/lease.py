@@ -4,7 +4,7 @@ The server grants the lease and binds the key ``PREFIX/servers/<server_id>`` to 
 it alive itself; it serves only while the lease surely lasts (``ecrec.server.Lease``: counted from before each
 renewal was sent, shortened by a margin, so it stops before etcd could expire the lease).  The coordinator
 replaces a server by revoking its lease, and promotes a replacement only once the key is gone and, after a
-revocation, a whole TTL has passed (``ecrec.coordinator``); a server whose renewal finds its lease gone stops.
+revocation, a whole TTL has passed (``ecrec.control.coordinator``); a server whose renewal finds its lease gone stops.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import threading
 import time
 
-from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS, parse_etcd_url
+from ecrec.control.etcd import EtcdClient, EtcdError, EtcdTLS, parse_etcd_url
 
 log = logging.getLogger("ecrec.server_lease")
 

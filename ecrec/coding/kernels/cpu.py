@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ecrec.kernels.base import KernelBackend, gf_mul_table
+from ecrec.coding.kernels.base import KernelBackend, gf_mul_table
 
 log = logging.getLogger("ecrec.kernels")
 

@@ -20,8 +20,9 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ecrec import console, transport
-from ecrec.cluster_map import fully_redundant
+from ecrec.ops import console
+from ecrec.net import transport
+from ecrec.net.cluster_map import fully_redundant
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
 EXIT_REDUNDANT, EXIT_NOT_REDUNDANT, EXIT_UNREACHABLE = 0, 1, 2
@@ -64,7 +65,7 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     """The cluster behind the coordinator at ``address``, with what each server says of itself."""
     if timeout_s <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
-    from ecrec.peers import coordinator_stub  # the coordinators at host:port[,host:port...]
+    from ecrec.net.peers import coordinator_stub  # the coordinators at host:port[,host:port...]
     stub = coordinator_stub(address, security=security)
     try:
         cluster_map = stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
@@ -149,7 +150,7 @@ def render(status: dict, stream=None) -> None:
 
 
 def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
-    """Progress bars (stderr; ``ecrec.console``) of the servers rebuilding, one per index, while ``--wait``
+    """Progress bars (stderr; ``ecrec.ops.console``) of the servers rebuilding, one per index, while ``--wait``
     polls; a bar closes when its server is rebuilt (or the wait ends)."""
     seen = set()
     for row in status["servers"]:

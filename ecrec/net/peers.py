@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from ecrec import errors, transport
-from ecrec.cluster_map import live_address
+from ecrec import errors
+from ecrec.net import transport
+from ecrec.net.cluster_map import live_address
 from ecrec.wire import (
     cluster_pb2,
     coordinator_pb2,

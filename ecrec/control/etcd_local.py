@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 import time
 
-from ecrec.etcd import EtcdClient, EtcdError, EtcdTLS
-from ecrec.transport import free_port_outside_ephemeral_range
+from ecrec.control.etcd import EtcdClient, EtcdError, EtcdTLS
+from ecrec.net.transport import free_port_outside_ephemeral_range
 
 
 def etcd_binary() -> str:
@@ -30,7 +30,7 @@ def etcd_binary() -> str:
 
 class LocalEtcd:
     """``members`` etcd members on ``host``, client and peer ports outside the ephemeral range (a restarted
-    member gets its ports back).  With ``tls`` (:class:`ecrec.etcd.EtcdTLS`: the CA, and a certificate for
+    member gets its ports back).  With ``tls`` (:class:`ecrec.control.etcd.EtcdTLS`: the CA, and a certificate for
     ``host`` that the members serve and this object's own client presents) clients must speak TLS with a
     certificate the CA signed (``--client-cert-auth``)."""
 

@@ -1,14 +1,14 @@
 """The delta-kernel interface and the GF(2^8) arithmetic every kernel shares.
 
 A parity row is updated without the rest of its stripe: ``parity ^= gf_mul(c, delta)``,
-where ``c`` is the stripe coefficient that :class:`ecrec.codec.Codec` probes from pyeclib.
+where ``c`` is the stripe coefficient that :class:`ecrec.coding.codec.Codec` probes from pyeclib.
 A *kernel backend* applies a batch of such updates in one call::
 
     parity[slots[r]] ^= gf_mul(coeffs[r], delta[r])      for r in range(len(slots))
 
 Backends (``cpu``, ``gpu``, and the individual CPU implementations) subclass
 :class:`KernelBackend`, implement ``_apply`` and are registered by name in
-``ecrec.kernels``.  The public ``apply_delta_batch`` validates every argument
+``ecrec.coding.kernels``.  The public ``apply_delta_batch`` validates every argument
 *before* anything is mutated, then hands normalised arrays to ``_apply``.
 Duplicate slots in one batch must accumulate (both deltas XORed in).
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ecrec import optim
+from ecrec.tables import optim
 from ecrec.wire import cluster_pb2
 
 #: "blank": every float zero, the optimizer state included: a table whose every row is written right after

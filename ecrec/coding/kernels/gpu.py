@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ecrec.kernels.base import KernelBackend, gf_mul_table
+from ecrec.coding.kernels.base import KernelBackend, gf_mul_table
 
 CUDA_KERNELS_ENV = "ECREC_CUDA_KERNELS_DIR"
 SOURCE_NAME = "gf256_delta.cu"

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ecrec import errors, optim
-from ecrec.layout import Layout
-from ecrec.tables import DenseSpec, TableSpec, fill_initial_payload
+from ecrec import errors
+from ecrec.tables import optim
+from ecrec.coding.layout import Layout
+from ecrec.tables.spec import DenseSpec, TableSpec, fill_initial_payload
 
 
 @dataclass
@@ -39,7 +40,7 @@ class TableShard:
     def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True,
                  allocate=np.zeros):
         """``allocate(shape, dtype)``: a zeroed array for the rows (a promoted standby's comes from its
-        reserve, :mod:`ecrec.reserve`)."""
+        reserve, :mod:`ecrec.server.reserve`)."""
         self.spec = spec
         self.layout = layout
         self.index = index

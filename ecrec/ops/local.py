@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from ecrec import transport
-from ecrec.transport import free_port_outside_ephemeral_range
+from ecrec.net import transport
+from ecrec.net.transport import free_port_outside_ephemeral_range
 from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -55,7 +55,7 @@ class LocalClusterSpec:
     server_env: dict = field(default_factory=dict)
     #: extra environment of the coordinator (e.g. ``{"ECREC_COORDINATOR_FAULT": "record_promotion@1:delay=0.5"}``)
     coordinator_env: dict = field(default_factory=dict)
-    #: transport security (``ecrec.security``) as option name -> path (``tls_cert``, ``tls_key``, ``tls_ca``,
+    #: transport security (``ecrec.net.security``) as option name -> path (``tls_cert``, ``tls_key``, ``tls_ca``,
     #: ``token_file``) for the servers, the coordinator (default: the servers') and this object's own calls
     #: (default: the servers')
     server_security: dict = field(default_factory=dict)
@@ -104,7 +104,7 @@ class LocalCluster:
         #: with an etcd store: every coordinator's address and process (coordinator_address names them all)
         self.coordinator_addresses: list[str] = []
         self.coordinator_procs: list[subprocess.Popen] = []
-        self.etcd = None  # ecrec.etcd_local.LocalEtcd with store="etcd"
+        self.etcd = None  # ecrec.control.etcd_local.LocalEtcd with store="etcd"
         self.etcd_prefix = ""
         self.server_procs: list[subprocess.Popen] = []
         self.old_coordinator_procs: list[subprocess.Popen] = []
@@ -157,7 +157,7 @@ class LocalCluster:
         return ClientConfig(**{**self.spec.security_of("client"), **overrides})
 
     def _stub(self):
-        from ecrec.peers import coordinator_stub
+        from ecrec.net.peers import coordinator_stub
         return coordinator_stub(self.coordinator_address, security=self.client_config().security)
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
@@ -196,9 +196,9 @@ class LocalCluster:
     def _start_etcd_control_plane(self, args: list[str], timeout_s: float) -> None:
         import uuid
 
-        from ecrec.etcd_local import LocalEtcd
+        from ecrec.control.etcd_local import LocalEtcd
         s = self.spec
-        from ecrec.etcd import EtcdTLS
+        from ecrec.control.etcd import EtcdTLS
         tls = EtcdTLS(s.etcd_tls["tls_ca"], s.etcd_tls["tls_cert"], s.etcd_tls["tls_key"]) if s.etcd_tls else None
         self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls)
         try:

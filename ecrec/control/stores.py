@@ -4,7 +4,7 @@ Two stores, chosen by ``--store``: a local file written atomically (the default,
 (``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]``), where the state is one key and every write is a
 compare-and-swap transaction that also requires this coordinator to hold the leader key: two coordinators can
 never both write, and a deposed leader's write is refused (:class:`NotLeader`).  Coordinators elect their
-leader through etcd (:class:`ecrec.etcd.Election`); the leader's address is kept beside the state, so any
+leader through etcd (:class:`ecrec.control.etcd.Election`); the leader's address is kept beside the state, so any
 coordinator can name it.
 """
 
@@ -15,9 +15,9 @@ import os
 import tempfile
 import threading
 
-from ecrec.etcd import (EtcdClient, EtcdError, EtcdTLS, Election, etcd_url, get_op, modified_at, parse_etcd_url, put_op,
+from ecrec.control.etcd import (EtcdClient, EtcdError, EtcdTLS, Election, etcd_url, get_op, modified_at, parse_etcd_url, put_op,
                         value_is)
-from ecrec.server_lease import servers_prefix
+from ecrec.control.lease import servers_prefix
 from ecrec.wire import coordinator_pb2
 
 log = logging.getLogger("ecrec.state_store")
@@ -175,7 +175,7 @@ class EtcdStore:
 
     def server_leases(self) -> dict[str, int]:
         """server_id -> etcd lease id of every server whose lease key exists bound to a lease
-        (``ecrec.server_lease``; a key written without one, by hand, holds no server's lease: that server is gone,
+        (``ecrec.control.lease``; a key written without one, by hand, holds no server's lease: that server is gone,
         or stops at its next renewal); raises :class:`StoreUnavailable` when etcd cannot be read."""
         try:
             kvs = self.client.get_prefix(self.servers_prefix)

@@ -14,7 +14,7 @@ triggers a check).  Its replacement is promoted once it is surely not serving: a
 is gone, else only after its lease has run out.  A promotion is recorded before the standby hears of it (its
 entry ``PROMOTING`` at the index; the ``Promote`` carries that recorded map), runs on its own thread with a
 deadline, and skips a standby that stops answering health checks meanwhile.  The map and promotions in
-progress are kept in a store (``ecrec.state_store``): with ``state_path`` a local file written atomically, so a
+progress are kept in a store (``ecrec.control.stores``): with ``state_path`` a local file written atomically, so a
 restarted coordinator keeps them and finishes the promotions; with ``--store etcd://...`` one etcd key written by
 compare-and-swap, shared by several coordinators of which one leads (elected through etcd) and the others
 answer ``GetClusterMap`` from etcd and send every other call to the leader (UNAVAILABLE naming it).  A change
@@ -37,14 +37,15 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ecrec import faults, seal, transport
+from ecrec import faults
+from ecrec.net import seal, transport
 from ecrec.config import CoordinatorConfig
-from ecrec.etcd import EtcdTLS, etcd_url
-from ecrec.server_lease import lease_ttl_s
-from ecrec.state_store import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
-from ecrec.layout import Layout
+from ecrec.control.etcd import EtcdTLS, etcd_url
+from ecrec.control.lease import lease_ttl_s
+from ecrec.control.stores import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
+from ecrec.coding.layout import Layout
 from ecrec.strategies import get_spec
-from ecrec.tables import DenseSpec, TableSpec
+from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
 log = logging.getLogger("ecrec.coordinator")
@@ -120,7 +121,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             epoch=1, num_servers=spec.num_servers, strategy=spec.strategy, k=k, m=m,
         )
         self.map.strategy_options.update({str(a): str(b) for a, b in options.items()})
-        self.server_key = seal.new_key()  # servers seal what workers carry with it (ecrec.seal); never in the map
+        self.server_key = seal.new_key()  # servers seal what workers carry with it (ecrec.net.seal); never in the map
         self._initial = cluster_pb2.ClusterMap()
         self._initial.CopyFrom(self.map)
         self._saved = b""  # the state the store holds (serialized): a change it refused is rolled back to this
@@ -137,7 +138,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         # map's, when longer: ``_load``)
         self._own_lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
         self._lease_wait_s = self._own_lease_wait_s
-        if kind == "etcd":  # servers hold etcd leases there (ecrec.server_lease)
+        if kind == "etcd":  # servers hold etcd leases there (ecrec.control.lease)
             for m in (self.map, self._initial):
                 m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
                 m.lease_s = self._lease_wait_s

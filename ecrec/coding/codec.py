@@ -13,7 +13,7 @@ and ``m`` parity rows (``k..k+m-1``), all of the same byte length ``n``.
 - :meth:`Codec.apply_delta` is the update hot path: a data row at position ``i`` changes
   by ``delta = old ^ new``; every parity ``j`` does ``parity_j ^= c[j][i] * delta``.  The
   coefficients ``c`` are *probed from pyeclib* at construction (encode the identity,
-  read the parity), so the delta kernels (``ecrec.kernels``) agree with pyeclib for
+  read the parity), so the delta kernels (``ecrec.coding.kernels``) agree with pyeclib for
   any backend, ``k`` and ``m``.  numpy arrays run on the CPU kernel, cupy arrays on the
   GPU kernel.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ecrec.kernels import KernelBackend, get_kernel, gf_mul, gf_mul_table, is_device_array
+from ecrec.coding.kernels import KernelBackend, get_kernel, gf_mul, gf_mul_table, is_device_array
 
 __all__ = ["Codec", "SUPPORTED_BACKENDS", "check_code", "gf_mul"]
 
@@ -109,7 +109,7 @@ class Codec:
 
     ``backend`` is the pyeclib ``ec_type`` (``isa_l_rs_vand`` or ``isa_l_rs_cauchy``);
     ``kernel`` names the delta backend (``auto``, ``cpu``, ``gpu``, ... see
-    ``ecrec.kernels``) or is a :class:`~ecrec.kernels.base.KernelBackend` instance.
+    ``ecrec.coding.kernels``) or is a :class:`~ecrec.coding.kernels.base.KernelBackend` instance.
     ``chunk_bytes`` is the data volume of one pyeclib call in bulk encode/reconstruct.
     """
 

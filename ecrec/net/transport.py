@@ -51,7 +51,7 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 def make_channel(address: str, max_message_bytes: int = 256 << 20, security=None) -> grpc.Channel:
-    """A channel to ``address``; with ``security`` (:class:`ecrec.security.Security`) TLS and/or the token."""
+    """A channel to ``address``; with ``security`` (:class:`ecrec.net.security.Security`) TLS and/or the token."""
     return _security().secure_channel(address, channel_options(max_message_bytes), security)
 
 
@@ -65,7 +65,7 @@ def make_server(max_workers: int, max_message_bytes: int = 256 << 20, security=N
 
 
 def _security():
-    from ecrec import security  # late: ecrec.security imports the configuration, which may import this module
+    from ecrec.net import security  # late: ecrec.net.security imports the configuration, which may import this module
     return security
 
 

@@ -9,7 +9,7 @@
         loss.backward()
         cluster.step()                                       # push every gradient; servers apply them
 
-Rows are pulled from the server that owns them (``ecrec.layout``); backward
+Rows are pulled from the server that owns them (``ecrec.coding.layout``); backward
 records the gradient of every pulled row; ``step`` sends one push per server
 carrying every table's rows and the dense gradients it is primary for, and
 returns when the servers have applied them.  When a server fails, calls report
@@ -30,13 +30,13 @@ import grpc
 import numpy as np
 import torch
 
-from ecrec import transport
-from ecrec.cluster_map import live_address, live_servers
+from ecrec.net import transport
+from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
-from ecrec.courier import Courier
-from ecrec.layout import Layout
-from ecrec.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
-from ecrec.tables import INITS, DenseSpec, TableSpec
+from ecrec.client.courier import Courier
+from ecrec.coding.layout import Layout
+from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
+from ecrec.tables.spec import INITS, DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.client")
@@ -185,7 +185,7 @@ class Cluster:
 
     def _replay_if_replaced(self, index: int) -> None:
         """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
-        old one acknowledged and did not confirm, in order, with their push ids (``ecrec.courier``)."""
+        old one acknowledged and did not confirm, in order, with their push ids (``ecrec.client.courier``)."""
         if not self.courier.held_elsewhere(index, self._live_ids.get(index)):
             return
         deadline = time.monotonic() + self.config.retry_deadline_s
@@ -234,7 +234,7 @@ class Cluster:
         ``initial_accumulator_value``."""
         values = None
         if not isinstance(init, str) or (init not in INITS and ("/" in init or init.endswith(WARM_START_SUFFIXES))):
-            from ecrec.warm_start import load_values
+            from ecrec.client.warm_start import load_values
 
             shape_only = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer,
                                    initial_accumulator_value=float(initial_accumulator_value)).validate()
@@ -613,7 +613,7 @@ class Cluster:
         ``directory/step-<n>`` (a directory or fsspec URL), between steps so the cut is consistent for this
         worker; the newest ``keep`` complete snapshots are kept.  ``steps=0`` stops.  The way back after more
         failures than the code tolerates: :func:`ecrec.snapshot.latest` and :meth:`load`."""
-        from ecrec.snapshot import Periodic
+        from ecrec.snapshot.cluster import Periodic
 
         self._periodic = Periodic(steps, str(directory), keep, on_progress) if steps else None
 

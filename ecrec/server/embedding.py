@@ -3,7 +3,7 @@
 One process per server.  It registers with the coordinator, receives the cluster map (its index,
 the layout, the tables), and answers pulls and pushes for the rows the layout gives it.  A push is
 validated whole before anything changes, coalesced (duplicate ids summed), applied with a
-``torch.optim`` compatible optimizer (``ecrec.shards``), handed once to the active fault-tolerance
+``torch.optim`` compatible optimizer (``ecrec.tables.shards``), handed once to the active fault-tolerance
 strategy with the old and new payload bytes (``on_push``), and acknowledged once the strategy's
 completion (if any) is done.  Each push id is applied at most once.
 
@@ -29,19 +29,21 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Histogram
 
-from ecrec import errors, faults, snapshot_part, transport
+from ecrec import errors, faults
+from ecrec.snapshot import part as snapshot_part
+from ecrec.net import transport
 from ecrec.config import ServerConfig
-from ecrec.etcd import EtcdError, EtcdTLS
-from ecrec.layout import Layout
-from ecrec.peers import CoordinatorClient, Peers
-from ecrec.reserve import Reserve
-from ecrec.seal import Sealer
-from ecrec.server_lease import EtcdServerLease
-from ecrec.shards import DenseShard, TableShard
+from ecrec.control.etcd import EtcdError, EtcdTLS
+from ecrec.coding.layout import Layout
+from ecrec.net.peers import CoordinatorClient, Peers
+from ecrec.server.reserve import Reserve
+from ecrec.net.seal import Sealer
+from ecrec.control.lease import EtcdServerLease
+from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, FaultToleranceStrategy, TableUpdate, push_key
 from ecrec.strategies.registry import get_spec
-from ecrec import tables
-from ecrec.tables import DenseSpec, TableSpec
+from ecrec.tables import spec as tables
+from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2, embedding_pb2_grpc
 
 log = logging.getLogger("ecrec.server")
@@ -147,14 +149,14 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 class HandlerCounters:
     """Calls, seconds, CPU seconds (of the handling thread) and a latency histogram per data-plane method of
     this server, and the rows pulled and pushed; read by ``stats`` and by the metrics endpoint
-    (``ecrec.metrics``)."""
+    (``ecrec.ops.metrics``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
-        # per method: prometheus_client's own histogram (in no registry: ecrec.metrics.ServerCollector yields it)
+        # per method: prometheus_client's own histogram (in no registry: ecrec.ops.metrics.ServerCollector yields it)
         self.latency = Histogram("ecrec_server_request_duration_seconds", "wall time of a data-plane request, by method",
                                  ["method"], buckets=LATENCY_BUCKETS_S, registry=None)
         self._latency_of: dict[str, object] = {}  # method -> its histogram child (labels() looked up once)
@@ -263,7 +265,7 @@ class ServerState:
         self.config = config
         self._server_id = server_id
         self.address = ""
-        self.metrics_address = ""  # host:port of the Prometheus endpoint, when one is served (ecrec.metrics)
+        self.metrics_address = ""  # host:port of the Prometheus endpoint, when one is served (ecrec.ops.metrics)
         self.index = -1
         self._promoting = False  # True while Promote creates this server's tables (their rows get rebuilt)
         self.map: cluster_pb2.ClusterMap | None = None
@@ -282,8 +284,8 @@ class ServerState:
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
         self.index_set = threading.Condition(self.lock)
         self._services = services
-        self.reserve = Reserve()  # a standby's table memory, prepared for its promotion (ecrec.reserve)
-        self.sealer: Sealer | None = None  # MACs under the server key (ecrec.seal), from the Register reply
+        self.reserve = Reserve()  # a standby's table memory, prepared for its promotion (ecrec.server.reserve)
+        self.sealer: Sealer | None = None  # MACs under the server key (ecrec.net.seal), from the Register reply
         self.coordinator = CoordinatorClient(config.coordinator, config.coordinator_timeout_s,
                                              config.max_message_bytes, on_map=self.adopt_map,
                                              security=config.security)
@@ -1012,7 +1014,7 @@ def check_device(device: str) -> None:
         return
     if device != "cuda":
         raise ValueError(f"--device must be cpu or cuda, got {device!r}")
-    from ecrec.kernels import gpu
+    from ecrec.coding.kernels import gpu
 
     ok, why = gpu.probe()
     if not ok:

@@ -1,7 +1,7 @@
 """Delta-kernel backends, chosen by name (like pyeclib's ``ec_type``).
 
 A kernel applies a batch of parity row deltas in place (see
-:class:`ecrec.kernels.base.KernelBackend`); :class:`ecrec.codec.Codec` computes the
+:class:`ecrec.coding.kernels.base.KernelBackend`); :class:`ecrec.coding.codec.Codec` computes the
 per-row coefficients and calls it.  Names:
 
 - ``auto`` -- ``gpu`` when cupy imports, a CUDA device exists and the kernel compiles;
@@ -16,17 +16,17 @@ from __future__ import annotations
 import importlib
 import logging
 
-from ecrec.kernels.base import KernelBackend, gf_mul, gf_mul_table, is_device_array
+from ecrec.coding.kernels.base import KernelBackend, gf_mul, gf_mul_table, is_device_array
 
 log = logging.getLogger("ecrec.kernels")
 
 # name -> "module:class"; imported only when asked for
 _BACKENDS = {
-    "cpu": "ecrec.kernels.cpu:CpuKernel",
-    "gpu": "ecrec.kernels.gpu:GpuKernel",
-    "isal": "ecrec.kernels.cpu:IsalKernel",
-    "numba": "ecrec.kernels.cpu:NumbaKernel",
-    "numpy": "ecrec.kernels.cpu:NumpyKernel",
+    "cpu": "ecrec.coding.kernels.cpu:CpuKernel",
+    "gpu": "ecrec.coding.kernels.gpu:GpuKernel",
+    "isal": "ecrec.coding.kernels.cpu:IsalKernel",
+    "numba": "ecrec.coding.kernels.cpu:NumbaKernel",
+    "numpy": "ecrec.coding.kernels.cpu:NumpyKernel",
 }
 
 __all__ = [
@@ -64,7 +64,7 @@ def available_kernels() -> list[str]:
 def get_kernel(name: str = "auto") -> KernelBackend:
     """A ready backend by name; ``auto`` falls back from gpu to cpu with one log line."""
     if name == "auto":
-        from ecrec.kernels import gpu
+        from ecrec.coding.kernels import gpu
 
         ok, why = gpu.probe()
         if ok:

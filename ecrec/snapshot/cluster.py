@@ -10,7 +10,7 @@ dict, no ECRec code needed::
     dense/<name>/payload    float32: a dense tensor's values then its optimizer state
 
 Server ``i`` writes ``__i_0.distcp``: the rows of the ``i``-th contiguous range of every table (gathered from
-their owners, :mod:`ecrec.snapshot_part`) in chunks of at most 64 MB, and the dense tensors it is primary of.
+their owners, :mod:`ecrec.snapshot.part`) in chunks of at most 64 MB, and the dense tensors it is primary of.
 The client only plans, then writes DCP's ``.metadata`` and last ``manifest.json`` (the format, each table's and
 dense tensor's spec, the cluster's shape and map epoch, and the SHA-256 of every chunk): a snapshot without
 its manifest is incomplete and is never restored.
@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ecrec import snapshot_files
-from ecrec.snapshot_part import CHUNK_BYTES
+from ecrec.snapshot import files as snapshot_files
+from ecrec.snapshot.part import CHUNK_BYTES
 
 FORMAT = "ecrec-snapshot/2"
 FORMATS = ("ecrec-snapshot/1", FORMAT)
@@ -63,7 +63,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     ``overwrite``."""
     import grpc
 
-    from ecrec.tables import DenseSpec, TableSpec
+    from ecrec.tables.spec import DenseSpec, TableSpec
     from ecrec.wire import embedding_pb2
 
     t0 = time.perf_counter()
@@ -206,7 +206,7 @@ def _chunks_of_version_1(path: str, manifest: dict) -> None:
 
 def _check_specs(cluster, path: str, manifest: dict):
     """The snapshot's table and dense specs, checked against the manifest's tensors and the cluster's own."""
-    from ecrec.tables import DenseSpec, TableSpec
+    from ecrec.tables.spec import DenseSpec, TableSpec
 
     cluster_map = cluster.refresh_map()
     existing = {t.name: TableSpec.from_proto(t) for t in cluster_map.tables}

@@ -1,0 +1,7 @@
+"""The SDK a PyTorch training loop uses: :class:`Cluster` (tables, pulls, pushes, snapshots),
+:class:`EmbeddingBag` and :class:`EmbeddingBagCollection` (called like ``torch.nn.EmbeddingBag`` and TorchRec's
+collection), and :mod:`.model_state` (the servers' optimizer state in ``torch.optim``'s shape)."""
+
+from ecrec.client.cluster import (  # noqa: F401  (the public names)
+    Cluster, ClusterError, EmbeddingBag, EmbeddingBagCollection, Replacement,
+)
