@@ -44,7 +44,7 @@ MOVED = {
     "ecrec.state_store": "ecrec.control.stores",
     "ecrec.etcd": "ecrec.control.etcd",
     "ecrec.etcd_local": "ecrec.control.etcd_local",
-    "ecrec.server_lease": "ecrec.control.lease",
+    "ecrec.server_lease": "ecrec.control.etcd_lease",
     "ecrec.codec": "ecrec.coding.codec",
     "ecrec.layout": "ecrec.coding.layout",
     "ecrec.kernels": "ecrec.coding.kernels",

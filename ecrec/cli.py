@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from ecrec import faults
         from ecrec.ops import metrics
-        from ecrec.server.embedding import EmbeddingServer
+        from ecrec.server.process import EmbeddingServer
 
         try:
             config = from_arguments(ServerConfig, args, fault_spec=os.environ.get(faults.ENV, ""))

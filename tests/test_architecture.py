@@ -98,7 +98,7 @@ def _layer(name: str) -> int:
 
 
 def test_the_graph_is_not_empty():
-    assert len(MODULES) > 30 and "ecrec.server.embedding" in GRAPH["ecrec.cli"]
+    assert len(MODULES) > 30 and "ecrec.server.process" in GRAPH["ecrec.cli"]
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -191,7 +191,7 @@ def test_server_and_coordinator_processes_never_import_torch(tmp_path):
     code = f"""
 import importlib, io, sys
 import numpy as np
-import ecrec.cli, ecrec.server.embedding, ecrec.control.coordinator, ecrec.ops.metrics, ecrec.ops.status
+import ecrec.cli, ecrec.server.process, ecrec.control.coordinator, ecrec.ops.metrics, ecrec.ops.status
 from ecrec.strategies import available, get_spec
 from ecrec.snapshot import files
 for name in available():

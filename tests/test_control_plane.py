@@ -30,7 +30,7 @@ needs_etcd = pytest.mark.skipif(not HAVE_ETCD, reason="needs the etcd binary (ap
 def test_store_urls_are_parsed_and_bad_ones_named():
     assert state_store.parse_store(None) == ("file", {})
     from ecrec.control.etcd import prefix_end
-    from ecrec.control.lease import lease_ttl_s, parse_lease_store, servers_prefix
+    from ecrec.control.etcd_lease import lease_ttl_s, parse_lease_store, servers_prefix
     from ecrec.control.etcd import etcd_url
     url = etcd_url(["10.0.0.1:2379", "10.0.0.2:2379"], "/jobs/a/")
     assert url == "etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a"
@@ -289,7 +289,7 @@ def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_pa
 
 @needs_etcd
 def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_replaced(make_cluster):
-    from ecrec.control.lease import lease_ttl_s, servers_prefix
+    from ecrec.control.etcd_lease import lease_ttl_s, servers_prefix
     import grpc
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
     counts = np.zeros(ROWS)
@@ -341,7 +341,7 @@ def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_re
 def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluster):
     """Deleting a server's key (etcdctl del) leaves its lease alive: the server renews it, but finds its key gone
     at that renewal and stops; the coordinator sees the key gone and promotes the standby a TTL later."""
-    from ecrec.control.lease import servers_prefix
+    from ecrec.control.etcd_lease import servers_prefix
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd")
     counts = np.zeros(ROWS)
     counting_push(client, np.arange(ROWS))
@@ -379,7 +379,7 @@ def test_registrations_slower_than_the_servers_lease_keep_it_alive(make_cluster)
     """Each map change takes longer than a server's 2 s etcd lease (a coordinator whose disk is slow): a server
     keeps its lease alive while its registration waits, so every server registers with the lease it took and
     serves."""
-    from ecrec.control.lease import servers_prefix
+    from ecrec.control.etcd_lease import servers_prefix
     local, client, initial = start(make_cluster, servers=3, store="etcd", coordinator_options={"lease_s": 2.0},
                                    coordinator_env={"ECREC_COORDINATOR_FAULT": "record_map@1:delay=3.0"})
     counts = np.zeros(ROWS)

@@ -13,7 +13,7 @@ import pytest
 
 from ecrec import errors
 from ecrec.config import ServerConfig
-from ecrec.server.embedding import ServerState
+from ecrec.server.state import ServerState
 from ecrec.strategies.base import AppliedPush, TableUpdate
 from ecrec.strategies.builtin import ECREC
 from ecrec.tables.spec import TableSpec

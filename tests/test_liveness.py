@@ -164,7 +164,8 @@ def test_a_caller_with_a_newer_map_naming_another_holder_is_refused():
     newer map, fetches that map; when it names another server at this index, the call is refused (UNAVAILABLE,
     naming the new epoch), and a caller with the same epoch as before is served."""
     from ecrec import errors
-    from ecrec.server.embedding import Lease, ServerState
+    from ecrec.control.lease import ServingLease as Lease
+    from ecrec.server.state import ServerState
 
     def cluster_map(epoch: int, holder: str) -> cluster_pb2.ClusterMap:
         m = cluster_pb2.ClusterMap(epoch=epoch, num_servers=3, strategy="none", k=1, m=0, ready=True)

@@ -23,7 +23,7 @@ from ecrec import errors
 from ecrec.net import transport
 from ecrec.config import ServerConfig
 from ecrec.ops.local import LocalCluster, LocalClusterSpec
-from ecrec.server.embedding import ServerState
+from ecrec.server.state import ServerState
 from ecrec.tables.spec import TableSpec
 from ecrec.wire import coordinator_pb2, coordinator_pb2_grpc
 

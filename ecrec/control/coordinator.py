@@ -41,7 +41,7 @@ from ecrec import faults
 from ecrec.net import seal, transport
 from ecrec.config import CoordinatorConfig
 from ecrec.control.etcd import EtcdTLS, etcd_url
-from ecrec.control.lease import lease_ttl_s
+from ecrec.control.etcd_lease import lease_ttl_s
 from ecrec.control.stores import EtcdStore, FileStore, NotLeader, StoreUnavailable, parse_store
 from ecrec.coding.layout import Layout
 from ecrec.strategies import get_spec

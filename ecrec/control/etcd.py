@@ -9,12 +9,14 @@ not the member's absence is raised as :class:`EtcdError` naming the call.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import grpc
 
+from ecrec.control.lease import LeaseKeeper, LeaseUnreachable, Renewal
 from ecrec.wire import etcd_pb2, etcd_pb2_grpc
 
 log = logging.getLogger("ecrec.etcd")
@@ -87,8 +89,13 @@ class EtcdClient:
                           for e in self.endpoints]
         self._current = 0
         self._lock = threading.Lock()
+        self._streams: dict[int, _KeepAliveStream] = {}  # lease -> its keep-alive stream
 
     def close(self) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close()
         for c in self._channels:
             c.close()
 
@@ -154,6 +161,10 @@ class EtcdClient:
         return reply.ID
 
     def revoke(self, lease: int) -> None:
+        with self._lock:
+            stream = self._streams.pop(lease, None)
+        if stream is not None:
+            stream.close()
         try:
             self._call("Lease", "LeaseRevoke", etcd_pb2.LeaseRevokeRequest(ID=lease))
         except EtcdError as exc:
@@ -166,27 +177,85 @@ class EtcdClient:
         return self.keep_alive(lease, timeout_s).TTL
 
     def keep_alive(self, lease: int, timeout_s: float | None = None) -> etcd_pb2.LeaseKeepAliveResponse:
-        """:meth:`keep_alive_once`'s whole answer (its header carries the store's revision)."""
+        """:meth:`keep_alive_once`'s whole answer (its header carries the store's revision).  The renewal goes on
+        the lease's keep-alive stream, opened once and kept (etcd's own clients do the same: a renewal is then one
+        message, not a call); a stream that fails or does not answer in time is dropped and the next member is
+        tried on a new one (a renewal is idempotent)."""
         errors = []
         with self._lock:
             start = self._current
+            stream = self._streams.get(lease)
         for i in range(len(self._channels)):
             at = (start + i) % len(self._channels)
-            stub = etcd_pb2_grpc.LeaseStub(self._channels[at])
-            try:  # one request, then the stream is half-closed: etcd answers it and ends the call
-                replies = list(stub.LeaseKeepAlive(iter([etcd_pb2.LeaseKeepAliveRequest(ID=lease)]),
-                                                   timeout=timeout_s or self.timeout_s))
-            except grpc.RpcError as exc:  # a renewal is idempotent: any member's error sends it to the next
-                errors.append(f"{self.endpoints[at]}: {exc.code().name}"
-                              + ("" if exc.code() in _MOVE_ON else f": {exc.details()}"))
-                continue
-            if not replies:
-                errors.append(f"{self.endpoints[at]}: no answer")
+            if stream is None or stream.member != at:
+                if stream is not None:
+                    stream.close()
+                stream = _KeepAliveStream(self._channels[at], at)
+                with self._lock:
+                    old, self._streams[lease] = self._streams.get(lease), stream
+                if old is not None and old is not stream:
+                    old.close()
+            try:
+                reply = stream.renew(lease, timeout_s or self.timeout_s)
+            except EtcdError as exc:
+                errors.append(f"{self.endpoints[at]}: {exc}")
+                self._drop_stream(lease, stream)
+                stream = None
                 continue
             with self._lock:
                 self._current = at
-            return replies[0]
+            if reply.TTL <= 0:  # gone: nothing more to renew on it
+                self._drop_stream(lease, stream)
+            return reply
         raise EtcdError(f"etcd LeaseKeepAlive: no member answered ({'; '.join(errors)})")
+
+    def _drop_stream(self, lease: int, stream) -> None:
+        with self._lock:
+            if self._streams.get(lease) is stream:
+                del self._streams[lease]
+        stream.close()
+
+
+class _KeepAliveStream:
+    """One ``LeaseKeepAlive`` call to one member, kept open: each renewal is one request on it and the next answer.
+    One renewal at a time; a renewal that gets no answer in time, or an error, ends the stream (its caller opens
+    another), so a late answer is never taken for the next renewal's."""
+
+    def __init__(self, channel: grpc.Channel, member: int):
+        self.member = member
+        self._requests: queue.Queue = queue.Queue()
+        self._replies: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._call = etcd_pb2_grpc.LeaseStub(channel).LeaseKeepAlive(iter(self._requests.get, None))
+        threading.Thread(target=self._read, name="ecrec-etcd-keepalive", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(EtcdError("the keep-alive stream ended"))
+        except grpc.RpcError as exc:
+            self._replies.put(EtcdError(exc.code().name + ("" if exc.code() in _MOVE_ON else f": {exc.details()}")))
+
+    def renew(self, lease: int, timeout_s: float) -> etcd_pb2.LeaseKeepAliveResponse:
+        with self._lock:
+            if self._closed:
+                raise EtcdError("the keep-alive stream is closed")
+            self._requests.put(etcd_pb2.LeaseKeepAliveRequest(ID=lease))
+            try:
+                reply = self._replies.get(timeout=timeout_s)
+            except queue.Empty:
+                raise EtcdError("no answer in time") from None
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._requests.put(None)
+            self._call.cancel()
 
 
 # --- transaction building blocks ----------------------------------------------------------------------
@@ -226,11 +295,11 @@ def get_op(key: bytes) -> etcd_pb2.RequestOp:
 
 class Election:
     """Leadership among coordinators through one lease-bound key (``key`` = this candidate's ``value`` while
-    it leads).  :meth:`campaign` blocks until this candidate leads; a thread renews the lease every third of its
-    TTL; :meth:`holds` is true only until two thirds of the TTL after the last renewal etcd answered (counted
-    from when it was sent, so always before etcd can expire the lease and let another lead); :attr:`lost` is
-    set when a renewal finds the lease gone or none succeeded for that long: this candidate must not act as
-    leader any more."""
+    it leads).  :meth:`campaign` blocks until this candidate leads; a :class:`~ecrec.control.lease.LeaseKeeper`
+    renews the lease every third of its TTL; :meth:`holds` is true only until two thirds of the TTL after the last
+    renewal etcd answered (counted from when it was sent, so always before etcd can expire the lease and let
+    another lead); :attr:`lost` is set when a renewal finds the lease gone or none succeeded for that long: this
+    candidate must not act as leader any more."""
 
     def __init__(self, client: EtcdClient, key: bytes, value: bytes, ttl_s: int):
         if ttl_s < 2:
@@ -240,8 +309,7 @@ class Election:
         self._lease_granted_at = 0.0  # when the lease was last granted or renewed (before the request went)
         self._valid_until = 0.0  # monotonic: this candidate may act as leader until then
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._keeper: LeaseKeeper | None = None
 
     def leader(self) -> bytes | None:
         kv = self.client.get(self.key)
@@ -250,9 +318,9 @@ class Election:
     def campaign(self, stop: threading.Event, poll_s: float = 0.25) -> bool:
         """Waits until this candidate holds the key (True) or ``stop`` is set (False)."""
         last_error = ""
-        self._stop.set()  # a renewer of an earlier term ends
-        if self._renewer is not None:
-            self._renewer.join(timeout=self.ttl_s)
+        if self._keeper is not None:  # the keeper of an earlier term ends
+            self._keeper.stop(join_s=self.ttl_s)
+            self._keeper = None
         while not stop.is_set():
             try:
                 if not self.lease:
@@ -267,9 +335,7 @@ class Election:
                 if reply.succeeded or (held and held[0].value == self.value and held[0].lease == self.lease):
                     self._valid_until = self._lease_granted_at + self.ttl_s * 2.0 / 3.0
                     self.lost.clear()
-                    self._stop.clear()
-                    self._renewer = threading.Thread(target=self._renew, name="ecrec-election", daemon=True)
-                    self._renewer.start()
+                    self._keeper = self._new_keeper().start()
                     return True
                 # someone else leads: keep our lease alive meanwhile so it is ready when the key goes
                 sent = time.monotonic()
@@ -289,32 +355,39 @@ class Election:
         """Each member's deadline for a renewal: short enough that trying every member fits a third of the TTL."""
         return max(0.05, self.ttl_s / 3.0 / max(1, len(self.client.endpoints)))
 
-    def _renew(self) -> None:
-        last_ok = self._lease_granted_at  # etcd's clock of the lease started after this
-        period = self.ttl_s / 3.0
-        while not self._stop.wait(max(0.0, last_ok + period - time.monotonic())):
+    def _new_keeper(self) -> LeaseKeeper:
+        trust_s = self.ttl_s * 2.0 / 3.0  # how long after a renewal was sent this candidate may still lead
+        lease = self.lease
+
+        def renew() -> Renewal:
             sent = time.monotonic()  # etcd renews it when the request arrives: after this
             try:
-                ttl = self.client.keep_alive_once(self.lease, self._member_timeout())
+                ttl = self.client.keep_alive_once(lease, self._member_timeout())
             except EtcdError as exc:
-                log.warning("election: renewing the leader's lease: %s", exc)
-                ttl = None
-            if self._stop.is_set():
-                return
-            now = time.monotonic()
-            if ttl is not None and ttl > 0:
-                last_ok = sent
-                self._valid_until = sent + self.ttl_s * 2.0 / 3.0
-                continue
-            # gone (ttl <= 0), or unreachable for two thirds of the lease: another may lead soon
-            if ttl is not None or now - last_ok >= self.ttl_s * 2.0 / 3.0:
-                log.error("election: lost the leadership (%s)", "lease expired" if ttl is not None else
-                          "etcd unreachable for two thirds of the lease")
-                self._valid_until = 0.0
-                self.lost.set()
-                return
-            # try again soon, not a whole period later
-            self._stop.wait(min(period / 3.0, max(0.0, last_ok + self.ttl_s * 2.0 / 3.0 - now)))
+                raise LeaseUnreachable(str(exc)) from None
+            return Renewal(sent, float(max(ttl, 0)), reason="lease expired")
+
+        def renewed(renewal: Renewal) -> None:
+            self._valid_until = renewal.sent + trust_s
+
+        def lost(why: str) -> None:
+            log.error("election: lost the leadership (%s)", why)
+            self._valid_until = 0.0
+            self.lost.set()
+
+        def unreachable(last_ok: float, exc: Exception) -> bool:
+            log.warning("election: renewing the leader's lease: %s", exc)
+            if time.monotonic() - last_ok >= trust_s:  # another may lead soon
+                lost("etcd unreachable for two thirds of the lease")
+                return True
+            return False
+
+        keeper = LeaseKeeper("ecrec-election", renew, period_s=lambda: self.ttl_s / 3.0, on_renewed=renewed,
+                             on_lost=lost, on_unreachable=unreachable, last_sent=self._lease_granted_at,
+                             # try again soon, not a whole period later, and never past the trust
+                             retry_s=lambda: min(self.ttl_s / 9.0,
+                                                 max(0.0, keeper.last_ok + trust_s - time.monotonic())))
+        return keeper
 
     def holds(self) -> bool:
         """Whether this candidate may act as leader now (see the class)."""
@@ -322,7 +395,8 @@ class Election:
 
     def resign(self) -> None:
         """Gives the leadership up (the key goes with the lease)."""
-        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.stop()
         if self.lease:
             try:
                 self.client.revoke(self.lease)

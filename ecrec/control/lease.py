@@ -1,125 +1,164 @@
-"""A server's lease as an etcd lease (when the cluster map names a ``lease_store``: the control plane is on etcd).
+"""Leases: a process acts (a server serves, a coordinator leads) only while its lease surely lasts.
 
-The server grants the lease and binds the key ``PREFIX/servers/<server_id>`` to it before it registers, then keeps
-it alive itself; it serves only while the lease surely lasts (``ecrec.server.Lease``: counted from before each
-renewal was sent, shortened by a margin, so it stops before etcd could expire the lease).  The coordinator
-replaces a server by revoking its lease, and promotes a replacement only once the key is gone and, after a
-revocation, a whole TTL has passed (``ecrec.control.coordinator``); a server whose renewal finds its lease gone stops.
+One abstraction, two backends, one keep-alive loop:
+
+- :class:`ServingLease` is what the holder checks before it acts: valid until a margin before the lease could
+  end, counted from *before* the request that renewed it was sent, so the holder always stops first;
+- a backend renews once and says how it went (:class:`Renewal`): :class:`CoordinatorLease` asks the
+  coordinator (``RenewLease``, the file-store control plane), ``ecrec.control.etcd_lease.EtcdLease`` keeps an
+  etcd lease alive on one long-lived keep-alive stream (the etcd control plane);
+- :class:`LeaseKeeper` is the loop every holder runs (a server's lease, on either backend, and a coordinator's
+  election on etcd): a renewal a third of the TTL after the last one was sent, sooner after a failed try, and
+  the holder's callbacks on each outcome.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
-from ecrec.control.etcd import EtcdClient, EtcdError, EtcdTLS, parse_etcd_url
+import grpc
 
-log = logging.getLogger("ecrec.server_lease")
+from ecrec.wire import coordinator_pb2
 
-
-def servers_prefix(prefix: str) -> bytes:
-    """Where the servers' lease keys live under the control plane's etcd ``prefix``."""
-    return f"{prefix.rstrip('/')}/servers/".encode()
-
-
-def lease_ttl_s(lease_s: float) -> int:
-    """The TTL of a server's etcd lease for a ``--lease-s`` of ``lease_s`` (whole seconds, etcd's minimum 2)."""
-    return max(2, math.ceil(lease_s))
+log = logging.getLogger("ecrec.lease")
 
 
-def parse_lease_store(url: str) -> tuple[list[str], str]:
-    """``etcd://EP[,EP...]/PREFIX`` (a map's ``lease_store``) -> (endpoints, prefix); ValueError naming the problem."""
-    try:
-        return parse_etcd_url(url)
-    except ValueError as exc:
-        raise ValueError(f"the map's lease store: {exc}") from None
+class LeaseUnreachable(RuntimeError):
+    """A renewal got no answer: the lease may still be alive (try again soon) or may be running out."""
 
 
-class EtcdServerLease:
-    """This server's etcd lease and its key.  :meth:`acquire` once before registering, :meth:`renew` a third of
-    the TTL apart, :meth:`follow` when the map names other endpoints (a new leader's), :meth:`release` at stop."""
+@dataclass(frozen=True)
+class Renewal:
+    """The outcome of one renewal: ``sent`` (monotonic, before the request went), the TTL granted in seconds
+    (0: the lease is gone or refused, ``reason`` says why) and what else the answer told (the newest map epoch
+    the coordinator knows, etcd's revision: a newer map may be waiting)."""
 
-    def __init__(self, lease_store: str, lease_s: float, server_id: str, address: str, tls: EtcdTLS | None = None):
-        self.endpoints, prefix = parse_lease_store(lease_store)
-        self.url = lease_store
-        self.ttl_s = lease_ttl_s(lease_s)
-        self.key = servers_prefix(prefix) + server_id.encode()
-        self.address = address
-        self._tls = tls
-        self._lock = threading.Lock()
-        self.client = EtcdClient(self.endpoints, timeout_s=self.member_timeout_s, tls=tls)
-        self.id = 0
-        self.renewed_at = 0.0  # monotonic: when the last grant or renewal etcd answered was sent
-        self.revision = 0  # the store's revision at the last renewal: a newer one may mean a newer map
-        self.gone = ""  # why the lease is gone, once a renewal found it so (this server must not serve then)
+    sent: float
+    ttl_s: float
+    reason: str = ""
+    epoch: int = 0
+    revision: int = 0
 
     @property
-    def member_timeout_s(self) -> float:
-        """Each member's deadline: trying every member fits within a third of the TTL."""
-        return max(0.05, self.ttl_s / 3.0 / max(1, len(self.endpoints)))
+    def granted(self) -> bool:
+        return self.ttl_s > 0
 
-    def acquire(self, deadline: float) -> None:
-        """Grants the lease and binds the key to it, retrying until ``deadline`` (monotonic); the lease lasts
-        ``ttl_s`` from after :attr:`renewed_at`.  Raises RuntimeError when etcd never answered."""
-        last = ""
-        while True:
-            sent = time.monotonic()
-            try:
-                self.id = self.client.grant(self.ttl_s)
-                self.revision = self.client.put(self.key, self.address.encode(), lease=self.id)
-                self.renewed_at = sent
-                log.info("holding etcd lease %x (TTL %d s) with key %s", self.id, self.ttl_s, self.key.decode())
-                return
-            except EtcdError as exc:
-                last = str(exc)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cannot take a lease on etcd ({self.url}): {last}")
-            time.sleep(0.2)
 
-    def renew(self) -> tuple[float, int]:
-        """Keeps the lease alive once and checks the key is still bound to it: (when the request was sent, the
-        TTL granted: 0 when the lease is gone, or the key is: deleted by hand, the coordinator sees this server
-        gone and replaces it a TTL later, while the lease itself lives on).  :attr:`gone` says why.  Raises
-        :class:`EtcdError` when no member answered."""
-        with self._lock:
-            client = self.client
-        sent = time.monotonic()
-        reply = client.keep_alive(self.id, self.member_timeout_s)
-        self.revision = max(self.revision, reply.header.revision)
-        if reply.TTL <= 0:
-            self.gone = "revoked: this server was replaced, or it expired"
-            return sent, 0
-        kv = client.get(self.key)  # read after the renewal: a key deleted before this read ends the lease here
-        if kv is None or kv.lease != self.id:
-            self.gone = f"its key {self.key.decode()} was deleted" if kv is None else \
-                f"its key {self.key.decode()} is bound to another lease ({kv.lease:x})"
-            return sent, 0
-        self.renewed_at = sent
-        return sent, min(int(reply.TTL), self.ttl_s)
+class ServingLease:
+    """The holder's view of its lease: it serves while :meth:`valid`.  Granted from when the renewal was sent,
+    shortened by ``margin``; once revoked it stays revoked (this holder was replaced)."""
 
-    def follow(self, lease_store: str) -> None:
-        """Dials the endpoints ``lease_store`` names too (first): the coordinator that leads now reaches etcd
-        there.  The same lease, on the same etcd cluster."""
-        if not lease_store or lease_store == self.url:
+    def __init__(self, margin: float = 0.9):
+        self.margin = margin
+        self.until = 0.0  # monotonic
+        self.length_s = 0.0
+        self.revoked = ""  # why it was refused or lost (this server was replaced)
+
+    def grant(self, sent_at: float, length_s: float) -> None:
+        if self.revoked:
             return
+        self.length_s = length_s
+        self.until = max(self.until, sent_at + length_s * self.margin)
+
+    def revoke(self, reason: str) -> None:
+        self.revoked = reason or "revoked"
+        self.until = 0.0
+
+    def valid(self) -> bool:
+        return not self.revoked and time.monotonic() < self.until
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.until - time.monotonic()) if self.valid() else 0.0
+
+
+class LeaseKeeper:
+    """Renews a lease until it is lost or :meth:`stop` is called, on a thread of its own.
+
+    ``renew()`` renews once: a :class:`Renewal`, or :class:`LeaseUnreachable` when nobody answered.  The next
+    renewal is sent ``period_s()`` after the last one was *sent* (however long it took), or ``retry_s()`` after a
+    failed try.  ``on_renewed(renewal)`` follows every granted renewal; ``on_lost(reason)`` a refused one (the
+    loop ends); ``on_unreachable(last_ok, error)`` a failed try, and ends the loop when it returns True (the
+    holder gives up: e.g. a leader unsure of its lease for too long).  A callback's own error is reported and
+    ends the loop, never swallowed."""
+
+    def __init__(self, name: str, renew: Callable[[], Renewal], period_s: Callable[[], float],
+                 on_renewed: Callable[[Renewal], None], on_lost: Callable[[str], None],
+                 on_unreachable: Callable[[float, Exception], bool] | None = None,
+                 retry_s: Callable[[], float] | None = None, last_sent: float | None = None):
+        self.name = name
+        self._renew, self._period_s = renew, period_s
+        self._retry_s = retry_s or (lambda: period_s() / 3.0)
+        self._on_renewed, self._on_lost, self._on_unreachable = on_renewed, on_lost, on_unreachable
+        self.last_ok = time.monotonic() if last_sent is None else last_sent  # when the last granted renewal went
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "LeaseKeeper":
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, join_s: float | None = None) -> None:
+        self._stop.set()
+        if join_s is not None and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(join_s)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        wait = max(0.0, self.last_ok + self._period_s() - time.monotonic())
         try:
-            endpoints, _ = parse_lease_store(lease_store)
-        except ValueError as exc:
-            log.warning("ignoring the map's lease store: %s", exc)
-            return
-        merged = list(dict.fromkeys(endpoints + self.endpoints))
-        with self._lock:
-            self.endpoints, self.url = merged, lease_store
-            old, self.client = self.client, EtcdClient(merged, timeout_s=self.member_timeout_s, tls=self._tls)
-        old.close()
+            while not self._stop.wait(wait):
+                try:
+                    renewal = self._renew()
+                except LeaseUnreachable as exc:
+                    if self._stop.is_set():
+                        return
+                    if self._on_unreachable is not None and self._on_unreachable(self.last_ok, exc):
+                        return
+                    wait = self._retry_s()
+                    continue
+                if self._stop.is_set():
+                    return
+                wait = max(0.0, renewal.sent + self._period_s() - time.monotonic())
+                if not renewal.granted:
+                    self._on_lost(renewal.reason or "the lease is gone")
+                    return
+                self.last_ok = renewal.sent
+                self._on_renewed(renewal)
+        except Exception:  # noqa: BLE001 - reported, never swallowed; the holder's lease then runs out
+            if not self._stop.is_set():
+                log.exception("%s: the lease keeper stopped on an unexpected error", self.name)
 
-    def release(self) -> None:
-        """Revokes the lease (a stopping server): its key goes at once."""
-        if self.id:
-            try:
-                self.client.revoke(self.id)
-            except EtcdError as exc:
-                log.warning("revoking this server's etcd lease: %s", exc)
-        self.client.close()
+
+class CoordinatorLease:
+    """A server's lease granted by the coordinator (the file-store control plane): renewed with ``RenewLease``,
+    refused once the server was declared failed."""
+
+    def __init__(self, coordinator, server_id: str, where: Callable[[], tuple[int, int]], ttl_s: float):
+        self._coordinator = coordinator  # ecrec.net.peers.CoordinatorClient
+        self._server_id = server_id
+        self._where = where  # () -> (index, epoch) this server holds now
+        self.ttl_s = ttl_s
+
+    def period_s(self) -> float:
+        return max(0.05, self.ttl_s / 3.0) if self.ttl_s else 0.5
+
+    def renew(self) -> Renewal:
+        index, epoch = self._where()
+        sent = time.monotonic()
+        try:
+            reply = self._coordinator.stub.RenewLease(coordinator_pb2.RenewLeaseRequest(
+                server_id=self._server_id, index=index, epoch=epoch), timeout=self.period_s())
+        except grpc.RpcError as exc:
+            raise LeaseUnreachable(f"lease renewal failed ({exc.code().name})") from None
+        if reply.granted:
+            self.ttl_s = reply.lease_s
+            return Renewal(sent, reply.lease_s, epoch=reply.epoch)
+        return Renewal(sent, 0.0, reason=f"the coordinator refused it ({reply.reason})", epoch=reply.epoch)

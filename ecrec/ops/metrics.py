@@ -1,7 +1,7 @@
 """Prometheus metrics of an embedding server or of the coordinator, on ``--metrics-port``.
 
 Nothing is counted twice: a collector reads, at scrape time, the state the process already keeps —
-a server's per-method handler counters and latency histogram (``ecrec.server.HandlerCounters``), its
+a server's per-method handler counters and latency histogram (``ecrec.server.counters.HandlerCounters``), its
 strategy's ``stats()`` (parity batches and bytes, log lengths, rebuild progress, checkpoint saves and
 loads), and the coordinator's cluster map (epoch, servers by state, events).  Each process serves its
 own registry (never the global one) over HTTP with ``prometheus_client``, bound to the process's host.
@@ -83,7 +83,7 @@ def _number(value) -> float | None:
 
 
 class ServerCollector:
-    """Metrics of one embedding server, read from its ``ecrec.server.ServerState`` at scrape time (this module
+    """Metrics of one embedding server, read from its ``ecrec.server.state.ServerState`` at scrape time (this module
     never imports the server: ``state`` is handed in)."""
 
     def __init__(self, state):

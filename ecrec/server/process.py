@@ -1,0 +1,241 @@
+"""The server process (``ecrec-server serve``): binds its gRPC and health ports, registers with the coordinator,
+keeps its lease (granted by the coordinator, or an etcd lease when the map names a lease store: one
+:class:`~ecrec.control.lease.LeaseKeeper` either way), runs the strategy's timer and stops when its lease is
+refused (it was replaced)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ecrec.config import ServerConfig
+from ecrec.control.etcd import EtcdTLS
+from ecrec.control.etcd_lease import EtcdLease
+from ecrec.control.lease import CoordinatorLease, LeaseKeeper, Renewal
+from ecrec.net import transport
+from ecrec.server.service import EmbeddingServicer
+from ecrec.server.state import ServerState
+from ecrec.tables import spec as tables
+from ecrec.wire import coordinator_pb2, embedding_pb2_grpc
+
+log = logging.getLogger("ecrec.server")
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` needs a usable GPU kernel (cupy, a CUDA device, the kernel compiled and self-tested):
+    raises RuntimeError naming what is missing.  ``cpu`` needs nothing: parity work then runs on the CPU
+    even where a GPU works."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise ValueError(f"--device must be cpu or cuda, got {device!r}")
+    from ecrec.coding.kernels import gpu
+
+    ok, why = gpu.probe()
+    if not ok:
+        raise RuntimeError(f"--device cuda: no usable GPU for the parity kernel: {why}; not registering "
+                           "(run with --device cpu, or fix the CUDA setup)")
+
+
+class EmbeddingServer:
+    """Runs one embedding server: gRPC service, health service on its own port, registration, lease, timer."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        check_device(config.device)  # before binding or registering: a server that cannot serve takes no index
+        self.public_host = config.public_host  # a wildcard --host without --advertise-host raises here
+        security = config.security  # reads the certificate, key, CA and token files (an unusable one raises here)
+        self._grpc = transport.make_server(config.max_workers, config.max_message_bytes, security)
+        services = transport.LateServices()
+        self._grpc.add_generic_rpc_handlers((services,))
+        self.state = ServerState(config, server_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                                 services=services)
+        embedding_pb2_grpc.add_EmbeddingServerServicer_to_server(EmbeddingServicer(self.state), self._grpc)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self.port = transport.bind(self._grpc, config.host, config.port, security)
+        self.state.address = f"{self.public_host}:{self.port}"
+        # the coordinator's health checks have threads of their own: a server busy with pushes still answers
+        self._health_grpc = transport.make_server(2, security=security)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
+        self.health_port = transport.bind(self._health_grpc, config.host, 0, security)
+        self._stop = threading.Event()
+        self.stopped = threading.Event()  # set when this server stops (replaced: its lease was refused)
+        self._timer_thread: threading.Thread | None = None
+        #: the lease on etcd, when the map names a lease store (the control plane is on etcd); else None: the
+        #: coordinator grants it (RenewLease)
+        self.etcd_lease: EtcdLease | None = None
+        self._keeper: LeaseKeeper | None = None  # renews the lease (either backend) until it is lost or we stop
+        self._registered = threading.Event()  # renewals grant the serving lease only once registered
+        self._seen_revision = 0  # etcd's revision at the last map fetch a renewal asked for
+        self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
+
+    def start(self) -> None:
+        self._grpc.start()
+        self._health_grpc.start()
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        # start the strategy (and compile its kernels) from the current map before registering: a compile holds
+        # the interpreter for seconds, and a registered server that cannot answer its health checks is declared
+        # failed
+        deadline = time.monotonic() + self.config.register_timeout_s
+        # warm whatever a promotion would compile (the kernel that fills new tables): a standby is ready to take
+        # any index at once, whatever the strategy
+        log.info("kernels warm in %.2f s", tables.warm_up())
+        while self.state.map is None and time.monotonic() < deadline:
+            self.state.refresh_map()
+            if self.state.map is None:
+                time.sleep(0.2)
+        if self.state.map is not None and self.state.map.lease_store:
+            cfg = self.config
+            tls = EtcdTLS(cfg.tls_ca, cfg.tls_cert, cfg.tls_key) if cfg.tls_ca else None
+            self.etcd_lease = EtcdLease(self.state.map.lease_store, self.state.map.lease_s, self.state.server_id,
+                                        self.state.address, tls)
+            self.etcd_lease.acquire(deadline)  # before registering: the coordinator checks the key
+            self._seen_revision = self.etcd_lease.revision
+            # kept alive from now on (no coordinator may lead yet, or one may be slow to answer): a registration
+            # never outlasts it; renewals grant the serving lease once registered
+            self._keeper = self._keep(self._renew_etcd, self.etcd_lease.period_s, self.etcd_lease.renewed_at)
+        sent, reply = self._register(max(1.0, deadline - time.monotonic()))
+        if self.etcd_lease is None:
+            lease = CoordinatorLease(self.state.coordinator, self.state.server_id,
+                                     lambda: (self.state.index, self.state.epoch), reply.lease_s)
+            self._keeper = self._keep(lease.renew, lease.period_s, sent)
+        self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
+        self._timer_thread.start()
+
+    def _register(self, timeout_s: float) -> tuple[float, coordinator_pb2.RegisterReply]:
+        """Registers with the coordinator (retried while it is unavailable) and takes the serving lease; returns
+        when the accepted request was sent and the reply."""
+        stub = self.state.coordinator.stub
+        deadline = time.monotonic() + timeout_s
+        request = coordinator_pb2.RegisterRequest(
+            address=self.state.address, standby=self.config.standby, server_id=self.state.server_id,
+            want_index=self.config.want_index, health_address=f"{self.public_host}:{self.health_port}",
+            etcd_lease=self.etcd_lease.id if self.etcd_lease is not None else 0,
+        )
+        reply = None
+        while True:
+            sent = time.monotonic()
+            try:
+                reply = stub.Register(request, timeout=self.config.rpc_timeout_s)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot register with coordinator {self.config.coordinator}: "
+                                       f"{exc.details()}") from None
+                if self.etcd_lease is not None and self.etcd_lease.gone:
+                    break
+                time.sleep(0.2)
+        self._registered.set()  # from here a renewal that finds the lease gone stops this server
+        if self.etcd_lease is not None:
+            if self.etcd_lease.gone:  # revoked (it was replaced) or expired while registering: it never serves
+                raise RuntimeError(f"this server's etcd lease {self.etcd_lease.id:x} is gone ({self.etcd_lease.gone}) "
+                                   f"before it registered with coordinator {self.config.coordinator}")
+            self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
+        else:
+            self.state.lease.grant(sent, reply.lease_s)
+        try:
+            self.state.set_server_key(reply.server_key)
+        except ValueError as exc:
+            raise RuntimeError(f"coordinator {self.config.coordinator} sent no usable server key ({exc}); "
+                               "is it an older version?") from None
+        with self.state.lock:
+            if reply.index >= 0 and self.state.index < 0:
+                self.state.index = reply.index
+            self.state.adopt_map(reply.map)  # ignored when a broadcast brought a newer map first
+        log.info("registered at %s as %s (epoch %d)", self.state.address,
+                 f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
+        return sent, reply
+
+    # --- the lease: one keeper, either backend (ecrec.control.lease) ------------------------------------------
+    def _keep(self, renew, period_s, last_sent: float) -> LeaseKeeper:
+        return LeaseKeeper("ecrec-lease", renew, period_s, on_renewed=self._lease_renewed, on_lost=self._lease_lost,
+                           on_unreachable=self._lease_unreachable, last_sent=last_sent).start()
+
+    def _renew_etcd(self) -> Renewal:
+        if self.state.map is not None and self._registered.is_set():
+            self.etcd_lease.follow(self.state.map.lease_store)  # a new leader may reach etcd elsewhere
+        return self.etcd_lease.renew()
+
+    def _lease_renewed(self, renewal: Renewal) -> None:
+        """A renewal was granted: the serving lease extends from when it was sent; a newer map it hints at (the
+        coordinator's epoch, etcd's revision) is fetched off this thread."""
+        if not self._registered.is_set():
+            return  # registering: the registration grants the serving lease
+        st = self.state
+        st.lease.grant(renewal.sent, renewal.ttl_s)
+        if self.etcd_lease is None:
+            if renewal.epoch > st.epoch:
+                self._refresh_map_soon()
+        elif renewal.revision > self._seen_revision and self._refresh_map_soon():
+            self._seen_revision = renewal.revision
+
+    def _lease_lost(self, reason: str) -> None:
+        """The coordinator refused the lease or etcd says it is gone: this server was replaced (or expired).  It
+        stops serving at once and exits; while registering, the registration fails instead."""
+        if not self._registered.is_set():
+            return  # ``etcd_lease.gone`` says why: the registration raises it
+        log.error("this server's lease is gone (%s): it was replaced; stopping", reason)
+        self.state.lease.revoke(reason)
+        threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
+
+    def _lease_unreachable(self, last_ok: float, exc: Exception) -> bool:
+        if self._registered.is_set():
+            log.warning("%s; serving until %.1f s from now", exc, self.state.lease.remaining_s())
+        else:
+            log.warning("renewing the etcd lease while registering: %s", exc)
+        return False  # keep trying: the serving lease runs out by itself
+
+    def _refresh_map_soon(self) -> bool:
+        """Fetches the map on a thread of its own (a slow coordinator never delays a lease renewal); False when
+        a fetch is still under way."""
+        if not self._refreshing.acquire(blocking=False):
+            return False
+
+        def run():
+            try:
+                self.state.refresh_map()
+            finally:
+                self._refreshing.release()
+        threading.Thread(target=run, name="ecrec-map-refresh", daemon=True).start()
+        return True
+
+    def _timer_loop(self) -> None:
+        while not self._stop.is_set():
+            strategy = self.state.strategy
+            interval = getattr(strategy, "timer_interval_s", None) if strategy else None
+            if self._stop.wait(interval or 0.5):
+                return
+            if interval and self.state.index >= 0 and self.state.lease.valid():
+                try:
+                    strategy.on_timer()
+                except Exception:  # noqa: BLE001 - reported, never swallowed
+                    log.exception("strategy %s: on_timer failed", strategy.name)
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._health.enter_graceful_shutdown()
+        if self.state.strategy is not None:
+            try:
+                self.state.strategy.close()
+            except Exception:  # noqa: BLE001
+                log.exception("strategy close failed")
+        if self._keeper is not None:
+            self._keeper.stop()
+        self._grpc.stop(grace_s).wait()
+        self._health_grpc.stop(0).wait()
+        if self.etcd_lease is not None:
+            self.etcd_lease.release()
+        self.stopped.set()
