@@ -111,9 +111,9 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
     client = etcd_leaders.client
     lease = client.grant(60)  # the failed server's: still alive (it is paused, say)
     client.put(b"/t/servers/s1", b"127.0.0.1:9", lease=lease)
-    with first._lock:  # a server the first leader declared failed, and did not get to revoke
+    with first.state.lock:  # a server the first leader declared failed, and did not get to revoke
         first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
-        first._bump_locked()
+        first.state.bump_locked()
     first_store.resign()
     second, second_store = etcd_leaders.lead("/t", "b", lease_s=2.0)
     took_over = time.monotonic()
@@ -124,14 +124,14 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
     client.revoke(lease)  # the deposed leader's revocation lands now
     revoked = time.monotonic()
     while time.monotonic() < took_over + 4.5:  # a TTL after the takeover: not yet (it was revoked at 3 s)
-        assert not second._safe_to_replace(failed, second._fence_etcd_leases())
+        assert not second.promoter.safe_to_replace(failed, second.promoter.fence_etcd_leases())
         time.sleep(0.2)
-    wait_for(lambda: second._safe_to_replace(failed, second._fence_etcd_leases()), 6.0, "s1 replaceable")
+    wait_for(lambda: second.promoter.safe_to_replace(failed, second.promoter.fence_etcd_leases()), 6.0, "s1 replaceable")
     assert time.monotonic() - revoked >= 4.0  # a whole TTL after the key went
     # a third coordinator started with a longer --lease-s waits that (and servers registering get it)
     second_store.resign()
     third, _ = etcd_leaders.lead("/t", "c", lease_s=6.0)
-    assert third.map.lease_s == 6.0 and third._lease_wait_s == 6.0
+    assert third.map.lease_s == 6.0 and third.state.lease_wait_s == 6.0
 
 
 @needs_etcd
@@ -143,9 +143,9 @@ def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again(e
     client = etcd_leaders.client
     lease = client.grant(60)
     client.put(b"/d/servers/sb", b"127.0.0.1:9", lease=lease)
-    with c._lock:
+    with c.state.lock:
         c.map.servers.add(server_id="sb", address="127.0.0.1:9", index=-1, state=cluster_pb2.STANDBY)
-        c._bump_locked()
+        c.state.bump_locked()
     real, calls = store.revoke_lease, []
 
     def unanswered_once(lease_id):
@@ -155,13 +155,13 @@ def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again(e
         real(lease_id)
 
     store.revoke_lease = unanswered_once
-    c._declare_failed("127.0.0.1:9", why="a test")
+    c.detector.declare_failed("127.0.0.1:9", why="a test")
     assert calls == [lease] and "sb" not in {s.server_id for s in c.map.servers}
     assert client.keep_alive_once(lease) > 0  # not revoked yet
-    assert c._dropped == {"sb"}
-    c._promote_standbys()  # the promoter's round: there is work left, so it reads etcd and tries again
+    assert c.state.dropped == {"sb"}
+    c.promoter.promote_standbys()  # the promoter's round: there is work left, so it reads etcd and tries again
     assert calls == [lease, lease] and client.keep_alive_once(lease) <= 0
-    assert not c._dropped and not c._untimed
+    assert not c.state.dropped and not c.state.untimed
 
 
 @needs_etcd
@@ -179,20 +179,20 @@ def test_a_fence_round_times_only_what_it_read_after_and_a_key_without_a_lease_i
     def read_then_a_registration():
         leases = real()  # read before "late" took its key
         client.put(b"/r/servers/late", b"127.0.0.1:9", lease=lease)
-        with c._lock:  # it registered, and a registration at its address marked it failed, meanwhile
+        with c.state.lock:  # it registered, and a registration at its address marked it failed, meanwhile
             c.map.servers.add(server_id="late", address="127.0.0.1:9", index=0, state=cluster_pb2.FAILED)
-            c._untimed.add("late")
+            c.state.untimed.add("late")
         return leases
 
     store.server_leases = read_then_a_registration
-    c._fence_etcd_leases()
-    assert "late" in c._untimed  # not timed from a read that predates it
+    c.promoter.fence_etcd_leases()
+    assert "late" in c.state.untimed  # not timed from a read that predates it
     store.server_leases = real
     assert client.keep_alive_once(lease) > 0
-    c._fence_etcd_leases()  # the next round sees its key, revokes it, and times it from the answer
-    assert client.keep_alive_once(lease) <= 0 and "late" not in c._untimed
+    c.promoter.fence_etcd_leases()  # the next round sees its key, revokes it, and times it from the answer
+    assert client.keep_alive_once(lease) <= 0 and "late" not in c.state.untimed
     late = [s for s in c.map.servers if s.server_id == "late"]
-    assert not c._safe_to_replace(late, store.server_leases())  # a TTL from the revocation first
+    assert not c.promoter.safe_to_replace(late, store.server_leases())  # a TTL from the revocation first
 
 
 class MapWatcher:

@@ -250,7 +250,7 @@ def test_a_process_registering_at_a_silent_holders_address_replaces_it_only_afte
             old = next(s for s in coordinator.map.servers if s.server_id == f"{name}-old")
             assert old.state == cluster_pb2.FAILED
             # the paused one may still serve until its lease (6 s from its registration) runs out
-            assert coordinator._safe_to_replace([old], None) is (not paused), name
+            assert coordinator.promoter.safe_to_replace([old], None) is (not paused), name
     finally:
         if stub is not None:
             stub.close()

@@ -301,10 +301,13 @@ class Election:
     another lead); :attr:`lost` is set when a renewal finds the lease gone or none succeeded for that long: this
     candidate must not act as leader any more."""
 
-    def __init__(self, client: EtcdClient, key: bytes, value: bytes, ttl_s: int):
+    def __init__(self, client: EtcdClient, key: bytes, value: bytes, ttl_s: int, member_key: bytes | None = None):
         if ttl_s < 2:
             raise ValueError(f"the election's lease TTL must be at least 2 s (etcd's minimum), got {ttl_s}")
         self.client, self.key, self.value, self.ttl_s = client, key, value, ttl_s
+        #: where this candidate announces itself (``value``, bound to its lease: it goes when the candidate does),
+        #: so any candidate can list the others (:meth:`candidates`)
+        self.member_key = member_key
         self.lease = 0
         self._lease_granted_at = 0.0  # when the lease was last granted or renewed (before the request went)
         self._valid_until = 0.0  # monotonic: this candidate may act as leader until then
@@ -314,6 +317,13 @@ class Election:
     def leader(self) -> bytes | None:
         kv = self.client.get(self.key)
         return kv.value if kv is not None else None
+
+    def candidates(self) -> list[bytes]:
+        """The values of every live candidate's member key (those under the same prefix as :attr:`member_key`)."""
+        if self.member_key is None:
+            return []
+        prefix = self.member_key.rpartition(b"/")[0] + b"/"
+        return [kv.value for kv in self.client.get_prefix(prefix)]
 
     def campaign(self, stop: threading.Event, poll_s: float = 0.25) -> bool:
         """Waits until this candidate holds the key (True) or ``stop`` is set (False)."""
@@ -327,6 +337,8 @@ class Election:
                     sent = time.monotonic()
                     self.lease = self.client.grant(self.ttl_s)
                     self._lease_granted_at = sent
+                    if self.member_key is not None:
+                        self.client.put(self.member_key, self.value, lease=self.lease)
                 reply = self.client.txn([absent(self.key)], [put_op(self.key, self.value, self.lease)],
                                         [get_op(self.key)])
                 held = [] if reply.succeeded else reply.responses[0].response_range.kvs

@@ -52,6 +52,9 @@ class FileStore:
     def leader_address(self) -> str:
         return ""
 
+    def coordinators(self) -> list[str]:
+        return []  # only this one
+
     def holds(self) -> bool:
         return True
 
@@ -97,7 +100,8 @@ class EtcdStore:
         self.me = me
         self.address = address
         self._value = f"{me}@{address}".encode()
-        self.election = Election(self.client, self.leader_key, self._value, ttl_s)
+        self.election = Election(self.client, self.leader_key, self._value, ttl_s,
+                                 member_key=f"{self.prefix}/coordinators/{me}".encode())
         self._revision = 0  # the state key's mod revision this leader last read or wrote
 
     def describe(self) -> str:
@@ -121,6 +125,15 @@ class EtcdStore:
         except EtcdError:
             return ""
         return value.decode().partition("@")[2] if value else ""
+
+    def coordinators(self) -> list[str]:
+        """Every live coordinator's address (each announces itself under ``PREFIX/coordinators/``, bound to its
+        election lease); raises :class:`StoreUnavailable` when etcd cannot be read."""
+        try:
+            values = self.election.candidates()
+        except EtcdError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        return sorted({value.decode().partition("@")[2] for value in values} - {""})
 
     def _read(self):
         try:

@@ -25,35 +25,41 @@ _sym_db = _symbol_database.Default()
 from ecrec.wire import cluster_pb2 as ecrec_dot_wire_dot_cluster__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65\x63rec/wire/coordinator.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"D\n\x11RenewLeaseRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"R\n\x0fRenewLeaseReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x15ReportDataLossRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.ecrec.wire.DataLoss\"\x86\x01\n\x0fRegisterRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07standby\x18\x02 \x01(\x08\x12\x11\n\tserver_id\x18\x03 \x01(\t\x12\x12\n\nwant_index\x18\x04 \x01(\x05\x12\x16\n\x0ehealth_address\x18\x05 \x01(\t\x12\x12\n\netcd_lease\x18\x06 \x01(\x03\"h\n\rRegisterReply\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bknown_epoch\x18\x01 \x01(\x04\"R\n\x14RegisterDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"S\n\x16ReportRedundantRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x03 \x01(\x01\"7\n\x14ReportFailureRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xad\x01\n\x10\x43oordinatorState\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12/\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32 .ecrec.wire.RegisterDenseRequest\x12/\n\tpromoting\x18\x03 \x03(\x0b\x32\x1c.ecrec.wire.PendingPromotion\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"E\n\x10PendingPromotion\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x32\xd6\x04\n\x0b\x43oordinator\x12\x42\n\x08Register\x12\x1b.ecrec.wire.RegisterRequest\x1a\x19.ecrec.wire.RegisterReply\x12I\n\rGetClusterMap\x12 .ecrec.wire.GetClusterMapRequest\x1a\x16.ecrec.wire.ClusterMap\x12<\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rRegisterDense\x12 .ecrec.wire.RegisterDenseRequest\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rReportFailure\x12 .ecrec.wire.ReportFailureRequest\x1a\x16.ecrec.wire.ClusterMap\x12M\n\x0fReportRedundant\x12\".ecrec.wire.ReportRedundantRequest\x1a\x16.ecrec.wire.ClusterMap\x12H\n\nRenewLease\x12\x1d.ecrec.wire.RenewLeaseRequest\x1a\x1b.ecrec.wire.RenewLeaseReply\x12K\n\x0eReportDataLoss\x12!.ecrec.wire.ReportDataLossRequest\x1a\x16.ecrec.wire.ClusterMapb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65\x63rec/wire/coordinator.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"\x18\n\x16GetCoordinatorsRequest\"1\n\x0f\x43oordinatorInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05leads\x18\x02 \x01(\x08\"}\n\x14GetCoordinatorsReply\x12\x13\n\x0b\x61nswered_by\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\x31\n\x0c\x63oordinators\x18\x03 \x03(\x0b\x32\x1b.ecrec.wire.CoordinatorInfo\x12\r\n\x05store\x18\x04 \x01(\t\"D\n\x11RenewLeaseRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"R\n\x0fRenewLeaseReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x15ReportDataLossRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.ecrec.wire.DataLoss\"\x86\x01\n\x0fRegisterRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07standby\x18\x02 \x01(\x08\x12\x11\n\tserver_id\x18\x03 \x01(\t\x12\x12\n\nwant_index\x18\x04 \x01(\x05\x12\x16\n\x0ehealth_address\x18\x05 \x01(\t\x12\x12\n\netcd_lease\x18\x06 \x01(\x03\"h\n\rRegisterReply\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bknown_epoch\x18\x01 \x01(\x04\"R\n\x14RegisterDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"S\n\x16ReportRedundantRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x03 \x01(\x01\"7\n\x14ReportFailureRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xad\x01\n\x10\x43oordinatorState\x12#\n\x03map\x18\x01 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12/\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32 .ecrec.wire.RegisterDenseRequest\x12/\n\tpromoting\x18\x03 \x03(\x0b\x32\x1c.ecrec.wire.PendingPromotion\x12\x12\n\nserver_key\x18\x04 \x01(\x0c\"E\n\x10PendingPromotion\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x32\xaf\x05\n\x0b\x43oordinator\x12\x42\n\x08Register\x12\x1b.ecrec.wire.RegisterRequest\x1a\x19.ecrec.wire.RegisterReply\x12I\n\rGetClusterMap\x12 .ecrec.wire.GetClusterMapRequest\x1a\x16.ecrec.wire.ClusterMap\x12<\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rRegisterDense\x12 .ecrec.wire.RegisterDenseRequest\x1a\x16.ecrec.wire.ClusterMap\x12I\n\rReportFailure\x12 .ecrec.wire.ReportFailureRequest\x1a\x16.ecrec.wire.ClusterMap\x12M\n\x0fReportRedundant\x12\".ecrec.wire.ReportRedundantRequest\x1a\x16.ecrec.wire.ClusterMap\x12H\n\nRenewLease\x12\x1d.ecrec.wire.RenewLeaseRequest\x1a\x1b.ecrec.wire.RenewLeaseReply\x12K\n\x0eReportDataLoss\x12!.ecrec.wire.ReportDataLossRequest\x1a\x16.ecrec.wire.ClusterMap\x12W\n\x0fGetCoordinators\x12\".ecrec.wire.GetCoordinatorsRequest\x1a .ecrec.wire.GetCoordinatorsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ecrec.wire.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RENEWLEASEREQUEST']._serialized_start=70
-  _globals['_RENEWLEASEREQUEST']._serialized_end=138
-  _globals['_RENEWLEASEREPLY']._serialized_start=140
-  _globals['_RENEWLEASEREPLY']._serialized_end=222
-  _globals['_REPORTDATALOSSREQUEST']._serialized_start=224
-  _globals['_REPORTDATALOSSREQUEST']._serialized_end=317
-  _globals['_REGISTERREQUEST']._serialized_start=320
-  _globals['_REGISTERREQUEST']._serialized_end=454
-  _globals['_REGISTERREPLY']._serialized_start=456
-  _globals['_REGISTERREPLY']._serialized_end=560
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=562
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=605
-  _globals['_REGISTERDENSEREQUEST']._serialized_start=607
-  _globals['_REGISTERDENSEREQUEST']._serialized_end=689
-  _globals['_REPORTREDUNDANTREQUEST']._serialized_start=691
-  _globals['_REPORTREDUNDANTREQUEST']._serialized_end=774
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=776
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=831
-  _globals['_COORDINATORSTATE']._serialized_start=834
-  _globals['_COORDINATORSTATE']._serialized_end=1007
-  _globals['_PENDINGPROMOTION']._serialized_start=1009
-  _globals['_PENDINGPROMOTION']._serialized_end=1078
-  _globals['_COORDINATOR']._serialized_start=1081
-  _globals['_COORDINATOR']._serialized_end=1679
+  _globals['_GETCOORDINATORSREQUEST']._serialized_start=70
+  _globals['_GETCOORDINATORSREQUEST']._serialized_end=94
+  _globals['_COORDINATORINFO']._serialized_start=96
+  _globals['_COORDINATORINFO']._serialized_end=145
+  _globals['_GETCOORDINATORSREPLY']._serialized_start=147
+  _globals['_GETCOORDINATORSREPLY']._serialized_end=272
+  _globals['_RENEWLEASEREQUEST']._serialized_start=274
+  _globals['_RENEWLEASEREQUEST']._serialized_end=342
+  _globals['_RENEWLEASEREPLY']._serialized_start=344
+  _globals['_RENEWLEASEREPLY']._serialized_end=426
+  _globals['_REPORTDATALOSSREQUEST']._serialized_start=428
+  _globals['_REPORTDATALOSSREQUEST']._serialized_end=521
+  _globals['_REGISTERREQUEST']._serialized_start=524
+  _globals['_REGISTERREQUEST']._serialized_end=658
+  _globals['_REGISTERREPLY']._serialized_start=660
+  _globals['_REGISTERREPLY']._serialized_end=764
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=766
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=809
+  _globals['_REGISTERDENSEREQUEST']._serialized_start=811
+  _globals['_REGISTERDENSEREQUEST']._serialized_end=893
+  _globals['_REPORTREDUNDANTREQUEST']._serialized_start=895
+  _globals['_REPORTREDUNDANTREQUEST']._serialized_end=978
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=980
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=1035
+  _globals['_COORDINATORSTATE']._serialized_start=1038
+  _globals['_COORDINATORSTATE']._serialized_end=1211
+  _globals['_PENDINGPROMOTION']._serialized_start=1213
+  _globals['_PENDINGPROMOTION']._serialized_end=1282
+  _globals['_COORDINATOR']._serialized_start=1285
+  _globals['_COORDINATOR']._serialized_end=1972
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetCoordinatorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CoordinatorInfo(_message.Message):
+    __slots__ = ("address", "leads")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    leads: bool
+    def __init__(self, address: _Optional[str] = ..., leads: _Optional[bool] = ...) -> None: ...
+
+class GetCoordinatorsReply(_message.Message):
+    __slots__ = ("answered_by", "leader", "coordinators", "store")
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    COORDINATORS_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    answered_by: str
+    leader: str
+    coordinators: _containers.RepeatedCompositeFieldContainer[CoordinatorInfo]
+    store: str
+    def __init__(self, answered_by: _Optional[str] = ..., leader: _Optional[str] = ..., coordinators: _Optional[_Iterable[_Union[CoordinatorInfo, _Mapping]]] = ..., store: _Optional[str] = ...) -> None: ...
+
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("server_id", "index", "epoch")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class CoordinatorStub:
                 request_serializer=ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
                 _registered_method=True)
+        self.GetCoordinators = channel.unary_unary(
+                '/ecrec.wire.Coordinator/GetCoordinators',
+                request_serializer=ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -136,6 +141,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCoordinators(self, request, context):
+        """The control plane's coordinators and which one leads (any coordinator answers, leader or not).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +190,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportDataLoss,
                     request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_cluster__pb2.ClusterMap.SerializeToString,
+            ),
+            'GetCoordinators': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCoordinators,
+                    request_deserializer=ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +413,33 @@ class Coordinator:
             '/ecrec.wire.Coordinator/ReportDataLoss',
             ecrec_dot_wire_dot_coordinator__pb2.ReportDataLossRequest.SerializeToString,
             ecrec_dot_wire_dot_cluster__pb2.ClusterMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCoordinators(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.Coordinator/GetCoordinators',
+            ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsRequest.SerializeToString,
+            ecrec_dot_wire_dot_coordinator__pb2.GetCoordinatorsReply.FromString,
             options,
             channel_credentials,
             insecure,
