@@ -651,3 +651,43 @@ def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_clust
         plain.get(f"{local.etcd_prefix}/state".encode())
     plain.close()
     assert_counts(client, initial, np.ones(ROWS))
+
+
+def test_a_followers_refusal_names_the_leader_and_only_a_dialable_one_is_followed():
+    from ecrec.net.peers import NOT_LEADER, leader_named
+
+    assert leader_named(f"{NOT_LEADER}; the leader is 10.0.0.7:7001; retry there") == "10.0.0.7:7001"
+    assert leader_named(f"{NOT_LEADER}; the leader is [::1]:7001; retry there") == "[::1]:7001"
+    assert leader_named(f"{NOT_LEADER}; the leader is being elected; retry there") == ""
+    assert leader_named(f"{NOT_LEADER}; the leader is 0.0.0.0:7001; retry there") == ""  # a bind address
+    assert leader_named("the change was not recorded: the leader is 10.0.0.7:7001") == ""
+
+
+@needs_etcd
+def test_a_client_given_a_follower_follows_the_leader_and_status_names_every_coordinator(make_cluster):
+    """A user who knows one coordinator's address, not the leader's: tables are created through the follower's
+    hint, training runs, and ``ecrec-server status`` asked of the follower lists both coordinators and the one that
+    leads (``--json`` too)."""
+    import json
+    import subprocess
+    import sys
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, store="etcd", coordinators=2)
+    _, leader = local.leading_coordinator()
+    follower = next(a for a in local.coordinator_addresses if a != leader)
+    client = Cluster.connect(follower, worker="one-address")
+    try:
+        client.create_table("t", ROWS, 4, optimizer="sgd", lr=1.0, init="zeros")
+        counting_push(client, np.arange(ROWS))
+        assert client.read_payload("t")[1][:, :4].min() == -1.0
+    finally:
+        client.close()
+    out = subprocess.run([sys.executable, "-m", "ecrec.cli", "status", "--coordinator", follower],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"{leader} (leads)" in out.stdout and follower in out.stdout and f"{follower} (leads)" not in out.stdout
+    report = json.loads(subprocess.run([sys.executable, "-m", "ecrec.cli", "status", "--coordinator", follower,
+                                        "--json"], capture_output=True, text=True, timeout=60).stdout)
+    assert report["leader"] == leader and report["store"].startswith("etcd")
+    assert sorted(c["address"] for c in report["coordinators"]) == sorted(local.coordinator_addresses)
+    assert [c["address"] for c in report["coordinators"] if c["leads"]] == [leader]

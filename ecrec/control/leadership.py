@@ -17,22 +17,10 @@ import grpc
 
 from ecrec.control.stores import NotLeader, StoreUnavailable
 from ecrec.net import transport
+from ecrec.net.peers import NOT_LEADER
 from ecrec.wire import coordinator_pb2_grpc
 
 log = logging.getLogger("ecrec.coordinator")
-
-#: the start of the message of a call refused by a coordinator that does not lead (clients parse the leader's
-#: address after it: ``...; the leader is HOST:PORT; retry there``)
-NOT_LEADER = "this coordinator does not lead"
-
-
-def leader_named(details: str) -> str:
-    """The leader's address a follower's refusal names (``""`` when none leads yet or it is not such a refusal)."""
-    if not details.startswith(NOT_LEADER):
-        return ""
-    _, _, rest = details.partition("the leader is ")
-    leader = rest.split(";", 1)[0].strip()
-    return "" if leader in ("", "being elected") else leader
 
 
 class Guarded:

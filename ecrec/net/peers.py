@@ -51,23 +51,52 @@ class PeerUnreachable(errors.Unavailable):
     """A server index stayed unreachable (and unreplaced) until the retry deadline."""
 
 
+#: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
+#: (``...; the leader is HOST:PORT; retry there``, ``ecrec.control.leadership``)
+NOT_LEADER = "this coordinator does not lead"
+
+
+def leader_named(details: str) -> str:
+    """The leader's address a follower's refusal names (``""`` when none leads yet, the address is a wildcard
+    nobody can dial, or ``details`` is no such refusal)."""
+    if not details.startswith(NOT_LEADER):
+        return ""
+    leader = details.partition("the leader is ")[2].split(";", 1)[0].strip()
+    host = leader.rpartition(":")[0].strip("[]")
+    return "" if leader in ("", "being elected") or host in ("", "0.0.0.0", "::") else leader
+
+
 class FailoverStub:
-    """A coordinator stub over several coordinators (``host:port,host:port``, an etcd-backed control plane): each
-    call goes to the one that answered last, and on UNAVAILABLE (it does not lead, or is gone) or a deadline
-    (paused) to the next, each with the call's own deadline; the last error is raised when none answers."""
+    """A coordinator stub over one or several coordinators (``host:port,host:port``, an etcd-backed control plane):
+    each call goes to the one that answered last, and on UNAVAILABLE (it does not lead, or is gone) or a deadline
+    (paused) to the next, each with the call's own deadline; a follower's refusal that names the leader sends the
+    call there next, even when the caller was given only the follower (it is remembered for later calls).  The
+    last error is raised when none answers."""
 
     #: codes after which the next coordinator is tried
     MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
     def __init__(self, addresses: list[str], max_message_bytes: int = 256 << 20, security=None):
-        self.addresses = addresses
-        self._channels = [transport.make_channel(a, max_message_bytes, security) for a in addresses]
+        self.addresses = list(addresses)
+        self._max_message_bytes, self._security = max_message_bytes, security
+        self._channels = [transport.make_channel(a, max_message_bytes, security) for a in self.addresses]
         self._stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in self._channels]
         self._current = 0
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         for c in self._channels:
             c.close()
+
+    def _index_of(self, address: str) -> int:
+        """The position of ``address`` among the coordinators, added when it is new (a leader learned of)."""
+        with self._lock:
+            if address not in self.addresses:
+                log.info("following the leading coordinator at %s", address)
+                self._channels.append(transport.make_channel(address, self._max_message_bytes, self._security))
+                self._stubs.append(coordinator_pb2_grpc.CoordinatorStub(self._channels[-1]))
+                self.addresses.append(address)
+            return self.addresses.index(address)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -75,14 +104,22 @@ class FailoverStub:
 
         def call(request, timeout=None, **kwargs):
             start, last = self._current, None
-            for i in range(len(self._stubs)):
-                at = (start + i) % len(self._stubs)
+            order = [(start + i) % len(self._stubs) for i in range(len(self._stubs))]
+            tried: set[int] = set()
+            while order:
+                at = order.pop(0)
+                if at in tried:
+                    continue
+                tried.add(at)
                 try:
                     reply = getattr(self._stubs[at], name)(request, timeout=timeout, **kwargs)
                 except grpc.RpcError as exc:
                     if exc.code() not in self.MOVE_ON:
                         raise
                     last = exc
+                    leader = leader_named(exc.details() or "") if exc.code() == grpc.StatusCode.UNAVAILABLE else ""
+                    if leader:
+                        order.insert(0, self._index_of(leader))
                     continue
                 if name != "GetClusterMap":  # a follower answers maps too: stay with the one that leads
                     self._current = at

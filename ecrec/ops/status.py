@@ -1,6 +1,7 @@
 """``ecrec-server status``: a cluster's state in one command, from its coordinator and every server.
 
-The coordinator gives the map (indices, addresses, states, epoch, events); each server that is not
+The coordinator gives the map (indices, addresses, states, epoch, events) and the control plane's coordinators
+(which one leads: any coordinator is enough to ask, leader or not); each server that is not
 declared failed is asked, in parallel and with a deadline, for its gRPC health and its ``stats``
 (``StrategyCall``): the epoch it holds, the rows it holds (data and parity) and, while it rebuilds,
 how many rows are still to rebuild.  :func:`collect` returns all of it as a dict (``--json``);
@@ -69,6 +70,7 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     stub = coordinator_stub(address, security=security)
     try:
         cluster_map = stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
+        control = _coordinators(stub, timeout_s)
     except grpc.RpcError as exc:
         raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}") from None
     finally:
@@ -85,12 +87,32 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
         "coordinator": address, "epoch": cluster_map.epoch, "num_servers": cluster_map.num_servers,
         "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m, "ready": cluster_map.ready,
         "fully_redundant": redundant, "tables": [t.name for t in cluster_map.tables],
-        "dense_tensors": len(cluster_map.dense), "servers": servers,
+        "dense_tensors": len(cluster_map.dense), "servers": servers, **control,
         "events": [{"kind": e.kind, "index": e.index, "address": e.address, "wall_time": e.wall_time,
                     "epoch": e.epoch} for e in cluster_map.events[-20:]],
         "data_loss": [{"table": d.table, "stripe_count": d.stripe_count, "stripes": list(d.stripes),
                        "indices": list(d.indices), "wall_time": d.wall_time} for d in cluster_map.data_loss],
     }
+
+
+def _coordinators(stub, timeout_s: float) -> dict:
+    """``{"leader", "coordinators": [{"address", "leads"}], "store"}`` as the coordinator answers it (an error in
+    ``coordinators_error`` when it cannot: the map alone still makes a status)."""
+    try:
+        reply = stub.GetCoordinators(coordinator_pb2.GetCoordinatorsRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        return {"leader": None, "coordinators": [], "store": None,
+                "coordinators_error": f"{exc.code().name}: {exc.details()}"}
+    return {"leader": reply.leader or None, "store": reply.store,
+            "coordinators": [{"address": c.address, "leads": c.leads} for c in reply.coordinators]}
+
+
+def _coordinators_text(status: dict) -> str:
+    if status.get("coordinators_error"):
+        return f"coordinators: unknown ({status['coordinators_error']})"
+    listed = ", ".join(c["address"] + (" (leads)" if c["leads"] else "") for c in status["coordinators"])
+    leader = "" if status["leader"] else "; none leads now (being elected)"
+    return f"coordinators: {listed or '-'}{leader}; map kept in {status['store']}"
 
 
 def _server_row(info, probe: dict | None, cluster_map, now: float) -> dict:
@@ -146,7 +168,8 @@ def render(status: dict, stream=None) -> None:
                      "-" if s["epoch"] is None else s["epoch"],
                      "-" if s["rows_held"] is None else f"{s['rows_held']:,}", _rebuild_text(s), s["health"],
                      _events_text(s)])
-    console.print_table(headers, rows, title=summary, align="rllrrrrll", stream=stream)
+    console.print_table(headers, rows, title=summary + "\n" + _coordinators_text(status), align="rllrrrrll",
+                        stream=stream)
 
 
 def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:

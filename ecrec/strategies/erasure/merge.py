@@ -13,106 +13,19 @@ over them costs memory bandwidth; many small ones (a hot, skewed workload) are c
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-#: a row's key: its table's rank above its slot
-TABLE_SHIFT = 40
-SLOT_MASK = (1 << TABLE_SHIFT) - 1
 #: segments of at least this many payload bytes on average are read in place (fetching an array's address costs
 #: a few microseconds in Python; concatenating small ones is cheaper)
 IN_PLACE_MIN_BYTES = 64 << 10
 
 
-@functools.lru_cache(maxsize=None)
-def _merge_kernel(word: str):
-    """Compiles (once per word size, cached on disk by numba) the merge; rows are XORed ``word`` at a time."""
-    from numba import carray, njit, types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
+def _merge_kernel():
+    """The compiled merge (``merge_kernel.merge``: loaded from numba's disk cache, or compiled once per word
+    size and cached there)."""
+    from ecrec.strategies.erasure import merge_kernel
 
-    dtype = np.dtype(word)
-
-    @intrinsic
-    def as_pointer(typingctx, address):  # pragma: no cover - numba
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-        return types.voidptr(types.intp), codegen
-
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def merge(slots, tables, seqs, old_versions, segment, offset, addresses, counts_in, width, k,
-              ntables):  # pragma: no cover - numba
-        n = slots.shape[0]
-        bits = 4
-        while (1 << bits) < 2 * n:
-            bits += 1
-        size = 1 << bits
-        mask = size - 1
-        shift = np.uint64(64 - bits)
-        hkey = np.full(size, -1, dtype=np.int64)
-        hfirst = np.empty(size, dtype=np.int64)
-        hlast = np.empty(size, dtype=np.int64)
-        cell = np.empty(n, dtype=np.int64)  # each change's hash cell
-        unique = np.empty(n, dtype=np.int64)  # hash cells of the rows, in order of first change
-        found = 0
-        for i in range(n):
-            key = (tables[i] << TABLE_SHIFT) | slots[i]
-            h = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-            while True:
-                if hkey[h] == key:
-                    hlast[h] = i
-                    break
-                if hkey[h] == -1:
-                    hkey[h] = key
-                    hfirst[h] = i
-                    hlast[h] = i
-                    unique[found] = h
-                    found += 1
-                    break
-                h = (h + 1) & mask
-            cell[i] = h
-        counts = np.zeros(k * ntables, dtype=np.int64)
-        for u in range(found):
-            key = hkey[unique[u]]
-            counts[((key & SLOT_MASK) % k) * ntables + (key >> TABLE_SHIFT)] += 1
-        fill = np.empty(k * ntables, dtype=np.int64)
-        total = 0
-        for b in range(k * ntables):
-            fill[b] = total
-            total += counts[b]
-        out_slots = np.empty(found, dtype=np.int64)
-        out_old_versions = np.empty(found, dtype=np.int64)
-        out_versions = np.empty(found, dtype=np.int64)
-        out_deltas = np.empty((found, width), dtype=dtype)
-        position = np.empty(size, dtype=np.int64)  # hash cell -> its row in the output
-        for u in range(found):
-            h = unique[u]
-            key = hkey[h]
-            slot = key & SLOT_MASK
-            b = (slot % k) * ntables + (key >> TABLE_SHIFT)
-            j = fill[b]
-            fill[b] = j + 1
-            position[h] = j
-            out_slots[j] = slot
-            out_old_versions[j] = old_versions[hfirst[h]]
-            out_versions[j] = seqs[hlast[h]]
-        for i in range(n):  # every change, in push order: the first copied, later ones XORed on
-            h = cell[i]
-            j = position[h]
-            s = segment[i]
-            rows = carray(as_pointer(addresses[s]), (counts_in[s], width), dtype)
-            r = offset[i]
-            if hfirst[h] == i:
-                for c in range(width):
-                    out_deltas[j, c] = rows[r, c]
-            else:
-                for c in range(width):
-                    out_deltas[j, c] ^= rows[r, c]
-        return counts, out_slots, out_deltas, out_old_versions, out_versions
-
-    return merge
+    return merge_kernel.merge
 
 
 def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], deltas: list[np.ndarray],
@@ -140,12 +53,12 @@ def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], delt
     for a in deltas:
         if not a.flags.c_contiguous or a.dtype != np.uint8 or a.shape[1] != width:
             raise ValueError("merge_rows needs C-contiguous uint8 deltas of one width")
-    counts, out_slots, merged, out_old, out_versions = _merge_kernel(word)(
+    counts, out_slots, merged, out_old, out_versions = _merge_kernel()(
         np.concatenate(slots).astype(np.int64, copy=False), np.repeat(np.asarray(tables, dtype=np.int64), lengths),
         np.repeat(np.asarray(seqs, dtype=np.int64), lengths),
         np.concatenate(old_versions).astype(np.int64, copy=False), segment, offset,
         np.array([a.ctypes.data for a in deltas], dtype=np.int64), seg_rows, width // np.dtype(word).itemsize, k,
-        ntables)
+        ntables, np.empty((0, 1), dtype=word))
     return counts.reshape(k, ntables), out_slots, merged.view(np.uint8), out_old, out_versions
 
 
