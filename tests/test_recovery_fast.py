@@ -100,7 +100,7 @@ def test_stream_stripes_sends_the_rows_asked_as_frames_and_refuses_bad_requests(
     ids, rows = cluster.read_payload("t")
     payload = np.ascontiguousarray(rows).view(np.uint8)
     assert np.array_equal(ids, np.arange(spec.num_rows))
-    monkeypatch.setattr("ecrec.client.READ_PAYLOAD_BYTES", 7 * spec.row_bytes)  # 7 rows per message: many
+    monkeypatch.setattr("ecrec.client.rows.READ_PAYLOAD_BYTES", 7 * spec.row_bytes)  # 7 rows per message: many
     paged_ids, paged = cluster.read_payload("t")
     assert np.array_equal(paged_ids, ids) and np.array_equal(paged.view(np.uint32), rows.view(np.uint32))
     address = next(s.address for s in cluster.refresh_map().servers if s.index == index)

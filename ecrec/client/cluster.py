@@ -34,37 +34,17 @@ from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
 from ecrec.client.courier import Courier
+from ecrec.client.rows import RowIO
 from ecrec.coding.layout import Layout
 from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
+from ecrec.tables.values import check_values
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
 
 log = logging.getLogger("ecrec.client")
 
-#: the largest reply of one ``ReadPayload`` call of :meth:`Cluster.read_payload` (tables of any size are read
-#: in pieces; the default message limit is 256 MiB)
-READ_PAYLOAD_BYTES = 64 << 20
-#: and at most this many ids (a server refuses more than ``--max-ids-per-request``, 1 << 22 by default)
-READ_PAYLOAD_IDS = 1 << 20
-#: the most bytes of values one push of :meth:`Cluster.write_rows` carries (all servers together)
-WRITE_ROWS_BYTES = 16 << 20
 #: a string ``init`` of ``create_table`` ending so (or holding a ``/``) is a warm start's file
 WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
-#: what :meth:`Cluster.read_table` and :meth:`Cluster.write_rows` read or replace of each row
-ROW_PARTS = ("weights", "state", "payload")
-
-
-def _columns(spec: TableSpec, what: str) -> slice:
-    """The columns of a row's float32 payload that ``what`` (:data:`ROW_PARTS`) names."""
-    if what == "weights":
-        return slice(0, spec.dim)
-    if what == "payload":
-        return slice(0, spec.row_floats)
-    if what == "state":
-        if spec.row_floats == spec.dim:
-            raise ValueError(f"table {spec.name!r}: optimizer {spec.optimizer!r} keeps no state")
-        return slice(spec.dim, spec.row_floats)
-    raise ValueError(f"what must be one of {ROW_PARTS}, got {what!r}")
 
 
 class ClusterError(RuntimeError):
@@ -125,6 +105,7 @@ class Cluster:
         self._last_live: dict[int, str] = {}
         self._live_ids: dict[int, str] = {}  # index -> the server id serving it in the newest map
         self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0}
+        self._rows = RowIO(self)
 
     @property
     def stats(self) -> dict:
@@ -247,7 +228,7 @@ class Cluster:
                          initial_accumulator_value=float(initial_accumulator_value), init=init,
                          init_scale=float(init_scale), seed=int(seed)).validate()
         if values is not None:  # every value checked before the table exists
-            self._check_values(spec, values)
+            check_values(spec, values)
         try:
             m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s)
         except grpc.RpcError as exc:
@@ -257,27 +238,6 @@ class Cluster:
             self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress, checked=True)
         return spec
 
-    @staticmethod
-    def _check_values(spec: TableSpec, values, what: str = "weights") -> None:
-        """Raises ``ValueError`` naming the table and the rows when ``values`` are not finite numbers (read a
-        push's worth at a time: a memory-mapped file stays on disk)."""
-        width = _columns(spec, what).stop - _columns(spec, what).start
-        chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
-        # Adagrad's accumulators: the state columns (all of them for "state", past dim for "payload")
-        state_from = {"state": 0, "payload": spec.dim}.get(what) if spec.optimizer == "adagrad" else None
-        for start in range(0, len(values), chunk):
-            piece = np.asarray(values[start:start + chunk])
-            if piece.dtype.kind not in "fiu":
-                raise ValueError(f"table {spec.name!r}: {what} must be numbers, got {piece.dtype}")
-            with np.errstate(over="ignore"):
-                piece = piece.astype(np.float32, copy=False)  # as sent: 1e39 is Inf in float32
-            if not np.isfinite(piece).all():
-                raise ValueError(f"table {spec.name!r}: {what} must be finite float32 numbers (rows {start}.."
-                                 f"{min(start + chunk, len(values)) - 1} are not)")
-            if state_from is not None and (piece[:, state_from:] < 0).any():
-                raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative (rows from {start})")
-
-    @staticmethod
     def _check_dense_values(spec: DenseSpec, payload: np.ndarray) -> None:
         """Raises ``ValueError`` naming the tensor when a dense payload (weights then optimizer state, float32)
         is not finite or holds a negative Adagrad accumulator."""
@@ -345,18 +305,6 @@ class Cluster:
                     out[name][pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
         return {name: torch.from_numpy(rows) for name, rows in out.items()}
 
-    def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order
-        (:meth:`read_table` of the whole payload)."""
-        payload = self.read_table(name, "payload")
-        return np.arange(len(payload), dtype=np.int64), payload
-
-    def read_dense_payload(self, name: str) -> np.ndarray:
-        """A dense tensor's payload (weights then optimizer state) from its primary."""
-        primary = self.layout.dense_servers(name)[0]
-        reply = self._call(primary, "ReadPayload", embedding_pb2.ReadPayloadRequest(dense=[name]))
-        return np.frombuffer(reply.dense[0].value, dtype="<f4").copy()
-
     def dense_spec(self, name: str) -> DenseSpec:
         for m in (self.map, self.refresh_map()):
             for d in m.dense:
@@ -364,109 +312,34 @@ class Cluster:
                     return DenseSpec.from_proto(d)
         raise KeyError(f"unknown dense tensor {name!r}")
 
-    def write_dense(self, name: str, payload) -> None:
-        """Replaces dense tensor ``name``'s whole payload (its weights then its optimizer state, float32, as
-        :meth:`read_dense_payload` gives it): one push to its primary, replicated like a training push.
-        Checked first (size, finite, Adagrad accumulators >= 0); a registered parameter of that name is
-        reloaded."""
-        spec = self.dense_spec(name)
-        width = spec.numel * (1 + spec.state_width)
-        values = np.asarray(payload)
-        if values.dtype.kind not in "fiu" or values.size != width:
-            raise ValueError(f"dense tensor {name!r}: a payload of {width} numbers ({spec.numel} weights and their "
-                             f"optimizer state) is expected, got {values.dtype} {values.shape}")
-        with np.errstate(over="ignore"):
-            values = values.reshape(-1).astype(np.float32)
-        self._check_dense_values(spec, values)
-        request = embedding_pb2.PushRequest(push_id=self._next_push_id(), epoch=self.map.epoch,
-                                            return_dense=name in self._dense)
-        request.dense.add(name=name, value=transport.floats_to_bytes(values), assign=embedding_pb2.PAYLOAD)
-        self._send_push({self.layout.dense_servers(name)[0]: request})
-
+    # --- rows and dense payloads in bulk (ecrec.client.rows) ----------------------------------------------------
     def read_table(self, name: str, what: str = "weights", out: np.ndarray | None = None,
                    on_progress=None) -> np.ndarray:
-        """Every row of table ``name`` as float32 ``(num_rows, width)`` in id order: its ``weights`` (``dim``
-        wide), its optimizer ``state`` or its whole ``payload`` (weights then state).  Read from every server at
-        once, a message of at most :data:`READ_PAYLOAD_BYTES` at a time, each written straight into ``out`` (or
-        a new array): the client holds the result and one message per server.  ``on_progress(rows, total)``
-        after each round."""
-        spec = self.table_spec(name)
-        columns = _columns(spec, what)
-        width = columns.stop - columns.start
-        if out is None:
-            out = np.empty((spec.num_rows, width), dtype=np.float32)
-        elif out.shape != (spec.num_rows, width) or out.dtype != np.float32:
-            raise ValueError(f"table {name!r}: out must be float32 {(spec.num_rows, width)}, got {out.dtype} {out.shape}")
-        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
-        owned = {i: self.layout.rows_of(i, spec.num_rows)[0] for i in range(self.layout.num_servers)}
-        done = 0
-        for start in range(0, max(len(v) for v in owned.values()), per_message):
-            replies = self._fan_out("ReadPayload", {
-                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(v[start:start + per_message]))
-                for i, v in owned.items() if len(v) > start})
-            for r in replies.values():
-                ids = transport.bytes_to_ids(r.ids)
-                out[ids] = np.frombuffer(r.payload, dtype="<f4").reshape(-1, spec.row_floats)[:, columns]
-                done += len(ids)
-            if on_progress is not None:
-                on_progress(done, spec.num_rows)
-        return out
+        """Every row of table ``name`` as float32 ``(num_rows, width)`` in id order: its ``weights``, optimizer
+        ``state`` or whole ``payload`` (:meth:`ecrec.client.rows.RowIO.read_table`)."""
+        return self._rows.read_table(name, what, out, on_progress)
 
     def read_rows(self, name: str, ids, what: str = "weights") -> np.ndarray:
-        """Rows ``ids`` of table ``name`` (float32 ``(len(ids), width)``, in the order given): their ``weights``,
-        optimizer ``state`` or whole ``payload``, read from their owners at once, a message of at most
-        :data:`READ_PAYLOAD_BYTES` each."""
-        spec, ids = self._check_ids(name, ids)
-        columns = _columns(spec, what)
-        out = np.empty((len(ids), columns.stop - columns.start), dtype=np.float32)
-        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
-        groups = self._group_by_server(ids) if len(ids) else {}
-        for start in range(0, max((len(pos) for pos in groups.values()), default=0), per_message):
-            parts = {i: pos[start:start + per_message] for i, pos in groups.items() if len(pos) > start}
-            replies = self._fan_out("ReadPayload", {
-                i: embedding_pb2.ReadPayloadRequest(table=name, ids=transport.ids_to_bytes(ids[pos]))
-                for i, pos in parts.items()})
-            for i, reply in replies.items():
-                out[parts[i]] = np.frombuffer(reply.payload, dtype="<f4").reshape(-1, spec.row_floats)[:, columns]
-        return out
+        """Rows ``ids`` of table ``name`` in the order given (:meth:`ecrec.client.rows.RowIO.read_rows`)."""
+        return self._rows.read_rows(name, ids, what)
 
     def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None,
                    checked: bool = False) -> int:
-        """Replaces rows ``ids`` of table ``name`` with ``values`` (float32 ``(len(ids), width)``): their
-        ``weights`` (the optimizer state is kept), their optimizer ``state`` or their whole ``payload``
-        (weights then state, as :meth:`read_table` gives it).  Not a gradient: a load, a warm start.
+        """Replaces rows ``ids`` of table ``name`` with ``values``, checked whole first; not a gradient: a load, a
+        warm start (:meth:`ecrec.client.rows.RowIO.write_rows`).  Returns the rows written."""
+        return self._rows.write_rows(name, ids, values, what, on_progress, checked)
 
-        Sent as pushes of at most ``WRITE_ROWS_BYTES`` (each applied exactly once and protected like a
-        training push: parity, replicas, checkpoints); everything is checked before the first is sent (shape,
-        ids in range and distinct, finite values), so bad input changes nothing.  ``values`` may be any array
-        (a ``numpy.memmap`` of a file included: it is read a push at a time).  Returns the rows written."""
-        spec, ids = self._check_ids(name, ids)
-        columns = _columns(spec, what)
-        width = columns.stop - columns.start
-        values = _as_array(values)
-        if not hasattr(values, "shape") or tuple(values.shape) != (len(ids), width):
-            raise ValueError(f"table {name!r}: {what} of {len(ids)} rows must have shape {(len(ids), width)}, got "
-                             f"{tuple(getattr(values, 'shape', ()))}")
-        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
-            raise ValueError(f"table {name!r}: row ids repeat")
-        chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
-        if not checked:  # ``checked``: the caller ran _check_values on these very values
-            self._check_values(spec, values, what)  # checked whole before anything is sent
-        kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]
-        for start in range(0, len(ids), chunk):
-            part_ids = ids[start:start + chunk]
-            part = np.ascontiguousarray(np.asarray(values[start:start + chunk]), dtype=np.float32)
-            push_id = self._next_push_id()
-            requests = {}
-            for i, pos in self._group_by_server(part_ids).items():
-                request = embedding_pb2.PushRequest(push_id=push_id, epoch=self.map.epoch)
-                request.tables.add(table=name, ids=transport.ids_to_bytes(part_ids[pos]),
-                                   grads=transport.floats_to_bytes(part[pos]), assign=kind)
-                requests[i] = request
-            self._send_push(requests)
-            if on_progress is not None:
-                on_progress(min(start + chunk, len(ids)), len(ids))
-        return len(ids)
+    def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order."""
+        return self._rows.read_payload(name)
+
+    def read_dense_payload(self, name: str) -> np.ndarray:
+        """A dense tensor's payload (weights then optimizer state) from its primary."""
+        return self._rows.read_dense_payload(name)
+
+    def write_dense(self, name: str, payload) -> None:
+        """Replaces dense tensor ``name``'s whole payload, checked first (:meth:`ecrec.client.rows.RowIO.write_dense`)."""
+        self._rows.write_dense(name, payload)
 
     def save(self, path: str, on_progress=None, overwrite: bool = False) -> dict:
         """A snapshot of every table (weights and optimizer state) and dense tensor, in
@@ -664,318 +537,9 @@ class Cluster:
         self.peers.close()
 
 
-class EmbeddingBag(torch.nn.Module):
-    """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
-
-    Call it like ``torch.nn.EmbeddingBag`` (``indices`` 1-D with ``offsets``, or
-    2-D fixed-length bags). The rows it touches are pulled from their servers;
-    backward records their gradients, which ``cluster.step()`` pushes.
-    """
-
-    def __init__(self, cluster: Cluster, name: str, mode: str = "sum"):
-        super().__init__()
-        if mode not in ("sum", "mean"):
-            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
-        self.cluster = cluster
-        self.name = name
-        self.mode = mode
-        self.spec = cluster.table_spec(name)
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.spec.dim
-
-    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
-                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        return _lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0]
-
-    def extra_repr(self) -> str:
-        return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
-
-    # --- state_dict: the table's weights, as torch.nn.EmbeddingBag keeps them ----------------------------
-    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
-        """The table's state-dict key (``weight``, as in ``torch.nn.EmbeddingBag``) -> the table."""
-        return {prefix + "weight": self.name}
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        destination[prefix + "weight"] = torch.from_numpy(self.cluster.read_table(self.name))
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
-                     missing_keys, unexpected_keys, error_msgs)
-
-
-class EmbeddingBagCollection(torch.nn.Module):
-    """Several cluster tables looked up together: one pull per server for all of them per call.
-
-    Two shapes of input:
-
-    - ``EmbeddingBagCollection(cluster, names, mode)`` over existing tables; ``forward([(indices, offsets),
-      ...])`` returns one bag tensor per table, in order, exactly as the tables' :class:`EmbeddingBag`
-      modules would, with a single fan-out instead of one per table.
-    - TorchRec's: :meth:`from_configs` takes ``torchrec.EmbeddingBagConfig`` s (one cluster table per config,
-      created here), and ``forward(KeyedJaggedTensor)`` returns a ``KeyedTensor``, as
-      ``torchrec.EmbeddingBagCollection`` does, so it can stand where TorchRec's collection stood (in
-      ``torchrec.models.dlrm.DLRM`` for one).  :meth:`lookup_jagged` is the same lookup on plain
-      ``(keys, values, lengths)`` tensors, without TorchRec.
-    """
-
-    def __init__(self, cluster: Cluster, names: list[str], mode: str | list[str] = "sum"):
-        super().__init__()
-        modes = [mode] * len(names) if isinstance(mode, str) else list(mode)
-        if len(modes) != len(names):
-            raise ValueError(f"got {len(modes)} modes for {len(names)} tables")
-        for m in modes:
-            if m not in ("sum", "mean"):
-                raise ValueError(f"mode must be 'sum' or 'mean', got {m!r}")
-        if len(set(names)) != len(names):
-            raise ValueError(f"table names must be distinct, got {names}")
-        self.cluster = cluster
-        self.names = list(names)
-        self.mode = mode
-        self.modes = modes
-        self.specs = [cluster.table_spec(n) for n in self.names]
-        #: (feature name, table position) in output order; by default one feature per table, named like it
-        self.features: list[tuple[str, int]] = [(n, i) for i, n in enumerate(self.names)]
-        self._configs: list | None = None
-
-    @classmethod
-    def from_configs(cls, cluster: Cluster, tables, *, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,
-                     initial_accumulator_value: float = 0.0, seed: int = 0,
-                     on_table=None) -> "EmbeddingBagCollection":
-        """A collection shaped like ``torchrec.EmbeddingBagCollection(tables=tables)``: one cluster table per
-        ``torchrec.EmbeddingBagConfig`` (``name``, ``num_embeddings``, ``embedding_dim``, ``pooling`` SUM or
-        MEAN, ``feature_names``; created, or reused when it exists with the same spec), trained on the servers
-        with ``optimizer``/``lr``.  Initial values are uniform in ``[weight_init_min, weight_init_max]`` (default
-        ``±sqrt(1/num_embeddings)``, TorchRec's default range), drawn from ``seed``.  ``on_table(created,
-        total)`` is called after each table is created (a progress bar).
-        """
-        tables = list(tables)
-        if not tables:
-            raise ValueError("need at least one EmbeddingBagConfig")
-        seen_features: dict[str, str] = {}
-        modes, scales = [], []
-        for config in tables:
-            name = getattr(config, "name", None)
-            if not name or not isinstance(name, str):
-                raise ValueError(f"an EmbeddingBagConfig needs a name, got {config!r}")
-            pooling = getattr(getattr(config, "pooling", None), "name", str(getattr(config, "pooling", "SUM")))
-            if pooling not in ("SUM", "MEAN"):
-                raise ValueError(f"table {name!r}: pooling {pooling} is not supported (SUM or MEAN)")
-            modes.append(pooling.lower())
-            data_type = getattr(getattr(config, "data_type", None), "name", "FP32")
-            if data_type != "FP32":
-                raise ValueError(f"table {name!r}: data_type {data_type} is not supported (FP32 only)")
-            features = list(getattr(config, "feature_names", []) or [])
-            if not features:
-                raise ValueError(f"table {name!r}: feature_names is empty")
-            for feature in features:
-                if feature in seen_features:
-                    raise ValueError(f"feature {feature!r} is in tables {seen_features[feature]!r} and {name!r}")
-                seen_features[feature] = name
-            low, high = getattr(config, "weight_init_min", None), getattr(config, "weight_init_max", None)
-            if low is None and high is None:
-                scale = 0.0  # the cluster default: 1/sqrt(num_rows), TorchRec's default range
-            elif low is not None and high is not None and high > 0 and abs(low + high) <= 1e-12 * high:
-                scale = float(high)
-            else:
-                raise ValueError(f"table {name!r}: weight_init_min/max must be unset or symmetric (-a, a), "
-                                 f"got ({low}, {high})")
-            scales.append(scale)
-        for n, (config, scale) in enumerate(zip(tables, scales)):  # every config checked before anything is created
-            cluster.create_table(config.name, config.num_embeddings, config.embedding_dim, optimizer=optimizer, lr=lr,
-                                 eps=eps, initial_accumulator_value=initial_accumulator_value, init="uniform",
-                                 init_scale=scale, seed=seed)
-            if on_table is not None:
-                on_table(n + 1, len(tables))
-        collection = cls(cluster, [c.name for c in tables], modes)
-        collection._configs = tables
-        collection.features = [(f, i) for i, c in enumerate(tables) for f in c.feature_names]
-        return collection
-
-    # --- what TorchRec's models ask of a collection -------------------------------------------------------
-    def embedding_bag_configs(self) -> list:
-        """The ``torchrec.EmbeddingBagConfig`` s this collection was built from (:meth:`from_configs`)."""
-        if self._configs is None:
-            raise AttributeError("embedding_bag_configs(): this collection was built from table names; "
-                                 "use EmbeddingBagCollection.from_configs for TorchRec's shape")
-        return list(self._configs)
-
-    def is_weighted(self) -> bool:
-        return False
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    # --- lookups ------------------------------------------------------------------------------------------
-    def forward(self, inputs):
-        """``[(indices, offsets), ...]`` (one per table) -> list of bag tensors; or a ``KeyedJaggedTensor`` ->
-        ``KeyedTensor`` (one ``(B, dim)`` block per feature, in this collection's feature order)."""
-        if _is_keyed_jagged(inputs):
-            if inputs.weights_or_none() is not None:
-                raise ValueError("weighted features (per-sample weights) are not supported")
-            from torchrec.sparse.jagged_tensor import KeyedTensor
-
-            pooled = self.lookup_jagged(inputs.keys(), inputs.values(), inputs.lengths())
-            keys = [feature for feature, _ in self.features]
-            return KeyedTensor(keys=keys, length_per_key=[self.specs[t].dim for _, t in self.features],
-                               values=torch.cat([pooled[k] for k in keys], dim=1))
-        if len(inputs) != len(self.names):
-            raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
-        return _lookup(self.cluster, self.names, inputs, self.modes)
-
-    def lookup_jagged(self, keys, values, lengths) -> dict[str, torch.Tensor]:
-        """TorchRec's jagged layout without TorchRec: ``values`` holds, feature after feature (in ``keys``
-        order), the ids of ``B`` bags, bag ``b`` of feature ``f`` having ``lengths[f * B + b]`` ids.  Returns
-        ``{feature: (B, dim)}`` pooled bags, every table in one pull per server."""
-        keys = list(keys)
-        values = torch.as_tensor(values).reshape(-1)
-        lengths = torch.as_tensor(lengths).reshape(-1).to(torch.int64)
-        table_of = {feature: t for feature, t in self.features}
-        unknown = [k for k in keys if k not in table_of]
-        if unknown:
-            raise ValueError(f"unknown features {unknown}; this collection has {list(table_of)}")
-        missing = [f for f in table_of if f not in keys]
-        if missing:
-            raise ValueError(f"features {missing} are missing from the input")
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"features appear twice in the input: {keys}")
-        if lengths.numel() % len(keys):
-            raise ValueError(f"{lengths.numel()} lengths do not split into {len(keys)} features of equal batch size")
-        if bool((lengths < 0).any()):
-            raise ValueError("lengths must be >= 0")
-        if int(lengths.sum()) != values.numel():
-            raise ValueError(f"lengths add up to {int(lengths.sum())}, but there are {values.numel()} values")
-        if values.numel() and (values.is_floating_point() or values.is_complex()):
-            raise TypeError(f"ids must be integers, got {values.dtype}")
-        batch = lengths.numel() // len(keys)
-        per_feature = lengths.view(len(keys), batch)
-        ends = torch.cumsum(per_feature.sum(dim=1), 0).tolist()
-        starts = [0, *ends[:-1]]
-        # the features of one table are looked up together: ids concatenated, bags one after another
-        parts: dict[int, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
-        for f, key in enumerate(keys):
-            offsets = torch.cumsum(per_feature[f], 0) - per_feature[f]
-            parts.setdefault(table_of[key], []).append((key, values[starts[f]:ends[f]], offsets))
-        tables = sorted(parts)
-        inputs = []
-        for t in tables:
-            base, all_values, all_offsets = 0, [], []
-            for _, feature_values, offsets in parts[t]:
-                all_values.append(feature_values)
-                all_offsets.append(offsets + base)
-                base += feature_values.numel()
-            inputs.append((torch.cat(all_values).to(torch.int64), torch.cat(all_offsets)))
-        pooled = _lookup(self.cluster, [self.names[t] for t in tables], inputs, [self.modes[t] for t in tables])
-        out = {}
-        for t, bags in zip(tables, pooled):
-            for n, (key, _, _) in enumerate(parts[t]):
-                out[key] = bags[n * batch:(n + 1) * batch]
-        return out
-
-    def extra_repr(self) -> str:
-        return f"{len(self.names)} tables, mode={self.mode!r}"
-
-    # --- state_dict: TorchRec's keys, embedding_bags.<table>.weight ------------------------------------
-    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
-        """The state-dict key of each table (``embedding_bags.<table>.weight``, as in
-        ``torchrec.EmbeddingBagCollection``) -> the table."""
-        return {f"{prefix}embedding_bags.{name}.weight": name for name in self.names}
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        for key, name in self.state_dict_keys(prefix).items():
-            destination[key] = torch.from_numpy(self.cluster.read_table(name))
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
-                     missing_keys, unexpected_keys, error_msgs)
-
-
-def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str], state_dict, prefix: str,
-                 local_metadata, strict: bool, missing_keys, unexpected_keys, error_msgs) -> None:
-    """``Module._load_from_state_dict`` for cluster modules: the module's load pre-hooks run first, as
-    ``torch.nn.Module``'s do; each of ``keys`` (state-dict key -> table) found in ``state_dict`` is checked (a
-    tensor or array of the table's ``(num_rows, dim)``, finite as float32); only when every one of the module's
-    tables checked are they written to the tables' weights (:meth:`Cluster.write_rows`, in pushes; the optimizer
-    state is kept).  A key missing, a key under ``prefix`` that is not a table's, or a mismatch is reported as
-    ``torch.nn.Module`` reports it (``load_state_dict`` raises with every message)."""
-    for hook in module._load_state_dict_pre_hooks.values():
-        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-    checked, errors = [], []
-    for key, table in keys.items():
-        if key not in state_dict:
-            if strict:
-                missing_keys.append(key)
-            continue
-        spec = cluster.table_spec(table)
-        shape = (spec.num_rows, spec.dim)
-        value = _as_array(state_dict[key])
-        if not isinstance(value, np.ndarray):
-            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
-                          f"tensor or array, got {type(state_dict[key]).__name__}.")
-            continue
-        if tuple(value.shape) != shape:
-            errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
-                          f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
-            continue
-        try:
-            Cluster._check_values(spec, value)
-        except ValueError as exc:
-            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
-            continue
-        checked.append((key, table, spec, value))
-    if errors:  # nothing of this module is written
-        error_msgs.extend(errors)
-    else:
-        for key, table, spec, value in checked:
-            try:
-                cluster.write_rows(table, np.arange(spec.num_rows), value, checked=True)
-            except (ValueError, ClusterError) as exc:
-                error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
-    if strict:  # these modules hold nothing else: any other key under their prefix is not theirs
-        unexpected_keys.extend(key for key in state_dict if key.startswith(prefix) and key not in keys)
-
-
-def _as_array(value):
-    """A tensor as a numpy array (floating tensors as float32: bfloat16 and half have no numpy form), an
-    array as it is; anything else unchanged (the caller refuses it)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        return (value.to(torch.float32) if value.is_floating_point() else value).numpy()
-    return value
-
-
-def _is_keyed_jagged(x) -> bool:
-    """A ``torchrec.KeyedJaggedTensor`` (duck-typed: TorchRec is imported only when one is passed)."""
-    return all(callable(getattr(x, name, None)) for name in ("keys", "values", "lengths", "weights_or_none"))
-
-
 def _merge_lookups(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """One table's ``(ids, lookups)`` of a step from those of its bags: unique ids, their lookups summed."""
     if len(parts) == 1:
         return parts[0]
     ids, inverse = np.unique(np.concatenate([i for i, _ in parts]), return_inverse=True)
     return ids, np.bincount(inverse, weights=np.concatenate([n for _, n in parts]), minlength=len(ids)).astype(np.int64)
-
-
-def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
-            per_sample_weights=None) -> list[torch.Tensor]:
-    """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
-    on, records the rows' gradients."""
-    modes = [mode] * len(names) if isinstance(mode, str) else mode
-    uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
-    rows = cluster.pull_many({name: unique for name, (unique, _) in zip(names, uniques)})
-    outputs = []
-    for name, (unique, inverse), (_, offsets), table_mode in zip(names, uniques, inputs, modes):
-        r = rows[name]
-        if torch.is_grad_enabled():
-            r.requires_grad_(True)
-            lookups = (torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
-                       if cluster.count_lookups else None)
-            cluster._record(name, unique.numpy().astype(np.int64), r, lookups)
-        outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=table_mode,
-                                                         per_sample_weights=per_sample_weights))
-    return outputs

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ecrec.tables.values import check_values
+
 
 def cluster_tables(model: torch.nn.Module) -> dict[str, tuple]:
     """``{state-dict key: (cluster, table)}`` of every cluster table ``model`` holds (its ``EmbeddingBag`` and
@@ -87,7 +89,7 @@ class EmbeddingOptimizer:
                 raise ValueError(f"{key!r} (cluster table {table!r}): the saved state must have shape {shape}, "
                                  f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
             try:
-                type(cluster)._check_values(spec, value, "state")  # finite, accumulators >= 0: before any write
+                check_values(spec, value, "state")  # finite, accumulators >= 0: before any write
             except ValueError as exc:
                 raise ValueError(f"{key!r}: {exc}") from None
             todo.append((cluster, table, value))

@@ -38,6 +38,7 @@ import numpy as np
 
 from ecrec.snapshot import files as snapshot_files
 from ecrec.snapshot.part import CHUNK_BYTES
+from ecrec.tables.values import check_dense_values, check_values
 
 FORMAT = "ecrec-snapshot/2"
 FORMATS = ("ecrec-snapshot/1", FORMAT)
@@ -338,11 +339,11 @@ def _load(cluster, path: str, on_progress=None) -> dict:
         arrays = [reader.read(key, chunk) for key, chunk in parts]
         try:
             if kind == "table":
-                cluster._check_values(tables[name], arrays[0], "weights")
+                check_values(tables[name], arrays[0], "weights")
                 if len(arrays) > 1:
-                    cluster._check_values(tables[name], arrays[1], "state")
+                    check_values(tables[name], arrays[1], "state")
             else:
-                cluster._check_dense_values(denses[name], arrays[0])
+                check_dense_values(denses[name], arrays[0])
         except ValueError as exc:
             where = f"rows from {row} of " if kind == "table" else ""
             raise SnapshotError(f"{path}: {where}{exc}; nothing was restored") from None

@@ -1,0 +1,311 @@
+"""The ``torch.nn`` faces of cluster tables: :class:`EmbeddingBag` (called like ``torch.nn.EmbeddingBag``) and
+:class:`EmbeddingBagCollection` (called like TorchRec's, with a ``KeyedJaggedTensor``).  Their rows live on the
+servers: forward pulls them, backward records their gradients, ``Cluster.step`` pushes them; ``state_dict`` holds
+their tables so a model saves and loads as a plain PyTorch model would."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ecrec.client.cluster import Cluster, ClusterError
+from ecrec.client.rows import as_array
+
+class EmbeddingBag(torch.nn.Module):
+    """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
+
+    Call it like ``torch.nn.EmbeddingBag`` (``indices`` 1-D with ``offsets``, or
+    2-D fixed-length bags). The rows it touches are pulled from their servers;
+    backward records their gradients, which ``cluster.step()`` pushes.
+    """
+
+    def __init__(self, cluster: Cluster, name: str, mode: str = "sum"):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        self.cluster = cluster
+        self.name = name
+        self.mode = mode
+        self.spec = cluster.table_spec(name)
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.dim
+
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        return _lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0]
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
+
+    # --- state_dict: the table's weights, as torch.nn.EmbeddingBag keeps them ----------------------------
+    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
+        """The table's state-dict key (``weight``, as in ``torch.nn.EmbeddingBag``) -> the table."""
+        return {prefix + "weight": self.name}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = torch.from_numpy(self.cluster.read_table(self.name))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
+                     missing_keys, unexpected_keys, error_msgs)
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Several cluster tables looked up together: one pull per server for all of them per call.
+
+    Two shapes of input:
+
+    - ``EmbeddingBagCollection(cluster, names, mode)`` over existing tables; ``forward([(indices, offsets),
+      ...])`` returns one bag tensor per table, in order, exactly as the tables' :class:`EmbeddingBag`
+      modules would, with a single fan-out instead of one per table.
+    - TorchRec's: :meth:`from_configs` takes ``torchrec.EmbeddingBagConfig`` s (one cluster table per config,
+      created here), and ``forward(KeyedJaggedTensor)`` returns a ``KeyedTensor``, as
+      ``torchrec.EmbeddingBagCollection`` does, so it can stand where TorchRec's collection stood (in
+      ``torchrec.models.dlrm.DLRM`` for one).  :meth:`lookup_jagged` is the same lookup on plain
+      ``(keys, values, lengths)`` tensors, without TorchRec.
+    """
+
+    def __init__(self, cluster: Cluster, names: list[str], mode: str | list[str] = "sum"):
+        super().__init__()
+        modes = [mode] * len(names) if isinstance(mode, str) else list(mode)
+        if len(modes) != len(names):
+            raise ValueError(f"got {len(modes)} modes for {len(names)} tables")
+        for m in modes:
+            if m not in ("sum", "mean"):
+                raise ValueError(f"mode must be 'sum' or 'mean', got {m!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be distinct, got {names}")
+        self.cluster = cluster
+        self.names = list(names)
+        self.mode = mode
+        self.modes = modes
+        self.specs = [cluster.table_spec(n) for n in self.names]
+        #: (feature name, table position) in output order; by default one feature per table, named like it
+        self.features: list[tuple[str, int]] = [(n, i) for i, n in enumerate(self.names)]
+        self._configs: list | None = None
+
+    @classmethod
+    def from_configs(cls, cluster: Cluster, tables, *, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,
+                     initial_accumulator_value: float = 0.0, seed: int = 0,
+                     on_table=None) -> "EmbeddingBagCollection":
+        """A collection shaped like ``torchrec.EmbeddingBagCollection(tables=tables)``: one cluster table per
+        ``torchrec.EmbeddingBagConfig`` (``name``, ``num_embeddings``, ``embedding_dim``, ``pooling`` SUM or
+        MEAN, ``feature_names``; created, or reused when it exists with the same spec), trained on the servers
+        with ``optimizer``/``lr``.  Initial values are uniform in ``[weight_init_min, weight_init_max]`` (default
+        ``±sqrt(1/num_embeddings)``, TorchRec's default range), drawn from ``seed``.  ``on_table(created,
+        total)`` is called after each table is created (a progress bar).
+        """
+        tables = list(tables)
+        if not tables:
+            raise ValueError("need at least one EmbeddingBagConfig")
+        seen_features: dict[str, str] = {}
+        modes, scales = [], []
+        for config in tables:
+            name = getattr(config, "name", None)
+            if not name or not isinstance(name, str):
+                raise ValueError(f"an EmbeddingBagConfig needs a name, got {config!r}")
+            pooling = getattr(getattr(config, "pooling", None), "name", str(getattr(config, "pooling", "SUM")))
+            if pooling not in ("SUM", "MEAN"):
+                raise ValueError(f"table {name!r}: pooling {pooling} is not supported (SUM or MEAN)")
+            modes.append(pooling.lower())
+            data_type = getattr(getattr(config, "data_type", None), "name", "FP32")
+            if data_type != "FP32":
+                raise ValueError(f"table {name!r}: data_type {data_type} is not supported (FP32 only)")
+            features = list(getattr(config, "feature_names", []) or [])
+            if not features:
+                raise ValueError(f"table {name!r}: feature_names is empty")
+            for feature in features:
+                if feature in seen_features:
+                    raise ValueError(f"feature {feature!r} is in tables {seen_features[feature]!r} and {name!r}")
+                seen_features[feature] = name
+            low, high = getattr(config, "weight_init_min", None), getattr(config, "weight_init_max", None)
+            if low is None and high is None:
+                scale = 0.0  # the cluster default: 1/sqrt(num_rows), TorchRec's default range
+            elif low is not None and high is not None and high > 0 and abs(low + high) <= 1e-12 * high:
+                scale = float(high)
+            else:
+                raise ValueError(f"table {name!r}: weight_init_min/max must be unset or symmetric (-a, a), "
+                                 f"got ({low}, {high})")
+            scales.append(scale)
+        for n, (config, scale) in enumerate(zip(tables, scales)):  # every config checked before anything is created
+            cluster.create_table(config.name, config.num_embeddings, config.embedding_dim, optimizer=optimizer, lr=lr,
+                                 eps=eps, initial_accumulator_value=initial_accumulator_value, init="uniform",
+                                 init_scale=scale, seed=seed)
+            if on_table is not None:
+                on_table(n + 1, len(tables))
+        collection = cls(cluster, [c.name for c in tables], modes)
+        collection._configs = tables
+        collection.features = [(f, i) for i, c in enumerate(tables) for f in c.feature_names]
+        return collection
+
+    # --- what TorchRec's models ask of a collection -------------------------------------------------------
+    def embedding_bag_configs(self) -> list:
+        """The ``torchrec.EmbeddingBagConfig`` s this collection was built from (:meth:`from_configs`)."""
+        if self._configs is None:
+            raise AttributeError("embedding_bag_configs(): this collection was built from table names; "
+                                 "use EmbeddingBagCollection.from_configs for TorchRec's shape")
+        return list(self._configs)
+
+    def is_weighted(self) -> bool:
+        return False
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    # --- lookups ------------------------------------------------------------------------------------------
+    def forward(self, inputs):
+        """``[(indices, offsets), ...]`` (one per table) -> list of bag tensors; or a ``KeyedJaggedTensor`` ->
+        ``KeyedTensor`` (one ``(B, dim)`` block per feature, in this collection's feature order)."""
+        if _is_keyed_jagged(inputs):
+            if inputs.weights_or_none() is not None:
+                raise ValueError("weighted features (per-sample weights) are not supported")
+            from torchrec.sparse.jagged_tensor import KeyedTensor
+
+            pooled = self.lookup_jagged(inputs.keys(), inputs.values(), inputs.lengths())
+            keys = [feature for feature, _ in self.features]
+            return KeyedTensor(keys=keys, length_per_key=[self.specs[t].dim for _, t in self.features],
+                               values=torch.cat([pooled[k] for k in keys], dim=1))
+        if len(inputs) != len(self.names):
+            raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
+        return _lookup(self.cluster, self.names, inputs, self.modes)
+
+    def lookup_jagged(self, keys, values, lengths) -> dict[str, torch.Tensor]:
+        """TorchRec's jagged layout without TorchRec: ``values`` holds, feature after feature (in ``keys``
+        order), the ids of ``B`` bags, bag ``b`` of feature ``f`` having ``lengths[f * B + b]`` ids.  Returns
+        ``{feature: (B, dim)}`` pooled bags, every table in one pull per server."""
+        keys = list(keys)
+        values = torch.as_tensor(values).reshape(-1)
+        lengths = torch.as_tensor(lengths).reshape(-1).to(torch.int64)
+        table_of = {feature: t for feature, t in self.features}
+        unknown = [k for k in keys if k not in table_of]
+        if unknown:
+            raise ValueError(f"unknown features {unknown}; this collection has {list(table_of)}")
+        missing = [f for f in table_of if f not in keys]
+        if missing:
+            raise ValueError(f"features {missing} are missing from the input")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"features appear twice in the input: {keys}")
+        if lengths.numel() % len(keys):
+            raise ValueError(f"{lengths.numel()} lengths do not split into {len(keys)} features of equal batch size")
+        if bool((lengths < 0).any()):
+            raise ValueError("lengths must be >= 0")
+        if int(lengths.sum()) != values.numel():
+            raise ValueError(f"lengths add up to {int(lengths.sum())}, but there are {values.numel()} values")
+        if values.numel() and (values.is_floating_point() or values.is_complex()):
+            raise TypeError(f"ids must be integers, got {values.dtype}")
+        batch = lengths.numel() // len(keys)
+        per_feature = lengths.view(len(keys), batch)
+        ends = torch.cumsum(per_feature.sum(dim=1), 0).tolist()
+        starts = [0, *ends[:-1]]
+        # the features of one table are looked up together: ids concatenated, bags one after another
+        parts: dict[int, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
+        for f, key in enumerate(keys):
+            offsets = torch.cumsum(per_feature[f], 0) - per_feature[f]
+            parts.setdefault(table_of[key], []).append((key, values[starts[f]:ends[f]], offsets))
+        tables = sorted(parts)
+        inputs = []
+        for t in tables:
+            base, all_values, all_offsets = 0, [], []
+            for _, feature_values, offsets in parts[t]:
+                all_values.append(feature_values)
+                all_offsets.append(offsets + base)
+                base += feature_values.numel()
+            inputs.append((torch.cat(all_values).to(torch.int64), torch.cat(all_offsets)))
+        pooled = _lookup(self.cluster, [self.names[t] for t in tables], inputs, [self.modes[t] for t in tables])
+        out = {}
+        for t, bags in zip(tables, pooled):
+            for n, (key, _, _) in enumerate(parts[t]):
+                out[key] = bags[n * batch:(n + 1) * batch]
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{len(self.names)} tables, mode={self.mode!r}"
+
+    # --- state_dict: TorchRec's keys, embedding_bags.<table>.weight ------------------------------------
+    def state_dict_keys(self, prefix: str = "") -> dict[str, str]:
+        """The state-dict key of each table (``embedding_bags.<table>.weight``, as in
+        ``torchrec.EmbeddingBagCollection``) -> the table."""
+        return {f"{prefix}embedding_bags.{name}.weight": name for name in self.names}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for key, name in self.state_dict_keys(prefix).items():
+            destination[key] = torch.from_numpy(self.cluster.read_table(name))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        _load_tables(self, self.cluster, self.state_dict_keys(prefix), state_dict, prefix, local_metadata, strict,
+                     missing_keys, unexpected_keys, error_msgs)
+
+
+def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str], state_dict, prefix: str,
+                 local_metadata, strict: bool, missing_keys, unexpected_keys, error_msgs) -> None:
+    """``Module._load_from_state_dict`` for cluster modules: the module's load pre-hooks run first, as
+    ``torch.nn.Module``'s do; each of ``keys`` (state-dict key -> table) found in ``state_dict`` is checked (a
+    tensor or array of the table's ``(num_rows, dim)``, finite as float32); only when every one of the module's
+    tables checked are they written to the tables' weights (:meth:`Cluster.write_rows`, in pushes; the optimizer
+    state is kept).  A key missing, a key under ``prefix`` that is not a table's, or a mismatch is reported as
+    ``torch.nn.Module`` reports it (``load_state_dict`` raises with every message)."""
+    for hook in module._load_state_dict_pre_hooks.values():
+        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+    checked, errors = [], []
+    for key, table in keys.items():
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            continue
+        spec = cluster.table_spec(table)
+        shape = (spec.num_rows, spec.dim)
+        value = as_array(state_dict[key])
+        if not isinstance(value, np.ndarray):
+            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
+                          f"tensor or array, got {type(state_dict[key]).__name__}.")
+            continue
+        if tuple(value.shape) != shape:
+            errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
+                          f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
+            continue
+        try:
+            Cluster._check_values(spec, value)
+        except ValueError as exc:
+            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
+            continue
+        checked.append((key, table, spec, value))
+    if errors:  # nothing of this module is written
+        error_msgs.extend(errors)
+    else:
+        for key, table, spec, value in checked:
+            try:
+                cluster.write_rows(table, np.arange(spec.num_rows), value, checked=True)
+            except (ValueError, ClusterError) as exc:
+                error_msgs.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
+    if strict:  # these modules hold nothing else: any other key under their prefix is not theirs
+        unexpected_keys.extend(key for key in state_dict if key.startswith(prefix) and key not in keys)
+
+
+def _is_keyed_jagged(x) -> bool:
+    """A ``torchrec.KeyedJaggedTensor`` (duck-typed: TorchRec is imported only when one is passed)."""
+    return all(callable(getattr(x, name, None)) for name in ("keys", "values", "lengths", "weights_or_none"))
+
+
+def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
+            per_sample_weights=None) -> list[torch.Tensor]:
+    """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
+    on, records the rows' gradients."""
+    modes = [mode] * len(names) if isinstance(mode, str) else mode
+    uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
+    rows = cluster.pull_many({name: unique for name, (unique, _) in zip(names, uniques)})
+    outputs = []
+    for name, (unique, inverse), (_, offsets), table_mode in zip(names, uniques, inputs, modes):
+        r = rows[name]
+        if torch.is_grad_enabled():
+            r.requires_grad_(True)
+            lookups = (torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
+                       if cluster.count_lookups else None)
+            cluster._record(name, unique.numpy().astype(np.int64), r, lookups)
+        outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=table_mode,
+                                                         per_sample_weights=per_sample_weights))
+    return outputs
