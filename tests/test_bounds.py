@@ -17,8 +17,8 @@ import pytest
 
 from ecrec.net import transport
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
-from test_parity_trust import refused
-from test_safety import DIM, ROWS, assert_counts, counting_push, start
+from helpers import refused
+from helpers import DIM, ROWS, assert_counts, counting_push, start
 
 pytestmark = pytest.mark.cluster
 

@@ -12,25 +12,12 @@ import time
 import pytest
 
 from ecrec.client import Cluster
+from helpers import alive, children as children_of
 
 pytestmark = pytest.mark.cluster
 
 
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return {int(x) for x in out.split()}
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -53,17 +40,17 @@ def test_local_cluster_serves_and_stops_every_process(sig):
         assert all(s.address.startswith("127.0.0.1:") for s in cluster.map.servers)
         cluster.create_table("t", 10, 4)
         assert cluster.pull("t", [1, 2]).shape == (2, 4)
-        children = _children(proc.pid)
+        children = children_of(proc.pid)
         assert len(children) == 4  # coordinator, 2 servers, 1 standby
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(c) for c in children)
+        assert not any(alive(c) for c in children)
     finally:
         for pid in [proc.pid, *children]:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

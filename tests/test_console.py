@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ecrec.ops import console, logs
-from test_cli import _alive, _children
+from helpers import alive as _alive, children as _children
 
 
 class FakeTerminal(io.StringIO):
@@ -107,7 +107,7 @@ def test_every_command_help_shows_an_example():
 
 @pytest.mark.cluster
 def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
-    from test_metrics import free_port_range
+    from helpers import free_port_range
 
     base = free_port_range(3)
     stderr_path = tmp_path / "stderr.log"

@@ -21,7 +21,7 @@ from ecrec.config import ClusterSpec, CoordinatorConfig
 from ecrec.control.coordinator import Coordinator
 from ecrec.net.peers import coordinator_stub
 from ecrec.wire import cluster_pb2, coordinator_pb2
-from test_safety import ROWS, assert_counts, counting_push, start
+from helpers import ROWS, assert_counts, counting_push, start
 
 HAVE_ETCD = shutil.which("etcd") is not None or __import__("os").path.exists("/usr/bin/etcd")
 needs_etcd = pytest.mark.skipif(not HAVE_ETCD, reason="needs the etcd binary (apt-get install etcd-server)")
@@ -631,7 +631,7 @@ def test_the_control_plane_benchmark_summary_is_a_function_of_its_slices():
 @needs_etcd
 def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_cluster, tmp_path):
     trustme = pytest.importorskip("trustme")
-    from test_security import issue
+    from helpers import issue
 
     from ecrec.control.etcd import EtcdClient, EtcdError
     ca = trustme.CA()

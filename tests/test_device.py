@@ -16,7 +16,7 @@ import pytest
 from ecrec.coding.kernels import gpu as gpu_mod
 from ecrec.ops.local import LocalCluster, LocalClusterSpec
 from ecrec.wire import cluster_pb2
-from test_ecrec_recovery import assert_same, baseline, final_state, kill_index, train, wait_redundant
+from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
 pytestmark = pytest.mark.cluster
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ecrec.client import Cluster, EmbeddingBag
-from test_ecrec_recovery import Model, TABLES, assert_same, baseline, data, final_state, kill_index, wait_redundant
+from helpers import Model, TABLES, assert_same, baseline, data, final_state, kill_index, wait_redundant
 
 pytestmark = pytest.mark.cluster
 

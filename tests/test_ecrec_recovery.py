@@ -10,99 +10,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
-import torch
 
-from ecrec.client import Cluster, EmbeddingBag
+from ecrec.client import Cluster
+from helpers import TABLES, assert_same, baseline, final_state, kill_index, train, wait_redundant
 
 pytestmark = pytest.mark.cluster
-
-TABLES = [("user", 600, 8, "adagrad"), ("item", 300, 8, "sgd")]
-STEPS, BATCH = 60, 24
-
-
-class Model(torch.nn.Module):
-    def __init__(self, cluster):
-        super().__init__()
-        torch.manual_seed(7)
-        self.bags = {name: EmbeddingBag(cluster, name) for name, *_ in TABLES}
-        self.top = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-
-    def forward(self, sparse):
-        return self.top(torch.cat([self.bags[n](ids) for n, ids in sparse.items()], dim=1)).squeeze(1)
-
-
-def data():
-    rng = np.random.default_rng(3)
-    for _ in range(STEPS):
-        sparse = {name: torch.from_numpy(rng.integers(0, rows, (BATCH, 2))) for name, rows, _, _ in TABLES}
-        yield sparse, torch.from_numpy((rng.random(BATCH) < 0.4).astype(np.float32))
-
-
-def train(address, on_step=None):
-    """Trains STEPS steps; ``on_step(step)`` runs before each step (to kill servers)."""
-    torch.set_num_threads(1)
-    cluster = Cluster.connect(address)
-    for name, rows, dim, opt in TABLES:
-        cluster.create_table(name, rows, dim, optimizer=opt, lr=0.05, eps=1e-8, initial_accumulator_value=0.1, seed=11)
-    model = Model(cluster)
-    names = cluster.register_dense(model.top, optimizer="adagrad", lr=0.05, eps=1e-8, initial_accumulator_value=0.1)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    for step, (sparse, label) in enumerate(data()):
-        if on_step:
-            on_step(step)
-        loss_fn(model(sparse), label).backward()
-        cluster.step()
-    return cluster, names
-
-
-def wait_redundant(cluster, failures: int, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        m = cluster.refresh_map()
-        redundant = sum(1 for e in m.events if e.kind == "redundant")
-        if redundant >= failures and all(s.state != 4 for s in m.servers):  # 4 = RECOVERING
-            return m
-        assert time.monotonic() < deadline, f"not fully redundant after {timeout_s} s: {list(m.events)}"
-        time.sleep(0.1)
-
-
-def final_state(cluster, names):
-    state = {}
-    for name, *_ in TABLES:
-        ids, payload = cluster.read_payload(name)
-        state[name] = payload.view(np.uint32).copy()  # bits, not values
-    for n in names:
-        state["dense:" + n] = cluster.read_dense_payload(n).view(np.uint32).copy()
-    verify = cluster.strategy_call("verify_parity")
-    assert all(v["mismatched"] == 0 for v in verify.values()), verify
-    assert sum(v["checked"] for v in verify.values()) > 0
-    return state
-
-
-_baselines: dict = {}
-
-
-def baseline(make_cluster, servers, k, m):
-    key = (servers, k, m)
-    if key not in _baselines:
-        local = make_cluster(servers=servers, strategy="ecrec", k=k, m=m)
-        cluster, names = train(local.coordinator_address)
-        _baselines[key] = final_state(cluster, names)
-        local.close()
-    return _baselines[key]
-
-
-def assert_same(state, expected):
-    assert state.keys() == expected.keys()
-    for name in expected:
-        np.testing.assert_array_equal(state[name], expected[name], err_msg=f"{name} differs from the failure-free run")
-
-
-def kill_index(local, index):
-    local.kill(local.pid_of_index(index))
-
 
 @pytest.mark.parametrize("point,index,count", [
     ("before_local_commit", 1, 15),

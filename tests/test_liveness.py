@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc
-from test_ecrec_recovery import assert_same, baseline, final_state, kill_index, train, wait_redundant
+from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
 pytestmark = pytest.mark.cluster
 

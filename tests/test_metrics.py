@@ -3,8 +3,6 @@ strategy's stats to metrics in one process."""
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 import time
 import urllib.request
@@ -15,25 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ecrec.ops import metrics
 from ecrec.client import Cluster, EmbeddingBag
+from helpers import free_port_range
 
 
-def free_port_range(count: int) -> int:
-    """A base port such that ``base .. base + count - 1`` are free on 127.0.0.1 right now."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - count)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
+
 
 
 def scrape(address: str) -> dict[tuple, float]:

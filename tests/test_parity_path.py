@@ -102,7 +102,7 @@ def test_merge_equals_the_xor_of_each_rows_deltas_grouped_by_position_and_table(
 def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
     """Every group built on the owner's closer thread and sent directly (``direct_bytes=1``): the same final
     state, bit for bit, as the failure-free run, across an owner killed mid-training."""
-    from test_ecrec_recovery import assert_same, baseline, final_state, kill_index, train, wait_redundant
+    from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
     expected = baseline(make_cluster, 4, 2, 1)
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options={"direct_bytes": "1"})
@@ -125,7 +125,7 @@ def test_a_worker_claiming_a_server_id_cannot_change_parity(make_cluster):
     no server key) are refused; parity and the owners' chains are untouched and training goes on."""
     from ecrec.net import transport
     from ecrec.client import Cluster
-    from test_safety import DIM, ROWS, assert_counts, counting_push
+    from helpers import DIM, ROWS, assert_counts, counting_push
 
     local = make_cluster(strategy="ecrec", k=2, m=1)
     client = Cluster.connect(local.coordinator_address)

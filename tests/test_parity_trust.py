@@ -21,8 +21,9 @@ from conftest import server_metadata
 from ecrec.net import transport
 from ecrec.client import Cluster
 from ecrec.config import ClientConfig
-from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc
-from test_safety import FAST, ROWS, assert_counts, counting_push, start
+from ecrec.wire import parity_pb2, parity_pb2_grpc
+from helpers import FAST, ROWS, assert_counts, counting_push, start
+from helpers import refused
 
 pytestmark = pytest.mark.cluster
 
@@ -31,15 +32,6 @@ FP = grpc.StatusCode.FAILED_PRECONDITION
 
 def parity_stub(address: str, security=None):
     return parity_pb2_grpc.ParityServiceStub(transport.make_channel(address, security=security))
-
-
-def refused(call, code, *words) -> str:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    assert info.value.code() == code, info.value.details()
-    for w in words:
-        assert w in info.value.details(), info.value.details()
-    return info.value.details()
 
 
 def ids_of(m) -> dict[int, str]:

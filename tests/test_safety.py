@@ -15,54 +15,14 @@ import time
 import grpc
 import numpy as np
 import pytest
-import torch
 
 from ecrec.net import transport
-from ecrec.client import Cluster, ClusterError, EmbeddingBag
+from ecrec.client import Cluster, ClusterError
 from ecrec.config import ClientConfig
 from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc, parity_pb2, parity_pb2_grpc
+from helpers import DIM, FAST, ROWS, assert_counts, counting_push, start, wait_for
 
 pytestmark = pytest.mark.cluster
-
-ROWS, DIM = 60, 4
-FAST = dict(rpc_timeout_s=4.0, retry_deadline_s=60.0)  # a call to a paused server gives up after 4 s
-
-
-def counting_push(client: Cluster, ids) -> None:
-    """One acknowledged push of gradient 1 on every element of rows ``ids`` (distinct)."""
-    bag = EmbeddingBag(client, "t")
-    bag(torch.as_tensor(np.asarray(ids, np.int64))[None, :]).sum().backward()
-    client.step()
-
-
-def start(make_cluster, **kwargs):
-    local = make_cluster(strategy="ecrec", k=2, m=1, **kwargs)
-    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
-    setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")  # integer counts: exact in float32
-    setup.close()
-    client = Cluster.connect(local.coordinator_address, config=ClientConfig(**FAST), worker="counter")
-    initial = client.read_payload("t")[1].copy()
-    return local, client, initial
-
-
-def assert_counts(client, initial, counts):
-    payload = client.read_payload("t")[1]
-    expected = initial.copy()
-    expected[:, :DIM] -= counts[:, None]
-    np.testing.assert_array_equal(payload.view(np.uint32), expected.view(np.uint32))
-    verify = client.strategy_call("verify_parity")
-    assert all(v["mismatched"] == 0 for v in verify.values()), verify
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
-        time.sleep(0.05)
-
 
 @pytest.mark.parametrize("store", ["file", pytest.param("etcd", marks=pytest.mark.skipif(
     shutil.which("etcd") is None, reason="needs the etcd binary (apt-get install etcd-server)"))])

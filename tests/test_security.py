@@ -16,16 +16,9 @@ from ecrec.client import Cluster, EmbeddingBag
 from ecrec.config import ClientConfig
 from ecrec.wire import (cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc,
                         parity_pb2, parity_pb2_grpc)
+from helpers import issue
 
 trustme = pytest.importorskip("trustme")
-
-
-def issue(ca, directory, name: str) -> dict:
-    cert = ca.issue_cert("127.0.0.1", "localhost", common_name=name)
-    cert.cert_chain_pems[0].write_to_path(str(directory / f"{name}.pem"))
-    cert.private_key_pem.write_to_path(str(directory / f"{name}.key"))
-    return {"tls_cert": str(directory / f"{name}.pem"), "tls_key": str(directory / f"{name}.key"),
-            "tls_ca": str(directory / "ca.pem")}
 
 
 @pytest.fixture

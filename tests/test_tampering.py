@@ -23,7 +23,7 @@ from ecrec.client import Cluster
 from ecrec.config import ClientConfig
 from ecrec.client.courier import Courier
 from ecrec.wire import embedding_pb2, parity_pb2
-from test_safety import DIM, ROWS, assert_counts, counting_push, wait_for
+from helpers import DIM, ROWS, assert_counts, counting_push, wait_for
 
 pytestmark = pytest.mark.cluster
 
