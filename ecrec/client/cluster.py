@@ -238,14 +238,6 @@ class Cluster:
             self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress, checked=True)
         return spec
 
-    def _check_dense_values(spec: DenseSpec, payload: np.ndarray) -> None:
-        """Raises ``ValueError`` naming the tensor when a dense payload (weights then optimizer state, float32)
-        is not finite or holds a negative Adagrad accumulator."""
-        if not np.isfinite(payload).all():
-            raise ValueError(f"dense tensor {spec.name!r}: the payload must be finite float32 numbers")
-        if spec.optimizer == "adagrad" and (payload[spec.numel:] < 0).any():
-            raise ValueError(f"dense tensor {spec.name!r}: an Adagrad accumulator is negative")
-
     def table_spec(self, name: str) -> TableSpec:
         for t in self.map.tables:
             if t.name == name:

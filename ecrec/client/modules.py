@@ -10,6 +10,7 @@ import torch
 
 from ecrec.client.cluster import Cluster, ClusterError
 from ecrec.client.rows import as_array
+from ecrec.tables.values import check_values
 
 class EmbeddingBag(torch.nn.Module):
     """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
@@ -269,7 +270,7 @@ def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str]
                           f"checkpoint, the shape in current model (cluster table {table!r}) is {shape}.")
             continue
         try:
-            Cluster._check_values(spec, value)
+            check_values(spec, value)
         except ValueError as exc:
             errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}): {exc}')
             continue

@@ -134,7 +134,7 @@ class RowIO:
         if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
             raise ValueError(f"table {name!r}: row ids repeat")
         chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
-        if not checked:  # ``checked``: the caller ran _check_values on these very values
+        if not checked:  # ``checked``: the caller ran check_values on these very values
             check_values(spec, values, what)  # checked whole before anything is sent
         kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]
         for start in range(0, len(ids), chunk):

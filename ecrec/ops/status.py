@@ -15,6 +15,7 @@ coordinator cannot be reached), so a script can wait on it (``--wait``).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from concurrent import futures
 
@@ -168,8 +169,8 @@ def render(status: dict, stream=None) -> None:
                      "-" if s["epoch"] is None else s["epoch"],
                      "-" if s["rows_held"] is None else f"{s['rows_held']:,}", _rebuild_text(s), s["health"],
                      _events_text(s)])
-    console.print_table(headers, rows, title=summary + "\n" + _coordinators_text(status), align="rllrrrrll",
-                        stream=stream)
+    console.print_table(headers, rows, title=summary, align="rllrrrrll", stream=stream)
+    print(_coordinators_text(status), file=stream if stream is not None else sys.stdout, flush=True)
 
 
 def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:

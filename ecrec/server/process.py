@@ -27,6 +27,9 @@ from ecrec.wire import coordinator_pb2, embedding_pb2_grpc
 
 log = logging.getLogger("ecrec.server")
 
+#: how long a server that lost its lease lets calls in flight finish before it exits (they are refused anyway)
+REPLACED_GRACE_S = 0.2
+
 
 def check_device(device: str) -> None:
     """``--device cuda`` needs a usable GPU kernel (cupy, a CUDA device, the kernel compiled and self-tested):
@@ -184,7 +187,8 @@ class EmbeddingServer:
             return  # ``etcd_lease.gone`` says why: the registration raises it
         log.error("this server's lease is gone (%s): it was replaced; stopping", reason)
         self.state.lease.revoke(reason)
-        threading.Thread(target=self.stop, name="ecrec-stop", daemon=True).start()
+        # no grace worth waiting for: every call in flight is refused at its reply (the lease is revoked)
+        threading.Thread(target=self.stop, args=(REPLACED_GRACE_S,), name="ecrec-stop", daemon=True).start()
 
     def _lease_unreachable(self, last_ok: float, exc: Exception) -> bool:
         if self._registered.is_set():
