@@ -31,7 +31,7 @@ SUBCOMMANDS = {
 EXAMPLES = {
     "codec": "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json codec.json",
     "compare": "ecrec-bench compare --preset quick --strategies none,ecrec,cpr --json compare.json --plot compare.png",
-    "report": "ecrec-bench report ecrec/bench/results/compare-quick.json --cost-mtbf-hours 8",
+    "report": "ecrec-bench report docs/results/compare-quick.json --cost-mtbf-hours 8",
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
     "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",
