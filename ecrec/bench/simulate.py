@@ -3,7 +3,7 @@
 ``ecrec-bench compare`` measures every strategy on a small local cluster, where a failure
 happens once, on purpose.  What matters in production is the *expected* overhead of a job
 on hundreds of servers that fail at random.  This command evaluates the overhead model of
-``reference/CPR.md`` (the functions of ``baselines/overhead.py``) over growing clusters,
+the CPR paper (Maeng et al., MLSys 2021; the functions of ``baselines/overhead.py``) over growing clusters,
 with the per-operation costs taken from a ``compare`` report (``--from-compare``) or,
 without one, from defaults measured once on the development machine (printed as such).
 
@@ -56,7 +56,7 @@ output figure is modelled.
 
 Examples::
 
-    # CPR's headline (full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) from the measured inputs (README)
+    # CPR's headline (full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) from the measured inputs (docs/results.md)
     ecrec-bench simulate --from-results docs/results --servers 8 --model-gb 192.5 \\
         --job-mtbf-hours 20.5 --target-pls 0.02 --paper-check
     # growing clusters, per-server MTBF 24 h, a 100 GB model, JSON with the fits
@@ -451,7 +451,7 @@ def plan_min(partial: dict, full: dict) -> dict:
             "partial_interval_s": partial["interval_s"], "full_interval_s": full["interval_s"]}
 
 
-# --- CPR's headline (reference/CPR.md): what simulate's README command is checked against ------------------
+# --- CPR's headline (the CPR paper, MLSys 2021): what docs/results.md's headline command is checked against ---
 #: strategy -> (low, high) of the overhead CPR reports (fraction of training time)
 PAPER_CPR = {"full": (0.082, 0.085), "cpr-mfu": (0.0053, 0.0068), "cpr-ssu": (0.0053, 0.0068)}
 
@@ -1145,7 +1145,7 @@ _OVERHEAD_ONLY = {"full_save_bytes_per_s", "cpr_save_bytes_per_s", "mfu_save_byt
 def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict],
                  fits: dict | None = None) -> None:
     basis = config.get("basis", "overhead")
-    print("ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
+    print("ecrec-bench simulate: expected overhead of each strategy (the overhead model of the CPR paper, MLSys 2021)")
     storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
     mtbf = (f"job MTBF {config['job_mtbf_hours']:g} h (a server's = that x N)" if config.get("job_mtbf_hours")
             else f"per-server MTBF {config['mtbf_hours']:g} h (job MTBF = {config['mtbf_hours']:g} h / N)")
@@ -1201,7 +1201,7 @@ def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows:
         cells.append([str(r["servers"])] + [_pct(r["strategies"][n]["overhead_stall_only"]) for n in names])
     _table(cells)
     if config.get("paper_check"):
-        print("\nCPR's headline (reference/CPR.md: full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) beside the simulated "
+        print("\nCPR's headline (the CPR paper: full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) beside the simulated "
               "figures (relative error: 0 inside the paper's range, else to its nearer end):")
         cells = [["servers", "strategy", "paper %", "simulated %", "rel. error", "plan"]]
         for r in rows:
