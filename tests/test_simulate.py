@@ -351,7 +351,7 @@ def test_stall_only_is_reported_beside_the_overhead_basis():
     assert s["cpr"]["overhead_stall_only"] == pytest.approx(10 / 1728 + 15 / 10800)
 
 
-# --- issue 24: the fit basis, CPR's plan, ECRec's data loss, the README's headline command ----------------------
+# --- issue 24: the fit basis, CPR's plan, ECRec's data loss, the headline command of docs/results.md ------------
 def test_fit_recovers_latency_and_bandwidth_from_synthetic_points():
     lat, bw = 0.134, 80e6
     pts = [(b, lat + b / bw) for b in (0.1e6, 5e6, 50e6, 500e6)]
