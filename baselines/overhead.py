@@ -1,4 +1,4 @@
-"""The checkpoint overhead model of CPR (``reference/CPR.md``): pure functions, no I/O.
+"""The checkpoint overhead model of CPR (Maeng et al., the CPR paper, MLSys 2021): pure functions, no I/O.
 
 Symbols (seconds unless said otherwise):
 

@@ -101,7 +101,7 @@ class ServerConfig(SecurityOptions):
     snapshot_root: str | None = option(None, "snapshots (WriteSnapshot) are written only under this directory or "
                                              "URL prefix (default: wherever the caller asks; a file that exists is "
                                              "never overwritten)")
-    # --- bounds on what a caller can make this server keep or do (README, "Safety"; refused beyond them) -------
+    # --- bounds on what a caller can make this server keep or do (docs/safety.md, "Bounds"; refused beyond them)
     max_worker_name_bytes: int = option(256, "longest worker name a push may carry (bytes, UTF-8)")
     max_incarnation_bytes: int = option(64, "longest worker incarnation a push may carry (bytes, UTF-8)")
     max_ids_per_request: int = option(1 << 22, "most row ids one pull, push or read may name, repeats included")

@@ -1,7 +1,7 @@
 """``ecrec-bench codec`` and ``ecrec-bench server`` end to end at a small size, and their argument errors.
 
 The figures themselves are measurements (nothing here asserts a speed); what is asserted is that each command
-runs what the README says it runs, checks its kernels against each other, and writes a complete report.
+runs what docs/benchmarks.md says it runs, checks its kernels against each other, and writes a complete report.
 """
 
 from __future__ import annotations

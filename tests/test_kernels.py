@@ -142,7 +142,7 @@ def test_kernel_validation_changes_nothing():
 
 # ------------------------------------------------------------------ registry
 def test_cpu_kernel_is_isal_from_the_pyeclib_wheel():
-    """The README's CPU figures are ISA-L's ``gf_vect_mad`` (shipped inside pyeclib's wheel): ``cpu`` must pick it."""
+    """The CPU kernel ``ecrec-bench codec`` measures is ISA-L's ``gf_vect_mad`` (shipped inside pyeclib's wheel): ``cpu`` must pick it."""
     kernel = get_kernel("cpu")
     assert kernel.description.startswith("cpu: isal (gf_vect_mad, libisal"), kernel.description
     assert {"cpu", "isal", "numpy"} <= set(available_kernels())

@@ -351,7 +351,7 @@ def test_stall_only_is_reported_beside_the_overhead_basis():
     assert s["cpr"]["overhead_stall_only"] == pytest.approx(10 / 1728 + 15 / 10800)
 
 
-# --- issue 24: the fit basis, CPR's plan, ECRec's data loss, the README's headline command ----------------------
+# --- issue 24: the fit basis, CPR's plan, ECRec's data loss, the headline command of docs/results.md ------------
 def test_fit_recovers_latency_and_bandwidth_from_synthetic_points():
     lat, bw = 0.134, 80e6
     pts = [(b, lat + b / bw) for b in (0.1e6, 5e6, 50e6, 500e6)]
@@ -448,7 +448,9 @@ def test_relative_error_to_the_papers_range():
     assert simulate.relative_error(0.0053 * 0.5, 0.0053, 0.0068) == pytest.approx(-0.5)
 
 
-RESULTS = __import__("pathlib").Path(simulate.__file__).parent / "results"
+#: the repository root and its measured result files (``ecrec-bench results`` renders them into docs/results.md)
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
 
 
 def test_defaults_are_what_the_result_files_give():
@@ -462,13 +464,13 @@ def test_defaults_are_what_the_result_files_give():
     assert len(fits["parity"]["samples"]) >= 12
 
 
-#: the README's command (README.md, "Production scale: ecrec-bench simulate")
-README_COMMAND = ["simulate", "--from-results", "ecrec/bench/results", "--servers", "8", "--model-gb", "192.5",
+#: the command behind docs/results/simulate-cpr-headline.json (docs/results.md, "CPR's headline")
+README_COMMAND = ["simulate", "--from-results", "docs/results", "--servers", "8", "--model-gb", "192.5",
                   "--job-mtbf-hours", "20.5", "--target-pls", "0.02", "--paper-check"]
 
 
 def test_readme_command_reproduces_cprs_headline_within_20_percent(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(RESULTS.parent.parent.parent)  # the repository root, where the README's command runs
+    monkeypatch.chdir(ROOT)  # the repository root, where the documented command runs
     out = tmp_path / "sim.json"
     assert cli.main(README_COMMAND + ["--json", str(out)]) == 0
     printed = capsys.readouterr().out

@@ -3,7 +3,7 @@ matches ``torchrec.EmbeddingBagCollection`` step for step (same initial weights,
 in TorchRec's own DLRM.  The jagged lookup itself is also tested without TorchRec.
 
 The TorchRec tests skip where the ``torchrec`` extra is not installed (``pip install -e '.[torchrec]'`` then
-``pip install --no-deps torchrec==1.8.0``, see the README).
+``pip install --no-deps torchrec==1.8.0``, see docs/sdk.md).
 """
 
 from __future__ import annotations
@@ -244,18 +244,18 @@ def test_torchrec_dlrm_on_the_cluster_matches_the_local_one(make_cluster):
 
 @pytest.mark.cluster
 @needs_torchrec
-def test_the_readme_snippet_runs(make_cluster):
-    """The README's TorchRec example, run as printed against a real cluster (its address swapped in)."""
+def test_the_documented_snippet_runs(make_cluster):
+    """The TorchRec example of docs/sdk.md, run as printed against a real cluster (its address swapped in)."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### TorchRec", 1)[1]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "sdk.md").read_text()
+    section = readme.split("\n## TorchRec\n", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     local = make_cluster(servers=2)
     assert '"127.0.0.1:7000"' in snippet
     namespace: dict = {}
-    exec(compile(snippet.replace('"127.0.0.1:7000"', f'"{local.coordinator_address}"'), "README.md", "exec"),
+    exec(compile(snippet.replace('"127.0.0.1:7000"', f'"{local.coordinator_address}"'), "docs/sdk.md", "exec"),
          namespace)
     cluster, ebc, model = namespace["cluster"], namespace["ebc"], namespace["model"]
     assert namespace["logits"].shape == (2, 1)

@@ -25,19 +25,22 @@ SUBCOMMANDS = {
     "simulate": ("ecrec.bench.simulate", "expected overhead per strategy at production scale: CPR's model fed with measured costs"),
     "control-plane": ("ecrec.bench.control_plane", "failure-free CPU per step with the map on etcd against a file, "
                                                    "paired rounds side by side"),
+    "results": ("ecrec.bench.results_page", "render the page of measured results (docs/results.md) from the result "
+                                            "JSONs; --check: exit 1 naming the sections that are stale"),
 }
 
 # sub-command -> an example shown at the end of its --help
 EXAMPLES = {
     "codec": "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json codec.json",
     "compare": "ecrec-bench compare --preset quick --strategies none,ecrec,cpr --json compare.json --plot compare.png",
-    "report": "ecrec-bench report ecrec/bench/results/compare-quick.json --cost-mtbf-hours 8",
+    "report": "ecrec-bench report docs/results/compare-quick.json --cost-mtbf-hours 8",
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
     "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",
     "snapshot": "ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json",
     "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
     "control-plane": "ecrec-bench control-plane --rounds 6 --steps 150 --json control-plane.json",
+    "results": "ecrec-bench results --check",
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             _progress(f"skipped: {exc}")
 
+    load_before = os.getloadavg()  # the JSON keeps it: a figure measured beside other jobs is read as such
     rng = np.random.default_rng(args.seed)
     _progress(f"generating {total / 2**20:.0f} MiB of data, k={k}, m={m}, rows of {row} bytes")
     data = rng.integers(0, 256, (k, n), dtype=np.uint8)
@@ -187,11 +189,13 @@ def run(args: argparse.Namespace) -> int:
             "size_mib": args.size_mib, "k": k, "m": m, "backend": args.backend, "row_bytes": row,
             "repeat": args.repeat, "stripe_n": n, "stripes": stripes, "delta_rows": rows,
             "python": platform.python_version(), "machine": platform.machine(), "processor": _cpu_name(),
+            "cpu_count": os.cpu_count(), "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
         },
         "figures": figures,
         "delta_over_encode": ratios,
     }  # fmt: skip
-    _print_table(report)
+    print_report(report)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)
@@ -227,7 +231,8 @@ def _cpu_name() -> str:
     return platform.processor() or "?"
 
 
-def _print_table(report: dict) -> None:
+def print_report(report: dict) -> None:
+    """The table and the ratios, from the report (the JSON ``--json`` writes)."""
     cfg = report["config"]
     print(
         f"codec bench: {cfg['backend']} k={cfg['k']} m={cfg['m']}, {cfg['size_mib']:g} MiB per call, "

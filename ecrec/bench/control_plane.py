@@ -140,6 +140,23 @@ def run(args) -> int:
             local.close()
     summary = summarize(slices)
     load_after = os.getloadavg()
+    report = {"config": {**{k: v for k, v in vars(args).items() if not k.startswith("_")},
+                         "command": "control-plane", "json": os.path.basename(args.json) if args.json else None,
+                         "cpu_count": os.cpu_count(), "load_average_before": list(load_before),
+                         "load_average_after": list(load_after)},
+              "slices": slices, "summary": summary}
+    print_summary(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def print_summary(report: dict) -> None:
+    """The run's summary, from its report (the JSON ``--json`` writes): CPU per step by part and store, the
+    paired etcd / file ratios, the load."""
+    summary, config = report["summary"], report["config"]
     print("\nCPU ms per step (median of the slices):")
     for store, s in summary["stores"].items():
         print(f"  {store:4s}: total {s['total_cpu_s_per_step'] * 1e3:6.2f}  "
@@ -148,14 +165,5 @@ def run(args) -> int:
     c, w = summary["cpu_ratio"], summary["wall_ratio"]
     print(f"etcd / file, paired by round: CPU per step {c['median']:.3f} (range {c['min']:.3f}-{c['max']:.3f}), "
           f"wall per step {w['median']:.3f} (range {w['min']:.3f}-{w['max']:.3f})")
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
-    if args.json:
-        report = {"config": {**{k: v for k, v in vars(args).items() if not k.startswith("_")},
-                             "command": "control-plane", "json": os.path.basename(args.json),
-                             "cpu_count": os.cpu_count(), "load_average_before": list(load_before),
-                             "load_average_after": list(load_after)},
-                  "slices": slices, "summary": summary}
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0
+    print(f"load average before {config['load_average_before'][0]:.2f}, after {config['load_average_after'][0]:.2f} "
+          f"({config['cpu_count']} cores)")

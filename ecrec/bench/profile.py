@@ -91,6 +91,26 @@ COUNTED = ("groups_closed", "group_pushes", "batches_built", "relay_batches", "d
            "delta_bytes_applied", "parity_bytes_relayed", "refused_relayed_batches", "refused_watermarks")
 
 
+def _cpu_like(key: str) -> bool:
+    """Whether a server counter is CPU seconds (reported in ms) rather than a count."""
+    return key.startswith(("thread:", "handler:")) or key.endswith("_cpu_s")
+
+
+def print_summary(report: dict) -> None:
+    """The run's CPU per step, from its report (the JSON ``--json`` writes): the processes, then the servers'
+    threads, request handlers and strategy counters, summed."""
+    n = max(report["steps"], 1)
+    elapsed = report["elapsed_s"]
+    print(f"ecrec-bench profile: strategy {report['strategy']}, {report['steps']} steps in {elapsed:.1f} s "
+          f"({1e3 * elapsed / n:.2f} ms per step; load average {report['load_average_before'][0]:.2f} before, "
+          f"{report['load_average_after'][0]:.2f} after)")
+    for part, value in report["cpu_ms_per_step"].items():
+        print(f"  CPU {part:<12} {value:6.2f} ms per step")
+    print("  servers, summed, per step (CPU ms; counts):")
+    for key, value in report["servers_per_step"].items():
+        print(f"    {key:<40} {value:10.3f}{' ms' if _cpu_like(key) else ''}")
+
+
 def run(args) -> int:
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if args.no_py_spy:
@@ -152,21 +172,13 @@ def run(args) -> int:
     cpu = {part: 1e3 * (after[part] - before[part]) / n for part in ("worker", "servers", "coordinator")}
     per_step = {key: (counters_after.get(key, 0.0) - counters_before.get(key, 0.0)) / n
                 for key in sorted(set(counters_after) | set(counters_before))}
-    print(f"ecrec-bench profile: strategy {args.strategy}, {steps} steps in {elapsed:.1f} s "
-          f"({1e3 * elapsed / n:.2f} ms per step; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after)")
-    for part, value in cpu.items():
-        print(f"  CPU {part:<12} {value:6.2f} ms per step")
-    print("  servers, summed, per step (CPU ms; counts):")
-    for key, value in per_step.items():
-        cpu_like = key.startswith(("thread:", "handler:")) or key.endswith("_cpu_s")
-        print(f"    {key:<40} {1e3 * value if cpu_like else value:10.3f}{' ms' if cpu_like else ''}")
     report = {"strategy": args.strategy, "servers": args.servers, "k": args.k, "m": args.m, "steps": steps,
               "elapsed_s": elapsed, "load_average_before": list(load_before), "load_average_after": list(load_after),
               "cpu_ms_per_step": cpu,
-              "servers_per_step": {k: (1e3 * v if k.startswith(("thread:", "handler:")) or k.endswith("_cpu_s") else v)
-                                   for k, v in per_step.items()},
+              "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
               "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s; counts for the rest",
               "sampled": {}}
+    print_summary(report)
     for name in procs:
         folded = out / f"{name}.folded"
         if folded.exists():

@@ -435,18 +435,8 @@ def run(args) -> int:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     _memory_over_none(rows)
-    print()
-    print_rows(rows, COLUMNS)
-    if args.during_training:
-        print()
-        print_rows(rows, TRAINING_COLUMNS)
-    _print_ratios(rows, args)
-    costs = {}
-    if args.during_training:
-        costs = _costs(rows, args, model)
-        print_cost_tables(costs, "overhead: each strategy's rate before its first kill against none's, runs one after "
-                                 "another (noisy: `ecrec-bench compare` measures it side by side); failures: training "
-                                 "lost per failure, measured")
+    costs = _costs(rows, args, model) if args.during_training else {}
+    print_report(rows, args.during_training, costs)
     if args.json:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         config.update(strategies=strategies, row_bytes=row_bytes, model_bytes=model, cpu_count=os.cpu_count(),
@@ -488,7 +478,25 @@ def _costs(rows: list[dict], args, model_bytes: int) -> dict:
     return {f"{h:g}": cost_table(rows, h * 3600.0, model_bytes) for h in sorted({args.mtbf_hours, args.cost_mtbf_hours})}
 
 
-def _print_ratios(rows: list[dict], args) -> None:
+#: the note under the cost tables of ``--during-training``
+COST_NOTE = ("overhead: each strategy's rate before its first kill against none's, runs one after another (noisy: "
+             "`ecrec-bench compare` measures it side by side); failures: training lost per failure, measured")
+
+
+def print_report(rows: list[dict], during_training: bool, costs: dict) -> None:
+    """The tables, the ratios and (``during_training``) the expected cost per day: what ``run`` prints at the end,
+    from the rows and costs its JSON keeps (``strategies``, ``cost_per_day``)."""
+    print()
+    print_rows(rows, COLUMNS)
+    if during_training:
+        print()
+        print_rows(rows, TRAINING_COLUMNS)
+    _print_ratios(rows, during_training)
+    if during_training:
+        print_cost_tables(costs, COST_NOTE)
+
+
+def _print_ratios(rows: list[dict], during_training: bool) -> None:
     by = {r["strategy"]: r for r in rows}
     ec = by.get("ecrec")
     if ec is None:
@@ -497,7 +505,7 @@ def _print_ratios(rows: list[dict], args) -> None:
         o = by.get(other)
         if o and o.get("redundant_s") and ec.get("redundant_s"):
             print(f"ecrec fully redundant {o['redundant_s'] / ec['redundant_s']:.2f}x sooner than {other}")
-        if args.during_training and o and o.get("lost_training_s") and ec.get("lost_training_s") is not None:
+        if during_training and o and o.get("lost_training_s") and ec.get("lost_training_s") is not None:
             print(f"ecrec training time lost per failure / {other}'s (both measured, {other}'s over its interval): "
                   f"{ec['lost_training_s'] / o['lost_training_s']:.3f}")
 

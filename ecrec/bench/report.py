@@ -8,7 +8,7 @@ recomputed report (the records carried over), e.g. after the accounting changed.
 
 Examples::
 
-    ecrec-bench report ecrec/bench/results/compare-quick.json
+    ecrec-bench report docs/results/compare-quick.json
     ecrec-bench report compare.json --cost-mtbf-hours 8 --json compare-8h.json
 """
 

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from concurrent import futures
 
 import numpy as np
-import torch
 
 from ecrec.ops import console
 from ecrec.net import transport
-from ecrec.client import Cluster, EmbeddingBag
 from ecrec.ops.local import LocalCluster, LocalClusterSpec
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
 
@@ -61,6 +60,8 @@ def _side_by_side(a, b, rows: int, seconds: float, rounds: int) -> tuple[float, 
 
 
 def _single_server(args) -> dict:
+    from ecrec.client import Cluster
+
     with LocalCluster(LocalClusterSpec(servers=1)) as local:
         client = Cluster.connect(local.coordinator_address)
         client.create_table("bench", args.rows, args.dim, optimizer="sgd", lr=0.01)
@@ -95,6 +96,10 @@ def _single_server(args) -> dict:
 
 
 def _cluster(args) -> dict:
+    import torch
+
+    from ecrec.client import Cluster, EmbeddingBag
+
     with LocalCluster(LocalClusterSpec(servers=args.servers)) as local:
         client = Cluster.connect(local.coordinator_address)
         client.create_table("bench", args.rows, args.dim, optimizer="sgd", lr=0.01)
@@ -126,22 +131,35 @@ def _cluster(args) -> dict:
 
 
 def run(args) -> int:
+    import torch  # here, not at import: the report of a saved JSON (docs/results.md) needs no torch
+
     torch.set_num_threads(1)  # the servers share this machine's cores with the client
     if args.batch > args.rows:
         print("ecrec-bench server: --batch must not exceed --rows", file=sys.stderr)
         return 2
     print(f"ecrec-bench server: {args.rows} rows x {args.dim} float32, {args.batch} rows per pull/push", file=sys.stderr)
+    load_before = os.getloadavg()  # the JSON keeps it: a figure measured beside other jobs is read as such
     single = _single_server(args)
     cluster = _cluster(args)
+    report = {"config": {**{k: v for k, v in vars(args).items() if not k.startswith("_")},
+                         "command": "server", "json": os.path.basename(args.json) if args.json else None,
+                         "cpu_count": os.cpu_count(), "load_average_before": list(load_before),
+                         "load_average_after": list(os.getloadavg())},
+              "single_server": single, "cluster": cluster}
+    print_report(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def print_report(report: dict) -> None:
+    """The table, from the report (the JSON ``--json`` writes)."""
+    single, cluster = report["single_server"], report["cluster"]
     print()
     console.print_table(["measurement", "rows/s", "raw gRPC rows/s", "ratio"], [
         ["one server: pull+push (stubs)", f"{single['pull_push_rows_per_s']:,.0f}",
          f"{single['raw_grpc_rows_per_s']:,.0f}", f"{single['efficiency']:.2f}"],
-        [f"{args.servers} servers: SDK pull+step", f"{cluster['sdk_rows_per_s']:,.0f}",
+        [f"{report['config']['servers']} servers: SDK pull+step", f"{cluster['sdk_rows_per_s']:,.0f}",
          f"{cluster['raw_grpc_rows_per_s']:,.0f}", f"{cluster['efficiency']:.2f}"],
     ])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                       "single_server": single, "cluster": cluster}, f, indent=2)
-    return 0

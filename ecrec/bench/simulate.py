@@ -3,7 +3,7 @@
 ``ecrec-bench compare`` measures every strategy on a small local cluster, where a failure
 happens once, on purpose.  What matters in production is the *expected* overhead of a job
 on hundreds of servers that fail at random.  This command evaluates the overhead model of
-``reference/CPR.md`` (the functions of ``baselines/overhead.py``) over growing clusters,
+the CPR paper (Maeng et al., MLSys 2021; the functions of ``baselines/overhead.py``) over growing clusters,
 with the per-operation costs taken from a ``compare`` report (``--from-compare``) or,
 without one, from defaults measured once on the development machine (printed as such).
 
@@ -38,7 +38,7 @@ data loss: ``m + 1`` failures in one stripe during a rebuild (:func:`data_loss_p
 per-server MTBF, the rebuild time and the layout of ``ecrec/coding/layout.py``), bounded by periodic snapshots
 at Daly's interval for the loss rate (:func:`snapshot_fallback`, rates of ``ecrec-bench snapshot``).
 ``--from-results DIR`` takes every measured input from the result files of DIR (:func:`measured_results`);
-the built-in :data:`DEFAULTS` are those of ``ecrec/bench/results``.  ``--basis overhead`` keeps the earlier
+the built-in :data:`DEFAULTS` are those of ``docs/results``.  ``--basis overhead`` keeps the earlier
 basis: each checkpointing strategy charged its measured failure-free overhead per save
 (``{full,cpr,mfu,ssu}_save_bytes_per_s``) and ECRec a constant ``parity_overhead``.  The training stall
 alone (``stall_latency_s + shard / save_bytes_per_s``) is shown beside as "stall only".
@@ -56,14 +56,14 @@ output figure is modelled.
 
 Examples::
 
-    # CPR's headline (full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) from the measured inputs (README)
-    ecrec-bench simulate --from-results ecrec/bench/results --servers 8 --model-gb 192.5 \\
+    # CPR's headline (full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) from the measured inputs (docs/results.md)
+    ecrec-bench simulate --from-results docs/results --servers 8 --model-gb 192.5 \\
         --job-mtbf-hours 20.5 --target-pls 0.02 --paper-check
     # growing clusters, per-server MTBF 24 h, a 100 GB model, JSON with the fits
-    ecrec-bench simulate --from-results ecrec/bench/results --servers 8..1024 --json sim.json
+    ecrec-bench simulate --from-results docs/results --servers 8..1024 --json sim.json
     # ECRec with two parities; the earlier cost basis; one input overridden
     ecrec-bench simulate --servers 64 --k 4 --m 2
-    ecrec-bench simulate --basis overhead --from-compare ecrec/bench/results/compare-quick.json
+    ecrec-bench simulate --basis overhead --from-compare docs/results/compare-quick.json
     ecrec-bench simulate --set save_fit_bytes_per_s=1e9 --reschedule-s 120
 """
 
@@ -108,8 +108,8 @@ class Input:
         return asdict(self)
 
 
-# Built-in costs, regenerated from the result files kept in ecrec/bench/results/ (issue 24) with
-# `ecrec-bench simulate --from-results ecrec/bench/results --json OUT` (see :func:`measured_results`, which
+# Built-in costs, regenerated from the result files kept in docs/results/ (issue 24) with
+# `ecrec-bench simulate --from-results docs/results --json OUT` (see :func:`measured_results`, which
 # says how each is measured; `tests/test_simulate.py` checks that these values still equal what those files
 # give).  The files: the current compare reports (paired rounds) compare-quick.json (`--preset quick
 # --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad), compare-movielens.json and
@@ -121,7 +121,7 @@ class Input:
 # comes from compare-quick.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
 # parity cost below x its update rate.  Absolute rates are those of this Python prototype on a 2-core shared
 # VM writing to a local disk, not of a production parameter server.
-_RES = "ecrec/bench/results"
+_RES = "docs/results"
 _QUICK = "compare-quick.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
     "save_bytes_per_s": (353.6e6, "bytes/s per server",
@@ -451,7 +451,7 @@ def plan_min(partial: dict, full: dict) -> dict:
             "partial_interval_s": partial["interval_s"], "full_interval_s": full["interval_s"]}
 
 
-# --- CPR's headline (reference/CPR.md): what simulate's README command is checked against ------------------
+# --- CPR's headline (the CPR paper, MLSys 2021): what docs/results.md's headline command is checked against ---
 #: strategy -> (low, high) of the overhead CPR reports (fraction of training time)
 PAPER_CPR = {"full": (0.082, 0.085), "cpr-mfu": (0.0053, 0.0068), "cpr-ssu": (0.0053, 0.0068)}
 
@@ -1029,7 +1029,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(repeatable; inputs: {', '.join(DEFAULTS)})")
     p.add_argument("--from-results", metavar="DIR",
                    help="take every input the result files of DIR measure (ecrec-bench compare/recovery/snapshot "
-                        "JSONs, e.g. ecrec/bench/results): the save, load and rebuild fits, ECRec's parity cost per "
+                        "JSONs, e.g. docs/results): the save, load and rebuild fits, ECRec's parity cost per "
                         "update, the snapshot rates (see measured_results)")
     p.add_argument("--basis", choices=("fit", "overhead"), default="fit",
                    help="cost basis: fit (default: one save cost latency + bytes / bandwidth for every checkpointing "
@@ -1145,13 +1145,13 @@ _OVERHEAD_ONLY = {"full_save_bytes_per_s", "cpr_save_bytes_per_s", "mfu_save_byt
 def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows: list[dict],
                  fits: dict | None = None) -> None:
     basis = config.get("basis", "overhead")
-    print("ecrec-bench simulate: expected overhead of each strategy (CPR's overhead model, reference/CPR.md)")
+    print("ecrec-bench simulate: expected overhead of each strategy (the overhead model of the CPR paper, MLSys 2021)")
     storage = f", checkpoint store {config['storage_gbps']} GB/s" if config["storage_gbps"] else ""
     mtbf = (f"job MTBF {config['job_mtbf_hours']:g} h (a server's = that x N)" if config.get("job_mtbf_hours")
             else f"per-server MTBF {config['mtbf_hours']:g} h (job MTBF = {config['mtbf_hours']:g} h / N)")
     print(f"  model {config['model_gb']:g} GB over N servers, {mtbf}, {config['formula']} interval for full{storage}")
     source = " + ".join(x for x in (config.get("from_results"), config["from_compare"]) if x)
-    print(f"  costs: {source or 'built-in defaults (regenerated from ecrec/bench/results, see DEFAULTS)'}; "
+    print(f"  costs: {source or 'built-in defaults (regenerated from docs/results, see DEFAULTS)'}; "
           f"cost basis: {basis}")
     print("\ninputs (source: measured = from the result files, modelled = inferred from their figures through an "
           "assumption, default = built in, given = command line):")
@@ -1201,7 +1201,7 @@ def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows:
         cells.append([str(r["servers"])] + [_pct(r["strategies"][n]["overhead_stall_only"]) for n in names])
     _table(cells)
     if config.get("paper_check"):
-        print("\nCPR's headline (reference/CPR.md: full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) beside the simulated "
+        print("\nCPR's headline (the CPR paper: full 8.2-8.5 %, CPR-MFU/SSU 0.53-0.68 %) beside the simulated "
               "figures (relative error: 0 inside the paper's range, else to its nearer end):")
         cells = [["servers", "strategy", "paper %", "simulated %", "rel. error", "plan"]]
         for r in rows:

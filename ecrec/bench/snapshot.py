@@ -122,6 +122,23 @@ def _equal(cluster, path: Path, manifest: dict, how: str, seed: int) -> bool | N
     return True
 
 
+def print_summary(out: dict) -> None:
+    """The run's summary, from its report (the JSON ``--json`` writes): save and restore, disk, checks, load."""
+    c = out["config"]
+    mb = out["save"]["bytes"] / 1e6
+    print(f"snapshot of {c['tables']} x {c['rows']:,} x {c['dim']} ({c['optimizer']}, {mb:,.0f} MB): "
+          f"{c['servers']} servers -> {c['restore_servers']}")
+    for phase in ("save", "restore"):
+        f = out[phase]
+        print(f"  {phase:<8} {f['seconds']:7.2f} s  {f['mb_per_s']:7.0f} MB/s  CPU s: servers {f['servers_cpu_s']:.2f}, "
+              f"client {f['client_cpu_s']:.2f}  client peak {(f['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
+    print(f"  disk (one file, fsynced) {out['disk_mb_per_s']:,.0f} MB/s;  restored rows equal: {out['exact']};  "
+          f"parity mismatched: {out.get('parity_mismatched', '-')};  servers declared failed: "
+          f"{out.get('failures_declared', '-')}")
+    print(f"  load average before {out['load_average_before'][0]:.2f}, after {out['load_average_after'][0]:.2f} "
+          f"({out['cpu_count']} cores)")
+
+
 def run(args) -> int:
     from ecrec.client import Cluster
     from ecrec.config import ClientConfig
@@ -194,18 +211,7 @@ def run(args) -> int:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
     out["load_average_after"] = list(os.getloadavg())
-    mb = out["save"]["bytes"] / 1e6
-    print(f"snapshot of {args.tables} x {args.rows:,} x {args.dim} ({args.optimizer}, {mb:,.0f} MB): "
-          f"{args.servers} servers -> {args.restore_servers}")
-    for phase in ("save", "restore"):
-        f = out[phase]
-        print(f"  {phase:<8} {f['seconds']:7.2f} s  {f['mb_per_s']:7.0f} MB/s  CPU s: servers {f['servers_cpu_s']:.2f}, "
-              f"client {f['client_cpu_s']:.2f}  client peak {(f['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
-    print(f"  disk (one file, fsynced) {out['disk_mb_per_s']:,.0f} MB/s;  restored rows equal: {out['exact']};  "
-          f"parity mismatched: {out.get('parity_mismatched', '-')};  servers declared failed: "
-          f"{out.get('failures_declared', '-')}")
-    print(f"  load average before {out['load_average_before'][0]:.2f}, after {out['load_average_after'][0]:.2f} "
-          f"({out['cpu_count']} cores)")
+    print_summary(out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

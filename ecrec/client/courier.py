@@ -1,8 +1,8 @@
 """What a worker carries for the servers: parity batches from owners to their parity servers, the parity
 servers' watermarks back to the owners, and every push until its owner says it is durable.
 
-ECRec's parity path rides on the requests a worker sends every step anyway (``DESIGN.md``, "The update
-path"; ``docs/push-path.md``): a push reply carries the owner's parity batches, the worker attaches them
+ECRec's parity path rides on the requests a worker sends every step anyway (``docs/protocol.md``, "The
+update path"; ``docs/push-path.md``): a push reply carries the owner's parity batches, the worker attaches them
 to its next pull or push to each destination, and the destination's reply carries watermarks that the
 worker hands to the owner with its next push.  No RPC of its own.
 

@@ -7,7 +7,7 @@ loads), and the coordinator's cluster map (epoch, servers by state, events).  Ea
 own registry (never the global one) over HTTP with ``prometheus_client``, bound to the process's host.
 
 Rates (pulls and pushes per second) are Prometheus' job: ``rate(ecrec_server_requests_total[1m])``.
-The metric list, with help texts, is in the README ("Metrics").
+The metric list, with help texts, is in docs/operations.md ("Prometheus metrics").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ group sends one delta, not one per push, and undoing the group is one XOR.  The 
 parity servers of each row's stripe; a dense tensor's delta goes to its ``m`` backups.  All deltas of one group
 for one destination form one ``ParityBatch``, serialized and sealed (:mod:`ecrec.net.seal`) once.
 
-Delivery is pipelined (``DESIGN.md``, "The update path"): a push is acknowledged as soon as it is applied here;
+Delivery is pipelined (``docs/protocol.md``, "The update path"): a push is acknowledged as soon as it is applied here;
 the batches of the group it closes go back to the worker in that push's reply, and the worker attaches them to
 its next request to each destination (the *relay*: no RPC of its own).  The destinations' sealed watermarks
 come back with the worker's next push (:meth:`ParityOwner.on_acks`); one that does not check is refused.  A

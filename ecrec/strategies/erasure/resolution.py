@@ -1,6 +1,6 @@
 """Resolution of a failed owner's in-flight pushes: which stand (rolled forward) and which are undone.
 
-Run by the replacement of failed index ``f`` before it serves (``DESIGN.md``, step 5).  Every live
+Run by the replacement of failed index ``f`` before it serves (``docs/protocol.md``, "A failed owner").  Every live
 server closes ``f``'s chain (later batches of that incarnation are refused) and lists the batches of
 ``f`` it applied.  ``f``'s pushes are numbered consecutively; the *kept* pushes are the longest prefix
 in which every push is confirmed or applied at every surviving destination that received it from

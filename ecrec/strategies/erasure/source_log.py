@@ -2,8 +2,8 @@
 confirmed yet.
 
 Each entry keeps what is needed to undo the batch (XOR the same deltas again, restore the previous
-versions, drop held-back deltas).  Recovery of a failed owner reads these logs (``DESIGN.md``, "The
-update path"); a confirmation from the owner trims them, and the push ids of trimmed entries are kept as
+versions, drop held-back deltas).  Recovery of a failed owner reads these logs (``docs/protocol.md``, "A
+failed owner: resolution and replay"); a confirmation from the owner trims them, and the push ids of trimmed entries are kept as
 each worker incarnation's highest sequence (``committed``) so that a retry after a recovery is answered
 "already applied".
 """

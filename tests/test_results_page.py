@@ -1,0 +1,125 @@
+"""docs/results.md is generated: ``ecrec-bench results`` (``ecrec/bench/results_page.py``) renders it from the result
+files of docs/results/, and this test fails when the page and the files differ, when a result file is used by no
+section, or when the generator would not notice a changed figure.  In one process, no cluster."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ecrec.bench import cli, results_page
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "results.md"
+
+
+def test_the_page_is_what_the_result_files_render():
+    assert results_page.render(RESULTS) == PAGE.read_text(), \
+        "docs/results.md is stale: run `ecrec-bench results` (python -m ecrec.bench.cli results)"
+
+
+def test_every_result_file_is_used_by_a_section_or_listed_as_raw_data():
+    used = results_page.used_files(RESULTS)
+    files = {p.name for p in RESULTS.glob("*.json")}
+    assert files, "no result files"
+    assert not files - set(used), f"used by no section: {sorted(files - set(used))}"
+    assert set(results_page.RAW) <= files, "RAW lists a file that is not there"
+    assert {section for name, section in used.items() if name not in results_page.RAW} <= \
+        {title for title, _ in results_page.SECTIONS}
+    page = PAGE.read_text()
+    for name in files:
+        assert f"docs/results/{name}" in page or f"(results/{name})" in page, f"the page never names {name}"
+    for image in RESULTS.glob("*.png"):
+        assert f"](results/{image.name})" in page, f"the page does not show {image.name}"
+
+
+def test_the_page_names_the_command_and_load_of_each_section():
+    for title, text in results_page.sections(RESULTS)[1:]:
+        if title in ("Raw data", "Codec and server throughput"):
+            continue
+        assert "**Command:** `ecrec-bench " in text, title
+        if title != "Production scale, modelled":  # a model: nothing measured, no load to record
+            assert "**Load:** load average" in text, title
+
+
+@pytest.fixture
+def results_copy(tmp_path):
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    return copy
+
+
+def _edit(path: Path, change) -> None:
+    report = json.loads(path.read_text())
+    change(report)
+    path.write_text(json.dumps(report))
+
+
+def test_a_changed_figure_changes_the_page_and_check_names_its_section(results_copy, tmp_path, capsys):
+    page = PAGE.read_text()
+    _edit(results_copy / "snapshot-4m.json", lambda r: r["save"].update(mb_per_s=987.0))
+    rendered = results_page.render(results_copy)
+    assert rendered != page and "987 MB/s" in rendered
+    assert results_page.stale_sections(page, results_copy) == ["Snapshots"]
+    assert cli.main(["results", "--dir", str(results_copy), "--out", str(PAGE), "--check"]) == 1
+    assert "Snapshots" in capsys.readouterr().err
+    out = tmp_path / "results.md"
+    assert cli.main(["results", "--dir", str(results_copy), "--out", str(out)]) == 0
+    assert out.read_text() == rendered
+    assert cli.main(["results", "--dir", str(results_copy), "--out", str(out), "--check"]) == 0
+
+    _edit(results_copy / "compare-quick.json", lambda r: r["strategies"]["ecrec"].update(lost_training_s=9.876))
+    assert "9.876" in results_page.render(results_copy)
+    stale = results_page.stale_sections(page, results_copy)
+    assert stale == ["Every strategy through the same failures (quick preset)", "Snapshots"]
+
+
+def test_the_page_checks_against_the_repositorys_files_and_a_hand_edit_is_stale(tmp_path, capsys):
+    assert cli.main(["results", "--dir", str(RESULTS), "--out", str(PAGE), "--check"]) == 0
+    edited = tmp_path / "results.md"
+    edited.write_text(PAGE.read_text().replace("## Snapshots\n", "## Snapshots\n\nadded by hand\n"))
+    assert cli.main(["results", "--dir", str(RESULTS), "--out", str(edited), "--check"]) == 1
+    assert "Snapshots" in capsys.readouterr().err
+    assert cli.main(["results", "--dir", str(RESULTS), "--out", str(tmp_path / "missing.md"), "--check"]) == 1
+
+
+def test_a_result_file_no_section_reads_is_refused(results_copy, capsys):
+    (results_copy / "compare-new.json").write_text("{}")
+    with pytest.raises(ValueError, match="compare-new.json"):
+        results_page.render(results_copy)
+    assert cli.main(["results", "--dir", str(results_copy), "--check"]) == 2
+    assert "compare-new.json" in capsys.readouterr().err
+
+
+def test_codec_and_server_files_are_rendered_when_there(results_copy):
+    """The two benchmarks without a file here yet: a made-up report of each (the shape their --json writes)."""
+    (results_copy / "codec.json").write_text(json.dumps({
+        "benchmark": "codec",
+        "config": {"size_mib": 16, "k": 4, "m": 2, "backend": "isa_l_rs_vand", "row_bytes": 1024, "repeat": 5,
+                   "processor": "test cpu", "cpu_count": 2, "load_average_before": [0.5, 0.4, 0.3],
+                   "load_average_after": [0.9, 0.5, 0.3]},
+        "figures": [{"op": "delta_batch", "impl": "cpu: isal", "best_gbps": 3.21, "median_gbps": 3.0,
+                     "unit": "delta bytes"},
+                    {"op": "encode", "impl": "pyeclib isa_l_rs_vand", "best_gbps": 1.5, "median_gbps": 1.4,
+                     "unit": "data bytes"}],
+        "delta_over_encode": {"cpu: isal": 2.14}}))
+    from ecrec.bench import server
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    config = {**vars(parser.parse_args([])), "json": "server.json", "cpu_count": 2,
+              "load_average_before": [0.5, 0.4, 0.3], "load_average_after": [0.9, 0.5, 0.3]}
+    (results_copy / "server.json").write_text(json.dumps({
+        "config": config,
+        "single_server": {"pull_push_rows_per_s": 700_000, "raw_grpc_rows_per_s": 1_100_000, "efficiency": 0.64},
+        "cluster": {"sdk_rows_per_s": 350_000, "raw_grpc_rows_per_s": 820_000, "efficiency": 0.43}}))
+    text = dict(results_page.sections(results_copy))["Codec and server throughput"]
+    assert "ecrec-bench codec --size-mib 16 --k 4 --m 2 --json docs/results/codec.json" in text
+    assert "CPU delta update: 3.21 GB/s (target >= 2 GB/s: **met**)" in text
+    assert "Bulk encode through pyeclib: 1.50 GB/s (target >= 2 GB/s: **not met**)" in text
+    assert "ecrec-bench server --json docs/results/server.json" in text and "reaches 0.64" in text
+    assert "700,000" in text and text.count("**Load:**") == 2
