@@ -244,6 +244,20 @@ def holder(local, index):
     return next((s for s in m.servers if s.index == index and s.state != cluster_pb2.FAILED), None)
 
 
+def serves(address: str) -> bool:
+    """Whether the server at ``address`` serves now: an empty pull sent to it (not through the map) is refused for
+    its content (INVALID_ARGUMENT) only by a server that still holds its lease; UNAVAILABLE otherwise, the
+    process gone included."""
+    from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            embedding_pb2_grpc.EmbeddingServerStub(channel).Pull(embedding_pb2.PullRequest(), timeout=1)
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return True
+
+
 @needs_etcd
 def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_path):
     release = tmp_path / "release"
@@ -320,15 +334,17 @@ def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_re
         victim = holder(local, 1)
         standby_id = next(s.server_id for s in m.servers if s.index < 0)
         proc = next(p for p in local.server_procs if p.pid == local.pid_of_index(1))
+        assert serves(victim.address)
         etcd.revoke(keys[victim.server_id].lease)
         revoked = time.monotonic()
-        wait_for(lambda: proc.poll() is not None, 20, "the server whose lease was revoked to exit")
+        wait_for(lambda: not serves(victim.address), 20, "the server whose lease was revoked to stop serving")
         stopped = time.monotonic() - revoked
+        wait_for(lambda: proc.poll() is not None, 20, "the server whose lease was revoked to exit")
         h = wait_for(lambda: (h := holder(local, 1)) is not None and h.server_id == standby_id
                      and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING) and h, 40, "index 1 promoted")
         counting_push(client, np.arange(ROWS))
         counts += 1
-        print(f"the server stopped {stopped:.2f} s after its etcd lease was revoked")
+        print(f"the server stopped serving {stopped:.2f} s after its etcd lease was revoked")
         assert stopped < m.lease_s  # at its next renewal, a third of the TTL apart
         assert h.server_id in {kv.key.decode().rpartition("/")[2]
                                for kv in etcd.get_prefix(servers_prefix(local.etcd_prefix))}
@@ -354,16 +370,18 @@ def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluste
     try:
         key = servers_prefix(local.etcd_prefix) + victim.server_id.encode()
         lease = etcd.get(key).lease
+        assert serves(victim.address)
         assert etcd.delete(key) == 1  # by hand: the lease lives on
         deleted = time.monotonic()
-        wait_for(lambda: proc.poll() is not None, 20, "the server whose key was deleted to exit")
+        wait_for(lambda: not serves(victim.address), 20, "the server whose key was deleted to stop serving")
         stopped = time.monotonic() - deleted
         assert stopped < m.lease_s  # at its next renewal
+        wait_for(lambda: proc.poll() is not None, 20, "the server whose key was deleted to exit")
         assert etcd.keep_alive_once(lease) <= 0  # it revoked its lease on the way out
         wait_for(lambda: (h := holder(local, 2)) is not None and h.server_id == standby_id
                  and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING), 40, "index 2 promoted")
         promoted = time.monotonic() - deleted
-        print(f"the server stopped {stopped:.2f} s after its key was deleted; its standby held the index "
+        print(f"the server stopped serving {stopped:.2f} s after its key was deleted; its standby held the index "
               f"{promoted:.2f} s after")
         # the coordinator saw the key gone after it went, and waited a whole TTL from then
         assert promoted >= m.lease_s
