@@ -10,11 +10,34 @@ import pytest
 from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
 
+def _stop(clusters) -> None:
+    """Ends every process of ``clusters`` at once (SIGKILL: the test is over, nothing of their shutdown is under
+    test there) and waits for them, etcd members included."""
+    procs = []
+    for cluster in clusters:
+        etcd = [*cluster.etcd.procs, *cluster.etcd.old_procs] if cluster.etcd is not None else []
+        procs += [p for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc,
+                              *cluster.coordinator_procs, *etcd] if p is not None]
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a process that cannot be reaped is the kernel's now
+            pass
+    for cluster in clusters:
+        cluster.close()  # its own bookkeeping (etcd data directories, atexit); every process is gone already
+
+
 @pytest.fixture
 def make_cluster():
     """Factory: ``make_cluster(servers=4, strategy="none", ...)`` -> a started LocalCluster.
 
-    Every process started through it is terminated at teardown, even when the test fails.
+    Every process started through it is killed by pid at teardown, even when the test fails.
     """
     started: list[LocalCluster] = []
 
@@ -25,13 +48,25 @@ def make_cluster():
         return cluster.start()
 
     yield factory
-    for cluster in started:
-        cluster.close()
-        etcd = [*cluster.etcd.procs, *cluster.etcd.old_procs] if cluster.etcd is not None else []
-        for p in [*cluster.server_procs, *cluster.old_coordinator_procs, cluster.coordinator_proc,
-                  *cluster.coordinator_procs, *etcd]:
-            if p is not None and p.poll() is None:  # belt and braces: kill by pid
-                os.kill(p.pid, signal.SIGKILL)
+    _stop(started)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """Factory of clusters one module's tests share: ``shared_cluster(**spec)`` starts a cluster the first time a
+    spec is asked for and hands the same one out after.  For tests that kill, pause or restart none of its
+    processes and use table names of their own; killed by pid when the module's tests are done."""
+    started: dict[str, LocalCluster] = {}
+
+    def factory(**kwargs) -> LocalCluster:
+        kwargs.setdefault("host", "127.0.0.1")
+        key = repr(sorted(kwargs.items()))
+        if key not in started:
+            started[key] = LocalCluster(LocalClusterSpec(**kwargs)).start()
+        return started[key]
+
+    yield factory
+    _stop(list(started.values()))
 
 
 def pytest_addoption(parser):
