@@ -32,6 +32,12 @@ class CheckpointCommands:
             raise refusal(exc) from None
 
     @staticmethod
+    def _known_args(command: str, args: dict, allowed: set) -> None:
+        unknown = set(args) - allowed
+        if unknown:
+            raise ValueError(f"{command}: unknown arguments {sorted(unknown)}")
+
+    @staticmethod
     def _opt_int(args: dict, key: str) -> int | None:
         v = args.get(key)
         if v is None:
@@ -41,9 +47,7 @@ class CheckpointCommands:
         return v
 
     def _cmd_save(self, args: dict) -> dict:
-        unknown = set(args) - {"kind", "cut", "step", "wait", "keep_cut"}
-        if unknown:
-            raise ValueError(f"save: unknown arguments {sorted(unknown)}")
+        self._known_args("save", args, {"kind", "cut", "step", "wait", "keep_cut"})
         return self.save(kind=args.get("kind", "full"), cut=self._opt_int(args, "cut"), step=self._opt_int(args, "step"),
                          wait=bool(args.get("wait", False)), keep_cut=self._opt_int(args, "keep_cut"))
 
@@ -71,9 +75,7 @@ class CheckpointCommands:
         return {"complete": complete, "incomplete": incomplete, "cuts": sorted(cuts)}
 
     def _cmd_restore(self, args: dict) -> dict:
-        unknown = set(args) - {"cut", "seq"}
-        if unknown:
-            raise ValueError(f"restore: unknown arguments {sorted(unknown)}")
+        self._known_args("restore", args, {"cut", "seq"})
         return self.restore(cut=self._opt_int(args, "cut"), seq=self._opt_int(args, "seq"))
 
     def _cmd_probe_load(self, args: dict) -> dict:
@@ -99,9 +101,7 @@ class CheckpointCommands:
                              for name, (ids, counts) in self._restored_rows.items()}}
 
     def _cmd_configure(self, args: dict) -> dict:
-        unknown = set(args) - {"mode", "interval_s"}
-        if unknown:
-            raise ValueError(f"configure: unknown arguments {sorted(unknown)}")
+        self._known_args("configure", args, {"mode", "interval_s"})
         with self._lock:
             mode = args.get("mode", self.mode)
             if mode not in ("partial", "full"):
@@ -122,9 +122,7 @@ class CheckpointCommands:
         goes on.
         Resuming moves the next full and partial save later by the time spent paused.
         """
-        unknown = set(args) - {"paused"}
-        if unknown:
-            raise ValueError(f"timers: unknown arguments {sorted(unknown)}")
+        self._known_args("timers", args, {"paused"})
         paused = args.get("paused")
         if paused is not None and not isinstance(paused, bool):
             raise ValueError(f"timers: paused must be true or false, got {paused!r}")
