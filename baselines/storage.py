@@ -20,7 +20,7 @@ costs a file, an fsync and a directory fsync per table and dense tensor).
 
 A table file holds the owned rows' global ids and their payload (weights then optimizer
 state); a delta's table file also holds, per row, the number of row updates since the
-base snapshot that its payload reflects (the exact loss accounting of ``cpr.py``).
+base snapshot that its payload reflects (the exact loss accounting of ``baselines.cpr``).
 
 Every file of the per-file layout is written to a temporary name and renamed (``os.replace`` plus fsync of the
 file and directory on a local path; ``fs.mv`` through fsspec elsewhere).  The manifest is

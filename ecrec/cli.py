@@ -37,15 +37,21 @@ def _add_strategy_args(p: argparse.ArgumentParser, defaults: dict | None = None)
                   help_overrides={"strategy": f"fault-tolerance strategy (installed: {names}); default none"})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ecrec-server", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+def _commands(parser: argparse.ArgumentParser):
+    """Adds the options every ``ecrec-server`` command line takes (logging) and returns its required commands."""
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING...); default INFO")
     parser.add_argument("--log-format", default="text", choices=FORMATS,
                         help="log lines as text or as one JSON object per line (default text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    return sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ecrec-server", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    sub = _commands(parser)
 
     c = sub.add_parser("coordinator", help="hold the cluster map and watch the servers",
                        description="Hold the cluster map and watch the servers.",
@@ -107,11 +113,7 @@ CLIENT_COMMANDS = ("snapshot", "restore")
 def build_client_parser() -> argparse.ArgumentParser:
     """``ecrec-server snapshot`` and ``ecrec-server restore``."""
     parser = argparse.ArgumentParser(prog="ecrec-server", description="Snapshot a cluster's model, or restore one.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING...); default INFO")
-    parser.add_argument("--log-format", default="text", choices=FORMATS,
-                        help="log lines as text or as one JSON object per line (default text)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = _commands(parser)
     for name, text, example in (
             ("snapshot", "write every table's weights and optimizer state (and the dense tensors) to PATH in "
                          "torch.distributed.checkpoint format, with a manifest of checksums; consistent when no "

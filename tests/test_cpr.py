@@ -641,14 +641,14 @@ def test_timer_saves_that_find_the_writer_busy_are_deferred_not_dropped(make_clu
 def test_the_memory_of_the_mechanism_is_mfus_counters_and_ssus_sample(tmp_path):
     """``redundancy_bytes`` counts what the mechanism needs: nothing for cpr, a counter per row for MFU, the
     bounded sample for SSU; the loss accounting's per-row counts are ``accounting_bytes``."""
-    from baselines.cpr import _TableAccount
+    from baselines.cpr.account import TableAccount
 
     class Shard:
         num_slots = 1000
         owned_slots = np.arange(1000)
         owned_ids = np.arange(1000)
 
-    plain, mfu, ssu = (_TableAccount(Shard(), v, 64) for v in (None, "mfu", "ssu"))
+    plain, mfu, ssu = (TableAccount(Shard(), v, 64) for v in (None, "mfu", "ssu"))
     assert plain.nbytes == 0 and mfu.nbytes == 1000 * 8 and ssu.nbytes == 64 * 8
     assert plain.accounting_nbytes == 1000 * 8 and mfu.accounting_nbytes == ssu.accounting_nbytes == 3 * 1000 * 8
 

@@ -17,7 +17,7 @@ from ecrec.coding.codec import Codec
 from ecrec.coding.layout import Layout
 from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate
-from ecrec.strategies.erasure.owner import PushGroup, build_batches
+from ecrec.strategies.erasure.groups import PushGroup, build_batches
 from ecrec.strategies.erasure.parity_store import ParityArena, place_rows
 from ecrec.strategies.erasure.rebuild import StripeMembers, plan_data_rebuild
 from ecrec.strategies.erasure.resolution import decide

@@ -147,7 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # --- data -----------------------------------------------------------------------------------------
 def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
     """Writes the dataset as .npz (dense, ids, labels, table_sizes) and returns its description."""
-    from ecrec.workload.data import InMemoryDataset, write_synthetic_criteo
+    from ecrec.workload.data import InMemoryDataset
+    from ecrec.workload.synthetic import write_synthetic_criteo
 
     out = work / "data.npz"
     dataset = args.dataset or cfg["dataset"]

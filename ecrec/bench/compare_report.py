@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from ecrec.bench.table import cell, megabytes, print_rows, span
+
 PLOT_BUCKET_S = 0.5  # the plot's buckets of useful samples per second
 
 
@@ -25,7 +27,7 @@ COLUMNS = [
     ("fully_redundant_s", "redundant s", "{:.2f}"),
     ("throughput_during_recovery_ratio", "useful tput", "{:.2f}"),
     ("lost_training_s", "lost train s", "{:.3f}"),
-    ("lost_training_s_range", "(range)", None),
+    ("lost_training_s_range", "(range)", span("{:.3f}")),
     ("lost_updates", "lost upd.", "{:,}"),
     ("pls", "PLS", "{:.4f}"),
     ("pls_samples", "PLS smp", "{:.4f}"),  # sample-weighted: the lookups of the lost updates
@@ -34,35 +36,30 @@ COLUMNS = [
     ("memory_mechanism", "mem ovh", "{:.3f}"),  # the mechanism only (JSON memory_overhead: with the accounting)
     ("memory_steady_over_none", "mem steady", "{:+.2f}"),
     ("memory_peak_over_none", "mem peak", "{:+.2f}"),
-    ("checkpoint_bytes", "ckpt MB", None),
+    ("checkpoint_bytes", "ckpt MB", megabytes("{:.1f}")),
 ]
 
 
-def _cell(row: dict, key: str, f: str | None) -> str:
-    v = row.get(key)
+#: the overhead columns and the spreads of their runs: a 95% CI column shows the spread's, and an overhead within
+#: the noise is marked ``~``
+_SPREADS = {"overhead_ci95": "overhead_spread", "cpu_overhead_ci95": "cpu_overhead_spread",
+            "overhead_vs_none": "overhead_spread", "cpu_overhead_vs_none": "cpu_overhead_spread"}
+
+
+def _cell(row: dict, key: str, f) -> str:
+    spread = row.get(_SPREADS[key]) if key in _SPREADS else None
     if key in ("overhead_ci95", "cpu_overhead_ci95"):
-        sp = row.get("overhead_spread" if key == "overhead_ci95" else "cpu_overhead_spread")
-        if not sp or sp.get("ci95_low") is None:
+        if not spread or spread.get("ci95_low") is None:
             return "-"
-        return f"[{sp['ci95_low']:+.1%}, {sp['ci95_high']:+.1%}]"
-    if v is None:
-        return "-"
-    if key == "checkpoint_bytes":
-        return f"{v / 1e6:.1f}"
-    if key == "lost_training_s_range":
-        return f"{v[0]:.3f}-{v[1]:.3f}"
-    text = f.format(v)
-    if key == "overhead_vs_none" and (row.get("overhead_spread") or {}).get("within_noise"):
-        text += "~"
-    if key == "cpu_overhead_vs_none" and (row.get("cpu_overhead_spread") or {}).get("within_noise"):
+        return f"[{spread['ci95_low']:+.1%}, {spread['ci95_high']:+.1%}]"
+    text = cell(row.get(key), f)
+    if row.get(key) is not None and (spread or {}).get("within_noise"):
         text += "~"
     return text
 
 
 def print_table(rows: list[dict]) -> None:
-    from ecrec.ops import console
-
-    console.print_table([title for _, title, _ in COLUMNS], [[_cell(r, key, f) for key, _, f in COLUMNS] for r in rows])
+    print_rows(rows, COLUMNS, cell_of=_cell)
 
 
 def print_intervals(rows: list[dict], cfg: dict) -> None:

@@ -13,7 +13,7 @@
   updates over plain ``cpr``'s at the same interval; then both lose the same expected number of
   updates per failure, i.e. reach the same PLS.
 
-The replay follows ``baselines/cpr.py``: MFU keeps a counter per row since the server started and a
+The replay follows ``baselines.cpr``: MFU keeps a counter per row since the server started and a
 partial save writes the ``mfu_fraction`` most updated rows of each table that changed since they
 were saved; SSU keeps a uniform sample of at most ``ssu_sample`` update events per table since the
 last save (full or partial) and a partial save writes the sampled rows.  Every push counts once per
@@ -233,7 +233,7 @@ def equal_pls_intervals(target_pls: float, servers: int, mtbf_s: float, step_s: 
 
 
 # --- the interval a compare run chooses after its warm steps -------------------------------------------------------
-PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines/cpr.py's default)
+PARTIALS_PER_INTERVAL = 4  # cpr-mfu/ssu: partial saves every full interval / 4 (baselines.cpr's default)
 
 
 def cpr_interval(cfg: dict) -> tuple[float, str]:

@@ -56,6 +56,7 @@ import numpy as np
 from ecrec.bench.cost import cost_table, print_cost_tables
 from ecrec.bench.processes import memory_of, wait_standby_reserve  # noqa: F401 - re-exported
 from ecrec.bench.recovery_training import IntervalDoesNotFit, first_event
+from ecrec.bench.table import megabytes, print_rows, span
 
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
 #: health checks and leases that tolerate a loaded machine (creating and reloading gigabytes keeps servers busy
@@ -321,7 +322,7 @@ COLUMNS = [
     ("strategy", "strategy", "{}"),
     ("go_on_s", "go-on s", "{:.3f}"),
     ("redundant_s", "redundant s", "{:.2f}"),
-    ("restored_bytes", "restored MB", "mb"),
+    ("restored_bytes", "restored MB", megabytes("{:,.0f}")),
     ("restored_mb_per_s", "MB/s", "{:,.0f}"),
     ("recovery_cpu_s", "CPU s", "{:.2f}"),
     ("reload_s", "reload s", "{:.2f}"),
@@ -341,31 +342,12 @@ TRAINING_COLUMNS = [
     ("paused_s", "paused s", "{:.2f}"),
     ("replayed_s", "replayed s", "{:.2f}"),
     ("deficit_s", "deficit s", "{:.2f}"),
-    ("lost_training_s_range", "(range)", "range"),
+    ("lost_training_s_range", "(range)", span("{:.2f}")),
     ("throughput_ratio", "tput in rec.", "{:.2f}"),
     ("longest_step_s", "longest step s", "{:.3f}"),
     ("redundant_s", "redundant s", "{:.2f}"),
     ("checkpoint_interval_s", "ckpt interval s", "{:.0f}"),
 ]
-
-
-def print_rows(rows: list[dict], columns, stream=None) -> None:
-    """``rows`` as a table of ``columns`` (``(key, title, format)``; ``"mb"``: bytes as MB; ``-`` when missing),
-    printed by :func:`ecrec.ops.console.print_table`."""
-    from ecrec.ops.console import print_table
-
-    def fmt(row, key, f):
-        v = row.get(key)
-        if v is None:
-            return "-"
-        if f == "mb":
-            return f"{v / 1e6:,.0f}"
-        if f == "range":
-            return f"{v[0]:.2f}-{v[1]:.2f}"
-        return f.format(v)
-
-    print_table([title for _, title, _ in columns], [[fmt(r, key, f) for key, _, f in columns] for r in rows],
-                stream=stream)
 
 
 def write_plot(path: str, rows: list[dict]) -> bool:

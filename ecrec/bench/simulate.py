@@ -150,7 +150,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
     "recovery_throughput_ratio": (0.4052, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 5 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
-    "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (cpr.py's default)"),
+    "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
     "mfu_save_fraction": (0.04994, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
                                                "of 40,000-row shards (quick 0.0225, realistic-run1 0.0500, "
                                                "realistic 0.0499)"),

@@ -26,15 +26,35 @@ INITS = ("uniform", "normal", "zeros", "blank")
 MAX_DIM = 1 << 16
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    name: str
-    num_rows: int
-    dim: int
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """The optimizer settings a table and a dense tensor both carry (:class:`TableSpec` and :class:`DenseSpec`
+    extend it): keyword-only, so a spec's own fields keep their places in its constructor."""
+
     optimizer: str = "sgd"
     lr: float = 0.01
     eps: float = 1e-10
     initial_accumulator_value: float = 0.0
+
+    def _check_optimizer(self, what: str) -> None:
+        optim.check_params(self.optimizer, self.lr, self.eps, self.initial_accumulator_value, what=what)
+
+    @property
+    def state_width(self) -> int:
+        return optim.state_width(self.optimizer)
+
+    @staticmethod
+    def _optimizer_fields(spec) -> dict:
+        """The optimizer fields of a spec or of its proto (``cluster_pb2.TableSpec``, ``DenseSpec``: the same
+        names), as keywords for the other."""
+        return {name: getattr(spec, name) for name in ("optimizer", "lr", "eps", "initial_accumulator_value")}
+
+
+@dataclass(frozen=True)
+class TableSpec(OptimizerSpec):
+    name: str
+    num_rows: int
+    dim: int
     init: str = "uniform"
     init_scale: float = 0.0  # 0: 1/sqrt(num_rows) for uniform, 1.0 for normal
     seed: int = 0
@@ -46,7 +66,7 @@ class TableSpec:
             raise ValueError(f"table {self.name!r}: num_rows must be >= 1, got {self.num_rows}")
         if not 1 <= self.dim <= MAX_DIM:
             raise ValueError(f"table {self.name!r}: dim must be in [1, {MAX_DIM}], got {self.dim}")
-        optim.check_params(self.optimizer, self.lr, self.eps, self.initial_accumulator_value, what=f"table {self.name!r}")
+        self._check_optimizer(f"table {self.name!r}")
         if self.init not in INITS:
             raise ValueError(f"table {self.name!r}: init must be one of {INITS}, got {self.init!r}")
         if not math.isfinite(self.init_scale) or self.init_scale < 0:
@@ -54,10 +74,6 @@ class TableSpec:
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"table {self.name!r}: seed must be in [0, 2**64)")
         return self
-
-    @property
-    def state_width(self) -> int:
-        return optim.state_width(self.optimizer)
 
     @property
     def initially_zero(self) -> bool:
@@ -76,35 +92,27 @@ class TableSpec:
 
     def to_proto(self) -> cluster_pb2.TableSpec:
         return cluster_pb2.TableSpec(
-            name=self.name, num_rows=self.num_rows, dim=self.dim, optimizer=self.optimizer, lr=self.lr,
-            eps=self.eps, initial_accumulator_value=self.initial_accumulator_value, init=self.init,
-            init_scale=self.init_scale, seed=self.seed,
+            name=self.name, num_rows=self.num_rows, dim=self.dim, init=self.init, init_scale=self.init_scale,
+            seed=self.seed, **self._optimizer_fields(self),
         )
 
     @classmethod
     def from_proto(cls, p: cluster_pb2.TableSpec) -> "TableSpec":
-        return cls(
-            name=p.name, num_rows=p.num_rows, dim=p.dim, optimizer=p.optimizer, lr=p.lr, eps=p.eps,
-            initial_accumulator_value=p.initial_accumulator_value, init=p.init, init_scale=p.init_scale,
-            seed=p.seed,
-        )
+        return cls(name=p.name, num_rows=p.num_rows, dim=p.dim, init=p.init, init_scale=p.init_scale, seed=p.seed,
+                   **cls._optimizer_fields(p))
 
 
 @dataclass(frozen=True)
-class DenseSpec:
+class DenseSpec(OptimizerSpec):
     name: str
     shape: tuple
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    eps: float = 1e-10
-    initial_accumulator_value: float = 0.0
 
     def validate(self) -> "DenseSpec":
         if not self.name or not isinstance(self.name, str):
             raise ValueError("dense tensor name must be a non-empty string")
         if any(int(d) < 1 for d in self.shape) or len(self.shape) == 0:
             raise ValueError(f"dense tensor {self.name!r}: shape must be non-empty with positive dims, got {self.shape}")
-        optim.check_params(self.optimizer, self.lr, self.eps, self.initial_accumulator_value, what=f"dense tensor {self.name!r}")
+        self._check_optimizer(f"dense tensor {self.name!r}")
         return self
 
     @property
@@ -112,25 +120,15 @@ class DenseSpec:
         return int(np.prod(self.shape))
 
     @property
-    def state_width(self) -> int:
-        return optim.state_width(self.optimizer)
-
-    @property
     def payload_bytes(self) -> int:
         return 4 * self.numel * (1 + self.state_width)
 
     def to_proto(self) -> cluster_pb2.DenseSpec:
-        return cluster_pb2.DenseSpec(
-            name=self.name, shape=list(self.shape), optimizer=self.optimizer, lr=self.lr, eps=self.eps,
-            initial_accumulator_value=self.initial_accumulator_value,
-        )
+        return cluster_pb2.DenseSpec(name=self.name, shape=list(self.shape), **self._optimizer_fields(self))
 
     @classmethod
     def from_proto(cls, p: cluster_pb2.DenseSpec) -> "DenseSpec":
-        return cls(
-            name=p.name, shape=tuple(int(d) for d in p.shape), optimizer=p.optimizer, lr=p.lr, eps=p.eps,
-            initial_accumulator_value=p.initial_accumulator_value,
-        )
+        return cls(name=p.name, shape=tuple(int(d) for d in p.shape), **cls._optimizer_fields(p))
 
 
 # --- deterministic initial values ------------------------------------------------------------------

@@ -137,7 +137,7 @@ class DLRM(nn.Module):
         return self.top_mlp(self.interact(bottom, embedded)).squeeze(1)
 
     def forward_batch(self, batch) -> torch.Tensor:
-        """Logits of a :class:`ecrec.workload.data.Batch`."""
+        """Logits of a :class:`ecrec.workload.batch.Batch`."""
         return self(batch.dense, batch.sparse)
 
 

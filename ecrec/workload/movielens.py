@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ecrec.workload.data import CriteoReader, InMemoryDataset
+from ecrec.workload.criteo import CriteoReader
+from ecrec.workload.data import InMemoryDataset
 
 RECBOLE_VERSION = "1.2.1"
 WHEEL_DIR = "recbole/dataset_example/ml-100k/"

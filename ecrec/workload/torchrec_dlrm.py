@@ -111,7 +111,7 @@ class TorchRecDLRM(nn.Module):
         return self.model(dense, self.features(sparse)).squeeze(1)
 
     def forward_batch(self, batch) -> torch.Tensor:
-        """Logits of a :class:`ecrec.workload.data.Batch`."""
+        """Logits of a :class:`ecrec.workload.batch.Batch`."""
         return self(batch.dense, batch.sparse)
 
     def dense_module(self) -> nn.Module:

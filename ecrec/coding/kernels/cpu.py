@@ -176,8 +176,9 @@ class _Isal:
             coef[0] = c
             lib.ec_init_tables(1, 1, coef.ctypes.data, self.tables[c].ctypes.data)
         self.use_mad = True
-        self._loop = _build_isal_loop(lib.gf_vect_mad, lib.ec_encode_data_update)
-        self._versioned = _build_isal_versioned(lib.gf_vect_mad, lib.ec_encode_data_update)
+        row = _build_isal_row(lib.gf_vect_mad, lib.ec_encode_data_update)
+        self._loop = _build_isal_loop(row)
+        self._versioned = _build_isal_versioned(row)
 
     def apply_versioned(self, parity, slots, positions, coeff_row, delta, versions, built, seqs) -> int:
         """:meth:`KernelBackend.apply_versioned` in one numba loop calling ISA-L per row."""
@@ -228,7 +229,25 @@ class _Isal:
             log.debug("ISA-L gf_vect_mad disagrees with the tables; using ec_encode_data_update only")
 
 
-def _build_isal_loop(mad, update):
+def _build_isal_row(mad, update):
+    """The step both row loops take per row: ``dst ^= c * src`` over ``width`` bytes through ISA-L, with
+    ``gf_vect_mad`` from ``min_mad`` bytes up and ``ec_encode_data_update`` below (``coding``: a one-pointer
+    array the loop allocates once, at ``coding_addr``)."""
+    from numba import njit
+
+    @njit(nogil=True, boundscheck=False, inline="always")
+    def row(c, dst, src, t_addr, width, min_mad, coding, coding_addr):  # pragma: no cover - numba
+        tbl = t_addr + np.int64(c) * _ISAL_TABLE_BYTES
+        if width >= min_mad:
+            mad(width, 1, 0, tbl, src, dst)
+        else:
+            coding[0] = dst
+            update(width, 1, 1, 0, tbl, src, coding_addr)
+
+    return row
+
+
+def _build_isal_loop(row):
     from numba import njit, types
 
     ip = types.intp
@@ -244,19 +263,12 @@ def _build_isal_loop(mad, update):
             c = coeffs[r]
             if c == 0:
                 continue
-            dst = p_addr + slots[r] * p_stride
-            src = d_addr + r * d_stride
-            tbl = t_addr + np.int64(c) * 32
-            if width >= min_mad:
-                mad(width, 1, 0, tbl, src, dst)
-            else:
-                coding[0] = dst
-                update(width, 1, 1, 0, tbl, src, coding_addr)
+            row(c, p_addr + slots[r] * p_stride, d_addr + r * d_stride, t_addr, width, min_mad, coding, coding_addr)
 
     return loop
 
 
-def _build_isal_versioned(mad, update):
+def _build_isal_versioned(row):
     from numba import njit, types
 
     def ro(dtype):  # read-only arrays (frombuffer) and writable ones both convert to this
@@ -286,14 +298,7 @@ def _build_isal_versioned(mad, update):
             c = coeff_row[positions[r]]
             if c == 0:
                 continue
-            dst = p_addr + s * p_stride
-            src = d_addr + r * d_stride
-            tbl = t_addr + np.int64(c) * 32
-            if width >= min_mad:
-                mad(width, 1, 0, tbl, src, dst)
-            else:
-                coding[0] = dst
-                update(width, 1, 1, 0, tbl, src, coding_addr)
+            row(c, p_addr + s * p_stride, d_addr + r * d_stride, t_addr, width, min_mad, coding, coding_addr)
         return applied
 
     return versioned

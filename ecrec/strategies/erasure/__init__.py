@@ -4,8 +4,10 @@ One concept per module; a pushed gradient walks them in this order (``docs/push-
 
 - ``options``: the typed options and the spec's layout check (light: no server-side imports);
 - ``strategy``: :class:`ErasureCoding`, the strategy the server calls; it only wires the parts;
-- ``owner``: on the owning server, sequences each applied push and builds one batch of row and
-  dense deltas per destination (parity server or dense backup);
+- ``owner``: on the owning server, sequences each applied push into groups and keeps their batches in an
+  outbox until every destination applied them;
+- ``groups``: a group of pushes and what it becomes, one batch of row and dense deltas per destination
+  (parity server or dense backup);
 - ``sender``: delivers one owner's batches to one destination in sequence order;
 - ``service``: the ``ParityService`` gRPC edge (ApplyParity, ResolveSource, ReadRows);
 - ``receiver``: on a parity server, validates and applies batches, logs them per source;

@@ -39,15 +39,13 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
 from ecrec import errors
 from ecrec.net.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
 from ecrec.strategies.erasure import merge
-from ecrec.strategies.erasure.merge import merge_rows
+from ecrec.strategies.erasure.groups import PushGroup, build_batches
 from ecrec.strategies.erasure.sender import DestinationSender
-from ecrec.wire import cluster_pb2, embedding_pb2, parity_pb2
+from ecrec.wire import cluster_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
@@ -55,122 +53,6 @@ log = logging.getLogger("ecrec.strategies.erasure")
 READ_EAGER_S = 5.0
 #: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
 IDLE_CLOSER_WAKE_S = 5.0
-
-
-@dataclass
-class PushGroup:
-    """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination.
-
-    It keeps each push as the server handed it over (no copy, no work per row: the rows' slots, their deltas
-    -- computed by the server while the rows were in cache -- and their versions before it); one delta per row
-    is made when the group closes."""
-
-    first_seq: int
-    last_seq: int
-    started: float
-    last_push: float = 0.0
-    pushes: list[AppliedPush] = field(default_factory=list)
-    nbytes: int = 0  # delta bytes the pushes hold (a bound on the group's)
-
-    def add(self, push: AppliedPush) -> None:
-        self.last_seq = push.seq
-        self.pushes.append(push)
-        self.nbytes += push.nbytes or (sum(u.new.nbytes for u in push.tables) + sum(u.new.nbytes for u in push.dense))
-
-    @property
-    def push_ids(self) -> list[tuple[str, int]]:
-        return [p.push_id for p in self.pushes]
-
-    def dense_deltas(self) -> dict[str, tuple[np.ndarray, int, int]]:
-        """Per dense tensor: its delta over the group (XOR of its pushes' deltas), its version before the group's
-        first push to it, and the last one's sequence."""
-        out: dict[str, list] = {}
-        for p in self.pushes:
-            for u in p.dense:
-                found = out.get(u.dense.spec.name)
-                if found is None:
-                    out[u.dense.spec.name] = [_delta(u).reshape(-1).copy(), u.old_version, p.seq]
-                else:
-                    np.bitwise_xor(found[0], _delta(u).reshape(-1), out=found[0])
-                    found[2] = p.seq
-        return {name: tuple(v) for name, v in out.items()}
-
-
-@dataclass
-class WidthDeltas:
-    """One delta per row of one width the group changed, grouped by stripe position, then table (by name): the
-    rows of position ``p`` are ``bounds[p]:bounds[p + 1]``, ``counts[p, t]`` of them of table ``t``."""
-
-    names: list[str]
-    bounds: np.ndarray  # (k + 1,)
-    counts: np.ndarray  # (k, tables)
-    slots: np.ndarray  # data slots here
-    deltas: np.ndarray  # (rows, width) uint8: payload before the group's first push XOR after its last
-    old_versions: np.ndarray  # each row's version before the group's first push to it
-    versions: np.ndarray  # the sequence of the group's last push to it
-
-
-def _delta(u) -> np.ndarray:
-    """A change's delta: the server's (``needs_delta``), or ``old XOR new`` when it handed over both."""
-    return u.delta if u.delta is not None else np.bitwise_xor(u.old, u.new)
-
-
-def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
-    """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`), merged in one compiled
-    pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
-    segments = [(u, p.seq) for p in group.pushes for u in p.tables if len(u.slots)]
-    by_width: dict[int, dict] = {}
-    for u, _ in segments:
-        shard = u.shard
-        by_width.setdefault(shard.spec.row_bytes, {})[shard] = shard.spec.name
-    out = []
-    for shards in by_width.values():
-        names = sorted(shards.values())
-        rank = {shard: names.index(name) for shard, name in shards.items()}
-        mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
-        counts, slots, deltas, old_versions, versions = merge_rows(
-            [u.slots for u, _ in mine], [rank[u.shard] for u, _ in mine], [seq for _, seq in mine],
-            [_delta(u) for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
-        bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
-        out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
-    return out
-
-
-def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict[int, parity_pb2.ParityBatch]:
-    """One :class:`ParityBatch` per destination index holding every delta of ``group`` meant for it.
-
-    A data slot ``s`` of this server holds position ``p = s % k`` of a stripe in block ``s // k``; parity ``j``
-    of that stripe is on server ``(source - p + k + j) % S`` at parity slot ``(s // k) * m + j``: the rows of
-    one position go to one destination per parity index (:func:`group_deltas` keeps them together)."""
-    batches: dict[int, parity_pb2.ParityBatch] = {}
-    push_ids = [embedding_pb2.PushId(worker=w, sequence=q) for w, q in group.push_ids]
-
-    def batch(destination: int) -> parity_pb2.ParityBatch:
-        b = batches.get(destination)
-        if b is None:
-            b = batches[destination] = parity_pb2.ParityBatch(source=source, source_id=source_id, seq=group.last_seq,
-                                                              first_seq=group.first_seq, push_ids=push_ids)
-        return b
-
-    k, m, servers = layout.k, layout.m, layout.num_servers
-    for w in group_deltas(group, k):
-        block = w.slots // k
-        for p in range(k):
-            b0, b1 = int(w.bounds[p]), int(w.bounds[p + 1])
-            if b0 == b1:
-                continue
-            fields = dict(tables=w.names, table_rows=w.counts[p].astype(np.int64).tobytes(),
-                          positions=np.full(b1 - b0, p, dtype=np.int64).tobytes(), deltas=w.deltas[b0:b1].tobytes(),
-                          old_versions=w.old_versions[b0:b1].tobytes(), seqs=w.versions[b0:b1].tobytes())
-            block_p = block[b0:b1] * m
-            for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
-                batch((source - p + k + j) % servers).tables.add(parity_slots=(block_p + j).tobytes(), parity=j,
-                                                                 **fields)
-    for name, (delta, old_version, version) in sorted(group.dense_deltas().items()):
-        delta = delta.tobytes()
-        for d in layout.dense_servers(name)[1:]:
-            batch(d).dense.add(name=name, value=delta, old_version=old_version, seq=version)
-    return batches
 
 
 class SealedBatch(NamedTuple):
@@ -208,7 +90,11 @@ class Chain:
 
 
 class ParityOwner:
-    """The outbox, the chains and the senders of one owning server (see the module docstring)."""
+    """The outbox, the chains and the senders of one owning server (see the module docstring).
+
+    One class: the open group, the outbox and the chains change together under one lock, in push order (a push,
+    an acknowledgement and a replaced destination each update all three in one critical section), so they are
+    one piece of state; building a group's batches is outside it (``ecrec.strategies.erasure.groups``)."""
 
     def __init__(self, host: StrategyHost, options, closed: threading.Event, counters):
         self.host = host

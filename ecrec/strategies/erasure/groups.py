@@ -1,0 +1,131 @@
+"""A group of consecutive pushes on the owning server and the parity batches it becomes: :class:`PushGroup` keeps
+the pushes as the server handed them over, :func:`group_deltas` merges them into one delta per row
+(``ecrec.strategies.erasure.merge``), :func:`build_batches` makes one ``ParityBatch`` per destination (each row's
+``m`` parity servers, each dense tensor's backups).  The owner (``ecrec.strategies.erasure.owner``) decides when a
+group closes and what happens to its batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ecrec.strategies.base import AppliedPush
+from ecrec.strategies.erasure.merge import merge_rows
+from ecrec.wire import embedding_pb2, parity_pb2
+
+
+@dataclass
+class PushGroup:
+    """Consecutive pushes ``first_seq``..``last_seq`` whose deltas go out as one batch per destination.
+
+    It keeps each push as the server handed it over (no copy, no work per row: the rows' slots, their deltas
+    -- computed by the server while the rows were in cache -- and their versions before it); one delta per row
+    is made when the group closes."""
+
+    first_seq: int
+    last_seq: int
+    started: float
+    last_push: float = 0.0
+    pushes: list[AppliedPush] = field(default_factory=list)
+    nbytes: int = 0  # delta bytes the pushes hold (a bound on the group's)
+
+    def add(self, push: AppliedPush) -> None:
+        self.last_seq = push.seq
+        self.pushes.append(push)
+        self.nbytes += push.nbytes or (sum(u.new.nbytes for u in push.tables) + sum(u.new.nbytes for u in push.dense))
+
+    @property
+    def push_ids(self) -> list[tuple[str, int]]:
+        return [p.push_id for p in self.pushes]
+
+    def dense_deltas(self) -> dict[str, tuple[np.ndarray, int, int]]:
+        """Per dense tensor: its delta over the group (XOR of its pushes' deltas), its version before the group's
+        first push to it, and the last one's sequence."""
+        out: dict[str, list] = {}
+        for p in self.pushes:
+            for u in p.dense:
+                found = out.get(u.dense.spec.name)
+                if found is None:
+                    out[u.dense.spec.name] = [_delta(u).reshape(-1).copy(), u.old_version, p.seq]
+                else:
+                    np.bitwise_xor(found[0], _delta(u).reshape(-1), out=found[0])
+                    found[2] = p.seq
+        return {name: tuple(v) for name, v in out.items()}
+
+
+@dataclass
+class WidthDeltas:
+    """One delta per row of one width the group changed, grouped by stripe position, then table (by name): the
+    rows of position ``p`` are ``bounds[p]:bounds[p + 1]``, ``counts[p, t]`` of them of table ``t``."""
+
+    names: list[str]
+    bounds: np.ndarray  # (k + 1,)
+    counts: np.ndarray  # (k, tables)
+    slots: np.ndarray  # data slots here
+    deltas: np.ndarray  # (rows, width) uint8: payload before the group's first push XOR after its last
+    old_versions: np.ndarray  # each row's version before the group's first push to it
+    versions: np.ndarray  # the sequence of the group's last push to it
+
+
+def _delta(u) -> np.ndarray:
+    """A change's delta: the server's (``needs_delta``), or ``old XOR new`` when it handed over both."""
+    return u.delta if u.delta is not None else np.bitwise_xor(u.old, u.new)
+
+
+def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
+    """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`), merged in one compiled
+    pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
+    segments = [(u, p.seq) for p in group.pushes for u in p.tables if len(u.slots)]
+    by_width: dict[int, dict] = {}
+    for u, _ in segments:
+        shard = u.shard
+        by_width.setdefault(shard.spec.row_bytes, {})[shard] = shard.spec.name
+    out = []
+    for shards in by_width.values():
+        names = sorted(shards.values())
+        rank = {shard: names.index(name) for shard, name in shards.items()}
+        mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
+        counts, slots, deltas, old_versions, versions = merge_rows(
+            [u.slots for u, _ in mine], [rank[u.shard] for u, _ in mine], [seq for _, seq in mine],
+            [_delta(u) for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
+        bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
+        out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
+    return out
+
+
+def build_batches(group: PushGroup, layout, source: int, source_id: str) -> dict[int, parity_pb2.ParityBatch]:
+    """One :class:`ParityBatch` per destination index holding every delta of ``group`` meant for it.
+
+    A data slot ``s`` of this server holds position ``p = s % k`` of a stripe in block ``s // k``; parity ``j``
+    of that stripe is on server ``(source - p + k + j) % S`` at parity slot ``(s // k) * m + j``: the rows of
+    one position go to one destination per parity index (:func:`group_deltas` keeps them together)."""
+    batches: dict[int, parity_pb2.ParityBatch] = {}
+    push_ids = [embedding_pb2.PushId(worker=w, sequence=q) for w, q in group.push_ids]
+
+    def batch(destination: int) -> parity_pb2.ParityBatch:
+        b = batches.get(destination)
+        if b is None:
+            b = batches[destination] = parity_pb2.ParityBatch(source=source, source_id=source_id, seq=group.last_seq,
+                                                              first_seq=group.first_seq, push_ids=push_ids)
+        return b
+
+    k, m, servers = layout.k, layout.m, layout.num_servers
+    for w in group_deltas(group, k):
+        block = w.slots // k
+        for p in range(k):
+            b0, b1 = int(w.bounds[p]), int(w.bounds[p + 1])
+            if b0 == b1:
+                continue
+            fields = dict(tables=w.names, table_rows=w.counts[p].astype(np.int64).tobytes(),
+                          positions=np.full(b1 - b0, p, dtype=np.int64).tobytes(), deltas=w.deltas[b0:b1].tobytes(),
+                          old_versions=w.old_versions[b0:b1].tobytes(), seqs=w.versions[b0:b1].tobytes())
+            block_p = block[b0:b1] * m
+            for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
+                batch((source - p + k + j) % servers).tables.add(parity_slots=(block_p + j).tobytes(), parity=j,
+                                                                 **fields)
+    for name, (delta, old_version, version) in sorted(group.dense_deltas().items()):
+        delta = delta.tobytes()
+        for d in layout.dense_servers(name)[1:]:
+            batch(d).dense.add(name=name, value=delta, old_version=old_version, seq=version)
+    return batches
