@@ -71,7 +71,12 @@ class Replacement:
 
 
 class Cluster:
-    """A connection to one ECRec cluster (coordinator plus embedding servers)."""
+    """A connection to one ECRec cluster (coordinator plus embedding servers).
+
+    One class, the SDK's one handle: every call shares its map, its push ids and its courier (what the worker
+    holds until its owners confirm it), so a pull, a push and a replay stay in one order.  What needs none of that
+    state lives beside it: the ``torch.nn`` modules (``ecrec.client.modules``), bulk row reads and writes
+    (``ecrec.client.rows``), the checks of written values (``ecrec.tables.values``)."""
 
     def __init__(self, address: str, config: ClientConfig | None = None, worker: str | None = None):
         self.config = config or ClientConfig()
