@@ -51,7 +51,7 @@ log = logging.getLogger("ecrec.kernels")
 
 ISAL_LIBRARY_ENV = "ECREC_ISAL_LIBRARY"
 #: bytes per coefficient in ISA-L's tables (32 for the PSHUFB kernels, 8 for GFNI)
-_ISAL_TABLE_BYTES = 32
+_ISAL_TABLE_BYTES = 32  # = isal_loops.TABLE_BYTES (the loops index the tables by it)
 #: ISA-L's SIMD ``gf_vect_mad`` kernels need at least this many bytes
 _ISAL_MAD_MIN_LEN = 64
 
@@ -176,9 +176,11 @@ class _Isal:
             coef[0] = c
             lib.ec_init_tables(1, 1, coef.ctypes.data, self.tables[c].ctypes.data)
         self.use_mad = True
-        row = _build_isal_row(lib.gf_vect_mad, lib.ec_encode_data_update)
-        self._loop = _build_isal_loop(row)
-        self._versioned = _build_isal_versioned(row)
+        from ecrec.coding.kernels import isal_loops  # compiled once, then loaded from numba's disk cache
+
+        self._entry = (ctypes.cast(lib.gf_vect_mad, ctypes.c_void_p).value,
+                       ctypes.cast(lib.ec_encode_data_update, ctypes.c_void_p).value)
+        self._loop, self._versioned = isal_loops.loop, isal_loops.versioned
 
     def apply_versioned(self, parity, slots, positions, coeff_row, delta, versions, built, seqs) -> int:
         """:meth:`KernelBackend.apply_versioned` in one numba loop calling ISA-L per row."""
@@ -187,7 +189,7 @@ class _Isal:
             return -1  # the caller falls back to the generic path
         min_mad = _ISAL_MAD_MIN_LEN if self.use_mad else 2**31
         return self._versioned(
-            parity.ctypes.data, parity.strides[0], delta.ctypes.data, delta.strides[0], slots, positions,
+            *self._entry, parity.ctypes.data, parity.strides[0], delta.ctypes.data, delta.strides[0], slots, positions,
             coeff_row, versions.reshape(-1), built, seqs, versions.shape[1], self.tables.ctypes.data, width, min_mad,
         )  # fmt: skip
 
@@ -201,7 +203,7 @@ class _Isal:
             return
         min_mad = _ISAL_MAD_MIN_LEN if self.use_mad else 2**31
         self._loop(
-            parity.ctypes.data, parity.strides[0], delta.ctypes.data, delta.strides[0],
+            *self._entry, parity.ctypes.data, parity.strides[0], delta.ctypes.data, delta.strides[0],
             slots, coeffs, self.tables.ctypes.data, width, min_mad,
         )  # fmt: skip
 
@@ -227,81 +229,6 @@ class _Isal:
             if not use_mad:
                 raise RuntimeError(f"ISA-L at {self.path} disagrees with GF(2^8)/0x11d tables")
             log.debug("ISA-L gf_vect_mad disagrees with the tables; using ec_encode_data_update only")
-
-
-def _build_isal_row(mad, update):
-    """The step both row loops take per row: ``dst ^= c * src`` over ``width`` bytes through ISA-L, with
-    ``gf_vect_mad`` from ``min_mad`` bytes up and ``ec_encode_data_update`` below (``coding``: a one-pointer
-    array the loop allocates once, at ``coding_addr``)."""
-    from numba import njit
-
-    @njit(nogil=True, boundscheck=False, inline="always")
-    def row(c, dst, src, t_addr, width, min_mad, coding, coding_addr):  # pragma: no cover - numba
-        tbl = t_addr + np.int64(c) * _ISAL_TABLE_BYTES
-        if width >= min_mad:
-            mad(width, 1, 0, tbl, src, dst)
-        else:
-            coding[0] = dst
-            update(width, 1, 1, 0, tbl, src, coding_addr)
-
-    return row
-
-
-def _build_isal_loop(row):
-    from numba import njit, types
-
-    ip = types.intp
-    signature = types.void(ip, ip, ip, ip, types.Array(types.int64, 1, "C", readonly=True),
-                           types.Array(types.uint8, 1, "C", readonly=True), ip, ip, ip)
-
-    # not cache=True: the ctypes entry points are process-local addresses (compiles in ~0.3 s), eagerly
-    @njit(signature, nogil=True, boundscheck=False)
-    def loop(p_addr, p_stride, d_addr, d_stride, slots, coeffs, t_addr, width, min_mad):  # pragma: no cover
-        coding = np.empty(1, dtype=np.uint64)  # ec_encode_data_update wants an array of dest pointers
-        coding_addr = coding.ctypes.data
-        for r in range(slots.shape[0]):
-            c = coeffs[r]
-            if c == 0:
-                continue
-            row(c, p_addr + slots[r] * p_stride, d_addr + r * d_stride, t_addr, width, min_mad, coding, coding_addr)
-
-    return loop
-
-
-def _build_isal_versioned(row):
-    from numba import njit, types
-
-    def ro(dtype):  # read-only arrays (frombuffer) and writable ones both convert to this
-        return types.Array(dtype, 1, "C", readonly=True)
-
-    rw_i64, rw_bool = types.Array(types.int64, 1, "C"), types.Array(types.boolean, 1, "C")
-    ip = types.intp
-    signature = types.int64(ip, ip, ip, ip, ro(types.int64), ro(types.int64), ro(types.uint8), rw_i64, rw_bool,
-                            ro(types.int64), ip, ip, ip, ip)
-
-    # compiled eagerly (explicit signature): not in the first request of a replacement
-    @njit(signature, nogil=True, boundscheck=False)
-    def versioned(p_addr, p_stride, d_addr, d_stride, slots, positions, coeff_row, vflat, built, seqs, k, t_addr,
-                  width, min_mad):  # pragma: no cover - numba
-        coding = np.empty(1, dtype=np.uint64)
-        coding_addr = coding.ctypes.data
-        applied = 0
-        for r in range(slots.shape[0]):
-            s = slots[r]
-            if not built[s]:
-                continue
-            w = s * k + positions[r]
-            if seqs[r] <= vflat[w]:
-                continue
-            vflat[w] = seqs[r]
-            applied += 1
-            c = coeff_row[positions[r]]
-            if c == 0:
-                continue
-            row(c, p_addr + s * p_stride, d_addr + r * d_stride, t_addr, width, min_mad, coding, coding_addr)
-        return applied
-
-    return versioned
 
 
 def _isal_candidates() -> list[str]:
