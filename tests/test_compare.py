@@ -1,4 +1,8 @@
-"""``ecrec-bench compare``: the quick preset end to end for two strategies, and its argument errors."""
+"""``ecrec-bench compare``: the quick preset end to end for two strategies, and its argument errors.
+
+The runs here are smoke tests at a small size: the same code path as the README's main job, the quick preset's
+shape (8 tables, 4 servers + a standby, RS(2, 1)) with fewer rows and samples; ``tiny_preset`` shrinks it further
+for the launchers and data sets."""
 
 from __future__ import annotations
 
@@ -15,6 +19,13 @@ REQUIRED = (
     "throughput_during_recovery_ratio", "lost_updates", "pls", "test_auc", "test_logloss",
     "state_matches_failure_free", "memory_overhead", "checkpoint_bytes", "network_bytes",
 )
+
+
+@pytest.fixture(autouse=True)
+def small_quick(monkeypatch):
+    """The quick preset with fewer rows and samples (a smoke test of its code path, not a measurement)."""
+    monkeypatch.setitem(compare.PRESETS, "quick", dict(compare.PRESETS["quick"], rows_per_table=4000, samples=8000,
+                                                        batch_size=128))
 
 
 @pytest.mark.cluster

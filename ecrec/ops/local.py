@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec.net import transport
+from ecrec.ops import forks
 from ecrec.net.transport import free_port_outside_ephemeral_range
 from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
+#: environment a forked process may have apart from its warm parent's: read when it runs, not when it imports
+FORKABLE_ENV = {"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"}
 STDERR_TAIL_LINES = 20  # lines of each child's stderr kept for error messages
 
 
@@ -115,6 +118,7 @@ class LocalCluster:
     # --- processes -------------------------------------------------------------------------------
     def _env(self, extra: dict | None = None) -> dict:
         env = dict(os.environ)
+        env.pop(forks.ENV, None)  # a child that starts processes of its own (``ecrec-server local``) starts them
         env.setdefault("PYTHONUNBUFFERED", "1")
         # one compute thread per server process: they share the machine's cores
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -269,8 +273,7 @@ class LocalCluster:
 
     def start_coordinator(self, args: list[str], timeout_s: float = 60.0) -> None:
         self._coordinator_args = args
-        proc = subprocess.Popen(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=self._env(self.spec.coordinator_env), text=True)
+        proc = self._spawn([], args, self._env(self.spec.coordinator_env), self.spec.coordinator_env, stdout=True)
         self._follow_stderr(proc)
         if self.coordinator_proc is not None:
             self.old_coordinator_procs.append(self.coordinator_proc)
@@ -300,11 +303,19 @@ class LocalCluster:
             args.append("--standby")
         if index >= 0:
             args += ["--index", str(index)]
-        proc = subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env=self._env(env), text=True)
+        proc = self._spawn(prefix, args, self._env(env), env or {}, stdout=False)
         self._follow_stderr(proc)
         self.server_procs.append(proc)
         return proc
+
+    def _spawn(self, prefix: list[str], args: list[str], env: dict, extra: dict, stdout: bool):
+        """Starts ``ecrec-server ARGS`` (stderr piped; stdout piped or dropped): forked from the warm parent of
+        ``ecrec.ops.forks`` when ``ECREC_FORK_SERVER=1`` and the process runs here with nothing but fault
+        injection set apart, else as ``python -m ecrec.cli``."""
+        if not prefix and _forks_wanted() and not self.spec.extra_env and set(extra) <= FORKABLE_ENV:
+            return _fork_server(self._env()).spawn(self._cmd(*args)[3:], env, stdout=stdout)
+        return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env=env, text=True)
 
     def _follow_stderr(self, proc: subprocess.Popen) -> None:
         self._stderr[proc.pid] = follow_stderr(proc)
@@ -442,3 +453,21 @@ def _pass_on(stream, tail: collections.deque) -> None:
                 pass
     except (ValueError, OSError):
         pass
+
+
+_forks: "forks.ForkServer | None" = None
+_forks_lock = threading.Lock()
+
+
+def _forks_wanted() -> bool:
+    return os.environ.get(forks.ENV, "") not in ("", "0")
+
+
+def _fork_server(env: dict) -> "forks.ForkServer":
+    """This process's warm parent (started on first use with ``env``, ended at exit)."""
+    global _forks
+    with _forks_lock:
+        if _forks is None:
+            _forks = forks.ForkServer(env)
+            atexit.register(_forks.close)
+        return _forks
