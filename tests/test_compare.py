@@ -426,10 +426,10 @@ def _fake_interleaved(strategies, fail_at, rounds=6, seed=0):
     return results, plan
 
 
-def test_the_report_is_a_function_of_the_records_it_saves(tmp_path, monkeypatch, capsys):
-    """The JSON holds every step and slice; the table recomputed from them alone is the table."""
-    from ecrec.bench import accounting
-
+@pytest.fixture
+def fake_compare(tmp_path, monkeypatch, capsys):
+    """A compare run of none and ecrec whose runs are :func:`_fake_interleaved`'s records (no cluster): its JSON's
+    path and what it printed."""
     monkeypatch.setattr(compare, "prepare_data", lambda args, cfg, work: (tmp_path / "d.npz", {"name": "fake"}))
     monkeypatch.setattr(compare, "run_interleaved",
                         lambda strategies, args, cfg, data_path, work, fail_at, rounds: _fake_interleaved(strategies, fail_at))
@@ -437,7 +437,14 @@ def test_the_report_is_a_function_of_the_records_it_saves(tmp_path, monkeypatch,
     path = tmp_path / "r.json"
     assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "200", "--fail-at", "150",
                      "--model", "ecrec", "--json", str(path)]) == 0
-    out = capsys.readouterr().out
+    return path, capsys.readouterr().out
+
+
+def test_the_report_is_a_function_of_the_records_it_saves(fake_compare):
+    """The JSON holds every step and slice; the table recomputed from them alone is the table."""
+    from ecrec.bench import accounting
+
+    path, out = fake_compare
     assert "none (A/A)" in out and "cpu 95% CI" in out
     report = json.loads(path.read_text())
     runs = report["runs"]
@@ -460,16 +467,10 @@ def test_the_report_is_a_function_of_the_records_it_saves(tmp_path, monkeypatch,
     assert report["load_warnings"] == [] and report["config"]["load_average_before"] == [0.25, 0.25, 0.25]
 
 
-def test_report_recomputes_a_saved_json_from_its_records(tmp_path, monkeypatch, capsys):
+def test_report_recomputes_a_saved_json_from_its_records(fake_compare, tmp_path, capsys):
     """``ecrec-bench report`` reprints a compare JSON's table from its records alone, equal to the saved
     one, with the cost per day at another MTBF on request; a file that is not a compare JSON is refused."""
-    monkeypatch.setattr(compare, "prepare_data", lambda args, cfg, work: (tmp_path / "d.npz", {"name": "fake"}))
-    monkeypatch.setattr(compare, "run_interleaved",
-                        lambda strategies, args, cfg, data_path, work, fail_at, rounds: _fake_interleaved(strategies, fail_at))
-    path, again = tmp_path / "r.json", tmp_path / "again.json"
-    assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "200", "--fail-at", "150",
-                     "--model", "ecrec", "--json", str(path)]) == 0
-    capsys.readouterr()
+    path, again = fake_compare[0], tmp_path / "again.json"
     assert cli.main(["report", str(path), "--cost-mtbf-hours", "8", "--json", str(again)]) == 0
     out = capsys.readouterr().out
     assert "largest relative difference from the saved table 0.00e+00" in out
