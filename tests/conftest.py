@@ -7,12 +7,13 @@ import signal
 
 import pytest
 
-from ecrec.ops import forks
+from ecrec.ops import forks, local
 from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
 # local clusters' servers and coordinators are forked from a warm parent (ecrec.ops.forks): the same processes,
-# started in a tenth of the CPU; ECREC_FORK_SERVER=0 starts each one as `python -m ecrec.cli` instead
-os.environ.setdefault(forks.ENV, "1")
+# started with a tenth of the CPU; ECREC_FORK_SERVER=0 starts each one as `python -m ecrec.cli` instead
+if os.environ.get(forks.ENV, "1") != "0":
+    local.use_spawner(forks.Spawner())
 
 
 def _stop(clusters) -> None:

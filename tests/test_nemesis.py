@@ -21,7 +21,7 @@ runs on 127.0.0.1 and partitions are left out of the schedule (the report says s
 
 The checker's workload counts: SGD with lr=1 on a table initialized to zeros, gradient 1 on every element
 of each looked-up row, so a row must end at exactly minus the number of acknowledged pushes that touched
-it (any order).  Run: ``pytest -m nemesis`` (about 3 minutes; ``--nemesis-faults 200`` for a longer run,
+it (any order).  Run: ``pytest -m nemesis -n 0 -s`` (about 3 minutes; ``--nemesis-faults 200`` for a longer run,
 ``--nemesis-seed N`` to repeat a schedule).  A failure prints its seed; ``--nemesis-check-each-fault`` then
 checks exactly-once after every fault too (the workers held meanwhile), naming the fault that broke it.
 """
@@ -404,7 +404,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     want_faults = int(request.config.getoption("--nemesis-faults"))
     check_each = bool(request.config.getoption("--nemesis-check-each-fault"))
     store = request.config.getoption("--nemesis-store")
-    print(f"\nnemesis seed {seed}, store {store} (rerun: pytest -m nemesis --nemesis-seed {seed} --nemesis-store "
+    print(f"\nnemesis seed {seed}, store {store} (rerun: pytest -m nemesis -n 0 -s --nemesis-seed {seed} --nemesis-store "
           f"{store})")
     rng = random.Random(seed)
     events: list[str] = []

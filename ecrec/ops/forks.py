@@ -7,8 +7,10 @@ runs the very ``ecrec-server`` command line it was asked for (``ecrec.cli.main``
 standard streams and process id, as a separate process that talks to the others over real sockets.
 :class:`Forked` stands for it where a ``subprocess.Popen`` would (pid, poll, wait, signals, its stderr).
 
-Opt-in, for tests and local clusters on one machine: ``LocalCluster`` uses it when ``ECREC_FORK_SERVER=1`` is set
-(``tests/conftest.py`` sets it); a server placed elsewhere (a network namespace) is started as a process of its own.
+Opt-in, for tests and local clusters on one machine: ``ecrec.ops.local.use_spawner(Spawner())`` makes every
+``LocalCluster`` of this process fork its processes (``tests/conftest.py`` does, unless ``ECREC_FORK_SERVER=0``); a
+process placed elsewhere (a network namespace) or with an environment of its own still starts as a process of its
+own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import threading
 
-#: set to 1 to have LocalCluster fork its servers and coordinators from a warm parent
+#: tests/conftest.py forks local clusters' processes unless this is 0
 ENV = "ECREC_FORK_SERVER"
 
 
@@ -47,14 +49,17 @@ def _preload() -> None:
 
 
 def _child(request: dict, fds: list[int]) -> None:
-    """In the forked child: becomes ``python -m ecrec.cli ARGS`` with the request's environment and streams."""
+    """In the forked child: becomes ``python -m ecrec.cli ARGS`` with the request's environment and streams
+    (``request["streams"]`` names what the passed descriptors are, in order: ``stdout``, ``stderr``; a stream not
+    passed is /dev/null)."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
+        passed = dict(zip(request["streams"], fds))
         os.dup2(devnull, 0)
-        os.dup2(fds[0] if fds[0] >= 0 else devnull, 1)
-        os.dup2(fds[1] if fds[1] >= 0 else devnull, 2)
-        for fd in {devnull, *fds} - {0, 1, 2, -1}:
+        os.dup2(passed.get("stdout", devnull), 1)
+        os.dup2(passed.get("stderr", devnull), 2)
+        for fd in {devnull, *fds} - {0, 1, 2}:
             os.close(fd)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -132,7 +137,7 @@ def serve(control_fd: int) -> None:
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _child(request, list(fds) + [-1] * (2 - len(fds)))
+                _child(request, list(fds))
             for fd in fds:
                 os.close(fd)
             fds = []
@@ -224,13 +229,13 @@ class ForkServer:
     def spawn(self, args: list[str], env: dict, stdout: bool = False, stderr: bool = True) -> Forked:
         """Forks ``ecrec-server ARGS`` with ``env``; ``stdout``/``stderr``: give the child a pipe whose read end is
         the handle's (text), else /dev/null."""
-        ends = []
-        for wanted in (stdout, stderr):
-            ends.append(os.pipe() if wanted else None)
+        ends = [os.pipe() if wanted else None for wanted in (stdout, stderr)]
+        streams = [name for name, end in zip(("stdout", "stderr"), ends) if end is not None]
         try:
             with self._lock:
-                fds = [w for r, w in (e for e in ends if e is not None)]
-                socket.send_fds(self._control, [json.dumps({"args": args, "env": env}).encode() + b"\n"], fds)
+                fds = [end[1] for end in ends if end is not None]
+                message = json.dumps({"args": args, "env": env, "streams": streams}).encode() + b"\n"
+                socket.send_fds(self._control, [message], fds)
                 answer = self._next_answer(30.0)
         finally:
             for end in ends:
@@ -264,6 +269,29 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+class Spawner:
+    """What ``ecrec.ops.local.use_spawner`` takes: ``spawner(args, env, stdout)`` forks ``ecrec-server ARGS`` from a
+    warm parent started on first use (with that first call's environment: the base every child's differs from
+    only by what it reads when it runs, fault injection), ended at exit."""
+
+    def __init__(self):
+        self._server: ForkServer | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, args: list[str], env: dict, stdout: bool) -> Forked:
+        with self._lock:
+            if self._server is None:
+                import atexit
+
+                self._server = ForkServer({k: v for k, v in env.items() if k not in FORKABLE_ENV})
+                atexit.register(self._server.close)
+        return self._server.spawn(args, env, stdout=stdout)
+
+
+#: environment a forked process may have apart from its warm parent's: read when it runs, not when it imports
+FORKABLE_ENV = {"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"}
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec.net import transport
-from ecrec.ops import forks
 from ecrec.net.transport import free_port_outside_ephemeral_range
 from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
-#: environment a forked process may have apart from its warm parent's: read when it runs, not when it imports
+#: environment a process may have apart from the others' and still come from the spawner (read when it runs, not
+#: when it imports: fault injection)
 FORKABLE_ENV = {"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"}
 STDERR_TAIL_LINES = 20  # lines of each child's stderr kept for error messages
 
@@ -118,7 +118,6 @@ class LocalCluster:
     # --- processes -------------------------------------------------------------------------------
     def _env(self, extra: dict | None = None) -> dict:
         env = dict(os.environ)
-        env.pop(forks.ENV, None)  # a child that starts processes of its own (``ecrec-server local``) starts them
         env.setdefault("PYTHONUNBUFFERED", "1")
         # one compute thread per server process: they share the machine's cores
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -309,11 +308,11 @@ class LocalCluster:
         return proc
 
     def _spawn(self, prefix: list[str], args: list[str], env: dict, extra: dict, stdout: bool):
-        """Starts ``ecrec-server ARGS`` (stderr piped; stdout piped or dropped): forked from the warm parent of
-        ``ecrec.ops.forks`` when ``ECREC_FORK_SERVER=1`` and the process runs here with nothing but fault
-        injection set apart, else as ``python -m ecrec.cli``."""
-        if not prefix and _forks_wanted() and not self.spec.extra_env and set(extra) <= FORKABLE_ENV:
-            return _fork_server(self._env()).spawn(self._cmd(*args)[3:], env, stdout=stdout)
+        """Starts ``ecrec-server ARGS`` (stderr piped; stdout piped or dropped): with the spawner installed by
+        :func:`use_spawner` when the process runs here with nothing but fault injection set apart, else as
+        ``python -m ecrec.cli``."""
+        if _spawner is not None and not prefix and not self.spec.extra_env and set(extra) <= FORKABLE_ENV:
+            return _spawner(self._cmd(*args)[3:], env, stdout)
         return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, text=True)
 
@@ -455,19 +454,13 @@ def _pass_on(stream, tail: collections.deque) -> None:
         pass
 
 
-_forks: "forks.ForkServer | None" = None
-_forks_lock = threading.Lock()
+#: starts this process's local clusters' processes instead of subprocess when set (:func:`use_spawner`)
+_spawner = None
 
 
-def _forks_wanted() -> bool:
-    return os.environ.get(forks.ENV, "") not in ("", "0")
-
-
-def _fork_server(env: dict) -> "forks.ForkServer":
-    """This process's warm parent (started on first use with ``env``, ended at exit)."""
-    global _forks
-    with _forks_lock:
-        if _forks is None:
-            _forks = forks.ForkServer(env)
-            atexit.register(_forks.close)
-        return _forks
+def use_spawner(spawner) -> None:
+    """From now on every LocalCluster of this process starts its servers and coordinators with
+    ``spawner(args, env, stdout) -> a Popen-like handle`` (``ecrec.ops.forks.Spawner``: forked from a warm parent),
+    where it can; None: as ``python -m ecrec.cli`` again."""
+    global _spawner
+    _spawner = spawner
