@@ -33,8 +33,8 @@ def _train(cluster: Cluster, bags, batches) -> None:
         cluster.step()
 
 
-def test_state_dict_holds_every_table_and_loads_into_plain_torch_and_back(make_cluster, tmp_path):
-    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+def test_state_dict_holds_every_table_and_loads_into_plain_torch_and_back(shared_cluster, tmp_path):
+    local = shared_cluster(servers=3, strategy="ecrec", k=2, m=1)  # tables of its own: user, item
     cluster = Cluster.connect(local.coordinator_address)
     cluster.create_table("user", 700, 8, optimizer="adagrad", lr=0.1, seed=1)
     cluster.create_table("item", 300, 4, optimizer="sgd", lr=0.1, seed=2)
@@ -94,8 +94,8 @@ def test_training_resumes_exactly_from_the_model_and_optimizer_state_on_another_
     assert np.array_equal(a.read_table("t", "payload").view(np.uint32), b.read_table("t", "payload").view(np.uint32))
 
 
-def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(make_cluster, tmp_path):
-    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(shared_cluster, tmp_path):
+    local = shared_cluster(servers=3, strategy="ecrec", k=2, m=1)  # tables of its own: from_*
     cluster = Cluster.connect(local.coordinator_address)
     pretrained = torch.randn(5000, 16, generator=torch.Generator().manual_seed(1))
     cluster.create_table("from_tensor", 5000, 16, optimizer="adagrad", initial_accumulator_value=0.1, init=pretrained)
@@ -182,12 +182,12 @@ def test_bad_loads_name_the_table_and_change_nothing(make_cluster):
 
 
 @needs_torchrec
-def test_a_dlrm_trained_on_the_cluster_loads_into_plain_torchrec_with_the_same_predictions(make_cluster):
+def test_a_dlrm_trained_on_the_cluster_loads_into_plain_torchrec_with_the_same_predictions(shared_cluster):
     import torchrec
     from torchrec.models.dlrm import DLRM
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    local = shared_cluster(servers=3, strategy="ecrec", k=2, m=1)  # tables of its own: t0, t1
     cluster = Cluster.connect(local.coordinator_address)
     configs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=4, num_embeddings=60, feature_names=[f"f{i}"])
                for i in range(2)]
