@@ -75,6 +75,12 @@ def shared_cluster():
     _stop(list(started.values()))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Benchmark runs first (``benchmark`` marker: an ``ecrec-bench`` command end to end, tens of seconds): the
+    workers (pytest-xdist) take tests in this order, so the longest ones do not start last."""
+    items.sort(key=lambda item: item.get_closest_marker("benchmark") is None)
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("nemesis")
     group.addoption("--nemesis-seed", default=None, help="seed of the nemesis's fault schedule (default: random)")

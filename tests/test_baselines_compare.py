@@ -13,6 +13,7 @@ from baselines import storage
 from ecrec.bench import cli
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_compare_runs_the_baselines_with_cprs_plan_on_a_checkpoint_url(tmp_path):
     report_path, store = tmp_path / "r.json", tmp_path / "store"

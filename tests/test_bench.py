@@ -51,6 +51,7 @@ def test_codec_bench_refuses_an_explicit_gpu_kernel_without_a_gpu(capsys):
     assert f"error: kernel 'gpu' is not available: {gpu_mod.probe()[1]}" in capsys.readouterr().err
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_server_bench_compares_with_raw_grpc(tmp_path, capsys):
     out = tmp_path / "server.json"
@@ -71,6 +72,7 @@ def test_server_bench_refuses_a_batch_larger_than_the_table(capsys):
     assert "ecrec-bench server: --batch must not exceed --rows" in capsys.readouterr().err
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_snapshot_bench_saves_restores_onto_another_shape_and_checks_every_row(tmp_path, capsys):
     out = tmp_path / "snapshot.json"

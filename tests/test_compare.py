@@ -28,6 +28,7 @@ def small_quick(monkeypatch):
                                                         batch_size=128))
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_quick_none_and_ecrec(tmp_path):
     report_path, plot_path = tmp_path / "r.json", tmp_path / "p.png"
@@ -181,6 +182,7 @@ def tiny_preset(monkeypatch):
         checkpoint_interval_steps=20, cpr_interval_s=1.0, partial_interval_s=0.3))
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
 def test_two_workers_under_torchrun_meet_the_failure(tmp_path, tiny_preset):
@@ -208,6 +210,7 @@ def test_two_workers_under_torchrun_meet_the_failure(tmp_path, tiny_preset):
     assert report["strategies"]["none"]["lost_updates"] > 0
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
 def test_side_by_side_overhead_rounds(tmp_path, tiny_preset):
@@ -254,6 +257,7 @@ def _atomic_movielens(directory, ratings: int = 3000, users: int = 60, items: in
         f"{i}\tMovie {i}\t{1950 + i % 45}\t{genres[i % 4]} {genres[(i + 1) % 4]}\n" for i in range(1, items + 1)))
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("dataset", ["criteo", "movielens"])
@@ -291,6 +295,7 @@ def test_unknown_or_missing_dataset_is_refused(tmp_path, monkeypatch, capsys):
 
 
 # --- the fair comparison (issue 13) ---------------------------------------------------------------------------
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_equal_pls_mode_tunes_mfu_to_cprs_pls(tmp_path):
     """--equal-pls: cpr-mfu saves its full checkpoint less often (its partial saves keep hot rows fresh), at the
@@ -318,6 +323,7 @@ def test_equal_pls_mode_tunes_mfu_to_cprs_pls(tmp_path):
     assert rows["cpr-mfu"]["memory_overhead"] > rows["cpr"]["memory_overhead"] > 0
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_cpr_with_an_mtbf_runs_at_the_pls_interval(tmp_path):
     """`--strategies cpr --mtbf-hours 1` used to crash the coordinator (mtbf without target PLS); now the
@@ -484,6 +490,7 @@ def test_report_recomputes_a_saved_json_from_its_records(fake_compare, tmp_path,
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_ecrecs_periodic_snapshots_are_timed_inside_its_steps(tmp_path):
     """``--snapshot-every 10``: the erasure-coded run's worker snapshots after steps 10, 20 and 30, each inside

@@ -34,6 +34,7 @@ def _server_counters(row: dict) -> int:
     return sum(int(s["row_updates_total"]) for s in row["stats"].values())
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
 def test_two_workers_every_strategy(tmp_path, tiny_preset):

@@ -68,6 +68,7 @@ def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_small_recovery_of_every_strategy(tmp_path, capsys):
     report_path, plot_path = tmp_path / "r.json", tmp_path / "r.png"
@@ -97,6 +98,7 @@ def test_small_recovery_of_every_strategy(tmp_path, capsys):
     assert plot_path.stat().st_size > 0
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_during_training_reports_the_training_lost(tmp_path):
     report_path = tmp_path / "r.json"
@@ -132,6 +134,7 @@ def test_the_records_of_a_run_through_a_failure_are_saved_and_accounted():
     json.dumps(saved)
 
 
+@pytest.mark.benchmark
 @pytest.mark.cluster
 def test_full_is_measured_through_its_interval_with_kills_at_stratified_phases(tmp_path, capsys):
     """``full`` meets two kills, at 1/4 and 3/4 of its interval after a save: the later one replays more; a

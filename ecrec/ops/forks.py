@@ -48,12 +48,23 @@ def _preload() -> None:
     merge.warm_up()
 
 
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent ends (a child of a killed warm parent does not linger)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _child(request: dict, fds: list[int]) -> None:
     """In the forked child: becomes ``python -m ecrec.cli ARGS`` with the request's environment and streams
     (``request["streams"]`` names what the passed descriptors are, in order: ``stdout``, ``stderr``; a stream not
     passed is /dev/null)."""
     code = 1
     try:
+        _die_with_parent()
         devnull = os.open(os.devnull, os.O_RDWR)
         passed = dict(zip(request["streams"], fds))
         os.dup2(devnull, 0)
@@ -95,6 +106,7 @@ def serve(control_fd: int) -> None:
     process with no other); ends, killing its children, when the other end closes."""
     import select
 
+    _die_with_parent()  # the test process (or whatever started it) gone: so is it, and then its children
     _preload()
     control = socket.socket(fileno=control_fd)
     children: set[int] = set()
