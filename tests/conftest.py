@@ -39,12 +39,20 @@ def _stop(clusters) -> None:
         cluster.close()  # its own bookkeeping (etcd data directories, atexit); every process is gone already
 
 
+def _needs_the_cluster_marker(request) -> None:
+    if request.node.get_closest_marker("cluster") is None:
+        pytest.fail(f"{request.node.nodeid} starts server processes: mark it @pytest.mark.cluster "
+                    "(`-m 'not cluster'` must leave it out)", pytrace=False)
+
+
 @pytest.fixture
-def make_cluster():
+def make_cluster(request):
     """Factory: ``make_cluster(servers=4, strategy="none", ...)`` -> a started LocalCluster.
 
-    Every process started through it is killed by pid at teardown, even when the test fails.
+    Every process started through it is killed by pid at teardown, even when the test fails.  The test must be
+    marked ``cluster``.
     """
+    _needs_the_cluster_marker(request)
     started: list[LocalCluster] = []
 
     def factory(**kwargs) -> LocalCluster:
@@ -58,10 +66,11 @@ def make_cluster():
 
 
 @pytest.fixture(scope="module")
-def shared_cluster():
+def shared_cluster(request):
     """Factory of clusters one module's tests share: ``shared_cluster(**spec)`` starts a cluster the first time a
     spec is asked for and hands the same one out after.  For tests that kill, pause or restart none of its
-    processes and use table names of their own; killed by pid when the module's tests are done."""
+    processes and use table names of their own (marked ``cluster``); killed by pid when the module's tests are
+    done."""
     started: dict[str, LocalCluster] = {}
 
     def factory(**kwargs) -> LocalCluster:

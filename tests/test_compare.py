@@ -337,6 +337,7 @@ def test_cpr_with_an_mtbf_runs_at_the_pls_interval(tmp_path):
     assert report["config"]["mtbf_s"] == 3600
 
 
+@pytest.mark.cluster
 def test_a_child_that_fails_to_start_is_quoted(tmp_path):
     """The coordinator refuses options it cannot use and exits; the error names its own message."""
     from ecrec.ops.local import LocalCluster, LocalClusterSpec

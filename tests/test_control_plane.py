@@ -102,6 +102,7 @@ def etcd_leaders():
         leaders.close()
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_when_it_sees_its_key_go(etcd_leaders):
     """A deposed leader (or an operator) may revoke a failed server's lease after a new leader took over: the
@@ -134,6 +135,7 @@ def test_a_new_leader_keeps_the_saved_ttl_and_times_a_failed_servers_end_from_wh
     assert third.map.lease_s == 6.0 and third.state.lease_wait_s == 6.0
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again(etcd_leaders):
     """A standby declared failed leaves the map; its etcd lease is revoked so it stops.  When etcd does not answer
@@ -164,6 +166,7 @@ def test_a_removed_standbys_revocation_that_etcd_did_not_answer_is_tried_again(e
     assert not c.state.dropped and not c.state.untimed
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_a_fence_round_times_only_what_it_read_after_and_a_key_without_a_lease_is_no_servers(etcd_leaders):
     """The leader times a failed server's end from an etcd read that shows its key gone: only a read made after
@@ -258,6 +261,7 @@ def serves(address: str) -> bool:
     return True
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_path):
     release = tmp_path / "release"
@@ -301,6 +305,7 @@ def test_leader_killed_mid_promotion_a_follower_finishes_it(make_cluster, tmp_pa
     assert not watcher.conflicts, f"two maps with one epoch: {watcher.conflicts}"
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_replaced(make_cluster):
     from ecrec.control.etcd_lease import lease_ttl_s, servers_prefix
@@ -353,6 +358,7 @@ def test_servers_hold_etcd_leases_and_one_whose_lease_is_revoked_stops_and_is_re
     assert_counts(client, initial, counts)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluster):
     """Deleting a server's key (etcdctl del) leaves its lease alive: the server renews it, but finds its key gone
@@ -392,6 +398,7 @@ def test_a_server_whose_key_is_deleted_by_hand_stops_and_is_replaced(make_cluste
     assert_counts(client, initial, counts)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_registrations_slower_than_the_servers_lease_keep_it_alive(make_cluster):
     """Each map change takes longer than a server's 2 s etcd lease (a coordinator whose disk is slow): a server
@@ -415,6 +422,7 @@ def test_registrations_slower_than_the_servers_lease_keep_it_alive(make_cluster)
     assert_counts(client, initial, counts)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_two_of_three_etcd_members_killed_the_data_plane_serves_within_a_lease_and_promotions_wait(make_cluster):
     lease_s = 8.0  # the servers ride out an etcd outage this long (a longer lease, a slower replacement of a hung one)
@@ -454,6 +462,7 @@ def test_two_of_three_etcd_members_killed_the_data_plane_serves_within_a_lease_a
     assert_counts(client, initial, counts)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_every_coordinator_restarted_keeps_the_map(make_cluster):
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
@@ -482,6 +491,7 @@ def test_every_coordinator_restarted_keeps_the_map(make_cluster):
     assert_counts(client, initial, counts)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_one_of_three_etcd_members_killed_changes_nothing(make_cluster):
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2, etcd_members=3)
@@ -579,6 +589,7 @@ class CuttableProxy:
         self.cut()
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_the_leader_cut_off_from_etcd_steps_down_and_a_follower_takes_over(make_cluster):
     proxies = {}
@@ -646,6 +657,7 @@ def test_the_control_plane_benchmark_summary_is_a_function_of_its_slices():
         control_plane._positive(args)
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_cluster, tmp_path):
     trustme = pytest.importorskip("trustme")
@@ -681,6 +693,7 @@ def test_a_followers_refusal_names_the_leader_and_only_a_dialable_one_is_followe
     assert leader_named("the change was not recorded: the leader is 10.0.0.7:7001") == ""
 
 
+@pytest.mark.cluster
 @needs_etcd
 def test_a_client_given_a_follower_follows_the_leader_and_status_names_every_coordinator(make_cluster):
     """A user who knows one coordinator's address, not the leader's: tables are created through the follower's

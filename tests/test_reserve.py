@@ -65,6 +65,7 @@ def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_tol
     assert reserve.take("big", (16 << 20,), np.uint8).shape == (16 << 20,)  # what is held is still handed out
 
 
+@pytest.mark.cluster
 def test_a_standby_is_warm_before_it_can_be_promoted_whatever_the_strategy(make_cluster):
     """A standby compiles the kernel that fills new tables before it registers (a promoted ``none``/``full``/
     ``cpr`` standby used to compile it inside the failure), and holds its tables' memory ready."""
