@@ -3,7 +3,8 @@
 A server process spends about 1.5 s of CPU starting (Python and its imports, numba, the kernels loaded from
 numba's cache) before it does anything; a test suite starts hundreds.  :class:`ForkServer` runs one process that
 has done all of that once, with no thread, socket or gRPC object of its own, and forks it on request: the child
-runs the very ``ecrec-server`` command line it was asked for (``ecrec.cli.main``), with its own environment,
+runs the very ``ecrec-server`` command line it was asked for (the ``ecrec.cli`` module, as ``python -m`` would
+run it), with its own environment,
 standard streams and process id, as a separate process that talks to the others over real sockets.
 :class:`Forked` stands for it where a ``subprocess.Popen`` would (pid, poll, wait, signals, its stderr).
 
@@ -32,8 +33,9 @@ def _preload() -> None:
     is made here: a child starts clean)."""
     import importlib
 
-    import ecrec.cli  # noqa: F401
+    import ecrec.config  # noqa: F401  (what the command line module imports)
     import ecrec.control.coordinator  # noqa: F401
+    import ecrec.ops.logs  # noqa: F401
     import ecrec.ops.metrics  # noqa: F401
     import ecrec.server.process  # noqa: F401
     from ecrec.coding.kernels import cpu
@@ -78,10 +80,12 @@ def _child(request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        sys.argv = ["ecrec-server", *request["args"]]
-        from ecrec import cli
+        # exactly what `python -m ecrec.cli ARGS` runs (its imports are loaded already)
+        import runpy
 
-        code = cli.main(request["args"]) or 0
+        sys.argv = ["ecrec-server", *request["args"]]
+        runpy.run_module("ecrec.cli", run_name="__main__", alter_sys=True)
+        code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - printed as the process would, then the exit status says it
