@@ -84,7 +84,7 @@ def data():
 
 
 def train(address, on_step=None):
-    """Trains STEPS steps; ``on_step(step)`` runs before each step (to kill servers)."""
+    """Trains STEPS steps; ``on_step(step, cluster)`` runs before each step (to kill servers)."""
     torch.set_num_threads(1)
     cluster = Cluster.connect(address)
     for name, rows, dim, opt in TABLES:
@@ -94,7 +94,7 @@ def train(address, on_step=None):
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for step, (sparse, label) in enumerate(data()):
         if on_step:
-            on_step(step)
+            on_step(step, cluster)
         loss_fn(model(sparse), label).backward()
         cluster.step()
     return cluster, names

@@ -80,7 +80,7 @@ def test_cuda_cluster_recovers_bit_exactly_like_the_cpu_path(make_cluster):
     rebuilds it: every row, optimizer state, dense tensor and parity row equals the failure-free CPU run."""
     expected = baseline(make_cluster, 4, 2, 1)  # --device cpu, no failure
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, device="cuda")
-    cluster, names = train(local.coordinator_address, lambda step: step == 20 and kill_index(local, 1))
+    cluster, names = train(local.coordinator_address, lambda step, cluster: step == 20 and kill_index(local, 1))
     wait_redundant(cluster, 1)
     stats = cluster.strategy_call("stats")
     assert {s["kernel"] for s in stats.values()} == {"gpu"}

@@ -16,25 +16,9 @@ import pytest
 import torch
 
 from ecrec.client import Cluster, EmbeddingBag
-from helpers import Model, TABLES, assert_same, baseline, data, final_state, kill_index, wait_redundant
+from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
 pytestmark = pytest.mark.cluster
-
-
-def train_with(address, on_step):
-    """Like ``test_ecrec_recovery.train``, with ``on_step(step, cluster)`` before each step."""
-    torch.set_num_threads(1)
-    cluster = Cluster.connect(address)
-    for name, rows, dim, opt in TABLES:
-        cluster.create_table(name, rows, dim, optimizer=opt, lr=0.05, eps=1e-8, initial_accumulator_value=0.1, seed=11)
-    model = Model(cluster)
-    names = cluster.register_dense(model.top, optimizer="adagrad", lr=0.05, eps=1e-8, initial_accumulator_value=0.1)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    for step, (sparse, label) in enumerate(data()):
-        on_step(step, cluster)
-        loss_fn(model(sparse), label).backward()
-        cluster.step()
-    return cluster, names
 
 
 def test_owner_killed_while_the_worker_holds_unconfirmed_pushes(make_cluster):
@@ -47,7 +31,7 @@ def test_owner_killed_while_the_worker_holds_unconfirmed_pushes(make_cluster):
             seen["unconfirmed"] = cluster.courier.unconfirmed()
             kill_index(local, 1)
 
-    cluster, names = train_with(local.coordinator_address, on_step)
+    cluster, names = train(local.coordinator_address, on_step)
     assert seen["unconfirmed"] > 0, "the worker held no unconfirmed push when the owner died: nothing was tested"
     assert cluster.stats["replayed"] > 0
     wait_redundant(cluster, 1)
@@ -72,7 +56,7 @@ def test_a_replacement_dying_midway_through_a_replay_is_replayed_to_the_next(mak
                 time.sleep(0.02)
             local.start_server(standby=True)  # a clean spare for when the armed replacement dies
 
-    cluster, names = train_with(local.coordinator_address, on_step)
+    cluster, names = train(local.coordinator_address, on_step)
     assert seen["unconfirmed"] >= 2, "fewer than two pushes to replay: the armed replacement cannot die midway"
     m = wait_redundant(cluster, 1)
     promoted = [e for e in m.events if e.kind == "promoted"]
@@ -93,7 +77,7 @@ def test_parity_server_killed_while_batches_for_it_are_coalesced_or_relayed(make
             seen["relay"] = cluster.courier.pending_relay()
             kill_index(local, 2)
 
-    cluster, names = train_with(local.coordinator_address, on_step)
+    cluster, names = train(local.coordinator_address, on_step)
     wait_redundant(cluster, 1)
     assert_same(final_state(cluster, names), expected)
     stats = cluster.strategy_call("stats")

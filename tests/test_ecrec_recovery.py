@@ -50,7 +50,7 @@ def test_replacement_killed_during_rebuild(make_cluster):
                          options={"rebuild_batch_rows": "32", "rebuild_pause_s": "0.02"},
                          server_env={"standby0": {"ECREC_FAULT": "during_rebuild@3"}})
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 20:
             kill_index(local, 1)
             deadline = time.monotonic() + 30
@@ -71,7 +71,7 @@ def test_two_servers_killed_at_once_with_m2(make_cluster):
     expected = baseline(make_cluster, 5, 2, 2)
     local = make_cluster(servers=5, standby=2, strategy="ecrec", k=2, m=2)
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 20:
             pids = [local.pid_of_index(1), local.pid_of_index(3)]
             for pid in pids:
@@ -93,7 +93,7 @@ def test_second_failure_during_rebuild_with_m2(make_cluster, tmp_path):
                          server_env={"standby": {"ECREC_FAULT": f"during_rebuild@1:hold={release}"}})
     seen = {}
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 15:
             kill_index(local, 1)
             deadline = time.monotonic() + 120  # a liveness bound (the promotion), not a measurement
@@ -120,7 +120,7 @@ def test_dense_primary_killed(make_cluster):
     probe = Cluster.connect(local.coordinator_address)
     primary = probe.layout.dense_servers("0.weight")[0]
 
-    cluster, names = train(local.coordinator_address, lambda step: step == 25 and kill_index(local, primary))
+    cluster, names = train(local.coordinator_address, lambda step, cluster: step == 25 and kill_index(local, primary))
     assert "0.weight" in names
     wait_redundant(cluster, 1)
     assert_same(final_state(cluster, names), expected)
@@ -133,7 +133,7 @@ def test_parity_rebuilt_then_a_second_failure_recovers(make_cluster):
     local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1)
     holder = {}
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 10:
             kill_index(local, 0)
         if step == 35:
@@ -150,7 +150,7 @@ def test_coordinator_restart_keeps_the_map(make_cluster, tmp_path):
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, state_path=str(tmp_path / "map.pb"))
     epochs = {}
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 10:
             epochs["before"] = local.cluster_map().epoch
             local.kill(local.coordinator_proc.pid)

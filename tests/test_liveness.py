@@ -46,7 +46,7 @@ def test_a_paused_standby_is_skipped_for_a_healthy_one(make_cluster):
     local = make_cluster(servers=4, standby=2, strategy="ecrec", k=2, m=1)
     seen: dict = {}
 
-    def on_step(step):
+    def on_step(step, cluster):
         now = time.monotonic()
         if step == 15:
             standbys = [s for s in local.cluster_map().servers if s.state == cluster_pb2.STANDBY]
@@ -85,7 +85,7 @@ def test_a_report_of_redundancy_before_the_promotion_is_recorded(make_cluster):
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
                          coordinator_env={"ECREC_COORDINATOR_FAULT": "record_promotion@1:delay=1.5"})
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 10:
             kill_index(local, 2)
 
@@ -109,7 +109,7 @@ def test_a_rebuild_survives_a_transient_error(make_cluster):
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
                          server_env={"standby0": {"ECREC_FAULT": "during_rebuild@1:error"}})
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 10:
             kill_index(local, 3)
 

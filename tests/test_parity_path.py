@@ -107,7 +107,7 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
     expected = baseline(make_cluster, 4, 2, 1)
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options={"direct_bytes": "1"})
 
-    def on_step(step):
+    def on_step(step, cluster):
         if step == 25:
             kill_index(local, 1)
 
