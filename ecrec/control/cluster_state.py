@@ -263,3 +263,16 @@ class ClusterState:
         info.state = ACTIVE
         self.event_locked("redundant", info.index, info.address)
         return self.bump_locked()
+
+
+def rounds_while_leading(state: ClusterState, stop: threading.Event, wake: threading.Event, interval_s: float,
+                         one_round) -> None:
+    """Runs ``one_round()`` every ``interval_s``, or at once when ``wake`` is set, while this coordinator leads,
+    until ``stop`` (or until a round returns False)."""
+    while not stop.is_set():
+        wake.wait(interval_s)
+        wake.clear()
+        if stop.is_set():
+            return
+        if state.leading.is_set() and one_round() is False:
+            return

@@ -19,7 +19,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2
 
-from ecrec.control.cluster_state import FAILED, RECOVERING, STANDBY, ClusterState
+from ecrec.control.cluster_state import FAILED, RECOVERING, STANDBY, ClusterState, rounds_while_leading
 from ecrec.control.links import ServerLinks
 from ecrec.control.stores import StoreUnavailable
 from ecrec.wire import cluster_pb2
@@ -158,36 +158,34 @@ class FailureDetector:
         return snapshot
 
     def run(self) -> None:
-        """The monitor: health checks, etcd lease keys, recovering servers, maps that did not reach a server;
-        every ``health_interval_s`` or when woken, while this coordinator leads."""
-        while not self._stop.is_set():
-            self.wake.wait(self.config.health_interval_s)
-            self.wake.clear()
-            if self._stop.is_set():
-                return
-            if not self.state.leading.is_set():
-                continue
-            with self.state.lock:
-                addresses = [s.address for s in self.state.map.servers if s.state != FAILED]
+        """The monitor: every ``health_interval_s`` or when woken, while this coordinator leads."""
+        rounds_while_leading(self.state, self._stop, self.wake, self.config.health_interval_s, self._round)
+
+    def _round(self) -> bool | None:
+        """Health checks, etcd lease keys, recovering servers, maps that did not reach a server; False once the
+        coordinator stops."""
+        with self.state.lock:
+            addresses = [s.address for s in self.state.map.servers if s.state != FAILED]
+        try:
+            list(self._check_pool.map(self.check_server, addresses))
+        except RuntimeError:  # the pool was shut down (the coordinator stops)
+            return False
+        except Exception:  # noqa: BLE001 - reported, never swallowed
+            log.exception("health checks failed")
+        if self.state.map.lease_store:
             try:
-                list(self._check_pool.map(self.check_server, addresses))
-            except RuntimeError:  # the pool was shut down (the coordinator stops)
-                return
+                self.check_etcd_leases()
             except Exception:  # noqa: BLE001 - reported, never swallowed
-                log.exception("health checks failed")
-            if self.state.map.lease_store:
-                try:
-                    self.check_etcd_leases()
-                except Exception:  # noqa: BLE001 - reported, never swallowed
-                    log.exception("checking the servers' etcd leases failed")
-            self._on_failure(fence=False)  # a round of promotions (a standby may have registered)
-            try:
-                self.poll_recovering()
-            except Exception:  # noqa: BLE001 - reported, never swallowed
-                log.exception("asking recovering servers for their state failed")
-            if self.links.behind.is_set():
-                self.links.behind.clear()
-                self.links.rebroadcast()
+                log.exception("checking the servers' etcd leases failed")
+        self._on_failure(fence=False)  # a round of promotions (a standby may have registered)
+        try:
+            self.poll_recovering()
+        except Exception:  # noqa: BLE001 - reported, never swallowed
+            log.exception("asking recovering servers for their state failed")
+        if self.links.behind.is_set():
+            self.links.behind.clear()
+            self.links.rebroadcast()
+        return None
 
     def close(self) -> None:
         self._check_pool.shutdown(wait=False, cancel_futures=True)

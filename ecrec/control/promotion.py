@@ -18,7 +18,8 @@ from concurrent import futures
 
 import grpc
 
-from ecrec.control.cluster_state import ACTIVE, FAILED, PROMOTING, RECOVERING, STANDBY, ClusterState
+from ecrec.control.cluster_state import (ACTIVE, FAILED, PROMOTING, RECOVERING, STANDBY, ClusterState,
+                                         rounds_while_leading)
 from ecrec.control.detection import connection_refused
 from ecrec.control.links import ServerLinks
 from ecrec.control.stores import StoreUnavailable
@@ -256,14 +257,10 @@ class Promoter:
     def run(self) -> None:
         """Promotes standbys into failed indices; on its own thread, so a slow or paused standby never holds up
         the health checks (which are what declare it failed)."""
-        while not self._stop.is_set():
-            self.wake.wait(self.config.health_interval_s)
-            self.wake.clear()
-            if self._stop.is_set():
-                return
-            if not self.state.leading.is_set():
-                continue
-            try:
-                self.promote_standbys()
-            except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
-                log.exception("promotion failed")
+        rounds_while_leading(self.state, self._stop, self.wake, self.config.health_interval_s, self._round)
+
+    def _round(self) -> None:
+        try:
+            self.promote_standbys()
+        except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
+            log.exception("promotion failed")
