@@ -12,8 +12,8 @@ from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
 # local clusters' servers and coordinators are forked from a warm parent (ecrec.ops.forks): the same processes,
 # started with a tenth of the CPU; ECREC_FORK_SERVER=0 starts each one as `python -m ecrec.cli` instead
-if os.environ.get(forks.ENV, "1") != "0":
-    local.use_spawner(forks.Spawner())
+SPAWNER = forks.Spawner() if os.environ.get(forks.ENV, "1") != "0" else None
+local.use_spawner(SPAWNER)
 
 
 def _stop(clusters) -> None:
@@ -117,15 +117,17 @@ def server_metadata(local, server_id: str, epoch: int = 0) -> tuple:
 
 
 # --- CPU per test (ECREC_TEST_CPU=FILE): the test process's own CPU and its children's (servers, coordinators and
-# etcd members it started and waited for), which contention does not inflate as it does wall time --------------
+# etcd members it started and waited for, or had forked), which contention does not inflate as wall time -------
 _cpu_report = os.environ.get("ECREC_TEST_CPU")
 
 
 def _cpu_now() -> float:
+    """This process's CPU, its waited-for children's, and that of the processes forked for it that ended."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    forked = SPAWNER.children_cpu_s() if SPAWNER is not None else 0.0
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked
 
 
 if _cpu_report:

@@ -103,3 +103,23 @@ def test_a_server_gathers_every_row_of_its_range_in_id_order(servers, k, m, monk
                 for state in states:
                     got = snapshot_part._gather(state, shards[state.index], start, stop, pool)
                     assert np.array_equal(got, want[start:stop]), (start, stop, state.index, read_bytes)
+
+
+def test_an_item_whose_pickle_is_compressed_or_large_is_refused_before_it_is_read():
+    """A crafted item's data.pkl could inflate to gigabytes: only a small uncompressed record is read."""
+    import zipfile
+
+    a = np.ones((4, 3), np.float32)
+    good = io.BytesIO()
+    item = snapshot_files.write_tensor(good, a)
+    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as source:
+        records = {i.filename: source.read(i) for i in source.infolist()}
+    for compress, pad in ((zipfile.ZIP_DEFLATED, b""), (zipfile.ZIP_STORED, b"\x80" * (128 << 10))):
+        crafted = io.BytesIO()
+        with zipfile.ZipFile(crafted, "w") as target:
+            for name, data in records.items():
+                target.writestr(name, data + (pad if name.endswith("data.pkl") else b""),
+                                compress_type=compress if name.endswith("data.pkl") else zipfile.ZIP_STORED)
+        with pytest.raises(ValueError, match="data.pkl is not a small uncompressed record"):
+            snapshot_files.read_tensor(crafted, 0, len(crafted.getvalue()))
+    assert np.array_equal(snapshot_files.read_tensor(good, item["offset"], item["length"]), a)

@@ -246,16 +246,22 @@ class _KeepAliveStream:
             try:
                 reply = self._replies.get(timeout=timeout_s)
             except queue.Empty:
+                self._end()  # a late answer must never be taken for the next renewal's
                 raise EtcdError("no answer in time") from None
             if isinstance(reply, Exception):
+                self._end()
                 raise reply
             return reply
 
-    def close(self) -> None:
+    def _end(self) -> None:
         if not self._closed:
             self._closed = True
             self._requests.put(None)
             self._call.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            self._end()
 
 
 # --- transaction building blocks ----------------------------------------------------------------------

@@ -132,3 +132,7 @@ class EtcdLease:
             except EtcdError as exc:
                 log.warning("revoking this server's etcd lease: %s", exc)
         self.client.close()
+
+
+#: the name earlier releases gave it
+EtcdServerLease = EtcdLease

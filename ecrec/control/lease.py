@@ -132,9 +132,10 @@ class LeaseKeeper:
                     return
                 self.last_ok = renewal.sent
                 self._on_renewed(renewal)
-        except Exception:  # noqa: BLE001 - reported, never swallowed; the holder's lease then runs out
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed: the holder gives its lease up
             if not self._stop.is_set():
                 log.exception("%s: the lease keeper stopped on an unexpected error", self.name)
+                self._on_lost(f"its lease keeper failed ({type(exc).__name__}: {exc})")
 
 
 class CoordinatorLease:

@@ -101,7 +101,7 @@ class EtcdStore:
         self.address = address
         self._value = f"{me}@{address}".encode()
         self.election = Election(self.client, self.leader_key, self._value, ttl_s,
-                                 member_key=f"{self.prefix}/coordinators/{me}".encode())
+                                 member_key=f"{self.prefix}/coordinators/{address}".encode())
         self._revision = 0  # the state key's mod revision this leader last read or wrote
 
     def describe(self) -> str:
@@ -127,8 +127,8 @@ class EtcdStore:
         return value.decode().partition("@")[2] if value else ""
 
     def coordinators(self) -> list[str]:
-        """Every live coordinator's address (each announces itself under ``PREFIX/coordinators/``, bound to its
-        election lease); raises :class:`StoreUnavailable` when etcd cannot be read."""
+        """Every live coordinator's address (each announces itself under ``PREFIX/coordinators/ADDRESS``, bound to
+        its election lease); raises :class:`StoreUnavailable` when etcd cannot be read."""
         try:
             values = self.election.candidates()
         except EtcdError as exc:

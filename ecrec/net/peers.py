@@ -121,8 +121,8 @@ class FailoverStub:
                     if leader:
                         order.insert(0, self._index_of(leader))
                     continue
-                if name != "GetClusterMap":  # a follower answers maps too: stay with the one that leads
-                    self._current = at
+                if name not in ("GetClusterMap", "GetCoordinators"):  # followers answer those too: stay with the
+                    self._current = at                                # one that leads
                 return reply
             raise last
         return call

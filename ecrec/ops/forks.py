@@ -4,14 +4,14 @@ A server process spends about 1.5 s of CPU starting (Python and its imports, num
 numba's cache) before it does anything; a test suite starts hundreds.  :class:`ForkServer` runs one process that
 has done all of that once, with no thread, socket or gRPC object of its own, and forks it on request: the child
 runs the very ``ecrec-server`` command line it was asked for (the ``ecrec.cli`` module, as ``python -m`` would
-run it), with its own environment,
-standard streams and process id, as a separate process that talks to the others over real sockets.
-:class:`Forked` stands for it where a ``subprocess.Popen`` would (pid, poll, wait, signals, its stderr).
+run it), with its own environment, standard streams and process id, as a separate process that talks to the
+others over real sockets.  :class:`Forked` stands for it where a ``subprocess.Popen`` would (pid, poll, wait,
+signals, its streams); the CPU its children used is counted (:meth:`ForkServer.children_cpu_s`).
 
 Opt-in, for tests and local clusters on one machine: ``ecrec.ops.local.use_spawner(Spawner())`` makes every
 ``LocalCluster`` of this process fork its processes (``tests/conftest.py`` does, unless ``ECREC_FORK_SERVER=0``); a
-process placed elsewhere (a network namespace) or with an environment of its own still starts as a process of its
-own.
+process placed elsewhere (a network namespace) or with an environment that differs from the warm parent's in
+anything but fault injection still starts as a process of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ import threading
 
 #: tests/conftest.py forks local clusters' processes unless this is 0
 ENV = "ECREC_FORK_SERVER"
+#: environment a forked process may have apart from its warm parent's: read when it runs, not when it imports
+#: (fault injection), or set by the test runner and read by nothing here (``PYTEST_CURRENT_TEST`` changes per test)
+FORKABLE_ENV = frozenset({"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"})
+FORKABLE_PREFIXES = ("PYTEST_",)
+#: how long a spawn waits for the warm parent's answer
+SPAWN_TIMEOUT_S = 30.0
 
 
 def _preload() -> None:
@@ -51,13 +57,24 @@ def _preload() -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent ends (a child of a killed warm parent does not linger)."""
+    """Linux: this process gets SIGKILL when the thread that forked it ends (the warm parent has one thread: a
+    child of a killed warm parent does not linger)."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status Python itself exits with for ``SystemExit(code)`` (a message is printed on stderr first)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def _child(request: dict, fds: list[int]) -> None:
@@ -67,6 +84,9 @@ def _child(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         _die_with_parent()
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDWR)
         passed = dict(zip(request["streams"], fds))
         os.dup2(devnull, 0)
@@ -78,8 +98,6 @@ def _child(request: dict, fds: list[int]) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.clear()
         os.environ.update(request["env"])
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
         # exactly what `python -m ecrec.cli ARGS` runs (its imports are loaded already)
         import runpy
 
@@ -87,7 +105,7 @@ def _child(request: dict, fds: list[int]) -> None:
         runpy.run_module("ecrec.cli", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = _exit_code(exc)
     except BaseException:  # noqa: BLE001 - printed as the process would, then the exit status says it
         import traceback
 
@@ -105,60 +123,77 @@ def _child(request: dict, fds: list[int]) -> None:
 
 def serve(control_fd: int) -> None:
     """The warm parent: preloads, says ``ready``, then forks a child per request arriving on ``control_fd``
-    (JSON ``{"args", "env"}`` with the child's stdout and stderr as passed descriptors) and answers its pid; each
-    child's exit status goes back as ``{"exit": pid, "code": returncode}``.  One thread (a child forks from a
-    process with no other); ends, killing its children, when the other end closes."""
+    (JSON ``{"id", "args", "env", "streams"}`` with the streams as passed descriptors) and answers
+    ``{"id", "pid"}``; each child's end goes back as ``{"exit": pid, "code": returncode, "cpu_s": its CPU}``.  One
+    thread (a child forks from a process with no other), woken by the control socket or SIGCHLD; ends, killing its
+    children, when the other end closes (whatever ended the process that started it)."""
     import select
 
-    _die_with_parent()  # the test process (or whatever started it) gone: so is it, and then its children
     _preload()
     control = socket.socket(fileno=control_fd)
     children: set[int] = set()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the pipe
 
     def send(message: dict) -> None:
         control.sendall(json.dumps(message).encode() + b"\n")
 
     def reap() -> None:
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                children.discard(pid)
-                send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        while children:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            children.discard(pid)
+            send({"exit": pid, "code": os.waitstatus_to_exitcode(status),
+                  "cpu_s": usage.ru_utime + usage.ru_stime})
 
-    buffer = b""
+    def end() -> None:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(0)
+
+    buffer, fds = b"", []
     send({"ready": os.getpid()})
     while True:
-        readable, _, _ = select.select([control], [], [], 0.02)
+        readable, _, _ = select.select([control, wake_r], [], [], 1.0)
+        if wake_r in readable:
+            os.read(wake_r, 4096)
         try:
             reap()
         except OSError:
-            readable = [control]  # the other end is gone: the recv below says so
-        if not readable:
+            end()  # the other end is gone
+        if control not in readable:
             continue
         try:
-            data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
+            data, more, _, _ = socket.recv_fds(control, 1 << 20, 8)
         except OSError:
-            data, fds = b"", []
+            data, more = b"", []
         if not data:
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            os._exit(0)
+            end()
         buffer += data
+        fds += more  # a request's descriptors stay with it, however its bytes were split
         while b"\n" in buffer:
             line, _, buffer = buffer.partition(b"\n")
             request = json.loads(line)
+            mine, fds = fds[:len(request["streams"])], fds[len(request["streams"]):]
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _child(request, list(fds))
-            for fd in fds:
+                os.close(wake_r)
+                os.close(wake_w)
+                _child(request, mine)
+            for fd in mine:
                 os.close(fd)
-            fds = []
             children.add(pid)
-            send({"pid": pid})
+            send({"id": request["id"], "pid": pid})
 
 
 class Forked:
@@ -197,21 +232,29 @@ class Forked:
 
 
 class ForkServer:
-    """The client end: starts the warm parent (``env``: its environment, the children's base) and forks from it."""
+    """The client end: starts the warm parent (``env``: its environment, the children's base) and forks from it.
+    If the warm parent ends, its children are gone too (they die with it): they read as killed, and a spawn fails
+    at once."""
 
     def __init__(self, env: dict, timeout_s: float = 120.0):
+        self.env = dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._proc = subprocess.Popen([sys.executable, "-m", "ecrec.ops.forks", str(theirs.fileno())],
-                                      pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                                      pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL)
         theirs.close()
         self._control = ours
         self._lock = threading.Lock()  # one request at a time
+        self._next_id = 0
         self._exits: dict[int, int] = {}
-        self._answers: list[dict] = []
+        self._live: set[int] = set()  # children spawned and not yet known to have exited
+        self._cpu_s = 0.0  # CPU of the children that exited
+        self._answers: dict[int, dict] = {}
+        self._closed = False
         self._changed = threading.Condition()
         threading.Thread(target=self._read, name="ecrec-fork-server", daemon=True).start()
-        if self._next_answer(timeout_s).get("ready") is None:
-            raise RuntimeError("the fork server did not start")
+        with self._changed:
+            if not self._changed.wait_for(lambda: -1 in self._answers or self._closed, timeout_s) or self._closed:
+                raise RuntimeError("the fork server did not start")
 
     def _read(self) -> None:
         buffer = b""
@@ -222,7 +265,10 @@ class ForkServer:
                 data = b""
             if not data:
                 with self._changed:
-                    self._answers.append({"closed": True})
+                    self._closed = True
+                    for pid in self._live:  # died with their warm parent
+                        self._exits.setdefault(pid, -signal.SIGKILL)
+                    self._live.clear()
                     self._changed.notify_all()
                 return
             buffer += data
@@ -232,36 +278,40 @@ class ForkServer:
                 with self._changed:
                     if "exit" in message:
                         self._exits[message["exit"]] = message["code"]
+                        self._live.discard(message["exit"])
+                        self._cpu_s += message.get("cpu_s", 0.0)
                     else:
-                        self._answers.append(message)
+                        self._answers[message.get("id", -1)] = message
                     self._changed.notify_all()
-
-    def _next_answer(self, timeout_s: float) -> dict:
-        with self._changed:
-            if not self._changed.wait_for(lambda: self._answers, timeout_s):
-                raise RuntimeError(f"the fork server did not answer within {timeout_s} s")
-            return self._answers.pop(0)
 
     def spawn(self, args: list[str], env: dict, stdout: bool = False, stderr: bool = True) -> Forked:
         """Forks ``ecrec-server ARGS`` with ``env``; ``stdout``/``stderr``: give the child a pipe whose read end is
         the handle's (text), else /dev/null."""
         ends = [os.pipe() if wanted else None for wanted in (stdout, stderr)]
         streams = [name for name, end in zip(("stdout", "stderr"), ends) if end is not None]
+        answer = None
         try:
             with self._lock:
-                fds = [end[1] for end in ends if end is not None]
-                message = json.dumps({"args": args, "env": env, "streams": streams}).encode() + b"\n"
-                socket.send_fds(self._control, [message], fds)
-                answer = self._next_answer(30.0)
+                self._next_id += 1
+                request_id = self._next_id
+                message = json.dumps({"id": request_id, "args": args, "env": env, "streams": streams}).encode()
+                with self._changed:
+                    if self._closed:
+                        raise RuntimeError("the fork server has ended")
+                socket.send_fds(self._control, [message + b"\n"], [end[1] for end in ends if end is not None])
+                with self._changed:
+                    self._changed.wait_for(lambda: request_id in self._answers or self._closed, SPAWN_TIMEOUT_S)
+                    answer = self._answers.pop(request_id, None)
+                    if answer is not None:
+                        self._live.add(answer["pid"])
         finally:
             for end in ends:
                 if end is not None:
                     os.close(end[1])
-        if "pid" not in answer:
-            for end in ends:
-                if end is not None:
-                    os.close(end[0])
-            raise RuntimeError(f"the fork server could not start {args}: {answer}")
+                    if answer is None:
+                        os.close(end[0])
+        if answer is None:
+            raise RuntimeError(f"the fork server did not start {args} within {SPAWN_TIMEOUT_S} s")
         stdout_f, stderr_f = (open(e[0], "r", encoding="utf-8", errors="replace") if e is not None else None
                               for e in ends)
         return Forked(self, answer["pid"], stdout_f, stderr_f)
@@ -274,6 +324,11 @@ class ForkServer:
         with self._changed:
             self._changed.wait_for(lambda: pid in self._exits, timeout)
             return self._exits.get(pid)
+
+    def children_cpu_s(self) -> float:
+        """CPU seconds (user and system) the children that exited so far used."""
+        with self._changed:
+            return self._cpu_s
 
     def close(self) -> None:
         """Ends the warm parent (and any child it still has)."""
@@ -289,25 +344,32 @@ class ForkServer:
 
 class Spawner:
     """What ``ecrec.ops.local.use_spawner`` takes: ``spawner(args, env, stdout)`` forks ``ecrec-server ARGS`` from a
-    warm parent started on first use (with that first call's environment: the base every child's differs from
-    only by what it reads when it runs, fault injection), ended at exit."""
+    warm parent started on first use (with that call's environment less fault injection: every child's must equal
+    it but for that), ended at exit; None when ``env`` differs (the caller starts a process of its own)."""
 
     def __init__(self):
         self._server: ForkServer | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, args: list[str], env: dict, stdout: bool) -> Forked:
+    @staticmethod
+    def _base(env: dict) -> dict:
+        return {k: v for k, v in env.items() if k not in FORKABLE_ENV and not k.startswith(FORKABLE_PREFIXES)}
+
+    def __call__(self, args: list[str], env: dict, stdout: bool) -> Forked | None:
         with self._lock:
             if self._server is None:
                 import atexit
 
-                self._server = ForkServer({k: v for k, v in env.items() if k not in FORKABLE_ENV})
+                self._server = ForkServer(self._base(env))
                 atexit.register(self._server.close)
-        return self._server.spawn(args, env, stdout=stdout)
+            server = self._server
+        if self._base(env) != server.env:
+            return None
+        return server.spawn(args, env, stdout=stdout)
 
-
-#: environment a forked process may have apart from its warm parent's: read when it runs, not when it imports
-FORKABLE_ENV = {"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"}
+    def children_cpu_s(self) -> float:
+        """CPU seconds the forked processes that exited so far used (0 before the first)."""
+        return self._server.children_cpu_s() if self._server is not None else 0.0
 
 
 if __name__ == "__main__":

@@ -29,9 +29,6 @@ from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_f
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
-#: environment a process may have apart from the others' and still come from the spawner (read when it runs, not
-#: when it imports: fault injection)
-FORKABLE_ENV = {"ECREC_FAULT", "ECREC_COORDINATOR_FAULT"}
 STDERR_TAIL_LINES = 20  # lines of each child's stderr kept for error messages
 
 
@@ -309,10 +306,11 @@ class LocalCluster:
 
     def _spawn(self, prefix: list[str], args: list[str], env: dict, extra: dict, stdout: bool):
         """Starts ``ecrec-server ARGS`` (stderr piped; stdout piped or dropped): with the spawner installed by
-        :func:`use_spawner` when the process runs here with nothing but fault injection set apart, else as
-        ``python -m ecrec.cli``."""
-        if _spawner is not None and not prefix and not self.spec.extra_env and set(extra) <= FORKABLE_ENV:
-            return _spawner(self._cmd(*args)[3:], env, stdout)
+        :func:`use_spawner` when the process runs here and the spawner takes it, else as ``python -m ecrec.cli``."""
+        if _spawner is not None and not prefix:
+            proc = _spawner(self._cmd(*args)[3:], env, stdout)
+            if proc is not None:
+                return proc
         return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, text=True)
 
@@ -460,7 +458,7 @@ _spawner = None
 
 def use_spawner(spawner) -> None:
     """From now on every LocalCluster of this process starts its servers and coordinators with
-    ``spawner(args, env, stdout) -> a Popen-like handle`` (``ecrec.ops.forks.Spawner``: forked from a warm parent),
-    where it can; None: as ``python -m ecrec.cli`` again."""
+    ``spawner(args, env, stdout) -> a Popen-like handle, or None when it cannot`` (``ecrec.ops.forks.Spawner``:
+    forked from a warm parent), where it can; None: as ``python -m ecrec.cli`` again."""
     global _spawner
     _spawner = spawner

@@ -77,6 +77,7 @@ class EmbeddingServer:
         self.etcd_lease: EtcdLease | None = None
         self._keeper: LeaseKeeper | None = None  # renews the lease (either backend) until it is lost or we stop
         self._registered = threading.Event()  # renewals grant the serving lease only once registered
+        self._lost_registering = ""  # why the lease was lost before the registration ended
         self._seen_revision = 0  # etcd's revision at the last map fetch a renewal asked for
         self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
 
@@ -105,7 +106,14 @@ class EmbeddingServer:
             # kept alive from now on (no coordinator may lead yet, or one may be slow to answer): a registration
             # never outlasts it; renewals grant the serving lease once registered
             self._keeper = self._keep(self._renew_etcd, self.etcd_lease.period_s, self.etcd_lease.renewed_at)
-        sent, reply = self._register(max(1.0, deadline - time.monotonic()))
+        try:
+            sent, reply = self._register(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            if self._keeper is not None:  # the etcd lease kept alive through the registration: given up
+                self._keeper.stop()
+            if self.etcd_lease is not None:
+                self.etcd_lease.release()
+            raise
         if self.etcd_lease is None:
             lease = CoordinatorLease(self.state.coordinator, self.state.server_id,
                                      lambda: (self.state.index, self.state.epoch), reply.lease_s)
@@ -138,8 +146,9 @@ class EmbeddingServer:
                 time.sleep(0.2)
         self._registered.set()  # from here a renewal that finds the lease gone stops this server
         if self.etcd_lease is not None:
-            if self.etcd_lease.gone:  # revoked (it was replaced) or expired while registering: it never serves
-                raise RuntimeError(f"this server's etcd lease {self.etcd_lease.id:x} is gone ({self.etcd_lease.gone}) "
+            gone = self.etcd_lease.gone or self._lost_registering
+            if gone:  # revoked (it was replaced) or expired while registering, or its keeper failed: it never serves
+                raise RuntimeError(f"this server's etcd lease {self.etcd_lease.id:x} is gone ({gone}) "
                                    f"before it registered with coordinator {self.config.coordinator}")
             self.state.lease.grant(self.etcd_lease.renewed_at, self.etcd_lease.ttl_s)
         else:
@@ -184,7 +193,8 @@ class EmbeddingServer:
         """The coordinator refused the lease or etcd says it is gone: this server was replaced (or expired).  It
         stops serving at once and exits; while registering, the registration fails instead."""
         if not self._registered.is_set():
-            return  # ``etcd_lease.gone`` says why: the registration raises it
+            self._lost_registering = reason  # the registration raises it
+            return
         log.error("this server's lease is gone (%s): it was replaced; stopping", reason)
         self.state.lease.revoke(reason)
         # no grace worth waiting for: every call in flight is refused at its reply (the lease is revoked)

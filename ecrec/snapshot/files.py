@@ -125,6 +125,8 @@ def digest(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).reshape(-1)).hexdigest()
 
 
+#: the largest ``data.pkl`` an item may hold (one tensor's pickle is a few hundred bytes): read before anything
+MAX_PICKLE_BYTES = 64 << 10
 #: the folder of an item's records, as ``torch.save`` names it for a stream
 _ARCHIVE = "archive"
 #: storages start at multiples of this many bytes from the item's start (``torch.save``'s alignment)
@@ -224,6 +226,9 @@ def _item_values(buffer, shape=None) -> np.ndarray:
         data = [i for i in infos if i.filename.rsplit("/", 2)[-2:-1] == ["data"]]
         if len(pickled) != 1 or len(data) != 1 or data[0].filename.rsplit("/", 1)[1] != "0":
             raise ValueError("not one tensor item: no single data.pkl and storage 0")
+        if pickled[0].compress_type != zipfile.ZIP_STORED or pickled[0].file_size > MAX_PICKLE_BYTES:
+            raise ValueError(f"the item's data.pkl is not a small uncompressed record ({pickled[0].file_size} bytes, "
+                             f"compression {pickled[0].compress_type})")
         found, count = _parse_tensor_pickle(archive.read(pickled[0]))
         if shape is not None and tuple(found) != tuple(int(s) for s in shape):
             raise ValueError(f"not one uncompressed storage of {4 * int(np.prod(shape))} bytes: the item holds "

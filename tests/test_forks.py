@@ -1,0 +1,71 @@
+"""The warm parent that forks local clusters' processes in the tests (``ecrec.ops.forks``): its children are the
+processes ``python -m ecrec.cli`` would be, seen through a Popen-like handle; an environment it cannot give is
+left to a process of its own; its children do not outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from ecrec.ops import forks
+
+pytestmark = pytest.mark.cluster
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+
+
+def test_a_forked_command_line_has_its_streams_exit_status_and_cpu():
+    server = forks.ForkServer(_env())
+    try:
+        bad = server.spawn(["--log-level", "WARNING", "serve"], _env(), stdout=True)  # --coordinator is required
+        assert bad.wait(timeout=30) == 2
+        assert "--coordinator" in bad.stderr.read()
+        helped = server.spawn(["status", "--help"], _env(), stdout=True)
+        assert helped.wait(timeout=30) == 0 and "example: ecrec-server status" in helped.stdout.read()
+        waiting = server.spawn(["--log-level", "WARNING", "serve", "--coordinator", "127.0.0.1:9",
+                                "--register-timeout-s", "60"], dict(_env(), ECREC_FAULT=""))
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=0.5)
+        assert waiting.poll() is None
+        waiting.send_signal(signal.SIGKILL)
+        assert waiting.wait(timeout=30) == -signal.SIGKILL
+        assert server.children_cpu_s() > 0
+    finally:
+        server.close()
+
+
+def test_children_die_with_the_warm_parent_and_read_as_killed():
+    server = forks.ForkServer(_env())
+    child = server.spawn(["--log-level", "WARNING", "serve", "--coordinator", "127.0.0.1:9",
+                          "--register-timeout-s", "60"], _env())
+    os.kill(server._proc.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL  # read as killed at once
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"child {child.pid} outlived its warm parent")
+    with pytest.raises(RuntimeError, match="has ended"):
+        server.spawn(["status", "--help"], _env())
+    server.close()
+
+
+def test_an_environment_the_warm_parent_cannot_give_is_left_to_a_process_of_its_own():
+    spawner = forks.Spawner()
+    try:
+        first = spawner(["status", "--help"], dict(_env(), PYTEST_CURRENT_TEST="a", ECREC_FAULT="x@1"), True)
+        assert first is not None and first.wait(timeout=30) == 0
+        assert spawner(["status", "--help"], dict(_env(), PYTEST_CURRENT_TEST="b"), True) is not None
+        assert spawner(["status", "--help"], dict(_env(), ECREC_ISAL_LIBRARY="/elsewhere.so"), True) is None
+    finally:
+        spawner._server.close()
