@@ -173,6 +173,10 @@ class ClientConfig(SecurityOptions):
                                             "the shards on every server)")
     retry_deadline_s: float = option(120.0, "how long a call keeps retrying through failures")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
+    idle_poll_s: float = option(0.25, "while this worker holds unconfirmed pushes and makes no call, a background "
+                                      "thread pulls a row of each of their owners this often: confirmations come "
+                                      "back, and an owner's replacement gets them replayed (0: only at the "
+                                      "worker's next call)")
 
 
 # --- the command line, built from the fields ------------------------------------------------------------------

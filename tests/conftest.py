@@ -102,6 +102,12 @@ def pytest_addoption(parser):
                          "or etcd (three etcd members, two coordinators; leader and etcd member kills join the "
                          "schedule)")
 
+    group = parser.getgroup("simulation")
+    group.addoption("--sim-schedules", default=400, type=int,
+                    help="schedules the protocol simulation runs (tests/sim; default 400; CI runs 10,000)")
+    group.addoption("--sim-seed", default=None, type=int,
+                    help="the first seed of the simulation's schedules (default: random, printed)")
+
 
 def server_metadata(local, server_id: str, epoch: int = 0) -> tuple:
     """The identity metadata a server of ``local`` sends on a server-to-server call (``ecrec-caller`` with its

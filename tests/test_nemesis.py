@@ -165,6 +165,33 @@ class Nemesis:
         self.until_map(lambda m: not any(x.server_id == s.server_id and x.state == cluster_pb2.ACTIVE
                                          for x in m.servers), 20.0, f"server {s.index} noticed failed after its SIGKILL")
 
+    def kill_after_rebuild(self) -> None:
+        """A kill, then a second kill of another server the moment the first one's replacement is fully redundant
+        (within milliseconds, workers pushing throughout): the second victim's rows were just read by that
+        replacement's rebuild, with pushes the workers still hold unconfirmed.  A rebuild that embedded such a
+        version in its parity left it there with no log entry to undo it: applied twice at the replay."""
+        s, pid = self.victim()
+        self.log(f"SIGKILL server {s.index} (pid {pid}), then another the moment its replacement is redundant")
+        self.ended.add(pid)
+        self.local.kill(pid)
+        self.local.start_server(standby=True)
+        self.until_map(lambda m: any(x.index == s.index and x.server_id != s.server_id and x.state in
+                                     (cluster_pb2.RECOVERING, cluster_pb2.ACTIVE) for x in m.servers), 30.0,
+                       f"server {s.index} replaced")
+        self.until_map(lambda m: m.ready and len(self.active(m)) == m.num_servers, 60.0,
+                       f"the replacement of server {s.index} fully redundant")
+        time.sleep(self.rng.uniform(0.0, 0.1))
+        others = [x for x in self.active(self.map()) if x.index != s.index]
+        second = self.rng.choice(others)
+        second_pid = self.local.pid_of_index(second.index)
+        self.log(f"SIGKILL server {second.index} (pid {second_pid}) right after index {s.index}'s rebuild")
+        self.ended.add(second_pid)
+        self.local.kill(second_pid)
+        self.local.start_server(standby=True)
+        self.faults["kill_after_rebuild"] += 1
+        self.until_map(lambda m: not any(x.server_id == second.server_id and x.state == cluster_pb2.ACTIVE
+                                         for x in m.servers), 20.0, f"server {second.index} noticed failed")
+
     def pause(self) -> None:
         s, pid = self.victim()
         pause_s = TIMING["failure_timeout_s"] + TIMING["lease_s"] + self.rng.uniform(0.5, 1.5)
@@ -436,7 +463,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
-            kinds, weights = ["kill", "pause", "coordinator", "worker", "standby", "hostile"], [3, 2, 1, 3, 1, 1]
+            kinds, weights = (["kill", "rebuild", "pause", "coordinator", "worker", "standby", "hostile"],
+                              [3, 2, 2, 1, 3, 1, 1])
             if netlab is not None:
                 kinds, weights = kinds + ["partition"], weights + [2]
             if store == "etcd":
@@ -452,7 +480,7 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 nemesis.faults["worker_restart"] += 1
                 continue
             try:
-                {"kill": nemesis.kill, "pause": nemesis.pause, "partition": nemesis.partition,
+                {"kill": nemesis.kill, "rebuild": nemesis.kill_after_rebuild, "pause": nemesis.pause, "partition": nemesis.partition,
                  "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
                  "hostile": nemesis.hostile, "etcd": nemesis.kill_etcd_member}[kind]()
                 nemesis.wait_redundant()

@@ -34,6 +34,7 @@ from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
 from ecrec.client.courier import Courier
+from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
 from ecrec.coding.layout import Layout
 from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
@@ -91,6 +92,9 @@ class Cluster:
                            retry_deadline_s=self.config.retry_deadline_s,
                            max_message_bytes=self.config.max_message_bytes, security=self.config.security)
         self.courier = Courier()
+        if self.config.idle_poll_s < 0:
+            raise ValueError(f"idle_poll_s must be >= 0 (0: no background polls), not {self.config.idle_poll_s}")
+        self._keeper = IdleKeeper(self, self.config.idle_poll_s)
         self.steps_done = 0  # step() calls that returned
         self._periodic = None  # snapshot_every's schedule
         #: the gradient (float32, flattened) the last acknowledged step() pushed to each dense tensor: a checkpoint
@@ -156,6 +160,7 @@ class Cluster:
 
     def _call(self, index: int, method: str, request):
         """Calls ``method`` on the server at ``index``; follows failures to the replacement and retries."""
+        self._keeper.called()
         try:
             return self.peers.call(index, method, request, prepare=self._replay_if_replaced)
         except (PeerError, PeerUnreachable) as exc:
@@ -164,10 +169,30 @@ class Cluster:
     def _fan_out(self, method: str, requests: dict[int, object]) -> dict[int, object]:
         """One request per server index in parallel; a call whose server is gone follows the map to the
         replacement and retries the same request (same push id)."""
+        self._keeper.called()
         try:
             return self.peers.fan_out(method, requests, prepare=self._replay_if_replaced)
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
+
+    def poll_rows(self, requests: dict[str, np.ndarray]) -> None:
+        """Pulls ``{table: ids}`` for the courier's sake only -- relays out, confirmations back, held pushes
+        replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``)."""
+        per_server: dict[int, list] = {}
+        for name, ids in requests.items():
+            for i, pos in self._group_by_server(ids).items():
+                per_server.setdefault(i, []).append(embedding_pb2.TableIds(table=name,
+                                                                           ids=transport.ids_to_bytes(ids[pos])))
+        requests_by_server = {i: embedding_pb2.PullRequest(tables=tables, epoch=self.map.epoch)
+                              for i, tables in per_server.items()}
+        for i, request in requests_by_server.items():
+            self.courier.attach(i, request)
+        try:
+            replies = self.peers.fan_out("Pull", requests_by_server, prepare=self._replay_if_replaced)
+        except (PeerError, PeerUnreachable) as exc:
+            raise ClusterError(str(exc)) from None
+        for i, reply in replies.items():
+            self.courier.received(i, reply)
 
     def _replay_if_replaced(self, index: int) -> None:
         """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
@@ -498,6 +523,8 @@ class Cluster:
         for i, reply in replies.items():
             self.courier.pushed(i, requests[i], reply)
             self._load_dense(reply.dense)
+        if self.courier.unconfirmed():
+            self._keeper.holding()
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}
@@ -523,6 +550,7 @@ class Cluster:
     def close(self, confirm_timeout_s: float = 10.0) -> None:
         """Waits (up to ``confirm_timeout_s``) for this worker's pushes to be confirmed, then closes the channels.
         A push still unconfirmed is logged: its owner failing before delivering its parity would lose it."""
+        self._keeper.close()
         try:
             left = self.wait_confirmed(confirm_timeout_s) if confirm_timeout_s > 0 else self.courier.unconfirmed()
         except Exception as exc:  # noqa: BLE001 - reported; closing goes on

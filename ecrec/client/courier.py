@@ -128,6 +128,11 @@ class Courier:
             else:
                 h.seq, h.server_id = reply.seq, reply.server_id
 
+    def held_indices(self) -> set[int]:
+        """The indices whose pushes wait for their confirmation."""
+        with self._lock:
+            return {i for i, held in self._held.items() if held}
+
     def unconfirmed(self) -> int:
         with self._lock:
             return sum(len(h) for h in self._held.values())

@@ -2,7 +2,8 @@
 
 Servers are watched with the standard gRPC health service on a port of their own (a server busy with pushes still
 answers), in parallel (one server that does not answer delays no other's check).  A server is declared failed
-when a connection to it is refused (the process is gone) or when it misses ``failures_before_dead`` checks in a
+when its health port does not answer and a connection to its data port is refused (the process is gone; one in
+its stop's grace still answers there) or when it misses ``failures_before_dead`` checks in a
 row spanning at least ``failure_timeout_s`` (a client's report only triggers a check); on etcd, also when its
 lease key is gone.  The monitor also asks ``RECOVERING`` servers for their state (an index whose report of full
 redundancy was lost still becomes ``ACTIVE``) and sends maps again to servers that missed one.
@@ -69,9 +70,11 @@ class FailureDetector:
         ``failure_timeout_s``.  True if alive."""
         with self.state.lock:
             h = self.links.handle(address)
+        answered = False  # the process answered at all (a server stopping gracefully answers NOT_SERVING)
         try:
             resp = h.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.config.health_timeout_s)
             alive = resp.status == health_pb2.HealthCheckResponse.SERVING
+            answered = True
         except grpc.RpcError:
             alive = False
         if alive:
@@ -81,7 +84,10 @@ class FailureDetector:
         if h.failed_checks == 0:
             h.first_failed_at = now
         h.failed_checks += 1
-        gone = connection_refused(address, self.config.health_timeout_s)
+        # gone at once only when nothing answers: a server in its stop's grace has closed its data port while
+        # requests already in flight still run there, and its health port still answers; it fails by the
+        # checks (and its lease) instead
+        gone = not answered and connection_refused(address, self.config.health_timeout_s)
         if gone or (h.failed_checks >= self.config.failures_before_dead
                     and now - h.first_failed_at >= self.config.failure_timeout_s):
             self.declare_failed(address, gone)

@@ -116,3 +116,8 @@ class PushSequencer:
             self._base = max(1, epoch) << 32
         self._count += 1
         return self._base | self._count
+
+    @property
+    def last(self) -> int:
+        """The last number given (0: none yet in this incarnation)."""
+        return self._base | self._count if self._base else 0

@@ -216,6 +216,9 @@ class ServerState:
     def mark_applied(self, push_id: tuple[str, int]) -> None:
         self.applied.add(push_id, 0, force=True)
 
+    def last_push_seq(self) -> int:
+        return self.sequencer.last
+
     def status(self) -> dict:
         """Who this server is and what it holds (``ecrec-server status``, the metrics endpoint)."""
         return {"index": self.index, "epoch": self.epoch, "server_id": self._server_id, "address": self.address,

@@ -164,6 +164,8 @@ class StrategyHost(Protocol):
 
     def mark_applied(self, push_id: tuple[str, int]) -> None: ...  # a retry of it is "already applied"
 
+    def last_push_seq(self) -> int: ...  # the sequence of the last push numbered here (0: none in this incarnation)
+
 
 class FaultToleranceStrategy:
     """Base class; the default of every hook does nothing.  ``options`` is the strategy's typed options

@@ -144,32 +144,40 @@ class ResolveSourceReply(_message.Message):
     def __init__(self, logged: _Optional[_Iterable[_Union[LoggedPush, _Mapping]]] = ..., confirmed_upto: _Optional[int] = ..., committed: _Optional[_Iterable[_Union[_embedding_pb2.PushId, _Mapping]]] = ...) -> None: ...
 
 class ReadRowsRequest(_message.Message):
-    __slots__ = ("table", "ids", "stripes", "parity_index", "dense", "sections")
+    __slots__ = ("table", "ids", "stripes", "parity_index", "dense", "sections", "confirmed")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     STRIPES_FIELD_NUMBER: _ClassVar[int]
     PARITY_INDEX_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     stripes: bytes
     parity_index: bytes
     dense: str
     sections: _containers.RepeatedCompositeFieldContainer[ReadRowsRequest]
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., stripes: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., dense: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[ReadRowsRequest, _Mapping]]] = ...) -> None: ...
+    confirmed: bool
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., stripes: _Optional[bytes] = ..., parity_index: _Optional[bytes] = ..., dense: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[ReadRowsRequest, _Mapping]]] = ..., confirmed: _Optional[bool] = ...) -> None: ...
 
 class ReadRowsReply(_message.Message):
-    __slots__ = ("payload", "versions", "ready", "sections")
+    __slots__ = ("payload", "versions", "ready", "sections", "confirmed_upto", "committed", "server_id")
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_UPTO_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     payload: bytes
     versions: bytes
     ready: bytes
     sections: _containers.RepeatedCompositeFieldContainer[ReadRowsReply]
-    def __init__(self, payload: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., ready: _Optional[bytes] = ..., sections: _Optional[_Iterable[_Union[ReadRowsReply, _Mapping]]] = ...) -> None: ...
+    confirmed_upto: int
+    committed: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.PushId]
+    server_id: str
+    def __init__(self, payload: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., ready: _Optional[bytes] = ..., sections: _Optional[_Iterable[_Union[ReadRowsReply, _Mapping]]] = ..., confirmed_upto: _Optional[int] = ..., committed: _Optional[_Iterable[_Union[_embedding_pb2.PushId, _Mapping]]] = ..., server_id: _Optional[str] = ...) -> None: ...
 
 class StreamStripesRequest(_message.Message):
     __slots__ = ("table", "first_block", "end_block", "data_positions", "parity_indices", "blocks_per_message", "deliver_port", "ticket")

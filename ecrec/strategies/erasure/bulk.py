@@ -41,6 +41,8 @@ import numpy as np
 
 from ecrec import errors
 from ecrec.net import transport
+from ecrec.net.cluster_map import live_servers
+from ecrec.net.peers import PARITY
 from ecrec.coding.codec import Codec
 from ecrec.coding.layout import Layout
 from ecrec.tables.shards import TableShard
@@ -49,6 +51,7 @@ from ecrec.strategies.erasure import frame_socket, frames
 from ecrec.strategies.erasure.options import MAX_FRAME_BYTES, ErasureOptions
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
+from ecrec.strategies.erasure.resolution import embeddable
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
@@ -147,12 +150,13 @@ def frame_step(spec, layout: Layout, request: parity_pb2.StreamStripesRequest) -
 
 
 def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest,
-                seal=None) -> Iterator[np.ndarray]:
+                seal=None, bound=None) -> Iterator[np.ndarray]:
     """This server's rows of ``request`` as frame buffers (:mod:`~ecrec.strategies.erasure.frames`) of
     ``blocks_per_message`` blocks (validated by :func:`check_request`), each row copied once into its frame.
     Ready flags mean what they mean for ``ReadRows``: a parity row touched by an unresolved failed owner is
     not ready.  ``seal()`` runs before each frame's data rows are read (the owner's
-    :meth:`~ecrec.strategies.erasure.owner.ParityOwner.seal_for_read`: rows read at a group boundary)."""
+    :meth:`~ecrec.strategies.erasure.owner.ParityOwner.seal_for_read`: rows read at a group boundary);
+    ``bound(versions)``, after them, gives the frame's confirmed bound (no data positions: 0)."""
     layout = host.layout
     k, m, S = layout.k, layout.m, layout.num_servers
     shard = host.table(request.table)
@@ -169,6 +173,8 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
             seal()
         for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
             shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+        if positions and bound is not None:
+            frames.set_confirmed(buffer, bound(frame.data_versions))
         suspects = receiver.suspect_sources() if len(pidx) else None
         unresolved = receiver.unresolved_slots(arena, suspects) if suspects else None
         for c, j in enumerate(pidx):
@@ -299,8 +305,12 @@ class BulkRebuild:
     def fetch(self, spec, b0: int, b1: int):
         """Starts reading blocks ``[b0, b1)`` from every survivor at once; returns a future of
         ``{server: [frame, ...] | None}`` (every survivor's frame ``i`` covers the same blocks)."""
+        live = live_servers(self.host.cluster_map)
+        # before anything is read: the rows a parity embeds must not be of an owner resolved since (adopt_locked)
+        generations = {s: self.receiver.generation(s) for s in self.survivors}
+        sids = {s: live[s].server_id if s in live else "" for s in self.survivors}
         futures = {s: self._pool.submit(self._stream, s, spec, b0, b1) for s in self.survivors}
-        return _Gathered(futures)
+        return _Gathered(futures, generations, sids)
 
     # --- decoding and installing ---------------------------------------------------------------------------------
     def rebuild_round(self, shard: TableShard, arena: ParityArena, part: TableParity,
@@ -309,16 +319,33 @@ class BulkRebuild:
         received buffers; returns ``(data rows, parity rows)`` installed."""
         received = [frames_of for frames_of in read.values() if frames_of is not None]
         data_rows = parity_rows = 0
+        owners = self._owners(read) if received else {}
         for i in range(len(received[0]) if received else 0):
             group = {s: (frames_of[i] if frames_of is not None else None) for s, frames_of in read.items()}
             first = received[0][i]
-            d, p = self._rebuild_blocks(shard, arena, part, first.first_block, first.first_block + first.blocks, group)
+            d, p = self._rebuild_blocks(shard, arena, part, first.first_block, first.first_block + first.blocks, group,
+                                        owners, read)
             data_rows, parity_rows = data_rows + d, parity_rows + p
         return data_rows, parity_rows
 
+    def _owners(self, read: "RoundRead") -> dict[int, tuple]:
+        """Asks every survivor whose data rows a parity may embed this round for its confirmed bound and committed
+        push ids (after its frames: they cover every version within the frames' bounds); returns, per survivor
+        that answered as the incarnation its frames came from, ``(server id, bound, committed)``."""
+        sources = sorted({server for members in self.plan.parity_source.values() for server, _ in members.values()
+                          if read.get(server) is not None})
+        calls = [(server, "ReadRows", parity_pb2.ReadRowsRequest(confirmed=True)) for server in sources]
+        out = {}
+        for server, reply in zip(sources, self.host.peers.call_many(calls, PARITY) if calls else []):
+            if reply is not None and reply.server_id and reply.server_id == read.sids.get(server):
+                out[server] = (reply.server_id, reply.confirmed_upto, [(c.worker, c.sequence) for c in reply.committed])
+        return out
+
     def _rebuild_blocks(self, shard: TableShard, arena: ParityArena, part: TableParity, b0: int, b1: int,
-                        read: dict[int, frames.Frame | None]) -> tuple[int, int]:
-        """Installs the rows of blocks ``[b0, b1)`` that one frame of each survivor allows."""
+                        read: dict[int, frames.Frame | None], owners: dict[int, tuple], round_read: "RoundRead"
+                        ) -> tuple[int, int]:
+        """Installs the rows of blocks ``[b0, b1)`` that one frame of each survivor allows (a parity row only from
+        data rows a resolution of their owners keeps or can undo here: ``owners`` from :meth:`_owners`)."""
         layout = self.host.layout
         k, m, S, index = layout.k, layout.m, layout.num_servers, self.host.index
         blocks = np.arange(b0, b1, dtype=np.int64)
@@ -351,13 +378,17 @@ class BulkRebuild:
         unresolved = self.receiver.unresolved_slots(arena, suspects) if suspects else None
         num_stripes = layout.num_stripes(num_rows)
         for j, members in self.plan.parity_source.items():
-            if any(read.get(s) is None for s, _ in members.values()):
+            if any(read.get(s) is None or s not in owners for s, _ in members.values()):
                 continue
             stripes = blocks * S + (index - k - j) % S
             slots = part.arena_slots(blocks * m + j)
             ok = (stripes < num_stripes) & ~arena.is_built(slots)
             for server, col in members.values():
                 ok &= read[server].data_ready[col]
+                # only versions a resolution keeps or can undo here (row by row later for the others: the owner
+                # delivers their batches)
+                limit = max(read[server].confirmed_upto, self.receiver.logged_upto(server, owners[server][0]))
+                ok &= embeddable(read[server].data_versions[col], limit)
             if unresolved is not None:
                 ok &= ~np.isin(slots, unresolved)
             rows = _selection(ok)
@@ -368,7 +399,11 @@ class BulkRebuild:
                                           for u, (server, col) in members.items()])
             versions = np.stack([read[server].data_versions[col][rows] for _, (server, col) in
                                  sorted(members.items())], axis=1)
-            parity_rows += arena.build(slots[rows], encoded, versions)
+            with self.receiver.lock:  # bounds and ids kept, rows built, with no resolution of an owner between
+                if not all(self.receiver.adopt_locked(server, *owners[server], round_read.generations[server])
+                           for server, _ in members.values()):
+                    continue
+                parity_rows += arena.build(slots[rows], encoded, versions)
         return data_rows, parity_rows
 
 
@@ -408,8 +443,19 @@ class _Expected:
 class _Gathered:
     """The per-survivor futures of one round, as one future."""
 
-    def __init__(self, futures):
+    def __init__(self, futures, generations: dict[int, int], sids: dict[int, str]):
         self.futures = futures
+        self.generations = generations  # per survivor, its resolution count here before the read
+        self.sids = sids  # per survivor, the incarnation the map named when the read started
 
-    def result(self) -> dict[int, list[frames.Frame] | None]:
-        return {s: f.result() for s, f in self.futures.items()}
+    def result(self) -> "RoundRead":
+        return RoundRead({s: f.result() for s, f in self.futures.items()}, self.generations, self.sids)
+
+
+class RoundRead(dict):
+    """One round's frames per survivor (None: not read), with what :meth:`BulkRebuild.fetch` noted first."""
+
+    def __init__(self, frames_of: dict, generations: dict[int, int], sids: dict[int, str]):
+        super().__init__(frames_of)
+        self.generations = generations
+        self.sids = sids

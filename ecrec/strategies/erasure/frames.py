@@ -8,8 +8,10 @@ received buffer and decodes straight from them.
 
 Layout (little-endian), sections in this order, each immediately after the previous one::
 
-    header            40 bytes: b"ECSF", version (u16), k (u16), first_block (i64), blocks (i64),
-                      data positions p (u32), parity indices j (u32), row_bytes (u32), 4 bytes of padding
+    header            48 bytes: b"ECSF", version (u16), k (u16), first_block (i64), blocks (i64),
+                      data positions p (u32), parity indices j (u32), row_bytes (u32), 4 bytes of padding,
+                      confirmed_upto (i64): the sender's confirmed bound, read after its data rows (a data row
+                      above it must not be embedded in a rebuilt parity: ``ReadRowsReply.confirmed_upto``)
     data_versions     int64 (p, blocks)
     parity_versions   int64 (j, blocks, k)
     data              uint8 (p, blocks, row_bytes): each position's rows one contiguous run, in block order
@@ -33,8 +35,11 @@ import numpy as np
 SERVICE, METHOD = "ecrec.wire.ParityService", "StreamStripes"
 FULL_METHOD = f"/{SERVICE}/{METHOD}"
 MAGIC = b"ECSF"
-VERSION = 1
-HEADER = struct.Struct("<4sHHqqIII4x")
+VERSION = 2
+HEADER = struct.Struct("<4sHHqqIII4xq")
+#: where ``confirmed_upto`` sits in the header (written after the rows: :func:`set_confirmed`)
+CONFIRMED = struct.Struct("<q")
+CONFIRMED_OFFSET = HEADER.size - CONFIRMED.size
 
 
 class FrameError(ValueError):
@@ -47,6 +52,7 @@ class Frame:
 
     first_block: int
     blocks: int
+    confirmed_upto: int
     data: np.ndarray
     data_versions: np.ndarray
     data_ready: np.ndarray
@@ -86,8 +92,13 @@ def allocate(first_block: int, blocks: int, positions: int, indices: int, row_by
     buffer is what goes on the wire (as it is over a connection, as ``bytes`` on the gRPC stream)."""
     buffer = np.empty(frame_bytes(blocks, positions, indices, row_bytes, k), np.uint8)
     buffer[:HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, VERSION, k, first_block, blocks, positions, indices,
-                                                     row_bytes), np.uint8)
-    return buffer, Frame(first_block, blocks, **_views(buffer, blocks, positions, indices, row_bytes, k, np.uint8))
+                                                     row_bytes, 0), np.uint8)
+    return buffer, Frame(first_block, blocks, 0, **_views(buffer, blocks, positions, indices, row_bytes, k, np.uint8))
+
+
+def set_confirmed(buffer: np.ndarray, confirmed_upto: int) -> None:
+    """Writes the sender's confirmed bound into a frame's header (after its data rows were read)."""
+    buffer[CONFIRMED_OFFSET:HEADER.size] = np.frombuffer(CONFIRMED.pack(confirmed_upto), np.uint8)
 
 
 def _header(frame) -> tuple:
@@ -101,7 +112,7 @@ def _header(frame) -> tuple:
 
 def size_from_header(header) -> int:
     """A frame's size in bytes from its first :data:`HEADER` ``.size`` bytes (a reader of a byte stream)."""
-    _, _, k, _, blocks, p, j, rb = _header(header)
+    _, _, k, _, blocks, p, j, rb, _ = _header(header)
     if blocks < 1:
         raise FrameError(f"frame header announces {blocks} blocks")
     return frame_bytes(blocks, p, j, rb, k)
@@ -111,7 +122,7 @@ def parse(frame, positions: int, indices: int, row_bytes: int, k: int) -> Frame:
     """Views of a received frame (``bytes`` or a uint8 array; ready flags as bool copies); raises
     :class:`FrameError` when its header or size does not match ``positions``, ``indices``, ``row_bytes``
     and ``k``."""
-    _, _, fk, first_block, blocks, p, j, rb = _header(frame)
+    _, _, fk, first_block, blocks, p, j, rb, confirmed_upto = _header(frame)
     if (fk, p, j, rb) != (k, positions, indices, row_bytes) or blocks < 1 or first_block < 0:
         raise FrameError(f"frame of k={fk}, {p} positions, {j} parity indices, {rb}-byte rows, {blocks} blocks "
                          f"from block {first_block}; asked for k={k}, {positions} positions, {indices} indices, "
@@ -120,4 +131,4 @@ def parse(frame, positions: int, indices: int, row_bytes: int, k: int) -> Frame:
     if len(frame) != expected:
         raise FrameError(f"frame of {blocks} blocks has {len(frame)} bytes, expected {expected}")
     buffer = frame if isinstance(frame, np.ndarray) else np.frombuffer(frame, np.uint8)
-    return Frame(first_block, blocks, **_views(buffer, blocks, p, j, rb, k, bool))
+    return Frame(first_block, blocks, confirmed_upto, **_views(buffer, blocks, p, j, rb, k, bool))

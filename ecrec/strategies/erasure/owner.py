@@ -23,9 +23,11 @@ paused (:meth:`ParityOwner.seal_for_read`).
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
-When a destination is replaced, the chain restarts at the replacement with every batch it has not
-acknowledged (the replacement's rebuild already contains those older than what it read; its version
-check skips them).  ``confirmed_upto`` -- every push up to it is applied at all its destinations -- goes
+When a destination is replaced, the chain restarts at the replacement with every batch for it not confirmed
+everywhere (the replacement's rebuild embeds a row's version only once it is confirmed or its batches are in the
+replacement's log, where a resolution can undo them; a batch the rebuilt row already holds is skipped by its
+version, and logged).  A rebuild's read gets the owner's confirmed bound and committed push ids with the rows
+(:meth:`ParityOwner.confirmed_bound`).  ``confirmed_upto`` -- every push up to it is applied at all its destinations -- goes
 back to the worker, which keeps each push until it is confirmed and replays the unconfirmed ones if this
 owner fails, and to the destinations, which then trim their logs.
 """
@@ -53,6 +55,15 @@ log = logging.getLogger("ecrec.strategies.erasure")
 READ_EAGER_S = 5.0
 #: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
 IDLE_CLOSER_WAKE_S = 5.0
+#: a confirmed bound covering every version held here (no push numbered in this incarnation yet)
+EVERY_VERSION = (1 << 63) - 1
+
+
+def confirmed_bound(last_numbered: int, confirmed: int) -> int:
+    """An owner's confirmed bound (the rule :meth:`ParityOwner.confirmed_bound` applies): with no push numbered in
+    this incarnation every version it holds is older (initial, or kept by the resolution that rebuilt it), so all
+    stand; otherwise every push up to ``confirmed`` is applied at every destination."""
+    return EVERY_VERSION if last_numbered == 0 else confirmed
 
 
 class SealedBatch(NamedTuple):
@@ -77,6 +88,7 @@ class OutboxEntry:
     relayed: bool = True  # went back in a push reply (else it is due for direct delivery at once)
     sealed: dict[int, SealedBatch] = field(default_factory=dict)  # as addressed now, serialized once
     built: bool = True  # False while the owner's closer thread builds its batches
+    push_ids: list = field(default_factory=list)  # the group's pushes: committed when the entry is confirmed
 
 
 @dataclass
@@ -106,6 +118,9 @@ class ParityOwner:
         self.senders: dict[int, DestinationSender] = {}
         self.lock = threading.Condition()
         self._confirmed = 0  # every push up to this is applied everywhere
+        # per worker incarnation, the highest sequence of its pushes here that is confirmed (or kept by the
+        # resolution that rebuilt this index): a rebuild that embeds this server's rows takes these with them
+        self._committed: dict[str, int] = {}
         self._last_seq = 0
         self._group: PushGroup | None = None  # pushes not closed into batches yet
         self._eager = False  # close every group at once (a server is recovering or missing)
@@ -120,6 +135,47 @@ class ParityOwner:
     def confirmed_upto(self) -> int:
         with self.lock:
             return self._confirmed
+
+    def confirmed_bound(self) -> int:
+        """For a rebuild that embeds this server's data rows or dense tensors in a parity or replica (read them
+        first): every version at or below the bound is applied at every destination, or was kept by the
+        resolution that rebuilt this index, so every later resolution keeps it.  A version above it may still be
+        undone: it must not be embedded.  :meth:`committed`, read after it, covers the pushes below it."""
+        numbered = self.host.last_push_seq()
+        with self.lock:
+            # below every push numbered (a push numbered but not handed over yet is above it: its rows may hold it
+            # already); 0 until the first push is handed over
+            return confirmed_bound(numbered, self._confirmed)
+
+    def committed(self) -> dict[str, int]:
+        """Per worker incarnation, the highest sequence of its pushes here that is confirmed or was kept."""
+        with self.lock:
+            return dict(self._committed)
+
+    def note_committed(self, push_ids) -> None:
+        """Push ids that stand without a batch of this incarnation (kept by the resolution that rebuilt it)."""
+        with self.lock:
+            self._commit_locked(push_ids)
+
+    def _commit_locked(self, push_ids) -> None:
+        committed = self._committed
+        for worker, sequence in push_ids:
+            if sequence > committed.get(worker, -1):
+                committed[worker] = sequence
+
+    def deliver_now(self) -> None:
+        """A rebuild found rows here above the confirmed bound: every batch the workers still carry goes directly,
+        now, so that the bound passes them (instead of after ``relay_timeout_s``)."""
+        with self.lock:
+            destinations = set()
+            for e in self.outbox.values():
+                e.relayed = False
+                destinations |= e.pending
+            group_open = self._group is not None
+        if group_open:
+            self.close_group()
+        for d in sorted(destinations):
+            self.sender(d).wake(due_now=True)
 
     def unconfirmed(self) -> int:
         """Pushes not yet applied at every destination (in closed batches or the open group)."""
@@ -196,7 +252,8 @@ class ParityOwner:
         group, self._group = self._group, None
         if group is None:
             return None, []
-        entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed)
+        entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed,
+                            push_ids=group.push_ids)
         self.outbox[group.last_seq] = entry
         self.counters.add("groups_closed", 1)
         self.counters.add("group_pushes", len(group.pushes))
@@ -277,6 +334,7 @@ class ParityOwner:
             if entry.pending or not entry.built:
                 break
             self.outbox.popitem(last=False)
+            self._commit_locked(entry.push_ids)
             self._confirmed = seq
         if not self.outbox and self._group is None:
             self._confirmed = max(self._confirmed, self._last_seq)
@@ -443,8 +501,13 @@ class ParityOwner:
                 if now == chain.server_id:
                     continue
                 fresh = self.chains[d] = Chain(now, restarted=bool(now))
+                # every batch for d not confirmed everywhere, acknowledged by the old incarnation or not: the
+                # replacement's rebuild may embed the rows they changed only once they are in its log (or
+                # confirmed), so that a resolution of this owner can undo them there
                 for entry in self.outbox.values():
-                    if d in entry.pending:
+                    if d in entry.batches:
+                        if now:
+                            entry.pending.add(d)
                         self._address(entry.batches[d], d, fresh)
                         entry.sealed.pop(d, None)
                 if now:
@@ -454,6 +517,7 @@ class ParityOwner:
         for d in restarted:
             self.counters.add("chains_restarted", 1)
             sender = self.sender(d)
+            sender.sent_confirm = 0  # the new incarnation has been told nothing
             sender.cancel_stale()  # a call hanging on the old incarnation must not hold up the replacement's chain
             sender.wake(due_now=True)
         if self._eager:

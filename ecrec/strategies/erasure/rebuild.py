@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -38,105 +37,16 @@ from ecrec.net.peers import PARITY
 from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.bulk import BulkRebuild, lower_priority
+from ecrec.strategies.erasure.members import (StripeMembers, StripeRead, gather_many,  # noqa: F401 (re-exported)
+                                               gather_members)
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
-from ecrec.tables.spec import TableSpec
+from ecrec.strategies.erasure.owner import EVERY_VERSION
+from ecrec.strategies.erasure.resolution import embeddable
 from ecrec.net.cluster_map import live_servers
 from ecrec.wire import cluster_pb2, coordinator_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
-
-
-# --- reading stripe members --------------------------------------------------------------------------------------
-@dataclass
-class StripeMembers:
-    """What the members of ``n`` stripes hold: data members ``0..k-1``, then parities ``k..k+m-1``."""
-
-    payload: np.ndarray  # (k + m, n, row_bytes) uint8
-    ready: np.ndarray  # (k + m, n) bool: read, and ready to be used (virtual rows past the end: True)
-    answered: np.ndarray  # (k + m, n) bool: the member's server answered (or the row is virtual)
-    data_versions: np.ndarray  # (k, n) int64
-    parity_versions: np.ndarray  # (m, n, k) int64
-
-
-@dataclass
-class StripeRead:
-    """What to read of ``stripes`` of one table: the data members ``want_data`` (``(k, n)`` bool) and, with
-    ``want_parity``, every parity member."""
-
-    spec: TableSpec
-    stripes: np.ndarray
-    want_data: np.ndarray
-    want_parity: bool
-    local: TableShard | None = None  # members held here are read from it (else they count as not answered)
-
-
-def gather_members(host: StrategyHost, spec: TableSpec, stripes: np.ndarray, want_data: np.ndarray,
-                   want_parity: bool, local: TableShard | None = None) -> StripeMembers:
-    """The members of one table's ``stripes`` (see :func:`gather_many`)."""
-    return gather_many(host, [StripeRead(spec, stripes, want_data, want_parity, local)])[0]
-
-
-def gather_many(host: StrategyHost, reads: list[StripeRead]) -> list[StripeMembers]:
-    """Reads the wanted members of several tables' stripes from their servers: one request per server for
-    everything it holds of them (sections of one ``ReadRows``), all requests at once.
-
-    Data members past the table's end are virtual zero rows: ready, version 0.
-    """
-    layout = host.layout
-    k, m = layout.k, layout.m
-    outs = []
-    per_server: dict[int, list] = {}  # server -> [(read number, member, rows, section)]
-    for n_read, read in enumerate(reads):
-        spec, stripes, n = read.spec, read.stripes, len(read.stripes)
-        out = StripeMembers(np.zeros((k + m, n, spec.row_bytes), dtype=np.uint8), np.zeros((k + m, n), dtype=bool),
-                            np.zeros((k + m, n), dtype=bool), np.zeros((k, n), dtype=np.int64),
-                            np.zeros((m, n, k), dtype=np.int64))
-        outs.append(out)
-        ids = layout.stripe_row_ids(stripes)  # (n, k)
-        for t in range(k):
-            virtual = ids[:, t] >= spec.num_rows
-            out.ready[t, virtual] = out.answered[t, virtual] = True
-            want = read.want_data[t] & ~virtual
-            owners = layout.member_server(stripes, t)
-            for srv in np.unique(owners[want]).tolist():
-                sel = np.flatnonzero(want & (owners == srv))
-                if srv == host.index:
-                    if read.local is not None:
-                        rows = read.local.read(read.local.slots_for(ids[sel, t]))
-                        out.payload[t, sel], out.data_versions[t, sel], out.ready[t, sel] = \
-                            rows.payload, rows.versions, rows.ready
-                        out.answered[t, sel] = True
-                    continue
-                per_server.setdefault(srv, []).append((n_read, t, sel, parity_pb2.ReadRowsRequest(
-                    table=spec.name, ids=transport.ids_to_bytes(ids[sel, t]))))
-        if read.want_parity:
-            pservers = layout.parity_servers(stripes)
-            for j in range(m):
-                for srv in np.unique(pservers[:, j]).tolist():
-                    if srv == host.index:
-                        continue
-                    sel = np.flatnonzero(pservers[:, j] == srv)
-                    per_server.setdefault(srv, []).append((n_read, k + j, sel, parity_pb2.ReadRowsRequest(
-                        table=spec.name, stripes=transport.ids_to_bytes(stripes[sel]),
-                        parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
-    servers = sorted(per_server)
-    calls = [(srv, "ReadRows", parity_pb2.ReadRowsRequest(sections=[sec for *_, sec in per_server[srv]]))
-             for srv in servers]
-    for srv, reply in zip(servers, host.peers.call_many(calls, PARITY)):
-        if reply is None:
-            continue
-        for (n_read, member, sel, _), section in zip(per_server[srv], reply.sections):
-            out, row_bytes = outs[n_read], reads[n_read].spec.row_bytes
-            out.payload[member, sel] = np.frombuffer(section.payload, dtype=np.uint8).reshape(len(sel), row_bytes)
-            out.ready[member, sel] = np.frombuffer(section.ready, dtype=np.uint8).astype(bool)
-            out.answered[member, sel] = True
-            versions = transport.bytes_to_ids(section.versions)
-            if member < k:
-                out.data_versions[member, sel] = versions
-            else:
-                out.parity_versions[member - k, sel] = versions.reshape(len(sel), k)
-    return outs
 
 
 # --- choosing members --------------------------------------------------------------------------------------------
@@ -401,8 +311,16 @@ class RebuildEngine:
         unavailable = self._unavailable_members()
         # with another index failed or rebuilding, read the other parities too: they tell a stripe that lost
         # more than m members (never encodable) from one whose data rows are merely being rebuilt
-        members = gather_members(self.host, spec, stripes, want, want_parity=bool(unavailable))
+        generations = {i: self.receiver.generation(i) for i in range(layout.num_servers)}  # before the read
+        members = gather_members(self.host, spec, stripes, want, want_parity=bool(unavailable), confirmed=True)
         ready = members.ready[: layout.k].all(axis=0) & members.answered[: layout.k].all(axis=0)
+        # only versions a resolution of their owner keeps or can undo here: at or below the owner's confirmed
+        # bound, or whose batches are in this server's log (the owner sends them: retried until then)
+        limit = self._embed_limits(members, stripes)
+        unconfirmed = ready & ~embeddable(members.data_versions, limit).all(axis=0)
+        if unconfirmed.any():
+            self.counters.add("parity_rebuild_unconfirmed", int(unconfirmed.sum()))
+            ready &= ~unconfirmed
         if unavailable:
             hopeless = ~ready & lost_stripe_rows(members, stripes, layout.k + pidx, unavailable, layout)
             if hopeless.any():
@@ -417,9 +335,25 @@ class RebuildEngine:
         data = np.ascontiguousarray(members.payload[: layout.k, ready].transpose(1, 0, 2))
         parity = self.codec.encode_stripes(data)
         rows = parity[np.arange(int(ready.sum())), pidx[ready]]
-        built = arena.build(slots[ready], rows, members.data_versions[:, ready].T)
+        with self.receiver.lock:  # the owners' bounds and ids kept, and the rows built, with no resolution between
+            if not all(self.receiver.adopt_locked(srv, sid, bound, committed.items(), generations[srv])
+                       for srv, (sid, bound, committed) in members.owners.items()):
+                return 0  # an owner was resolved since the read: read again
+            built = arena.build(slots[ready], rows, members.data_versions[:, ready].T)
         self.counters.add("parity_rows_rebuilt", built)
         return built
+
+    def _embed_limits(self, members: StripeMembers, stripes: np.ndarray) -> np.ndarray:
+        """Per data member (``(k, n)``), the highest version a rebuilt parity may hold: its owner's confirmed
+        bound, or what this server's log holds of that owner's incarnation, whichever is higher (members past the
+        table's end, or of owners that did not answer: no limit; they are ready or not as read)."""
+        layout = self.host.layout
+        limit = np.full(members.data_versions.shape, EVERY_VERSION, dtype=np.int64)
+        for t in range(layout.k):
+            servers = layout.member_server(stripes, t)
+            for srv, (sid, bound, _) in members.owners.items():
+                limit[t, servers == srv] = max(bound, self.receiver.logged_upto(srv, sid))
+        return limit
 
     # --- dense replicas --------------------------------------------------------------------------------------
     def rebuild_dense(self, dense: DenseShard) -> None:
@@ -429,17 +363,45 @@ class RebuildEngine:
                 return
             deadline = time.monotonic() + self.options.rebuild_deadline_s
             while True:
-                for index in self.host.layout.dense_servers(name):
-                    if index == self.host.index:
-                        continue
-                    reply = self.host.peers.call_once(index, "ReadRows", parity_pb2.ReadRowsRequest(dense=name), PARITY)
-                    if reply is not None and reply.ready == b"\x01":
-                        dense.install(np.frombuffer(reply.payload, dtype=np.uint8),
-                                      int(transport.bytes_to_ids(reply.versions)[0]))
-                        return
+                if self._copy_dense(dense):
+                    return
                 if time.monotonic() > deadline:
                     raise errors.Unavailable(f"dense tensor {name!r}: no replica available")
                 time.sleep(0.02)
+
+    def _copy_dense(self, dense: DenseShard) -> bool:
+        """One try at copying a dense replica: from the primary, a version at or below its confirmed bound or
+        logged here; from a backup only while the primary is not live (then one holding no logged delta of it),
+        with the push ids that stand in it.  True when installed."""
+        name = dense.spec.name
+        replicas = self.host.layout.dense_servers(name)
+        primary = replicas[0]
+        # the primary's replacement (this server), or a primary that is gone: a backup is the source
+        primary_serves = primary != self.host.index and primary in live_servers(self.host.cluster_map)
+        for index in replicas:
+            if index == self.host.index or (index != primary and primary_serves):
+                continue
+            generation = self.receiver.generation(primary)
+            reply = self.host.peers.call_once(index, "ReadRows", parity_pb2.ReadRowsRequest(dense=name, confirmed=True),
+                                              PARITY)
+            if reply is None or reply.ready != b"\x01":
+                continue
+            version = int(transport.bytes_to_ids(reply.versions)[0])
+            committed = [(c.worker, c.sequence) for c in reply.committed]
+            with self.receiver.lock:
+                if index == primary:
+                    limit = max(reply.confirmed_upto, self.receiver.logged_upto_locked(primary, reply.server_id))
+                    if not embeddable(version, limit):
+                        self.counters.add("dense_rebuild_unconfirmed", 1)
+                        continue
+                    if not self.receiver.adopt_locked(primary, reply.server_id, reply.confirmed_upto, committed,
+                                                      generation):
+                        continue
+                else:
+                    self.receiver.commit_locked(primary, committed)
+                dense.install(np.frombuffer(reply.payload, dtype=np.uint8), version)
+            return True
+        return False
 
     # --- in the background -----------------------------------------------------------------------------------
     def training_active(self) -> bool:

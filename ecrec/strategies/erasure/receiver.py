@@ -62,6 +62,7 @@ class ParityReceiver:
         self.lock = threading.Lock()  # guards the logs
         self.resolved_sources: dict[int, str] = {}  # failed index -> server id of the replacement that resolved it
         self.resolutions: dict[int, Resolution] = {}  # failed index -> its latest resolution here
+        self.listings: dict[int, int] = {}  # index -> how many times its chain was listed for a resolution here
 
     # --- stores --------------------------------------------------------------------------------------------
     def add_table(self, shard: TableShard, encode: bool) -> TableParity:
@@ -353,6 +354,7 @@ class ParityReceiver:
                                                 "index of the map: a live owner's chain is not resolved")
             lg.closed = True
             lg.drop_held()
+            self.listings[source] = self.listings.get(source, 0) + 1  # rows read of it before are stale (adopt)
             reply = parity_pb2.ResolveSourceReply()
             for seq, e in lg.entries.items():
                 reply.logged.add(seq=seq, first_seq=e.first_seq, destinations=list(e.destinations),
@@ -419,6 +421,65 @@ class ParityReceiver:
             parts = [self.logs[s].affected_slots(arena.row_bytes) for s in suspects]
         parts = [p for p in parts if len(p)]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+    def dense_unconfirmed(self, name: str) -> bool:
+        """Whether a logged (applied, not confirmed) delta of dense tensor ``name`` is held here: its replica may
+        still be undone, so a rebuild must not copy it yet."""
+        with self.lock:
+            return any(d.name == name for lg in self.logs.values() for e in lg.entries.values() for d in e.dense)
+
+    def committed_of(self, source: int) -> dict[str, int]:
+        """The committed push ids of ``source`` held here (per worker incarnation, the highest sequence)."""
+        with self.lock:
+            lg = self.logs.get(source)
+            return dict(lg.committed) if lg is not None else {}
+
+    def generation(self, source: int) -> int:
+        """How many times ``source`` was listed for a resolution here: take it before reading rows of ``source``
+        for a rebuild, hand it to :meth:`adopt_locked`."""
+        with self.lock:
+            return self.listings.get(source, 0)
+
+    def logged_upto(self, source: int, source_id: str) -> int:
+        """Every batch of incarnation ``source_id`` up to this sequence is in this server's log (or confirmed):
+        a rebuilt parity may hold versions up to it, a resolution undoes them here if it must.  (Its owner sends a
+        restarted chain every batch not confirmed everywhere: ``ParityOwner.on_map_change``.)"""
+        with self.lock:
+            return self.logged_upto_locked(source, source_id)
+
+    def logged_upto_locked(self, source: int, source_id: str) -> int:
+        lg = self.logs.get(source)
+        return lg.applied_upto if lg is not None and lg.source_id == source_id and not lg.closed else 0
+
+    def commit_locked(self, source: int, push_ids) -> None:
+        """Push ids of ``source`` that stand in a replica copied from another backup (with the lock held)."""
+        lg = self.logs.get(source)
+        if lg is None:
+            lg = self.logs[source] = self._new_log(source)
+        lg.commit(push_ids)
+
+    def adopt_locked(self, source: int, source_id: str, bound: int, committed, generation: int) -> bool:
+        """Before a parity or replica rebuilt from ``source``'s rows (incarnation ``source_id``, read after
+        ``generation``) counts as built, with the lock held: keeps the owner's confirmed ``bound`` and committed
+        push ids (worker, highest sequence) in its log, so that a resolution of ``source`` keeps the pushes
+        embedded here and answers a replay of a confirmed one "already applied".  False -- nothing changes, the
+        rows must be read again -- when ``source`` was listed for a resolution since (its rows may be of an
+        incarnation resolved since) or its log here is of another incarnation still open."""
+        if self.listings.get(source, 0) != generation:
+            return False
+        lg = self.logs.get(source)
+        if lg is None:
+            lg = self.logs[source] = self._new_log(source)
+        if lg.source_id != source_id:
+            if source_id in lg.resolved_ids or (lg.source_id and not lg.closed):
+                return False
+            lg.restart(source_id)
+        elif lg.closed:
+            return False
+        lg.commit(committed)
+        if 0 < bound < (1 << 63) - 1:  # the owner's own confirmation (none numbered: nothing to confirm)
+            lg.confirm(bound)
+        return True
 
     def dense_unresolved(self, name: str) -> bool:
         suspects = self.suspect_sources()

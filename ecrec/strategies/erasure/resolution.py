@@ -22,6 +22,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ecrec import errors
 from ecrec.net.cluster_map import live_servers
 from ecrec.net.peers import PARITY
@@ -72,6 +74,14 @@ def decide(listings: dict[int, parity_pb2.ResolveSourceReply], current_ids: dict
             decision.undo.append(seq)
     decision.kept_upto = kept_upto
     return decision
+
+
+def embeddable(versions: np.ndarray, bounds) -> np.ndarray:
+    """Which data versions a rebuilt parity row or dense replica may hold: those at or below their owner's
+    confirmed bound (``ReadRowsReply.confirmed_upto``), which every resolution keeps.  A version above it may be
+    undone if its owner fails, and a copy rebuilt from it would keep the push with no log entry to undo it by:
+    the worker's replay would then apply it a second time."""
+    return np.asarray(versions) <= np.asarray(bounds)
 
 
 class Resolver:

@@ -43,6 +43,7 @@ class DestinationSender:
         self._send_lock = threading.Lock()  # one delivery to this destination at a time (thread or caller)
         self.sent_confirm = 0
         self._inflight = None  # the ApplyParity under way (a future): cancelled when its destination is replaced
+        self._replaced = 0  # how many times the destination was replaced (a call started before one is stale)
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
@@ -77,6 +78,7 @@ class DestinationSender:
         sooner their batches reach its log, the smaller the window in which this owner's own failure leaves
         them there with no batch to undo them by (``receiver``, resolution).  A call cancelled by mistake (already
         to the replacement) is sent again: a batch applied twice is skipped."""
+        self._replaced += 1  # a call whose future is not recorded yet sees this and cancels itself
         call = self._inflight
         if call is not None:
             call.cancel()
@@ -108,6 +110,7 @@ class DestinationSender:
         message = parity_pb2.ParityBatches(batches=batches, source=host.index, source_id=host.server_id,
                                            confirmed_upto=confirmed)
         with self._send_lock:
+            replaced = self._replaced
             address = host.peers.address_of(self.destination)
             if address is None:
                 return False
@@ -115,6 +118,8 @@ class DestinationSender:
                 call = host.peers.stub(address, PARITY).ApplyParity.future(
                     message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
                 self._inflight = call
+                if self._replaced != replaced:  # replaced between the address lookup and now: stale already
+                    call.cancel()
                 try:
                     ack = call.result()
                 finally:

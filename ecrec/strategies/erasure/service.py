@@ -19,7 +19,7 @@ from ecrec import errors
 from ecrec.net import transport
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure import bulk, frame_socket, frames
-from ecrec.strategies.erasure.owner import ParityOwner
+from ecrec.strategies.erasure.owner import EVERY_VERSION, ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc
 
@@ -77,8 +77,45 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         if request.sections:
             if any(section.sections for section in request.sections):
                 raise errors.InvalidRequest("ReadRows sections cannot hold sections")
-            return parity_pb2.ReadRowsReply(sections=[self._read(section) for section in request.sections])
-        return self._read(request)
+            reply = parity_pb2.ReadRowsReply(sections=[self._read(section) for section in request.sections])
+        elif request.confirmed and not (request.table or request.ids or request.dense):
+            reply = parity_pb2.ReadRowsReply()  # the bound and committed push ids only
+        else:
+            reply = self._read(request)
+        if request.confirmed:
+            self._add_confirmed(request, reply)
+        return reply
+
+    def _add_confirmed(self, request, reply: parity_pb2.ReadRowsReply) -> None:
+        """The confirmed bound and committed push ids, read after the rows (``ReadRowsRequest.confirmed``).  A dense
+        replica held here for another primary: its logged deltas make it not ready instead (a backup knows no
+        bound of its primary's), and the committed ids are that primary's as logged here."""
+        dense = [r.dense for r in (request.sections or [request]) if r.dense]
+        primaries = {self.host.layout.dense_servers(name)[0] for name in dense}
+        if dense and primaries != {self.host.index}:
+            if len(primaries) > 1 or any(r.ids or r.stripes for r in (request.sections or [request])):
+                raise errors.InvalidRequest("a confirmed read of dense replicas names one primary's tensors only")
+            bound, committed = EVERY_VERSION, self.receiver.committed_of(primaries.pop())
+            for section, name in zip(reply.sections or [reply], dense):
+                if self.receiver.dense_unconfirmed(name):
+                    section.ready = b"\x00"
+        else:
+            versions = [transport.bytes_to_ids(section.versions) for section, r in
+                        zip(reply.sections or [reply], request.sections or [request]) if r.ids or r.dense]
+            bound = self._bound_for(np.concatenate(versions) if versions else np.zeros(0, np.int64))
+            committed = self.owner.committed()  # after the bound: it covers every push at or below it
+        reply.confirmed_upto = bound
+        reply.server_id = self.host.server_id
+        for worker, sequence in committed.items():
+            reply.committed.add(worker=worker, sequence=sequence)
+
+    def _bound_for(self, versions: np.ndarray) -> int:
+        """The owner's confirmed bound for data rows read at ``versions``; when some are above it, their batches
+        go directly now (the rebuild waits for them), not at the relay timeout."""
+        bound = self.owner.confirmed_bound()
+        if versions.size and int(versions.max()) > bound:
+            self.owner.deliver_now()
+        return bound
 
     @transport.service_method
     def StreamStripes(self, request, context):
@@ -94,7 +131,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
     def _stream(self, request, context):
         """The reply stream (validated above); a domain error midway ends it with its status."""
         try:
-            for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read):
+            for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read, self._bound_for):
                 yield buffer.tobytes()
         except errors.EcrecError as exc:
             code, message = transport.grpc_status_of(exc)
@@ -129,7 +166,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
             bulk.lower_priority(self.sender_nice)
             try:
                 frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
-                                         bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read), DELIVER_TIMEOUT_S,
+                                         bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read, self._bound_for), DELIVER_TIMEOUT_S,
                                          stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)

@@ -125,8 +125,10 @@ class ErasureCoding(FaultToleranceStrategy):
         t0 = time.perf_counter()
         started = time.time()
         self.rebuild.start()
-        for push_id in self.resolver.resolve(failed_index):
+        standing = self.resolver.resolve(failed_index)
+        for push_id in standing:
             self.host.mark_applied(push_id)
+        self.owner.note_committed(standing)  # they stand in the rows rebuilt here: a rebuild that embeds them takes them
         self.counters["resolve_s"] = time.perf_counter() - t0
         self.counters["promoted_wall_time"] = started
         self.rebuild.run_in_background()

@@ -1,0 +1,563 @@
+"""A deterministic, single-threaded model of the parity protocol, driven by a seeded schedule of actions.
+
+Servers, workers and the network are plain objects; time is the order of actions.  Row values are symbolic: every
+state a data row reaches is a fresh *atom*, a delta is the pair ``{old, new}`` and a parity is the XOR (symmetric
+difference) of its stripe's data atoms, so applying a delta twice cancels it and an undo is the same XOR again,
+exactly as the byte-wise code behaves; a rebuilt data row is the parity XOR the other members, and what it decodes
+to tells which pushes it holds.  The decisions that the production code makes through pure functions are made by
+those same functions: the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same
+protobuf listings), which versions a rebuild may embed (``resolution.embeddable``) and an owner's confirmed bound
+(``owner.confirmed_bound``).  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
+rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
+old destination had not acknowledged): the simulator must find the window there.
+
+Actions are state-independent (``("deliver", 7)`` delivers message ``7 mod`` the number in flight; an action that
+does not apply is a no-op), so a failing schedule can be shrunk by dropping actions and rerun from its list alone.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ecrec.coding.layout import Layout
+from ecrec.strategies.erasure.owner import EVERY_VERSION, confirmed_bound
+from ecrec.strategies.erasure.resolution import decide, embeddable
+from ecrec.wire import embedding_pb2, parity_pb2
+
+S, K, M = 4, 2, 1
+ROWS = 8
+WORKERS = ("w0", "w1")
+
+
+class Violation(AssertionError):
+    """An invariant broken: what, and after which action."""
+
+
+@dataclass
+class LogEntry:
+    seq: int
+    pid: tuple[str, int]
+    row: int
+    delta: frozenset
+    old_version: int
+    dest_id: str
+
+
+@dataclass
+class SourceLog:
+    source_id: str = ""
+    applied_upto: int = 0
+    confirmed_upto: int = 0
+    entries: OrderedDict = field(default_factory=OrderedDict)  # seq -> LogEntry
+    held: dict = field(default_factory=dict)  # prev_seq -> batch message (arrived before its predecessor)
+    committed: dict = field(default_factory=dict)  # worker -> highest sequence confirmed here
+    resolved: set = field(default_factory=set)  # earlier incarnations, resolved: their batches are refused
+
+    def commit(self, pids) -> None:
+        for w, n in pids:
+            if n > self.committed.get(w, -1):
+                self.committed[w] = n
+
+    def confirm(self, upto: int) -> None:
+        if upto <= self.confirmed_upto:
+            return
+        self.confirmed_upto = upto
+        for seq in [s for s in self.entries if s <= upto]:
+            self.commit([self.entries.pop(seq).pid])
+
+
+@dataclass
+class Pending:
+    """A push in its owner's outbox until its one destination (m = 1) has applied it."""
+
+    seq: int
+    pid: tuple[str, int]
+    row: int
+    delta: frozenset
+    old_version: int
+    dest: int
+    pending: bool = True
+
+
+class Server:
+    def __init__(self, sim: "Sim", index: int, sid: str, epoch: int):
+        self.sim, self.index, self.sid = sim, index, sid
+        self.base, self.count = epoch << 32, 0
+        self.rows: dict[int, frozenset] = {}  # data row -> its value (one atom when sound)
+        self.versions: dict[int, int] = {}
+        self.ready: dict[int, bool] = {}
+        self.parity: dict[int, frozenset] = {}  # stripe -> XOR of its data atoms
+        self.pvv: dict[int, list[int]] = {}  # stripe -> the version of each data position the parity holds
+        self.built: dict[int, bool] = {}
+        self.held_back: dict[int, list] = {}  # stripe -> [(seq, pos, delta)] for a parity not built yet
+        self.outbox: OrderedDict[int, Pending] = OrderedDict()
+        self.chains: dict[int, list] = {}  # destination -> [destination id, last seq]
+        self.confirmed = 0
+        self.committed: dict[str, int] = {}
+        self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
+        self.logs: dict[int, SourceLog] = {}
+
+    # --- owner --------------------------------------------------------------------------------------------------
+    def numbered(self) -> int:
+        return self.base | self.count if self.count else 0
+
+    def bound(self) -> int:
+        return confirmed_bound(self.numbered(), self.confirmed)
+
+    def chain(self, dest: int) -> list:
+        c = self.chains.get(dest)
+        if c is None or c[0] != self.sim.servers[dest].sid:
+            c = self.chains[dest] = [self.sim.servers[dest].sid if dest not in self.sim.down else "", 0]
+        return c
+
+    def send(self, p: Pending) -> None:
+        """(Re)sends one outbox entry to its destination's current incarnation, chained."""
+        c = self.chain(p.dest)
+        if not c[0]:
+            return
+        prev = max((q.seq for q in self.outbox.values() if q.dest == p.dest and q.seq < p.seq and q.pending),
+                   default=None)
+        if prev is None:  # the first pending one: after what the destination acknowledged (or nothing)
+            prev = c[1]
+        self.sim.net.append(("batch", self.index, self.sid, p.dest, c[0], p.seq, prev, p, self.confirmed))
+
+    def apply_push(self, pid, row: int) -> tuple[int, bool]:
+        """A push (or a replay) of ``pid`` to ``row``: ``(seq, already applied)``."""
+        w, n = pid
+        if self.marks.get(w, -1) >= n:
+            return 0, True
+        self.count += 1
+        seq = self.base | self.count
+        if self.count == 1:  # this incarnation's first push: sequences are consecutive from here
+            self.confirmed = seq - 1
+        old = self.rows[row]
+        new = self.sim.new_atom(row, self.sim.atoms[_one(old, row)] + Counter([pid]))
+        delta = old ^ new
+        self.rows[row], old_version, self.versions[row] = new, self.versions[row], seq
+        self.marks[w] = n
+        dest = self.sim.parity_of(row // K)
+        p = self.outbox[seq] = Pending(seq, pid, row, delta, old_version, dest)
+        self.send(p)
+        return seq, False
+
+    def on_ack(self, dest: int, dest_id: str, upto: int) -> None:
+        c = self.chains.get(dest)
+        if c is None or c[0] != dest_id or upto <= c[1]:
+            return
+        c[1] = upto
+        for p in self.outbox.values():
+            if p.dest == dest and p.seq <= upto:
+                p.pending = False
+        while self.outbox and not next(iter(self.outbox.values())).pending:
+            seq, p = self.outbox.popitem(last=False)
+            self.confirmed = seq
+            if p.pid[1] > self.committed.get(p.pid[0], -1):
+                self.committed[p.pid[0]] = p.pid[1]
+        if not self.outbox:
+            self.confirmed = max(self.confirmed, self.numbered())
+
+    def tick(self) -> None:
+        """The direct sender: every batch not acknowledged goes again, and the confirmation with it."""
+        for p in self.outbox.values():
+            if p.pending:
+                self.send(p)
+        for dest, c in self.chains.items():
+            if c[0]:
+                self.sim.net.append(("confirm", self.index, self.sid, dest, c[0], self.confirmed))
+
+    # --- parity -------------------------------------------------------------------------------------------------
+    def log_of(self, source: int) -> SourceLog:
+        return self.logs.setdefault(source, SourceLog())
+
+    def on_batch(self, source: int, source_id: str, seq: int, prev: int, p: Pending, confirmed: int) -> None:
+        lg = self.log_of(source)
+        if source_id in lg.resolved:
+            return
+        if lg.source_id != source_id:
+            lg.source_id, lg.applied_upto, lg.confirmed_upto = source_id, 0, 0
+            lg.entries.clear()
+            lg.held.clear()
+        if seq <= lg.applied_upto:
+            self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
+            return
+        if prev != lg.applied_upto:
+            lg.held[prev] = (seq, p)
+            return
+        while True:
+            self._apply(lg, seq, p)
+            nxt = lg.held.pop(seq, None)
+            if nxt is None:
+                break
+            seq, p = nxt
+        lg.confirm(confirmed)
+        self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
+
+    def _apply(self, lg: SourceLog, seq: int, p: Pending) -> None:
+        stripe, pos = divmod(p.row, K)
+        if self.built.get(stripe):
+            if self.pvv[stripe][pos] < seq:  # else the rebuilt parity holds it already: skipped
+                self.parity[stripe] ^= p.delta
+                self.pvv[stripe][pos] = seq
+        else:
+            self.held_back.setdefault(stripe, []).append((seq, pos, p.delta))
+        lg.entries[seq] = LogEntry(seq, p.pid, p.row, p.delta, p.old_version, self.sid)
+        lg.applied_upto = seq
+
+    def undo(self, e: LogEntry) -> None:
+        stripe, pos = divmod(e.row, K)
+        if self.built.get(stripe):
+            self.parity[stripe] ^= e.delta
+            self.pvv[stripe][pos] = e.old_version
+        else:
+            self.held_back[stripe] = [h for h in self.held_back.get(stripe, []) if h[0] != e.seq]
+
+
+def _one(value: frozenset, row: int) -> str:
+    if len(value) != 1:
+        raise Violation(f"row {row} decodes to {sorted(value)}: not one state of the row (parity inconsistent)")
+    return next(iter(value))
+
+
+class Sim:
+    def __init__(self, rule: str = "confirmed"):
+        self.layout = Layout(S, K, M)
+        self._owners = [int(i) for i in self.layout.locate(np.arange(ROWS))[0]]
+        self._parities = [int(i) for i in self.layout.parity_servers(np.arange(ROWS // K))[:, 0]]
+        self.rule = rule
+        self.atoms: dict[str, Counter] = {}
+        self.atom_row: dict[str, int] = {}
+        self.epoch = 1
+        self.servers = {i: Server(self, i, f"s{i}.1", self.epoch) for i in range(S)}
+        self.down: set[int] = set()
+        self.net: list[tuple] = []
+        self.held: dict[str, list] = {w: [] for w in WORKERS}  # worker -> [pid, index, server id, seq, row]
+        self.next_seq = {w: 0 for w in WORKERS}
+        self.acked: dict[tuple, int] = {}  # pid -> row
+        self.trace: list[str] = []
+        for r in range(ROWS):
+            owner = self.owner_of(r)
+            self.servers[owner].rows[r] = self.new_atom(r, Counter())
+            self.servers[owner].versions[r] = 0
+            self.servers[owner].ready[r] = True
+        for s in self.servers.values():
+            for stripe in range(ROWS // K):
+                if self.parity_of(stripe) == s.index:
+                    s.parity[stripe] = self.xor_of_stripe(stripe)
+                    s.pvv[stripe], s.built[stripe] = [0] * K, True
+
+    def new_atom(self, row: int, pids: Counter) -> frozenset:
+        name = f"r{row}.{len(self.atoms)}"
+        self.atoms[name], self.atom_row[name] = pids, row
+        if any(c > 1 for c in pids.values()):
+            raise Violation(f"row {row} holds push {[p for p, c in pids.items() if c > 1]} twice")
+        return frozenset([name])
+
+    def owner_of(self, row: int) -> int:
+        return self._owners[row]
+
+    def parity_of(self, stripe: int) -> int:
+        return self._parities[stripe]
+
+    def xor_of_stripe(self, stripe: int) -> frozenset:
+        out = frozenset()
+        for r in range(stripe * K, stripe * K + K):
+            out ^= self.servers[self.owner_of(r)].rows[r]
+        return out
+
+    def live(self, i: int) -> Server | None:
+        return None if i in self.down else self.servers[i]
+
+    # --- actions ------------------------------------------------------------------------------------------------
+    def push(self, w: str, row: int) -> None:
+        o = self.live(self.owner_of(row))
+        if o is None or not o.ready.get(row) or self._replay_due(w, o):
+            return
+        self.next_seq[w] += 1
+        pid = (w, self.next_seq[w])
+        seq, _ = o.apply_push(pid, row)
+        self.acked[pid] = row
+        self.held[w].append([pid, o.index, o.sid, seq, row])
+
+    def _replay_due(self, w: str, o: Server) -> bool:
+        return any(h[1] == o.index and h[2] != o.sid for h in self.held[w])
+
+    def poll(self, w: str) -> None:
+        """The worker's next call to every index (its idle keeper, or a step): confirmations come back, held pushes
+        are replayed to a replacement first."""
+        keep, blocked = [], set()  # a replay goes in order: one that must wait holds back the later ones
+        for h in self.held[w]:
+            pid, index, sid, seq, row = h
+            o = self.live(index)
+            if o is None or index in blocked:
+                keep.append(h)
+                continue
+            if o.sid == sid:
+                if o.confirmed < seq:
+                    keep.append(h)
+                continue
+            if not o.ready.get(row) and not self.rebuild_data(o, row):
+                keep.append(h)
+                blocked.add(index)
+                continue
+            seq2, already = o.apply_push(pid, row)  # a replay, with its push id
+            if not already and o.confirmed < seq2:
+                keep.append([pid, index, o.sid, seq2, row])
+        self.held[w] = keep
+
+    def deliver(self, n: int, duplicate: bool = False, drop: bool = False) -> None:
+        if not self.net:
+            return
+        i = n % len(self.net)
+        msg = self.net[i] if duplicate else self.net.pop(i)
+        if drop:
+            return
+        kind, src, src_id, dst, dst_id = msg[:5]
+        d = self.live(dst)
+        if d is None or d.sid != dst_id:
+            return
+        if kind == "batch":
+            _, _, _, _, _, seq, prev, p, confirmed = msg
+            d.on_batch(src, src_id, seq, prev, p, confirmed)
+        elif kind == "ack":
+            d.on_ack(src, src_id, msg[5])
+        elif kind == "confirm":
+            lg = d.log_of(src)
+            if lg.source_id == src_id:
+                lg.confirm(msg[5])
+
+    def tick(self, i: int) -> None:
+        s = self.live(i)
+        if s is not None:
+            s.tick()
+
+    def kill(self, i: int) -> None:
+        """One failure at a time (m = 1): only while every index is served and fully rebuilt."""
+        if self.down or any(not all(s.ready.values()) or not all(s.built.values()) for s in self.servers.values()):
+            return
+        self.down.add(i)
+
+    def promote(self) -> None:
+        """The replacement of the failed index: chains restart there, resolution of its pushes, rows not ready."""
+        if not self.down:
+            return
+        x = self.down.pop()
+        old = self.servers[x]
+        self.epoch += 1
+        new = self.servers[x] = Server(self, x, f"s{x}.{self.epoch}", self.epoch)
+        for r in old.rows:
+            new.rows[r], new.versions[r], new.ready[r] = frozenset(), 0, False
+        for stripe in old.parity:
+            new.parity[stripe], new.pvv[stripe], new.built[stripe] = frozenset(), [0] * K, False
+        for s in self.servers.values():  # owners restart their chain to x with every batch not confirmed
+            if s is not new:
+                s.chains.pop(x, None)
+                for p in s.outbox.values():  # (before the closing fix: only those x had not acknowledged)
+                    if p.dest == x and (p.pending or self.rule != "any"):
+                        p.pending = True
+                        s.send(p)
+        # resolution of x's pushes, by the rule production runs, on the listings production builds
+        listings, survivors = {}, [s for s in self.servers.values() if s is not new]
+        for s in survivors:
+            lg = s.log_of(x)
+            reply = parity_pb2.ResolveSourceReply(confirmed_upto=lg.confirmed_upto if lg.source_id == old.sid else 0)
+            if lg.source_id == old.sid:
+                for e in lg.entries.values():
+                    reply.logged.add(seq=e.seq, first_seq=e.seq, destinations=[s.index], destination_ids=[e.dest_id],
+                                     push_ids=[embedding_pb2.PushId(worker=e.pid[0], sequence=e.pid[1])])
+            for w, n in lg.committed.items():
+                reply.committed.add(worker=w, sequence=n)
+            listings[s.index] = reply
+        decision = decide(listings, {i: s.sid for i, s in self.servers.items()})
+        undo = set(decision.undo)
+        for s in survivors:
+            lg = s.log_of(x)
+            if lg.source_id == old.sid:
+                for seq in sorted(lg.entries, reverse=True):
+                    if seq in undo:
+                        s.undo(lg.entries[seq])
+                lg.commit(e.pid for seq, e in lg.entries.items() if seq not in undo)
+                lg.entries.clear()
+                lg.held.clear()
+            lg.resolved.add(old.sid)  # its chain is closed here, whether or not anything of it arrived
+        standing = decision.kept + decision.committed
+        for w, n in standing:
+            new.marks[w] = max(new.marks.get(w, -1), n)
+            new.committed[w] = max(new.committed.get(w, -1), n)
+        self.trace.append(f"    resolution of {old.sid}: kept {decision.kept}, undo {sorted(undo)}, "
+                          f"committed {decision.committed}")
+
+    def rebuild_data(self, s: Server, row: int) -> bool:
+        """A data row of a replacement: parity XOR the other members, when their versions agree."""
+        if s.ready.get(row) is not False:
+            return False
+        stripe, pos = divmod(row, K)
+        q = self.live(self.parity_of(stripe))
+        if q is None or not q.built.get(stripe):
+            return False
+        value = q.parity[stripe]
+        for r in range(stripe * K, stripe * K + K):
+            if r == row:
+                continue
+            o = self.live(self.owner_of(r))
+            if o is None or not o.ready.get(r) or o.versions[r] != q.pvv[stripe][r % K]:
+                return False  # a member missing or a delta in flight: later
+            value ^= o.rows[r]
+        _one(value, row)
+        s.rows[row], s.versions[row], s.ready[row] = value, q.pvv[stripe][pos], True
+        return True
+
+    def rebuild_parity(self, s: Server, stripe: int) -> bool:
+        """A parity row of a replacement: the stripe's data rows, at versions the rule lets it embed."""
+        if s.built.get(stripe) is not False:
+            return False
+        members = []
+        for r in range(stripe * K, stripe * K + K):
+            o = self.live(self.owner_of(r))
+            if o is None or not o.ready.get(r):
+                return False
+            members.append((o, r))
+        if self.rule != "any":
+            def logged(o: Server) -> int:
+                lg = s.log_of(o.index)
+                return lg.applied_upto if lg.source_id == o.sid else 0
+
+            if not all(embeddable(o.versions[r], max(o.bound(), logged(o))) for o, r in members):
+                for o, _ in members:  # the owner, told a rebuild waits, sends its batches now
+                    o.tick()
+                return False
+            for o, _ in members:  # adopt_locked: the owner's bound and committed ids, kept with its log here
+                lg = s.log_of(o.index)
+                if lg.source_id != o.sid:
+                    if lg.source_id and lg.source_id not in lg.resolved:
+                        return False
+                    lg.source_id, lg.applied_upto, lg.confirmed_upto = o.sid, 0, 0
+                    lg.entries.clear()
+                    lg.held.clear()
+                lg.commit(o.committed.items())
+                if 0 < o.bound() < EVERY_VERSION:
+                    lg.confirm(o.bound())
+        value = frozenset()
+        for o, r in members:
+            value ^= o.rows[r]
+        s.parity[stripe], s.pvv[stripe], s.built[stripe] = value, [o.versions[r] for o, r in members], True
+        for seq, pos, delta in sorted(s.held_back.pop(stripe, [])):
+            if seq > s.pvv[stripe][pos]:
+                s.parity[stripe] ^= delta
+                s.pvv[stripe][pos] = seq
+        return True
+
+    def rebuild(self, i: int, n: int) -> None:
+        s = self.live(i)
+        if s is None:
+            return
+        todo = [("d", r) for r, ok in s.ready.items() if not ok] + [("p", st) for st, ok in s.built.items() if not ok]
+        if todo:
+            kind, what = todo[n % len(todo)]
+            (self.rebuild_data if kind == "d" else self.rebuild_parity)(s, what)
+
+    # --- running ------------------------------------------------------------------------------------------------
+    def act(self, action: tuple) -> None:
+        kind, *args = action
+        self.trace.append(f"{action}")
+        {"push": self.push, "poll": self.poll, "deliver": self.deliver, "dup": lambda n: self.deliver(n, duplicate=True),
+         "drop": lambda n: self.deliver(n, drop=True), "tick": self.tick, "kill": self.kill, "promote": self.promote,
+         "rebuild": self.rebuild}[kind](*args)
+        self.check_rows()
+
+    def check_rows(self) -> None:
+        for s in self.servers.values():
+            if s.index in self.down:
+                continue
+            for r, value in s.rows.items():
+                if s.ready.get(r):
+                    _one(value, r)  # and new_atom refused any push held twice
+
+    def settle(self, rounds: int = 200) -> None:
+        """Runs the system to quiescence: replacements, rebuilds, direct sends, deliveries, the workers' polls."""
+        for _ in range(rounds):
+            self.act(("promote",))
+            for i in range(S):
+                for n in range(2 * ROWS):
+                    self.act(("rebuild", i, n))
+                self.act(("tick", i))
+            while self.net:
+                self.act(("deliver", 0))
+            for w in WORKERS:
+                self.act(("poll", w))
+            if not self.net and not any(self.held.values()) and all(
+                    all(s.ready.values()) and all(s.built.values()) and not any(p.pending for p in s.outbox.values())
+                    for s in self.servers.values()):
+                return
+        raise Violation("no quiescence: " + "; ".join(f"{w} holds {len(h)}" for w, h in self.held.items()))
+
+    def check_final(self) -> None:
+        for stripe in range(ROWS // K):
+            q = self.servers[self.parity_of(stripe)]
+            if q.parity[stripe] != self.xor_of_stripe(stripe):
+                raise Violation(f"stripe {stripe}: parity at {q.sid} is not the encoding of its data rows")
+        for pid, row in self.acked.items():
+            value = self.servers[self.owner_of(row)].rows[row]
+            count = self.atoms[_one(value, row)][pid]
+            if count != 1:
+                raise Violation(f"acknowledged push {pid} is in row {row} {count} times")
+
+
+def schedule(seed: int, length: int | None = None) -> list[tuple]:
+    """A seeded list of actions (state-independent: see the module docstring), 30 to 150 of them by default."""
+    rng = random.Random(seed)
+    length = length if length is not None else rng.randint(30, 150)
+    kinds = ["push", "deliver", "poll", "tick", "dup", "drop", "kill", "promote", "rebuild"]
+    weights = [24, 30, 6, 6, 2, 2, 3, 5, 10]
+    out = []
+    for _ in range(length):
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "push":
+            out.append(("push", rng.choice(WORKERS), rng.randrange(ROWS)))
+        elif kind in ("deliver", "dup", "drop"):
+            out.append((kind, rng.randrange(64)))
+        elif kind == "poll":
+            out.append(("poll", rng.choice(WORKERS)))
+        elif kind in ("tick", "kill"):
+            out.append((kind, rng.randrange(S)))
+        elif kind == "promote":
+            out.append(("promote",))
+        else:
+            out.append(("rebuild", rng.randrange(S), rng.randrange(64)))
+    return out
+
+
+def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
+    """Runs ``actions`` then settles; the violation found (its message), or None."""
+    sim = Sim(rule)
+    try:
+        for a in actions:
+            sim.act(a)
+        sim.settle()
+        sim.check_final()
+    except Violation as exc:
+        return str(exc)
+    return None
+
+
+def shrink(actions: list[tuple], rule: str = "confirmed") -> list[tuple]:
+    """A shorter schedule that still fails (greedy: drop chunks, then single actions, while it fails)."""
+    assert run(actions, rule) is not None
+    chunk = max(1, len(actions) // 2)
+    while chunk >= 1:
+        i, changed = 0, False
+        while i < len(actions):
+            trial = actions[:i] + actions[i + chunk:]
+            if trial and run(trial, rule) is not None:
+                actions, changed = trial, True
+            else:
+                i += chunk
+        if not changed:
+            chunk //= 2
+    return actions
+
+
+__all__ = ["EVERY_VERSION", "Sim", "Violation", "run", "schedule", "shrink"]
