@@ -48,6 +48,10 @@ log = logging.getLogger("ecrec.client")
 WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
 
 
+#: how long a background poll (``poll_rows``) retries one server before it counts as failed (s)
+POLL_RETRY_S = 10.0
+
+
 class ClusterError(RuntimeError):
     """A cluster call failed for good (bad input, or no replacement within the retry deadline)."""
 
@@ -185,13 +189,14 @@ class Cluster:
                                                                            ids=transport.ids_to_bytes(ids[pos])))
         requests_by_server = {i: embedding_pb2.PullRequest(tables=tables, epoch=self.map.epoch)
                               for i, tables in per_server.items()}
-        for i, request in requests_by_server.items():
-            self.courier.attach(i, request)
-        try:
-            replies = self.peers.fan_out("Pull", requests_by_server, prepare=self._replay_if_replaced)
-        except (PeerError, PeerUnreachable) as exc:
-            raise ClusterError(str(exc)) from None
-        for i, reply in replies.items():
+        for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:
+            self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
+            try:
+                reply = self.peers.call(i, "Pull", request, retry_deadline_s=min(self.config.retry_deadline_s,
+                                                                                POLL_RETRY_S),
+                                        prepare=self._replay_if_replaced)
+            except (PeerError, PeerUnreachable) as exc:
+                raise ClusterError(str(exc)) from None
             self.courier.received(i, reply)
 
     def _replay_if_replaced(self, index: int) -> None:

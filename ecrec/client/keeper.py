@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -25,8 +26,12 @@ log = logging.getLogger("ecrec.client")
 class IdleKeeper:
     """The background thread of one :class:`~ecrec.client.cluster.Cluster` (started at its first held push)."""
 
+    #: polls failing in a row before the thread stops (the next held push starts it again): a cluster that is
+    #: gone, or a client dropped without close(), is not polled forever
+    MAX_FAILURES = 5
+
     def __init__(self, cluster, poll_s: float):
-        self.cluster = cluster
+        self._cluster = weakref.ref(cluster)  # a client dropped without close() is not kept alive by its keeper
         self.poll_s = poll_s
         self.last_call = time.monotonic()
         self._closed = threading.Event()
@@ -45,7 +50,8 @@ class IdleKeeper:
         if self.poll_s <= 0 or self._closed.is_set():
             return
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
+                self._failures = 0
                 self._thread = threading.Thread(target=self._run, name="ecrec-idle-keeper", daemon=True)
                 self._thread.start()
         self._wake.set()
@@ -54,14 +60,23 @@ class IdleKeeper:
         self._closed.set()
         self._wake.set()
 
+    @property
+    def cluster(self):
+        return self._cluster()
+
     def _run(self) -> None:
         while not self._closed.is_set():
-            if not self.cluster.courier.unconfirmed():  # (read each time: a caller may swap the courier)
-                self._wake.wait()  # until the next held push
+            cluster = self.cluster
+            if cluster is None or self._failures >= self.MAX_FAILURES:
+                return
+            held = cluster.courier.unconfirmed()  # (read each time: a caller may swap the courier)
+            del cluster
+            if not held:
+                self._wake.wait(30.0)  # until the next held push (and now and then: a dropped client ends it)
                 self._wake.clear()
                 continue
             # after failures in a row (the cluster unreachable, or this client abandoned) poll less often
-            self._closed.wait(min(5.0, self.poll_s * (2 ** min(self._failures, 5))))
+            self._closed.wait(min(5.0, self.poll_s * (2 ** self._failures)))
             if self._closed.is_set() or time.monotonic() - self.last_call < self.poll_s:
                 continue
             try:
@@ -77,13 +92,16 @@ class IdleKeeper:
 
     def _report(self, exc: Exception) -> None:
         self._failures += 1
-        if self._failures in (1, 10) or self._failures % 100 == 0:
-            log.warning("background poll of the owners of %d unconfirmed pushes failed (%d in a row): %s",
-                        self.cluster.courier.unconfirmed(), self._failures, exc)
+        if self._failures == 1 or self._failures >= self.MAX_FAILURES:
+            log.warning("background poll of the owners of unconfirmed pushes failed (%d in a row%s): %s",
+                        self._failures, "; stopping until the next push" if self._failures >= self.MAX_FAILURES
+                        else "", exc)
 
     def poll(self) -> None:
         """One pull of a row of each index whose pushes the courier holds."""
         cluster = self.cluster
+        if cluster is None:
+            return
         indices = cluster.courier.held_indices()
         m = cluster.map
         if not indices or m is None or not m.tables or cluster.layout is None:
