@@ -86,3 +86,18 @@ class _MovedModules(_abc.MetaPathFinder, _abc.Loader):
 
 if not any(type(f).__name__ == "_MovedModules" for f in _sys.meta_path):
     _sys.meta_path.insert(0, _MovedModules())
+
+
+def forwarding(package: str, modules: tuple[str, ...]):
+    """A package's module ``__getattr__`` that finds a name in ``modules`` (imported on first use), as earlier
+    releases had those names in one module: ``__getattr__ = forwarding(__name__, (...))``."""
+    missing = object()
+
+    def __getattr__(name: str):
+        for module in modules:
+            value = getattr(_importlib.import_module(module), name, missing)
+            if value is not missing:
+                return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

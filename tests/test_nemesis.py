@@ -155,11 +155,15 @@ class Nemesis:
 
     def kill(self) -> None:
         s, pid = self.victim()
-        self.log(f"SIGKILL server {s.index} (pid {pid})")
+        self._sigkill(s, pid)
+        self.faults["sigkill"] += 1
+
+    def _sigkill(self, s, pid: int, why: str = "") -> None:
+        """SIGKILLs server ``s`` (pid ``pid``), starts a spare, waits until the map no longer names it active."""
+        self.log(f"SIGKILL server {s.index} (pid {pid}){why}")
         self.ended.add(pid)
         self.local.kill(pid)
         self.local.start_server(standby=True)
-        self.faults["sigkill"] += 1
         # faults are spaced by full redundancy: a map read before the coordinator noticed this kill would let
         # the next fault take a second server of one stripe
         self.until_map(lambda m: not any(x.server_id == s.server_id and x.state == cluster_pb2.ACTIVE
@@ -171,26 +175,16 @@ class Nemesis:
         replacement's rebuild, with pushes the workers still hold unconfirmed.  A rebuild that embedded such a
         version in its parity left it there with no log entry to undo it: applied twice at the replay."""
         s, pid = self.victim()
-        self.log(f"SIGKILL server {s.index} (pid {pid}), then another the moment its replacement is redundant")
-        self.ended.add(pid)
-        self.local.kill(pid)
-        self.local.start_server(standby=True)
+        self._sigkill(s, pid, ", then another the moment its replacement is redundant")
         self.until_map(lambda m: any(x.index == s.index and x.server_id != s.server_id and x.state in
                                      (cluster_pb2.RECOVERING, cluster_pb2.ACTIVE) for x in m.servers), 30.0,
                        f"server {s.index} replaced")
         self.until_map(lambda m: m.ready and len(self.active(m)) == m.num_servers, 60.0,
                        f"the replacement of server {s.index} fully redundant")
         time.sleep(self.rng.uniform(0.0, 0.1))
-        others = [x for x in self.active(self.map()) if x.index != s.index]
-        second = self.rng.choice(others)
-        second_pid = self.local.pid_of_index(second.index)
-        self.log(f"SIGKILL server {second.index} (pid {second_pid}) right after index {s.index}'s rebuild")
-        self.ended.add(second_pid)
-        self.local.kill(second_pid)
-        self.local.start_server(standby=True)
+        second = self.rng.choice([x for x in self.active(self.map()) if x.index != s.index])
+        self._sigkill(second, self.local.pid_of_index(second.index), f" right after index {s.index}'s rebuild")
         self.faults["kill_after_rebuild"] += 1
-        self.until_map(lambda m: not any(x.server_id == second.server_id and x.state == cluster_pb2.ACTIVE
-                                         for x in m.servers), 20.0, f"server {second.index} noticed failed")
 
     def pause(self) -> None:
         s, pid = self.victim()

@@ -6,6 +6,7 @@ them (:mod:`.cluster`), every server writes its own part (:mod:`.part`), both th
     cluster.load(ecrec.snapshot.latest("/backups"))       # the newest complete one
 """
 
+from ecrec import forwarding
 from ecrec.snapshot.cluster import (  # noqa: F401  (the public names)
     FORMAT, FORMATS, MANIFEST, Periodic, SnapshotError, latest, load, read_manifest, save,
 )
@@ -13,17 +14,4 @@ from ecrec.snapshot.cluster import (  # noqa: F401  (the public names)
 
 #: where the names of this package's modules are found by their package's name, as earlier releases had them
 #: in one module (every name of the former ``ecrec/snapshot.py``)
-_FORWARD = ('ecrec.snapshot.cluster',)
-
-
-def __getattr__(name: str):
-    import importlib
-
-    for module in _FORWARD:
-        value = getattr(importlib.import_module(module), name, _MISSING)
-        if value is not _MISSING:
-            return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MISSING = object()
+__getattr__ = forwarding(__name__, ('ecrec.snapshot.cluster',))
