@@ -137,14 +137,21 @@ class ErasureCoding(FaultToleranceStrategy):
     # --- commands, stats -----------------------------------------------------------------------------------------
     def call(self, command: str, args: dict) -> dict:
         if command == "verify_parity":
-            return self.verify_parity()
+            timeout_s = args.get("timeout_s", 30.0)
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
+                raise errors.InvalidRequest(f"verify_parity: timeout_s must be a number of seconds in (0, 3600], "
+                                            f"not {timeout_s!r}")
+            return self.verify_parity(float(timeout_s))
         return super().call(command, args)
 
-    def verify_parity(self) -> dict:
+    def verify_parity(self, timeout_s: float = 30.0) -> dict:
         """Compares every parity row held here with a fresh encode of its stripe's current data rows, and
-        every dense replica with its primary, once every server has delivered its pending batches."""
+        every dense replica with its primary, once every server has delivered its pending batches and this
+        server's rebuild (if one runs) is done; ``FailedPrecondition`` if that takes longer than ``timeout_s``."""
         host, layout = self.host, self.host.layout
-        self.flush_cluster()
+        deadline = time.monotonic() + timeout_s
+        self.flush_cluster(timeout_s)
+        self._wait_rebuilt(max(0.0, deadline - time.monotonic()))
         self.owner.seal_for_read()  # this server's own data rows are read below too
         mismatched, checked = 0, 0
         for name, (arena, part) in self.receiver.parts.items():
@@ -172,6 +179,23 @@ class ErasureCoding(FaultToleranceStrategy):
             if reply is None or reply.payload != dense.read()[0].tobytes():
                 mismatched += 1
         return {"checked": checked, "mismatched": mismatched}
+
+    def _wait_rebuilt(self, timeout_s: float = 30.0) -> None:
+        """Waits for this server's rebuild to finish: until then its parity rows are not all built (a rebuilt
+        parity row embeds a version only once its owner confirmed it, so the rebuild may be waiting on the batches
+        the flush just delivered)."""
+        deadline = time.monotonic() + timeout_s
+        while self.rebuild.recovering.is_set():
+            counters = self.rebuild.counters
+            if counters["rows_lost"] or counters["parity_rows_lost"]:
+                raise errors.DataLoss(f"server {self.host.index} lost {counters['rows_lost']} data rows and "
+                                      f"{counters['parity_rows_lost']} parity rows in its rebuild: nothing to verify")
+            if time.monotonic() > deadline or self.closed.is_set():
+                # not UNAVAILABLE: this server is alive, and a caller would take that for "gone" and report it
+                raise errors.FailedPrecondition(
+                    f"server {self.host.index} is still rebuilding ({self._rebuild_progress(True)['rebuild_rows_pending']}"
+                    " rows to go): its parity is verified once the map shows it ACTIVE again; retry then")
+            time.sleep(0.02)
 
     def flush_cluster(self, timeout_s: float = 30.0) -> None:
         """Every server (this one included) delivers its unconfirmed batches directly and waits for them."""
