@@ -234,6 +234,50 @@ def test_source_log_confirmation_trims_and_remembers_push_ids():
     assert list(log.entries) == [13] and log.confirmed_upto == 12
 
 
+def test_source_log_core_applies_in_order_holds_back_and_skips_duplicates():
+    """The receiver's decisions, as its sans-I/O core makes them: no lock, no arena, only what to do."""
+    from ecrec.strategies.erasure.source_log import APPLY, DUPLICATE, FULL, HELD
+
+    log = SourceLog(1, max_held=2)
+    assert log.incarnation("a", named_live=True) == "restarted" and log.source_id == "a"
+    assert log.offer(12, 11, "b12", 10).kind == HELD  # its predecessor 11 has not arrived
+    assert log.offer(13, 12, "b13", 10).kind == HELD
+    assert log.offer(14, 13, "b14", 10).kind == FULL  # beyond max_held: refused, nothing held
+    offer = log.offer(11, 0, "b11", 10)
+    assert offer.kind == APPLY and offer.ready == [(11, "b11"), (12, "b12"), (13, "b13")]
+    assert log.held == {} and log.held_bytes == 0
+    for seq, _ in offer.ready:
+        log.record(seq, LogEntry(seq, seq, [("w", seq)], (1,)))
+    assert log.applied_upto == 13 and log.logged_upto("a") == 13 and log.logged_upto("b") == 0
+    assert log.offer(12, 11, "b12", 10).kind == DUPLICATE
+
+
+def test_source_log_core_incarnations_resolution_and_adoption():
+    from ecrec.strategies.erasure.source_log import CLOSED, FOREIGN, RESOLVED, RESTARTED, SAME
+
+    log = SourceLog(1)
+    assert log.incarnation("a", named_live=False) == FOREIGN and log.source_id == ""  # not named by the map yet
+    assert log.incarnation("a", named_live=True) == RESTARTED
+    for seq in (1, 2, 3):
+        log.record(seq, LogEntry(seq, seq, [("w", seq)], (1,)))
+    assert log.incarnation("a", named_live=True) == SAME
+    log.close_for_resolution()
+    assert log.incarnation("a", named_live=True) == CLOSED and log.logged_upto("a") == 0
+    assert not log.adopt("a", 5, [])  # being resolved: a rebuild reads the rows again
+    listing = parity_pb2.ResolveSourceReply()
+    log.listing(listing)
+    assert [e.seq for e in listing.logged] == [1, 2, 3]
+    undone = log.resolve({2, 3})
+    assert [e.seq for e in undone] == [3, 2] and log.committed == {"w": 1}  # newest first; the rest kept
+    assert log.incarnation("a", named_live=True) == RESOLVED
+    assert not log.adopt("a", 5, [])
+    assert log.adopt("b", 7, [("v", 4)]) and log.source_id == "b" and log.confirmed_upto == 7
+    assert log.committed == {"w": 1, "v": 4}
+    log.record(8, LogEntry(8, 8, [("w", 9)], (1,)))
+    # resolution of "b" never reached this server and "c" serves the index: b's batch is kept, committed
+    assert log.incarnation("c", named_live=True) == RESTARTED and log.committed["w"] == 9
+
+
 def _listing(logged, confirmed=0, committed=()):
     """A survivor's answer; ``logged``: ``(seq, destinations, ids)`` (one push) or ``(first, seq, destinations,
     ids)`` (a batch of pushes first..seq)."""

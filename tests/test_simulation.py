@@ -66,3 +66,23 @@ def test_a_violation_is_caught_when_it_happens():
         assert "twice" in str(exc)
     else:
         raise AssertionError("a push applied twice was not caught")
+
+
+def test_a_replay_cut_short_does_not_let_a_new_push_overtake_it(monkeypatch):
+    """Found by the simulator once it drove production's courier: a replay that stops after the first held push
+    (its next row cannot be rebuilt yet) left the oldest held push at the replacement, and the courier, which
+    looked at the oldest only, let a new push go first; the replacement's high-water mark for the worker then
+    answered the late replay "already applied", and the push was lost.  The courier now holds back while any
+    held push waits for its replay."""
+    from ecrec.client.courier import Courier
+
+    actions = [("push", "w1", 5), ("push", "w1", 6), ("kill", 3), ("promote",), ("push", "w0", 7), ("poll", "w1"),
+               ("push", "w1", 5)]
+    assert run(actions) is None
+
+    def oldest_only(self, index, server_id):  # the rule before
+        held = self._held.get(index)
+        return bool(held) and next(iter(held.values())).server_id != server_id
+
+    monkeypatch.setattr(Courier, "held_elsewhere", oldest_only)
+    assert "0 times" in (run(actions) or "")

@@ -98,13 +98,13 @@ class Courier:
 
     def held_elsewhere(self, index: int, server_id: str | None) -> bool:
         """Whether a held push of ``index`` was acknowledged by another incarnation than ``server_id`` (the one
-        serving it now).  Held pushes are kept oldest first and an index's incarnations only ever move on, so
-        the oldest one tells."""
+        serving it now): nothing else may go there before it is replayed.  Any of them, not only the oldest: a
+        replay cut short leaves the oldest replayed and a later one not, and a new push overtaking that one would
+        raise the worker's high-water mark there above it (the replay then answered "already applied", the push
+        lost: the simulator's schedule, ``tests/test_simulation.py``)."""
         with self._lock:
             held = self._held.get(index)
-            if not held:
-                return False
-            return next(iter(held.values())).server_id != server_id
+            return bool(held) and any(h.server_id != server_id for h in held.values())
 
     def to_replay(self, index: int, server_id: str) -> list[tuple[tuple[str, int], embedding_pb2.PushRequest]]:
         """The held pushes of ``index`` acknowledged by another incarnation than ``server_id``, oldest first."""

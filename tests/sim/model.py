@@ -4,10 +4,13 @@ Servers, workers and the network are plain objects; time is the order of actions
 state a data row reaches is a fresh *atom*, a delta is the pair ``{old, new}`` and a parity is the XOR (symmetric
 difference) of its stripe's data atoms, so applying a delta twice cancels it and an undo is the same XOR again,
 exactly as the byte-wise code behaves; a rebuilt data row is the parity XOR the other members, and what it decodes
-to tells which pushes it holds.  The decisions that the production code makes through pure functions are made by
-those same functions: the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same
-protobuf listings), which versions a rebuild may embed (``resolution.embeddable``) and an owner's confirmed bound
-(``owner.confirmed_bound``).  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
+to tells which pushes it holds.  The decisions are made by production's sans-I/O core, the same objects the servers
+and the SDK run: each parity server's log of each owner (``source_log.SourceLog``: which incarnation a batch may
+join, apply in order or hold back or skip, what a resolution lists, undoes and keeps, what a rebuild adopts), each
+worker's keep-and-replay of its unconfirmed pushes (``client.courier.Courier``, on the same protobuf requests and
+replies), the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same protobuf
+listings), which versions a rebuild may embed (``resolution.embeddable``) and an owner's confirmed bound
+(``owner.confirmed_bound``).  The owner's outbox (grouping, chaining, re-sending) is modelled here.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
 rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
 old destination had not acknowledged): the simulator must find the window there.
 
@@ -19,13 +22,16 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from ecrec.client.courier import Courier
 from ecrec.coding.layout import Layout
+from ecrec.net import transport
 from ecrec.strategies.erasure.owner import EVERY_VERSION, confirmed_bound
 from ecrec.strategies.erasure.resolution import decide, embeddable
+from ecrec.strategies.erasure.source_log import APPLY, RESTARTED, SAME, SourceLog
 from ecrec.wire import embedding_pb2, parity_pb2
 
 S, K, M = 4, 2, 1
@@ -39,35 +45,16 @@ class Violation(AssertionError):
 
 @dataclass
 class LogEntry:
+    """What ``SourceLog`` keeps of an applied batch (the fields it reads), and how to undo it here."""
+
     seq: int
-    pid: tuple[str, int]
+    first_seq: int
+    push_ids: list
+    destinations: tuple
+    destination_ids: tuple
     row: int
     delta: frozenset
     old_version: int
-    dest_id: str
-
-
-@dataclass
-class SourceLog:
-    source_id: str = ""
-    applied_upto: int = 0
-    confirmed_upto: int = 0
-    entries: OrderedDict = field(default_factory=OrderedDict)  # seq -> LogEntry
-    held: dict = field(default_factory=dict)  # prev_seq -> batch message (arrived before its predecessor)
-    committed: dict = field(default_factory=dict)  # worker -> highest sequence confirmed here
-    resolved: set = field(default_factory=set)  # earlier incarnations, resolved: their batches are refused
-
-    def commit(self, pids) -> None:
-        for w, n in pids:
-            if n > self.committed.get(w, -1):
-                self.committed[w] = n
-
-    def confirm(self, upto: int) -> None:
-        if upto <= self.confirmed_upto:
-            return
-        self.confirmed_upto = upto
-        for seq in [s for s in self.entries if s <= upto]:
-            self.commit([self.entries.pop(seq).pid])
 
 
 @dataclass
@@ -171,28 +158,18 @@ class Server:
 
     # --- parity -------------------------------------------------------------------------------------------------
     def log_of(self, source: int) -> SourceLog:
-        return self.logs.setdefault(source, SourceLog())
+        return self.logs.setdefault(source, SourceLog(source))
 
     def on_batch(self, source: int, source_id: str, seq: int, prev: int, p: Pending, confirmed: int) -> None:
+        """``receiver.receive``: the log decides; this applies what it says to and answers the watermark."""
         lg = self.log_of(source)
-        if source_id in lg.resolved:
-            return
-        if lg.source_id != source_id:
-            lg.source_id, lg.applied_upto, lg.confirmed_upto = source_id, 0, 0
-            lg.entries.clear()
-            lg.held.clear()
-        if seq <= lg.applied_upto:
-            self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
-            return
-        if prev != lg.applied_upto:
-            lg.held[prev] = (seq, p)
-            return
-        while True:
-            self._apply(lg, seq, p)
-            nxt = lg.held.pop(seq, None)
-            if nxt is None:
-                break
-            seq, p = nxt
+        named_live = source not in self.sim.down and self.sim.servers[source].sid == source_id
+        if lg.incarnation(source_id, named_live) not in (SAME, RESTARTED):
+            return  # refused: resolved, not named by the map, or being resolved
+        offer = lg.offer(seq, prev, p, 1)
+        if offer.kind == APPLY:
+            for s, q in offer.ready:
+                self._apply(lg, s, q)
         lg.confirm(confirmed)
         self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
 
@@ -204,8 +181,7 @@ class Server:
                 self.pvv[stripe][pos] = seq
         else:
             self.held_back.setdefault(stripe, []).append((seq, pos, p.delta))
-        lg.entries[seq] = LogEntry(seq, p.pid, p.row, p.delta, p.old_version, self.sid)
-        lg.applied_upto = seq
+        lg.record(seq, LogEntry(seq, seq, [p.pid], (self.index,), (self.sid,), p.row, p.delta, p.old_version))
 
     def undo(self, e: LogEntry) -> None:
         stripe, pos = divmod(e.row, K)
@@ -234,7 +210,7 @@ class Sim:
         self.servers = {i: Server(self, i, f"s{i}.1", self.epoch) for i in range(S)}
         self.down: set[int] = set()
         self.net: list[tuple] = []
-        self.held: dict[str, list] = {w: [] for w in WORKERS}  # worker -> [pid, index, server id, seq, row]
+        self.couriers = {w: Courier() for w in WORKERS}  # each worker's unconfirmed pushes, production's courier
         self.next_seq = {w: 0 for w in WORKERS}
         self.acked: dict[tuple, int] = {}  # pid -> row
         self.trace: list[str] = []
@@ -278,35 +254,35 @@ class Sim:
             return
         self.next_seq[w] += 1
         pid = (w, self.next_seq[w])
-        seq, _ = o.apply_push(pid, row)
+        request = embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker=w, sequence=pid[1]),
+                                            tables=[embedding_pb2.TableGrads(table="t", ids=transport.ids_to_bytes([row]))])
+        seq, already = o.apply_push(pid, row)
         self.acked[pid] = row
-        self.held[w].append([pid, o.index, o.sid, seq, row])
+        self.couriers[w].pushed(o.index, request, self._reply(o, seq, already))
+
+    @staticmethod
+    def _reply(o: Server, seq: int, already: bool) -> embedding_pb2.PushReply:
+        return embedding_pb2.PushReply(already_applied=already, seq=seq, confirmed_upto=o.confirmed, server_id=o.sid)
 
     def _replay_due(self, w: str, o: Server) -> bool:
-        return any(h[1] == o.index and h[2] != o.sid for h in self.held[w])
+        return self.couriers[w].held_elsewhere(o.index, o.sid)
 
     def poll(self, w: str) -> None:
-        """The worker's next call to every index (its idle keeper, or a step): confirmations come back, held pushes
-        are replayed to a replacement first."""
-        keep, blocked = [], set()  # a replay goes in order: one that must wait holds back the later ones
-        for h in self.held[w]:
-            pid, index, sid, seq, row = h
+        """The worker's next call to every index it holds pushes of (its idle keeper, or a step): confirmations
+        come back; held pushes are replayed to a replacement first, in order (``Cluster._replay_if_replaced``)."""
+        courier = self.couriers[w]
+        for index in sorted(courier.held_indices()):
             o = self.live(index)
-            if o is None or index in blocked:
-                keep.append(h)
+            if o is None:
                 continue
-            if o.sid == sid:
-                if o.confirmed < seq:
-                    keep.append(h)
-                continue
-            if not o.ready.get(row) and not self.rebuild_data(o, row):
-                keep.append(h)
-                blocked.add(index)
-                continue
-            seq2, already = o.apply_push(pid, row)  # a replay, with its push id
-            if not already and o.confirmed < seq2:
-                keep.append([pid, index, o.sid, seq2, row])
-        self.held[w] = keep
+            for key, request in courier.to_replay(index, o.sid):
+                pid = (request.push_id.worker, request.push_id.sequence)
+                row = int(transport.bytes_to_ids(request.tables[0].ids)[0])
+                if not o.ready.get(row) and not self.rebuild_data(o, row):
+                    break  # a replay goes in order: one that must wait holds back the later ones
+                seq, already = o.apply_push(pid, row)  # a replay, with its push id
+                courier.replayed(index, key, self._reply(o, seq, already))
+            courier.received(index, embedding_pb2.PullReply(confirmed_upto=o.confirmed, server_id=o.sid))
 
     def deliver(self, n: int, duplicate: bool = False, drop: bool = False) -> None:
         if not self.net:
@@ -361,28 +337,17 @@ class Sim:
                         s.send(p)
         # resolution of x's pushes, by the rule production runs, on the listings production builds
         listings, survivors = {}, [s for s in self.servers.values() if s is not new]
-        for s in survivors:
+        for s in survivors:  # receiver.list_source
             lg = s.log_of(x)
-            reply = parity_pb2.ResolveSourceReply(confirmed_upto=lg.confirmed_upto if lg.source_id == old.sid else 0)
-            if lg.source_id == old.sid:
-                for e in lg.entries.values():
-                    reply.logged.add(seq=e.seq, first_seq=e.seq, destinations=[s.index], destination_ids=[e.dest_id],
-                                     push_ids=[embedding_pb2.PushId(worker=e.pid[0], sequence=e.pid[1])])
-            for w, n in lg.committed.items():
-                reply.committed.add(worker=w, sequence=n)
-            listings[s.index] = reply
+            lg.close_for_resolution()
+            listings[s.index] = parity_pb2.ResolveSourceReply()
+            lg.listing(listings[s.index])
         decision = decide(listings, {i: s.sid for i, s in self.servers.items()})
         undo = set(decision.undo)
-        for s in survivors:
-            lg = s.log_of(x)
-            if lg.source_id == old.sid:
-                for seq in sorted(lg.entries, reverse=True):
-                    if seq in undo:
-                        s.undo(lg.entries[seq])
-                lg.commit(e.pid for seq, e in lg.entries.items() if seq not in undo)
-                lg.entries.clear()
-                lg.held.clear()
-            lg.resolved.add(old.sid)  # its chain is closed here, whether or not anything of it arrived
+        for s in survivors:  # receiver.commit_resolution
+            listed = {e.seq for e in listings[s.index].logged}
+            for e in s.log_of(x).resolve(undo & listed):
+                s.undo(e)
         standing = decision.kept + decision.committed
         for w, n in standing:
             new.marks[w] = max(new.marks.get(w, -1), n)
@@ -421,25 +386,14 @@ class Sim:
                 return False
             members.append((o, r))
         if self.rule != "any":
-            def logged(o: Server) -> int:
-                lg = s.log_of(o.index)
-                return lg.applied_upto if lg.source_id == o.sid else 0
-
-            if not all(embeddable(o.versions[r], max(o.bound(), logged(o))) for o, r in members):
+            if not all(embeddable(o.versions[r], max(o.bound(), s.log_of(o.index).logged_upto(o.sid)))
+                       for o, r in members):
                 for o, _ in members:  # the owner, told a rebuild waits, sends its batches now
                     o.tick()
                 return False
-            for o, _ in members:  # adopt_locked: the owner's bound and committed ids, kept with its log here
-                lg = s.log_of(o.index)
-                if lg.source_id != o.sid:
-                    if lg.source_id and lg.source_id not in lg.resolved:
-                        return False
-                    lg.source_id, lg.applied_upto, lg.confirmed_upto = o.sid, 0, 0
-                    lg.entries.clear()
-                    lg.held.clear()
-                lg.commit(o.committed.items())
-                if 0 < o.bound() < EVERY_VERSION:
-                    lg.confirm(o.bound())
+            for o, _ in members:  # receiver.adopt_locked: the owner's bound and committed ids, kept with its log
+                if not s.log_of(o.index).adopt(o.sid, o.bound(), o.committed.items()):
+                    return False
         value = frozenset()
         for o, r in members:
             value ^= o.rows[r]
@@ -488,11 +442,11 @@ class Sim:
                 self.act(("deliver", 0))
             for w in WORKERS:
                 self.act(("poll", w))
-            if not self.net and not any(self.held.values()) and all(
+            if not self.net and not any(c.unconfirmed() for c in self.couriers.values()) and all(
                     all(s.ready.values()) and all(s.built.values()) and not any(p.pending for p in s.outbox.values())
                     for s in self.servers.values()):
                 return
-        raise Violation("no quiescence: " + "; ".join(f"{w} holds {len(h)}" for w, h in self.held.items()))
+        raise Violation("no quiescence: " + "; ".join(f"{w} holds {c.unconfirmed()}" for w, c in self.couriers.items()))
 
     def check_final(self) -> None:
         for stripe in range(ROWS // K):

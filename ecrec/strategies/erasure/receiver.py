@@ -27,7 +27,8 @@ from ecrec.coding.codec import Codec
 from ecrec.tables.shards import TableShard
 from ecrec.strategies.base import StrategyHost
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
-from ecrec.strategies.erasure.source_log import DenseEntry, LogEntry, SourceLog, TableEntry
+from ecrec.strategies.erasure.source_log import (APPLY, CLOSED, DUPLICATE, FOREIGN, HELD, RESOLVED, RESTARTED, DenseEntry,
+                                                LogEntry, SourceLog, TableEntry)
 from ecrec.wire import cluster_pb2, embedding_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
@@ -164,8 +165,7 @@ class ParityReceiver:
         for shard, delta, old_version, seq in dense:
             shard.apply_delta(delta, seq)
             entry.dense.append(DenseEntry(shard.spec.name, delta, old_version, seq))
-        lg.entries[b.seq] = entry
-        lg.applied_upto = b.seq
+        lg.record(b.seq, entry)
         self.counters.add("batches_applied", 1)
         self.counters.add("delta_bytes_applied", sum(t[4].nbytes for t in tables)
                           + sum(delta.nbytes for _, delta, _, _ in dense))
@@ -184,14 +184,13 @@ class ParityReceiver:
                 with self.lock:
                     lg = self._chain_for(b)
                     seen[b.source] = lg
-                    if b.seq <= lg.applied_upto:
+                    offer = lg.offer(b.seq, b.prev_seq, (b, parsed), b.ByteSize())
+                    if offer.kind == DUPLICATE:
                         self.counters.add("duplicate_batches", 1)
-                    elif b.prev_seq == lg.applied_upto:
-                        self._apply_locked(lg, b, parsed)
-                        while lg.applied_upto in lg.held:  # successors that arrived first
-                            nxt, nxt_parsed = lg.unhold(lg.applied_upto)
+                    elif offer.kind == APPLY:  # it, and successors that arrived first
+                        for _, (nxt, nxt_parsed) in offer.ready:
                             self._apply_locked(lg, nxt, nxt_parsed)
-                    elif lg.hold(b.prev_seq, b, parsed, b.ByteSize()):
+                    elif offer.kind == HELD:
                         self.counters.add("held_back_batches", 1)
                     else:
                         raise errors.ResourceExhausted(
@@ -218,26 +217,24 @@ class ParityReceiver:
         lg = self.logs.get(b.source)
         if lg is None:
             lg = self.logs[b.source] = self._new_log(b.source)
-        if b.source_id != lg.source_id:
-            if b.source_id in lg.resolved_ids:
-                raise errors.FailedPrecondition(
-                    f"source {b.source} incarnation {b.source_id} was replaced and resolved; batch refused")
-            current = live_servers(self.host.cluster_map).get(b.source)
-            if current is None or current.server_id != b.source_id:
-                self.counters.add("foreign_batches", 1)
-                raise errors.FailedPrecondition(
-                    f"batch from {b.source_id}, which server {self.host.index}'s map (epoch {self.host.epoch}) does "
-                    f"not name as index {b.source}: refused until the map does")
-            if lg.entries and not lg.closed and lg.source_id:
-                # resolution of the previous incarnation never reached this server: keep what it applied
-                log.error("source %d changed incarnation (%s -> %s) with %d unresolved batches; keeping them",
-                          b.source, lg.source_id, b.source_id, len(lg.entries))
-                self.counters.add("unresolved_incarnation_switches", 1)
-                for e in lg.entries.values():
-                    lg.commit(e.push_ids)
-            lg.restart(b.source_id)
-        if lg.closed:
+        previous, unresolved = lg.source_id, len(lg.entries) if not lg.closed else 0
+        current = live_servers(self.host.cluster_map).get(b.source) if b.source_id != lg.source_id else None
+        verdict = lg.incarnation(b.source_id, current is not None and current.server_id == b.source_id)
+        if verdict == RESOLVED:
+            raise errors.FailedPrecondition(
+                f"source {b.source} incarnation {b.source_id} was replaced and resolved; batch refused")
+        if verdict == FOREIGN:
+            self.counters.add("foreign_batches", 1)
+            raise errors.FailedPrecondition(
+                f"batch from {b.source_id}, which server {self.host.index}'s map (epoch {self.host.epoch}) does "
+                f"not name as index {b.source}: refused until the map does")
+        if verdict == CLOSED:
             raise errors.FailedPrecondition(f"source {b.source} incarnation {b.source_id} is being resolved; batch refused")
+        if verdict == RESTARTED and previous and unresolved:
+            # resolution of the previous incarnation never reached this server: what it applied is kept
+            log.error("source %d changed incarnation (%s -> %s) with %d unresolved batches; keeping them",
+                      b.source, previous, b.source_id, unresolved)
+            self.counters.add("unresolved_incarnation_switches", 1)
         return lg
 
     def watermarks(self, seen: dict[int, SourceLog]) -> list[embedding_pb2.ParityWatermark]:
@@ -352,17 +349,10 @@ class ParityReceiver:
             if lg.source_id and lg.source_id in live:
                 raise errors.FailedPrecondition(f"the chain of source {source} is of {lg.source_id}, which serves an "
                                                 "index of the map: a live owner's chain is not resolved")
-            lg.closed = True
-            lg.drop_held()
+            lg.close_for_resolution()
             self.listings[source] = self.listings.get(source, 0) + 1  # rows read of it before are stale (adopt)
             reply = parity_pb2.ResolveSourceReply()
-            for seq, e in lg.entries.items():
-                reply.logged.add(seq=seq, first_seq=e.first_seq, destinations=list(e.destinations),
-                                 destination_ids=list(e.destination_ids),
-                                 push_ids=[embedding_pb2.PushId(worker=w, sequence=q) for w, q in e.push_ids])
-            reply.confirmed_upto = lg.confirmed_upto
-            for w, q in lg.committed.items():
-                reply.committed.add(worker=w, sequence=q)
+            lg.listing(reply)
             self.resolutions[source] = Resolution(replacement_id, lg.source_id, reply, frozenset(lg.entries))
         return reply
 
@@ -381,28 +371,13 @@ class ParityReceiver:
             lg = self.logs.get(source)
             if lg is None or lg.source_id != done.failed_id or not lg.closed:
                 raise errors.FailedPrecondition(f"the chain of source {source} changed since its listing; list again")
-            undo = set(undo_seqs) & done.listed
-            undone = 0
-            for seq in sorted(undo, reverse=True):
-                e = lg.entries.get(seq)
-                if e is None:
-                    continue
-                undone += 1
+            undone = lg.resolve(set(undo_seqs) & done.listed)
+            for e in undone:  # newest first
                 for t in e.tables:
                     self.arenas[t.arena].undo(t.seqs, t.slots, t.positions, t.parity, t.deltas, t.old_versions)
                 for d in reversed(e.dense):
                     self.host.dense(d.name).undo_delta(d.delta, d.seq, d.old_version)
-            self.counters.add("undone_batches", undone)
-            for seq, e in lg.entries.items():
-                if seq not in undo:
-                    lg.commit(e.push_ids)
-            if lg.source_id:
-                lg.resolved_ids.append(lg.source_id)
-            lg.source_id = ""
-            lg.entries.clear()
-            lg.drop_held()
-            lg.applied_upto = lg.confirmed_upto = 0
-            lg.closed = False
+            self.counters.add("undone_batches", len(undone))
             done.committed = True
             self.resolved_sources[source] = replacement_id
 
@@ -449,7 +424,7 @@ class ParityReceiver:
 
     def logged_upto_locked(self, source: int, source_id: str) -> int:
         lg = self.logs.get(source)
-        return lg.applied_upto if lg is not None and lg.source_id == source_id and not lg.closed else 0
+        return lg.logged_upto(source_id) if lg is not None else 0
 
     def commit_locked(self, source: int, push_ids) -> None:
         """Push ids of ``source`` that stand in a replica copied from another backup (with the lock held)."""
@@ -470,16 +445,7 @@ class ParityReceiver:
         lg = self.logs.get(source)
         if lg is None:
             lg = self.logs[source] = self._new_log(source)
-        if lg.source_id != source_id:
-            if source_id in lg.resolved_ids or (lg.source_id and not lg.closed):
-                return False
-            lg.restart(source_id)
-        elif lg.closed:
-            return False
-        lg.commit(committed)
-        if 0 < bound < (1 << 63) - 1:  # the owner's own confirmation (none numbered: nothing to confirm)
-            lg.confirm(bound)
-        return True
+        return lg.adopt(source_id, bound, committed)
 
     def dense_unresolved(self, name: str) -> bool:
         suspects = self.suspect_sources()
