@@ -278,6 +278,36 @@ def test_source_log_core_incarnations_resolution_and_adoption():
     assert log.incarnation("c", named_live=True) == RESTARTED and log.committed["w"] == 9
 
 
+def test_outbox_core_confirms_in_push_order_and_restarts_a_replaced_chain_with_everything_unconfirmed():
+    """The owner's decisions, as its sans-I/O core makes them: chains, acknowledgements, confirmation, restarts."""
+    from ecrec.strategies.erasure.outbox import ACKED, BEYOND, EVERY_VERSION, STALE, Outbox, OutboxEntry
+
+    box = Outbox()
+    assert box.bound() == EVERY_VERSION  # nothing numbered: every version held stands
+    live = {1: "a", 2: "b"}
+    for seq in (B | 1, B | 2):
+        box.numbered(seq)
+        entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[("w", seq & 0xFF)])
+        box.add(entry)
+        batches = {d: parity_pb2.ParityBatch(source=0, seq=seq, first_seq=seq) for d in (1, 2)}
+        assert box.install(entry, batches, live, group_open=False) == [1, 2]
+    assert box.confirmed == B and box.bound() == B and box.unconfirmed(False) == 2
+    assert [e.batches[1].prev_seq for e in box.entries.values()] == [0, B | 1]  # chained per destination
+    assert box.ack(1, "a", B | 3, False) == BEYOND  # never sent that far
+    assert box.ack(1, "x", B | 1, False) == STALE  # another incarnation
+    assert box.ack(1, "a", B | 2, False) == ACKED and box.confirmed == B  # destination 2 has applied nothing
+    assert box.ack(2, "b", B | 1, False) == ACKED and box.confirmed == B | 1 and box.committed == {"w": 1}
+    # destination 1 is replaced ("a" -> "c"): its new chain gets every entry not confirmed everywhere, including
+    # the one "a" acknowledged, re-addressed from the start
+    assert box.restart({1: "c", 2: "b"}) == [1]
+    entry = box.entries[B | 2]
+    assert entry.pending == {1, 2} and entry.batches[1].destination_id == "c" and entry.batches[1].prev_seq == 0
+    assert [e.seq for e in box.due(1, everything=False, cutoff=-1.0)] == [B | 2]  # once, after the restart
+    assert box.ack(2, "b", B | 2, False) == ACKED and box.confirmed == B | 1
+    assert box.ack(1, "c", B | 2, True) == ACKED and box.confirmed == B | 2 and not box.entries
+    assert box.unconfirmed(group_open=True) == 0  # everything numbered is confirmed
+
+
 def _listing(logged, confirmed=0, committed=()):
     """A survivor's answer; ``logged``: ``(seq, destinations, ids)`` (one push) or ``(first, seq, destinations,
     ids)`` (a batch of pushes first..seq)."""

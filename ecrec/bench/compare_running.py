@@ -31,6 +31,7 @@ QUIET_STEPS = 30
 STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started standby counts as started
 STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
 STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
+REDUNDANT_WAIT_S = 120.0  # after the last step, how long the results wait for ecrec's last rebuild to finish
 
 
 
@@ -329,8 +330,21 @@ class StrategyRun:
                   file=sys.stderr)
 
     def collect(self) -> dict:
-        """The run's results once trained to the end (:meth:`train_to_end`); the cluster still runs."""
+        """The run's results once trained to the end (:meth:`train_to_end`); the cluster still runs.  With
+        ``ecrec``, a rebuild still running after the last step (a failure near the end, a loaded machine) is
+        waited for (up to ``REDUNDANT_WAIT_S``), so that its time to full redundancy is measured, not missing."""
         cluster_map = self.local.cluster_map()
+        if self.kind == "erasure" and self.kills:
+            last, deadline = self.kills[-1]["time"], time.monotonic() + REDUNDANT_WAIT_S
+            waited = False
+            while (not any(e.kind == "redundant" and e.wall_time >= last for e in cluster_map.events)
+                   and time.monotonic() < deadline):
+                if not waited:
+                    print(f"  {self.label}: waiting for the last rebuild to finish (full redundancy; at most "
+                          f"{REDUNDANT_WAIT_S:.0f} s)", file=sys.stderr)
+                    waited = True
+                time.sleep(0.1)
+                cluster_map = self.local.cluster_map()
         stats = _strategy_stats(self.local, self.strategy)
         return {"result": self._result, "killed": {"failures": self.kills}, "state": self._state, "stats": stats,
                 "map": cluster_map, "interval": self.interval, "planned_failures": self.failures,
@@ -340,6 +354,9 @@ class StrategyRun:
     def close(self) -> None:
         if self.trainer is not None:
             self.trainer.close()
+        client = self._result.get("cluster") if isinstance(self._result, dict) else None
+        if client is not None:  # its idle keeper would poll a cluster that is gone
+            client.close(confirm_timeout_s=0)
         self.local.close()
         if not self.args.keep:
             shutil.rmtree(self.records_dir, ignore_errors=True)

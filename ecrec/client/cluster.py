@@ -19,6 +19,8 @@ same push id, so a push is applied exactly once and the loop sees no exception.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import logging
 import threading
@@ -191,20 +193,22 @@ class Cluster:
                               for i, tables in per_server.items()}
         for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:
             self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
+            retry_s = min(self.config.retry_deadline_s, POLL_RETRY_S)
             try:
-                reply = self.peers.call(i, "Pull", request, retry_deadline_s=min(self.config.retry_deadline_s,
-                                                                                POLL_RETRY_S),
-                                        prepare=self._replay_if_replaced)
+                reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s,
+                                        prepare=functools.partial(self._replay_if_replaced, retry_deadline_s=retry_s))
             except (PeerError, PeerUnreachable) as exc:
                 raise ClusterError(str(exc)) from None
             self.courier.received(i, reply)
 
-    def _replay_if_replaced(self, index: int) -> None:
+    def _replay_if_replaced(self, index: int, retry_deadline_s: float | None = None) -> None:
         """Before anything goes to ``index``: if a new incarnation serves it, replays this worker's pushes the
-        old one acknowledged and did not confirm, in order, with their push ids (``ecrec.client.courier``)."""
+        old one acknowledged and did not confirm, in order, with their push ids (``ecrec.client.courier``),
+        retrying for up to ``retry_deadline_s`` (the client's own by default)."""
         if not self.courier.held_elsewhere(index, self._live_ids.get(index)):
             return
-        deadline = time.monotonic() + self.config.retry_deadline_s
+        retry_s = self.config.retry_deadline_s if retry_deadline_s is None else retry_deadline_s
+        deadline = time.monotonic() + retry_s
         while True:
             with self._lock:
                 live = live_servers(self.map).get(index) if self.map is not None else None
@@ -228,7 +232,7 @@ class Cluster:
                 self.peers.report(live.address, f"Replay: {exc.code().name}")
                 if time.monotonic() > deadline:
                     raise ClusterError(f"server index {index} unreachable and not replaced within "
-                                       f"{self.config.retry_deadline_s:.0f} s while replaying pushes") from None
+                                       f"{retry_s:.0f} s while replaying pushes") from None
                 time.sleep(0.05)
                 continue  # start over at whatever serves the index now
             for (key, _), push_reply in zip(todo, reply.replies):

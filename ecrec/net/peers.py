@@ -289,7 +289,8 @@ class Peers:
                         continue  # the coordinator's reply already names the replacement: retry there now
             if time.monotonic() > deadline or (give_up is not None and give_up()):
                 raise PeerUnreachable(f"server index {index} unreachable and not replaced within "
-                                      f"{self.retry_deadline_s:.0f} s (is a standby available?)")
+                                      f"{self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s:.0f} s"
+                                      " (is a standby available?)")
             time.sleep(self.retry_pause_s)
             try:
                 self.coordinator.get_map()

@@ -333,6 +333,10 @@ class ForkServer:
     def close(self) -> None:
         """Ends the warm parent (and any child it still has)."""
         try:
+            try:  # shut down, not only closed: the reader thread's recv holds the socket, so a close alone would not
+                self._control.shutdown(socket.SHUT_RDWR)  # reach the warm parent until the wait below timed out
+            except OSError:
+                pass
             self._control.close()
         finally:
             try:

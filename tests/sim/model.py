@@ -9,8 +9,9 @@ and the SDK run: each parity server's log of each owner (``source_log.SourceLog`
 join, apply in order or hold back or skip, what a resolution lists, undoes and keeps, what a rebuild adopts), each
 worker's keep-and-replay of its unconfirmed pushes (``client.courier.Courier``, on the same protobuf requests and
 replies), the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same protobuf
-listings), which versions a rebuild may embed (``resolution.embeddable``) and an owner's confirmed bound
-(``owner.confirmed_bound``).  The owner's outbox (grouping, chaining, re-sending) is modelled here.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
+listings), which versions a rebuild may embed (``resolution.embeddable``), and each owner's outbox, chains, confirmation and committed push
+ids (``outbox.Outbox``).  What is modelled here: every push closes its own group and is relayed at once (no
+coalescing), one row per push, m = 1.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
 rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
 old destination had not acknowledged): the simulator must find the window there.
 
@@ -21,7 +22,7 @@ does not apply is a no-op), so a failing schedule can be shrunk by dropping acti
 from __future__ import annotations
 
 import random
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from ecrec.client.courier import Courier
 from ecrec.coding.layout import Layout
 from ecrec.net import transport
-from ecrec.strategies.erasure.owner import EVERY_VERSION, confirmed_bound
+from ecrec.strategies.erasure.outbox import EVERY_VERSION, Outbox, OutboxEntry
 from ecrec.strategies.erasure.resolution import decide, embeddable
 from ecrec.strategies.erasure.source_log import APPLY, RESTARTED, SAME, SourceLog
 from ecrec.wire import embedding_pb2, parity_pb2
@@ -37,6 +38,11 @@ from ecrec.wire import embedding_pb2, parity_pb2
 S, K, M = 4, 2, 1
 ROWS = 8
 WORKERS = ("w0", "w1")
+
+
+#: the actions that can change a data row (a push, a replay in a poll, a rebuilt row): the rows are checked after
+#: each of them (a push held twice is caught when its atom is made, whatever the action)
+ROW_CHANGING = frozenset({"push", "poll", "rebuild", "promote"})
 
 
 class Violation(AssertionError):
@@ -58,16 +64,13 @@ class LogEntry:
 
 
 @dataclass
-class Pending:
-    """A push in its owner's outbox until its one destination (m = 1) has applied it."""
+class Payload:
+    """What a push's batch carries to its one destination (m = 1): the delta of its row, and how to undo it."""
 
-    seq: int
     pid: tuple[str, int]
     row: int
     delta: frozenset
     old_version: int
-    dest: int
-    pending: bool = True
 
 
 class Server:
@@ -81,36 +84,25 @@ class Server:
         self.pvv: dict[int, list[int]] = {}  # stripe -> the version of each data position the parity holds
         self.built: dict[int, bool] = {}
         self.held_back: dict[int, list] = {}  # stripe -> [(seq, pos, delta)] for a parity not built yet
-        self.outbox: OrderedDict[int, Pending] = OrderedDict()
-        self.chains: dict[int, list] = {}  # destination -> [destination id, last seq]
-        self.confirmed = 0
-        self.committed: dict[str, int] = {}
+        self.box = Outbox()  # production's owner core: outbox, chains, confirmation, committed push ids
+        self.payload: dict[int, Payload] = {}  # seq -> what its batch carries
         self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
         self.logs: dict[int, SourceLog] = {}
 
-    # --- owner --------------------------------------------------------------------------------------------------
-    def numbered(self) -> int:
-        return self.base | self.count if self.count else 0
+    # --- owner (ParityOwner: every push closes its own group, relayed at once) --------------------------------------
+    @property
+    def confirmed(self) -> int:
+        return self.box.confirmed
 
     def bound(self) -> int:
-        return confirmed_bound(self.numbered(), self.confirmed)
+        return self.box.bound()
 
-    def chain(self, dest: int) -> list:
-        c = self.chains.get(dest)
-        if c is None or c[0] != self.sim.servers[dest].sid:
-            c = self.chains[dest] = [self.sim.servers[dest].sid if dest not in self.sim.down else "", 0]
-        return c
-
-    def send(self, p: Pending) -> None:
-        """(Re)sends one outbox entry to its destination's current incarnation, chained."""
-        c = self.chain(p.dest)
-        if not c[0]:
-            return
-        prev = max((q.seq for q in self.outbox.values() if q.dest == p.dest and q.seq < p.seq and q.pending),
-                   default=None)
-        if prev is None:  # the first pending one: after what the destination acknowledged (or nothing)
-            prev = c[1]
-        self.sim.net.append(("batch", self.index, self.sid, p.dest, c[0], p.seq, prev, p, self.confirmed))
+    def send(self, entry: OutboxEntry, dest: int) -> None:
+        """One entry's batch to ``dest`` as addressed now (the relay or the direct sender), with the confirmation."""
+        b = entry.batches[dest]
+        if b.destination_id:
+            self.sim.net.append(("batch", self.index, self.sid, dest, b.destination_id, b.seq, b.prev_seq,
+                                 self.payload[b.seq], self.box.confirmed))
 
     def apply_push(self, pid, row: int) -> tuple[int, bool]:
         """A push (or a replay) of ``pid`` to ``row``: ``(seq, already applied)``."""
@@ -119,48 +111,53 @@ class Server:
             return 0, True
         self.count += 1
         seq = self.base | self.count
-        if self.count == 1:  # this incarnation's first push: sequences are consecutive from here
-            self.confirmed = seq - 1
+        self.box.numbered(seq)
         old = self.rows[row]
         new = self.sim.new_atom(row, self.sim.atoms[_one(old, row)] + Counter([pid]))
         delta = old ^ new
         self.rows[row], old_version, self.versions[row] = new, self.versions[row], seq
         self.marks[w] = n
         dest = self.sim.parity_of(row // K)
-        p = self.outbox[seq] = Pending(seq, pid, row, delta, old_version, dest)
-        self.send(p)
+        self.payload[seq] = Payload(pid, row, delta, old_version)
+        entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[pid])
+        self.box.add(entry)
+        batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
+        self.box.install(entry, {dest: batch}, self.sim.live_ids(), group_open=False)
+        self.send(entry, dest)
         return seq, False
 
     def on_ack(self, dest: int, dest_id: str, upto: int) -> None:
-        c = self.chains.get(dest)
-        if c is None or c[0] != dest_id or upto <= c[1]:
-            return
-        c[1] = upto
-        for p in self.outbox.values():
-            if p.dest == dest and p.seq <= upto:
-                p.pending = False
-        while self.outbox and not next(iter(self.outbox.values())).pending:
-            seq, p = self.outbox.popitem(last=False)
-            self.confirmed = seq
-            if p.pid[1] > self.committed.get(p.pid[0], -1):
-                self.committed[p.pid[0]] = p.pid[1]
-        if not self.outbox:
-            self.confirmed = max(self.confirmed, self.numbered())
+        self.box.ack(dest, dest_id, upto, group_open=False)
+
+    def on_map_change(self, old_rule: bool = False) -> None:
+        """Chains restart at replaced destinations (``Outbox.restart``), every batch due there sent at once.
+        ``old_rule``: as before the closing fix, a restarted chain re-sends only what the old incarnation had not
+        acknowledged."""
+        aside = {}
+        if old_rule:  # the batches a destination acknowledged are left out of the restart, as then
+            for e in self.box.entries.values():
+                for d in [d for d in e.batches if d not in e.pending]:
+                    aside[(e.seq, d)] = e.batches.pop(d)
+        restarted = self.box.restart(self.sim.live_ids())
+        for (seq, d), b in aside.items():
+            self.box.entries[seq].batches[d] = b
+        for d in restarted:
+            for e in self.box.due(d, everything=True, cutoff=0.0):
+                self.send(e, d)
 
     def tick(self) -> None:
         """The direct sender: every batch not acknowledged goes again, and the confirmation with it."""
-        for p in self.outbox.values():
-            if p.pending:
-                self.send(p)
-        for dest, c in self.chains.items():
-            if c[0]:
-                self.sim.net.append(("confirm", self.index, self.sid, dest, c[0], self.confirmed))
+        for dest, chain in self.box.chains.items():
+            if chain.server_id:
+                for e in self.box.due(dest, everything=True, cutoff=0.0):
+                    self.send(e, dest)
+                self.sim.net.append(("confirm", self.index, self.sid, dest, chain.server_id, self.box.confirmed))
 
     # --- parity -------------------------------------------------------------------------------------------------
     def log_of(self, source: int) -> SourceLog:
         return self.logs.setdefault(source, SourceLog(source))
 
-    def on_batch(self, source: int, source_id: str, seq: int, prev: int, p: Pending, confirmed: int) -> None:
+    def on_batch(self, source: int, source_id: str, seq: int, prev: int, p: Payload, confirmed: int) -> None:
         """``receiver.receive``: the log decides; this applies what it says to and answers the watermark."""
         lg = self.log_of(source)
         named_live = source not in self.sim.down and self.sim.servers[source].sid == source_id
@@ -173,7 +170,7 @@ class Server:
         lg.confirm(confirmed)
         self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
 
-    def _apply(self, lg: SourceLog, seq: int, p: Pending) -> None:
+    def _apply(self, lg: SourceLog, seq: int, p: Payload) -> None:
         stripe, pos = divmod(p.row, K)
         if self.built.get(stripe):
             if self.pvv[stripe][pos] < seq:  # else the rebuilt parity holds it already: skipped
@@ -247,6 +244,10 @@ class Sim:
     def live(self, i: int) -> Server | None:
         return None if i in self.down else self.servers[i]
 
+    def live_ids(self) -> dict[int, str]:
+        """The map: index -> the incarnation serving it (an index down has none)."""
+        return {i: s.sid for i, s in self.servers.items() if i not in self.down}
+
     # --- actions ------------------------------------------------------------------------------------------------
     def push(self, w: str, row: int) -> None:
         o = self.live(self.owner_of(row))
@@ -315,6 +316,9 @@ class Sim:
         if self.down or any(not all(s.ready.values()) or not all(s.built.values()) for s in self.servers.values()):
             return
         self.down.add(i)
+        for s in self.servers.values():
+            if s.index not in self.down:
+                s.on_map_change()
 
     def promote(self) -> None:
         """The replacement of the failed index: chains restart there, resolution of its pushes, rows not ready."""
@@ -330,11 +334,7 @@ class Sim:
             new.parity[stripe], new.pvv[stripe], new.built[stripe] = frozenset(), [0] * K, False
         for s in self.servers.values():  # owners restart their chain to x with every batch not confirmed
             if s is not new:
-                s.chains.pop(x, None)
-                for p in s.outbox.values():  # (before the closing fix: only those x had not acknowledged)
-                    if p.dest == x and (p.pending or self.rule != "any"):
-                        p.pending = True
-                        s.send(p)
+                s.on_map_change(old_rule=self.rule == "any")
         # resolution of x's pushes, by the rule production runs, on the listings production builds
         listings, survivors = {}, [s for s in self.servers.values() if s is not new]
         for s in survivors:  # receiver.list_source
@@ -351,7 +351,7 @@ class Sim:
         standing = decision.kept + decision.committed
         for w, n in standing:
             new.marks[w] = max(new.marks.get(w, -1), n)
-            new.committed[w] = max(new.committed.get(w, -1), n)
+        new.box.commit(standing)
         self.trace.append(f"    resolution of {old.sid}: kept {decision.kept}, undo {sorted(undo)}, "
                           f"committed {decision.committed}")
 
@@ -392,7 +392,7 @@ class Sim:
                     o.tick()
                 return False
             for o, _ in members:  # receiver.adopt_locked: the owner's bound and committed ids, kept with its log
-                if not s.log_of(o.index).adopt(o.sid, o.bound(), o.committed.items()):
+                if not s.log_of(o.index).adopt(o.sid, o.bound(), o.box.committed.items()):
                     return False
         value = frozenset()
         for o, r in members:
@@ -420,7 +420,8 @@ class Sim:
         {"push": self.push, "poll": self.poll, "deliver": self.deliver, "dup": lambda n: self.deliver(n, duplicate=True),
          "drop": lambda n: self.deliver(n, drop=True), "tick": self.tick, "kill": self.kill, "promote": self.promote,
          "rebuild": self.rebuild}[kind](*args)
-        self.check_rows()
+        if kind in ROW_CHANGING:
+            self.check_rows()
 
     def check_rows(self) -> None:
         for s in self.servers.values():
@@ -443,7 +444,7 @@ class Sim:
             for w in WORKERS:
                 self.act(("poll", w))
             if not self.net and not any(c.unconfirmed() for c in self.couriers.values()) and all(
-                    all(s.ready.values()) and all(s.built.values()) and not any(p.pending for p in s.outbox.values())
+                    all(s.ready.values()) and all(s.built.values()) and not any(e.pending for e in s.box.entries.values())
                     for s in self.servers.values()):
                 return
         raise Violation("no quiescence: " + "; ".join(f"{w} holds {c.unconfirmed()}" for w, c in self.couriers.items()))

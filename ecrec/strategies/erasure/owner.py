@@ -30,6 +30,10 @@ version, and logged).  A rebuild's read gets the owner's confirmed bound and com
 (:meth:`ParityOwner.confirmed_bound`).  ``confirmed_upto`` -- every push up to it is applied at all its destinations -- goes
 back to the worker, which keeps each push until it is confirmed and replays the unconfirmed ones if this
 owner fails, and to the destinations, which then trim their logs.
+
+The chains, the outbox's acknowledgements, confirmation and restarts are decided by the sans-I/O core
+:class:`~ecrec.strategies.erasure.outbox.Outbox` (the simulator runs the same class); this module is its adapter:
+the lock, the groups, seals, the closer thread and the senders.
 """
 
 from __future__ import annotations
@@ -37,15 +41,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections import deque
 
 from ecrec import errors
 from ecrec.net.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
 from ecrec.strategies.erasure import merge
 from ecrec.strategies.erasure.groups import PushGroup, build_batches
+from ecrec.strategies.erasure.outbox import (ACKED, BEYOND, EVERY_VERSION, Chain, Outbox, OutboxEntry, SealedBatch,
+                                             confirmed_bound)
 from ecrec.strategies.erasure.sender import DestinationSender
 from ecrec.wire import cluster_pb2, parity_pb2
 
@@ -55,50 +59,7 @@ log = logging.getLogger("ecrec.strategies.erasure")
 READ_EAGER_S = 5.0
 #: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
 IDLE_CLOSER_WAKE_S = 5.0
-#: a confirmed bound covering every version held here (no push numbered in this incarnation yet)
-EVERY_VERSION = (1 << 63) - 1
-
-
-def confirmed_bound(last_numbered: int, confirmed: int) -> int:
-    """An owner's confirmed bound (the rule :meth:`ParityOwner.confirmed_bound` applies): with no push numbered in
-    this incarnation every version it holds is older (initial, or kept by the resolution that rebuilt it), so all
-    stand; otherwise every push up to ``confirmed`` is applied at every destination."""
-    return EVERY_VERSION if last_numbered == 0 else confirmed
-
-
-class SealedBatch(NamedTuple):
-    """A serialized ``ParityBatch`` with its owner's seal: what a ``RelayBatch`` carries (same fields), kept
-    once per batch and copied once into the reply that carries it."""
-
-    destination: int
-    destination_id: str = ""
-    batch: bytes = b""
-    mac: bytes = b""
-
-
-@dataclass
-class OutboxEntry:
-    """One group's batches, until every destination has applied its own."""
-
-    seq: int  # the group's last push
-    first_seq: int
-    created: float
-    batches: dict[int, parity_pb2.ParityBatch]
-    pending: set[int] = field(default_factory=set)  # destinations that have not acknowledged it
-    relayed: bool = True  # went back in a push reply (else it is due for direct delivery at once)
-    sealed: dict[int, SealedBatch] = field(default_factory=dict)  # as addressed now, serialized once
-    built: bool = True  # False while the owner's closer thread builds its batches
-    push_ids: list = field(default_factory=list)  # the group's pushes: committed when the entry is confirmed
-
-
-@dataclass
-class Chain:
-    """This owner's batches to one destination incarnation (``server_id`` empty: no live server)."""
-
-    server_id: str
-    last_seq: int = 0  # the last batch addressed to this incarnation: the next one's prev_seq
-    acked_upto: int = 0  # applied there up to here
-    restarted: bool = False  # every pending batch is to be (re)sent directly now
+__all__ = ["EVERY_VERSION", "Chain", "OutboxEntry", "ParityOwner", "SealedBatch", "confirmed_bound"]
 
 
 class ParityOwner:
@@ -113,15 +74,11 @@ class ParityOwner:
         self.options = options
         self.closed = closed
         self.counters = counters
-        self.outbox: OrderedDict[int, OutboxEntry] = OrderedDict()
-        self.chains: dict[int, Chain] = {}
+        self.box = Outbox()  # the outbox, chains, confirmation and committed push ids: the sans-I/O core
+        self.outbox = self.box.entries
+        self.chains = self.box.chains
         self.senders: dict[int, DestinationSender] = {}
         self.lock = threading.Condition()
-        self._confirmed = 0  # every push up to this is applied everywhere
-        # per worker incarnation, the highest sequence of its pushes here that is confirmed (or kept by the
-        # resolution that rebuilt this index): a rebuild that embeds this server's rows takes these with them
-        self._committed: dict[str, int] = {}
-        self._last_seq = 0
         self._group: PushGroup | None = None  # pushes not closed into batches yet
         self._eager = False  # close every group at once (a server is recovering or missing)
         self._eager_until = 0.0  # ... and until then (a rebuild read data rows here: seal_for_read)
@@ -134,7 +91,7 @@ class ParityOwner:
     # --- state read by others -------------------------------------------------------------------------------
     def confirmed_upto(self) -> int:
         with self.lock:
-            return self._confirmed
+            return self.box.confirmed
 
     def confirmed_bound(self) -> int:
         """For a rebuild that embeds this server's data rows or dense tensors in a parity or replica (read them
@@ -145,23 +102,17 @@ class ParityOwner:
         with self.lock:
             # below every push numbered (a push numbered but not handed over yet is above it: its rows may hold it
             # already); 0 until the first push is handed over
-            return confirmed_bound(numbered, self._confirmed)
+            return confirmed_bound(numbered, self.box.confirmed)
 
     def committed(self) -> dict[str, int]:
         """Per worker incarnation, the highest sequence of its pushes here that is confirmed or was kept."""
         with self.lock:
-            return dict(self._committed)
+            return dict(self.box.committed)
 
     def note_committed(self, push_ids) -> None:
         """Push ids that stand without a batch of this incarnation (kept by the resolution that rebuilt it)."""
         with self.lock:
-            self._commit_locked(push_ids)
-
-    def _commit_locked(self, push_ids) -> None:
-        committed = self._committed
-        for worker, sequence in push_ids:
-            if sequence > committed.get(worker, -1):
-                committed[worker] = sequence
+            self.box.commit(push_ids)
 
     def deliver_now(self) -> None:
         """A rebuild found rows here above the confirmed bound: every batch the workers still carry goes directly,
@@ -180,24 +131,10 @@ class ParityOwner:
     def unconfirmed(self) -> int:
         """Pushes not yet applied at every destination (in closed batches or the open group)."""
         with self.lock:
-            if not self.outbox and self._group is None:
-                return 0
-            return self._last_seq - self._confirmed
+            return self.box.unconfirmed(self._group is not None)
 
-    def _chain(self, destination: int) -> Chain:
-        """The chain to the incarnation now serving ``destination`` (call with the lock held)."""
-        chain = self.chains.get(destination)
-        if chain is None:
-            live = live_servers(self.host.cluster_map).get(destination)
-            chain = self.chains[destination] = Chain(live.server_id if live is not None else "")
-        return chain
-
-    def _address(self, batch: parity_pb2.ParityBatch, destination: int, chain: Chain) -> None:
-        batch.destination = destination
-        batch.destination_id = chain.server_id
-        batch.prev_seq = chain.last_seq
-        batch.confirmed_upto = self._confirmed
-        chain.last_seq = batch.seq
+    def _live_ids(self) -> dict[int, str]:
+        return {i: s.server_id for i, s in live_servers(self.host.cluster_map).items()}
 
     def _seal(self, batch: parity_pb2.ParityBatch) -> SealedBatch:
         """``batch`` serialized and sealed with the server key, as the worker (or the direct path) carries it."""
@@ -221,20 +158,18 @@ class ParityOwner:
         closes it: its batches go back in this reply."""
         options, faults = self.options, self.host.faults
         with self.lock:
-            if self._last_seq == 0:  # this incarnation's first push: sequences are consecutive from here
-                self._confirmed = push.seq - 1
+            self.box.numbered(push.seq)
             group = self._group
             now = time.monotonic()
             if group is None:
                 group = self._group = PushGroup(push.seq, push.seq, now)
             group.add(push)
             group.last_push = now
-            self._last_seq = push.seq
             close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
                      or now - group.started >= options.coalesce_s or self._eager or now < self._eager_until
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
             entry, relay = self._close_locked(relayed=True) if close else (None, [])
-            confirmed = self._confirmed
+            confirmed = self.box.confirmed
             if self.outbox:
                 oldest = next(iter(self.outbox.values()))
                 if oldest.created <= now - options.relay_timeout_s:  # the relay did not deliver it: directly
@@ -254,7 +189,7 @@ class ParityOwner:
             return None, []
         entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed,
                             push_ids=group.push_ids)
-        self.outbox[group.last_seq] = entry
+        self.box.add(entry)
         self.counters.add("groups_closed", 1)
         self.counters.add("group_pushes", len(group.pushes))
         faults = self.host.faults
@@ -275,17 +210,10 @@ class ParityOwner:
         """Addresses a group's batches to the chains (in push order: this is called in it) and puts them in its
         outbox entry; returns the sealed batches to relay (those of a relayed entry, each at most
         ``relay_max_bytes``; the others are sent directly)."""
-        destinations = sorted(batches)
-        destination_ids = [self._chain(d).server_id for d in destinations]
-        entry.batches, entry.pending, entry.built = batches, set(destinations), True
+        destinations = self.box.install(entry, batches, self._live_ids(), self._group is not None)
         relay = []
         for d in destinations:
-            b = batches[d]
-            b.destinations.extend(destinations)
-            b.destination_ids.extend(destination_ids)
-            chain = self._chain(d)
-            self._address(b, d, chain)
-            if chain.server_id and entry.relayed:
+            if self.chains[d].server_id and entry.relayed:
                 sealed = self._sealed(entry, d)
                 if len(sealed.batch) <= self.options.relay_max_bytes:
                     relay.append(sealed)
@@ -295,7 +223,7 @@ class ParityOwner:
         self.counters.add("batches_built", len(batches))
         self.counters.add("relay_batches", len(relay))
         if not batches:
-            self._advance_confirmed_locked()
+            self.lock.notify_all()
         return relay
 
     def _start_closer_locked(self) -> None:
@@ -325,21 +253,6 @@ class ParityOwner:
                     self._install_locked(entry, batches)
                     self.counters.add("group_close_cpu_s", time.thread_time() - t0)
                 self._after_close(entry)
-
-    def _advance_confirmed_locked(self) -> None:
-        """Pops the outbox's leading entries that are built and applied everywhere; ``confirmed_upto`` follows."""
-        before = self._confirmed
-        while self.outbox:
-            seq, entry = next(iter(self.outbox.items()))
-            if entry.pending or not entry.built:
-                break
-            self.outbox.popitem(last=False)
-            self._commit_locked(entry.push_ids)
-            self._confirmed = seq
-        if not self.outbox and self._group is None:
-            self._confirmed = max(self._confirmed, self._last_seq)
-        if self._confirmed != before:
-            self.lock.notify_all()
 
     def _after_close(self, entry: OutboxEntry) -> None:
         destinations = sorted(entry.batches)
@@ -392,7 +305,7 @@ class ParityOwner:
             self._wake_overdue_locked(now)
             if self.outbox or self._group is not None or now - self._last_ack < self.options.heartbeat_s:
                 return
-            owed = [s for s in self.senders.values() if s.sent_confirm < self._confirmed]
+            owed = [s for s in self.senders.values() if s.sent_confirm < self.box.confirmed]
         for sender in owed:
             sender.wake()
 
@@ -413,7 +326,7 @@ class ParityOwner:
         confirmation not sent)."""
         with self.lock:
             return (self._group is not None or bool(self.outbox)
-                    or any(s.sent_confirm < self._confirmed for s in self.senders.values()))
+                    or any(s.sent_confirm < self.box.confirmed for s in self.senders.values()))
 
     def admit(self) -> None:
         """Backpressure, before a push is applied: while ``max_unconfirmed`` pushes wait for their parity, waits
@@ -422,17 +335,17 @@ class ParityOwner:
             self._wait_for_room()
 
     def _wait_for_room(self) -> None:
-        limit = self.options.max_unconfirmed
-        if self._last_seq - self._confirmed < limit:
+        limit, box = self.options.max_unconfirmed, self.box
+        if box.last_seq - box.confirmed < limit:
             return
         for sender in list(self.senders.values()):
             sender.wake(due_now=True)
         deadline = time.monotonic() + self.host.config.rpc_timeout_s
-        while self._last_seq - self._confirmed >= limit:
+        while box.last_seq - box.confirmed >= limit:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise errors.Unavailable(
-                    f"server {self.host.index}: {self._last_seq - self._confirmed} pushes wait for their parity "
+                    f"server {self.host.index}: {box.last_seq - box.confirmed} pushes wait for their parity "
                     f"servers to apply them (limit {limit}); a parity server is slow or unreachable")
             self.lock.wait(left)
 
@@ -449,20 +362,15 @@ class ParityOwner:
         """``destination`` (incarnation ``destination_id``) has applied this owner's chain up to ``applied_upto``
         (from its own reply, or a watermark whose seal checked)."""
         with self.lock:
-            chain = self.chains.get(destination)
-            if chain is None or chain.server_id != destination_id or applied_upto <= chain.acked_upto:
-                return
-            if applied_upto > chain.last_seq:  # never sent that far: not from this chain (a bug, not a worker)
+            before = self.box.confirmed
+            verdict = self.box.ack(destination, destination_id, applied_upto, self._group is not None)
+            if verdict == BEYOND:  # never sent that far: not from this chain (a bug, not a worker)
                 log.error("server %d (%s) acknowledged batch %d of a chain sent up to %d; ignored", destination,
-                          destination_id, applied_upto, chain.last_seq)
-                return
-            chain.acked_upto = applied_upto
-            self._last_ack = time.monotonic()
-            for seq, entry in self.outbox.items():
-                if seq > applied_upto:
-                    break
-                entry.pending.discard(destination)
-            self._advance_confirmed_locked()
+                          destination_id, applied_upto, self.chains[destination].last_seq)
+            if verdict == ACKED:
+                self._last_ack = time.monotonic()
+            if self.box.confirmed != before:
+                self.lock.notify_all()
 
     def on_acks(self, acks, worker: str = "") -> None:
         """Watermarks of this server's batches, relayed by a worker from the destinations' replies.  Only a
@@ -485,7 +393,6 @@ class ParityOwner:
         while a server recovers or is missing, groups close at every push."""
         m = self.host.cluster_map
         live = live_servers(m)
-        restarted = []
         close_now = False
         with self.lock:
             was_eager = self._eager
@@ -496,22 +403,8 @@ class ParityOwner:
                 close_now = self._group is not None
                 for e in self.outbox.values():
                     e.relayed = False
-            for d, chain in list(self.chains.items()):
-                now = live[d].server_id if d in live else ""
-                if now == chain.server_id:
-                    continue
-                fresh = self.chains[d] = Chain(now, restarted=bool(now))
-                # every batch for d not confirmed everywhere, acknowledged by the old incarnation or not: the
-                # replacement's rebuild may embed the rows they changed only once they are in its log (or
-                # confirmed), so that a resolution of this owner can undo them there
-                for entry in self.outbox.values():
-                    if d in entry.batches:
-                        if now:
-                            entry.pending.add(d)
-                        self._address(entry.batches[d], d, fresh)
-                        entry.sealed.pop(d, None)
-                if now:
-                    restarted.append(d)
+            # every batch for a replaced destination not confirmed everywhere goes to the replacement (Outbox.restart)
+            restarted = self.box.restart({i: s.server_id for i, s in live.items()})
         if close_now:
             self.close_group()
         for d in restarted:
@@ -536,13 +429,7 @@ class ParityOwner:
         """Entries ``destination`` has not acknowledged: all of them, or those older than ``relay_timeout_s``."""
         cutoff = time.monotonic() - self.options.relay_timeout_s
         with self.lock:
-            chain = self.chains.get(destination)
-            if chain is None or not chain.server_id:
-                return []
-            if chain.restarted:
-                everything, chain.restarted = True, False
-            return [e for e in self.outbox.values()
-                    if destination in e.pending and (everything or not e.relayed or e.created <= cutoff)]
+            return self.box.due(destination, everything, cutoff)
 
     def next_due(self, destination: int) -> float | None:
         """When the oldest batch ``destination`` has not acknowledged is due for direct delivery (monotonic); now
@@ -577,7 +464,7 @@ class ParityOwner:
                 size += n
             if current:
                 messages.append(current)
-            return [(m, self._confirmed) for m in messages]
+            return [(m, self.box.confirmed) for m in messages]
 
     def flush(self, timeout_s: float) -> int:
         """Sends every unacknowledged batch directly and waits (up to ``timeout_s``) until all are applied;
@@ -594,9 +481,9 @@ class ParityOwner:
                 if left <= 0:
                     break
                 self.lock.wait(min(left, 0.05))
-            left = self._last_seq - self._confirmed if self.outbox else 0
-            owed = [] if left else [s for s in self.senders.values() if s.sent_confirm < self._confirmed]
-            confirmed = self._confirmed
+            left = self.box.last_seq - self.box.confirmed if self.outbox else 0
+            owed = [] if left else [s for s in self.senders.values() if s.sent_confirm < self.box.confirmed]
+            confirmed = self.box.confirmed
         for sender in owed:  # the destinations trim their logs now, not at the next heartbeat
             sender.confirm(confirmed)
         return left
