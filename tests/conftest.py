@@ -45,6 +45,25 @@ def _needs_the_cluster_marker(request) -> None:
                     "(`-m 'not cluster'` must leave it out)", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _idle_keepers_end_with_their_test(monkeypatch):
+    """The idle keepers of clients a test made (and often dropped without ``close()``) stop when it ends: left
+    running they would poll clusters that the teardown killed, for a minute, beside the next tests."""
+    from ecrec.client import keeper
+
+    started = []
+    original = keeper.IdleKeeper.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        started.append(self)
+
+    monkeypatch.setattr(keeper.IdleKeeper, "__init__", init)
+    yield
+    for k in started:
+        k.close()
+
+
 @pytest.fixture
 def make_cluster(request):
     """Factory: ``make_cluster(servers=4, strategy="none", ...)`` -> a started LocalCluster.

@@ -1,7 +1,9 @@
 """The nemesis: a seeded random schedule of faults while two workers train, then a check that every
 acknowledged push was applied exactly once and every parity row equals a fresh encode.
 
-Faults drawn: SIGKILL of a server; SIGSTOP of a server longer than the failure timeout and lease, then
+Faults drawn: SIGKILL of a server; a SIGKILL and, the moment the replacement is fully redundant, a second one;
+a SIGKILL and, while the replacement still rebuilds, the rebuilding replacement SIGKILLed or another server paused
+or cut off for less than the failure timeout; SIGSTOP of a server longer than the failure timeout and lease, then
 SIGCONT (the old process must serve and acknowledge nothing, and exit); the coordinator SIGKILLed while it
 promotes a replacement, then restarted from its state file; a worker restarted under the same name; the standby
 the coordinator would promote next paused while a server is killed (the promotion must skip it; resumed, it must
@@ -49,6 +51,9 @@ pytestmark = [pytest.mark.nemesis, pytest.mark.cluster]
 
 ROWS, DIM, BAG = 400, 4, 6
 TIMING = dict(lease_s=2.0, failure_timeout_s=1.0, failures_before_dead=3, health_timeout_s=0.5)
+# rebuilds a few rows at a time with a pause between (about a second for this table, not milliseconds), so that a
+# fault can land inside one (Nemesis.inside_rebuild) and pushes meet rows not rebuilt yet
+REBUILD_OPTIONS = {"rebuild_batch_rows": "8", "rebuild_pause_s": "0.04"}
 WORKER = dict(rpc_timeout_s=2.0, retry_deadline_s=120.0)
 
 
@@ -185,6 +190,50 @@ class Nemesis:
         second = self.rng.choice([x for x in self.active(self.map()) if x.index != s.index])
         self._sigkill(second, self.local.pid_of_index(second.index), f" right after index {s.index}'s rebuild")
         self.faults["kill_after_rebuild"] += 1
+
+    def inside_rebuild(self) -> None:
+        """A kill, then a second fault while its replacement is still rebuilding (rebuilds are slowed here so that
+        there is a window: ``REBUILD_OPTIONS``): the rebuilding replacement itself SIGKILLed (another standby
+        resolves both incarnations and rebuilds from scratch), or another server paused or cut off for less than
+        the failure timeout (not declared failed: the rebuild's reads, the owners' batches and the workers wait for
+        it).  Pushes go on throughout, so the rebuild embeds rows that change while it reads them."""
+        s, pid = self.victim()
+        self._sigkill(s, pid, ", then a fault inside its replacement's rebuild")
+        found = {}
+
+        def rebuilding(m) -> bool:
+            x = next((x for x in m.servers if x.index == s.index and x.server_id != s.server_id
+                      and x.state in (cluster_pb2.RECOVERING, cluster_pb2.ACTIVE)), None)
+            found["server"] = x
+            return x is not None
+
+        self.until_map(rebuilding, 30.0, f"server {s.index} replaced")
+        new = found["server"]
+        if new.state != cluster_pb2.RECOVERING:
+            self.log(f"  index {s.index}'s replacement finished its rebuild before the second fault: none")
+            self.faults["inside_rebuild_missed"] += 1
+            return
+        how = self.rng.choice(["kill_rebuilding", "pause_other"] + (["cut_other"] if self.lab is not None else []))
+        if how == "kill_rebuilding":
+            self._sigkill(new, self.local.pid_of_index(s.index), f" (index {s.index}'s replacement, rebuilding)")
+        else:
+            other = self.rng.choice([x for x in self.active(self.map()) if x.index != s.index])
+            other_pid = self.local.pid_of_index(other.index)
+            short_s = TIMING["failure_timeout_s"] * self.rng.uniform(0.3, 0.7)
+            self.log(f"{'SIGSTOP' if how == 'pause_other' else 'partition'} server {other.index} (pid {other_pid}) "
+                     f"for {short_s:.2f} s while index {s.index} rebuilds")
+            if how == "pause_other":
+                self.local.pause(other_pid)
+                time.sleep(short_s)
+                self.local.resume(other_pid)
+            else:
+                host = other.address.rsplit(":", 1)[0]
+                self.lab.cut(host)
+                try:
+                    time.sleep(short_s)
+                finally:
+                    self.lab.heal(host)
+        self.faults[f"inside_rebuild_{how}"] += 1
 
     def pause(self) -> None:
         s, pid = self.victim()
@@ -440,7 +489,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
     log(f"coordinator fault injection: {slow}")
     control = (dict(store="etcd", coordinators=2, etcd_members=3, coordinator_options={**TIMING, "election_ttl_s": 2})
                if store == "etcd" else dict(state_path=str(tmp_path / "map.pb"), coordinator_options=TIMING))
-    local = make_cluster(log_level="INFO" if check_each else "WARNING", servers=4, standby=2, strategy="ecrec", k=2, m=1, health_interval_s=0.2,
+    local = make_cluster(log_level="INFO" if check_each else "WARNING", servers=4, standby=2, strategy="ecrec", k=2, m=1,
+                         health_interval_s=0.2, options=REBUILD_OPTIONS,
                          coordinator_env={"ECREC_COORDINATOR_FAULT": slow}, **control, **placement)
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
@@ -457,8 +507,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
 
     try:
         while sum(nemesis.faults.values()) < want_faults:
-            kinds, weights = (["kill", "rebuild", "pause", "coordinator", "worker", "standby", "hostile"],
-                              [3, 2, 2, 1, 3, 1, 1])
+            kinds, weights = (["kill", "rebuild", "inside_rebuild", "pause", "coordinator", "worker", "standby",
+                               "hostile"], [3, 2, 2, 2, 1, 3, 1, 1])
             if netlab is not None:
                 kinds, weights = kinds + ["partition"], weights + [2]
             if store == "etcd":
@@ -474,7 +524,8 @@ def test_nemesis(netlab, make_cluster, tmp_path, request):
                 nemesis.faults["worker_restart"] += 1
                 continue
             try:
-                {"kill": nemesis.kill, "rebuild": nemesis.kill_after_rebuild, "pause": nemesis.pause, "partition": nemesis.partition,
+                {"kill": nemesis.kill, "rebuild": nemesis.kill_after_rebuild, "inside_rebuild": nemesis.inside_rebuild,
+                 "pause": nemesis.pause, "partition": nemesis.partition,
                  "coordinator": nemesis.kill_coordinator_during_promotion, "standby": nemesis.pause_standby,
                  "hostile": nemesis.hostile, "etcd": nemesis.kill_etcd_member}[kind]()
                 nemesis.wait_redundant()
