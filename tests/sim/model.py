@@ -43,6 +43,8 @@ WORKERS = ("w0", "w1")
 #: the actions that can change a data row (a push, a replay in a poll, a rebuilt row): the rows are checked after
 #: each of them (a push held twice is caught when its atom is made, whatever the action)
 ROW_CHANGING = frozenset({"push", "poll", "rebuild", "promote"})
+#: and those that can change a parity row (a batch applied, an undo, a rebuilt parity): parity is checked after each
+PARITY_CHANGING = frozenset({"deliver", "dup", "rebuild", "promote"})
 
 
 class Violation(AssertionError):
@@ -116,6 +118,7 @@ class Server:
         new = self.sim.new_atom(row, self.sim.atoms[_one(old, row)] + Counter([pid]))
         delta = old ^ new
         self.rows[row], old_version, self.versions[row] = new, self.versions[row], seq
+        self.sim.history[(row, seq)] = new
         self.marks[w] = n
         dest = self.sim.parity_of(row // K)
         self.payload[seq] = Payload(pid, row, delta, old_version)
@@ -203,6 +206,7 @@ class Sim:
         self.rule = rule
         self.atoms: dict[str, Counter] = {}
         self.atom_row: dict[str, int] = {}
+        self.history: dict[tuple[int, int], frozenset] = {}  # (row, version) -> the row's value at that version
         self.epoch = 1
         self.servers = {i: Server(self, i, f"s{i}.1", self.epoch) for i in range(S)}
         self.down: set[int] = set()
@@ -213,7 +217,7 @@ class Sim:
         self.trace: list[str] = []
         for r in range(ROWS):
             owner = self.owner_of(r)
-            self.servers[owner].rows[r] = self.new_atom(r, Counter())
+            self.servers[owner].rows[r] = self.history[(r, 0)] = self.new_atom(r, Counter())
             self.servers[owner].versions[r] = 0
             self.servers[owner].ready[r] = True
         for s in self.servers.values():
@@ -422,6 +426,8 @@ class Sim:
          "rebuild": self.rebuild}[kind](*args)
         if kind in ROW_CHANGING:
             self.check_rows()
+        if kind in PARITY_CHANGING:
+            self.check_parity()
 
     def check_rows(self) -> None:
         for s in self.servers.values():
@@ -430,6 +436,26 @@ class Sim:
             for r, value in s.rows.items():
                 if s.ready.get(r):
                     _one(value, r)  # and new_atom refused any push held twice
+
+    def check_parity(self) -> None:
+        """Every built parity row is the encoding of the versions of its data rows that it says it holds (each a
+        version some push produced), whatever is in flight, held back or about to be undone."""
+        for s in self.servers.values():
+            if s.index in self.down:
+                continue
+            for stripe, built in s.built.items():
+                if not built:
+                    continue
+                expected = frozenset()
+                for pos, version in enumerate(s.pvv[stripe]):
+                    value = self.history.get((stripe * K + pos, version))
+                    if value is None:
+                        raise Violation(f"stripe {stripe}: parity at {s.sid} holds version {version} of row "
+                                        f"{stripe * K + pos}, which no push produced")
+                    expected ^= value
+                if s.parity[stripe] != expected:
+                    raise Violation(f"stripe {stripe}: parity at {s.sid} is not the encoding of the versions it "
+                                    f"holds {s.pvv[stripe]}")
 
     def settle(self, rounds: int = 200) -> None:
         """Runs the system to quiescence: replacements, rebuilds, direct sends, deliveries, the workers' polls."""
