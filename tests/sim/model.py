@@ -15,8 +15,10 @@ coalescing), one row per push, m = 1.  ``rule="any"`` replaces the last two by w
 rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
 old destination had not acknowledged): the simulator must find the window there.
 
-Actions are state-independent (``("deliver", 7)`` delivers message ``7 mod`` the number in flight; an action that
-does not apply is a no-op), so a failing schedule can be shrunk by dropping actions and rerun from its list alone.
+Actions are state-independent (``("deliver", 7)`` delivers message ``7 mod`` the number in flight, ``("kill", 9)``
+the server ``9 mod`` the number of servers; an action that does not apply is a no-op), so a failing schedule can be
+shrunk by dropping actions and rerun from its list alone.  A schedule's first action names how many servers it runs
+(3 to 6, ``("servers", n)``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from ecrec.strategies.erasure.resolution import decide, embeddable
 from ecrec.strategies.erasure.source_log import APPLY, RESTARTED, SAME, SourceLog
 from ecrec.wire import embedding_pb2, parity_pb2
 
-S, K, M = 4, 2, 1
+S, K, M = 4, 2, 1  # the servers by default (a schedule may name 3 to 6: its first action ("servers", n))
+SERVER_COUNTS = (3, 4, 5, 6)
 ROWS = 8
 WORKERS = ("w0", "w1")
 
@@ -199,8 +202,9 @@ def _one(value: frozenset, row: int) -> str:
 
 
 class Sim:
-    def __init__(self, rule: str = "confirmed"):
-        self.layout = Layout(S, K, M)
+    def __init__(self, rule: str = "confirmed", servers: int = S):
+        self.n = servers
+        self.layout = Layout(servers, K, M)
         self._owners = [int(i) for i in self.layout.locate(np.arange(ROWS))[0]]
         self._parities = [int(i) for i in self.layout.parity_servers(np.arange(ROWS // K))[:, 0]]
         self.rule = rule
@@ -208,7 +212,7 @@ class Sim:
         self.atom_row: dict[str, int] = {}
         self.history: dict[tuple[int, int], frozenset] = {}  # (row, version) -> the row's value at that version
         self.epoch = 1
-        self.servers = {i: Server(self, i, f"s{i}.1", self.epoch) for i in range(S)}
+        self.servers = {i: Server(self, i, f"s{i}.1", self.epoch) for i in range(servers)}
         self.down: set[int] = set()
         self.net: list[tuple] = []
         self.couriers = {w: Courier() for w in WORKERS}  # each worker's unconfirmed pushes, production's courier
@@ -311,7 +315,7 @@ class Sim:
                 lg.confirm(msg[5])
 
     def tick(self, i: int) -> None:
-        s = self.live(i)
+        s = self.live(i % self.n)
         if s is not None:
             s.tick()
 
@@ -319,7 +323,7 @@ class Sim:
         """One failure at a time (m = 1): only while every index is served and fully rebuilt."""
         if self.down or any(not all(s.ready.values()) or not all(s.built.values()) for s in self.servers.values()):
             return
-        self.down.add(i)
+        self.down.add(i % self.n)
         for s in self.servers.values():
             if s.index not in self.down:
                 s.on_map_change()
@@ -409,7 +413,7 @@ class Sim:
         return True
 
     def rebuild(self, i: int, n: int) -> None:
-        s = self.live(i)
+        s = self.live(i % self.n)
         if s is None:
             return
         todo = [("d", r) for r, ok in s.ready.items() if not ok] + [("p", st) for st, ok in s.built.items() if not ok]
@@ -461,7 +465,7 @@ class Sim:
         """Runs the system to quiescence: replacements, rebuilds, direct sends, deliveries, the workers' polls."""
         for _ in range(rounds):
             self.act(("promote",))
-            for i in range(S):
+            for i in range(self.n):
                 for n in range(2 * ROWS):
                     self.act(("rebuild", i, n))
                 self.act(("tick", i))
@@ -493,7 +497,7 @@ def schedule(seed: int, length: int | None = None) -> list[tuple]:
     length = length if length is not None else rng.randint(30, 150)
     kinds = ["push", "deliver", "poll", "tick", "dup", "drop", "kill", "promote", "rebuild"]
     weights = [24, 30, 6, 6, 2, 2, 3, 5, 10]
-    out = []
+    out = [("servers", rng.choice(SERVER_COUNTS))]
     for _ in range(length):
         kind = rng.choices(kinds, weights)[0]
         if kind == "push":
@@ -503,17 +507,21 @@ def schedule(seed: int, length: int | None = None) -> list[tuple]:
         elif kind == "poll":
             out.append(("poll", rng.choice(WORKERS)))
         elif kind in ("tick", "kill"):
-            out.append((kind, rng.randrange(S)))
+            out.append((kind, rng.randrange(60)))
         elif kind == "promote":
             out.append(("promote",))
         else:
-            out.append(("rebuild", rng.randrange(S), rng.randrange(64)))
+            out.append(("rebuild", rng.randrange(60), rng.randrange(64)))
     return out
 
 
 def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
-    """Runs ``actions`` then settles; the violation found (its message), or None."""
-    sim = Sim(rule)
+    """Runs ``actions`` then settles; the violation found (its message), or None.  A first action
+    ``("servers", n)`` sets the number of servers (else ``S``)."""
+    if actions and actions[0][0] == "servers":
+        sim, actions = Sim(rule, actions[0][1]), actions[1:]
+    else:
+        sim = Sim(rule)
     try:
         for a in actions:
             sim.act(a)
@@ -525,11 +533,13 @@ def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
 
 
 def shrink(actions: list[tuple], rule: str = "confirmed") -> list[tuple]:
-    """A shorter schedule that still fails (greedy: drop chunks, then single actions, while it fails)."""
+    """A shorter schedule that still fails (greedy: drop chunks, then single actions, while it fails); a leading
+    ``("servers", n)`` stays."""
     assert run(actions, rule) is not None
+    first = 1 if actions and actions[0][0] == "servers" else 0
     chunk = max(1, len(actions) // 2)
     while chunk >= 1:
-        i, changed = 0, False
+        i, changed = first, False
         while i < len(actions):
             trial = actions[:i] + actions[i + chunk:]
             if trial and run(trial, rule) is not None:
