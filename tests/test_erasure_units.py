@@ -299,9 +299,13 @@ def test_outbox_core_confirms_in_push_order_and_restarts_a_replaced_chain_with_e
     assert box.ack(2, "b", B | 1, False) == ACKED and box.confirmed == B | 1 and box.committed == {"w": 1}
     # destination 1 is replaced ("a" -> "c"): its new chain gets every entry not confirmed everywhere, including
     # the one "a" acknowledged, re-addressed from the start
+    in_a_sender = box.entries[B | 2].batches[1]  # being serialized outside the owner's lock
     assert box.restart({1: "c", 2: "b"}) == [1]
     entry = box.entries[B | 2]
     assert entry.pending == {1, 2} and entry.batches[1].destination_id == "c" and entry.batches[1].prev_seq == 0
+    # re-addressed as a copy: the sender's batch keeps its destination and prev_seq together (issue: a new
+    # destination with an old prev_seq)
+    assert (in_a_sender.destination_id, in_a_sender.prev_seq) == ("a", B | 1)
     assert [e.seq for e in box.due(1, everything=False, cutoff=-1.0)] == [B | 2]  # once, after the restart
     assert box.ack(2, "b", B | 2, False) == ACKED and box.confirmed == B | 1
     assert box.ack(1, "c", B | 2, True) == ACKED and box.confirmed == B | 2 and not box.entries

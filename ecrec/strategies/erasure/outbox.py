@@ -184,7 +184,12 @@ class Outbox:
                 if d in entry.batches:
                     if now:
                         entry.pending.add(d)
-                    self.address(entry.batches[d], d, fresh)
+                    # re-addressed as a copy, never in place: a sender may be serializing the old one outside the
+                    # owner's lock (in place, it could send a new destination with an old prev_seq)
+                    batch = type(entry.batches[d])()
+                    batch.CopyFrom(entry.batches[d])
+                    self.address(batch, d, fresh)
+                    entry.batches[d] = batch
                     entry.sealed.pop(d, None)
             if now:
                 restarted.append(d)
