@@ -218,6 +218,35 @@ def test_every_server_writes_its_own_file_and_dense_tensors_come_back_with_their
     assert source.save(str(tmp_path / "snap"), overwrite=True)["tables"]
 
 
+def test_a_save_never_deletes_a_checkpoint_it_did_not_write(make_cluster, tmp_path):
+    """A DCP checkpoint of another program at the path (``.metadata`` and ``*.distcp``, no manifest): ``save``
+    refuses, with or without ``overwrite``, and leaves every file as it was (it deleted them).  What a save of
+    its own left when interrupted (its in-progress marker beside the files) is written over."""
+    import torch.distributed.checkpoint as dcp
+
+    from ecrec.snapshot.cluster import WRITING
+
+    foreign = tmp_path / "foreign"
+    dcp.save({"w": torch.arange(6, dtype=torch.float32)}, checkpoint_id=str(foreign))
+    before = {p.name: p.read_bytes() for p in foreign.iterdir()}
+    assert ".metadata" in before and any(n.endswith(".distcp") for n in before)
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(cluster)
+    for overwrite in (False, True):
+        with pytest.raises(SnapshotError, match="no save of ECRec wrote"):
+            cluster.save(str(foreign), overwrite=overwrite)
+        assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "__0_0.distcp").write_bytes(b"half of an old write")
+    (interrupted / WRITING).write_bytes(b"")
+    manifest = cluster.save(str(interrupted))
+    assert not (interrupted / WRITING).exists() and set(manifest["files"]) <= {p.name for p in interrupted.iterdir()}
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.load(str(interrupted))
+    assert np.array_equal(_state(target)["a"], _state(cluster)["a"])
+
+
 def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_cluster, tmp_path):
     """``snapshot_every(2, dir, keep=2)``: after 6 steps step-4 and step-6 remain; ``latest`` names step-6,
     read back through an fsspec ``file://`` URL equal to the cluster after step 6."""

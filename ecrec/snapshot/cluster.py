@@ -44,6 +44,9 @@ FORMAT = "ecrec-snapshot/2"
 FORMATS = ("ecrec-snapshot/1", FORMAT)
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
+#: written first by a save and removed once its manifest is in place: files beside it are this cluster's (an
+#: interrupted save may be retried over them); files without it or a manifest are someone else's, never touched
+WRITING = ".ecrec-save-in-progress"
 
 
 class SnapshotError(ValueError):
@@ -74,11 +77,17 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     importer.start()
     if snapshot_files.exists(path, MANIFEST) and not overwrite:
         raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
+    present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
+    if present and not (snapshot_files.exists(path, MANIFEST) or snapshot_files.exists(path, WRITING)):
+        raise SnapshotError(f"{path} holds checkpoint files no save of ECRec wrote ({', '.join(present[:4])}"
+                            f"{', ...' if len(present) > 4 else ''}: a DCP checkpoint of another program?); nothing "
+                            "was changed: choose another path")
+    snapshot_files.makedirs(path)
+    snapshot_files.write_atomically(path, WRITING, b"")
     # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
     # complete-looking snapshot is ever without its files
-    for name in [MANIFEST, METADATA] + [n for n in snapshot_files.listdir(path) if n.endswith(".distcp")]:
+    for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
         snapshot_files.remove(path, name)
-    snapshot_files.makedirs(path)
     cluster_map = cluster.refresh_map()
     layout = cluster.layout
     servers = layout.num_servers
@@ -137,6 +146,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
     snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
+    snapshot_files.remove(path, WRITING)
     if on_progress is not None:
         on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
