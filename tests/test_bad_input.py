@@ -206,3 +206,27 @@ def test_client_side_errors(env):
         client.pull("t", np.array([0.5]))
     with pytest.raises(KeyError, match="nope"):
         client.pull("nope", [0])
+
+
+def test_a_step_with_a_nan_in_one_row_applies_nowhere(env):
+    """One row's gradient holds a NaN: ``step()`` refused it before sending, naming the table, and no server
+    applied any part of the step (the server holding the NaN row refused its part while the other applied
+    its own, and the step's other gradients were dropped); the gradients are kept until ``zero_grad()``, then a
+    clean step applies everywhere."""
+    from ecrec.client import EmbeddingBag
+
+    _, client = env
+    before = snapshot(client)
+    bag = EmbeddingBag(client, "t", mode="sum")
+    ids = torch.arange(ROWS)[None, :]  # every row: both servers hold some
+    others = torch.tensor([[i for i in range(ROWS) if i != 7]])
+    (bag(others).sum() + bag(torch.tensor([[7]])).sum() * float("nan")).backward()  # row 7's gradient: NaN
+    with pytest.raises(ClusterError, match="'t' holds NaN or Inf.*no server applied"):
+        client.step()
+    assert_unchanged(client, before, "a step with a NaN gradient")
+    with pytest.raises(ClusterError, match="NaN or Inf"):  # still held: the same step again is refused again
+        client.step()
+    client.zero_grad()
+    bag(ids).sum().backward()
+    result = client.step()
+    assert result["servers"] == 2 and result["rows"] == ROWS

@@ -467,13 +467,16 @@ class Cluster:
             p.grad = None
 
     def step(self) -> dict:
-        """Pushes every pending gradient (rows and dense) and returns when the servers applied them."""
+        """Pushes every pending gradient (rows and dense) and returns when the servers applied them.
+
+        A step applies whole or not at all: a gradient that is not finite (NaN or Inf) anywhere in it raises
+        ``ClusterError`` naming the tables and dense tensors before anything is sent, every gradient kept
+        (:meth:`zero_grad` drops them; a server would refuse its part and apply the others)."""
         with self._lock:
             pending, self._pending = self._pending, []
-            self._sequence += 1
-            push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
         per_table: dict[str, tuple[list, list]] = {}
         lookups: dict[str, list] = {}
+        bad: list[str] = []
         for p in pending:
             if p.rows.grad is None:
                 continue
@@ -482,6 +485,18 @@ class Cluster:
             ids_list, grad_list = per_table.setdefault(p.table, ([], []))
             ids_list.append(p.ids)
             grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
+            if not np.isfinite(grad_list[-1]).all() and f"table {p.table!r}" not in bad:
+                bad.append(f"table {p.table!r}")
+        bad += [f"dense tensor {name!r}" for name, param in self._dense.items()
+                if param.grad is not None and not bool(torch.isfinite(param.grad).all())]
+        with self._lock:
+            if bad:
+                self._pending[:0] = pending  # kept, in order, ahead of anything recorded since
+                raise ClusterError(f"step refused before anything was sent: the gradient of {', '.join(bad)} holds "
+                                   "NaN or Inf; no server applied any part of it (the gradients are kept: "
+                                   "zero_grad() drops them)")
+            self._sequence += 1
+            push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
         requests: dict[int, embedding_pb2.PushRequest] = {}
 
         def request_for(index: int) -> embedding_pb2.PushRequest:
