@@ -247,6 +247,26 @@ def test_a_save_never_deletes_a_checkpoint_it_did_not_write(make_cluster, tmp_pa
     assert np.array_equal(_state(target)["a"], _state(cluster)["a"])
 
 
+def test_a_failed_periodic_snapshot_does_not_fail_the_step_it_follows(make_cluster, tmp_path):
+    """``snapshot_every``'s save fails (its directory is a file): ``step()`` returns -- the step was applied --
+    with the failure in its result and counted (it raised, and a loop that retried the batch applied it twice)."""
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(cluster)
+    twin = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(twin)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_bytes(b"")
+    cluster.snapshot_every(1, str(blocked))
+    bags = [EmbeddingBag(cluster, "a"), EmbeddingBag(cluster, "b")]
+    for ids, offsets in _batches(2):
+        sum(bag(ids % bag.spec.num_rows, offsets).square().sum() for bag in bags).backward()
+        result = cluster.step()
+        assert result["rows"] > 0 and "snapshot_error" in result and "snapshot" not in result
+    assert cluster.stats["snapshot_failures"] == 2
+    _train(twin, _batches(2))  # the same two steps, once each, without snapshots
+    assert {k: np.array_equal(v, _state(twin)[k]) for k, v in _state(cluster).items()} == {"a": True, "b": True}
+
+
 def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_cluster, tmp_path):
     """``snapshot_every(2, dir, keep=2)``: after 6 steps step-4 and step-6 remain; ``latest`` names step-6,
     read back through an fsspec ``file://`` URL equal to the cluster after step 6."""

@@ -119,7 +119,7 @@ class Cluster:
         self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
         self._last_live: dict[int, str] = {}
         self._live_ids: dict[int, str] = {}  # index -> the server id serving it in the newest map
-        self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0}
+        self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0, "snapshot_failures": 0}
         self._rows = RowIO(self)
 
     @property
@@ -524,7 +524,15 @@ class Cluster:
         self.last_lookups = {t: _merge_lookups(parts) for t, parts in lookups.items()}
         self.steps_done += 1
         if self._periodic is not None:
-            result["snapshot"] = self._periodic.after_step(self, self.steps_done)
+            # the step is applied: a failed snapshot must not look like a failed step (a loop that retried the
+            # batch would apply it twice); reported in the result, counted, and logged
+            try:
+                result["snapshot"] = self._periodic.after_step(self, self.steps_done)
+            except Exception as exc:  # noqa: BLE001 - reported, never raised as the step's failure
+                self._stats["snapshot_failures"] += 1
+                result["snapshot_error"] = f"{type(exc).__name__}: {exc}"
+                log.warning("step %d was applied; its periodic snapshot failed (%d so far): %s", self.steps_done,
+                            self._stats["snapshot_failures"], result["snapshot_error"])
         return result
 
     def snapshot_every(self, steps: int, directory: str, keep: int = 2, on_progress=None) -> None:
