@@ -338,6 +338,19 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
                                                                       metadata=cluster.peers.metadata())
     assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS and "never overwrites" in info.value.details()
     assert (root / "taken" / "__1_0.distcp").read_bytes() == b"someone else's"
+    # the same through a file:// URL (it was opened "wb" and replaced), and a URL that climbs out of the root
+    # with ".." (the root was checked by string prefix: it wrote outside)
+    request.path = f"file://{root / 'taken'}"
+    with pytest.raises(grpc.RpcError) as info:
+        cluster.peers.stub(cluster.peers.address_of(1)).WriteSnapshot(request, timeout=30,
+                                                                      metadata=cluster.peers.metadata())
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert (root / "taken" / "__1_0.distcp").read_bytes() == b"someone else's"
+    request.path = f"file://{root}/../outside"
+    with pytest.raises(grpc.RpcError, match="'..'"):
+        cluster.peers.stub(cluster.peers.address_of(1)).WriteSnapshot(request, timeout=30,
+                                                                      metadata=cluster.peers.metadata())
+    assert not (tmp_path / "outside").exists()
     request.path = "relative/dir"
     with pytest.raises(grpc.RpcError, match="relative"):
         cluster.peers.stub(cluster.peers.address_of(1)).WriteSnapshot(request, timeout=30,
@@ -368,3 +381,31 @@ def test_periodic_snapshots_number_on_from_what_the_directory_holds(make_cluster
     _train(second, _batches(2, seed=5))
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["step-000000041", "step-000000042"]
     assert snapshot.latest(str(tmp_path / "snaps")).endswith("step-000000042")
+
+
+def test_a_url_snapshot_root_is_checked_on_the_location_and_never_overwrites(make_cluster, tmp_path):
+    """``--snapshot-root file://ROOT``: a URL climbing out with ``..`` was accepted by the string-prefix check and
+    wrote outside the root; a URL target was opened ``"wb"`` and replaced a complete snapshot's file.  Both are
+    refused now, nothing written."""
+    import grpc
+
+    from ecrec.wire import embedding_pb2
+
+    root = tmp_path / "root"
+    local = make_cluster(servers=2, strategy="none", server_options={"snapshot_root": f"file://{root}"})
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    cluster.save(f"file://{root}/good")
+    kept = (root / "good" / "__1_0.distcp").read_bytes()
+    stub = cluster.peers.stub(cluster.peers.address_of(1))
+    request = embedding_pb2.WriteSnapshotRequest(path=f"file://{root}/good", file="__1_0.distcp")
+    request.ranges.add(table="a", start=0, stop=10)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.WriteSnapshot(request, timeout=30, metadata=cluster.peers.metadata())
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert (root / "good" / "__1_0.distcp").read_bytes() == kept
+    request.path = f"file://{root}/../outside"
+    with pytest.raises(grpc.RpcError) as info:
+        stub.WriteSnapshot(request, timeout=30, metadata=cluster.peers.metadata())
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'..'" in info.value.details()
+    assert not (tmp_path / "outside").exists()

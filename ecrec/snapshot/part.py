@@ -35,8 +35,14 @@ _writing: set[str] = set()  # the files being written by this process (one write
 _writing_lock = threading.Lock()
 
 
+def _local(path: str) -> str:
+    """A ``file://`` URL as the local path it names (what the root is compared on); anything else as it is."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
 def _within(path: str, root: str) -> bool:
-    if snapshot_files.is_url(root) or snapshot_files.is_url(path):
+    path, root = _local(path), _local(root)
+    if snapshot_files.is_url(root) or snapshot_files.is_url(path):  # ".." refused before (validate)
         return path.rstrip("/") == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
     path, root = os.path.realpath(path), os.path.realpath(root)
     return path == root or path.startswith(root + os.sep)
@@ -51,6 +57,8 @@ def validate(state, request) -> list:
     if not snapshot_files.is_url(request.path) and not os.path.isabs(request.path):
         raise errors.InvalidRequest(f"snapshot path {request.path!r} is relative: each server would resolve it in "
                                     "its own directory; send an absolute path or a URL")
+    if snapshot_files.is_url(request.path) and ".." in request.path.split("://", 1)[1].split("/"):
+        raise errors.InvalidRequest(f"snapshot URL {request.path!r} holds a '..' segment: send the location itself")
     root = state.config.snapshot_root
     if root and not _within(request.path, root):
         raise errors.PermissionDenied(f"snapshot path {request.path!r} is outside this server's --snapshot-root "
@@ -155,6 +163,8 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
     chunk_bytes = request.chunk_bytes or CHUNK_BYTES
     items: list[dict] = []
     snapshot_files.makedirs(request.path)
+    if snapshot_files.is_url(request.path) and snapshot_files.exists(request.path, request.file):
+        raise FileExistsError(request.file)  # a store's "wb" would replace it (a local path is opened "xb")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-snapshot-gather") as gatherer, \
             ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="ecrec-snapshot-read") as pool, \
             snapshot_files.open_file(request.path, request.file, "wb" if snapshot_files.is_url(request.path) else "xb") \
