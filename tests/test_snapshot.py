@@ -267,6 +267,37 @@ def test_a_failed_periodic_snapshot_does_not_fail_the_step_it_follows(make_clust
     assert {k: np.array_equal(v, _state(twin)[k]) for k, v in _state(cluster).items()} == {"a": True, "b": True}
 
 
+def test_a_dense_payload_in_several_chunks_restores_whole(make_cluster, tmp_path):
+    """A manifest whose dense payload is split in two chunks (DCP allows any tiling): checked as one payload and
+    written whole.  It passed the checks and each chunk was written as if it were the whole tensor: the rows
+    were restored, then the dense write failed (a half-applied restore)."""
+    from ecrec.snapshot import files as snapshot_files
+
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(source)
+    mlp = _dense_model(source, seed=0)
+    _train_with_dense(source, mlp, _batches(2, seed=5))
+    snap = tmp_path / "snap"
+    source.save(str(snap))
+    manifest = json.loads((snap / "manifest.json").read_text())
+    key = "dense/mlp.weight/payload"
+    (chunk,) = manifest["tensors"][key]["chunks"]
+    whole = source.read_dense_payload("mlp.weight")
+    half = len(whole) // 2
+    with open(snap / "__9_0.distcp", "wb") as f:
+        parts = [(0, whole[:half]), (half, whole[half:])]
+        items = [snapshot_files.write_tensor(f, piece) for _, piece in parts]
+    manifest["tensors"][key]["chunks"] = [
+        {**chunk, "file": "__9_0.distcp", "offsets": [at], "sizes": [len(piece)], **item}
+        for (at, piece), item in zip(parts, items)]
+    manifest["files"]["__9_0.distcp"] = (snap / "__9_0.distcp").stat().st_size
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    target = Cluster.connect(make_cluster(servers=3, strategy="none").coordinator_address)
+    target.load(str(snap))
+    assert np.array_equal(target.read_dense_payload("mlp.weight").view(np.uint32), whole.view(np.uint32))
+    assert {k: np.array_equal(v, _state(source)[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
+
+
 def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_cluster, tmp_path):
     """``snapshot_every(2, dir, keep=2)``: after 6 steps step-4 and step-6 remain; ``latest`` names step-6,
     read back through an fsspec ``file://`` URL equal to the cluster after step 6."""

@@ -279,7 +279,10 @@ class _ChunkReader:
         """A chunk of rows, weights and state side by side, read again and its checksums checked again (the
         file could have changed since the first pass)."""
         arrays = [self.read(key, chunk) for key, chunk in item[3]]
-        return np.array(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+        if len(arrays) == 1:
+            return np.array(arrays[0])
+        # a table's weights and state side by side; a dense payload's chunks one after the other
+        return np.concatenate(arrays, axis=1 if item[0] == "table" else 0)
 
     def read(self, key: str, chunk: dict) -> np.ndarray:
         rows = f"{key} rows {chunk['offsets'][0]}..{chunk['offsets'][0] + chunk['sizes'][0] - 1}"
@@ -338,9 +341,10 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                                         f"at row {row}")
                 parts.append((f"tables/{name}/state", partner))
             order.append(("table", name, row, parts))
-    for name in denses:
-        for chunk in manifest["tensors"][f"dense/{name}/payload"]["chunks"]:
-            order.append(("dense", name, 0, [(f"dense/{name}/payload", chunk)]))
+    for name in denses:  # a dense payload is written whole: all its chunks (they tile it: checked) in one item
+        key = f"dense/{name}/payload"
+        order.append(("dense", name, 0, [(key, c) for c in sorted(manifest["tensors"][key]["chunks"],
+                                                                   key=lambda c: c["offsets"][0])]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
     def check(item) -> None:
@@ -353,7 +357,7 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                 if len(arrays) > 1:
                     check_values(tables[name], arrays[1], "state")
             else:
-                check_dense_values(denses[name], arrays[0])
+                check_dense_values(denses[name], np.concatenate(arrays))
         except ValueError as exc:
             where = f"rows from {row} of " if kind == "table" else ""
             raise SnapshotError(f"{path}: {where}{exc}; nothing was restored") from None
