@@ -181,9 +181,10 @@ class Cluster:
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
-    def poll_rows(self, requests: dict[str, np.ndarray]) -> None:
+    def poll_rows(self, requests: dict[str, np.ndarray], give_up=None) -> None:
         """Pulls ``{table: ids}`` for the courier's sake only -- relays out, confirmations back, held pushes
-        replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``)."""
+        replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``).
+        ``give_up()`` returning True ends the poll's retries early (the keeper was closed)."""
         per_server: dict[int, list] = {}
         for name, ids in requests.items():
             for i, pos in self._group_by_server(ids).items():
@@ -195,7 +196,7 @@ class Cluster:
             self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
             retry_s = min(self.config.retry_deadline_s, POLL_RETRY_S)
             try:
-                reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s,
+                reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s, give_up=give_up,
                                         prepare=functools.partial(self._replay_if_replaced, retry_deadline_s=retry_s))
             except (PeerError, PeerUnreachable) as exc:
                 raise ClusterError(str(exc)) from None

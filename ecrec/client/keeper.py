@@ -120,4 +120,5 @@ class IdleKeeper:
                 break
         if wanted:
             self.polls += 1
-            cluster.poll_rows({name: np.array(ids, np.int64) for name, ids in wanted.items()})
+            cluster.poll_rows({name: np.array(ids, np.int64) for name, ids in wanted.items()},
+                              give_up=self._closed.is_set)
