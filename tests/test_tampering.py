@@ -196,3 +196,29 @@ def test_a_refused_batch_is_logged_with_the_worker_that_carried_it(make_cluster)
     assert any("refused" in line and "relayed by" in line for line in lines), lines
     client.courier = Courier()
     assert_counts(client, initial, counts)
+
+
+def test_a_message_full_of_bogus_batches_is_one_log_line_and_counted_whole(make_cluster):
+    """200 made-up relay entries in one pull: all refused and counted, one log line for the message (it was one
+    WARNING line per entry: a cheap way to flood a server's log)."""
+    from ecrec.net import transport
+    from ecrec.wire import embedding_pb2_grpc
+
+    local = make_cluster(strategy="ecrec", k=2, m=1, log_level="WARNING")
+    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
+    setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
+    client = Cluster.connect(local.coordinator_address, worker="flooder")
+    target = next(s for s in client.map.servers if s.index == 0)
+    request = embedding_pb2.PullRequest(epoch=client.map.epoch)
+    request.tables.add(table="t", ids=transport.ids_to_bytes(np.array([0], np.int64)))
+    for n in range(200):
+        request.relay.add(destination=0, destination_id=target.server_id, batch=bytes([n % 256]) * 40, mac=b"x" * 16)
+    before = client.strategy_call("stats", indices=[0])[0].get("refused_relayed_batches", 0)
+    embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(target.address)).Pull(request, timeout=30)
+    after = client.strategy_call("stats", indices=[0])[0]["refused_relayed_batches"]
+    assert after - before == 200
+    pid = local.pid_of_index(0)
+    wait_for(lambda: any("were refused" in line for line in local.stderr_tail(pid)), 10, "the refusal's log line")
+    lines = [line for line in local.stderr_tail(pid) if "relayed by" in line and "refused" in line]
+    assert len(lines) == 1 and "200 parity batches" in lines[0], lines
+    setup.close()

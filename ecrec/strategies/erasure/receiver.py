@@ -253,6 +253,7 @@ class ParityReceiver:
         counted and logged naming ``worker`` (who carried it)."""
         sealer = self.host.sealer
         batches = []
+        refused: dict[str, list[int]] = {}  # why -> the destinations of the batches refused for it
         for r in sealed:
             b = parity_pb2.ParityBatch()
             why = ""
@@ -267,11 +268,17 @@ class ParityReceiver:
                 except Exception:  # noqa: BLE001 - a sealed batch that does not parse is refused, never applied
                     why = "it does not parse"
             if why:
-                self.counters.add("refused_relayed_batches", 1)
-                log.warning("a parity batch for server %d relayed by %s was refused: %s", r.destination,
-                            worker or "an unnamed caller", why)
+                refused.setdefault(why, []).append(r.destination)
                 continue
             batches.append(b)
+        for why, destinations in refused.items():  # one line per message and reason, not one per batch
+            self.counters.add("refused_relayed_batches", len(destinations))
+            if len(destinations) == 1:
+                log.warning("a parity batch for server %d relayed by %s was refused: %s", destinations[0],
+                            worker or "an unnamed caller", why)
+            else:
+                log.warning("%d parity batches (for servers %s) relayed by %s were refused: %s", len(destinations),
+                            ", ".join(map(str, sorted(set(destinations))[:8])), worker or "an unnamed caller", why)
         return batches
 
     def on_relay(self, relay, worker: str = "") -> list[embedding_pb2.ParityWatermark]:
