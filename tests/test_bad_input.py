@@ -230,3 +230,25 @@ def test_a_step_with_a_nan_in_one_row_applies_nowhere(env):
     bag(ids).sum().backward()
     result = client.step()
     assert result["servers"] == 2 and result["rows"] == ROWS
+
+
+def test_an_echo_cannot_ask_for_a_huge_reply(env):
+    """``Echo`` with ``reply_bytes`` of 200 MiB (under the 256 MiB message limit): a 5-byte request made the server
+    allocate and send 200 MB (four of them: +1.4 GB); refused now, a measurement-sized one still answered."""
+    _, client = env
+    stub = stub_for(client, 0)
+    expect_error(lambda: stub.Echo(embedding_pb2.EchoMessage(reply_bytes=200 << 20), timeout=30),
+                 grpc.StatusCode.INVALID_ARGUMENT, ["Echo's bound"])
+    assert len(stub.Echo(embedding_pb2.EchoMessage(reply_bytes=1000), timeout=10).data) == 1000
+
+
+def test_all_rows_cannot_ask_for_more_than_a_message(make_cluster):
+    """``ReadPayload(all_rows=True)`` of more rows than a message holds skipped the reply bound (+299 MB of RSS,
+    then gRPC refused to send): refused with INVALID_ARGUMENT before anything is read."""
+    local = make_cluster(servers=2, strategy="none", server_options={"max_message_bytes": 1 << 20})
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("big", 8000, 64, optimizer="adagrad", lr=0.1)  # 4,000 rows x 520 bytes a server: 2 MB
+    expect_error(lambda: stub_for(client, 0).ReadPayload(
+        embedding_pb2.ReadPayloadRequest(table="big", all_rows=True), timeout=30),
+        grpc.StatusCode.INVALID_ARGUMENT, ["all_rows", "read by ids"])
+    client.close()

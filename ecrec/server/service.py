@@ -25,6 +25,9 @@ from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate, push_ke
 from ecrec.tables.spec import TableSpec
 from ecrec.wire import embedding_pb2, embedding_pb2_grpc
 
+#: the largest reply an ``Echo`` (a network measurement: ``ecrec-bench server``) may ask for
+ECHO_MAX_REPLY_BYTES = 32 << 20
+
 
 class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     """The gRPC face of a :class:`ServerState`."""
@@ -238,6 +241,11 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         if request.table:
             shard = st.table(request.table)
             if request.all_rows:
+                nbytes = len(shard.owned_ids) * (shard.spec.row_bytes + 8)
+                if nbytes > st.config.max_message_bytes:  # checked before anything is read or allocated
+                    raise errors.InvalidRequest(
+                        f"all_rows of table {request.table!r}: the reply would hold {nbytes} bytes, more than one "
+                        f"message ({st.config.max_message_bytes} bytes, --max-message-bytes): read by ids instead")
                 order = np.argsort(shard.owned_ids, kind="stable")
                 ids, slots = shard.owned_ids[order], shard.owned_slots[order]
             else:
@@ -282,8 +290,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     @transport.service_method
     def Echo(self, request, context):
         if request.reply_bytes > 0:
-            if request.reply_bytes > self.state.config.max_message_bytes:
-                raise errors.InvalidRequest(f"reply_bytes {request.reply_bytes} exceeds the message limit")
+            limit = min(self.state.config.max_message_bytes, ECHO_MAX_REPLY_BYTES)
+            if request.reply_bytes > limit:  # a few bytes asking for hundreds of MB, again and again: bounded
+                raise errors.InvalidRequest(f"reply_bytes {request.reply_bytes} exceeds Echo's bound of {limit} bytes")
             return embedding_pb2.EchoMessage(data=bytes(request.reply_bytes))
         return request
 
