@@ -290,7 +290,7 @@ def test_outbox_core_confirms_in_push_order_and_restarts_a_replaced_chain_with_e
         entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[("w", seq & 0xFF)])
         box.add(entry)
         batches = {d: parity_pb2.ParityBatch(source=0, seq=seq, first_seq=seq) for d in (1, 2)}
-        assert box.install(entry, batches, live, group_open=False) == [1, 2]
+        assert box.install(entry, batches, lambda d: live.get(d, ""), group_open=False) == [1, 2]
     assert box.confirmed == B and box.bound() == B and box.unconfirmed(False) == 2
     assert [e.batches[1].prev_seq for e in box.entries.values()] == [0, B | 1]  # chained per destination
     assert box.ack(1, "a", B | 3, False) == BEYOND  # never sent that far

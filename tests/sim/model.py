@@ -128,7 +128,7 @@ class Server:
         entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[pid])
         self.box.add(entry)
         batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
-        self.box.install(entry, {dest: batch}, self.sim.live_ids(), group_open=False)
+        self.box.install(entry, {dest: batch}, lambda d: self.sim.live_ids().get(d, ""), group_open=False)
         self.send(entry, dest)
         return seq, False
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 #: a confirmed bound covering every version held here (no push numbered in this incarnation yet)
 EVERY_VERSION = (1 << 63) - 1
@@ -105,11 +105,12 @@ class Outbox:
         batch.confirmed_upto = self.confirmed
         chain.last_seq = batch.seq
 
-    def install(self, entry: OutboxEntry, batches: dict, live_ids: dict[int, str], group_open: bool) -> list[int]:
+    def install(self, entry: OutboxEntry, batches: dict, live_id: Callable[[int], str], group_open: bool) -> list[int]:
         """``entry``'s batches are built: each is addressed to its destination's chain, in push order (call in
-        it); returns the destinations, sorted.  An entry with no batch is confirmed at once."""
+        it); returns the destinations, sorted.  ``live_id(d)``, the incarnation serving ``d`` now, is asked only for
+        a destination with no chain yet.  An entry with no batch is confirmed at once."""
         destinations = sorted(batches)
-        destination_ids = [self.chain(d, live_ids.get(d, "")).server_id for d in destinations]
+        destination_ids = [(self.chains.get(d) or self.chain(d, live_id(d))).server_id for d in destinations]
         entry.batches, entry.pending, entry.built = batches, set(destinations), True
         for d in destinations:
             b = batches[d]

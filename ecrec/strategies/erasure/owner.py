@@ -133,8 +133,10 @@ class ParityOwner:
         with self.lock:
             return self.box.unconfirmed(self._group is not None)
 
-    def _live_ids(self) -> dict[int, str]:
-        return {i: s.server_id for i, s in live_servers(self.host.cluster_map).items()}
+    def _live_id(self, destination: int) -> str:
+        """The incarnation serving ``destination`` now ("" for none): asked when a chain starts, not per group."""
+        live = live_servers(self.host.cluster_map).get(destination)
+        return live.server_id if live is not None else ""
 
     def _seal(self, batch: parity_pb2.ParityBatch) -> SealedBatch:
         """``batch`` serialized and sealed with the server key, as the worker (or the direct path) carries it."""
@@ -210,7 +212,7 @@ class ParityOwner:
         """Addresses a group's batches to the chains (in push order: this is called in it) and puts them in its
         outbox entry; returns the sealed batches to relay (those of a relayed entry, each at most
         ``relay_max_bytes``; the others are sent directly)."""
-        destinations = self.box.install(entry, batches, self._live_ids(), self._group is not None)
+        destinations = self.box.install(entry, batches, self._live_id, self._group is not None)
         relay = []
         for d in destinations:
             if self.chains[d].server_id and entry.relayed:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ecrec.strategies.erasure.outbox import EVERY_VERSION
 from ecrec.wire import embedding_pb2
 
 
@@ -224,7 +225,7 @@ class SourceLog:
         elif self.closed:
             return False
         self.commit(committed)
-        if 0 < bound < (1 << 63) - 1:  # the owner's own confirmation (none numbered: nothing to confirm)
+        if 0 < bound < EVERY_VERSION:  # the owner's own confirmation (none numbered: nothing to confirm)
             self.confirm(bound)
         return True
 
