@@ -89,7 +89,9 @@ class Cluster:
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
-        self.incarnation = uuid.uuid4().hex[:12]  # this process: a restarted worker with the same name is another
+        # this process (a restarted worker with the same name is another); 128 random bits, a secret: it goes to
+        # the servers only, which keep and relay a hash of it (ecrec.strategies.base.push_key)
+        self.incarnation = uuid.uuid4().hex
         self._lock = threading.RLock()
         self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
                                              on_map=self._adopt, security=self.config.security)

@@ -202,6 +202,20 @@ def role_of(context) -> str | None:
     return "client"
 
 
+def caller_identity(context) -> str:
+    """What an authenticated TLS caller proved: its certificate's common name and subject alternative names,
+    joined ("" when the call did not come over TLS).  The servers hash it into the caller's push ids
+    (:func:`ecrec.strategies.base.push_key`), so a push id made under one certificate is nobody's under
+    another.  Names, not the certificate's bytes: a renewed certificate for the same names is the same
+    caller."""
+    auth = context.auth_context() if context is not None and hasattr(context, "auth_context") else {}
+    parts = []
+    for prop in ("x509_common_name", "x509_subject_alternative_name"):
+        for value in auth.get(prop) or []:
+            parts.append(prop + "=" + (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)))
+    return "\n".join(parts)
+
+
 def required_role(method: str) -> str | None:
     if method in COORDINATOR_ONLY:
         return COORDINATOR_ROLE

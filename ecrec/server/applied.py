@@ -55,7 +55,7 @@ class AppliedPushes:
             return 0 if mark is not None and sequence <= mark else None
 
     def admit(self, worker: str) -> None:
-        """Raises ``ResourceExhausted`` when ``worker`` (``name@incarnation``) is new here and its mark would not
+        """Raises ``ResourceExhausted`` when ``worker`` (a push key, ``name#digest``) is new here and its mark would not
         fit: the caller is refused, no mark is forgotten.  Changes nothing."""
         with self._lock:
             if worker in self._marks or self.marks_bytes + self.cost(worker) <= self.max_marks_bytes:

@@ -14,7 +14,7 @@ import json
 import numpy as np
 
 from ecrec import errors
-from ecrec.net import transport
+from ecrec.net import security, transport
 from ecrec.server.counters import threads_cpu_s
 from ecrec.server.requests import (
     Assignment, assignment, caller_of, check_ids, check_push_id, coalesce, dense_assignment, parse_dense_spec,
@@ -118,7 +118,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         with self.state.handlers.measure("Push"):
             plans = self._validate(request)
             watermarks = self._receive_relayed(request, context)
-            return self._apply(request, plans, watermarks)
+            return self._apply(request, plans, watermarks, identity=security.caller_identity(context))
 
     @transport.service_method
     def Replay(self, request, context):
@@ -130,6 +130,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             check_ids([t for push in request.pushes for t in push.tables], self.state.config)
             plans = [self._validate(push) for push in request.pushes]
             strategy = self.state.strategy
+            identity = security.caller_identity(context)
             needed: dict[str, tuple] = {}
             for table_plans, _ in plans:
                 for shard, _, slots, _ in table_plans:
@@ -138,7 +139,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             strategy.ensure_rows([(shard, np.unique(np.concatenate(parts))) for shard, parts in needed.values()])
             reply = embedding_pb2.ReplayReply()
             for push, push_plans in zip(request.pushes, plans):
-                reply.replies.append(self._apply(push, push_plans, [], replayed=True))
+                reply.replies.append(self._apply(push, push_plans, [], replayed=True, identity=identity))
             self.state.require_serving()
             return reply
 
@@ -164,14 +165,15 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             strategy.on_acks(request.acks, worker)
         return watermarks
 
-    def _apply(self, request, plans, watermarks, replayed: bool = False):
-        """Applies one validated push once (a known push id is answered "already applied")."""
+    def _apply(self, request, plans, watermarks, replayed: bool = False, identity: str = ""):
+        """Applies one validated push once (a known push id is answered "already applied"); ``identity`` is
+        what the caller proved (:func:`ecrec.net.security.caller_identity`), part of the push's key."""
         st = self.state
         table_plans, dense_plans = plans
         strategy = st.strategy
         for d, _ in dense_plans:  # rebuilt before anything reads them, the reply of a retry included
             strategy.ensure_dense(d)
-        key = push_key(request.push_id)
+        key = push_key(request.push_id, identity)
         seq = st.applied.get(key)
         if seq is not None:  # a retry (or a replay) of a push applied here or kept by recovery
             return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)

@@ -31,6 +31,7 @@ coordinator and the benchmarks never import these classes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -47,13 +48,35 @@ if TYPE_CHECKING:  # pragma: no cover
     from ecrec.wire import cluster_pb2
 
 
-def push_key(push_id) -> tuple[str, int]:
-    """A push's identity on the servers: ``("worker@incarnation", sequence)`` (``PushId`` message in).
+#: hex digits of the digest that names a worker incarnation on the servers (128 bits)
+PUSH_KEY_DIGEST_HEX = 32
+#: characters of the worker's name kept in front of that digest, for people reading logs and stats
+PUSH_KEY_NAME_CHARS = 32
 
-    A restarted worker that keeps its name is another incarnation, so its first pushes are not taken for
-    retries of the old process's pushes."""
-    worker = push_id.worker + ("@" + push_id.incarnation if push_id.incarnation else "")
-    return worker, int(push_id.sequence)
+
+def push_key(push_id, identity: str = "") -> tuple[str, int]:
+    """A push's identity on the servers: ``("name#digest", sequence)`` (``PushId`` message in).
+
+    The digest is a hash of what the caller proved (``identity``: its TLS certificate's names, "" without
+    TLS), the worker's name and its incarnation, each length-prefixed.  The incarnation is the worker's
+    secret (the SDK draws 128 random bits per process) and never leaves the worker: the servers keep and
+    relay only the digest, in their applied marks and in the push ids inside parity batches, and no push
+    id a caller can send hashes to a digest it read there.  So a worker can apply, retry and replay only its
+    own pushes: another's digest, read from a relayed batch, names nobody it can be (and, with TLS, another
+    certificate makes another digest even from the same secret).  A restarted worker that keeps its name is
+    another incarnation, so its first pushes are not taken for retries of the old process's pushes; names
+    and incarnations are hashed apart, so worker ``a@b`` is never worker ``a`` of incarnation ``b``."""
+    h = hashlib.blake2b(digest_size=PUSH_KEY_DIGEST_HEX // 2, person=b"ecrec-push-id")
+    for part in (identity, push_id.worker, push_id.incarnation):
+        data = part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return f"{push_id.worker[:PUSH_KEY_NAME_CHARS]}#{h.hexdigest()}", int(push_id.sequence)
+
+
+def push_key_chars() -> int:
+    """The most characters a push key's worker part has (parity batches carrying longer ones are refused)."""
+    return PUSH_KEY_NAME_CHARS + 1 + PUSH_KEY_DIGEST_HEX
 
 
 class Completion(Protocol):

@@ -25,7 +25,7 @@ from ecrec.net import transport
 from ecrec.net.cluster_map import LIVE_STATES, live_servers
 from ecrec.coding.codec import Codec
 from ecrec.tables.shards import TableShard
-from ecrec.strategies.base import StrategyHost
+from ecrec.strategies.base import StrategyHost, push_key_chars
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
 from ecrec.strategies.erasure.source_log import (APPLY, CLOSED, DUPLICATE, FOREIGN, HELD, RESOLVED, RESTARTED, DenseEntry,
                                                 LogEntry, SourceLog, TableEntry)
@@ -109,9 +109,10 @@ class ParityReceiver:
         if len(b.push_ids) > config.max_push_ids_per_batch:
             raise errors.InvalidRequest(f"a parity batch carries {len(b.push_ids)} push ids; the bound is "
                                         f"{config.max_push_ids_per_batch} (--max-push-ids-per-batch)")
-        longest = config.max_worker_name_bytes + 1 + config.max_incarnation_bytes  # name@incarnation
-        if any(len(p.worker) > longest for p in b.push_ids):
-            raise errors.InvalidRequest(f"a parity batch carries a push id longer than {longest} characters")
+        longest = push_key_chars()  # name#digest (ecrec.strategies.base.push_key)
+        if any(len(p.worker) > longest or p.incarnation for p in b.push_ids):
+            raise errors.InvalidRequest(f"a parity batch carries a push id that is not a server's push key "
+                                        f"(at most {longest} characters, no incarnation)")
         tables = []
         for t in b.tables:
             if not t.tables:
