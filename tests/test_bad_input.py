@@ -232,6 +232,77 @@ def test_a_step_with_a_nan_in_one_row_applies_nowhere(env):
     assert result["servers"] == 2 and result["rows"] == ROWS
 
 
+def test_an_update_whose_result_would_not_be_finite_is_refused_whole(env):
+    """A finite gradient of 1e20 on an Adagrad row makes its accumulator ``inf`` (every later snapshot then
+    failed to load: "state must be finite").  A server refuses such a push whole -- rows, other tables and
+    dense tensors alike -- before it writes anything; ``step()`` refuses a gradient beyond what the optimizer
+    keeps finite before it sends anything."""
+    from ecrec.client import EmbeddingBag
+
+    _, client = env
+    client.register_dense(torch.nn.Linear(2, 1), optimizer="adagrad", lr=0.1, prefix="ada.")
+    before = snapshot(client)
+    mine = owned(client, 0)
+    huge = np.ones((len(mine), DIM), np.float32)
+    huge[1, 3] = 1e20
+    expect_error(lambda: stub_for(client, 0).Push(push(mine, huge, seq=101), timeout=10),
+                 grpc.StatusCode.INVALID_ARGUMENT, ["non-finite", "nothing applied"])
+    assert_unchanged(client, before, "a gradient of 1e20 on an adagrad row")
+    primary = client.layout.dense_servers("ada.weight")[0]
+    rows_and_dense = push(owned(client, primary), seq=102, dense=[embedding_pb2.DenseValue(
+        name="ada.weight", value=np.full(2, 1e20, np.float32).tobytes())])
+    ada = client.read_dense_payload("ada.weight").copy()
+    expect_error(lambda: stub_for(client, primary).Push(rows_and_dense, timeout=10),
+                 grpc.StatusCode.INVALID_ARGUMENT, ["dense tensor 'ada.weight'", "non-finite"])
+    assert_unchanged(client, before, "valid rows with a dense gradient that overflows")  # the rows too
+    np.testing.assert_array_equal(client.read_dense_payload("ada.weight"), ada)
+
+    bag = EmbeddingBag(client, "t", mode="sum")
+    pushes = client.stats["pushes"]
+    (bag(torch.tensor([[0, 1]])).sum() * 1e20).backward()
+    with pytest.raises(ClusterError, match="'t' reaches 1e\\+20, beyond what its optimizer.*no server applied"):
+        client.step()
+    assert client.stats["pushes"] == pushes
+    assert_unchanged(client, before, "step() with a gradient of 1e20")
+    client.zero_grad()
+
+
+def test_a_part_refused_for_its_content_is_reported_with_what_was_applied(env, tmp_path):
+    """What only a server can judge -- a gradient that overflows given the row's accumulated state -- is refused
+    by that server for its whole part while the other server applies its own: the step raises
+    ``StepPartlyApplied`` naming both, the refusing server's rows are unchanged and finite, and a snapshot of
+    the cluster still loads."""
+    from ecrec.client import EmbeddingBag, StepPartlyApplied
+
+    _, client = env
+    r0, r1 = int(owned(client, 0)[0]), int(owned(client, 1)[0])
+    grads = np.zeros((1, DIM), np.float32)
+    grads[0, 0] = 1.5e19  # under what adagrad keeps finite alone (1.8e19): the accumulator becomes 2.25e38
+    stub_for(client, 0).Push(push([r0], grads, worker="pump", seq=1), timeout=10)
+    bag = EmbeddingBag(client, "t", mode="sum")
+    def rows():
+        ids, payload = client.read_payload("t")
+        return payload[np.searchsorted(ids, [r0, r1])].copy()
+
+    before = rows()
+    weight = bag(torch.tensor([[r0]])).sum() * 0  # the row's first element gets 1.5e19 again: 4.5e38 overflows
+    (bag(torch.tensor([[r0]]))[0, 0] * 1.5e19 + bag(torch.tensor([[r1]])).sum() + weight).backward()
+    with pytest.raises(StepPartlyApplied) as info:
+        client.step()
+    assert set(info.value.applied) == {1} and info.value.applied[1] == 1, info.value.applied
+    assert set(info.value.refused) == {0} and "non-finite" in info.value.refused[0], info.value.refused
+    assert "do not retry" in str(info.value)
+    after = rows()
+    np.testing.assert_array_equal(after[0], before[0])  # refused: unchanged
+    assert not np.array_equal(after[1], before[1])  # applied
+    ids, payload = client.read_payload("t")
+    assert np.isfinite(payload.view(np.float32)).all()
+    parity_state(client)  # parity still the encoding of the rows
+    client.save(str(tmp_path / "snap"))
+    client.load(str(tmp_path / "snap"))  # refused "state must be finite" when an accumulator became inf
+    np.testing.assert_array_equal(client.read_payload("t")[1], payload)
+
+
 def test_an_echo_cannot_ask_for_a_huge_reply(env):
     """``Echo`` with ``reply_bytes`` of 200 MiB (under the 256 MiB message limit): a 5-byte request made the server
     allocate and send 200 MB (four of them: +1.4 GB); refused now, a measurement-sized one still answered."""

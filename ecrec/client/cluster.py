@@ -38,6 +38,7 @@ from ecrec.config import ClientConfig
 from ecrec.client.courier import Courier
 from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
+from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_gradients
 from ecrec.coding.layout import Layout
 from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
@@ -52,10 +53,6 @@ WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
 
 #: how long a background poll (``poll_rows``) retries one server before it counts as failed (s)
 POLL_RETRY_S = 10.0
-
-
-class ClusterError(RuntimeError):
-    """A cluster call failed for good (bad input, or no replacement within the retry deadline)."""
 
 
 @dataclass
@@ -121,7 +118,8 @@ class Cluster:
         self.replacements: list[Replacement] = []  # servers this client saw replaced, oldest first
         self._last_live: dict[int, str] = {}
         self._live_ids: dict[int, str] = {}  # index -> the server id serving it in the newest map
-        self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0, "snapshot_failures": 0}
+        self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0, "snapshot_failures": 0,
+                       "steps_partly_applied": 0}
         self._rows = RowIO(self)
 
     @property
@@ -174,12 +172,13 @@ class Cluster:
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
-    def _fan_out(self, method: str, requests: dict[int, object]) -> dict[int, object]:
+    def _fan_out(self, method: str, requests: dict[int, object], collect: bool = False) -> dict[int, object]:
         """One request per server index in parallel; a call whose server is gone follows the map to the
-        replacement and retries the same request (same push id)."""
+        replacement and retries the same request (same push id).  ``collect``: a server's error status is
+        returned in its place (a ``PeerError``) once every call ended, instead of raised."""
         self._keeper.called()
         try:
-            return self.peers.fan_out(method, requests, prepare=self._replay_if_replaced)
+            return self.peers.fan_out(method, requests, prepare=self._replay_if_replaced, collect=collect)
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
@@ -472,14 +471,15 @@ class Cluster:
     def step(self) -> dict:
         """Pushes every pending gradient (rows and dense) and returns when the servers applied them.
 
-        A step applies whole or not at all: a gradient that is not finite (NaN or Inf) anywhere in it raises
-        ``ClusterError`` naming the tables and dense tensors before anything is sent, every gradient kept
-        (:meth:`zero_grad` drops them; a server would refuse its part and apply the others)."""
+        A step applies whole or not at all where the worker can judge it: a gradient that is not finite (NaN or
+        Inf) anywhere, or beyond what its optimizer keeps finite, raises ``ClusterError`` naming the tables and
+        dense tensors before anything is sent, every gradient kept (:meth:`zero_grad` drops them).  A part a
+        server refuses for its content (its result would not be finite given the rows' state) changes nothing
+        there while the other parts apply: :class:`~ecrec.client.steps.StepPartlyApplied` names both."""
         with self._lock:
             pending, self._pending = self._pending, []
         per_table: dict[str, tuple[list, list]] = {}
         lookups: dict[str, list] = {}
-        bad: list[str] = []
         for p in pending:
             if p.rows.grad is None:
                 continue
@@ -488,16 +488,17 @@ class Cluster:
             ids_list, grad_list = per_table.setdefault(p.table, ([], []))
             ids_list.append(p.ids)
             grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
-            if not np.isfinite(grad_list[-1]).all() and f"table {p.table!r}" not in bad:
-                bad.append(f"table {p.table!r}")
-        bad += [f"dense tensor {name!r}" for name, param in self._dense.items()
-                if param.grad is not None and not bool(torch.isfinite(param.grad).all())]
+        with self._lock:
+            m = self.map
+        bad = bad_gradients({t: grads for t, (_, grads) in per_table.items()},
+                            {name: param.grad.detach().to(torch.float32).numpy() for name, param in self._dense.items()
+                             if param.grad is not None},
+                            {t.name: t for t in m.tables} if m else {}, {d.name: d for d in m.dense} if m else {})
         with self._lock:
             if bad:
                 self._pending[:0] = pending  # kept, in order, ahead of anything recorded since
-                raise ClusterError(f"step refused before anything was sent: the gradient of {', '.join(bad)} holds "
-                                   "NaN or Inf; no server applied any part of it (the gradients are kept: "
-                                   "zero_grad() drops them)")
+                raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
+                                   "part of it (the gradients are kept: zero_grad() drops them)")
             self._sequence += 1
             push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
         requests: dict[int, embedding_pb2.PushRequest] = {}
@@ -553,13 +554,19 @@ class Cluster:
         for i, request in requests.items():
             self.courier.attach(i, request)
         self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
-        replies = self._fan_out("Push", requests)
+        replies = self._fan_out("Push", requests, collect=True)
         self._stats["pushes"] += 1
+        refused = {i: r for i, r in replies.items() if isinstance(r, PeerError)}
+        replies = {i: r for i, r in replies.items() if i not in refused}
         for i, reply in replies.items():
             self.courier.pushed(i, requests[i], reply)
             self._load_dense(reply.dense)
         if self.courier.unconfirmed():
             self._keeper.holding()
+        if refused:
+            self._stats["steps_partly_applied"] += 1
+            raise StepPartlyApplied(self.steps_done + 1, {i: r.rows_updated for i, r in replies.items()},
+                                    {i: f"{e.code.name}: {e.details}" for i, e in refused.items()})
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}

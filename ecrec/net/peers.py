@@ -337,9 +337,11 @@ class Peers:
         return replies
 
     def fan_out(self, method: str, requests: dict[int, object], service: str = EMBEDDING,
-                prepare: Callable[[int], None] | None = None) -> dict[int, object]:
+                prepare: Callable[[int], None] | None = None, collect: bool = False) -> dict[int, object]:
         """One request per index in parallel; a call whose server is gone falls back to :meth:`call`, which
-        follows the map and retries the same request.  ``prepare`` as in :meth:`call`."""
+        follows the map and retries the same request.  ``prepare`` as in :meth:`call`.  An error status (not
+        "gone") raises :class:`PeerError`, or with ``collect`` stands in that index's place in the result while
+        the other calls go on."""
         sent, work = [], []
         for index, request in requests.items():
             if prepare is not None:
@@ -360,6 +362,15 @@ class Peers:
                 if not isinstance(exc, grpc.RpcError):
                     raise exc
                 if not transport.is_unavailable(exc):
-                    raise PeerError(index, address, method, exc.code(), exc.details()) from None
-            replies[index] = self.call(index, method, request, service, prepare=prepare)
+                    error = PeerError(index, address, method, exc.code(), exc.details())
+                    if not collect:
+                        raise error from None
+                    replies[index] = error
+                    continue
+            try:
+                replies[index] = self.call(index, method, request, service, prepare=prepare)
+            except PeerError as error:
+                if not collect:
+                    raise
+                replies[index] = error
         return replies

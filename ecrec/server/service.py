@@ -188,22 +188,24 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             if seq is not None:
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
             st.applied.admit(key[0])  # a new incarnation beyond the table's bound is refused, nothing applied
+            # every part computed and checked before anything is written: an update whose result would not be
+            # finite is refused whole (InvalidRequest), here as on the parts of other tables
+            keep = keep_old or want_delta
+            prepared_tables = [(shard, ids, shard.prepare_assignment(slots, g.values, g.columns, keep)
+                                if isinstance(g, Assignment) else shard.prepare_gradients(slots, g, keep))
+                               for shard, ids, slots, g in table_plans]
+            prepared_dense = [(d, d.prepare_assignment(g.values, keep) if isinstance(g, Assignment)
+                               else d.prepare_gradient(g, keep)) for d, g in dense_plans]
             push = AppliedPush(key, st.sequencer.next(st.epoch))
-            for shard, ids, slots, grads in table_plans:
-                if isinstance(grads, Assignment):
-                    old, new, old_versions = shard.assign_rows(slots, grads.values, grads.columns, push.seq,
-                                                               keep_old, want_delta)
-                else:
-                    old, new, old_versions = shard.apply_gradients(slots, grads, push.seq, keep_old, want_delta)
+            for shard, ids, prepared in prepared_tables:
+                slots = prepared.slots
+                old, new, old_versions = shard.commit(prepared, push.seq, want_delta)
                 push.tables.append(TableUpdate(shard, ids, slots, None, new, old_versions, delta=old) if want_delta
                                    else TableUpdate(shard, ids, slots, old, new, old_versions))
                 rows_updated += len(slots)
                 push.nbytes += new.nbytes
-            for d, grad in dense_plans:
-                if isinstance(grad, Assignment):
-                    old, new, old_version = d.assign_payload(grad.values, push.seq, keep_old, want_delta)
-                else:
-                    old, new, old_version = d.apply_gradient(grad, push.seq, keep_old, want_delta)
+            for d, prepared in prepared_dense:
+                old, new, old_version = d.commit(prepared, push.seq, want_delta)
                 push.dense.append(DenseUpdate(d, None, new, old_version, delta=old) if want_delta
                                   else DenseUpdate(d, old, new, old_version))
                 push.nbytes += new.nbytes

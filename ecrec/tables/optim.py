@@ -37,6 +37,21 @@ def check_params(name: str, lr: float, eps: float, initial_accumulator_value: fl
         raise ValueError(f"{what}: adagrad needs eps > 0 or initial_accumulator_value > 0 (division by zero)")
 
 
+#: the largest float32
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def gradient_limit(name: str, lr: float) -> float:
+    """The largest gradient magnitude the optimizer ``name`` turns into finite numbers whatever the state:
+    ``lr * g`` must be finite, and for adagrad ``g * g`` too.  A larger one is refused before it is sent (the
+    servers would refuse the update as soon as its result is not finite; this catches it on the worker, so
+    that no server applies any part of the step)."""
+    limit = FLOAT32_MAX / max(float(lr), 1.0)
+    if name == "adagrad":
+        limit = min(limit, math.sqrt(FLOAT32_MAX))
+    return limit
+
+
 def apply(name: str, rows: np.ndarray, grads: np.ndarray, dim: int, lr: float, eps: float) -> None:
     """Updates ``rows`` (``(n, row_floats)`` float32, in place) with ``grads`` (``(n, dim)`` float32)."""
     w = rows[:, :dim]

@@ -34,6 +34,23 @@ class RowsRead:
     ready: np.ndarray  # (n,) bool
 
 
+@dataclass
+class PreparedRows:
+    """An update of some rows computed but not written (:meth:`TableShard.prepare_gradients`)."""
+
+    slots: np.ndarray
+    old: np.ndarray | None  # the rows' payload bytes before (a copy), when asked for
+    rows: np.ndarray  # (n, row_floats) float32: the new rows
+
+
+@dataclass
+class PreparedDense:
+    """A dense tensor's update computed but not written (:meth:`DenseShard.prepare_gradient`)."""
+
+    old: np.ndarray | None
+    floats: np.ndarray  # (1, numel * (1 + state_width)) float32: the new payload
+
+
 class TableShard:
     """This server's rows of one table (see the module docstring)."""
 
@@ -88,12 +105,51 @@ class TableShard:
                         keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Runs the table's optimizer on rows ``slots`` (unique) and stamps them with ``version``;
         returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``; with ``delta``, ``old XOR
-        new`` instead of ``old``, computed while the rows are in cache) and old versions."""
+        new`` instead of ``old``, computed while the rows are in cache) and old versions.  Raises
+        ``InvalidRequest`` and changes nothing when a resulting row would not be finite."""
+        return self.commit(self.prepare_gradients(slots, grads, keep_old or delta), version, delta)
+
+    def prepare_gradients(self, slots: np.ndarray, grads: np.ndarray, keep_old: bool) -> PreparedRows:
+        """What the optimizer makes of rows ``slots`` (unique) with ``grads``, computed on copies: nothing here
+        changes until :meth:`commit`.  Raises ``InvalidRequest`` naming the rows when a result would not be
+        finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
+        whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec
         with self._lock:
             rows = self._floats[slots]  # a copy: fancy indexing
-            old = rows.view(np.uint8).copy() if keep_old or delta else None
+        old = rows.view(np.uint8).copy() if keep_old else None
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not logged as a warning
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
+        self._check_finite(slots, rows)
+        return PreparedRows(slots, old, rows)
+
+    def prepare_assignment(self, slots: np.ndarray, values: np.ndarray, columns: slice,
+                           keep_old: bool) -> PreparedRows:
+        """Rows ``slots`` with ``columns`` replaced by ``values`` (a load or a warm start), on copies; checked
+        as :meth:`prepare_gradients` checks."""
+        with self._lock:
+            rows = self._floats[slots]
+        old = rows.view(np.uint8).copy() if keep_old else None
+        rows[:, columns] = values
+        self._check_finite(slots, rows)
+        return PreparedRows(slots, old, rows)
+
+    def _check_finite(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        bad = ~np.isfinite(rows).all(axis=1)
+        if bad.any():
+            slot_ids = dict(zip(self.owned_slots.tolist(), self.owned_ids.tolist()))
+            ids = [slot_ids.get(int(s), -1) for s in slots[bad][:5]]
+            raise errors.InvalidRequest(
+                f"table {self.spec.name!r}: the update would leave {int(bad.sum())} rows with a non-finite weight "
+                f"or optimizer state (ids {', '.join(map(str, ids))}{', ...' if bad.sum() > 5 else ''}): the "
+                "gradient is too large for the optimizer; push refused, nothing applied")
+
+    def commit(self, prepared: PreparedRows, version: int,
+               delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """Writes prepared rows and stamps them with ``version`` (the caller holds the server's apply lock, so
+        nothing wrote them since they were prepared); returns what :meth:`apply_gradients` returns."""
+        slots, old, rows = prepared.slots, prepared.old, prepared.rows
+        with self._lock:
             self._floats[slots] = rows
             old_versions = self._versions[slots]
             self._versions[slots] = version
@@ -106,17 +162,7 @@ class TableShard:
                     keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Replaces ``columns`` of rows ``slots`` (unique) with ``values`` (a load or a warm start, not a
         gradient) and stamps them with ``version``; returns what :meth:`apply_gradients` returns."""
-        with self._lock:
-            rows = self._floats[slots]
-            old = rows.view(np.uint8).copy() if keep_old or delta else None
-            rows[:, columns] = values
-            self._floats[slots] = rows
-            old_versions = self._versions[slots]
-            self._versions[slots] = version
-            self.row_updates += len(slots)
-        if delta:
-            np.bitwise_xor(old, rows.view(np.uint8), out=old)
-        return old, rows.view(np.uint8), old_versions
+        return self.commit(self.prepare_assignment(slots, values, columns, keep_old or delta), version, delta)
 
     def weights(self, slots: np.ndarray) -> np.ndarray:
         """The rows' weights (float32 ``(n, dim)``, a copy)."""
@@ -254,11 +300,43 @@ class DenseShard:
     def apply_gradient(self, grad: np.ndarray, version: int,
                        keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, int]:
         """Runs the optimizer (this server is the tensor's primary); returns ``(old, new)`` payload bytes (with
-        ``delta``, ``old XOR new`` in place of ``old``) and the old version."""
+        ``delta``, ``old XOR new`` in place of ``old``) and the old version.  Raises ``InvalidRequest`` and
+        changes nothing when the result would not be finite."""
+        return self.commit(self.prepare_gradient(grad, keep_old or delta), version, delta)
+
+    def prepare_gradient(self, grad: np.ndarray, keep_old: bool) -> PreparedDense:
+        """The optimizer's result, on a copy (see :meth:`TableShard.prepare_gradients`)."""
         spec = self.spec
         with self._lock:
-            old = self._bytes.copy() if keep_old or delta else None
-            optim.apply(spec.optimizer, self._floats, grad[None, :], spec.numel, spec.lr, spec.eps)
+            floats = self._floats.copy()
+        old = floats.view(np.uint8).reshape(-1).copy() if keep_old else None
+        with np.errstate(over="ignore", invalid="ignore"):
+            optim.apply(spec.optimizer, floats, grad[None, :], spec.numel, spec.lr, spec.eps)
+        self._check_finite(floats)
+        return PreparedDense(old, floats)
+
+    def prepare_assignment(self, payload: np.ndarray, keep_old: bool) -> PreparedDense:
+        """The whole payload replaced (weights then optimizer state, float32: a restore), on a copy."""
+        with self._lock:
+            floats = self._floats.copy()
+        old = floats.view(np.uint8).reshape(-1).copy() if keep_old else None
+        floats[0, :] = payload
+        self._check_finite(floats)
+        return PreparedDense(old, floats)
+
+    def _check_finite(self, floats: np.ndarray) -> None:
+        bad = int((~np.isfinite(floats)).sum())
+        if bad:
+            raise errors.InvalidRequest(
+                f"dense tensor {self.spec.name!r}: the update would leave {bad} non-finite values in its weights or "
+                "optimizer state: the gradient is too large for the optimizer; push refused, nothing applied")
+
+    def commit(self, prepared: PreparedDense, version: int, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """Writes a prepared payload (the caller holds the server's apply lock); returns what
+        :meth:`apply_gradient` returns."""
+        old = prepared.old
+        with self._lock:
+            self._floats[...] = prepared.floats
             old_version, self.version = self.version, version
             new = self._bytes.copy()
         if delta:
@@ -269,14 +347,7 @@ class DenseShard:
                        keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, int]:
         """Replaces the whole payload (weights then optimizer state, float32): a restore; returns what
         :meth:`apply_gradient` returns."""
-        with self._lock:
-            old = self._bytes.copy() if keep_old or delta else None
-            self._floats[0, :] = payload
-            old_version, self.version = self.version, version
-            new = self._bytes.copy()
-        if delta:
-            np.bitwise_xor(old, new, out=old)
-        return old, new, old_version
+        return self.commit(self.prepare_assignment(payload, keep_old or delta), version, delta)
 
     def weights_bytes(self) -> bytes:
         with self._lock:

@@ -1,0 +1,58 @@
+"""What a step checks before it sends anything, and how it reports a part a server refused.
+
+A step is one push with one push id, one request per server.  Everything the worker can judge alone is judged
+before any request leaves: a gradient that is not finite, or one so large that the table's optimizer cannot
+turn it into finite numbers whatever its state (:func:`ecrec.tables.optim.gradient_limit`).  What only a server
+can judge -- an update whose result would not be finite given the rows' optimizer state -- is refused by that
+server for its whole part, which changes nothing there; the other servers' parts are applied.  Such a step
+raises :class:`StepPartlyApplied`, which names both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ecrec.tables import optim
+
+
+class ClusterError(RuntimeError):
+    """A cluster call failed for good (bad input, or no replacement within the retry deadline)."""
+
+
+class StepPartlyApplied(ClusterError):
+    """Some servers applied their parts of a step and others refused theirs for their content.
+
+    ``applied``: server index -> rows updated there; ``refused``: server index -> the server's reason.  A
+    refused part changed nothing on its server; an applied part stays applied (and redundant) -- the step's
+    gradients are spent, so do not retry the step: fix the input and go on with the next one."""
+
+    def __init__(self, step: int, applied: dict[int, int], refused: dict[int, str]):
+        self.step, self.applied, self.refused = step, applied, refused
+        parts = "; ".join(f"server {i}: {why}" for i, why in sorted(refused.items()))
+        done = (", ".join(f"server {i} ({rows} rows)" for i, rows in sorted(applied.items())) or "none")
+        super().__init__(f"step {step} partly applied: applied by {done}; refused, nothing changed there, by {parts}. "
+                         "The applied parts stay applied: do not retry this step")
+
+
+def bad_gradients(tables: dict[str, list[np.ndarray]], dense: dict[str, np.ndarray], specs: dict, dense_specs: dict
+                  ) -> list[str]:
+    """What is wrong with a step's gradients, one phrase per table or dense tensor (empty: nothing).
+
+    ``tables``: name -> gradient arrays; ``dense``: name -> gradient; ``specs``/``dense_specs``: name -> the
+    map's spec (``optimizer``, ``lr``), when known."""
+    bad = []
+    for kind, grads in (("table", tables), ("dense tensor", dense)):
+        for name, parts in grads.items():
+            parts = parts if isinstance(parts, list) else [parts]
+            if not all(np.isfinite(p).all() for p in parts):
+                bad.append(f"the gradient of {kind} {name!r} holds NaN or Inf")
+                continue
+            spec = (specs if kind == "table" else dense_specs).get(name)
+            if spec is None:
+                continue
+            limit = optim.gradient_limit(spec.optimizer, spec.lr)
+            largest = max((float(np.abs(p).max()) for p in parts if p.size), default=0.0)
+            if largest > limit:
+                bad.append(f"the gradient of {kind} {name!r} reaches {largest:.3g}, beyond what its optimizer "
+                           f"({spec.optimizer}, lr {spec.lr:g}) keeps finite ({limit:.3g})")
+    return bad
