@@ -149,6 +149,13 @@ class CoordinatorConfig(SecurityOptions):
                                            "declared failed and skipped for the next standby")
     create_timeout_s: float = option(600.0, "deadline of creating a table or dense tensor on the servers (initial "
                                             "values and parity of a large table take a while)")
+    max_server_bytes: int | None = option(None, "the most table and dense-tensor memory the map may ask of one server "
+                                                "(a table's shard of rows with optimizer state, times 1 + m for its "
+                                                "parity; every dense tensor); a table or dense tensor beyond it is "
+                                                "refused with RESOURCE_EXHAUSTED and nothing is created (one near a "
+                                                "server's memory would take down every server and standby at once). "
+                                                "Default: 60 percent of this host's memory; set it when the servers' hosts "
+                                                "differ")
     state_path: str | None = option(None, "file where the map is persisted across coordinator restarts")
     store: str | None = option(None, "where the map is kept: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (one etcd key "
                                      "written by compare-and-swap; run two or more coordinators on it, one leads; "

@@ -166,3 +166,28 @@ def test_an_epoch_issued_after_the_servers_last_fetch_is_accepted(make_cluster):
     refused(lambda: stub.Pull(forged, timeout=30), IA, "never issued")
     counting_push(client, np.arange(ROWS))
     assert_counts(client, initial, np.ones(ROWS))
+
+
+def test_a_table_or_dense_tensor_beyond_a_servers_memory_bound_is_refused_and_nothing_is_created(make_cluster):
+    """Every server (and standby) holds a shard of every table: one near a server's memory would take them all
+    down at once.  The coordinator refuses a table, or a dense tensor, that would take the map's demand on one
+    server (rows with optimizer state, times 1 + m for parity) beyond ``--max-server-bytes``: RESOURCE_EXHAUSTED
+    naming the bytes and the bound, no table in the map, no server holding any of it."""
+    import torch
+
+    from ecrec.client import Cluster, ClusterError
+
+    local = make_cluster(servers=2, strategy="ecrec", k=1, m=1, coordinator_options={"max_server_bytes": 1 << 20})
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("a", 4096, 8, optimizer="adagrad")  # 2048 rows of 64 bytes, twice: 256 KiB a server
+    with pytest.raises(ClusterError, match=r"RESOURCE_EXHAUSTED.*table 'b' would need 1048576 bytes.*"
+                                           r"--max-server-bytes.*nothing created"):
+        client.create_table("b", 16384, 8, optimizer="adagrad")
+    with pytest.raises(ClusterError, match=r"dense tensor 'big.weight' would need .*--max-server-bytes"):
+        client.register_dense(torch.nn.Linear(512, 512), prefix="big.")
+    assert [t.name for t in client.refresh_map().tables] == ["a"] and not client.map.dense
+    stats = client.strategy_call("stats")
+    assert all(s["server"]["data_rows"] == 2048 for s in stats.values()), stats
+    client.create_table("c", 4096, 8, optimizer="adagrad")  # what fits is still created
+    client.register_dense(torch.nn.Linear(4, 2), prefix="small.")
+    assert [t.name for t in client.refresh_map().tables] == ["a", "c"]

@@ -38,6 +38,14 @@ from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embed
 log = logging.getLogger("ecrec.coordinator")
 
 
+def default_server_bytes() -> int:
+    """60 percent of this host's memory (the default ``--max-server-bytes``)."""
+    try:
+        return int(0.6 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):  # pragma: no cover - not on Linux
+        return 1 << 62
+
+
 class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     """The coordinator's RPCs over its parts (see the module); :meth:`start` serves them."""
 
@@ -204,6 +212,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                         )
                 if not self.state.map.ready:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.state.not_ready_message())
+                self._check_server_bytes(context, f"table {spec.name!r}", self._table_bytes(spec))
                 targets = [s.address for s in self.state.map.servers if s.index >= 0 and s.state in (ACTIVE, RECOVERING)]
             error = self.links.call_all(targets, lambda stub: stub.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s))
             if error:
@@ -214,6 +223,25 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         log.info("created table %s (%d rows x %d, %s)", spec.name, spec.num_rows, spec.dim, spec.optimizer)
         self.links.broadcast(snapshot)
         return snapshot
+
+    def _table_bytes(self, spec: TableSpec) -> int:
+        """What table ``spec`` asks of one server: its shard of rows (weights and optimizer state) and, for the
+        parity or copies its strategy keeps, m times that again."""
+        layout = self.state.layout
+        return layout.data_slots_per_server(spec.num_rows) * spec.row_bytes * (1 + max(layout.m, 0))
+
+    def _check_server_bytes(self, context, what: str, more: int) -> None:
+        """Aborts with RESOURCE_EXHAUSTED when the map's tables and dense tensors and ``more`` bytes would ask more
+        of one server than ``--max-server-bytes``; call with the state's lock held, before anything is created."""
+        bound = self.config.max_server_bytes or default_server_bytes()
+        held = (sum(self._table_bytes(TableSpec.from_proto(t)) for t in self.state.map.tables)
+                + sum(DenseSpec.from_proto(d).payload_bytes for d in self.state.map.dense))
+        if held + more > bound:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{what} would need {more} bytes on each server beside the {held} its tables and dense "
+                          f"tensors hold, more than the bound of {bound} bytes (--max-server-bytes; default 60 "
+                          "percent of the coordinator host's memory): nothing created; shard the model over more "
+                          "servers or raise the bound if the servers have the memory")
 
     def RegisterDense(self, request, context):
         try:
@@ -230,6 +258,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                     context.abort(grpc.StatusCode.ALREADY_EXISTS, f"dense tensor {spec.name!r} exists with a different spec")
                 if not self.state.map.ready:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.state.not_ready_message())
+                self._check_server_bytes(context, f"dense tensor {spec.name!r}", spec.payload_bytes)
                 targets = [self.state.at_index(i).address for i in self.state.layout.dense_servers(spec.name)]
             req = embedding_pb2.CreateDenseRequest(spec=spec.to_proto(), initial_value=request.initial_value)
             error = self.links.call_all(targets, lambda stub: stub.CreateDense(req, timeout=self.config.create_timeout_s))
