@@ -74,12 +74,45 @@ class SecurityOptions:
         return cached
 
 
+@dataclass(kw_only=True)
+class EtcdClientOptions:
+    """How the control plane (coordinators and servers, never workers) dials etcd."""
+
+    etcd_ca: str | None = option(None, "PEM certificate of the CA that signed etcd's certificates and this process's "
+                                       "--etcd-cert.  Give etcd a CA of its own, one that signs no worker's "
+                                       "certificate: etcd holds the server key, and it admits every certificate its "
+                                       "CA signed.  Default: the cluster's --tls-ca (with a warning)")
+    etcd_cert: str | None = option(None, "PEM certificate this process presents to etcd (default: --tls-cert)")
+    etcd_key: str | None = option(None, "PEM private key of --etcd-cert (default: --tls-key)")
+
+    def etcd_tls_files(self) -> tuple[tuple[str, str | None, str | None] | None, bool]:
+        """``((ca, cert, key) or None for plain, shared)`` to dial etcd with; ``shared``: they are the cluster's
+        own ``--tls-*`` files, whose CA signs every worker's certificate too.  Raises ValueError for an
+        incomplete set."""
+        if self.etcd_ca:
+            if bool(self.etcd_cert) != bool(self.etcd_key):
+                raise ValueError("--etcd-cert and --etcd-key go together")
+            return (self.etcd_ca, self.etcd_cert, self.etcd_key), False
+        if self.etcd_cert or self.etcd_key:
+            raise ValueError("--etcd-cert/--etcd-key need --etcd-ca (the CA that signed etcd's certificates)")
+        tls_ca = getattr(self, "tls_ca", None)
+        if tls_ca:
+            return (tls_ca, getattr(self, "tls_cert", None), getattr(self, "tls_key", None)), True
+        return None, False
+
+
+#: the warning a control-plane process logs when it dials etcd with the cluster's own certificates
+SHARED_CA_WARNING = ("etcd is dialed with the cluster's --tls-ca/--tls-cert: if etcd trusts that CA, every certificate "
+                     "it signed -- a worker's included -- can read and write the control plane's keys, the server key "
+                     "among them; give etcd a CA of its own (--etcd-ca, --etcd-cert, --etcd-key)")
+
+
 #: bind addresses that mean "every interface" (not an address to reach a server at)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass
-class ServerConfig(SecurityOptions):
+class ServerConfig(SecurityOptions, EtcdClientOptions):
     """Settings of one ``ecrec-server serve`` process."""
 
     coordinator: str = option(REQUIRED, "coordinator address host:port")
@@ -128,7 +161,7 @@ class ServerConfig(SecurityOptions):
 
 
 @dataclass
-class CoordinatorConfig(SecurityOptions):
+class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
     """Settings of one ``ecrec-server coordinator`` process."""
 
     cluster: ClusterSpec = option(REQUIRED, "the cluster (servers, strategy, k, m, options)", cli=False)

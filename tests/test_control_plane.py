@@ -683,6 +683,63 @@ def test_the_coordinators_dial_etcd_with_tls_when_the_cluster_uses_it(make_clust
     assert_counts(client, initial, np.ones(ROWS))
 
 
+@pytest.mark.cluster
+@needs_etcd
+def test_with_a_ca_of_its_own_etcd_refuses_every_worker_certificate(make_cluster, tmp_path):
+    """etcd holds the control plane's keys, the server key among them, and admits every certificate its CA
+    signed.  Given a CA of its own (``--etcd-ca/--etcd-cert/--etcd-key`` on the coordinators and servers), the
+    cluster trains and fails over as before, while a worker's certificate -- signed by the cluster's CA -- can
+    neither read nor write etcd, even with etcd's CA certificate in hand (on the cluster's CA, a "trainer"
+    certificate read the server key)."""
+    trustme = pytest.importorskip("trustme")
+    from helpers import issue
+
+    from ecrec.control.etcd import EtcdClient, EtcdError, EtcdTLS
+    cluster_ca, etcd_ca = trustme.CA(), trustme.CA()
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "etcd").mkdir()
+    cluster_ca.cert_pem.write_to_path(str(tmp_path / "cluster" / "ca.pem"))
+    etcd_ca.cert_pem.write_to_path(str(tmp_path / "etcd" / "ca.pem"))
+    control = issue(etcd_ca, tmp_path / "etcd", "ecrec-control")
+    etcd_options = {"etcd_ca": control["tls_ca"], "etcd_cert": control["tls_cert"], "etcd_key": control["tls_key"]}
+    trainer = issue(cluster_ca, tmp_path / "cluster", "trainer")
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, store="etcd", coordinators=2,
+                         server_security=issue(cluster_ca, tmp_path / "cluster", "ecrec-server"),
+                         coordinator_security=issue(cluster_ca, tmp_path / "cluster", "ecrec-coordinator"),
+                         client_security=trainer, etcd_tls=issue(etcd_ca, tmp_path / "etcd", "etcd"),
+                         coordinator_options=etcd_options, server_options=etcd_options)
+    client = Cluster.connect(local.coordinator_address, config=local.client_config(rpc_timeout_s=60.0))
+    client.create_table("t", ROWS, 4, optimizer="sgd", lr=1.0, init="zeros")
+    initial = client.read_payload("t")[1].copy()
+    counting_push(client, np.arange(ROWS))
+    state_key = f"{local.etcd_prefix}/state".encode()
+    assert local.etcd.client().get(state_key) is not None  # the control plane's certificate reads it
+    for ca in (trainer["tls_ca"], control["tls_ca"]):  # trusting either CA: the handshake fails at etcd
+        worker = EtcdClient(local.etcd.endpoints, timeout_s=2.0, tls=EtcdTLS(ca, trainer["tls_cert"],
+                                                                            trainer["tls_key"]))
+        with pytest.raises(EtcdError):
+            worker.get(state_key)
+        with pytest.raises(EtcdError):
+            worker.put(f"{local.etcd_prefix}/servers/evil".encode(), b"x")
+        worker.close()
+    assert_counts(client, initial, np.ones(ROWS))
+
+
+def test_etcd_tls_options_name_what_is_missing():
+    from ecrec.config import CoordinatorConfig, ClusterSpec
+
+    spec = ClusterSpec(num_servers=2)
+    assert CoordinatorConfig(cluster=spec).etcd_tls_files() == (None, False)
+    assert CoordinatorConfig(cluster=spec, tls_ca="c", tls_cert="a", tls_key="b").etcd_tls_files() == (("c", "a", "b"),
+                                                                                                       True)
+    assert CoordinatorConfig(cluster=spec, tls_ca="c", etcd_ca="e", etcd_cert="x",
+                             etcd_key="y").etcd_tls_files() == (("e", "x", "y"), False)
+    with pytest.raises(ValueError, match="--etcd-cert and --etcd-key go together"):
+        CoordinatorConfig(cluster=spec, etcd_ca="e", etcd_cert="x").etcd_tls_files()
+    with pytest.raises(ValueError, match="need --etcd-ca"):
+        CoordinatorConfig(cluster=spec, etcd_cert="x", etcd_key="y").etcd_tls_files()
+
+
 def test_a_followers_refusal_names_the_leader_and_only_a_dialable_one_is_followed():
     from ecrec.net.peers import NOT_LEADER, leader_named
 

@@ -23,7 +23,7 @@ import time
 
 import grpc
 
-from ecrec.config import CoordinatorConfig
+from ecrec.config import SHARED_CA_WARNING, CoordinatorConfig
 from ecrec.control.cluster_state import ACTIVE, FAILED, PROMOTING, RECOVERING, STANDBY, ClusterState
 from ecrec.control.detection import FailureDetector, connection_refused
 from ecrec.control.etcd import EtcdTLS
@@ -316,7 +316,10 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         if self.state.store_args is None:
             return CoordinatorServer(self)
         cfg, args = self.config, self.state.store_args
-        tls = EtcdTLS(cfg.tls_ca, cfg.tls_cert, cfg.tls_key) if cfg.tls_ca else None
+        files, shared = cfg.etcd_tls_files()
+        tls = EtcdTLS(*files) if files else None
+        if shared:
+            log.warning(SHARED_CA_WARNING)
         me = f"{socket.gethostname()}-{os.getpid()}"
         return CoordinatorServer(self, lambda address: EtcdStore(
             args["endpoints"], args["prefix"], me=me, address=address, ttl_s=cfg.election_ttl_s,

@@ -15,7 +15,7 @@ import uuid
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ecrec.config import ServerConfig
+from ecrec.config import SHARED_CA_WARNING, ServerConfig
 from ecrec.control.etcd import EtcdTLS
 from ecrec.control.etcd_lease import EtcdLease
 from ecrec.control.lease import CoordinatorLease, LeaseKeeper, Renewal
@@ -97,8 +97,10 @@ class EmbeddingServer:
             if self.state.map is None:
                 time.sleep(0.2)
         if self.state.map is not None and self.state.map.lease_store:
-            cfg = self.config
-            tls = EtcdTLS(cfg.tls_ca, cfg.tls_cert, cfg.tls_key) if cfg.tls_ca else None
+            files, shared = self.config.etcd_tls_files()
+            tls = EtcdTLS(*files) if files else None
+            if shared:
+                log.warning(SHARED_CA_WARNING)
             self.etcd_lease = EtcdLease(self.state.map.lease_store, self.state.map.lease_s, self.state.server_id,
                                         self.state.address, tls)
             self.etcd_lease.acquire(deadline)  # before registering: the coordinator checks the key
