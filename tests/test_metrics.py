@@ -154,6 +154,38 @@ def test_bad_metrics_port_is_refused():
         metrics.serve(metrics.CoordinatorCollector(lambda: None), "127.0.0.1", 70000)
 
 
+@pytest.mark.cluster
+def test_refused_requests_are_counted_by_method_and_status(make_cluster):
+    """A server counts what it refuses -- a push with a NaN gradient, a pull of an unknown table -- by method and
+    status (``ecrec_requests_refused_total``); requests it serves are not counted there."""
+    import grpc
+    import numpy as np
+
+    from ecrec.net import transport
+    from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+
+    base = free_port_range(3)
+    local = make_cluster(servers=2, strategy="none", metrics_port=base)
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("t", 10, 2, optimizer="sgd", lr=0.1)
+    address = next(s.address for s in cluster.map.servers if s.index == 0)
+    stub = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(address))
+    ids = np.flatnonzero(cluster.layout.locate(np.arange(10))[0] == 0)[:1]
+    nan = embedding_pb2.PushRequest(tables=[embedding_pb2.TableGrads(
+        table="t", ids=transport.ids_to_bytes(ids), grads=np.full(2, np.nan, np.float32).tobytes())],
+        push_id=embedding_pb2.PushId(worker="w", sequence=1))
+    for _ in range(3):
+        with pytest.raises(grpc.RpcError):
+            stub.Push(nan, timeout=10)
+    with pytest.raises(grpc.RpcError):
+        stub.Pull(embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table="nope", ids=transport.ids_to_bytes(
+            ids))]), timeout=10)
+    cluster.pull("t", ids)  # served: not a refusal
+    scraped = scrape(local.metrics_addresses()["server 0"])
+    assert value(scraped, "ecrec_requests_refused_total", method="Push", code="INVALID_ARGUMENT") == 3
+    assert value(scraped, "ecrec_requests_refused_total", method="Pull", code="NOT_FOUND") == 1
+
+
 def test_the_docs_list_every_metric():
     """Every metric a server's strategy or the coordinator exports is in the list of docs/operations.md."""
     from pathlib import Path
@@ -166,6 +198,6 @@ def test_the_docs_list_every_metric():
     names |= {family.name for family in metrics.CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect()}
     names |= {"ecrec_rebuild_progress_ratio", "ecrec_server_requests_total", "ecrec_server_request_duration_seconds",
               "ecrec_server_rows_pulled_total", "ecrec_server_rows_pushed_total", "ecrec_server_epoch",
-              "ecrec_server_lease_remaining_seconds"}
+              "ecrec_server_lease_remaining_seconds", "ecrec_requests_refused_total"}
     missing = sorted(name for name in names if f"`{name}`" not in readme)
     assert not missing, f"not in the metrics list of docs/operations.md: {missing}"

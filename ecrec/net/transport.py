@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import threading
 from concurrent import futures
 
 import grpc
@@ -137,6 +138,28 @@ def grpc_status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
+class Refusals:
+    """Requests this process refused, by method and gRPC status (a bad input, a bound, a wrong caller): the
+    metric ``ecrec_requests_refused`` whose rate shows a misbehaving or hostile caller."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def add(self, method: str, code: grpc.StatusCode) -> None:
+        with self._lock:
+            key = (method, code.name)
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+#: this process's refusals (servers and coordinators count theirs here)
+REFUSALS = Refusals()
+
+
 def service_method(fn):
     """Wraps a servicer method: domain errors become their gRPC status with the message, a plain
     ``ValueError`` becomes INVALID_ARGUMENT, anything else is logged and answered INTERNAL.
@@ -151,8 +174,11 @@ def service_method(fn):
             raise
         except errors.EcrecError as exc:
             code, message = grpc_status_of(exc)
+            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                REFUSALS.add(fn.__name__, code)
             context.abort(code, message)
         except ValueError as exc:
+            REFUSALS.add(fn.__name__, grpc.StatusCode.INVALID_ARGUMENT)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # noqa: BLE001 - reported, never swallowed
             log.exception("%s failed", fn.__name__)

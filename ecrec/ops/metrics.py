@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ecrec.net import transport
 from ecrec.net.cluster_map import fully_redundant
 
 log = logging.getLogger("ecrec.metrics")
@@ -101,6 +102,7 @@ class ServerCollector:
             cpu.add_metric([method], handlers["cpu_seconds"][method])
         yield requests
         yield cpu
+        yield refusals_metric()
         yield from state.handlers.latency.collect()  # prometheus_client's Histogram, observed per request
         rows = handlers.get("rows", {})
         yield CounterMetricFamily("ecrec_server_rows_pulled", "rows served to pulls", value=rows.get("pulled", 0))
@@ -123,6 +125,16 @@ class ServerCollector:
             log.exception("strategy %s: stats() failed during a metrics scrape", strategy.name)
             return
         yield from strategy_metrics(stats)
+
+
+def refusals_metric() -> Metric:
+    """Requests this process refused, by method and status (``ecrec.net.transport.REFUSALS``)."""
+    family = CounterMetricFamily("ecrec_requests_refused", "requests refused for their content, a bound or the "
+                                 "caller (bad input, RESOURCE_EXHAUSTED, PERMISSION_DENIED, ...), by method and status",
+                                 labels=["method", "code"])
+    for (method, code), count in sorted(transport.REFUSALS.snapshot().items()):
+        family.add_metric([method, code], count)
+    return family
 
 
 def strategy_metrics(stats: dict) -> Iterable[Metric]:
