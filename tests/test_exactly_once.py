@@ -122,6 +122,18 @@ def test_parity_verification_waits_for_a_rebuild_instead_of_reporting_unbuilt_ro
         impatient.strategy_call("verify_parity", {"timeout_s": 0.5}, indices=[1])
     with pytest.raises(Exception, match="timeout_s must be"):
         impatient.strategy_call("verify_parity", {"timeout_s": -1}, indices=[1])
+    # one verification at a time per server: a second one while the first waits is refused, not queued (each
+    # flushes every owner's parity, pausing their pushes: callers could pile them up)
+    import threading
+    import time
+
+    waiting = threading.Thread(target=lambda: pytest.raises(
+        Exception, impatient.strategy_call, "verify_parity", {"timeout_s": 3.0}, indices=[1]))
+    waiting.start()
+    time.sleep(1.0)
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*already runs on server 1: one at a time"):
+        impatient.strategy_call("verify_parity", {"timeout_s": 0.5}, indices=[1])
+    waiting.join(timeout=30)
     impatient.close()
     release.touch()
     assert_counts(client, initial, counts)  # verification right after the release: it waits for the rebuild

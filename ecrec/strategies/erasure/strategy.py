@@ -42,6 +42,7 @@ class ErasureCoding(FaultToleranceStrategy):
         kernel = "gpu" if host.config.device == "cuda" else "cpu"  # --device says where parity work runs
         self.codec = Codec(layout.k, layout.m, backend=options.backend, kernel=kernel)
         self.closed = threading.Event()
+        self._verifying = threading.Lock()  # one verify_parity at a time here (it flushes every owner's pushes)
         self.counters = Counters()
         self.owner = ParityOwner(host, options, self.closed, self.counters)
         self.receiver = ParityReceiver(host, self.codec, self.counters)
@@ -141,7 +142,14 @@ class ErasureCoding(FaultToleranceStrategy):
             if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
                 raise errors.InvalidRequest(f"verify_parity: timeout_s must be a number of seconds in (0, 3600], "
                                             f"not {timeout_s!r}")
-            return self.verify_parity(float(timeout_s))
+            if not self._verifying.acquire(blocking=False):
+                raise errors.ResourceExhausted(
+                    f"a parity verification already runs on server {self.host.index}: one at a time (each flushes "
+                    "every owner's pending parity, pausing their pushes meanwhile); retry when it ends")
+            try:
+                return self.verify_parity(float(timeout_s))
+            finally:
+                self._verifying.release()
         return super().call(command, args)
 
     def verify_parity(self, timeout_s: float = 30.0) -> dict:
