@@ -139,6 +139,9 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     max_incarnation_bytes: int = option(64, "longest worker incarnation a push may carry (bytes, UTF-8)")
     max_ids_per_request: int = option(1 << 22, "most row ids one pull, push or read may name, repeats included")
     max_push_ids_per_batch: int = option(65_536, "most push ids one parity batch may carry")
+    max_push_hold_s: float = option(600.0, "longest a snapshot may hold this server's pushes while it writes its "
+                                           "cut (they wait, then apply); a hold expires by itself after it, and a "
+                                           "snapshot whose hold expired is refused")
     max_applied_bytes: int = option(64 << 20, "bytes of the table of worker incarnations whose pushes this server "
                                               "applied (retries answered \"already applied\"); a new incarnation "
                                               "beyond it is refused, none is ever forgotten")

@@ -440,3 +440,105 @@ def test_a_url_snapshot_root_is_checked_on_the_location_and_never_overwrites(mak
         stub.WriteSnapshot(request, timeout=30, metadata=cluster.peers.metadata())
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'..'" in info.value.details()
     assert not (tmp_path / "outside").exists()
+
+
+@pytest.mark.cluster
+def test_a_snapshot_taken_while_workers_train_is_a_cut_between_steps(make_cluster, tmp_path):
+    """Two workers push every row (+1 each step, SGD with lr 1 on zeros: a row is minus the steps applied to it)
+    while snapshots are taken, as an operator's ``ecrec-server snapshot`` would: each snapshot holds every
+    row at one count -- no step half in it (2 of 3 held rows of two different steps when the servers wrote while
+    pushes applied) -- and training goes on after each."""
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+
+    from helpers import counting_push
+
+    rows = 64
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    setup = Cluster.connect(local.coordinator_address)
+    setup.create_table("t", rows, 4, optimizer="sgd", lr=1.0, init="zeros")
+    stop = threading.Event()
+    steps = {}
+    errors = []
+
+    def train(name):
+        worker = Cluster.connect(local.coordinator_address, worker=name)
+        steps[name] = 0
+        try:
+            while not stop.is_set():
+                counting_push(worker, np.arange(rows))
+                steps[name] += 1
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=train, args=(f"w{n}",)) for n in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        counts = []
+        for n in range(3):
+            while sum(steps.values()) < 5 * (n + 1) and not errors:
+                time.sleep(0.01)
+            path = tmp_path / f"snap{n}"
+            manifest = setup.save(str(path))
+            assert manifest["cut"]["half_applied_steps"] == []
+            metadata = dcp.FileSystemReader(str(path)).read_metadata()
+            plain = {key: torch.empty(tuple(meta.size)) for key, meta in metadata.state_dict_metadata.items()}
+            dcp.load(plain, checkpoint_id=str(path))
+            weights = plain["tables/t/weight"].numpy()
+            values = np.unique(weights)
+            assert len(values) == 1, f"snapshot {n} holds rows of different steps: {sorted(set(values.tolist()))}"
+            counts.append(-float(values[0]))
+        before = sum(steps.values())
+        while sum(steps.values()) < before + 3 and not errors:  # training goes on after the snapshots
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert counts == sorted(counts) and counts[-1] > 0, counts
+    setup.close()
+
+
+def test_a_cut_waits_for_a_half_applied_step_and_takes_an_abandoned_one_as_it_stands():
+    """``half_applied``: a worker whose last push reached fewer servers than it went to is mid-step (the cut is
+    taken again later), unless its parts are all older than ``ABANDONED_S`` (its worker stopped mid-step)."""
+    from ecrec.snapshot.cut import half_applied
+    from ecrec.wire import embedding_pb2
+
+    def reply(*marks):
+        return embedding_pb2.HoldPushesReply(marks=[embedding_pb2.PushMark(worker=w, sequence=q, parts=p, age_s=a)
+                                                    for w, q, p, a in marks])
+
+    whole = {0: reply(("a", 7, 2, 0.1), ("b", 3, 1, 0.1)), 1: reply(("a", 7, 2, 0.1), ("b", 2, 2, 9.0))}
+    assert half_applied(whole) == []
+    mid = {0: reply(("a", 8, 2, 0.01)), 1: reply(("a", 7, 2, 0.5)), 2: reply(("legacy", 5, 0, 0.0))}
+    assert half_applied(mid) == [{"worker": "a", "sequence": 8, "parts": 2, "applied_at": [0], "age_s":
+                                  pytest.approx(0.01)}]
+
+
+def test_a_hold_on_pushes_expires_by_itself_and_its_release_then_says_it_did_not_stand():
+    import threading
+
+    from ecrec.server.state import PushHold
+
+    lock = threading.Lock()
+    hold = PushHold(lock)
+    with lock:
+        hold.take("snap", 0.05)
+    with lock:
+        with pytest.raises(Exception, match="another snapshot holds"):
+            hold.take("other", 1.0)
+    t0 = time.monotonic()
+    with lock:
+        hold.wait_locked()  # a push waits until the hold expires
+    assert 0.03 < time.monotonic() - t0 < 5
+    with lock:
+        assert hold.release("snap") is False  # expired: the snapshot is refused as torn
+        hold.take("snap2", 5.0)
+        assert hold.release("snap2") is True
+        hold.wait_locked()  # released: nothing to wait for

@@ -522,6 +522,8 @@ class Cluster:
             request_for(self.layout.dense_servers(name)[0]).dense.add(
                 name=name, value=transport.floats_to_bytes(dense_grads[name]))
             param.grad = None
+        for request in requests.values():
+            request.parts = len(requests)  # a snapshot's cut counts the parts of each worker's last push
         result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
                                                              "already_applied": 0}
         self.last_dense_grads = dense_grads  # what this (acknowledged) push applied to each dense tensor

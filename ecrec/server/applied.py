@@ -4,6 +4,7 @@ applied") and the numbers it gives them (:class:`PushSequencer`, the versions st
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 from ecrec import errors
@@ -34,6 +35,8 @@ class AppliedPushes:
         self.max_recent_bytes = max_bytes // 4
         self.max_marks_bytes = max_bytes - self.max_recent_bytes
         self._marks: dict[str, int] = {}
+        self._parts: dict[str, int] = {}  # worker -> how many servers its push at the mark went to (0: not said)
+        self._when: dict[str, float] = {}  # worker -> when its mark last moved (time.monotonic())
         self._recent: OrderedDict[tuple[str, int], int] = OrderedDict()
         self.marks_bytes = 0
         self.recent_bytes = 0
@@ -65,8 +68,9 @@ class AppliedPushes:
                 f"{self.marks_bytes} bytes (bound --max-applied-bytes {self.max_bytes}: three quarters for them); "
                 "a new incarnation is refused (forgetting one could apply its retried pushes twice)")
 
-    def add(self, key: tuple[str, int], seq: int = 0, force: bool = False) -> None:
-        """Records an applied push; a new incarnation must have been admitted (:meth:`admit`) unless ``force``."""
+    def add(self, key: tuple[str, int], seq: int = 0, force: bool = False, parts: int = 0) -> None:
+        """Records an applied push; a new incarnation must have been admitted (:meth:`admit`) unless ``force``.
+        ``parts``: how many servers the push went to (what a snapshot's cut checks, :meth:`marks`)."""
         worker, sequence = key
         with self._lock:
             mark = self._marks.get(worker)
@@ -75,9 +79,11 @@ class AppliedPushes:
                     raise errors.ResourceExhausted(f"no room for the mark of a new worker incarnation "
                                                    f"(--max-applied-bytes {self.max_bytes})")
                 self._marks[worker] = sequence
+                self._parts[worker], self._when[worker] = parts, time.monotonic()
                 self.marks_bytes += self.cost(worker)
             elif sequence > mark:
                 self._marks[worker] = sequence
+                self._parts[worker], self._when[worker] = parts, time.monotonic()
             if seq:
                 if key not in self._recent:
                     self.recent_bytes += self.cost(worker)
@@ -85,6 +91,14 @@ class AppliedPushes:
                 while self.recent_bytes > self.max_recent_bytes and self._recent:
                     (old, _), _ = self._recent.popitem(last=False)
                     self.recent_bytes -= self.cost(old)
+
+    def marks(self) -> list[tuple[str, int, int, float]]:
+        """Every worker incarnation's mark here: ``(push key, highest sequence applied, the servers that push went
+        to or 0, seconds since it was applied here)``."""
+        now = time.monotonic()
+        with self._lock:
+            return [(worker, mark, self._parts.get(worker, 0), now - self._when.get(worker, now))
+                    for worker, mark in self._marks.items()]
 
     def confirmed(self, upto: int) -> None:
         """Every push with a sequence here up to ``upto`` is durable: forget their sequences."""

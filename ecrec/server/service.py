@@ -184,6 +184,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         keep_old, want_delta = strategy.needs_old_payload, strategy.needs_delta
         rows_updated = 0
         with st.apply_lock:
+            st.hold.wait_locked()  # a snapshot's cut stands: wait (the lock released meanwhile)
             seq = st.applied.get(key)  # a concurrent retry may have won
             if seq is not None:
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
@@ -210,7 +211,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                                   else DenseUpdate(d, old, new, old_version))
                 push.nbytes += new.nbytes
             outcome = strategy.on_push(push)
-            st.applied.add(key, push.seq)
+            st.applied.add(key, push.seq, parts=request.parts)
             if outcome is not None and outcome.confirmed_upto:
                 st.applied.confirmed(outcome.confirmed_upto)
         st.handlers.count_rows("pushed", rows_updated)
@@ -234,6 +235,31 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         if request.return_dense:
             for g in request.dense:
                 reply.dense.add(name=g.name, value=self.state.dense(g.name).weights_bytes())
+        return reply
+
+    @transport.service_method
+    def HoldPushes(self, request, context):
+        """Takes, extends or releases a snapshot's hold on this server's pushes (``PushHold``); answers every
+        worker's last push applied here, read while no push is halfway applied."""
+        st = self.state
+        st.require_index()
+        st.require_serving()
+        if not request.holder or len(request.holder) > 128:
+            raise errors.InvalidRequest("HoldPushes: holder must be 1 to 128 characters (a snapshot's random id)")
+        hold_s = request.hold_s
+        if not (0 <= hold_s <= 86400):
+            raise errors.InvalidRequest(f"HoldPushes: hold_s must be in [0, 86400] seconds, not {hold_s}")
+        hold_s = min(hold_s, st.config.max_push_hold_s)  # longer: the release says it did not stand throughout
+        with st.apply_lock:
+            if hold_s > 0:
+                st.hold.take(request.holder, hold_s)
+                held = True
+            else:
+                held = st.hold.release(request.holder)
+            marks = st.applied.marks()
+        reply = embedding_pb2.HoldPushesReply(held_throughout=held, server_id=st.server_id)
+        for worker, sequence, parts, age_s in marks:
+            reply.marks.add(worker=worker, sequence=sequence, parts=parts, age_s=age_s)
         return reply
 
     @transport.service_method

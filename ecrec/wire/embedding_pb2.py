@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from ecrec.wire import cluster_pb2 as ecrec_dot_wire_dot_cluster__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x63rec/wire/embedding.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"7\n\x03\x41\x63k\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nrecovering\x18\x02 \x01(\x08\x12\r\n\x05index\x18\x03 \x01(\x05\"?\n\x06PushId\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\"&\n\x08TableIds\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\"U\n\nRelayBatch\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x0c\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\"\x84\x01\n\x0fParityWatermark\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x03 \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\x04 \x01(\t\x12\x14\n\x0c\x61pplied_upto\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\"x\n\x0bPullRequest\x12$\n\x06tables\x18\x01 \x03(\x0b\x32\x14.ecrec.wire.TableIds\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12%\n\x05relay\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\"\x9e\x01\n\tPullReply\x12\x0e\n\x06values\x18\x01 \x03(\x0c\x12%\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12/\n\nwatermarks\x18\x03 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\x12\x16\n\x0e\x63onfirmed_upto\x18\x04 \x01(\x04\x12\x11\n\tserver_id\x18\x05 \x01(\t\"[\n\nTableGrads\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\"\n\x06\x61ssign\x18\x04 \x01(\x0e\x32\x12.ecrec.wire.Assign\"M\n\nDenseValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\"\n\x06\x61ssign\x18\x03 \x01(\x0e\x32\x12.ecrec.wire.Assign\"\x88\x02\n\x0bPushRequest\x12&\n\x06tables\x18\x01 \x03(\x0b\x32\x16.ecrec.wire.TableGrads\x12%\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12#\n\x07push_id\x18\x03 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x14\n\x0creturn_dense\x18\x05 \x01(\x08\x12%\n\x05relay\x18\x06 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\x12)\n\x04\x61\x63ks\x18\x07 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\x12\x0e\n\x06replay\x18\x08 \x01(\x08\"\xf1\x01\n\tPushReply\x12\x17\n\x0f\x61lready_applied\x18\x01 \x01(\x08\x12\x14\n\x0crows_updated\x18\x02 \x01(\x03\x12%\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12%\n\x05relay\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onfirmed_upto\x18\x06 \x01(\x04\x12\x11\n\tserver_id\x18\x07 \x01(\t\x12/\n\nwatermarks\x18\x08 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\"8\n\rReplayRequest\x12\'\n\x06pushes\x18\x01 \x03(\x0b\x32\x17.ecrec.wire.PushRequest\"5\n\x0bReplayReply\x12&\n\x07replies\x18\x01 \x03(\x0b\x32\x15.ecrec.wire.PushReply\"s\n\x0ePromoteRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12#\n\x03map\x18\x02 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12-\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x1e.ecrec.wire.CreateDenseRequest\"P\n\x12\x43reateDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"Q\n\x12ReadPayloadRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x10\n\x08\x61ll_rows\x18\x03 \x01(\x08\x12\r\n\x05\x64\x65nse\x18\x04 \x03(\t\"j\n\x10ReadPayloadReply\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x11\n\trow_bytes\x18\x03 \x01(\x05\x12%\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\";\n\rSnapshotRange\x12\r\n\x05table\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\"\x81\x01\n\x14WriteSnapshotRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12)\n\x06ranges\x18\x03 \x03(\x0b\x32\x19.ecrec.wire.SnapshotRange\x12\r\n\x05\x64\x65nse\x18\x04 \x03(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\x03\"H\n\x12WriteSnapshotReply\x12\x12\n\nitems_json\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"9\n\x13StrategyCallRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\"(\n\x11StrategyCallReply\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"0\n\x0b\x45\x63hoMessage\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x03*;\n\x06\x41ssign\x12\x0c\n\x08GRADIENT\x10\x00\x12\x0b\n\x07WEIGHTS\x10\x01\x12\x0b\n\x07PAYLOAD\x10\x02\x12\t\n\x05STATE\x10\x03\x32\xd5\x05\n\x0f\x45mbeddingServer\x12\x36\n\x04Pull\x12\x17.ecrec.wire.PullRequest\x1a\x15.ecrec.wire.PullReply\x12\x36\n\x04Push\x12\x17.ecrec.wire.PushRequest\x1a\x15.ecrec.wire.PushReply\x12<\n\x06Replay\x12\x19.ecrec.wire.ReplayRequest\x1a\x17.ecrec.wire.ReplayReply\x12\x35\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x0f.ecrec.wire.Ack\x12>\n\x0b\x43reateDense\x12\x1e.ecrec.wire.CreateDenseRequest\x1a\x0f.ecrec.wire.Ack\x12;\n\x10UpdateClusterMap\x12\x16.ecrec.wire.ClusterMap\x1a\x0f.ecrec.wire.Ack\x12\x36\n\x07Promote\x12\x1a.ecrec.wire.PromoteRequest\x1a\x0f.ecrec.wire.Ack\x12K\n\x0bReadPayload\x12\x1e.ecrec.wire.ReadPayloadRequest\x1a\x1c.ecrec.wire.ReadPayloadReply\x12N\n\x0cStrategyCall\x12\x1f.ecrec.wire.StrategyCallRequest\x1a\x1d.ecrec.wire.StrategyCallReply\x12Q\n\rWriteSnapshot\x12 .ecrec.wire.WriteSnapshotRequest\x1a\x1e.ecrec.wire.WriteSnapshotReply\x12\x38\n\x04\x45\x63ho\x12\x17.ecrec.wire.EchoMessage\x1a\x17.ecrec.wire.EchoMessageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x63rec/wire/embedding.proto\x12\necrec.wire\x1a\x18\x65\x63rec/wire/cluster.proto\"7\n\x03\x41\x63k\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nrecovering\x18\x02 \x01(\x08\x12\r\n\x05index\x18\x03 \x01(\x05\"?\n\x06PushId\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\"&\n\x08TableIds\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\"U\n\nRelayBatch\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x0c\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\"\x84\x01\n\x0fParityWatermark\x12\x0e\n\x06source\x18\x01 \x01(\x05\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x03 \x01(\x05\x12\x16\n\x0e\x64\x65stination_id\x18\x04 \x01(\t\x12\x14\n\x0c\x61pplied_upto\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\"x\n\x0bPullRequest\x12$\n\x06tables\x18\x01 \x03(\x0b\x32\x14.ecrec.wire.TableIds\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12%\n\x05relay\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\"\x9e\x01\n\tPullReply\x12\x0e\n\x06values\x18\x01 \x03(\x0c\x12%\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12/\n\nwatermarks\x18\x03 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\x12\x16\n\x0e\x63onfirmed_upto\x18\x04 \x01(\x04\x12\x11\n\tserver_id\x18\x05 \x01(\t\"[\n\nTableGrads\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\"\n\x06\x61ssign\x18\x04 \x01(\x0e\x32\x12.ecrec.wire.Assign\"M\n\nDenseValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\"\n\x06\x61ssign\x18\x03 \x01(\x0e\x32\x12.ecrec.wire.Assign\"\x97\x02\n\x0bPushRequest\x12&\n\x06tables\x18\x01 \x03(\x0b\x32\x16.ecrec.wire.TableGrads\x12%\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12#\n\x07push_id\x18\x03 \x01(\x0b\x32\x12.ecrec.wire.PushId\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x14\n\x0creturn_dense\x18\x05 \x01(\x08\x12%\n\x05relay\x18\x06 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\x12)\n\x04\x61\x63ks\x18\x07 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\x12\x0e\n\x06replay\x18\x08 \x01(\x08\x12\r\n\x05parts\x18\t \x01(\r\"\xf1\x01\n\tPushReply\x12\x17\n\x0f\x61lready_applied\x18\x01 \x01(\x08\x12\x14\n\x0crows_updated\x18\x02 \x01(\x03\x12%\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\x12%\n\x05relay\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.RelayBatch\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onfirmed_upto\x18\x06 \x01(\x04\x12\x11\n\tserver_id\x18\x07 \x01(\t\x12/\n\nwatermarks\x18\x08 \x03(\x0b\x32\x1b.ecrec.wire.ParityWatermark\"8\n\rReplayRequest\x12\'\n\x06pushes\x18\x01 \x03(\x0b\x32\x17.ecrec.wire.PushRequest\"5\n\x0bReplayReply\x12&\n\x07replies\x18\x01 \x03(\x0b\x32\x15.ecrec.wire.PushReply\"s\n\x0ePromoteRequest\x12\r\n\x05index\x18\x01 \x01(\x05\x12#\n\x03map\x18\x02 \x01(\x0b\x32\x16.ecrec.wire.ClusterMap\x12-\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x1e.ecrec.wire.CreateDenseRequest\"P\n\x12\x43reateDenseRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.ecrec.wire.DenseSpec\x12\x15\n\rinitial_value\x18\x02 \x01(\x0c\"Q\n\x12ReadPayloadRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x10\n\x08\x61ll_rows\x18\x03 \x01(\x08\x12\r\n\x05\x64\x65nse\x18\x04 \x03(\t\"j\n\x10ReadPayloadReply\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x11\n\trow_bytes\x18\x03 \x01(\x05\x12%\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x16.ecrec.wire.DenseValue\";\n\rSnapshotRange\x12\r\n\x05table\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\"\x81\x01\n\x14WriteSnapshotRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12)\n\x06ranges\x18\x03 \x03(\x0b\x32\x19.ecrec.wire.SnapshotRange\x12\r\n\x05\x64\x65nse\x18\x04 \x03(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\x03\"H\n\x12WriteSnapshotReply\x12\x12\n\nitems_json\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"3\n\x11HoldPushesRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0e\n\x06hold_s\x18\x02 \x01(\x01\"J\n\x08PushMark\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\r\n\x05parts\x18\x03 \x01(\r\x12\r\n\x05\x61ge_s\x18\x04 \x01(\x01\"b\n\x0fHoldPushesReply\x12#\n\x05marks\x18\x01 \x03(\x0b\x32\x14.ecrec.wire.PushMark\x12\x17\n\x0fheld_throughout\x18\x02 \x01(\x08\x12\x11\n\tserver_id\x18\x03 \x01(\t\"9\n\x13StrategyCallRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\"(\n\x11StrategyCallReply\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"0\n\x0b\x45\x63hoMessage\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x03*;\n\x06\x41ssign\x12\x0c\n\x08GRADIENT\x10\x00\x12\x0b\n\x07WEIGHTS\x10\x01\x12\x0b\n\x07PAYLOAD\x10\x02\x12\t\n\x05STATE\x10\x03\x32\x9f\x06\n\x0f\x45mbeddingServer\x12\x36\n\x04Pull\x12\x17.ecrec.wire.PullRequest\x1a\x15.ecrec.wire.PullReply\x12\x36\n\x04Push\x12\x17.ecrec.wire.PushRequest\x1a\x15.ecrec.wire.PushReply\x12<\n\x06Replay\x12\x19.ecrec.wire.ReplayRequest\x1a\x17.ecrec.wire.ReplayReply\x12\x35\n\x0b\x43reateTable\x12\x15.ecrec.wire.TableSpec\x1a\x0f.ecrec.wire.Ack\x12>\n\x0b\x43reateDense\x12\x1e.ecrec.wire.CreateDenseRequest\x1a\x0f.ecrec.wire.Ack\x12;\n\x10UpdateClusterMap\x12\x16.ecrec.wire.ClusterMap\x1a\x0f.ecrec.wire.Ack\x12\x36\n\x07Promote\x12\x1a.ecrec.wire.PromoteRequest\x1a\x0f.ecrec.wire.Ack\x12K\n\x0bReadPayload\x12\x1e.ecrec.wire.ReadPayloadRequest\x1a\x1c.ecrec.wire.ReadPayloadReply\x12N\n\x0cStrategyCall\x12\x1f.ecrec.wire.StrategyCallRequest\x1a\x1d.ecrec.wire.StrategyCallReply\x12Q\n\rWriteSnapshot\x12 .ecrec.wire.WriteSnapshotRequest\x1a\x1e.ecrec.wire.WriteSnapshotReply\x12H\n\nHoldPushes\x12\x1d.ecrec.wire.HoldPushesRequest\x1a\x1b.ecrec.wire.HoldPushesReply\x12\x38\n\x04\x45\x63ho\x12\x17.ecrec.wire.EchoMessage\x1a\x17.ecrec.wire.EchoMessageb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ecrec.wire.embedding_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ASSIGN']._serialized_start=2339
-  _globals['_ASSIGN']._serialized_end=2398
+  _globals['_ASSIGN']._serialized_start=2583
+  _globals['_ASSIGN']._serialized_end=2642
   _globals['_ACK']._serialized_start=68
   _globals['_ACK']._serialized_end=123
   _globals['_PUSHID']._serialized_start=125
@@ -53,33 +53,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DENSEVALUE']._serialized_start=828
   _globals['_DENSEVALUE']._serialized_end=905
   _globals['_PUSHREQUEST']._serialized_start=908
-  _globals['_PUSHREQUEST']._serialized_end=1172
-  _globals['_PUSHREPLY']._serialized_start=1175
-  _globals['_PUSHREPLY']._serialized_end=1416
-  _globals['_REPLAYREQUEST']._serialized_start=1418
-  _globals['_REPLAYREQUEST']._serialized_end=1474
-  _globals['_REPLAYREPLY']._serialized_start=1476
-  _globals['_REPLAYREPLY']._serialized_end=1529
-  _globals['_PROMOTEREQUEST']._serialized_start=1531
-  _globals['_PROMOTEREQUEST']._serialized_end=1646
-  _globals['_CREATEDENSEREQUEST']._serialized_start=1648
-  _globals['_CREATEDENSEREQUEST']._serialized_end=1728
-  _globals['_READPAYLOADREQUEST']._serialized_start=1730
-  _globals['_READPAYLOADREQUEST']._serialized_end=1811
-  _globals['_READPAYLOADREPLY']._serialized_start=1813
-  _globals['_READPAYLOADREPLY']._serialized_end=1919
-  _globals['_SNAPSHOTRANGE']._serialized_start=1921
-  _globals['_SNAPSHOTRANGE']._serialized_end=1980
-  _globals['_WRITESNAPSHOTREQUEST']._serialized_start=1983
-  _globals['_WRITESNAPSHOTREQUEST']._serialized_end=2112
-  _globals['_WRITESNAPSHOTREPLY']._serialized_start=2114
-  _globals['_WRITESNAPSHOTREPLY']._serialized_end=2186
-  _globals['_STRATEGYCALLREQUEST']._serialized_start=2188
-  _globals['_STRATEGYCALLREQUEST']._serialized_end=2245
-  _globals['_STRATEGYCALLREPLY']._serialized_start=2247
-  _globals['_STRATEGYCALLREPLY']._serialized_end=2287
-  _globals['_ECHOMESSAGE']._serialized_start=2289
-  _globals['_ECHOMESSAGE']._serialized_end=2337
-  _globals['_EMBEDDINGSERVER']._serialized_start=2401
-  _globals['_EMBEDDINGSERVER']._serialized_end=3126
+  _globals['_PUSHREQUEST']._serialized_end=1187
+  _globals['_PUSHREPLY']._serialized_start=1190
+  _globals['_PUSHREPLY']._serialized_end=1431
+  _globals['_REPLAYREQUEST']._serialized_start=1433
+  _globals['_REPLAYREQUEST']._serialized_end=1489
+  _globals['_REPLAYREPLY']._serialized_start=1491
+  _globals['_REPLAYREPLY']._serialized_end=1544
+  _globals['_PROMOTEREQUEST']._serialized_start=1546
+  _globals['_PROMOTEREQUEST']._serialized_end=1661
+  _globals['_CREATEDENSEREQUEST']._serialized_start=1663
+  _globals['_CREATEDENSEREQUEST']._serialized_end=1743
+  _globals['_READPAYLOADREQUEST']._serialized_start=1745
+  _globals['_READPAYLOADREQUEST']._serialized_end=1826
+  _globals['_READPAYLOADREPLY']._serialized_start=1828
+  _globals['_READPAYLOADREPLY']._serialized_end=1934
+  _globals['_SNAPSHOTRANGE']._serialized_start=1936
+  _globals['_SNAPSHOTRANGE']._serialized_end=1995
+  _globals['_WRITESNAPSHOTREQUEST']._serialized_start=1998
+  _globals['_WRITESNAPSHOTREQUEST']._serialized_end=2127
+  _globals['_WRITESNAPSHOTREPLY']._serialized_start=2129
+  _globals['_WRITESNAPSHOTREPLY']._serialized_end=2201
+  _globals['_HOLDPUSHESREQUEST']._serialized_start=2203
+  _globals['_HOLDPUSHESREQUEST']._serialized_end=2254
+  _globals['_PUSHMARK']._serialized_start=2256
+  _globals['_PUSHMARK']._serialized_end=2330
+  _globals['_HOLDPUSHESREPLY']._serialized_start=2332
+  _globals['_HOLDPUSHESREPLY']._serialized_end=2430
+  _globals['_STRATEGYCALLREQUEST']._serialized_start=2432
+  _globals['_STRATEGYCALLREQUEST']._serialized_end=2489
+  _globals['_STRATEGYCALLREPLY']._serialized_start=2491
+  _globals['_STRATEGYCALLREPLY']._serialized_end=2531
+  _globals['_ECHOMESSAGE']._serialized_start=2533
+  _globals['_ECHOMESSAGE']._serialized_end=2581
+  _globals['_EMBEDDINGSERVER']._serialized_start=2645
+  _globals['_EMBEDDINGSERVER']._serialized_end=3444
 # @@protoc_insertion_point(module_scope)

@@ -124,7 +124,7 @@ class DenseValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., assign: _Optional[_Union[Assign, str]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense", "relay", "acks", "replay")
+    __slots__ = ("tables", "dense", "push_id", "epoch", "return_dense", "relay", "acks", "replay", "parts")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class PushRequest(_message.Message):
     RELAY_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     REPLAY_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
     dense: _containers.RepeatedCompositeFieldContainer[DenseValue]
     push_id: PushId
@@ -141,7 +142,8 @@ class PushRequest(_message.Message):
     relay: _containers.RepeatedCompositeFieldContainer[RelayBatch]
     acks: _containers.RepeatedCompositeFieldContainer[ParityWatermark]
     replay: bool
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., epoch: _Optional[int] = ..., return_dense: _Optional[bool] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ..., replay: _Optional[bool] = ...) -> None: ...
+    parts: int
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., dense: _Optional[_Iterable[_Union[DenseValue, _Mapping]]] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., epoch: _Optional[int] = ..., return_dense: _Optional[bool] = ..., relay: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[ParityWatermark, _Mapping]]] = ..., replay: _Optional[bool] = ..., parts: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("already_applied", "rows_updated", "dense", "relay", "seq", "confirmed_upto", "server_id", "watermarks")
@@ -250,6 +252,36 @@ class WriteSnapshotReply(_message.Message):
     bytes: int
     seconds: float
     def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class HoldPushesRequest(_message.Message):
+    __slots__ = ("holder", "hold_s")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    HOLD_S_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    hold_s: float
+    def __init__(self, holder: _Optional[str] = ..., hold_s: _Optional[float] = ...) -> None: ...
+
+class PushMark(_message.Message):
+    __slots__ = ("worker", "sequence", "parts", "age_s")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    sequence: int
+    parts: int
+    age_s: float
+    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ..., parts: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class HoldPushesReply(_message.Message):
+    __slots__ = ("marks", "held_throughout", "server_id")
+    MARKS_FIELD_NUMBER: _ClassVar[int]
+    HELD_THROUGHOUT_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    marks: _containers.RepeatedCompositeFieldContainer[PushMark]
+    held_throughout: bool
+    server_id: str
+    def __init__(self, marks: _Optional[_Iterable[_Union[PushMark, _Mapping]]] = ..., held_throughout: _Optional[bool] = ..., server_id: _Optional[str] = ...) -> None: ...
 
 class StrategyCallRequest(_message.Message):
     __slots__ = ("command", "args_json")

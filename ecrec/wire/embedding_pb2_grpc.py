@@ -85,6 +85,11 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.FromString,
                 _registered_method=True)
+        self.HoldPushes = channel.unary_unary(
+                '/ecrec.wire.EmbeddingServer/HoldPushes',
+                request_serializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.FromString,
+                _registered_method=True)
         self.Echo = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/Echo',
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.EchoMessage.SerializeToString,
@@ -164,6 +169,14 @@ class EmbeddingServerServicer:
     def WriteSnapshot(self, request, context):
         """This server's part of a snapshot (ecrec/snapshot/cluster.py): the rows of each range, gathered from their
         owners, and the dense tensors named, written to one file of a torch.distributed.checkpoint directory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldPushes(self, request, context):
+        """Holds every push that arrives from now (they wait, then apply) for up to `hold_s`, or releases the hold
+        (hold_s 0); answers what this server applied of each worker: the cut a snapshot takes while it holds.
         (The erasure-coding strategy adds its own service, ParityService in parity.proto.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -229,6 +242,11 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.WriteSnapshot,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.SerializeToString,
+            ),
+            'HoldPushes': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldPushes,
+                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.SerializeToString,
             ),
             'Echo': grpc.unary_unary_rpc_method_handler(
                     servicer.Echo,
@@ -506,6 +524,33 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/WriteSnapshot',
             ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.WriteSnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldPushes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.EmbeddingServer/HoldPushes',
+            ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.SerializeToString,
+            ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.FromString,
             options,
             channel_credentials,
             insecure,
