@@ -142,6 +142,10 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     max_push_hold_s: float = option(600.0, "longest a snapshot may hold this server's pushes while it writes its "
                                            "cut (they wait, then apply); a hold expires by itself after it, and a "
                                            "snapshot whose hold expired is refused")
+    forget_idle_marks_s: float = option(3600.0, "with the table of applied pushes full, a worker incarnation idle this "
+                                                "long with every push confirmed is forgotten to admit a new one (a "
+                                                "push of a forgotten incarnation is refused, never applied twice); far "
+                                                "beyond any worker's retry deadline")
     max_applied_bytes: int = option(64 << 20, "bytes of the table of worker incarnations whose pushes this server "
                                               "applied (retries answered \"already applied\"); a new incarnation "
                                               "beyond it is refused, none is ever forgotten")

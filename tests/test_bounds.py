@@ -191,3 +191,50 @@ def test_a_table_or_dense_tensor_beyond_a_servers_memory_bound_is_refused_and_no
     client.create_table("c", 4096, 8, optimizer="adagrad")  # what fits is still created
     client.register_dense(torch.nn.Linear(4, 2), prefix="small.")
     assert [t.name for t in client.refresh_map().tables] == ["a", "c"]
+
+
+def test_idle_incarnations_are_forgotten_to_admit_new_ones_and_their_pushes_are_then_refused(make_cluster):
+    """Made-up incarnations filled the table of applied pushes until every new worker was refused, for good.  Now
+    marks idle past ``--forget-idle-marks-s`` (1 s here) with every push confirmed are forgotten to admit new
+    incarnations; a push of a forgotten incarnation -- the honest worker's retry of its confirmed push -- is
+    refused (FAILED_PRECONDITION), never applied twice; a known worker trains throughout."""
+    local, client, initial = start(make_cluster, servers=3, server_options={"max_applied_bytes": 64 << 10,
+                                                                            "forget_idle_marks_s": 1.0})
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    stub, mine = stub_of(client, 0), owned(client, 0)
+    honest = push_request(mine, "honest", 1, incarnation="a1")
+    assert not stub.Push(honest, timeout=30).already_applied
+    counts[mine] += 1
+    for _ in range(2):  # confirmed by later pushes
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+
+    def flood(first: int) -> int:
+        n = first
+        while True:
+            try:
+                stub.Push(push_request(mine, "flood", 1, incarnation=f"{n:064d}"), timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() == RE and "--forget-idle-marks-s" in exc.details(), exc.details()
+                return n - first
+            counts[mine] += 1
+            n += 1
+            if n - first > 5_000:
+                raise AssertionError("the table took 5,000 incarnations of its 64 KiB")
+
+    full = flood(0)  # nothing idle yet: refused once full, as before
+    assert full > 50
+    time.sleep(1.5)  # everything idle now (the counting worker too, between its pushes)
+    counting_push(client, np.arange(ROWS))  # a known worker: its mark moves, it is not idle
+    counts += 1
+    more = flood(full)
+    assert more > 50, f"only {more} new incarnations admitted after the old ones went idle"
+    refused(lambda: stub.Push(honest, timeout=30), grpc.StatusCode.FAILED_PRECONDITION, "forgot worker incarnation")
+    refused(lambda: stub.Push(push_request(mine, "honest", 2, incarnation="a1"), timeout=30),
+            grpc.StatusCode.FAILED_PRECONDITION, "start a new incarnation")
+    for _ in range(2):
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    assert_counts(client, initial, counts)

@@ -3,9 +3,12 @@ applied") and the numbers it gives them (:class:`PushSequencer`, the versions st
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
+
+import numpy as np
 
 from ecrec import errors
 
@@ -23,21 +26,31 @@ class AppliedPushes:
     yet confirmed also keep the sequence they got here (``recent``), which a retry's reply carries.
 
     Bounds, in bytes (``max_bytes``, names counted with :data:`ENTRY_OVERHEAD_BYTES` each): the marks take at
-    most three quarters and are never forgotten -- forgetting one would let a retry of an old push apply
-    twice -- so a new worker incarnation beyond them is refused (:meth:`admit`, ``ResourceExhausted``); the
-    recent sequences take the rest, oldest forgotten first (a forgotten one falls back to the mark: still
-    "already applied", only the reply's sequence is 0).  Marks a recovery installs (``force``) are never
-    refused: they only ever come from servers.
+    most three quarters; the recent sequences take the rest, oldest forgotten first (a forgotten one falls back
+    to the mark: still "already applied", only the reply's sequence is 0).  Marks a recovery installs
+    (``force``) are never refused: they only ever come from servers.
+
+    A mark is never simply forgotten: a retry of an old push of its incarnation would then apply twice.  When
+    the marks are full, a new incarnation is admitted (:meth:`admit`) by forgetting marks idle for more than
+    ``forget_idle_s`` (far beyond any worker's retry deadline) whose pushes are all confirmed; each forgotten
+    incarnation goes into a Bloom filter (:class:`Forgotten`), and a push of an incarnation in it is refused
+    (``FailedPrecondition``: it may be a retry of a push applied here) -- refused rather than forgotten when
+    unsure, a false positive costs a new incarnation its first push, never an update applied twice.  With no
+    idle mark to forget, or the filter full, a new incarnation is refused (``ResourceExhausted``) and nothing is
+    forgotten.
     """
 
-    def __init__(self, max_bytes: int = 64 << 20):
+    def __init__(self, max_bytes: int = 64 << 20, forget_idle_s: float = 3600.0):
         self.max_bytes = max_bytes
         self.max_recent_bytes = max_bytes // 4
         self.max_marks_bytes = max_bytes - self.max_recent_bytes
+        self.forget_idle_s = forget_idle_s
         self._marks: dict[str, int] = {}
         self._parts: dict[str, int] = {}  # worker -> how many servers its push at the mark went to (0: not said)
         self._when: dict[str, float] = {}  # worker -> when its mark last moved (time.monotonic())
         self._recent: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._recent_of: dict[str, int] = {}  # worker -> its entries in _recent (pushes not yet confirmed)
+        self.forgotten = Forgotten()
         self.marks_bytes = 0
         self.recent_bytes = 0
         self._lock = threading.Lock()
@@ -58,15 +71,50 @@ class AppliedPushes:
             return 0 if mark is not None and sequence <= mark else None
 
     def admit(self, worker: str) -> None:
-        """Raises ``ResourceExhausted`` when ``worker`` (a push key, ``name#digest``) is new here and its mark would not
-        fit: the caller is refused, no mark is forgotten.  Changes nothing."""
+        """Makes room for ``worker`` (a push key, ``name#digest``) when it is new here: forgets idle marks if it
+        must (see the class docstring).  Raises ``FailedPrecondition`` for an incarnation forgotten here, and
+        ``ResourceExhausted`` when no room can be made; then nothing changed."""
         with self._lock:
-            if worker in self._marks or self.marks_bytes + self.cost(worker) <= self.max_marks_bytes:
+            if worker in self._marks:
+                return
+            if worker in self.forgotten:
+                raise errors.FailedPrecondition(
+                    f"this server forgot worker incarnation {worker.split('#')[0]!r} after it was idle (its table of "
+                    "applied pushes was full): a push of it may be a retry of one applied here, so none is applied; "
+                    "start a new incarnation of the worker (a new Cluster)")
+            if self.marks_bytes + self.cost(worker) <= self.max_marks_bytes:
+                return
+            if self._forget_idle_locked(self.marks_bytes + self.cost(worker) - self.max_marks_bytes):
                 return
             raise errors.ResourceExhausted(
                 f"this server remembers the pushes of {len(self._marks)} worker incarnations in "
-                f"{self.marks_bytes} bytes (bound --max-applied-bytes {self.max_bytes}: three quarters for them); "
-                "a new incarnation is refused (forgetting one could apply its retried pushes twice)")
+                f"{self.marks_bytes} bytes (bound --max-applied-bytes {self.max_bytes}: three quarters for them), "
+                f"none idle for {self.forget_idle_s:g} s (--forget-idle-marks-s); a new incarnation is refused "
+                "(forgetting a mark in use could apply its retried pushes twice)")
+
+    def _forget_idle_locked(self, need: int) -> bool:
+        """Forgets marks idle longer than ``forget_idle_s`` with no unconfirmed push, oldest first, until ``need``
+        bytes are free; returns whether they are (nothing forgotten when they cannot be)."""
+        if self.forgotten.full:
+            return False
+        now = time.monotonic()
+        idle = sorted((when, worker) for worker, when in self._when.items()
+                      if now - when > self.forget_idle_s and not self._recent_of.get(worker))
+        chosen, freed = [], 0
+        for _, worker in idle:
+            if freed >= need:
+                break
+            chosen.append(worker)
+            freed += self.cost(worker)
+        if freed < need or len(chosen) > self.forgotten.room:
+            return False
+        for worker in chosen:
+            self.forgotten.add(worker)
+            del self._marks[worker]
+            self._parts.pop(worker, None)
+            self._when.pop(worker, None)
+            self.marks_bytes -= self.cost(worker)
+        return True
 
     def add(self, key: tuple[str, int], seq: int = 0, force: bool = False, parts: int = 0) -> None:
         """Records an applied push; a new incarnation must have been admitted (:meth:`admit`) unless ``force``.
@@ -87,10 +135,11 @@ class AppliedPushes:
             if seq:
                 if key not in self._recent:
                     self.recent_bytes += self.cost(worker)
+                    self._recent_of[worker] = self._recent_of.get(worker, 0) + 1
                 self._recent[key] = seq
                 while self.recent_bytes > self.max_recent_bytes and self._recent:
                     (old, _), _ = self._recent.popitem(last=False)
-                    self.recent_bytes -= self.cost(old)
+                    self._dropped_recent_locked(old)
 
     def marks(self) -> list[tuple[str, int, int, float]]:
         """Every worker incarnation's mark here: ``(push key, highest sequence applied, the servers that push went
@@ -108,11 +157,57 @@ class AppliedPushes:
                 if seq > upto:
                     break
                 self._recent.popitem(last=False)
-                self.recent_bytes -= self.cost(key[0])
+                self._dropped_recent_locked(key[0])
+
+    def _dropped_recent_locked(self, worker: str) -> None:
+        self.recent_bytes -= self.cost(worker)
+        left = self._recent_of.get(worker, 0) - 1
+        if left > 0:
+            self._recent_of[worker] = left
+        else:
+            self._recent_of.pop(worker, None)
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._marks) + len(self._recent)
+
+
+class Forgotten:
+    """A Bloom filter of the worker incarnations whose marks were forgotten (:class:`AppliedPushes`): 8 Mbit
+    and 7 hashes, at most :data:`capacity` entries (then about 1 false positive in 10^6 checks); full, it takes
+    no more, and no mark is forgotten."""
+
+    BITS = 1 << 23
+    HASHES = 7
+    capacity = 150_000
+
+    def __init__(self):
+        self._bits = np.zeros(self.BITS // 8, dtype=np.uint8)
+        self.count = 0
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.capacity
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.count
+
+    def _positions(self, worker: str) -> np.ndarray:
+        digest = hashlib.blake2b(worker.encode("utf-8", "surrogatepass"), digest_size=8 * self.HASHES,
+                                 person=b"ecrec-forgotten").digest()
+        return np.frombuffer(digest, dtype="<u8") % self.BITS
+
+    def add(self, worker: str) -> None:
+        p = self._positions(worker)
+        np.bitwise_or.at(self._bits, (p >> 3).astype(np.int64), (1 << (p & 7)).astype(np.uint8))
+        self.count += 1
+
+    def __contains__(self, worker: str) -> bool:
+        if not self.count:
+            return False
+        p = self._positions(worker)
+        return bool(((self._bits[(p >> 3).astype(np.int64)] >> (p & 7).astype(np.uint8)) & 1).all())
 
 
 class PushSequencer:

@@ -98,7 +98,7 @@ class ServerState:
         self._tables: dict[str, TableShard] = {}
         self._dense: dict[str, DenseShard] = {}
         self.strategy: FaultToleranceStrategy | None = None
-        self.applied = AppliedPushes(config.max_applied_bytes)
+        self.applied = AppliedPushes(config.max_applied_bytes, config.forget_idle_marks_s)
         self.sequencer = PushSequencer()
         self.handlers = HandlerCounters()
         self.lease = ServingLease()
