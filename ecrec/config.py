@@ -139,6 +139,9 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     max_incarnation_bytes: int = option(64, "longest worker incarnation a push may carry (bytes, UTF-8)")
     max_ids_per_request: int = option(1 << 22, "most row ids one pull, push or read may name, repeats included")
     max_push_ids_per_batch: int = option(65_536, "most push ids one parity batch may carry")
+    max_relay_batches: int = option(4096, "most relayed parity batches (and watermarks) one request may carry; the "
+                                          "rest are dropped unread, counted (an owner sends what was not applied "
+                                          "again), so that a request of bogus entries costs a bounded time")
     max_push_hold_s: float = option(600.0, "longest a snapshot may hold this server's pushes while it writes its "
                                            "cut (they wait, then apply); a hold expires by itself after it, and a "
                                            "snapshot whose hold expired is refused")

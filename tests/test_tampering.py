@@ -222,3 +222,45 @@ def test_a_message_full_of_bogus_batches_is_one_log_line_and_counted_whole(make_
     lines = [line for line in local.stderr_tail(pid) if "relayed by" in line and "refused" in line]
     assert len(lines) == 1 and "200 parity batches" in lines[0], lines
     setup.close()
+
+
+def test_a_request_carries_at_most_max_relay_batches_that_are_checked_the_rest_dropped_unread(make_cluster):
+    """One pull carrying 10,000 made-up relay entries and 10,000 made-up watermarks (one such pull of 200,000 took
+    4 s of server time checking seals, and every refused watermark was a WARNING line): with
+    ``--max-relay-batches 100`` the server checks 100 of each, drops the rest unread, counts all of them, and
+    logs a line or two for the message; the pull itself is answered, and the dropped entries change nothing."""
+    from ecrec.net import transport
+    from ecrec.wire import embedding_pb2_grpc
+
+    local = make_cluster(strategy="ecrec", k=2, m=1, log_level="WARNING", server_options={"max_relay_batches": 100})
+    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
+    setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
+    client = Cluster.connect(local.coordinator_address, worker="flooder")
+    initial = client.read_payload("t")[1].copy()
+    target = next(s for s in client.map.servers if s.index == 0)
+    request = embedding_pb2.PullRequest(epoch=client.map.epoch)
+    request.tables.add(table="t", ids=transport.ids_to_bytes(np.array([0], np.int64)))
+    mine = np.flatnonzero(client.layout.locate(np.arange(ROWS))[0] == 0)
+    push = embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker="flooder", sequence=1), epoch=client.map.epoch)
+    push.tables.add(table="t", ids=transport.ids_to_bytes(mine), grads=np.ones((len(mine), DIM), np.float32).tobytes())
+    for n in range(10_000):
+        request.relay.add(destination=0, destination_id=target.server_id, batch=bytes([n % 256]) * 40, mac=b"x" * 16)
+        push.acks.add(source=0, source_id=target.server_id, destination=1, applied_upto=n + 1, mac=b"y" * 16)
+    keys = ("refused_relayed_batches", "relay_batches_unchecked", "refused_watermarks")
+    before = {k: client.strategy_call("stats", indices=[0])[0].get(k, 0) for k in keys}
+    stub = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(target.address))
+    assert len(stub.Pull(request, timeout=60).values) == 1
+    assert stub.Push(push, timeout=60).rows_updated == len(mine)
+    counts = np.zeros(ROWS)
+    counts[mine] += 1
+    after = client.strategy_call("stats", indices=[0])[0]
+    assert {k: after.get(k, 0) - before[k] for k in keys} == {"refused_relayed_batches": 10_000,
+                                                              "relay_batches_unchecked": 9_900,
+                                                              "refused_watermarks": 10_000}
+    pid = local.pid_of_index(0)
+    wait_for(lambda: any("dropped unread" in line for line in local.stderr_tail(pid)), 10, "the refusal's log line")
+    lines = [line for line in local.stderr_tail(pid) if "relayed by" in line]
+    assert 2 <= len(lines) <= 4, lines
+    counting_push(client, np.arange(ROWS))
+    assert_counts(client, initial, counts + 1)
+    setup.close()

@@ -379,15 +379,24 @@ class ParityOwner:
         watermark whose seal checks counts; any other is refused, counted and logged with the worker."""
         host = self.host
         sealer = host.sealer
+        cap = host.config.max_relay_batches
+        if len(acks) > cap:  # dropped unread, as relayed batches beyond the bound (a destination answers again)
+            self.counters.add("refused_watermarks", len(acks) - cap)
+            log.warning("%d watermarks relayed by %s beyond the %d one request may carry (--max-relay-batches): "
+                        "dropped unread", len(acks) - cap, worker or "a worker", cap)
+            acks = list(acks)[:cap]
+        refused = []
         for wm in acks:
             if wm.source != host.index or wm.source_id != host.server_id:
                 continue  # for an earlier incarnation of this index: nothing to confirm here
             if sealer is None or not sealer.watermark_ok(wm):
-                self.counters.add("refused_watermarks", 1)
-                log.warning("a watermark relayed by %s does not carry its destination's seal (destination %d, "
-                            "applied_upto %d); refused", worker or "a worker", wm.destination, wm.applied_upto)
+                refused.append(wm.destination)
                 continue
             self.ack(wm.destination, wm.destination_id, wm.applied_upto)
+        if refused:  # one line per message, not one per watermark
+            self.counters.add("refused_watermarks", len(refused))
+            log.warning("%d watermarks relayed by %s do not carry their destination's seal (destinations %s); refused",
+                        len(refused), worker or "a worker", ", ".join(map(str, sorted(set(refused))[:8])))
 
     # --- destinations replaced -----------------------------------------------------------------------------------
     def on_map_change(self) -> None:

@@ -255,6 +255,12 @@ class ParityReceiver:
         sealer = self.host.sealer
         batches = []
         refused: dict[str, list[int]] = {}  # why -> the destinations of the batches refused for it
+        cap = self.host.config.max_relay_batches
+        if len(sealed) > cap:  # dropped unread: checking each seal costs time (an owner sends them again)
+            beyond = [r.destination for r in list(sealed)[cap:]]
+            refused[f"beyond the {cap} batches one request may carry (--max-relay-batches); dropped unread"] = beyond
+            self.counters.add("relay_batches_unchecked", len(beyond))
+            sealed = list(sealed)[:cap]
         for r in sealed:
             b = parity_pb2.ParityBatch()
             why = ""
