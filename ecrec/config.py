@@ -142,9 +142,12 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     max_relay_batches: int = option(4096, "most relayed parity batches (and watermarks) one request may carry; the "
                                           "rest are dropped unread, counted (an owner sends what was not applied "
                                           "again), so that a request of bogus entries costs a bounded time")
-    max_push_hold_s: float = option(600.0, "longest a snapshot may hold this server's pushes while it writes its "
-                                           "cut (they wait, then apply); a hold expires by itself after it, and a "
-                                           "snapshot whose hold expired is refused")
+    max_push_hold_s: float = option(10.0, "longest a snapshot may hold this server's pushes while it finds a moment "
+                                          "no step is half applied (they wait, then apply; milliseconds as a rule); "
+                                          "the hold expires by itself after it")
+    max_snapshot_s: float = option(3600.0, "longest a snapshot's cut is kept here while the snapshot is written (the "
+                                           "rows pushes change meanwhile keep their bytes at the cut: memory up to "
+                                           "a copy of the shard); it expires by itself after it")
     forget_idle_marks_s: float = option(3600.0, "with the table of applied pushes full, a worker incarnation idle this "
                                                 "long with every push confirmed is forgotten to admit a new one (a "
                                                 "push of a forgotten incarnation is refused, never applied twice); far "

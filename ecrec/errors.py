@@ -73,3 +73,8 @@ class DataLoss(EcrecError):
 
 class Unimplemented(EcrecError):
     status = "UNIMPLEMENTED"
+
+
+#: what a server's refusal of a push of a worker incarnation it forgot says (``ecrec.server.applied``); the SDK
+#: goes on under a new incarnation when it reads it
+FORGOTTEN_INCARNATION = "forgot worker incarnation"

@@ -207,6 +207,11 @@ def test_idle_incarnations_are_forgotten_to_admit_new_ones_and_their_pushes_are_
     honest = push_request(mine, "honest", 1, incarnation="a1")
     assert not stub.Push(honest, timeout=30).already_applied
     counts[mine] += 1
+    from ecrec.client import Cluster
+    sleeper = Cluster.connect(local.coordinator_address, worker="sleeper")  # an SDK worker that goes idle
+    counting_push(sleeper, np.arange(ROWS))
+    counts += 1
+    first_incarnation = sleeper.incarnation
     for _ in range(2):  # confirmed by later pushes
         counting_push(client, np.arange(ROWS))
         counts += 1
@@ -234,6 +239,11 @@ def test_idle_incarnations_are_forgotten_to_admit_new_ones_and_their_pushes_are_
     refused(lambda: stub.Push(honest, timeout=30), grpc.StatusCode.FAILED_PRECONDITION, "forgot worker incarnation")
     refused(lambda: stub.Push(push_request(mine, "honest", 2, incarnation="a1"), timeout=30),
             grpc.StatusCode.FAILED_PRECONDITION, "start a new incarnation")
+    time.sleep(1.5)  # the flood idle too: room for a new incarnation
+    counting_push(sleeper, np.arange(ROWS))  # the SDK goes on under a new incarnation where it was forgotten
+    counts += 1
+    assert sleeper.incarnation != first_incarnation
+    sleeper.close()
     for _ in range(2):
         counting_push(client, np.arange(ROWS))
         counts += 1

@@ -505,8 +505,9 @@ def test_a_snapshot_taken_while_workers_train_is_a_cut_between_steps(make_cluste
 
 
 def test_a_cut_waits_for_a_half_applied_step_and_takes_an_abandoned_one_as_it_stands():
-    """``half_applied``: a worker whose last push reached fewer servers than it went to is mid-step (the cut is
-    taken again later), unless its parts are all older than ``ABANDONED_S`` (its worker stopped mid-step)."""
+    """``half_applied``: a worker whose last push reached fewer servers than it went to is mid-step (its other
+    parts are let through), unless its parts are all older than ``ABANDONED_S`` (its worker stopped mid-step); a
+    part a server refused for good counts as ended there."""
     from ecrec.snapshot.cut import half_applied
     from ecrec.wire import embedding_pb2
 
@@ -519,26 +520,66 @@ def test_a_cut_waits_for_a_half_applied_step_and_takes_an_abandoned_one_as_it_st
     mid = {0: reply(("a", 8, 2, 0.01)), 1: reply(("a", 7, 2, 0.5)), 2: reply(("legacy", 5, 0, 0.0))}
     assert half_applied(mid) == [{"worker": "a", "sequence": 8, "parts": 2, "applied_at": [0], "age_s":
                                   pytest.approx(0.01)}]
+    refused = reply(("a", 7, 2, 0.5))
+    refused.marks.add(worker="a", sequence=8, parts=2, age_s=0.02, refused=True)  # its part ended there, unapplied
+    assert half_applied({0: reply(("a", 8, 2, 0.01)), 1: refused}) == []
 
 
-def test_a_hold_on_pushes_expires_by_itself_and_its_release_then_says_it_did_not_stand():
+def test_a_hold_on_pushes_lets_admitted_pushes_through_and_expires_by_itself():
+    """A snapshot's hold (``ecrec.server.cut.PushHold``): one holder at a time; a push waits unless the hold admits
+    its worker's sequence (the other part of a half-applied step); the hold lasts at most ``max_s`` however often
+    it is extended, then expires by itself (pushes go on) and cannot be taken again under the same holder; holds
+    take at most ``max_s`` a minute together."""
     import threading
 
-    from ecrec.server.state import PushHold
+    from ecrec.server.cut import PushHold
 
     lock = threading.Lock()
-    hold = PushHold(lock)
+    hold = PushHold(lock, max_s=0.3)
     with lock:
-        hold.take("snap", 0.05)
-    with lock:
+        hold.take("snap", 5.0)
         with pytest.raises(Exception, match="another snapshot holds"):
             hold.take("other", 1.0)
-    t0 = time.monotonic()
+        hold.admit("snap", {"w#1": 7})
+        t0 = time.monotonic()
+        hold.wait_locked(("w#1", 7))  # admitted: passes at once
+        assert time.monotonic() - t0 < 0.1
+        hold.take("snap", 5.0)  # extended: still no longer than max_s from the first take
+        hold.wait_locked(("w#1", 8))  # not admitted: waits until the hold expires
+        assert 0.2 < time.monotonic() - t0 < 5
+        assert not hold.holds_for("snap")
+        with pytest.raises(Exception, match="expired"):
+            hold.take("snap", 1.0)
+        with pytest.raises(Exception, match="held 0.3 s in the last minute"):  # a flood of holds is bounded
+            hold.take("snap2", 1.0)
+    hold = PushHold(lock, max_s=5.0)
     with lock:
-        hold.wait_locked()  # a push waits until the hold expires
-    assert 0.03 < time.monotonic() - t0 < 5
-    with lock:
-        assert hold.release("snap") is False  # expired: the snapshot is refused as torn
-        hold.take("snap2", 5.0)
-        assert hold.release("snap2") is True
-        hold.wait_locked()  # released: nothing to wait for
+        hold.take("snap2", 1.0)
+        hold.release("snap2")
+        hold.wait_locked(("w#1", 9))  # released: nothing to wait for
+
+
+def test_a_cut_keeps_the_rows_a_push_changes_after_it():
+    """``ShardCut``: a row written after the cut leaves its bytes at the cut first (once), and a read at the cut
+    puts them back; rows not written since are read as they are."""
+    import numpy as np
+
+    from ecrec.coding.layout import Layout
+    from ecrec.server.cut import ShardCut
+    from ecrec.tables.shards import TableShard
+    from ecrec.tables.spec import TableSpec
+
+    shard = TableShard(TableSpec(name="t", num_rows=8, dim=2, optimizer="sgd", lr=1.0, init="zeros"),
+                       Layout(1, 1, 0), 0)
+    slots = shard.slots_for(np.arange(8))
+    shard.apply_gradients(slots, np.ones((8, 2), np.float32), 1, keep_old=False)
+    at_cut = shard.read_payload_bytes(slots)
+    cut = ShardCut(1, shard.num_slots, shard.spec.row_bytes)
+    shard.add_cut("snap", cut)
+    shard.apply_gradients(slots[:3], np.ones((3, 2), np.float32), 2, keep_old=False)
+    shard.apply_gradients(slots[:2], np.ones((2, 2), np.float32), 3, keep_old=False)
+    assert shard.read_payload_bytes_at(slots, cut) == at_cut
+    assert shard.read_payload_bytes(slots) != at_cut
+    shard.drop_cut("snap")
+    shard.apply_gradients(slots[5:], np.ones((3, 2), np.float32), 4, keep_old=False)  # nothing kept any more
+    assert cut._count == 3

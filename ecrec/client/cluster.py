@@ -32,6 +32,7 @@ import grpc
 import numpy as np
 import torch
 
+from ecrec import errors
 from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
@@ -557,6 +558,16 @@ class Cluster:
             self.courier.attach(i, request)
         self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
         replies = self._fan_out("Push", requests, collect=True)
+        forgotten = {i: requests[i] for i, r in replies.items()
+                     if isinstance(r, PeerError) and errors.FORGOTTEN_INCARNATION in r.details}
+        if forgotten:  # a server forgot this idle incarnation (its table was full): its parts under a new one
+            with self._lock:
+                self.incarnation = uuid.uuid4().hex
+            log.warning("servers %s forgot worker %s's incarnation after it was idle: going on under a new one",
+                        sorted(forgotten), self.worker)
+            for request in forgotten.values():
+                request.push_id.incarnation = self.incarnation
+            replies.update(self._fan_out("Push", forgotten, collect=True))
         self._stats["pushes"] += 1
         refused = {i: r for i, r in replies.items() if isinstance(r, PeerError)}
         replies = {i: r for i, r in replies.items() if i not in refused}

@@ -20,11 +20,12 @@ class ClusterError(RuntimeError):
 
 
 class StepPartlyApplied(ClusterError):
-    """Some servers applied their parts of a step and others refused theirs for their content.
+    """Some servers applied their parts of a step and others refused theirs (an error status, not "gone").
 
-    ``applied``: server index -> rows updated there; ``refused``: server index -> the server's reason.  A
-    refused part changed nothing on its server; an applied part stays applied (and redundant) -- the step's
-    gradients are spent, so do not retry the step: fix the input and go on with the next one."""
+    ``applied``: server index -> rows updated there; ``refused``: server index -> the server's status and
+    reason (its content -- a result that would not be finite --, a bound, the caller's rights).  A refused part
+    changed nothing on its server; an applied part stays applied (and redundant) -- the step's gradients are
+    spent, so do not retry the step: remove the cause and go on with the next one."""
 
     def __init__(self, step: int, applied: dict[int, int], refused: dict[int, str]):
         self.step, self.applied, self.refused = step, applied, refused

@@ -225,10 +225,13 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         return snapshot
 
     def _table_bytes(self, spec: TableSpec) -> int:
-        """What table ``spec`` asks of one server: its shard of rows (weights and optimizer state) and, for the
-        parity or copies its strategy keeps, m times that again."""
+        """What table ``spec`` asks of one server: its shard of rows (weights and optimizer state) and the parity
+        rows its strategy keeps beside them (the layout's parity slots)."""
         layout = self.state.layout
-        return layout.data_slots_per_server(spec.num_rows) * spec.row_bytes * (1 + max(layout.m, 0))
+        slots = layout.data_slots_per_server(spec.num_rows)
+        if layout.m > 0:
+            slots += layout.parity_slots_per_server(spec.num_rows)
+        return slots * spec.row_bytes
 
     def _check_server_bytes(self, context, what: str, more: int) -> None:
         """Aborts with RESOURCE_EXHAUSTED when the map's tables and dense tensors and ``more`` bytes would ask more

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from ecrec.net import transport
+from ecrec.net.refusals import REFUSALS
 
 log = logging.getLogger("ecrec.security")
 
@@ -268,7 +268,7 @@ def _wrap(handler, make):
 def _refuse(handler, code, message):
     def make(_fn):
         def refuse(request, context):
-            transport.REFUSALS.add(message.split(":", 1)[0].rsplit("/", 1)[-1], code)
+            REFUSALS.add(message.split(":", 1)[0].rsplit("/", 1)[-1], code)
             context.abort(code, message)
         return refuse
     return _wrap(handler, make)
@@ -279,7 +279,7 @@ def _guard(handler, role: str, method: str):
         def guarded(request, context):
             caller = role_of(context)
             if caller != role:
-                transport.REFUSALS.add(method.rsplit("/", 1)[-1], grpc.StatusCode.PERMISSION_DENIED)
+                REFUSALS.add(method.rsplit("/", 1)[-1], grpc.StatusCode.PERMISSION_DENIED)
                 context.abort(grpc.StatusCode.PERMISSION_DENIED,
                               f"{method} may be called only by the {role.replace('ecrec-', '')} (certificate common "
                               f"name {role}{'[-*]' if role == SERVER_ROLE else ''}); the caller is {caller or 'unknown'}")

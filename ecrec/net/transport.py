@@ -9,13 +9,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import threading
 from concurrent import futures
 
 import grpc
 import numpy as np
 
 from ecrec import errors
+from ecrec.net.refusals import REFUSALS
 
 INT64 = np.dtype("<i8")
 FLOAT32 = np.dtype("<f4")
@@ -136,28 +136,6 @@ def grpc_status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     if isinstance(exc, errors.EcrecError):
         return getattr(grpc.StatusCode, exc.status), exc.message
     return None
-
-
-class Refusals:
-    """Requests this process refused, by method and gRPC status (a bad input, a bound, a wrong caller): the
-    metric ``ecrec_requests_refused`` whose rate shows a misbehaving or hostile caller."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.counts: dict[tuple[str, str], int] = {}
-
-    def add(self, method: str, code: grpc.StatusCode) -> None:
-        with self._lock:
-            key = (method, code.name)
-            self.counts[key] = self.counts.get(key, 0) + 1
-
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self.counts)
-
-
-#: this process's refusals (servers and coordinators count theirs here)
-REFUSALS = Refusals()
 
 
 def service_method(fn):

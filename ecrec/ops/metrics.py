@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ecrec.net import transport
 from ecrec.net.cluster_map import fully_redundant
+from ecrec.net.refusals import REFUSALS
 
 log = logging.getLogger("ecrec.metrics")
 
@@ -128,11 +128,11 @@ class ServerCollector:
 
 
 def refusals_metric() -> Metric:
-    """Requests this process refused, by method and status (``ecrec.net.transport.REFUSALS``)."""
+    """Requests this process refused, by method and status (``ecrec.net.refusals.REFUSALS``)."""
     family = CounterMetricFamily("ecrec_requests_refused", "requests refused for their content, a bound or the "
                                  "caller (bad input, RESOURCE_EXHAUSTED, PERMISSION_DENIED, ...), by method and status",
                                  labels=["method", "code"])
-    for (method, code), count in sorted(transport.REFUSALS.snapshot().items()):
+    for (method, code), count in sorted(REFUSALS.snapshot().items()):
         family.add_metric([method, code], count)
     return family
 

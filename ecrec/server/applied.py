@@ -12,9 +12,9 @@ import numpy as np
 
 from ecrec import errors
 
-#: bytes a table entry of :class:`AppliedPushes` costs beside its worker's name (dict slot, key tuple, ints;
-#: measured with ``sys.getsizeof``, rounded up)
-ENTRY_OVERHEAD_BYTES = 200
+#: bytes a table entry of :class:`AppliedPushes` costs beside its worker's name (dict slots of the mark, its parts
+#: and time, key tuple, ints; measured with ``sys.getsizeof``, rounded up)
+ENTRY_OVERHEAD_BYTES = 320
 
 
 class AppliedPushes:
@@ -35,7 +35,8 @@ class AppliedPushes:
     ``forget_idle_s`` (far beyond any worker's retry deadline) whose pushes are all confirmed; each forgotten
     incarnation goes into a Bloom filter (:class:`Forgotten`), and a push of an incarnation in it is refused
     (``FailedPrecondition``: it may be a retry of a push applied here) -- refused rather than forgotten when
-    unsure, a false positive costs a new incarnation its first push, never an update applied twice.  With no
+    unsure: a false positive refuses a new incarnation, never applies an update twice.  The SDK then goes on
+    under another incarnation (its pushes of the forgotten one were all confirmed, so none is retried).  With no
     idle mark to forget, or the filter full, a new incarnation is refused (``ResourceExhausted``) and nothing is
     forgotten.
     """
@@ -47,9 +48,11 @@ class AppliedPushes:
         self.forget_idle_s = forget_idle_s
         self._marks: dict[str, int] = {}
         self._parts: dict[str, int] = {}  # worker -> how many servers its push at the mark went to (0: not said)
-        self._when: dict[str, float] = {}  # worker -> when its mark last moved (time.monotonic())
+        self._when: OrderedDict[str, float] = OrderedDict()  # worker -> when its mark last moved, oldest first
         self._recent: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._recent_of: dict[str, int] = {}  # worker -> its entries in _recent (pushes not yet confirmed)
+        # worker -> (sequence, parts, when) of its last push refused here: a snapshot's cut counts that part as ended
+        self._refused: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
         self.forgotten = Forgotten()
         self.marks_bytes = 0
         self.recent_bytes = 0
@@ -79,7 +82,7 @@ class AppliedPushes:
                 return
             if worker in self.forgotten:
                 raise errors.FailedPrecondition(
-                    f"this server forgot worker incarnation {worker.split('#')[0]!r} after it was idle (its table of "
+                    f"this server {errors.FORGOTTEN_INCARNATION} {worker.split('#')[0]!r} after it was idle (its table of "
                     "applied pushes was full): a push of it may be a retry of one applied here, so none is applied; "
                     "start a new incarnation of the worker (a new Cluster)")
             if self.marks_bytes + self.cost(worker) <= self.max_marks_bytes:
@@ -94,19 +97,21 @@ class AppliedPushes:
 
     def _forget_idle_locked(self, need: int) -> bool:
         """Forgets marks idle longer than ``forget_idle_s`` with no unconfirmed push, oldest first, until ``need``
-        bytes are free; returns whether they are (nothing forgotten when they cannot be)."""
+        bytes are free -- and some more, a sixteenth of the table, so that the next new incarnations are admitted
+        without another pass; returns whether ``need`` bytes are free (nothing forgotten when they cannot be).
+        The marks are kept in the order they last moved: the pass stops at the first one not idle."""
         if self.forgotten.full:
             return False
-        now = time.monotonic()
-        idle = sorted((when, worker) for worker, when in self._when.items()
-                      if now - when > self.forget_idle_s and not self._recent_of.get(worker))
+        now, want = time.monotonic(), max(need, self.max_marks_bytes // 16)
         chosen, freed = [], 0
-        for _, worker in idle:
-            if freed >= need:
+        for worker, when in self._when.items():
+            if freed >= want or len(chosen) >= self.forgotten.room or now - when <= self.forget_idle_s:
                 break
+            if self._recent_of.get(worker):
+                continue  # a push of it is not confirmed yet
             chosen.append(worker)
             freed += self.cost(worker)
-        if freed < need or len(chosen) > self.forgotten.room:
+        if freed < need:
             return False
         for worker in chosen:
             self.forgotten.add(worker)
@@ -132,6 +137,7 @@ class AppliedPushes:
             elif sequence > mark:
                 self._marks[worker] = sequence
                 self._parts[worker], self._when[worker] = parts, time.monotonic()
+                self._when.move_to_end(worker)
             if seq:
                 if key not in self._recent:
                     self.recent_bytes += self.cost(worker)
@@ -141,13 +147,37 @@ class AppliedPushes:
                     (old, _), _ = self._recent.popitem(last=False)
                     self._dropped_recent_locked(old)
 
-    def marks(self) -> list[tuple[str, int, int, float]]:
-        """Every worker incarnation's mark here: ``(push key, highest sequence applied, the servers that push went
-        to or 0, seconds since it was applied here)``."""
-        now = time.monotonic()
+    #: refused pushes remembered (the last of each worker, newest kept)
+    MAX_REFUSED = 4096
+
+    def refused(self, key: tuple[str, int], parts: int) -> None:
+        """Notes that push ``key`` (which went to ``parts`` servers) was refused here, not applied."""
+        worker, sequence = key
         with self._lock:
-            return [(worker, mark, self._parts.get(worker, 0), now - self._when.get(worker, now))
-                    for worker, mark in self._marks.items()]
+            self._refused[worker] = (sequence, parts, time.monotonic())
+            self._refused.move_to_end(worker)
+            while len(self._refused) > self.MAX_REFUSED:
+                self._refused.popitem(last=False)
+
+    def marks(self, max_age_s: float | None = None) -> list[tuple[str, int, int, float, bool]]:
+        """The worker incarnations' marks here, those that moved within ``max_age_s`` (None: all), newest first:
+        ``(push key, highest sequence applied, the servers that push went to or 0, seconds since it moved,
+        False)``; and, newer than its mark, a worker's last push refused here: ``(..., True)``."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            for worker in reversed(self._when):  # in the order the marks last moved
+                age = now - self._when[worker]
+                if max_age_s is not None and age > max_age_s:
+                    break
+                out.append((worker, self._marks[worker], self._parts.get(worker, 0), age, False))
+            for worker in reversed(self._refused):
+                sequence, parts, when = self._refused[worker]
+                if max_age_s is not None and now - when > max_age_s:
+                    break
+                if sequence > self._marks.get(worker, 0):
+                    out.append((worker, sequence, parts, now - when, True))
+        return out
 
     def confirmed(self, upto: int) -> None:
         """Every push with a sequence here up to ``upto`` is durable: forget their sequences."""

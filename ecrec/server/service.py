@@ -116,9 +116,25 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     @transport.service_method
     def Push(self, request, context):
         with self.state.handlers.measure("Push"):
-            plans = self._validate(request)
+            identity = security.caller_identity(context)
+            try:
+                plans = self._validate(request)
+            except errors.EcrecError as exc:
+                self._note_refused(request, identity, exc)
+                raise
             watermarks = self._receive_relayed(request, context)
-            return self._apply(request, plans, watermarks, identity=security.caller_identity(context))
+            try:
+                return self._apply(request, plans, watermarks, identity=identity)
+            except errors.EcrecError as exc:
+                self._note_refused(request, identity, exc)
+                raise
+
+    def _note_refused(self, request, identity: str, exc: errors.EcrecError) -> None:
+        """A push of a step (``parts`` said) refused here for good -- its content, a bound --, not for this
+        server's state: a snapshot's cut then counts its part here as ended (``ecrec.snapshot.cut``)."""
+        if request.parts and request.push_id.worker and not isinstance(exc, (errors.Unavailable,
+                                                                              errors.DeadlineExceeded)):
+            self.state.applied.refused(push_key(request.push_id, identity), request.parts)
 
     @transport.service_method
     def Replay(self, request, context):
@@ -184,7 +200,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         keep_old, want_delta = strategy.needs_old_payload, strategy.needs_delta
         rows_updated = 0
         with st.apply_lock:
-            st.hold.wait_locked()  # a snapshot's cut stands: wait (the lock released meanwhile)
+            if st.hold.holder:  # a snapshot looks for its cut: wait unless admitted (the lock released meanwhile)
+                st.hold.wait_locked(key)
+                st.require_serving()
             seq = st.applied.get(key)  # a concurrent retry may have won
             if seq is not None:
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
@@ -239,27 +257,47 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
 
     @transport.service_method
     def HoldPushes(self, request, context):
-        """Takes, extends or releases a snapshot's hold on this server's pushes (``PushHold``); answers every
+        """A snapshot's cut here (``ecrec.server.cut``): takes or extends its hold on pushes, admits the pushes that
+        complete half-applied steps, marks the cut and ends the hold, drops a cut, or ends a hold; answers each
         worker's last push applied here, read while no push is halfway applied."""
         st = self.state
         st.require_index()
         st.require_serving()
-        if not request.holder or len(request.holder) > 128:
+        holder = request.holder
+        if not holder or len(holder) > 128:
             raise errors.InvalidRequest("HoldPushes: holder must be 1 to 128 characters (a snapshot's random id)")
-        hold_s = request.hold_s
-        if not (0 <= hold_s <= 86400):
-            raise errors.InvalidRequest(f"HoldPushes: hold_s must be in [0, 86400] seconds, not {hold_s}")
-        hold_s = min(hold_s, st.config.max_push_hold_s)  # longer: the release says it did not stand throughout
+        for name, value, top in (("hold_s", request.hold_s, 86400.0), ("cut_ttl_s", request.cut_ttl_s, 86400.0),
+                                 ("max_age_s", request.max_age_s, 86400.0)):
+            if not 0 <= value <= top:
+                raise errors.InvalidRequest(f"HoldPushes: {name} must be in [0, {top:g}] seconds, not {value}")
+        if len(request.admit) > st.config.max_relay_batches:
+            raise errors.InvalidRequest(f"HoldPushes: {len(request.admit)} pushes to admit; at most "
+                                        f"{st.config.max_relay_batches} (--max-relay-batches)")
+        if request.mark_cut and not request.cut_ttl_s:
+            raise errors.InvalidRequest("HoldPushes: mark_cut needs cut_ttl_s (how long the snapshot may take)")
         with st.apply_lock:
-            if hold_s > 0:
-                st.hold.take(request.holder, hold_s)
+            if request.drop_cut:
+                st.cuts.drop(holder)
+                held = False
+            elif request.mark_cut:
+                held = st.hold.holds_for(holder)
+                if not held:
+                    raise errors.FailedPrecondition("HoldPushes: this snapshot's hold on pushes expired (or was never "
+                                                    "taken) before its cut: take the cut again")
+                st.cuts.mark(holder, st.sequencer.last, request.cut_ttl_s, st.tables(), st.dense_tensors())
+                st.hold.release(holder)
+            elif request.hold_s > 0:
+                st.hold.take(holder, request.hold_s)
+                if request.admit:
+                    st.hold.admit(holder, {m.worker: m.sequence for m in request.admit})
                 held = True
             else:
-                held = st.hold.release(request.holder)
-            marks = st.applied.marks()
+                held = st.hold.holds_for(holder)
+                st.hold.release(holder)
+            marks = st.applied.marks(request.max_age_s or None)
         reply = embedding_pb2.HoldPushesReply(held_throughout=held, server_id=st.server_id)
-        for worker, sequence, parts, age_s in marks:
-            reply.marks.add(worker=worker, sequence=sequence, parts=parts, age_s=age_s)
+        for worker, sequence, parts, age_s, refused in marks:
+            reply.marks.add(worker=worker, sequence=sequence, parts=parts, age_s=age_s, refused=refused)
         return reply
 
     @transport.service_method
@@ -284,12 +322,16 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 slots = shard.slots_for(ids)
             st.strategy.ensure_rows([(shard, slots)])
             reply.ids = transport.ids_to_bytes(ids)
-            reply.payload = shard.read_payload_bytes(slots)
+            if request.cut:  # a snapshot's read: the rows as they were at its cut
+                reply.payload = shard.read_payload_bytes_at(slots, st.cuts.get(request.cut, "table", shard.name))
+            else:
+                reply.payload = shard.read_payload_bytes(slots)
             reply.row_bytes = shard.spec.row_bytes
         for name in request.dense:
             d = st.dense(name)
             st.strategy.ensure_dense(d)
-            reply.dense.add(name=name, value=d.read()[0].tobytes())
+            value = d.read_at(st.cuts.get(request.cut, "dense", name)) if request.cut else d.read()[0]
+            reply.dense.add(name=name, value=value.tobytes())
         st.require_serving()
         return reply
 

@@ -23,6 +23,7 @@ from ecrec.net import transport
 from ecrec.net.peers import CoordinatorClient, Peers
 from ecrec.net.seal import Sealer
 from ecrec.server.applied import AppliedPushes, PushSequencer
+from ecrec.server.cut import PushHold, ServerCuts
 from ecrec.server.counters import HandlerCounters
 from ecrec.server.requests import parse_dense_spec, validate_map
 from ecrec.server.reserve import Reserve
@@ -34,53 +35,6 @@ from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2
 
 log = logging.getLogger("ecrec.server")
-
-
-class PushHold:
-    """A snapshot holds every push that arrives (they wait, then apply) while it writes, so that what it writes is
-    a cut no push crosses (``ecrec.snapshot.cluster.save``).  One holder at a time; a hold expires by itself (a
-    snapshotter that died must not stop training), and its release says whether it stood throughout."""
-
-    def __init__(self, apply_lock: threading.Lock):
-        self._cond = threading.Condition(apply_lock)
-        self.holder = ""
-        self.expires_at = 0.0
-        self.expired_holders: set[str] = set()  # holds that expired before their release (the cut may be torn)
-        self.holds = 0
-
-    def _standing_locked(self) -> bool:
-        if self.holder and time.monotonic() >= self.expires_at:
-            log.warning("a snapshot's hold on pushes expired before its release: pushes go on (that snapshot will be "
-                        "refused as torn)")
-            self.expired_holders = {self.holder}
-            self.holder = ""
-            self._cond.notify_all()
-        return bool(self.holder)
-
-    def take(self, holder: str, hold_s: float) -> None:
-        """Holds pushes for ``hold_s`` seconds from now (or extends ``holder``'s hold); the caller holds the apply
-        lock, so no push is halfway applied.  Raises ``ResourceExhausted`` while another holder's hold stands."""
-        if self._standing_locked() and self.holder != holder:
-            raise errors.ResourceExhausted("another snapshot holds this server's pushes now; one at a time: retry "
-                                           "when it ends")
-        if self.holder != holder:
-            self.holds += 1
-        self.holder, self.expires_at = holder, time.monotonic() + hold_s
-        self.expired_holders.discard(holder)
-
-    def release(self, holder: str) -> bool:
-        """Ends ``holder``'s hold (the caller holds the apply lock); returns whether it stood until now."""
-        if self._standing_locked() and self.holder == holder:
-            self.holder = ""
-            self._cond.notify_all()
-            return True
-        self.expired_holders.discard(holder)
-        return False
-
-    def wait_locked(self) -> None:
-        """Waits, the apply lock released meanwhile, while a hold stands (at most until it expires)."""
-        while self._standing_locked():
-            self._cond.wait(max(0.001, self.expires_at - time.monotonic()))
 
 
 class ServerState:
@@ -105,7 +59,8 @@ class ServerState:
         self._promote_lock = threading.Lock()
         self._promoted_to = -1  # the index a finished promotion gave this server
         self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
-        self.hold = PushHold(self.apply_lock)  # a snapshot's cut: pushes wait while it stands
+        self.hold = PushHold(self.apply_lock, config.max_push_hold_s)  # a snapshot's cut: pushes wait meanwhile
+        self.cuts = ServerCuts(max_ttl_s=config.max_snapshot_s)  # snapshots' cuts being written: rows as at each
         self.faults = faults.FaultInjector(config.fault_spec)
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)
         self.index_set = threading.Condition(self.lock)

@@ -127,31 +127,21 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                 on_progress(f"server {i} wrote {reply.bytes / 1e6:,.1f} MB in {reply.seconds:.2f} s "
                             f"({len(replies)}/{servers})")
 
-    # the cut: every server holds its pushes at a moment no worker's step is half applied, while it writes
-    cut = Cut(cluster, list(range(servers)), hold_s=min(timeout_s + 30.0, 600.0))
+    # the cut: every server marks its rows at a moment no worker's step is half applied, then writes them as they
+    # were at it while pushes go on (ecrec.snapshot.cut)
+    cut = Cut(cluster, list(range(servers)), ttl_s=timeout_s + 60.0)
     try:
         cut.take(CUT_TIMEOUT_S)
     except CutError as exc:
         raise SnapshotError(f"snapshot to {path}: {exc}") from None
+    for request in requests.values():
+        request.cut = cut.holder
     try:
         with ThreadPoolExecutor(max_workers=servers, thread_name_prefix="ecrec-save") as pool:
             for future in [pool.submit(write, i) for i in range(servers)]:
                 future.result()
-    except BaseException:
-        cut._release_quietly()
-        raise
-    try:
-        torn = cut.release()
-    except CutError as exc:
-        torn, why = list(range(servers)), str(exc)
-    else:
-        why = f"the hold on pushes of servers {torn} expired, or they were replaced, while they wrote"
-    if torn:
-        for request in requests.values():
-            snapshot_files.remove(path, request.file)
-        raise SnapshotError(f"snapshot to {path} refused: {why}, so pushes may have run into it (rows of two steps); "
-                            "its files were removed. Retry; for tables this large raise the servers' "
-                            "--max-push-hold-s")
+    finally:
+        cut.drop()
     importer.join()
     items = [item for i in sorted(replies) for item in json.loads(replies[i].items_json)]
     manifest = {"format": FORMAT, "created": time.time(), "epoch": cluster_map.epoch, "servers": servers,
@@ -159,7 +149,8 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                 "tables": {s.name: dataclasses.asdict(s) for s in tables},
                 "dense": {s.name: dataclasses.asdict(s) | {"shape": list(s.shape)} for s in denses},
                 "tensors": {}, "files": {requests[i].file: replies[i].bytes for i in sorted(replies)},
-                "cut": {"attempts": cut.attempts, "half_applied_steps": cut.abandoned}}
+                "cut": {"attempts": cut.attempts, "admitted_parts": cut.admitted, "held_s": round(cut.held_s, 4),
+                        "half_applied_steps": cut.abandoned}}
     for spec in tables:
         manifest["tensors"][f"tables/{spec.name}/weight"] = {"shape": [spec.num_rows, spec.dim], "chunks": []}
         if spec.row_floats > spec.dim:

@@ -1,14 +1,14 @@
-"""A snapshot's cut: a moment no worker's step is half applied, held on every server while they write.
+"""A snapshot's cut: a moment no worker's step is half applied, taken on every server at once.
 
 A step is one push with one push id, sent at once to every server it touches (``PushRequest.parts`` says how
-many).  A snapshot taken while workers train must not hold part of a step: rows of two different steps.  So
-before the servers write, :class:`Cut` asks every server to hold the pushes that arrive from then on
-(``HoldPushes``: they wait, then apply), and reads, at that moment, each worker's last push applied there.  A
-worker whose last push reached fewer servers than it went to is mid-step: the holds are released so that its
-other parts land, and taken again a moment later, until every worker is between steps.  The servers then write
-what they hold, and the release says whether each hold stood throughout (a hold expires by itself, so that a
-snapshotter that died cannot stop training); one that did not means pushes ran meanwhile, and the snapshot is
-refused.
+many).  A snapshot taken while workers train must not hold part of a step: rows of two different steps.
+:class:`Cut` asks every server to hold the pushes that arrive from then on (``HoldPushes``: they wait, then
+apply) and reads each worker's last push applied there.  A worker whose last push reached fewer servers than it
+went to is mid-step: its remaining parts are admitted through the holds until they land.  Then every server
+marks the cut -- its rows as they are now -- and ends its hold, a few milliseconds after it began; the servers
+write their parts as of the cut while pushes go on (a row a push changes leaves its bytes at the cut first:
+``ecrec.server.cut``).  A hold expires by itself and a cut too, so that a snapshotter that died cannot stop
+training or keep memory.
 
 A step half applied and left so -- its worker died between its parts -- stays half applied in the cluster
 itself; once every applied part of it is older than :data:`ABANDONED_S` the cut takes the cluster as it is and
@@ -43,11 +43,13 @@ def half_applied(replies: dict[int, embedding_pb2.HoldPushesReply]) -> list[dict
     per_worker: dict[str, dict[int, embedding_pb2.PushMark]] = {}
     for index, reply in replies.items():
         for mark in reply.marks:
-            per_worker.setdefault(mark.worker, {})[index] = mark
+            seen = per_worker.setdefault(mark.worker, {})
+            if index not in seen or mark.sequence > seen[index].sequence:  # applied, or a later one refused
+                seen[index] = mark
     out = []
     for worker, marks in per_worker.items():
         top = max(m.sequence for m in marks.values())
-        holding = {i: m for i, m in marks.items() if m.sequence == top}
+        holding = {i: m for i, m in marks.items() if m.sequence == top}  # applied there, or refused for good
         parts = max(m.parts for m in holding.values())
         if parts and len(holding) < parts:
             out.append({"worker": worker, "sequence": top, "parts": parts, "applied_at": sorted(holding),
@@ -56,18 +58,23 @@ def half_applied(replies: dict[int, embedding_pb2.HoldPushesReply]) -> list[dict
 
 
 class Cut:
-    """Holds every server's pushes at a moment between steps (see the module docstring)."""
+    """A cut on every server (see the module docstring): :meth:`take`, then the servers write with
+    ``cut=holder``, then :meth:`drop`."""
 
-    def __init__(self, cluster, indices: list[int], hold_s: float):
-        self.cluster, self.indices, self.hold_s = cluster, list(indices), float(hold_s)
+    #: each hold lasts at most this long (the servers cap it at --max-push-hold-s)
+    HOLD_S = 5.0
+
+    def __init__(self, cluster, indices: list[int], ttl_s: float):
+        self.cluster, self.indices, self.ttl_s = cluster, list(indices), float(ttl_s)
         self.holder = uuid.uuid4().hex
         self.attempts = 0
+        self.admitted = 0
         self.abandoned: list[dict] = []
-        self._held = False
+        self.held_s = 0.0  # the longest the servers held pushes for an attempt (seconds)
 
-    def _call_all(self, hold_s: float) -> dict[int, embedding_pb2.HoldPushesReply]:
+    def _call_all(self, **fields) -> dict[int, embedding_pb2.HoldPushesReply]:
         peers = self.cluster.peers
-        request = embedding_pb2.HoldPushesRequest(holder=self.holder, hold_s=hold_s)
+        request = embedding_pb2.HoldPushesRequest(holder=self.holder, max_age_s=2 * ABANDONED_S, **fields)
 
         def call(index: int):
             address = peers.address_of(index)
@@ -88,50 +95,62 @@ class Cut:
                 except CutError as exc:
                     error = error or exc
         if error is not None:
-            if hold_s > 0:
-                self._release_quietly()
             raise error
         return replies
 
     def take(self, timeout_s: float) -> None:
-        """Holds every server's pushes at a moment no worker's step is half applied; raises :class:`CutError`
-        when none came within ``timeout_s`` (workers that never pause between steps), nothing held then."""
+        """Marks the cut on every server at a moment no worker's step is half applied; raises :class:`CutError`
+        when that did not happen within ``timeout_s`` (nothing held or marked then)."""
         deadline = time.monotonic() + timeout_s
-        pause = 0.002
-        while True:
+        pause = 0.01
+        last = "no attempt"
+        while time.monotonic() < deadline:
             self.attempts += 1
-            replies = self._call_all(self.hold_s)
-            self._held = True
+            t0 = time.monotonic()
+            try:
+                self._hold_and_mark(min(deadline, t0 + self.HOLD_S * 0.8))
+                self.held_s = max(self.held_s, time.monotonic() - t0)
+                return
+            except CutError as exc:
+                last = str(exc)
+                self._end_quietly()
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        raise CutError(f"no consistent cut within {timeout_s:.0f} s ({self.attempts} tries; the last: {last}); the "
+                       "snapshot was not taken")
+
+    def _hold_and_mark(self, until: float) -> None:
+        replies = self._call_all(hold_s=self.HOLD_S)
+        while True:
             mid = half_applied(replies)
             in_flight = [w for w in mid if w["age_s"] < ABANDONED_S]
             if not in_flight:
-                self.abandoned = mid
-                for w in mid:
-                    log.warning("snapshot: worker %s's push %d reached servers %s of %d %.0f s ago and no more: taken "
-                                "as it stands in the cluster", w["worker"], w["sequence"], w["applied_at"],
-                                w["parts"], w["age_s"])
-                return
-            self._release_quietly()
-            if time.monotonic() + pause > deadline:
+                break
+            if time.monotonic() > until:
                 names = ", ".join(f"{w['worker']} (push {w['sequence']} on {len(w['applied_at'])} of {w['parts']} "
                                   "servers)" for w in in_flight[:3])
-                raise CutError(f"no moment between steps in {timeout_s:.0f} s ({self.attempts} tries): {names} "
-                               "mid-step each time; a snapshot holds no half step, so it was not taken. Pause the "
-                               "workers between steps, or snapshot from the training loop (Cluster.snapshot_every)")
-            time.sleep(pause)  # the step's other parts land meanwhile
-            pause = min(pause * 2, 0.1)
+                raise CutError(f"steps still half applied after their other parts were let through: {names}")
+            admit = [embedding_pb2.PushMark(worker=w["worker"], sequence=w["sequence"]) for w in in_flight]
+            self.admitted += len(admit)
+            time.sleep(0.002)  # their other parts are on their way: let them through, then look again
+            replies = self._call_all(hold_s=self.HOLD_S, admit=admit)
+        self.abandoned = [w for w in half_applied(replies) if w["age_s"] >= ABANDONED_S]
+        for w in self.abandoned:
+            log.warning("snapshot: worker %s's push %d reached servers %s of %d %.0f s ago and no more: taken as it "
+                        "stands in the cluster", w["worker"], w["sequence"], w["applied_at"], w["parts"], w["age_s"])
+        self._call_all(mark_cut=True, cut_ttl_s=self.ttl_s)  # every hold stood: the cut; the holds end
 
-    def release(self) -> list[int]:
-        """Releases every hold; returns the indices whose hold did not stand throughout (empty: the cut held)."""
-        if not self._held:
-            return []
-        self._held = False
-        replies = self._call_all(0.0)
-        return sorted(i for i, reply in replies.items() if not reply.held_throughout)
-
-    def _release_quietly(self) -> None:
-        self._held = False
+    def drop(self) -> None:
+        """Forgets the cut on every server (the snapshot ended); one that cannot be reached lets it expire."""
         try:
-            self._call_all(0.0)
-        except CutError as exc:  # the holds expire by themselves
-            log.warning("snapshot: releasing the hold on pushes: %s (it expires by itself)", exc)
+            self._call_all(drop_cut=True)
+        except CutError as exc:
+            log.warning("snapshot: dropping its cut: %s (it expires by itself)", exc)
+
+    def _end_quietly(self) -> None:
+        """Ends the holds and drops any cut marked (a failed attempt)."""
+        for fields in ({"hold_s": 0.0}, {"drop_cut": True}):
+            try:
+                self._call_all(**fields)
+            except CutError as exc:  # the holds and cuts expire by themselves
+                log.warning("snapshot: ending an attempt at a cut: %s (it expires by itself)", exc)

@@ -77,7 +77,7 @@ def validate(state, request) -> list:
     return ranges
 
 
-def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor) -> np.ndarray:
+def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor, cut: str = "") -> np.ndarray:
     """The payload of rows ``start..stop-1`` in id order: this server's own from its shard, the rest from their
     owners (``ReadPayload`` messages of at most :data:`READ_BYTES`, several in flight: gRPC moves small
     messages several times faster than one large one).  A range of whole blocks (``S*k`` rows: every server
@@ -121,10 +121,11 @@ def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor) -> np
         if r == state.index:
             slots = shard.slots_for(ids)
             state.strategy.ensure_rows([(shard, slots)])
-            data = shard.read_payload_bytes(slots)
-        else:
+            data = (shard.read_payload_bytes_at(slots, state.cuts.get(cut, "table", shard.name)) if cut
+                    else shard.read_payload_bytes(slots))
+        else:  # as it was at the snapshot's cut, when it has one
             data = state.peers.call(r, "ReadPayload", embedding_pb2.ReadPayloadRequest(
-                table=shard.name, ids=transport.ids_to_bytes(ids))).payload
+                table=shard.name, ids=transport.ids_to_bytes(ids), cut=cut)).payload
             if len(data) != len(ids) * spec.row_bytes:
                 raise errors.Internal(f"server {r} answered {len(data)} bytes for {len(ids)} rows")
         place(r, np.frombuffer(data, dtype=np.uint8).reshape(len(ids), spec.row_bytes), where)
@@ -174,12 +175,12 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
             block = state.layout.num_servers * state.layout.k
             rows = max(1, chunk_bytes // spec.row_bytes)
             rows = rows // block * block or rows  # whole blocks: read as consecutive slots
-            pending = gatherer.submit(_gather, state, shard, start, min(stop, start + rows), pool)
+            pending = gatherer.submit(_gather, state, shard, start, min(stop, start + rows), pool, request.cut)
             for a in range(start, stop, rows):
                 payload = pending.result()
                 b = min(stop, a + rows)
                 if b < stop:  # the next chunk is gathered while this one is written
-                    pending = gatherer.submit(_gather, state, shard, b, min(stop, b + rows), pool)
+                    pending = gatherer.submit(_gather, state, shard, b, min(stop, b + rows), pool, request.cut)
                 parts = [("weight", slice(0, spec.dim))]
                 if spec.row_floats > spec.dim:
                     parts.append(("state", slice(spec.dim, spec.row_floats)))
@@ -192,7 +193,8 @@ def _write(state, request, ranges) -> tuple[list[dict], int]:
         for name in request.dense:
             dense = state.dense(name)
             state.strategy.ensure_dense(dense)
-            value = dense.read()[0].view(np.float32)  # the payload bytes as its floats
+            raw = dense.read_at(state.cuts.get(request.cut, "dense", name)) if request.cut else dense.read()[0]
+            value = raw.view(np.float32)  # the payload bytes as its floats
             written = snapshot_files.write_tensor(stream, value)
             items.append({"key": f"dense/{name}/payload", "offsets": [0], "sizes": [len(value)],
                           "file": request.file, **written})

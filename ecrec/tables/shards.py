@@ -72,6 +72,7 @@ class TableShard:
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
         self.row_updates = 0  # distinct rows updated, summed over pushes
+        self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.ShardCut), by holder
 
     @property
     def name(self) -> str:
@@ -137,8 +138,7 @@ class TableShard:
     def _check_finite(self, slots: np.ndarray, rows: np.ndarray) -> None:
         bad = ~np.isfinite(rows).all(axis=1)
         if bad.any():
-            slot_ids = dict(zip(self.owned_slots.tolist(), self.owned_ids.tolist()))
-            ids = [slot_ids.get(int(s), -1) for s in slots[bad][:5]]
+            ids = self.layout.ids_of_slots(self.index, np.asarray(slots[bad][:5], dtype=np.int64)).tolist()
             raise errors.InvalidRequest(
                 f"table {self.spec.name!r}: the update would leave {int(bad.sum())} rows with a non-finite weight "
                 f"or optimizer state (ids {', '.join(map(str, ids))}{', ...' if bad.sum() > 5 else ''}): the "
@@ -150,8 +150,13 @@ class TableShard:
         nothing wrote them since they were prepared); returns what :meth:`apply_gradients` returns."""
         slots, old, rows = prepared.slots, prepared.old, prepared.rows
         with self._lock:
-            self._floats[slots] = rows
             old_versions = self._versions[slots]
+            if self._cuts:  # rows changed for the first time since a snapshot's cut leave their bytes there first
+                for cut in list(self._cuts.values()):
+                    first = old_versions <= cut.seq
+                    if first.any():
+                        cut.save(slots[first], self._payload[slots[first]])
+            self._floats[slots] = rows
             self._versions[slots] = version
             self.row_updates += len(slots)
         if delta:
@@ -181,6 +186,21 @@ class TableShard:
             with self._lock:
                 return self._payload[int(slots[0]):int(slots[-1]) + 1].tobytes()
         return self.read_payload(slots).tobytes()
+
+    def read_payload_bytes_at(self, slots: np.ndarray, cut) -> bytes:
+        """The rows' payload as it was at a snapshot's cut (``ecrec.server.cut.ShardCut``)."""
+        with self._lock:
+            payload = self._payload[slots]
+            cut.substitute(slots, payload, self._versions[slots])
+        return payload.tobytes()
+
+    def add_cut(self, holder: str, cut) -> None:
+        with self._lock:
+            self._cuts[holder] = cut
+
+    def drop_cut(self, holder: str) -> None:
+        with self._lock:
+            self._cuts.pop(holder, None)
 
     def read(self, slots: np.ndarray) -> RowsRead:
         """Payload, versions and ready flags of ``slots``, read atomically."""
@@ -288,6 +308,7 @@ class DenseShard:
         self.version = 0
         self.ready = True
         self._pending: list[tuple[int, np.ndarray]] = []  # replica deltas that arrived while not ready
+        self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.DenseCut), by holder
 
     @property
     def name(self) -> str:
@@ -336,9 +357,12 @@ class DenseShard:
         :meth:`apply_gradient` returns."""
         old = prepared.old
         with self._lock:
+            for cut in self._cuts.values():  # the first change since a snapshot's cut leaves the payload there
+                if self.version <= cut.seq and cut.payload is None:
+                    cut.payload = self._bytes.copy()
             self._floats[...] = prepared.floats
             old_version, self.version = self.version, version
-            new = self._bytes.copy()
+        new = prepared.floats.view(np.uint8).reshape(-1)  # the prepared copy is the new payload: no other copy
         if delta:
             np.bitwise_xor(old, new, out=old)
         return old, new, old_version
@@ -357,6 +381,24 @@ class DenseShard:
         """``(payload bytes copy, version, ready)``."""
         with self._lock:
             return self._bytes.copy(), self.version, self.ready
+
+    def read_at(self, cut) -> np.ndarray:
+        """The payload bytes as they were at a snapshot's cut (``ecrec.server.cut.DenseCut``)."""
+        with self._lock:
+            if self.version <= cut.seq:
+                return self._bytes.copy()
+            if cut.payload is None:
+                raise errors.FailedPrecondition(f"dense tensor {self.spec.name!r} changed since the snapshot's cut by "
+                                                "other than a push: take the snapshot again")
+            return cut.payload.copy()
+
+    def add_cut(self, holder: str, cut) -> None:
+        with self._lock:
+            self._cuts[holder] = cut
+
+    def drop_cut(self, holder: str) -> None:
+        with self._lock:
+            self._cuts.pop(holder, None)
 
     def write(self, payload: np.ndarray, version: int | None = None) -> None:
         with self._lock:

@@ -196,16 +196,18 @@ class CreateDenseRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_cluster_pb2.DenseSpec, _Mapping]] = ..., initial_value: _Optional[bytes] = ...) -> None: ...
 
 class ReadPayloadRequest(_message.Message):
-    __slots__ = ("table", "ids", "all_rows", "dense")
+    __slots__ = ("table", "ids", "all_rows", "dense", "cut")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ALL_ROWS_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     all_rows: bool
     dense: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., all_rows: _Optional[bool] = ..., dense: _Optional[_Iterable[str]] = ...) -> None: ...
+    cut: str
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., all_rows: _Optional[bool] = ..., dense: _Optional[_Iterable[str]] = ..., cut: _Optional[str] = ...) -> None: ...
 
 class ReadPayloadReply(_message.Message):
     __slots__ = ("ids", "payload", "row_bytes", "dense")
@@ -230,18 +232,20 @@ class SnapshotRange(_message.Message):
     def __init__(self, table: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class WriteSnapshotRequest(_message.Message):
-    __slots__ = ("path", "file", "ranges", "dense", "chunk_bytes")
+    __slots__ = ("path", "file", "ranges", "dense", "chunk_bytes", "cut")
     PATH_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     path: str
     file: str
     ranges: _containers.RepeatedCompositeFieldContainer[SnapshotRange]
     dense: _containers.RepeatedScalarFieldContainer[str]
     chunk_bytes: int
-    def __init__(self, path: _Optional[str] = ..., file: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[SnapshotRange, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    cut: str
+    def __init__(self, path: _Optional[str] = ..., file: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[SnapshotRange, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., cut: _Optional[str] = ...) -> None: ...
 
 class WriteSnapshotReply(_message.Message):
     __slots__ = ("items_json", "bytes", "seconds")
@@ -254,24 +258,36 @@ class WriteSnapshotReply(_message.Message):
     def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class HoldPushesRequest(_message.Message):
-    __slots__ = ("holder", "hold_s")
+    __slots__ = ("holder", "hold_s", "admit", "mark_cut", "cut_ttl_s", "drop_cut", "max_age_s")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     HOLD_S_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    MARK_CUT_FIELD_NUMBER: _ClassVar[int]
+    CUT_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    DROP_CUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_S_FIELD_NUMBER: _ClassVar[int]
     holder: str
     hold_s: float
-    def __init__(self, holder: _Optional[str] = ..., hold_s: _Optional[float] = ...) -> None: ...
+    admit: _containers.RepeatedCompositeFieldContainer[PushMark]
+    mark_cut: bool
+    cut_ttl_s: float
+    drop_cut: bool
+    max_age_s: float
+    def __init__(self, holder: _Optional[str] = ..., hold_s: _Optional[float] = ..., admit: _Optional[_Iterable[_Union[PushMark, _Mapping]]] = ..., mark_cut: _Optional[bool] = ..., cut_ttl_s: _Optional[float] = ..., drop_cut: _Optional[bool] = ..., max_age_s: _Optional[float] = ...) -> None: ...
 
 class PushMark(_message.Message):
-    __slots__ = ("worker", "sequence", "parts", "age_s")
+    __slots__ = ("worker", "sequence", "parts", "age_s", "refused")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     worker: str
     sequence: int
     parts: int
     age_s: float
-    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ..., parts: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
+    refused: bool
+    def __init__(self, worker: _Optional[str] = ..., sequence: _Optional[int] = ..., parts: _Optional[int] = ..., age_s: _Optional[float] = ..., refused: _Optional[bool] = ...) -> None: ...
 
 class HoldPushesReply(_message.Message):
     __slots__ = ("marks", "held_throughout", "server_id")

@@ -142,10 +142,11 @@ class ErasureCoding(FaultToleranceStrategy):
             if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
                 raise errors.InvalidRequest(f"verify_parity: timeout_s must be a number of seconds in (0, 3600], "
                                             f"not {timeout_s!r}")
-            if not self._verifying.acquire(blocking=False):
+            if not self._verifying.acquire(timeout=float(timeout_s)):  # one at a time: the next waits its turn
                 raise errors.ResourceExhausted(
-                    f"a parity verification already runs on server {self.host.index}: one at a time (each flushes "
-                    "every owner's pending parity, pausing their pushes meanwhile); retry when it ends")
+                    f"a parity verification already runs on server {self.host.index} and did not end within this "
+                    f"one's timeout_s ({timeout_s:g} s): one at a time (each flushes every owner's pending parity, "
+                    "pausing their pushes meanwhile); retry when it ends")
             try:
                 return self.verify_parity(float(timeout_s))
             finally:

@@ -1,0 +1,200 @@
+"""A snapshot's cut on one server: a short hold on pushes, then its rows as they were at that moment.
+
+A snapshot taken while workers train must hold no half step (``ecrec.snapshot.cut`` finds the moment).  The
+server's part, here: :class:`PushHold` holds the pushes that arrive (they wait, then apply), except those a
+snapshot admits to complete a step already half applied; at the cut, :class:`ServerCuts` notes the last push
+sequence and the hold ends -- milliseconds after it began.  From then on every row a push changes first leaves
+its bytes at the cut in the cut's copy (:class:`ShardCut`, only rows changed since), and the snapshot reads
+rows as they were at the cut while training goes on.  A cut is dropped when the snapshot ends, or expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from ecrec import errors
+
+log = logging.getLogger("ecrec.server")
+
+
+class PushHold:
+    """Pushes wait while a snapshot holds them (see the module docstring).  One holder at a time; a hold lasts
+    at most ``max_s`` from when it was taken however often it is extended, and expires by itself."""
+
+    def __init__(self, apply_lock: threading.Lock, max_s: float):
+        self._cond = threading.Condition(apply_lock)
+        self.max_s = max_s
+        self.holder = ""
+        self.taken_at = 0.0
+        self.expires_at = 0.0
+        self.admitted: dict[str, int] = {}  # push key -> the highest sequence that passes
+        self.expired = ""  # the last holder whose hold expired before it ended it
+        self.holds = 0
+        self._past: list[tuple[float, float]] = []  # (taken, ended) of recent holds: pushes held at most max_s a minute
+
+    def _standing_locked(self) -> bool:
+        if self.holder and time.monotonic() >= self.expires_at:
+            log.warning("a snapshot's hold on pushes expired before its cut: pushes go on")
+            self.expired = self.holder
+            self._ended(self.expires_at)
+        return bool(self.holder)
+
+    def _ended(self, at: float) -> None:
+        self._past.append((self.taken_at, at))
+        self.holder, self.admitted = "", {}
+        self._cond.notify_all()
+
+    def held_last_minute_s(self) -> float:
+        now = time.monotonic()
+        self._past = [(a, b) for a, b in self._past if b > now - 60.0]
+        return sum(b - max(a, now - 60.0) for a, b in self._past)
+
+    def holds_for(self, holder: str) -> bool:
+        """Whether ``holder``'s hold stands now (the caller holds the apply lock)."""
+        return self._standing_locked() and self.holder == holder
+
+    def take(self, holder: str, hold_s: float) -> None:
+        """Holds pushes (or extends ``holder``'s hold) for ``hold_s`` seconds, at most until ``max_s`` after it
+        was taken; the caller holds the apply lock, so no push is halfway applied.  ``ResourceExhausted`` while
+        another holder's hold stands."""
+        now = time.monotonic()
+        if self._standing_locked() and self.holder != holder:
+            raise errors.ResourceExhausted("another snapshot holds this server's pushes now (one at a time): retry "
+                                           "in a moment")
+        if self.holder != holder:
+            if self.expired == holder:
+                raise errors.FailedPrecondition("this snapshot's hold on pushes expired: take the cut again")
+            if self.held_last_minute_s() >= 0.999 * self.max_s:  # holds last milliseconds as a rule: a flood
+                raise errors.ResourceExhausted(f"pushes were held {self.held_last_minute_s():.1f} s in the last minute "
+                                               f"(at most --max-push-hold-s {self.max_s:g} s a minute): retry later")
+            self.holder, self.taken_at, self.admitted = holder, now, {}
+            self.holds += 1
+        self.expires_at = min(now + hold_s, self.taken_at + self.max_s)
+
+    def admit(self, holder: str, admitted: dict[str, int]) -> None:
+        """Lets the pushes of ``admitted`` (push key -> highest sequence) through ``holder``'s hold: the other
+        parts of steps half applied elsewhere."""
+        if not self.holds_for(holder):
+            raise errors.FailedPrecondition("this snapshot holds no pushes here (its hold expired or was never "
+                                            "taken): take the cut again")
+        for worker, sequence in admitted.items():
+            self.admitted[worker] = max(sequence, self.admitted.get(worker, 0))
+        self._cond.notify_all()
+
+    def release(self, holder: str) -> None:
+        if self.holds_for(holder):
+            self._ended(time.monotonic())
+
+    def wait_locked(self, key: tuple[str, int]) -> None:
+        """Waits, the apply lock released meanwhile, while a hold stands that does not admit push ``key`` (at most
+        until it expires: a few seconds)."""
+        worker, sequence = key
+        while self._standing_locked() and sequence > self.admitted.get(worker, 0):
+            self._cond.wait(max(0.001, self.expires_at - time.monotonic()))
+
+
+class ShardCut:
+    """One table shard's rows as they were at a cut: the bytes of each row a push changed since (saved by the
+    push, before it writes), beside the shard's current rows for the others."""
+
+    def __init__(self, seq: int, num_slots: int, row_bytes: int):
+        self.seq = seq
+        self._where = np.full(num_slots, -1, dtype=np.int64)  # slot -> its saved row (-1: unchanged since)
+        self._rows = np.empty((0, row_bytes), dtype=np.uint8)
+        self._count = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._where.nbytes + self._rows.nbytes
+
+    def save(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Keeps ``rows`` (their bytes at the cut) of ``slots``, written now for the first time since the cut; the
+        shard's lock is held."""
+        n = len(slots)
+        if self._count + n > len(self._rows):
+            grown = np.empty((max(2 * len(self._rows), self._count + n, 1024), self._rows.shape[1]), dtype=np.uint8)
+            grown[: self._count] = self._rows[: self._count]
+            self._rows = grown
+        self._rows[self._count:self._count + n] = rows
+        self._where[slots] = np.arange(self._count, self._count + n)
+        self._count += n
+
+    def substitute(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
+        """Puts back, into ``payload`` (rows of ``slots`` read now, with their ``versions``), the bytes at the cut of
+        rows changed since; the shard's lock is held."""
+        newer = versions > self.seq
+        if not newer.any():
+            return
+        where = self._where[slots[newer]]
+        if (where < 0).any():
+            raise errors.FailedPrecondition("a row changed since the snapshot's cut by other than a push (a rebuild): "
+                                            "its bytes at the cut are gone; take the snapshot again")
+        payload[newer] = self._rows[where]
+
+
+class DenseCut:
+    """A dense tensor's payload at a cut (saved by the first push that changes it since)."""
+
+    def __init__(self, seq: int):
+        self.seq = seq
+        self.payload: np.ndarray | None = None
+
+
+class ServerCuts:
+    """The cuts this server keeps for snapshots being written, by holder; each expires by itself."""
+
+    def __init__(self, max_cuts: int = 2, max_ttl_s: float = 3600.0):
+        self.max_ttl_s = max_ttl_s
+        self._cuts: dict[str, tuple[float, dict]] = {}  # holder -> (expires_at, {(kind, name): (cut, its shard)})
+        self.max_cuts = max_cuts
+
+    def mark(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
+        """Marks a cut at push sequence ``seq`` on every table shard and dense tensor (the apply lock is held, no
+        push halfway)."""
+        self.expire()
+        if len(self._cuts) >= self.max_cuts and holder not in self._cuts:
+            raise errors.ResourceExhausted(f"{len(self._cuts)} snapshots are being written here at once (at most "
+                                           f"{self.max_cuts}): retry when one ends")
+        parts: dict = {}
+        for shard in tables:
+            cut = ShardCut(seq, shard.num_slots, shard.spec.row_bytes)
+            parts[("table", shard.name)] = (cut, shard)
+            shard.add_cut(holder, cut)
+        for d in dense:
+            cut = DenseCut(seq)
+            parts[("dense", d.name)] = (cut, d)
+            d.add_cut(holder, cut)
+        self._cuts[holder] = (time.monotonic() + min(ttl_s, self.max_ttl_s), parts)
+
+    def get(self, holder: str, kind: str, name: str):
+        self.expire()
+        entry = self._cuts.get(holder)
+        if entry is None:
+            raise errors.FailedPrecondition("no such snapshot cut on this server (it expired, or the server was "
+                                            "replaced since): take the snapshot again")
+        part = entry[1].get((kind, name))
+        if part is None:
+            raise errors.FailedPrecondition(f"{kind} {name!r} was created after the snapshot's cut")
+        return part[0]
+
+    def drop(self, holder: str) -> bool:
+        """Forgets ``holder``'s cut and frees its copies; returns whether it was still here."""
+        entry = self._cuts.pop(holder, None)
+        if entry is None:
+            return False
+        for _, owner in entry[1].values():
+            owner.drop_cut(holder)
+        return True
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for holder in [h for h, (expires_at, _) in self._cuts.items() if now >= expires_at]:
+            log.warning("a snapshot's cut expired before the snapshot ended: its copies are freed")
+            self.drop(holder)
+
+    def __len__(self) -> int:
+        return len(self._cuts)
