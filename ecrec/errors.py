@@ -17,6 +17,8 @@ the caller will see without the domain code importing ``grpc``.
     DataLoss              DATA_LOSS           data cannot be recovered (more than m failures in a
                                               stripe, a corrupt checkpoint)
     Unimplemented         UNIMPLEMENTED       the active strategy does not serve this
+    Busy                  ABORTED             this server is busy for a moment (a snapshot's cut holds
+                                              pushes): the caller retries the same request here soon
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ class DataLoss(EcrecError):
 
 class Unimplemented(EcrecError):
     status = "UNIMPLEMENTED"
+
+
+class Busy(EcrecError):
+    """Retry the same request at the same server in a moment (not a failure: nothing to report)."""
+
+    status = "ABORTED"
 
 
 #: what a server's refusal of a push of a worker incarnation it forgot says (``ecrec.server.applied``); the SDK

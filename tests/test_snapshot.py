@@ -504,6 +504,82 @@ def test_a_snapshot_taken_while_workers_train_is_a_cut_between_steps(make_cluste
     setup.close()
 
 
+def _snapshot_rows(path) -> np.ndarray:
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    plain = {key: torch.empty(tuple(meta.size)) for key, meta in metadata.state_dict_metadata.items()}
+    dcp.load(plain, checkpoint_id=str(path))
+    return plain["tables/t/weight"].numpy()
+
+
+@pytest.mark.cluster
+def test_a_snapshot_right_after_a_failover_holds_the_rebuilt_rows(make_cluster, tmp_path):
+    """A replacement that has applied no push yet holds rows rebuilt with the versions of the server before it: its
+    cut lies above them (a cut at its push counter 0 took every rebuilt row for one changed since, and refused
+    the snapshot until a push came)."""
+    from helpers import counting_push, kill_index, wait_redundant
+
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
+    for _ in range(3):
+        counting_push(client, np.arange(60))
+    client.wait_confirmed()
+    kill_index(local, 0)
+    wait_redundant(client, 1)
+    expected = client.read_payload("t")[1].view(np.float32)[:, :4]
+    client.save(str(tmp_path / "snap"))
+    np.testing.assert_array_equal(_snapshot_rows(tmp_path / "snap"), expected)
+    assert (expected == -3).all()
+
+
+@pytest.mark.cluster
+def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make_cluster, tmp_path):
+    """Six workers push without pause against servers of four handler threads: a held push no longer waits in a
+    handler thread once a few do (it is told to retry: ABORTED, the SDK retries it at once), so the snapshot's own
+    calls still get a thread (every attempt at a cut ran out and the snapshot failed after a minute)."""
+    import threading
+
+    from helpers import counting_push
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_options={"max_workers": 4})
+    setup = Cluster.connect(local.coordinator_address)
+    setup.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
+    stop, errors, steps = threading.Event(), [], []
+
+    def train(name):
+        worker = Cluster.connect(local.coordinator_address, worker=name)
+        try:
+            while not stop.is_set():
+                counting_push(worker, np.arange(60))
+                steps.append(1)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=train, args=(f"w{n}",)) for n in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        while len(steps) < 30 and not errors:
+            time.sleep(0.01)
+        manifest = setup.save(str(tmp_path / "snap"))
+        values = np.unique(_snapshot_rows(tmp_path / "snap"))
+        assert len(values) == 1, f"rows of different steps: {values}"
+        before = len(steps)
+        while len(steps) < before + 6 and not errors:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert manifest["cut"]["attempts"] >= 1
+    setup.close()
+
+
 def test_a_cut_waits_for_a_half_applied_step_and_takes_an_abandoned_one_as_it_stands():
     """``half_applied``: a worker whose last push reached fewer servers than it went to is mid-step (its other
     parts are let through), unless its parts are all older than ``ABANDONED_S`` (its worker stopped mid-step); a
@@ -583,3 +659,8 @@ def test_a_cut_keeps_the_rows_a_push_changes_after_it():
     shard.drop_cut("snap")
     shard.apply_gradients(slots[5:], np.ones((3, 2), np.float32), 4, keep_old=False)  # nothing kept any more
     assert cut._count == 3
+    again = ShardCut(4, shard.num_slots, shard.spec.row_bytes)  # a rollback rewrites rows outside any push:
+    shard.add_cut("snap2", again)                               # the cut cannot keep them, and says so
+    shard.reset_to_initial()
+    with pytest.raises(Exception, match="reset to their initial values"):
+        shard.read_payload_bytes_at(slots, again)

@@ -229,6 +229,9 @@ class Cluster:
             try:  # at this incarnation only: a replay must not continue at another one midway
                 reply = self.peers.stub(live.address).Replay(request, timeout=self.config.rpc_timeout_s)
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.ABORTED and time.monotonic() < deadline:  # busy for a moment
+                    time.sleep(0.005)
+                    continue
                 if not transport.is_unavailable(exc):
                     raise ClusterError(f"replaying {len(todo)} pushes to server {index} ({live.address}): "
                                        f"{exc.code().name}: {exc.details()}") from None
@@ -523,8 +526,6 @@ class Cluster:
             request_for(self.layout.dense_servers(name)[0]).dense.add(
                 name=name, value=transport.floats_to_bytes(dense_grads[name]))
             param.grad = None
-        for request in requests.values():
-            request.parts = len(requests)  # a snapshot's cut counts the parts of each worker's last push
         result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
                                                              "already_applied": 0}
         self.last_dense_grads = dense_grads  # what this (acknowledged) push applied to each dense tensor
@@ -555,6 +556,7 @@ class Cluster:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries
         rides along, each reply's relay and confirmations go back to it."""
         for i, request in requests.items():
+            request.parts = len(requests)  # a snapshot's cut counts the parts of each worker's last push
             self.courier.attach(i, request)
         self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
         replies = self._fan_out("Push", requests, collect=True)
@@ -567,6 +569,7 @@ class Cluster:
                         sorted(forgotten), self.worker)
             for request in forgotten.values():
                 request.push_id.incarnation = self.incarnation
+                request.parts = len(forgotten)  # under the new incarnation the step is these parts
             replies.update(self._fan_out("Push", forgotten, collect=True))
         self._stats["pushes"] += 1
         refused = {i: r for i, r in replies.items() if isinstance(r, PeerError)}

@@ -51,6 +51,9 @@ class PeerUnreachable(errors.Unavailable):
     """A server index stayed unreachable (and unreplaced) until the retry deadline."""
 
 
+#: the pause before a call answered ABORTED (the server is busy for a moment) is sent again to the same server
+BUSY_RETRY_S = 0.005
+
 #: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
 #: (``...; the leader is HOST:PORT; retry there``, ``ecrec.control.leadership``)
 NOT_LEADER = "this coordinator does not lead"
@@ -278,6 +281,11 @@ class Peers:
                     return getattr(self.stub(address, service), method)(request, timeout=timeout_s,
                                                                         metadata=self.metadata())
                 except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.ABORTED:  # busy for a moment (a snapshot's cut): not gone
+                        if time.monotonic() > deadline:
+                            raise PeerError(index, address, method, exc.code(), exc.details()) from None
+                        time.sleep(BUSY_RETRY_S)
+                        continue
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
                     log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method,
@@ -361,7 +369,7 @@ class Peers:
                     continue
                 if not isinstance(exc, grpc.RpcError):
                     raise exc
-                if not transport.is_unavailable(exc):
+                if not transport.is_unavailable(exc) and exc.code() != grpc.StatusCode.ABORTED:
                     error = PeerError(index, address, method, exc.code(), exc.details())
                     if not collect:
                         raise error from None

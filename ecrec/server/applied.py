@@ -256,6 +256,12 @@ class PushSequencer:
         self._count += 1
         return self._base | self._count
 
+    def floor(self, epoch: int) -> int:
+        """A number above every version this server's rows hold now and below every push numbered from now: a
+        snapshot's cut.  Before this incarnation's first push, its base as that push will fix it (the map epoch
+        never goes down; a replacement's rebuilt rows carry the versions of the incarnations before it, below)."""
+        return self._base | self._count if self._base else max(1, epoch) << 32
+
     @property
     def last(self) -> int:
         """The last number given (0: none yet in this incarnation)."""

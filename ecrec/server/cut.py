@@ -25,9 +25,11 @@ class PushHold:
     """Pushes wait while a snapshot holds them (see the module docstring).  One holder at a time; a hold lasts
     at most ``max_s`` from when it was taken however often it is extended, and expires by itself."""
 
-    def __init__(self, apply_lock: threading.Lock, max_s: float):
+    def __init__(self, apply_lock: threading.Lock, max_s: float, max_waiters: int = 4):
         self._cond = threading.Condition(apply_lock)
         self.max_s = max_s
+        self.max_waiters = max_waiters  # pushes that wait at once: the rest are told to retry (handler threads
+        self.waiting = 0                # must stay free for the snapshot's own calls)
         self.holder = ""
         self.taken_at = 0.0
         self.expires_at = 0.0
@@ -91,10 +93,20 @@ class PushHold:
 
     def wait_locked(self, key: tuple[str, int]) -> None:
         """Waits, the apply lock released meanwhile, while a hold stands that does not admit push ``key`` (at most
-        until it expires: a few seconds)."""
+        until it expires: a few seconds).  With ``max_waiters`` pushes waiting already it raises ``Busy`` instead
+        (the worker retries the same push in a moment): a waiting push holds a handler thread, and the
+        snapshot's next calls need one."""
         worker, sequence = key
-        while self._standing_locked() and sequence > self.admitted.get(worker, 0):
-            self._cond.wait(max(0.001, self.expires_at - time.monotonic()))
+        if not (self._standing_locked() and sequence > self.admitted.get(worker, 0)):
+            return
+        if self.waiting >= self.max_waiters:
+            raise errors.Busy("a snapshot's cut holds pushes here for a moment: retry this push")
+        self.waiting += 1
+        try:
+            while self._standing_locked() and sequence > self.admitted.get(worker, 0):
+                self._cond.wait(max(0.001, self.expires_at - time.monotonic()))
+        finally:
+            self.waiting -= 1
 
 
 class ShardCut:
@@ -103,20 +115,26 @@ class ShardCut:
 
     def __init__(self, seq: int, num_slots: int, row_bytes: int):
         self.seq = seq
-        self._where = np.full(num_slots, -1, dtype=np.int64)  # slot -> its saved row (-1: unchanged since)
+        self.num_slots = num_slots
+        self._where: np.ndarray | None = None  # slot -> its saved row, -1: unchanged (made at the first save: a
+        # cut is marked while pushes are held, and must cost nothing there)
         self._rows = np.empty((0, row_bytes), dtype=np.uint8)
         self._count = 0
+        self.broken = ""  # why the rows at the cut are gone (rewritten outside any push)
 
     @property
     def nbytes(self) -> int:
-        return self._where.nbytes + self._rows.nbytes
+        return (0 if self._where is None else self._where.nbytes) + self._rows.nbytes
 
     def save(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Keeps ``rows`` (their bytes at the cut) of ``slots``, written now for the first time since the cut; the
         shard's lock is held."""
         n = len(slots)
-        if self._count + n > len(self._rows):
-            grown = np.empty((max(2 * len(self._rows), self._count + n, 1024), self._rows.shape[1]), dtype=np.uint8)
+        if self._where is None:
+            self._where = np.full(self.num_slots, -1, dtype=np.int32 if self.num_slots < 2**31 else np.int64)
+        if self._count + n > len(self._rows):  # at most one row a slot: never more than the shard
+            size = min(max(2 * len(self._rows), self._count + n, 1024), self.num_slots)
+            grown = np.empty((size, self._rows.shape[1]), dtype=np.uint8)
             grown[: self._count] = self._rows[: self._count]
             self._rows = grown
         self._rows[self._count:self._count + n] = rows
@@ -126,10 +144,12 @@ class ShardCut:
     def substitute(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
         """Puts back, into ``payload`` (rows of ``slots`` read now, with their ``versions``), the bytes at the cut of
         rows changed since; the shard's lock is held."""
+        if self.broken:
+            raise errors.FailedPrecondition(f"{self.broken} while the snapshot was written: take it again")
         newer = versions > self.seq
         if not newer.any():
             return
-        where = self._where[slots[newer]]
+        where = self._where[slots[newer]] if self._where is not None else np.full(int(newer.sum()), -1)
         if (where < 0).any():
             raise errors.FailedPrecondition("a row changed since the snapshot's cut by other than a push (a rebuild): "
                                             "its bytes at the cut are gone; take the snapshot again")
@@ -142,6 +162,11 @@ class DenseCut:
     def __init__(self, seq: int):
         self.seq = seq
         self.payload: np.ndarray | None = None
+        self.broken = ""
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.payload is None else self.payload.nbytes
 
 
 class ServerCuts:
@@ -151,14 +176,25 @@ class ServerCuts:
         self.max_ttl_s = max_ttl_s
         self._cuts: dict[str, tuple[float, dict]] = {}  # holder -> (expires_at, {(kind, name): (cut, its shard)})
         self.max_cuts = max_cuts
+        self._lock = threading.RLock()
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the cuts hold (their maps and the rows changed since)."""
+        with self._lock:
+            return sum(cut.nbytes for _, parts in self._cuts.values() for cut, _ in parts.values())
 
     def mark(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
         """Marks a cut at push sequence ``seq`` on every table shard and dense tensor (the apply lock is held, no
         push halfway)."""
         self.expire()
-        if len(self._cuts) >= self.max_cuts and holder not in self._cuts:
-            raise errors.ResourceExhausted(f"{len(self._cuts)} snapshots are being written here at once (at most "
-                                           f"{self.max_cuts}): retry when one ends")
+        with self._lock:
+            if len(self._cuts) >= self.max_cuts and holder not in self._cuts:
+                raise errors.ResourceExhausted(f"{len(self._cuts)} snapshots are being written here at once (at "
+                                               f"most {self.max_cuts}): retry when one ends")
+            self._mark_locked(holder, seq, ttl_s, tables, dense)
+
+    def _mark_locked(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
         parts: dict = {}
         for shard in tables:
             cut = ShardCut(seq, shard.num_slots, shard.spec.row_bytes)
@@ -172,7 +208,8 @@ class ServerCuts:
 
     def get(self, holder: str, kind: str, name: str):
         self.expire()
-        entry = self._cuts.get(holder)
+        with self._lock:
+            entry = self._cuts.get(holder)
         if entry is None:
             raise errors.FailedPrecondition("no such snapshot cut on this server (it expired, or the server was "
                                             "replaced since): take the snapshot again")
@@ -183,7 +220,8 @@ class ServerCuts:
 
     def drop(self, holder: str) -> bool:
         """Forgets ``holder``'s cut and frees its copies; returns whether it was still here."""
-        entry = self._cuts.pop(holder, None)
+        with self._lock:
+            entry = self._cuts.pop(holder, None)
         if entry is None:
             return False
         for _, owner in entry[1].values():
@@ -192,9 +230,12 @@ class ServerCuts:
 
     def expire(self) -> None:
         now = time.monotonic()
-        for holder in [h for h, (expires_at, _) in self._cuts.items() if now >= expires_at]:
+        with self._lock:
+            gone = [h for h, (expires_at, _) in self._cuts.items() if now >= expires_at]
+        for holder in gone:
             log.warning("a snapshot's cut expired before the snapshot ended: its copies are freed")
             self.drop(holder)
 
     def __len__(self) -> int:
-        return len(self._cuts)
+        with self._lock:
+            return len(self._cuts)

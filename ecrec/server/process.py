@@ -229,6 +229,7 @@ class EmbeddingServer:
             interval = getattr(strategy, "timer_interval_s", None) if strategy else None
             if self._stop.wait(interval or 0.5):
                 return
+            self.state.cuts.expire()  # a snapshot's cut whose snapshotter is gone stops keeping rows
             if interval and self.state.index >= 0 and self.state.lease.valid():
                 try:
                     strategy.on_timer()

@@ -266,7 +266,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         holder = request.holder
         if not holder or len(holder) > 128:
             raise errors.InvalidRequest("HoldPushes: holder must be 1 to 128 characters (a snapshot's random id)")
-        for name, value, top in (("hold_s", request.hold_s, 86400.0), ("cut_ttl_s", request.cut_ttl_s, 86400.0),
+        for name, value, top in (("hold_s", request.hold_s, 86400.0), ("cut_ttl_s", request.cut_ttl_s, 1e9),
                                  ("max_age_s", request.max_age_s, 86400.0)):
             if not 0 <= value <= top:
                 raise errors.InvalidRequest(f"HoldPushes: {name} must be in [0, {top:g}] seconds, not {value}")
@@ -284,7 +284,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 if not held:
                     raise errors.FailedPrecondition("HoldPushes: this snapshot's hold on pushes expired (or was never "
                                                     "taken) before its cut: take the cut again")
-                st.cuts.mark(holder, st.sequencer.last, request.cut_ttl_s, st.tables(), st.dense_tensors())
+                st.cuts.mark(holder, st.sequencer.floor(st.epoch), request.cut_ttl_s, st.tables(), st.dense_tensors())
                 st.hold.release(holder)
             elif request.hold_s > 0:
                 st.hold.take(holder, request.hold_s)

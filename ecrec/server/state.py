@@ -230,7 +230,8 @@ class ServerState:
                 "data_rows": sum(len(shard.owned_ids) for shard in self.tables()),
                 "dense_tensors": len(self.dense_tensors()),
                 "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending,
-                "standby_reserve_used_bytes": self.reserve.used_bytes, "kernels_ready": tables.kernels_ready()}
+                "standby_reserve_used_bytes": self.reserve.used_bytes, "kernels_ready": tables.kernels_ready(),
+                "snapshot_cuts": len(self.cuts), "snapshot_cut_bytes": self.cuts.nbytes}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:

@@ -20,8 +20,8 @@ against the manifest before it writes anything, so a corrupted or truncated snap
 tensor and the file and the cluster is left as it was, then writes the rows as assignment pushes (parity,
 replicas and checkpoints follow as for training).
 
-The snapshot is consistent when no push runs while it is written: save from the (only) worker between
-steps (``Cluster.save``, or ``Cluster.snapshot_every``), or with every worker stopped at a barrier.
+A snapshot is a cut between steps whenever it is taken, workers training or not (:mod:`ecrec.snapshot.cut`):
+the servers write their rows as they were at a moment no worker's step was half applied, while pushes go on.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from ecrec.wire import embedding_pb2
 log = logging.getLogger("ecrec.snapshot")
 
 #: a half-applied step whose applied parts are all older than this is taken as abandoned (its worker stopped
-#: mid-step), not as in flight: a worker retries a missing part within its call deadline (30 s by default)
-ABANDONED_S = 45.0
+#: mid-step), not as in flight: a worker retries a missing part within its retry deadline (120 s by default) and
+#: one call deadline (30 s)
+ABANDONED_S = 180.0
 
 
 class CutError(RuntimeError):
@@ -106,6 +107,7 @@ class Cut:
         last = "no attempt"
         while time.monotonic() < deadline:
             self.attempts += 1
+            self.holder = uuid.uuid4().hex  # a fresh one: a hold that expired is never taken again under its id
             t0 = time.monotonic()
             try:
                 self._hold_and_mark(min(deadline, t0 + self.HOLD_S * 0.8))
@@ -138,7 +140,10 @@ class Cut:
         for w in self.abandoned:
             log.warning("snapshot: worker %s's push %d reached servers %s of %d %.0f s ago and no more: taken as it "
                         "stands in the cluster", w["worker"], w["sequence"], w["applied_at"], w["parts"], w["age_s"])
-        self._call_all(mark_cut=True, cut_ttl_s=self.ttl_s)  # every hold stood: the cut; the holds end
+        marked = self._call_all(mark_cut=True, cut_ttl_s=self.ttl_s)  # every hold stood: the cut; the holds end
+        unmarked = sorted(i for i, reply in marked.items() if not reply.held_throughout)
+        if unmarked:  # a server that does not know cuts (an older version) answers a plain release
+            raise CutError(f"servers {unmarked} did not mark the cut")
 
     def drop(self) -> None:
         """Forgets the cut on every server (the snapshot ended); one that cannot be reached lets it expire."""

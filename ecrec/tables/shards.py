@@ -188,10 +188,15 @@ class TableShard:
         return self.read_payload(slots).tobytes()
 
     def read_payload_bytes_at(self, slots: np.ndarray, cut) -> bytes:
-        """The rows' payload as it was at a snapshot's cut (``ecrec.server.cut.ShardCut``)."""
+        """The rows' payload as it was at a snapshot's cut (``ecrec.server.cut.ShardCut``); consecutive slots
+        are copied as one slice."""
+        run = _as_slice(slots) if len(slots) > 1 else None
+        where = run if run is not None and run.step == 1 else slots
         with self._lock:
-            payload = self._payload[slots]
-            cut.substitute(slots, payload, self._versions[slots])
+            payload = self._payload[where]
+            if run is not None and run.step == 1:
+                payload = payload.copy()
+            cut.substitute(slots, payload, self._versions[where])
         return payload.tobytes()
 
     def add_cut(self, holder: str, cut) -> None:
@@ -218,13 +223,21 @@ class TableShard:
             ready[...] = self._ready[where]
 
     def write_payload(self, slots: np.ndarray, payload: np.ndarray) -> None:
+        """Rewrites rows outside any push (a checkpoint strategy's rollback): a snapshot's cut being written
+        cannot keep their bytes, so it fails rather than mix states."""
         with self._lock:
+            self._break_cuts("rows were rewritten (a rollback)")
             self._payload[slots] = payload
 
     def reset_to_initial(self) -> None:
         """Every owned row back to its initial value."""
         with self._lock:
+            self._break_cuts("rows were reset to their initial values (a rollback)")
             fill_initial_payload(self.spec, self.owned_ids, self._floats, self.owned_slots)
+
+    def _break_cuts(self, why: str) -> None:
+        for cut in self._cuts.values():
+            cut.broken = why
 
     # --- rebuilding ------------------------------------------------------------------------------------------
     def mark_unready(self) -> None:
@@ -385,6 +398,8 @@ class DenseShard:
     def read_at(self, cut) -> np.ndarray:
         """The payload bytes as they were at a snapshot's cut (``ecrec.server.cut.DenseCut``)."""
         with self._lock:
+            if cut.broken:
+                raise errors.FailedPrecondition(f"{cut.broken} while the snapshot was written: take it again")
             if self.version <= cut.seq:
                 return self._bytes.copy()
             if cut.payload is None:
@@ -402,6 +417,8 @@ class DenseShard:
 
     def write(self, payload: np.ndarray, version: int | None = None) -> None:
         with self._lock:
+            for cut in self._cuts.values():  # outside any push: a snapshot's cut cannot keep what it was
+                cut.broken = "the dense tensor was rewritten (a rollback)"
             self._bytes[:] = payload
             if version is not None:
                 self.version = version
