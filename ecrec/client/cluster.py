@@ -39,7 +39,7 @@ from ecrec.config import ClientConfig
 from ecrec.client.courier import Courier
 from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
-from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_gradients
+from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_step, collect, merge_lookups
 from ecrec.coding.layout import Layout
 from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
@@ -482,22 +482,10 @@ class Cluster:
         there while the other parts apply: :class:`~ecrec.client.steps.StepPartlyApplied` names both."""
         with self._lock:
             pending, self._pending = self._pending, []
-        per_table: dict[str, tuple[list, list]] = {}
-        lookups: dict[str, list] = {}
-        for p in pending:
-            if p.rows.grad is None:
-                continue
-            if p.lookups is not None:
-                lookups.setdefault(p.table, []).append((p.ids, p.lookups))
-            ids_list, grad_list = per_table.setdefault(p.table, ([], []))
-            ids_list.append(p.ids)
-            grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
+        per_table, lookups = collect(pending)
         with self._lock:
             m = self.map
-        bad = bad_gradients({t: grads for t, (_, grads) in per_table.items()},
-                            {name: param.grad.detach().to(torch.float32).numpy() for name, param in self._dense.items()
-                             if param.grad is not None},
-                            {t.name: t for t in m.tables} if m else {}, {d.name: d for d in m.dense} if m else {})
+        bad = bad_step(m, per_table, self._dense)
         with self._lock:
             if bad:
                 self._pending[:0] = pending  # kept, in order, ahead of anything recorded since
@@ -529,7 +517,7 @@ class Cluster:
         result = self._send_push(requests) if requests else {"servers": 0, "rows": 0, "rows_by_server": {},
                                                              "already_applied": 0}
         self.last_dense_grads = dense_grads  # what this (acknowledged) push applied to each dense tensor
-        self.last_lookups = {t: _merge_lookups(parts) for t, parts in lookups.items()}
+        self.last_lookups = {t: merge_lookups(parts) for t, parts in lookups.items()}
         self.steps_done += 1
         if self._periodic is not None:
             # the step is applied: a failed snapshot must not look like a failed step (a loop that retried the
@@ -618,11 +606,3 @@ class Cluster:
             log.warning("closing worker %s with %d unconfirmed pushes: an owner that fails before it delivers their "
                         "parity loses them", self.worker, left)
         self.peers.close()
-
-
-def _merge_lookups(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """One table's ``(ids, lookups)`` of a step from those of its bags: unique ids, their lookups summed."""
-    if len(parts) == 1:
-        return parts[0]
-    ids, inverse = np.unique(np.concatenate([i for i, _ in parts]), return_inverse=True)
-    return ids, np.bincount(inverse, weights=np.concatenate([n for _, n in parts]), minlength=len(ids)).astype(np.int64)

@@ -11,6 +11,7 @@ raises :class:`StepPartlyApplied`, which names both.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ecrec.tables import optim
 
@@ -57,3 +58,37 @@ def bad_gradients(tables: dict[str, list[np.ndarray]], dense: dict[str, np.ndarr
                 bad.append(f"the gradient of {kind} {name!r} reaches {largest:.3g}, beyond what its optimizer "
                            f"({spec.optimizer}, lr {spec.lr:g}) keeps finite ({limit:.3g})")
     return bad
+
+
+def collect(pending) -> tuple[dict[str, tuple[list, list]], dict[str, list]]:
+    """A step's recorded lookups (``_Pending`` of :mod:`ecrec.client.cluster`) as ``{table: (ids arrays,
+    gradient arrays)}`` of those that got a gradient, and ``{table: [(ids, lookups)]}``."""
+    per_table: dict[str, tuple[list, list]] = {}
+    lookups: dict[str, list] = {}
+    for p in pending:
+        if p.rows.grad is None:
+            continue
+        if p.lookups is not None:
+            lookups.setdefault(p.table, []).append((p.ids, p.lookups))
+        ids_list, grad_list = per_table.setdefault(p.table, ([], []))
+        ids_list.append(p.ids)
+        grad_list.append(p.rows.grad.detach().to(torch.float32).numpy())
+    return per_table, lookups
+
+
+def bad_step(cluster_map, per_table: dict, dense_params: dict) -> list[str]:
+    """:func:`bad_gradients` of a step: its tables' gradients (:func:`collect`) and its dense parameters', judged
+    by the specs of ``cluster_map``."""
+    dense = {name: param.grad.detach().to(torch.float32).numpy() for name, param in dense_params.items()
+             if param.grad is not None}
+    specs = {t.name: t for t in cluster_map.tables} if cluster_map else {}
+    dense_specs = {d.name: d for d in cluster_map.dense} if cluster_map else {}
+    return bad_gradients({t: grads for t, (_, grads) in per_table.items()}, dense, specs, dense_specs)
+
+
+def merge_lookups(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One table's ``(ids, lookups)`` of a step from those of its bags: unique ids, their lookups summed."""
+    if len(parts) == 1:
+        return parts[0]
+    ids, inverse = np.unique(np.concatenate([i for i, _ in parts]), return_inverse=True)
+    return ids, np.bincount(inverse, weights=np.concatenate([n for _, n in parts]), minlength=len(ids)).astype(np.int64)
