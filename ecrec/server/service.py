@@ -166,6 +166,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         if not request.tables and not request.dense:
             raise errors.InvalidRequest("empty push: no table rows and no dense gradients")
         check_push_id(request.push_id, st.config)
+        if request.parts > st.layout.num_servers:
+            raise errors.InvalidRequest(f"push parts {request.parts}: a push goes to at most the cluster's "
+                                        f"{st.layout.num_servers} servers")
         check_ids(request.tables, st.config)
         return self._validate_push(request)
 
