@@ -131,7 +131,7 @@ def test_parity_verification_waits_for_a_rebuild_instead_of_reporting_unbuilt_ro
         Exception, impatient.strategy_call, "verify_parity", {"timeout_s": 3.0}, indices=[1]))
     waiting.start()
     time.sleep(1.0)
-    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*already runs on server 1: one at a time"):
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*already runs on server 1 and did not end within this one's timeout_s"):
         impatient.strategy_call("verify_parity", {"timeout_s": 0.5}, indices=[1])
     waiting.join(timeout=30)
     impatient.close()

@@ -52,7 +52,7 @@ class PeerUnreachable(errors.Unavailable):
 
 
 #: the pause before a call answered ABORTED (the server is busy for a moment) is sent again to the same server
-BUSY_RETRY_S = 0.005
+BUSY_RETRY_S = 0.01
 
 #: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
 #: (``...; the leader is HOST:PORT; retry there``, ``ecrec.control.leadership``)

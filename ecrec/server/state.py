@@ -59,7 +59,9 @@ class ServerState:
         self._promote_lock = threading.Lock()
         self._promoted_to = -1  # the index a finished promotion gave this server
         self.apply_lock = threading.Lock()  # pushes apply one at a time (the strategy sees a total order)
-        self.hold = PushHold(self.apply_lock, config.max_push_hold_s)  # a snapshot's cut: pushes wait meanwhile
+        # a snapshot's cut: pushes wait meanwhile, a quarter of the handler threads at most (the rest are told to
+        # retry), so that the snapshot's own calls and the other pushes' find a thread
+        self.hold = PushHold(self.apply_lock, config.max_push_hold_s, max_waiters=max(1, config.max_workers // 4))
         self.cuts = ServerCuts(max_ttl_s=config.max_snapshot_s)  # snapshots' cuts being written: rows as at each
         self.faults = faults.FaultInjector(config.fault_spec)
         self.lock = threading.RLock()  # guards map/index/tables dicts (not row data)

@@ -64,6 +64,9 @@ class Cut:
 
     #: each hold lasts at most this long (the servers cap it at --max-push-hold-s)
     HOLD_S = 5.0
+    #: how long an attempt lets half-applied steps complete (their parts land in milliseconds) before it ends its
+    #: holds and tries again: failed attempts must not eat the servers' budget of held time
+    ADMIT_S = 1.0
 
     def __init__(self, cluster, indices: list[int], ttl_s: float):
         self.cluster, self.indices, self.ttl_s = cluster, list(indices), float(ttl_s)
@@ -110,7 +113,7 @@ class Cut:
             self.holder = uuid.uuid4().hex  # a fresh one: a hold that expired is never taken again under its id
             t0 = time.monotonic()
             try:
-                self._hold_and_mark(min(deadline, t0 + self.HOLD_S * 0.8))
+                self._hold_and_mark(min(deadline, t0 + self.ADMIT_S))
                 self.held_s = max(self.held_s, time.monotonic() - t0)
                 return
             except CutError as exc:
