@@ -580,6 +580,32 @@ def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make
     setup.close()
 
 
+@pytest.mark.cluster
+def test_a_step_whose_other_parts_never_come_does_not_keep_snapshots_from_being_taken(make_cluster, tmp_path):
+    """A worker says its push went to 2 servers and sends it to one (or died between its parts): its step stays
+    half applied in the cluster.  A snapshot lets the other part through, waits a moment for it in a few attempts,
+    then takes the cluster as it stands and names the step in the manifest (it waited for it until its minute ran
+    out and failed, and every snapshot after it for three minutes)."""
+    from ecrec.net import transport
+    from ecrec.wire import embedding_pb2, embedding_pb2_grpc
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
+    mine = np.flatnonzero(client.layout.locate(np.arange(60))[0] == 0)
+    address = next(s.address for s in client.map.servers if s.index == 0)
+    request = embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker="liar", sequence=1), parts=2)
+    request.tables.add(table="t", ids=transport.ids_to_bytes(mine), grads=np.ones((len(mine), 4), np.float32).tobytes())
+    embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(address)).Push(request, timeout=30)
+    t0 = time.monotonic()
+    manifest = client.save(str(tmp_path / "snap"))
+    assert time.monotonic() - t0 < 30
+    steps = manifest["cut"]["half_applied_steps"]
+    assert len(steps) == 1 and steps[0]["worker"].startswith("liar#") and steps[0]["applied_at"] == [0], steps
+    weights = _snapshot_rows(tmp_path / "snap")
+    assert (weights[mine] == -1).all() and (np.delete(weights, mine, axis=0) == 0).all()  # as the cluster stands
+
+
 def test_a_cut_waits_for_a_half_applied_step_and_takes_an_abandoned_one_as_it_stands():
     """``half_applied``: a worker whose last push reached fewer servers than it went to is mid-step (its other
     parts are let through), unless its parts are all older than ``ABANDONED_S`` (its worker stopped mid-step); a

@@ -132,8 +132,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
     def _note_refused(self, request, identity: str, exc: errors.EcrecError) -> None:
         """A push of a step (``parts`` said) refused here for good -- its content, a bound --, not for this
         server's state: a snapshot's cut then counts its part here as ended (``ecrec.snapshot.cut``)."""
-        if request.parts and request.push_id.worker and not isinstance(exc, (errors.Unavailable,
-                                                                              errors.DeadlineExceeded)):
+        layout = self.state.layout
+        if (layout is not None and 0 < request.parts <= layout.num_servers and request.push_id.worker
+                and not isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.Busy))):
             self.state.applied.refused(push_key(request.push_id, identity), request.parts)
 
     @transport.service_method

@@ -10,9 +10,10 @@ write their parts as of the cut while pushes go on (a row a push changes leaves 
 ``ecrec.server.cut``).  A hold expires by itself and a cut too, so that a snapshotter that died cannot stop
 training or keep memory.
 
-A step half applied and left so -- its worker died between its parts -- stays half applied in the cluster
-itself; once every applied part of it is older than :data:`ABANDONED_S` the cut takes the cluster as it is and
-names the step in the manifest (``half_applied_steps``).
+A step half applied and left so -- its worker died between its parts, or says more parts than it sends --
+stays half applied in the cluster itself: once every applied part of it is older than :data:`ABANDONED_S`, or
+when its other parts did not come within :attr:`Cut.ADMIT_S` of being let through in a few attempts running,
+the cut takes the cluster as it is and names the step in the manifest (``half_applied_steps``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class Cut:
     #: how long an attempt lets half-applied steps complete (their parts land in milliseconds) before it ends its
     #: holds and tries again: failed attempts must not eat the servers' budget of held time
     ADMIT_S = 1.0
+    #: attempts that wait for every half-applied step to complete; later ones take a step whose missing parts did
+    #: not come within ADMIT_S of being let through as it stands (named in the manifest): a worker that died
+    #: mid-step, or one that says more parts than it sends, must not keep every snapshot from being taken
+    STRICT_ATTEMPTS = 3
 
     def __init__(self, cluster, indices: list[int], ttl_s: float):
         self.cluster, self.indices, self.ttl_s = cluster, list(indices), float(ttl_s)
@@ -113,7 +118,7 @@ class Cut:
             self.holder = uuid.uuid4().hex  # a fresh one: a hold that expired is never taken again under its id
             t0 = time.monotonic()
             try:
-                self._hold_and_mark(min(deadline, t0 + self.ADMIT_S))
+                self._hold_and_mark(min(deadline, t0 + self.ADMIT_S), accept_stuck=self.attempts > self.STRICT_ATTEMPTS)
                 self.held_s = max(self.held_s, time.monotonic() - t0)
                 return
             except CutError as exc:
@@ -124,14 +129,18 @@ class Cut:
         raise CutError(f"no consistent cut within {timeout_s:.0f} s ({self.attempts} tries; the last: {last}); the "
                        "snapshot was not taken")
 
-    def _hold_and_mark(self, until: float) -> None:
+    def _hold_and_mark(self, until: float, accept_stuck: bool = False) -> None:
         replies = self._call_all(hold_s=self.HOLD_S)
+        stuck: list[dict] = []
         while True:
             mid = half_applied(replies)
             in_flight = [w for w in mid if w["age_s"] < ABANDONED_S]
             if not in_flight:
                 break
             if time.monotonic() > until:
+                if accept_stuck:  # their other parts did not come when let through: taken as they stand
+                    stuck = in_flight
+                    break
                 names = ", ".join(f"{w['worker']} (push {w['sequence']} on {len(w['applied_at'])} of {w['parts']} "
                                   "servers)" for w in in_flight[:3])
                 raise CutError(f"steps still half applied after their other parts were let through: {names}")
@@ -139,7 +148,7 @@ class Cut:
             self.admitted += len(admit)
             time.sleep(0.002)  # their other parts are on their way: let them through, then look again
             replies = self._call_all(hold_s=self.HOLD_S, admit=admit)
-        self.abandoned = [w for w in half_applied(replies) if w["age_s"] >= ABANDONED_S]
+        self.abandoned = [w for w in half_applied(replies) if w["age_s"] >= ABANDONED_S] + stuck
         for w in self.abandoned:
             log.warning("snapshot: worker %s's push %d reached servers %s of %d %.0f s ago and no more: taken as it "
                         "stands in the cluster", w["worker"], w["sequence"], w["applied_at"], w["parts"], w["age_s"])
