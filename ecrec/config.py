@@ -154,7 +154,8 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
                                                 "beyond any worker's retry deadline")
     max_applied_bytes: int = option(64 << 20, "bytes of the table of worker incarnations whose pushes this server "
                                               "applied (retries answered \"already applied\"); a new incarnation "
-                                              "beyond it is refused, none is ever forgotten")
+                                              "beyond it is refused unless idle ones can be forgotten "
+                                              "(--forget-idle-marks-s)")
     max_held_bytes: int = option(64 << 20, "bytes of parity batches held back per source until their predecessor "
                                            "arrives")
     map_refresh_interval_s: float = option(0.05, "least time between two map refreshes that a caller's newer epoch "
@@ -196,8 +197,8 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
     create_timeout_s: float = option(600.0, "deadline of creating a table or dense tensor on the servers (initial "
                                             "values and parity of a large table take a while)")
     max_server_bytes: int | None = option(None, "the most table and dense-tensor memory the map may ask of one server "
-                                                "(a table's shard of rows with optimizer state, times 1 + m for its "
-                                                "parity; every dense tensor); a table or dense tensor beyond it is "
+                                                "(a table's shard of rows with optimizer state and its parity rows; "
+                                                "every dense tensor); a table or dense tensor beyond it is "
                                                 "refused with RESOURCE_EXHAUSTED and nothing is created (one near a "
                                                 "server's memory would take down every server and standby at once). "
                                                 "Default: 60 percent of this host's memory; set it when the servers' hosts "

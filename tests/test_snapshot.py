@@ -448,69 +448,77 @@ def test_a_snapshot_taken_while_workers_train_is_a_cut_between_steps(make_cluste
     while snapshots are taken, as an operator's ``ecrec-server snapshot`` would: each snapshot holds every
     row at one count -- no step half in it (2 of 3 held rows of two different steps when the servers wrote while
     pushes applied) -- and training goes on after each."""
-    import threading
-
-    import torch.distributed.checkpoint as dcp
-
-    from helpers import counting_push
-
     rows = 64
     local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
     setup = Cluster.connect(local.coordinator_address)
     setup.create_table("t", rows, 4, optimizer="sgd", lr=1.0, init="zeros")
-    stop = threading.Event()
-    steps = {}
-    errors = []
-
-    def train(name):
-        worker = Cluster.connect(local.coordinator_address, worker=name)
-        steps[name] = 0
-        try:
-            while not stop.is_set():
-                counting_push(worker, np.arange(rows))
-                steps[name] += 1
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            worker.close()
-
-    threads = [threading.Thread(target=train, args=(f"w{n}",)) for n in range(2)]
-    for t in threads:
-        t.start()
-    try:
-        counts = []
+    counts = []
+    with _Training(local, rows, workers=2) as training:
         for n in range(3):
-            while sum(steps.values()) < 5 * (n + 1) and not errors:
-                time.sleep(0.01)
+            training.wait_steps(5 * (n + 1))
             path = tmp_path / f"snap{n}"
             manifest = setup.save(str(path))
             assert manifest["cut"]["half_applied_steps"] == []
-            metadata = dcp.FileSystemReader(str(path)).read_metadata()
-            plain = {key: torch.empty(tuple(meta.size)) for key, meta in metadata.state_dict_metadata.items()}
-            dcp.load(plain, checkpoint_id=str(path))
-            weights = plain["tables/t/weight"].numpy()
-            values = np.unique(weights)
+            values = np.unique(_snapshot_rows(path))
             assert len(values) == 1, f"snapshot {n} holds rows of different steps: {sorted(set(values.tolist()))}"
             counts.append(-float(values[0]))
-        before = sum(steps.values())
-        while sum(steps.values()) < before + 3 and not errors:  # training goes on after the snapshots
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert not errors, errors
+        training.wait_steps(training.steps() + 3)  # training goes on after the snapshots
     assert counts == sorted(counts) and counts[-1] > 0, counts
     setup.close()
 
 
 def _snapshot_rows(path) -> np.ndarray:
+    """Table ``t``'s weights in the snapshot at ``path``, read by DCP's own reader (no ECRec code)."""
     import torch.distributed.checkpoint as dcp
 
     metadata = dcp.FileSystemReader(str(path)).read_metadata()
     plain = {key: torch.empty(tuple(meta.size)) for key, meta in metadata.state_dict_metadata.items()}
     dcp.load(plain, checkpoint_id=str(path))
     return plain["tables/t/weight"].numpy()
+
+
+class _Training:
+    """``workers`` counting workers pushing every row of table ``t`` without pause, each on its own thread, while
+    the block runs; ``steps()`` counts their acknowledged pushes, and leaving the block stops them and raises
+    what any of them met."""
+
+    def __init__(self, local, rows: int, workers: int):
+        import threading
+
+        self.local, self.rows = local, rows
+        self.stop, self.errors, self._steps = threading.Event(), [], []
+        self.threads = [threading.Thread(target=self._train, args=(f"w{n}",)) for n in range(workers)]
+
+    def _train(self, name):
+        from helpers import counting_push
+
+        worker = Cluster.connect(self.local.coordinator_address, worker=name)
+        try:
+            while not self.stop.is_set():
+                counting_push(worker, np.arange(self.rows))
+                self._steps.append(1)
+        except Exception as exc:  # noqa: BLE001 - reported when the block ends
+            self.errors.append(exc)
+        finally:
+            worker.close()
+
+    def steps(self) -> int:
+        return len(self._steps)
+
+    def wait_steps(self, count: int) -> None:
+        while self.steps() < count and not self.errors:
+            time.sleep(0.01)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not self.errors, self.errors
 
 
 @pytest.mark.cluster
@@ -539,44 +547,16 @@ def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make
     """Six workers push without pause against servers of four handler threads: a held push no longer waits in a
     handler thread once a few do (it is told to retry: ABORTED, the SDK retries it at once), so the snapshot's own
     calls still get a thread (every attempt at a cut ran out and the snapshot failed after a minute)."""
-    import threading
-
-    from helpers import counting_push
-
     local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_options={"max_workers": 4})
     setup = Cluster.connect(local.coordinator_address)
     setup.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
-    stop, errors, steps = threading.Event(), [], []
-
-    def train(name):
-        worker = Cluster.connect(local.coordinator_address, worker=name)
-        try:
-            while not stop.is_set():
-                counting_push(worker, np.arange(60))
-                steps.append(1)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            worker.close()
-
-    threads = [threading.Thread(target=train, args=(f"w{n}",)) for n in range(6)]
-    for t in threads:
-        t.start()
-    try:
-        while len(steps) < 30 and not errors:
-            time.sleep(0.01)
+    with _Training(local, 60, workers=6) as training:
+        training.wait_steps(30)
         manifest = setup.save(str(tmp_path / "snap"))
         values = np.unique(_snapshot_rows(tmp_path / "snap"))
         assert len(values) == 1, f"rows of different steps: {values}"
-        before = len(steps)
-        while len(steps) < before + 6 and not errors:
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert not errors, errors
-    assert manifest["cut"]["attempts"] >= 1
+        training.wait_steps(training.steps() + 6)
+    assert manifest["cut"]["half_applied_steps"] == []
     setup.close()
 
 

@@ -41,7 +41,7 @@ from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
 from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_step, collect, merge_lookups
 from ecrec.coding.layout import Layout
-from ecrec.net.peers import CoordinatorClient, PeerError, Peers, PeerUnreachable
+from ecrec.net.peers import BUSY_RETRY_S, CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
 from ecrec.tables.values import check_values
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
@@ -230,7 +230,7 @@ class Cluster:
                 reply = self.peers.stub(live.address).Replay(request, timeout=self.config.rpc_timeout_s)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.ABORTED and time.monotonic() < deadline:  # busy for a moment
-                    time.sleep(0.005)
+                    time.sleep(BUSY_RETRY_S)
                     continue
                 if not transport.is_unavailable(exc):
                     raise ClusterError(f"replaying {len(todo)} pushes to server {index} ({live.address}): "

@@ -35,7 +35,6 @@ class PushHold:
         self.expires_at = 0.0
         self.admitted: dict[str, int] = {}  # push key -> the highest sequence that passes
         self.expired = ""  # the last holder whose hold expired before it ended it
-        self.holds = 0
         self._past: list[tuple[float, float]] = []  # (taken, ended) of recent holds: pushes held at most max_s a minute
 
     def _standing_locked(self) -> bool:
@@ -70,11 +69,11 @@ class PushHold:
         if self.holder != holder:
             if self.expired == holder:
                 raise errors.FailedPrecondition("this snapshot's hold on pushes expired: take the cut again")
-            if self.held_last_minute_s() >= 0.999 * self.max_s:  # holds last milliseconds as a rule: a flood
-                raise errors.ResourceExhausted(f"pushes were held {self.held_last_minute_s():.1f} s in the last minute "
+            held = self.held_last_minute_s()
+            if held >= 0.999 * self.max_s:  # holds last milliseconds as a rule: a flood
+                raise errors.ResourceExhausted(f"pushes were held {held:.1f} s in the last minute "
                                                f"(at most --max-push-hold-s {self.max_s:g} s a minute): retry later")
             self.holder, self.taken_at, self.admitted = holder, now, {}
-            self.holds += 1
         self.expires_at = min(now + hold_s, self.taken_at + self.max_s)
 
     def admit(self, holder: str, admitted: dict[str, int]) -> None:

@@ -119,11 +119,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             identity = security.caller_identity(context)
             try:
                 plans = self._validate(request)
-            except errors.EcrecError as exc:
-                self._note_refused(request, identity, exc)
-                raise
-            watermarks = self._receive_relayed(request, context)
-            try:
+                watermarks = self._receive_relayed(request, context)
                 return self._apply(request, plans, watermarks, identity=identity)
             except errors.EcrecError as exc:
                 self._note_refused(request, identity, exc)

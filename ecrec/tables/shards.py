@@ -51,7 +51,25 @@ class PreparedDense:
     floats: np.ndarray  # (1, numel * (1 + state_width)) float32: the new payload
 
 
-class TableShard:
+class _HoldsCuts:
+    """The snapshot cuts a shard keeps while they are written (``ecrec.server.cut``), by holder; ``_lock`` and
+    ``_cuts`` are the shard's."""
+
+    def add_cut(self, holder: str, cut) -> None:
+        with self._lock:
+            self._cuts[holder] = cut
+
+    def drop_cut(self, holder: str) -> None:
+        with self._lock:
+            self._cuts.pop(holder, None)
+
+    def _break_cuts(self, why: str) -> None:
+        """Data rewritten outside any push (the lock held): no cut can keep what it was."""
+        for cut in self._cuts.values():
+            cut.broken = why
+
+
+class TableShard(_HoldsCuts):
     """This server's rows of one table (see the module docstring)."""
 
     def __init__(self, spec: TableSpec, layout: Layout, index: int, initial_values: bool = True,
@@ -116,9 +134,7 @@ class TableShard:
         finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
         whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec
-        with self._lock:
-            rows = self._floats[slots]  # a copy: fancy indexing
-        old = rows.view(np.uint8).copy() if keep_old else None
+        rows, old = self._copy_rows(slots, keep_old)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not logged as a warning
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
         self._check_finite(slots, rows)
@@ -128,12 +144,16 @@ class TableShard:
                            keep_old: bool) -> PreparedRows:
         """Rows ``slots`` with ``columns`` replaced by ``values`` (a load or a warm start), on copies; checked
         as :meth:`prepare_gradients` checks."""
-        with self._lock:
-            rows = self._floats[slots]
-        old = rows.view(np.uint8).copy() if keep_old else None
+        rows, old = self._copy_rows(slots, keep_old)
         rows[:, columns] = values
         self._check_finite(slots, rows)
         return PreparedRows(slots, old, rows)
+
+    def _copy_rows(self, slots: np.ndarray, keep_old: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Copies of rows ``slots`` as floats to update, and of their bytes as they are when ``keep_old``."""
+        with self._lock:
+            rows = self._floats[slots]  # a copy: fancy indexing
+        return rows, (rows.view(np.uint8).copy() if keep_old else None)
 
     def _check_finite(self, slots: np.ndarray, rows: np.ndarray) -> None:
         bad = ~np.isfinite(rows).all(axis=1)
@@ -199,14 +219,6 @@ class TableShard:
             cut.substitute(slots, payload, self._versions[where])
         return payload.tobytes()
 
-    def add_cut(self, holder: str, cut) -> None:
-        with self._lock:
-            self._cuts[holder] = cut
-
-    def drop_cut(self, holder: str) -> None:
-        with self._lock:
-            self._cuts.pop(holder, None)
-
     def read(self, slots: np.ndarray) -> RowsRead:
         """Payload, versions and ready flags of ``slots``, read atomically."""
         with self._lock:
@@ -234,10 +246,6 @@ class TableShard:
         with self._lock:
             self._break_cuts("rows were reset to their initial values (a rollback)")
             fill_initial_payload(self.spec, self.owned_ids, self._floats, self.owned_slots)
-
-    def _break_cuts(self, why: str) -> None:
-        for cut in self._cuts.values():
-            cut.broken = why
 
     # --- rebuilding ------------------------------------------------------------------------------------------
     def mark_unready(self) -> None:
@@ -308,7 +316,7 @@ def _as_slice(slots: np.ndarray) -> slice | None:
     return slice(int(slots[0]), int(slots[-1]) + 1, step)
 
 
-class DenseShard:
+class DenseShard(_HoldsCuts):
     """One dense tensor held here: a single payload row ``[weights | optimizer state]`` (float32)."""
 
     def __init__(self, spec: DenseSpec, initial_value: np.ndarray):
@@ -341,9 +349,7 @@ class DenseShard:
     def prepare_gradient(self, grad: np.ndarray, keep_old: bool) -> PreparedDense:
         """The optimizer's result, on a copy (see :meth:`TableShard.prepare_gradients`)."""
         spec = self.spec
-        with self._lock:
-            floats = self._floats.copy()
-        old = floats.view(np.uint8).reshape(-1).copy() if keep_old else None
+        floats, old = self._copy(keep_old)
         with np.errstate(over="ignore", invalid="ignore"):
             optim.apply(spec.optimizer, floats, grad[None, :], spec.numel, spec.lr, spec.eps)
         self._check_finite(floats)
@@ -351,12 +357,16 @@ class DenseShard:
 
     def prepare_assignment(self, payload: np.ndarray, keep_old: bool) -> PreparedDense:
         """The whole payload replaced (weights then optimizer state, float32: a restore), on a copy."""
-        with self._lock:
-            floats = self._floats.copy()
-        old = floats.view(np.uint8).reshape(-1).copy() if keep_old else None
+        floats, old = self._copy(keep_old)
         floats[0, :] = payload
         self._check_finite(floats)
         return PreparedDense(old, floats)
+
+    def _copy(self, keep_old: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """A copy of the payload as floats to update, and of its bytes when ``keep_old``."""
+        with self._lock:
+            floats = self._floats.copy()
+        return floats, (floats.view(np.uint8).reshape(-1).copy() if keep_old else None)
 
     def _check_finite(self, floats: np.ndarray) -> None:
         bad = int((~np.isfinite(floats)).sum())
@@ -407,18 +417,9 @@ class DenseShard:
                                                 "other than a push: take the snapshot again")
             return cut.payload.copy()
 
-    def add_cut(self, holder: str, cut) -> None:
-        with self._lock:
-            self._cuts[holder] = cut
-
-    def drop_cut(self, holder: str) -> None:
-        with self._lock:
-            self._cuts.pop(holder, None)
-
     def write(self, payload: np.ndarray, version: int | None = None) -> None:
         with self._lock:
-            for cut in self._cuts.values():  # outside any push: a snapshot's cut cannot keep what it was
-                cut.broken = "the dense tensor was rewritten (a rollback)"
+            self._break_cuts("the dense tensor was rewritten (a rollback)")
             self._bytes[:] = payload
             if version is not None:
                 self.version = version
