@@ -60,6 +60,40 @@ def test_children_die_with_the_warm_parent_and_read_as_killed():
     server.close()
 
 
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_ends_itself():
+    """The race the parent-death signal leaves open: the warm parent killed between its fork and the child's
+    prctl.  Played out in a process of its own that adopts orphans (PR_SET_CHILD_SUBREAPER), so it can wait for
+    the orphaned child and read how it ended."""
+    import ctypes
+
+    reaper = os.fork()
+    if reaper == 0:  # the reaper: forks a parent that forks the child and dies before the child asks
+        code = 3
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+            ready_r, ready_w = os.pipe()
+            parent = os.fork()
+            if parent == 0:
+                me = os.getpid()
+                if os.fork() == 0:
+                    os.close(ready_w)
+                    os.read(ready_r, 1)  # EOF: the parent is gone (and the reaper let go of the pipe)
+                    try:
+                        forks._die_with_parent(me)
+                    finally:
+                        os._exit(0)  # outlived its parent
+                os._exit(0)
+            os.close(ready_r)
+            os.waitpid(parent, 0)
+            os.close(ready_w)
+            _, status = os.wait()  # the orphan, adopted by this reaper
+            code = 0 if os.waitstatus_to_exitcode(status) == -signal.SIGKILL else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(reaper, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the orphaned child did not end itself"
+
+
 def test_an_environment_the_warm_parent_cannot_give_is_left_to_a_process_of_its_own():
     spawner = forks.Spawner()
     try:

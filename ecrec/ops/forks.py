@@ -56,15 +56,18 @@ def _preload() -> None:
     merge.warm_up()
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Linux: this process gets SIGKILL when the thread that forked it ends (the warm parent has one thread: a
-    child of a killed warm parent does not linger)."""
+    child of a killed warm parent does not linger).  A parent that died between the fork and the request for the
+    signal sends none: the child, adopted by then, ends itself."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -77,13 +80,13 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _child(request: dict, fds: list[int]) -> None:
+def _child(request: dict, fds: list[int], parent: int) -> None:
     """In the forked child: becomes ``python -m ecrec.cli ARGS`` with the request's environment and streams
     (``request["streams"]`` names what the passed descriptors are, in order: ``stdout``, ``stderr``; a stream not
     passed is /dev/null)."""
     code = 1
     try:
-        _die_with_parent()
+        _die_with_parent(parent)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
@@ -161,7 +164,8 @@ def serve(control_fd: int) -> None:
         os._exit(0)
 
     buffer, fds = b"", []
-    send({"ready": os.getpid()})
+    parent = os.getpid()
+    send({"ready": parent})
     while True:
         readable, _, _ = select.select([control, wake_r], [], [], 1.0)
         if wake_r in readable:
@@ -189,7 +193,7 @@ def serve(control_fd: int) -> None:
                 control.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(request, mine)
+                _child(request, mine, parent)
             for fd in mine:
                 os.close(fd)
             children.add(pid)
