@@ -92,6 +92,7 @@ class StrategyRun:
                 options["interval_s"] = str(cfg["cpr_interval_s"])
             else:  # CPR's own plan: the driver measures o_save/o_load and picks partial or full recovery
                 options.update(mtbf_s=str(cfg["mtbf_s"]), target_pls=str(cfg["target_pls"]), recovery="auto")
+        options.update(cfg.get("strategy_options", {}).get(strategy, {}))  # e.g. profile's --option
         self.full_mode = self.kind == "checkpoint" and self.full_only  # cpr*: also when CPR's plan picks full
         self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1,
                                                    strategy=strategy, k=k, m=m, options=options))

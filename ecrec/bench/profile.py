@@ -10,6 +10,17 @@ speedscope).
     ecrec-bench profile --strategy ecrec --seconds 8
     ecrec-bench profile --strategy none --server 0 --out /tmp/prof
     ecrec-bench profile --strategy ecrec --no-py-spy --seconds 30 --json ecrec.json   # CPU by part, no sampling
+    ecrec-bench profile --against none --no-py-spy --seconds 20 --json quick.json     # what ecrec adds per row
+    ecrec-bench profile --against none --rows 4000000 --no-py-spy --seconds 20         # ... on 4M x 64 rows
+
+``--against none`` runs a cluster of the baseline beside it, on the same workload (the two train in alternate
+slices, ``--rounds`` of each, so that both meet the same machine), and reports what ``--strategy`` adds: the
+servers' CPU per row update (all threads, over the rows the pushes updated) and its parts (the strategy's own
+counters: the delta kept and XORed, the merge, the batches built, serialized, sealed, verified, parsed and
+applied, the watermarks; ``rest`` is what they do not see), and the step times side by side (median, p99, the
+share of time in steps over 30 ms, the longest step with the worker's and the servers' CPU over it).
+``--rows N`` trains the recovery benchmark's workload on tables of ``N`` x ``--dim`` rows instead of the quick
+preset's DLRM.
 
 Besides the samples it prints every server's CPU per step by thread (request handlers, gRPC's own threads, the
 strategy's threads), by request handler, and the strategy's own CPU counters (for ``ecrec``: the group
@@ -29,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,14 +50,31 @@ def add_arguments(p) -> None:
     p.add_argument("--k", type=int, default=2, help="data rows per stripe (erasure strategies; default 2)")
     p.add_argument("--m", type=int, default=1, help="parity rows per stripe (erasure strategies; default 1)")
     p.add_argument("--server", type=int, default=1, help="index of the server to sample (default 1)")
-    p.add_argument("--seconds", type=float, default=8.0, help="how long to sample (default 8)")
+    p.add_argument("--seconds", type=float, default=8.0,
+                   help="how long each strategy trains, in all (default 8), sampled throughout")
     p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
     p.add_argument("--top", type=int, default=25, help="functions to list (default 25)")
     p.add_argument("--out", help="directory for the collapsed stacks (default: a temporary one)")
     p.add_argument("--no-py-spy", action="store_true",
                    help="no sampling: only the processes' CPU per step, by server thread and by part of the strategy")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
-    p.epilog = "example: ecrec-bench profile --strategy ecrec --seconds 8"
+    p.add_argument("--against", metavar="STRATEGY",
+                   help="a baseline run first on the same workload (e.g. none): the report adds what --strategy adds "
+                        "per row update, by part, and the step times side by side")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="--against: both clusters run side by side, each training a slice of --seconds / ROUNDS per "
+                        "round, the order alternating; the report gives the median and spread over the rounds of "
+                        "what the strategy adds (default 6)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a strategy option of --strategy's cluster (repeatable; e.g. coalesce_bytes=1048576)")
+    p.add_argument("--rows", type=int, help="rows per table: the recovery benchmark's training workload on tables of "
+                                            "this size instead of the quick preset's DLRM")
+    p.add_argument("--dim", type=int, default=64, help="--rows: embedding dimension (default 64)")
+    p.add_argument("--tables", type=int, default=1, help="--rows: tables (default 1)")
+    p.add_argument("--optimizer", choices=("adagrad", "sgd"), default="adagrad", help="--rows: optimizer (default adagrad)")
+    p.add_argument("--batch-size", type=int, default=512, help="--rows: samples per step (default 512)")
+    p.add_argument("--ids-per-sample", type=int, default=4, help="--rows: ids per sample per table (default 4)")
+    p.epilog = "example: ecrec-bench profile --strategy ecrec --against none --rows 4000000 --no-py-spy --seconds 20"
 
 
 def _summarize(folded: Path, top: int) -> list[str]:
@@ -73,12 +100,14 @@ def _summarize(folded: Path, top: int) -> list[str]:
 
 def _server_counters(cluster) -> dict[str, float]:
     """Every server's counters that add up over time, summed: CPU seconds by thread kind (``thread:*``), by
-    request handler (``handler:*``) and the strategy's own (its ``*_cpu_s`` and event counts)."""
+    request handler (``handler:*``), rows handled (``rows:pushed``: updated by pushes) and the strategy's own (its
+    ``*_cpu_s`` and event counts)."""
     out: dict[str, float] = {}
     for stats in cluster.strategy_call("stats").values():
         server = stats.get("server", {})
         items = [(f"thread:{k}", v) for k, v in server.get("threads_cpu_s", {}).items()]
         items += [(f"handler:{k}", v) for k, v in server.get("cpu_seconds", {}).items()]
+        items += [(f"rows:{k}", v) for k, v in server.get("rows", {}).items()]
         items += [(f"strategy:{k}", v) for k, v in stats.items() if isinstance(v, (int, float))
                   and not isinstance(v, bool) and (k.endswith("_cpu_s") or k in COUNTED)]
         for key, value in items:
@@ -106,9 +135,117 @@ def print_summary(report: dict) -> None:
           f"{report['load_average_after'][0]:.2f} after)")
     for part, value in report["cpu_ms_per_step"].items():
         print(f"  CPU {part:<12} {value:6.2f} ms per step")
+    times = report.get("step_times")  # files written before the steps were timed one by one have none
+    if times and times.get("steps"):
+        longest = times["longest"]
+        print(f"  steps: median {times['median_ms']:.2f} ms, p90 {times['p90_ms']:.2f}, p99 {times['p99_ms']:.2f}, "
+              f"max {times['max_ms']:.1f}; {times['stall_share']:.1%} of the time in steps over 30 ms; the longest: "
+              f"worker CPU {longest['worker_cpu_ms']:.1f} ms, servers {longest['servers_cpu_ms']:.0f} ms (10 ms ticks)")
     print("  servers, summed, per step (CPU ms; counts):")
     for key, value in report["servers_per_step"].items():
         print(f"    {key:<40} {value:10.3f}{' ms' if _cpu_like(key) else ''}")
+
+
+def _sampling(spy: str, pids: dict[str, int], seconds: float, rate: int, out: Path) -> dict:
+    """py-spy recorders of ``pids`` (name -> pid), started now (none without ``spy``)."""
+    if not spy:
+        return {}
+    return {name: subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
+         "--format", "raw", "--output", str(out / f"{name}.folded"), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in pids.items()}
+
+
+def _slice(work, pids: list[int], seconds: float) -> dict:
+    """Steps of ``work`` for ``seconds``, each timed (with the worker's and each server's CPU over it), and the
+    processes' CPU and the servers' counters over the slice."""
+    from ecrec.bench.compare_running import process_cpu_seconds
+
+    counters_before = _server_counters(work.cluster)
+    before = work.cpu_seconds()
+    records: list[tuple[float, float, list[float]]] = []
+    servers = [process_cpu_seconds(p) for p in pids]
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        t, c = time.perf_counter(), time.process_time()
+        work.step()
+        now = [process_cpu_seconds(p) for p in pids]
+        records.append((time.perf_counter() - t, time.process_time() - c, [a - b for a, b in zip(now, servers)]))
+        servers = now
+    elapsed = time.perf_counter() - t0
+    after = work.cpu_seconds()
+    counters_after = _server_counters(work.cluster)
+    return {"elapsed_s": elapsed, "records": records, "cpu_s": {k: after[k] - before[k] for k in before},
+            "counters": {k: counters_after.get(k, 0.0) - counters_before.get(k, 0.0)
+                         for k in set(counters_after) | set(counters_before)}}
+
+
+def _report(strategy: str, args, work, slices: list[dict], loads: tuple) -> dict:
+    """One strategy's report from its slices (summed)."""
+    from ecrec.bench import profile_runs
+
+    records = [r for s in slices for r in s["records"]]
+    n = max(len(records), 1)
+    elapsed = sum(s["elapsed_s"] for s in slices)
+    cpu = {part: 1e3 * sum(s["cpu_s"][part] for s in slices) / n for part in ("worker", "servers", "coordinator")}
+    keys = sorted({k for s in slices for k in s["counters"]})
+    per_step = {k: sum(s["counters"].get(k, 0.0) for s in slices) / n for k in keys}
+    return {"strategy": strategy, "servers": args.servers, "k": args.k, "m": args.m, "steps": len(records),
+            "elapsed_s": elapsed, "load_average_before": list(loads[0]), "load_average_after": list(loads[1]),
+            "workload": work.description, "samples_per_s": len(records) * work.samples / max(elapsed, 1e-9),
+            "cpu_ms_per_step": cpu,
+            "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
+            "step_times": profile_runs.step_records(records),
+            "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s; counts for the rest",
+            "sampled": {}}
+
+
+def profile(strategies: list[str], args, out: Path, spy: str) -> tuple[dict, list[dict]]:
+    """The strategies' clusters side by side: each started and warmed, then ``args.rounds`` rounds in which each
+    trains a slice of ``args.seconds / args.rounds`` (the order alternating from round to round, the other
+    cluster idle meanwhile); py-spy samples the last strategy's server and this worker throughout when ``spy``.
+    Returns each strategy's report (its slices summed) and each round's reports."""
+    from ecrec.bench import profile_runs
+
+    works: dict = {}
+    try:
+        for strategy in strategies:
+            print(f"ecrec-bench profile: starting a cluster of {strategy} ...", file=sys.stderr)
+            works[strategy] = profile_runs.workload(strategy, args, out / strategy)
+            works[strategy].warm()
+        target = strategies[-1]
+        pids = {s: w.server_pids() for s, w in works.items()}
+        procs = {f"server{args.server}": pids[target][args.server], "worker": os.getpid()}
+        recorders = _sampling(spy, procs, args.seconds * len(strategies), args.rate, out)
+        load_before = os.getloadavg()
+        slices: dict[str, list[dict]] = {s: [] for s in strategies}
+        rounds = []
+        for r in range(args.rounds):
+            order = strategies if r % 2 == 0 else strategies[::-1]
+            done = {}
+            for strategy in order:
+                done[strategy] = _slice(works[strategy], pids[strategy], args.seconds / args.rounds)
+                slices[strategy].append(done[strategy])
+            rounds.append(done)
+            print(f"ecrec-bench profile: round {r + 1} of {args.rounds}: "
+                  + ", ".join(f"{s} {len(d['records'])} steps" for s, d in done.items()), file=sys.stderr)
+        for name, rec in recorders.items():
+            _, err = rec.communicate(timeout=args.seconds * len(strategies) + 60)
+            if rec.returncode != 0:
+                print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
+        loads = (load_before, os.getloadavg())
+        reports = {s: _report(s, args, works[s], slices[s], loads) for s in strategies}
+        per_round = [{s: _report(s, args, works[s], [d], loads) for s, d in done.items()} for done in rounds]
+    finally:
+        for work in works.values():
+            work.close()
+    for name in procs:
+        folded = out / f"{name}.folded"
+        if folded.exists():
+            reports[target]["sampled"][name] = _summarize(folded, args.top)
+            reports[target].setdefault("sampled_files", {})[name] = str(folded)
+    return reports, per_round
 
 
 def run(args) -> int:
@@ -118,76 +255,65 @@ def run(args) -> int:
     elif not os.path.exists(spy):
         print("ecrec-bench profile: py-spy is not installed (pip install py-spy, or the dev extra)", file=sys.stderr)
         return 2
-    from argparse import Namespace
+    from ecrec.bench import profile_runs
 
-    from ecrec.bench import compare
-
-    if not 0 <= args.server < args.servers:
-        print(f"ecrec-bench profile: --server must be in [0, {args.servers})", file=sys.stderr)
+    problem = _check(args)
+    if problem:
+        print(f"ecrec-bench profile: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ecrec-profile-"))
     out.mkdir(parents=True, exist_ok=True)
-    cfg = dict(compare.PRESETS["quick"], servers=args.servers, k=args.k, m=args.m, steps=100_000)
-    cargs = Namespace(dataset="synthetic", seed=0, mtbf_hours=None, checkpoint_interval_steps=None, workers=1,
-                      keep=False)
-    data_path, _ = compare.prepare_data(cargs, cfg, out)
-    run_ = compare.StrategyRun(args.strategy, args.strategy, cargs, cfg, data_path, out, None)
-    try:
-        run_.advance(30)  # warm up (tables, numba, first pulls)
-        server_pid = run_.local.pid_of_index(args.server)
-        procs = {f"server{args.server}": server_pid, "worker": os.getpid()}
-        stop = threading.Event()
-        recorders = {name: subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", str(args.rate),
-             "--format", "raw", "--output", str(out / f"{name}.folded"), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in procs.items()} if spy else {}
-        load_before = os.getloadavg()
-        counters_before = _server_counters(run_.trainer.cluster)
-        before = run_.cpu_seconds()
-        step0 = run_.trainer.step
-        t0 = time.perf_counter()
-
-        def train():
-            while not stop.is_set():
-                run_.advance(run_.trainer.step + 10)
-
-        worker = threading.Thread(target=train, daemon=True)
-        worker.start()
-        for name, rec in recorders.items():
-            _, err = rec.communicate(timeout=args.seconds + 60)
-            if rec.returncode != 0:
-                print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
-        if not recorders:
-            time.sleep(args.seconds)
-        stop.set()
-        worker.join()
-        steps = run_.trainer.step - step0
-        after = run_.cpu_seconds()
-        counters_after = _server_counters(run_.trainer.cluster)
-        elapsed = time.perf_counter() - t0
-        load_after = os.getloadavg()
-    finally:
-        run_.close()
-    n = max(steps, 1)
-    cpu = {part: 1e3 * (after[part] - before[part]) / n for part in ("worker", "servers", "coordinator")}
-    per_step = {key: (counters_after.get(key, 0.0) - counters_before.get(key, 0.0)) / n
-                for key in sorted(set(counters_after) | set(counters_before))}
-    report = {"strategy": args.strategy, "servers": args.servers, "k": args.k, "m": args.m, "steps": steps,
-              "elapsed_s": elapsed, "load_average_before": list(load_before), "load_average_after": list(load_after),
-              "cpu_ms_per_step": cpu,
-              "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
-              "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s; counts for the rest",
-              "sampled": {}}
-    print_summary(report)
-    for name in procs:
-        folded = out / f"{name}.folded"
-        if folded.exists():
-            lines = _summarize(folded, args.top)
-            report["sampled"][name] = lines
-            print(f"\n{name} ({folded}):")
-            print("\n".join(lines))
+    strategies = ([args.against] if args.against else []) + [args.strategy]
+    reports, per_round = profile(strategies, args, out, spy)
+    for report in reports.values():
+        print_summary(report)
+    report = reports[args.strategy]
+    for name, lines in report["sampled"].items():
+        print(f"\n{name} ({report.get('sampled_files', {}).get(name, '')}):")
+        print("\n".join(lines))
+    document = report
+    if args.against:
+        added = profile_runs.added_by(reports[args.against], report)
+        rounds_added = [profile_runs.added_by(r[args.against], r[args.strategy]) for r in per_round]
+        print()
+        profile_runs.print_added(added, args.against, args.strategy)
+        document = {"command": "profile", "against": args.against, "strategy": args.strategy,
+                    "workload": report["workload"], "options": dict(o.split("=", 1) for o in args.option),
+                    "seconds": args.seconds, "rounds": args.rounds, "runs": reports, "added": added,
+                    "rounds_added": rounds_added, "summary": profile_runs.summarize(rounds_added)}
+        if args.rounds > 1:
+            print()
+            profile_runs.print_summary_of_runs(document["summary"], args.against, args.strategy)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump(document, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _check(args) -> str:
+    """What is wrong with the arguments ("" when nothing)."""
+    from ecrec.strategies import available
+
+    names = available()
+    for flag, value in (("--strategy", args.strategy), ("--against", args.against)):
+        if value and value not in names:
+            return f"{flag} {value!r} is not a strategy (installed: {', '.join(names)})"
+    if args.against and args.against == args.strategy:
+        return "--against must name another strategy than --strategy"
+    if not 0 <= args.server < args.servers:
+        return f"--server must be in [0, {args.servers})"
+    if args.seconds <= 0:
+        return "--seconds must be > 0"
+    if args.rounds < 1:
+        return "--rounds must be >= 1"
+    for item in args.option:
+        if "=" not in item:
+            return f"--option {item!r}: expected KEY=VALUE"
+    if args.rows is not None and args.rows < 1:
+        return "--rows must be >= 1"
+    for flag, value in (("--dim", args.dim), ("--tables", args.tables), ("--batch-size", args.batch_size),
+                        ("--ids-per-sample", args.ids_per_sample)):
+        if value < 1:
+            return f"{flag} must be >= 1"
+    return ""

@@ -54,6 +54,10 @@ TARGETS = {
     "delta_gbps": 2.0,  # CPU delta update, GB/s
     "encode_gbps": 2.0,  # bulk encode through pyeclib, GB/s
     "server_efficiency": 0.5,  # the server's pull+push over a raw gRPC round trip of the same bytes
+    "parity_us_per_row": 0.5,  # issue 37: server CPU ecrec adds per row update (quick preset and 4M x 64)
+    "ecrec_rate_profile_4m": 0.95,  # issue 37: ecrec's samples/s over none's at 4M x 64 (goal 0.97)
+    "p99_step_ratio": 1.5,  # issue 37: ecrec's p99 step over none's at 4M x 64
+    "stall_share": 0.01,  # issue 37: ecrec's share of time in steps over 30 ms at 4M x 64
 }
 
 
@@ -441,6 +445,67 @@ def section_parity_cost(files: _Files) -> list[str]:
     return out
 
 
+# --- the parity path per row update --------------------------------------------------------------------------
+def _profile_command(doc: dict, name: str) -> str:
+    w = doc["workload"]
+    rows = f" --rows {w['rows_per_table']}" if w["workload"] == "rows" else ""
+    return _command(f"ecrec-bench profile --against {doc['against']}{rows} --no-py-spy --seconds {doc['seconds']:g} "
+                    f"--rounds {doc['rounds']} --json {FILES_DIR}/{name}")
+
+
+def section_parity_per_row(files: _Files) -> list[str]:
+    from ecrec.bench import profile_runs
+    from ecrec.ops import console
+
+    out = []
+    docs = {"quick preset": ("profile-quick.json", files["profile-quick.json"]),
+            "4M x 64": ("profile-4m.json", files["profile-4m.json"])}
+    for label, (name, doc) in docs.items():
+        report = doc["runs"][doc["strategy"]]
+        out.append(_profile_command(doc, name))
+        out.append(_load(report["load_average_before"], report["load_average_after"])
+                   + f" ({label}: a cluster of `{doc['against']}` and one of `{doc['strategy']}` side by side, "
+                     f"training in alternate slices, {doc['rounds']} of each.)")
+    out.append("What `ecrec` adds to the servers' CPU per row update (all threads of all servers, from their own "
+               "process clocks, over the rows the pushes updated), part by part from the strategy's own counters "
+               "(`rest`: what they do not see -- gRPC and the handlers carrying the bytes, the direct senders, the "
+               "bookkeeping between the parts), over the whole run and as the median [min, max] of the rounds, in "
+               "microseconds:")
+    parts = list(profile_runs.PARTS) + ["rest"]
+
+    def cell(whole, s):
+        return f"{whole:.3f}; {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
+
+    table = [[part, *[cell(doc["added"]["parts_us_per_row_update"][part], doc["summary"]["parts_us_per_row_update"][part])
+                      for _, doc in docs.values()]] for part in parts]
+    table.append(["total", *[cell(doc["added"]["server_cpu_us_per_row_update"],
+                                  doc["summary"]["server_cpu_us_per_row_update"]) for _, doc in docs.values()]])
+    out.append(_printed(console.print_table, ["part (us per row update)", *docs], table))
+    places = [[place, *[f"{doc['added']['places_us_per_row_update'][place]:+.3f}" for _, doc in docs.values()]]
+              for place in profile_runs.PLACES]
+    out.append("Where the servers spend it (the whole run, us per row update):")
+    out.append(_printed(console.print_table, ["place", *docs], places))
+    rows = [[key, *[cell(doc["added"][key], doc["summary"][key]) for _, doc in docs.values()]]
+            for key in profile_runs.SUMMARIZED[1:]]
+    out.append("The steps, side by side (ratios over `none`'s; `stall_share`: time in steps over 30 ms):")
+    out.append(_printed(console.print_table, ["figure", *docs], rows))
+    quick, scale = docs["quick preset"][1]["summary"], docs["4M x 64"][1]["summary"]
+    per_row = TARGETS["parity_us_per_row"]
+    out.append("Against the targets of issue 37:\n" + "\n".join([
+        f"- added server CPU per row update <= {per_row} us: quick preset "
+        f"{quick['server_cpu_us_per_row_update']['median']:.2f} us "
+        f"({_met(quick['server_cpu_us_per_row_update']['median'] <= per_row)}), 4M x 64 "
+        f"{scale['server_cpu_us_per_row_update']['median']:.2f} us "
+        f"({_met(scale['server_cpu_us_per_row_update']['median'] <= per_row)});",
+        f"- at 4M x 64, samples/s {scale['samples_per_s_ratio']['median']:.2f}x none's (target >= "
+        f"{TARGETS['ecrec_rate_profile_4m']}x: {_met(scale['samples_per_s_ratio']['median'] >= TARGETS['ecrec_rate_profile_4m'])}), "
+        f"p99 step {scale['p99_step_ratio']['median']:.2f}x (target <= {TARGETS['p99_step_ratio']}x: "
+        f"{_met(scale['p99_step_ratio']['median'] <= TARGETS['p99_step_ratio'])}), "
+        f"{scale['stall_share']['median']:.1%} of the time in steps over 30 ms (target <= {TARGETS['stall_share']:.0%}: "
+        f"{_met(scale['stall_share']['median'] <= TARGETS['stall_share'])})."]))
+    return out
+
+
 # --- control plane ------------------------------------------------------------------------------------------
 def section_control_plane(files: _Files) -> list[str]:
     from ecrec.bench import control_plane
@@ -755,6 +820,7 @@ SECTIONS = [
     ("At a realistic save-cost-to-MTBF ratio (realistic preset)", section_compare_realistic),
     ("MovieLens-100k", section_compare_movielens),
     ("What the parity path costs, part by part", section_parity_cost),
+    ("The parity path per row update", section_parity_per_row),
     ("The control plane on etcd", section_control_plane),
     ("Recovery at scale", section_recovery),
     ("Snapshots", section_snapshot),

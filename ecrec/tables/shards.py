@@ -15,6 +15,7 @@ marked ready, a delta XORed and its version bumped) are atomic with respect to e
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,7 @@ class TableShard(_HoldsCuts):
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
         self.row_updates = 0  # distinct rows updated, summed over pushes
+        self.delta_cpu_s = 0.0  # CPU spent keeping rows' old bytes and XORing them into deltas (a strategy's)
         self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.ShardCut), by holder
 
     @property
@@ -153,7 +155,12 @@ class TableShard(_HoldsCuts):
         """Copies of rows ``slots`` as floats to update, and of their bytes as they are when ``keep_old``."""
         with self._lock:
             rows = self._floats[slots]  # a copy: fancy indexing
-        return rows, (rows.view(np.uint8).copy() if keep_old else None)
+        if not keep_old:
+            return rows, None
+        t0 = time.thread_time()
+        old = rows.view(np.uint8).copy()
+        self.delta_cpu_s += time.thread_time() - t0  # the caller holds the server's apply lock (or owns the shard)
+        return rows, old
 
     def _check_finite(self, slots: np.ndarray, rows: np.ndarray) -> None:
         bad = ~np.isfinite(rows).all(axis=1)
@@ -180,7 +187,9 @@ class TableShard(_HoldsCuts):
             self._versions[slots] = version
             self.row_updates += len(slots)
         if delta:
+            t0 = time.thread_time()
             np.bitwise_xor(old, rows.view(np.uint8), out=old)
+            self.delta_cpu_s += time.thread_time() - t0
         return old, rows.view(np.uint8), old_versions
 
     def assign_rows(self, slots: np.ndarray, values: np.ndarray, columns: slice, version: int,

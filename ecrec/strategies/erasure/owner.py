@@ -144,8 +144,13 @@ class ParityOwner:
         if sealer is None:
             raise errors.Unavailable(f"server {self.host.index} holds no server key yet (not registered); "
                                      "its parity batches cannot be sealed")
+        t0 = time.thread_time()
         data = batch.SerializeToString()
-        return SealedBatch(batch.destination, batch.destination_id, data, sealer.batch_mac(data))
+        t1 = time.thread_time()
+        mac = sealer.batch_mac(data)
+        self.counters.add("part_serialize_cpu_s", t1 - t0)
+        self.counters.add("part_seal_cpu_s", time.thread_time() - t1)
+        return SealedBatch(batch.destination, batch.destination_id, data, mac)
 
     def _sealed(self, entry: OutboxEntry, destination: int) -> SealedBatch:
         relay = entry.sealed.get(destination)
@@ -203,7 +208,7 @@ class ParityOwner:
             self._closer_wake.set()
             return None, []
         t0 = time.thread_time()
-        batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
+        batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id, self.counters)
         relay = self._install_locked(entry, batches)
         self.counters.add("group_close_cpu_s", time.thread_time() - t0)
         return entry, relay
@@ -245,7 +250,7 @@ class ParityOwner:
                     group, entry = self._closing[0]
                 t0 = time.thread_time()
                 try:
-                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id)
+                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id, self.counters)
                 except Exception:  # noqa: BLE001 - reported; the entry stays unbuilt (pushes unconfirmed: replayed)
                     log.exception("building the parity batches of pushes %d..%d failed", group.first_seq,
                                   group.last_seq)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +158,7 @@ class ParityReceiver:
     def _apply_locked(self, lg: SourceLog, b: parity_pb2.ParityBatch, parsed) -> None:
         for _ in range(max(1, len(b.push_ids))):  # counted per push the batch carries
             self.host.faults.hit("before_parity_apply")
+        t0 = time.thread_time()
         tables, dense = parsed
         entry = LogEntry(b.seq, b.first_seq, [(p.worker, p.sequence) for p in b.push_ids], tuple(b.destinations),
                          tuple(b.destination_ids))
@@ -167,6 +169,7 @@ class ParityReceiver:
             shard.apply_delta(delta, seq)
             entry.dense.append(DenseEntry(shard.spec.name, delta, old_version, seq))
         lg.record(b.seq, entry)
+        self.counters.add("part_apply_cpu_s", time.thread_time() - t0)
         self.counters.add("batches_applied", 1)
         self.counters.add("delta_bytes_applied", sum(t[4].nbytes for t in tables)
                           + sum(delta.nbytes for _, delta, _, _ in dense))
@@ -181,7 +184,9 @@ class ParityReceiver:
         seen: dict[int, SourceLog] = {}
         for b in batches:
             try:
+                t0 = time.thread_time()
                 parsed = self._parse(b)
+                self.counters.add("part_parse_cpu_s", time.thread_time() - t0)
                 with self.lock:
                     lg = self._chain_for(b)
                     seen[b.source] = lg
@@ -261,23 +266,30 @@ class ParityReceiver:
             refused[f"beyond the {cap} batches one request may carry (--max-relay-batches); dropped unread"] = beyond
             self.counters.add("relay_batches_unchecked", len(beyond))
             sealed = list(sealed)[:cap]
+        mac_s = parse_s = 0.0
         for r in sealed:
             b = parity_pb2.ParityBatch()
             why = ""
             data = r.batch
+            t0 = time.thread_time()
             if sealer is None:
                 why = "this server holds no server key yet"
             elif not sealer.batch_ok(data, r.mac):
                 why = "its seal does not check (changed, made up, or not from a server)"
             else:
+                t1 = time.thread_time()
+                mac_s += t1 - t0
                 try:
                     b.ParseFromString(data)
                 except Exception:  # noqa: BLE001 - a sealed batch that does not parse is refused, never applied
                     why = "it does not parse"
+                parse_s += time.thread_time() - t1
             if why:
                 refused.setdefault(why, []).append(r.destination)
                 continue
             batches.append(b)
+        self.counters.add("part_verify_cpu_s", mac_s)
+        self.counters.add("part_parse_cpu_s", parse_s)
         for why, destinations in refused.items():  # one line per message and reason, not one per batch
             self.counters.add("refused_relayed_batches", len(destinations))
             if len(destinations) == 1:
@@ -290,7 +302,12 @@ class ParityReceiver:
 
     def on_relay(self, relay, worker: str = "") -> list[embedding_pb2.ParityWatermark]:
         """Batches a worker relayed (sealed); returns the sealed watermarks of their sources."""
-        return self.watermarks(self.receive(self.unseal(relay, worker), strict=False))
+        seen = self.receive(self.unseal(relay, worker), strict=False)
+        t0 = time.thread_time()
+        try:
+            return self.watermarks(seen)
+        finally:
+            self.counters.add("part_watermarks_cpu_s", time.thread_time() - t0)
 
     def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
         """The owner's direct call (its caller proved it is a server: ``check_peer``): its batches (or only its

@@ -11,6 +11,7 @@ errors into gRPC status codes (:func:`ecrec.net.transport.service_method`); noth
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -46,8 +47,12 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     @transport.service_method
     def ApplyParity(self, request, context):
-        self.host.check_peer(context)
-        return self.receiver.apply(request)
+        t0 = time.thread_time()
+        try:
+            self.host.check_peer(context)
+            return self.receiver.apply(request)
+        finally:
+            self.receiver.counters.add("apply_parity_cpu_s", time.thread_time() - t0)
 
     @transport.service_method
     def Flush(self, request, context):

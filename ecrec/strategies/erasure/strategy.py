@@ -101,7 +101,11 @@ class ErasureCoding(FaultToleranceStrategy):
             self.counters.add("on_relay_cpu_s", time.thread_time() - t0)
 
     def on_acks(self, acks, worker: str = "") -> None:
-        self.owner.on_acks(acks, worker)
+        t0 = time.thread_time()
+        try:
+            self.owner.on_acks(acks, worker)
+        finally:
+            self.counters.add("on_acks_cpu_s", time.thread_time() - t0)
 
     def on_map_change(self) -> None:
         self.owner.on_map_change()
@@ -224,7 +228,8 @@ class ErasureCoding(FaultToleranceStrategy):
                             if layout.dense_servers(d.spec.name)[0] != self.host.index)
         log_entries = sum(len(lg.entries) for lg in self.receiver.logs.values())
         recovering = self.rebuild.recovering.is_set()
-        return dict(self.counters) | {"recovering": recovering,
+        delta_s = sum(shard.delta_cpu_s for shard in self.host.tables())
+        return dict(self.counters) | {"part_delta_cpu_s": delta_s, "recovering": recovering,
                                       "redundancy_bytes": parity_bytes + replica_bytes,
                                       "unconfirmed_pushes": self.owner.unconfirmed(), "log_entries": log_entries,
                                       "confirmed_upto": self.owner.confirmed_upto(), "kernel": self.codec.kernel.name,

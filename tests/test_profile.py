@@ -1,0 +1,109 @@
+"""``ecrec-bench profile``: the step-time distribution and what a strategy adds per row update are functions of the
+recorded figures (in-process); a run against ``none`` on tables of any size measures every part of the parity
+path on real servers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ecrec.bench import cli, profile_runs
+
+
+def test_step_times_are_a_function_of_the_step_records():
+    records = [(0.010, 0.004, [0.01, 0.0]), (0.012, 0.005, [0.0, 0.0]), (0.050, 0.002, [0.03, 0.01]),
+               (0.008, 0.004, [0.0, 0.0])]
+    t = profile_runs.step_records(records)
+    assert t["steps"] == 4 and t["median_ms"] == pytest.approx(11.0) and t["max_ms"] == pytest.approx(50.0)
+    assert t["stall_share"] == pytest.approx(50 / 80)  # one step over 30 ms, of 80 ms in all
+    assert t["longest"] == {"ms": pytest.approx(50.0), "worker_cpu_ms": pytest.approx(2.0),
+                            "servers_cpu_ms": pytest.approx(40.0), "each_server_cpu_ms": [30.0, 10.0], "index": 2}
+    assert profile_runs.step_records([]) == {"steps": 0}
+
+
+def _report(total_ms, rows, parts, worker=5.0, median=10.0, p99=20.0, stall=0.0, samples_per_s=1000.0, push_ms=3.0):
+    servers = {"thread:total": total_ms, "rows:pushed": rows, "handler:Push": push_ms}
+    servers.update({f"strategy:part_{name}_cpu_s": ms for name, ms in parts.items()})
+    return {"servers_per_step": servers, "cpu_ms_per_step": {"worker": worker, "servers": total_ms, "coordinator": 0.0},
+            "samples_per_s": samples_per_s,
+            "step_times": {"median_ms": median, "p99_ms": p99, "stall_share": stall}}
+
+
+def test_what_a_strategy_adds_per_row_update_is_a_function_of_two_reports():
+    base = _report(7.0, 500, {})
+    run = _report(9.0, 500, {"delta": 0.1, "merge": 0.2, "apply": 0.5}, median=11.0, p99=40.0, stall=0.05,
+                  samples_per_s=900.0, push_ms=3.5)
+    added = profile_runs.added_by(base, run)
+    assert added["server_cpu_ms_per_step"] == pytest.approx(2.0)
+    assert added["server_cpu_us_per_row_update"] == pytest.approx(4.0)  # 2 ms over 500 rows
+    parts = added["parts_us_per_row_update"]
+    assert parts["delta"] == pytest.approx(0.2) and parts["merge"] == pytest.approx(0.4)
+    assert parts["apply"] == pytest.approx(1.0) and parts["build"] == 0.0
+    assert parts["rest"] == pytest.approx(4.0 - 1.6)  # what the counters do not see
+    assert sum(parts.values()) == pytest.approx(added["server_cpu_us_per_row_update"])
+    assert added["total_cpu_ratio"] == pytest.approx(14.0 / 12.0)
+    assert added["samples_per_s_ratio"] == pytest.approx(0.9)
+    assert added["median_step_ratio"] == pytest.approx(1.1) and added["p99_step_ratio"] == pytest.approx(2.0)
+    assert added["stall_share"] == pytest.approx(0.05)
+    assert added["places_us_per_row_update"]["handler:Push"] == pytest.approx(1.0)  # 0.5 ms more over 500 rows
+    assert added["places_us_per_row_update"]["thread:ecrec-parity-sender"] == 0.0
+    assert math.isnan(profile_runs.added_by(base, _report(9.0, 0, {}))["server_cpu_us_per_row_update"])
+
+
+def test_the_rounds_give_the_median_and_spread_of_each_figure():
+    base = _report(7.0, 500, {})
+    added = [profile_runs.added_by(base, _report(total, 500, {"merge": merge}))
+             for total, merge in ((8.0, 0.1), (10.0, 0.3), (9.0, 0.2))]
+    s = profile_runs.summarize(added)
+    assert s["server_cpu_us_per_row_update"] == {"median": pytest.approx(4.0), "min": pytest.approx(2.0),
+                                                 "max": pytest.approx(6.0), "n": 3}
+    assert s["parts_us_per_row_update"]["merge"]["median"] == pytest.approx(0.4)
+    assert s["parts_us_per_row_update"]["apply"]["max"] == 0.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--against", "ecrec"], "another strategy"),
+    (["--against", "nosuch"], "is not a strategy"),
+    (["--rows", "0"], "--rows must be >= 1"),
+    (["--seconds", "0"], "--seconds must be > 0"),
+    (["--server", "9"], "--server must be in"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--rounds", "0"], "--rounds must be >= 1"),
+    (["--option", "coalesce_bytes"], "expected KEY=VALUE"),
+])
+def test_profile_refuses_bad_arguments(argv, message, capsys):
+    assert cli.main(["profile", "--no-py-spy", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert cli.main(["profile", "--against", "none", "--rows", "3000", "--dim", "8", "--servers", "3",
+                     "--batch-size", "64", "--no-py-spy", "--seconds", "4", "--rounds", "2", "--option", "coalesce_pushes=2", "--out", str(tmp_path / "work"),
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["rows_per_table"] == 3000 and doc["workload"]["dim"] == 8
+    assert doc["options"] == {"coalesce_pushes": "2"} and doc["rounds"] == 2 and len(doc["rounds_added"]) == 2
+    none, ecrec = doc["runs"]["none"], doc["runs"]["ecrec"]
+    for report in (none, ecrec):
+        assert report["steps"] > 0 and report["step_times"]["steps"] == report["steps"]
+        assert len(report["step_times"]["longest"]["each_server_cpu_ms"]) == 3
+        assert 0 < report["servers_per_step"]["rows:pushed"] <= 64 * 4  # at most the ids of a step
+    assert not any(k.startswith("strategy:part_") for k in none["servers_per_step"])
+    per_group = ecrec["servers_per_step"]["strategy:group_pushes"] / ecrec["servers_per_step"]["strategy:groups_closed"]
+    assert 1 <= per_group <= 2  # the option reached the servers (by default a group holds up to 16 pushes)
+    added = doc["added"]
+    parts = added["parts_us_per_row_update"]
+    for name in ("delta", "merge", "build", "serialize", "seal", "verify", "parse", "apply", "watermarks"):
+        assert parts[name] > 0, name  # each part of the parity path ran and was counted
+    assert added["server_cpu_us_per_row_update"] == pytest.approx(sum(parts.values()))
+    spread = doc["summary"]["server_cpu_us_per_row_update"]
+    assert spread["n"] == 2 and spread["min"] <= spread["median"] <= spread["max"]
+    assert sorted(r["server_cpu_us_per_row_update"] for r in doc["rounds_added"]) == pytest.approx(
+        [spread["min"], spread["max"]])
+    printed = capsys.readouterr().out
+    assert "ecrec over none:" in printed and "per row update, by part (us):" in printed
