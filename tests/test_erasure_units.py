@@ -17,6 +17,7 @@ from ecrec.coding.codec import Codec
 from ecrec.coding.layout import Layout
 from ecrec.tables.shards import DenseShard, TableShard
 from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate
+from ecrec.strategies.erasure import batch_frames
 from ecrec.strategies.erasure.groups import PushGroup, build_batches
 from ecrec.strategies.erasure.parity_store import ParityArena, place_rows
 from ecrec.strategies.erasure.rebuild import StripeMembers, plan_data_rebuild
@@ -128,6 +129,53 @@ def test_batches_keep_every_parity_row_equal_to_a_fresh_encode(servers, k, m):
                 apply_batch(stores, destination, batch)
     for s, store in stores.items():
         np.testing.assert_array_equal(store.rows(store.slots), fresh_parity(shards, layout, store), err_msg=f"server {s}")
+
+
+@pytest.mark.parametrize("servers,k,m", [(4, 2, 1), (6, 3, 3)])
+def test_a_frame_carries_exactly_the_batches_protobuf_would(servers, k, m):
+    """The direct path's frames (``batch_frames``): built without copying the deltas into protobuf, a batch's
+    metadata and sections make the very ``ParityBatch`` of the protobuf path, and a frame decodes to them."""
+    layout = Layout(servers, k, m)
+    shards = all_rows(layout)
+    rng = np.random.default_rng(7)
+    pushes = [push(shards, layout, seq, rng.integers(0, SPEC.num_rows, 40), rng)[0] for seq in (1, 2)]
+    group = PushGroup(1, 1, 0.0)
+    for p in pushes:
+        group.add(p)
+    full = build_batches(group, layout, 0, "o")
+    sections: dict = {}
+    meta = build_batches(group, layout, 0, "o", sections=sections)
+    assert set(meta) == set(full) == set(sections)
+    for d, batch in meta.items():
+        assert all(not t.deltas and not t.parity_slots for t in batch.tables)  # the bulk stayed arrays
+        assert batch_frames.fill(batch, sections[d]) == full[d]
+        message = parity_pb2.ParityBatches(batches=[batch], source=0, source_id="o", confirmed_upto=3)
+        frame = batch_frames.encode(message, [sections[d]])
+        decoded, got = batch_frames.decode(frame)
+        assert decoded == message and len(got) == 1 and len(got[0]) == len(full[d].tables)
+        for t, entry in zip(full[d].tables, got[0]):
+            assert [bytes(x) for x in entry] == [getattr(t, name) for name in batch_frames.FIELDS]
+            assert all(np.frombuffer(x, np.uint8).ctypes.data % 8 == 0 for x in entry)  # int64 sections aligned
+        assert batch_frames.sections_nbytes(sections[d]) == sum(len(bytes(x)) for e in got[0] for x in e)
+
+
+def test_a_frame_that_does_not_add_up_is_refused():
+    batch = parity_pb2.ParityBatch(seq=1, first_seq=1)
+    batch.tables.add(tables=["t"], parity=0)
+    message = parity_pb2.ParityBatches(batches=[batch])
+    sections = [[tuple(np.arange(i + 1, dtype=np.int64) for i in range(6))]]
+    frame = batch_frames.encode(message, sections)
+    assert batch_frames.decode(frame)[0] == message
+    bulky = parity_pb2.ParityBatches()
+    bulky.CopyFrom(message)
+    bulky.batches[0].tables[0].deltas = b"x"
+    for bad, why in [(frame[:-8], "ends before|runs past"), (frame + b"\0" * 8, "beyond its last section"),
+                     (b"XXXX" + frame[4:], "not a parity frame"), (frame[:10], "shorter than its header"),
+                     (batch_frames.encode(bulky, sections), "carries bulk bytes")]:
+        with pytest.raises(batch_frames.FrameError, match=why):
+            batch_frames.decode(bad)
+    with pytest.raises(ValueError, match="table entries"):
+        batch_frames.encode(message, [[]])
 
 
 def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versions():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ecrec.net import seal
+from ecrec.strategies.erasure import batch_frames
 from ecrec.strategies.erasure.merge import IN_PLACE_MIN_BYTES, merge_rows
 from ecrec.wire import embedding_pb2, parity_pb2, parity_pb2_grpc
 
@@ -117,6 +118,8 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
     stats = cluster.strategy_call("stats")
     assert sum(s.get("direct_batches", 0) for s in stats.values()) > 0
     assert sum(s.get("relay_batches", 0) for s in stats.values()) == 0
+    # as frames (batch_frames): the deltas never in protobuf, on the way out or in
+    assert sum(s.get("framed_batches", 0) for s in stats.values()) == sum(s["direct_batches"] for s in stats.values())
 
 
 @pytest.mark.cluster
@@ -144,6 +147,10 @@ def test_a_worker_claiming_a_server_id_cannot_change_parity(make_cluster):
     for call in (lambda: stub.ApplyParity(parity_pb2.ParityBatches(batches=[forged], source=1,
                                                                    source_id=claimed.server_id), timeout=5,
                                           metadata=metadata),
+                 lambda: transport.make_channel(victim.address).unary_unary(batch_frames.FULL_METHOD)(
+                     batch_frames.encode(parity_pb2.ParityBatches(batches=[forged], source=1,
+                                                                  source_id=claimed.server_id), [[]]),
+                     timeout=5, metadata=metadata),
                  lambda: stub.ResolveSource(parity_pb2.ResolveSourceRequest(source=1), timeout=5, metadata=metadata),
                  lambda: stub.ResolveSource(parity_pb2.ResolveSourceRequest(source=1, commit=True, undo_seqs=[1]),
                                             timeout=5, metadata=metadata + (("ecrec-caller-proof", "0" * 32),))):

@@ -95,10 +95,13 @@ def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
     return out
 
 
-def build_batches(group: PushGroup, layout, source: int, source_id: str,
-                  counters=None) -> dict[int, parity_pb2.ParityBatch]:
+def build_batches(group: PushGroup, layout, source: int, source_id: str, counters=None,
+                  sections: dict | None = None) -> dict[int, parity_pb2.ParityBatch]:
     """One :class:`ParityBatch` per destination index holding every delta of ``group`` meant for it (the merge's
-    and the messages' CPU added to ``counters``' ``part_merge_cpu_s`` and ``part_build_cpu_s``).
+    and the messages' CPU added to ``counters``' ``part_merge_cpu_s`` and ``part_build_cpu_s``).  With
+    ``sections`` (a dict), the table entries' bulk fields stay arrays, in ``sections[destination]`` (one tuple
+    per table entry, in :data:`~ecrec.strategies.erasure.batch_frames.FIELDS` order), and the batches carry the
+    rest: what a frame carries (:mod:`~ecrec.strategies.erasure.batch_frames`), with no copy into protobuf.
 
     A data slot ``s`` of this server holds position ``p = s % k`` of a stripe in block ``s // k``; parity ``j``
     of that stripe is on server ``(source - p + k + j) % S`` at parity slot ``(s // k) * m + j``: the rows of
@@ -123,10 +126,19 @@ def build_batches(group: PushGroup, layout, source: int, source_id: str,
             b0, b1 = int(w.bounds[p]), int(w.bounds[p + 1])
             if b0 == b1:
                 continue
-            fields = dict(tables=w.names, table_rows=w.counts[p].astype(np.int64).tobytes(),
-                          positions=np.full(b1 - b0, p, dtype=np.int64).tobytes(), deltas=w.deltas[b0:b1].tobytes(),
-                          old_versions=w.old_versions[b0:b1].tobytes(), seqs=w.versions[b0:b1].tobytes())
+            counts = w.counts[p].astype(np.int64)
+            positions = np.full(b1 - b0, p, dtype=np.int64)
             block_p = block[b0:b1] * m
+            if sections is not None:
+                for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
+                    d = (source - p + k + j) % servers
+                    batch(d).tables.add(tables=w.names, parity=j)
+                    sections.setdefault(d, []).append((counts, block_p + j, positions, w.deltas[b0:b1],
+                                                       w.old_versions[b0:b1], w.versions[b0:b1]))
+                continue
+            fields = dict(tables=w.names, table_rows=counts.tobytes(), positions=positions.tobytes(),
+                          deltas=w.deltas[b0:b1].tobytes(), old_versions=w.old_versions[b0:b1].tobytes(),
+                          seqs=w.versions[b0:b1].tobytes())
             for j in range(m):  # parity j of each row's stripe; a row's parities are on distinct servers
                 batch((source - p + k + j) % servers).tables.add(parity_slots=(block_p + j).tobytes(), parity=j,
                                                                  **fields)

@@ -51,6 +51,8 @@ class OutboxEntry:
     sealed: dict[int, SealedBatch] = field(default_factory=dict)  # as addressed now, serialized once
     built: bool = True  # False while the owner's closer thread builds its batches
     push_ids: list = field(default_factory=list)  # the group's pushes: committed when the entry is confirmed
+    # destination -> its batch's bulk sections, when the batch carries only the rest (a frame's: batch_frames)
+    sections: dict = field(default_factory=dict)
 
 
 @dataclass

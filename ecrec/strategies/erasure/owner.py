@@ -46,7 +46,7 @@ from collections import deque
 from ecrec import errors
 from ecrec.net.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
-from ecrec.strategies.erasure import merge
+from ecrec.strategies.erasure import batch_frames, merge
 from ecrec.strategies.erasure.groups import PushGroup, build_batches
 from ecrec.strategies.erasure.outbox import (ACKED, BEYOND, EVERY_VERSION, Chain, Outbox, OutboxEntry, SealedBatch,
                                              confirmed_bound)
@@ -155,7 +155,7 @@ class ParityOwner:
     def _sealed(self, entry: OutboxEntry, destination: int) -> SealedBatch:
         relay = entry.sealed.get(destination)
         if relay is None:
-            relay = entry.sealed[destination] = self._seal(entry.batches[destination])
+            relay = entry.sealed[destination] = self._seal(full_batch(entry, destination))
         return relay
 
     # --- a push -----------------------------------------------------------------------------------------------
@@ -213,10 +213,12 @@ class ParityOwner:
         self.counters.add("group_close_cpu_s", time.thread_time() - t0)
         return entry, relay
 
-    def _install_locked(self, entry: OutboxEntry, batches: dict[int, parity_pb2.ParityBatch]) -> list[SealedBatch]:
+    def _install_locked(self, entry: OutboxEntry, batches: dict[int, parity_pb2.ParityBatch],
+                        sections: dict | None = None) -> list[SealedBatch]:
         """Addresses a group's batches to the chains (in push order: this is called in it) and puts them in its
-        outbox entry; returns the sealed batches to relay (those of a relayed entry, each at most
-        ``relay_max_bytes``; the others are sent directly)."""
+        outbox entry (``sections``: their bulk fields, kept as arrays for a frame); returns the sealed batches to
+        relay (those of a relayed entry, each at most ``relay_max_bytes``; the others are sent directly)."""
+        entry.sections = sections or {}
         destinations = self.box.install(entry, batches, self._live_id, self._group is not None)
         relay = []
         for d in destinations:
@@ -249,15 +251,17 @@ class ParityOwner:
                         break
                     group, entry = self._closing[0]
                 t0 = time.thread_time()
+                sections: dict = {}  # sent directly: as frames, the bulk bytes never in protobuf
                 try:
-                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id, self.counters)
+                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id, self.counters,
+                                            sections)
                 except Exception:  # noqa: BLE001 - reported; the entry stays unbuilt (pushes unconfirmed: replayed)
                     log.exception("building the parity batches of pushes %d..%d failed", group.first_seq,
                                   group.last_seq)
                     break
                 with self.lock:
                     self._closing.popleft()
-                    self._install_locked(entry, batches)
+                    self._install_locked(entry, batches, sections)
                     self.counters.add("group_close_cpu_s", time.thread_time() - t0)
                 self._after_close(entry)
 
@@ -461,8 +465,9 @@ class ParityOwner:
     def messages_for(self, destination: int, entries: list[OutboxEntry]) -> list[tuple[list, int]] | None:
         """``entries``' batches for ``destination`` still unacknowledged there, as messages of at most
         ``max_batch_bytes`` (addressed to the current incarnation), each with the confirmation to send beside it;
-        None while no server holds it.  They go over a server-to-server call whose caller proves it is a server:
-        no seal needed."""
+        None while no server holds it.  A message is a list of ``(batch, sections)``: ``sections`` the batch's
+        bulk fields as arrays (a frame's, :mod:`~ecrec.strategies.erasure.batch_frames`), or None when the batch
+        holds them.  They go over a server-to-server call whose caller proves it is a server: no seal needed."""
         with self.lock:
             chain = self.chains.get(destination)
             if chain is None or not chain.server_id:
@@ -471,12 +476,12 @@ class ParityOwner:
             for entry in entries:
                 if destination not in entry.pending:
                     continue
-                batch = entry.batches[destination]
-                n = batch.ByteSize()
+                batch, sections = entry.batches[destination], entry.sections.get(destination)
+                n = batch.ByteSize() + (batch_frames.sections_nbytes(sections) if sections else 0)
                 if current and size + n > self.options.max_batch_bytes:
                     messages.append(current)
                     current, size = [], 0
-                current.append(batch)
+                current.append((batch, sections))
                 size += n
             if current:
                 messages.append(current)
@@ -508,3 +513,11 @@ class ParityOwner:
         self._closer_wake.set()
         for sender in list(self.senders.values()):
             sender.wake()
+
+
+def full_batch(entry: OutboxEntry, destination: int) -> parity_pb2.ParityBatch:
+    """``entry``'s batch for ``destination`` with its bulk fields (filled from its sections when it was built for a
+    frame): what a relay seals or the protobuf path sends."""
+    sections = entry.sections.get(destination)
+    batch = entry.batches[destination]
+    return batch_frames.fill(batch, sections) if sections else batch

@@ -27,6 +27,7 @@ from ecrec.net.cluster_map import LIVE_STATES, live_servers
 from ecrec.coding.codec import Codec
 from ecrec.tables.shards import TableShard
 from ecrec.strategies.base import StrategyHost, push_key_chars
+from ecrec.strategies.erasure import batch_frames
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity, place_rows
 from ecrec.strategies.erasure.source_log import (APPLY, CLOSED, DUPLICATE, FOREIGN, HELD, RESOLVED, RESTARTED, DenseEntry,
                                                 LogEntry, SourceLog, TableEntry)
@@ -103,8 +104,10 @@ class ParityReceiver:
             self._names_cache[key] = found
         return found
 
-    def _parse(self, b: parity_pb2.ParityBatch):
-        """Validates one batch before anything of it is applied; returns its deltas per arena and dense deltas."""
+    def _parse(self, b: parity_pb2.ParityBatch, sections=None):
+        """Validates one batch before anything of it is applied; returns its deltas per arena and dense deltas.
+        ``sections``: its table entries' bulk fields, when a frame brought them (``batch_frames``) rather than
+        ``b``."""
         layout = self.host.layout
         config = self.host.config
         if len(b.push_ids) > config.max_push_ids_per_batch:
@@ -115,17 +118,22 @@ class ParityReceiver:
             raise errors.InvalidRequest(f"a parity batch carries a push id that is not a server's push key "
                                         f"(at most {longest} characters, no incarnation)")
         tables = []
-        for t in b.tables:
+        if sections is not None and len(sections) != len(b.tables):
+            raise errors.InvalidRequest(f"a parity frame has sections for {len(sections)} of {len(b.tables)} table "
+                                        "entries")
+        for i, t in enumerate(b.tables):
             if not t.tables:
                 raise errors.InvalidRequest("parity deltas must name their tables")
             arena, offsets, limits = self._tables_of(t.tables)
-            counts = transport.bytes_to_ids(t.table_rows)
-            local = transport.bytes_to_ids(t.parity_slots)
+            table_rows, parity_slots, positions, raw, old_versions, seqs = (
+                sections[i] if sections is not None else (t.table_rows, t.parity_slots, t.positions, t.deltas,
+                                                          t.old_versions, t.seqs))
+            counts = transport.bytes_to_ids(table_rows)
+            local = transport.bytes_to_ids(parity_slots)
             n = len(local)
-            positions = transport.bytes_to_ids(t.positions)
-            old_versions = transport.bytes_to_ids(t.old_versions)
-            seqs = transport.bytes_to_ids(t.seqs)
-            raw = t.deltas
+            positions = transport.bytes_to_ids(positions)
+            old_versions = transport.bytes_to_ids(old_versions)
+            seqs = transport.bytes_to_ids(seqs)
             if (len(counts) != len(offsets) or len(positions) != n or len(old_versions) != n or len(seqs) != n
                     or len(raw) != n * arena.row_bytes or t.parity >= layout.m):
                 raise errors.InvalidRequest(f"tables {list(t.tables)}: inconsistent parity batch lengths or parity index")
@@ -174,23 +182,27 @@ class ParityReceiver:
         self.counters.add("delta_bytes_applied", sum(t[4].nbytes for t in tables)
                           + sum(delta.nbytes for _, delta, _, _ in dense))
 
-    def receive(self, batches: list[parity_pb2.ParityBatch], strict: bool) -> dict[int, SourceLog]:
+    def receive(self, batches: list[parity_pb2.ParityBatch], strict: bool,
+                sections: list | None = None) -> dict[int, SourceLog]:
         """Applies batches (any sources, any order): each source's chain strictly in the order its batches
         name, later ones held back until their predecessor arrives; duplicates are skipped.  A batch addressed
         to another incarnation of this server, or from a source incarnation already resolved, is refused:
         with ``strict`` (the owner's direct call) as an error, else (relayed) it is dropped and counted.
-        Returns the logs of the sources seen (their watermarks answer the caller)."""
+        Returns the logs of the sources seen (their watermarks answer the caller).  ``sections[i]``: the bulk
+        fields of ``batches[i]``'s table entries when a frame brought them."""
         self.host.require_index()
         seen: dict[int, SourceLog] = {}
-        for b in batches:
+        for i, b in enumerate(batches):
             try:
                 t0 = time.thread_time()
-                parsed = self._parse(b)
+                extra = sections[i] if sections is not None else None
+                parsed = self._parse(b, extra)
                 self.counters.add("part_parse_cpu_s", time.thread_time() - t0)
                 with self.lock:
                     lg = self._chain_for(b)
                     seen[b.source] = lg
-                    offer = lg.offer(b.seq, b.prev_seq, (b, parsed), b.ByteSize())
+                    size = b.ByteSize() + (batch_frames.sections_nbytes(extra) if extra is not None else 0)
+                    offer = lg.offer(b.seq, b.prev_seq, (b, parsed), size)
                     if offer.kind == DUPLICATE:
                         self.counters.add("duplicate_batches", 1)
                     elif offer.kind == APPLY:  # it, and successors that arrived first
@@ -309,11 +321,16 @@ class ParityReceiver:
         finally:
             self.counters.add("part_watermarks_cpu_s", time.thread_time() - t0)
 
-    def apply(self, request: parity_pb2.ParityBatches) -> parity_pb2.ParityAck:
+    def apply(self, request: parity_pb2.ParityBatches, sections: list | None = None) -> parity_pb2.ParityAck:
         """The owner's direct call (its caller proved it is a server: ``check_peer``): its batches (or only its
-        confirmation) in one message; sealed ones (``sealed``) must carry their owner's seal."""
+        confirmation) in one message; sealed ones (``sealed``) must carry their owner's seal.  ``sections``: the
+        batches' bulk fields when the message came as a frame (``batch_frames``)."""
         self.host.require_index()
         batches = list(request.batches)
+        if sections is not None:
+            if request.sealed:
+                raise errors.InvalidRequest("a parity frame carries no sealed batches")
+            sections = list(sections)
         if len(request.sealed):
             unsealed = self.unseal(request.sealed, f"the caller of ApplyParity (source {request.source})")
             if len(unsealed) != len(request.sealed):
@@ -324,7 +341,7 @@ class ParityReceiver:
             if b.source != request.source or b.source_id != request.source_id:
                 raise errors.InvalidRequest(f"a batch of source {b.source} ({b.source_id}) in a message of source "
                                             f"{request.source} ({request.source_id}); nothing applied")
-        seen = self.receive(batches, strict=True)
+        seen = self.receive(batches, strict=True, sections=sections)
         with self.lock:
             lg = seen.get(request.source) or self.logs.get(request.source)
             if lg is None or lg.source_id != request.source_id:

@@ -23,6 +23,7 @@ import grpc
 
 from ecrec.net import transport
 from ecrec.net.peers import PARITY
+from ecrec.strategies.erasure import batch_frames
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
@@ -44,6 +45,7 @@ class DestinationSender:
         self.sent_confirm = 0
         self._inflight = None  # the ApplyParity under way (a future): cancelled when its destination is replaced
         self._replaced = 0  # how many times the destination was replaced (a call started before one is stale)
+        self._frames_refused = False  # the destination answered UNIMPLEMENTED to a frame: protobuf from then on
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
@@ -99,24 +101,35 @@ class DestinationSender:
             if messages is None:  # no live server at the destination yet
                 ok = False
             else:
-                ok = all(self._send(batches, confirmed) for batches, confirmed in messages)
+                ok = all(self._send(items, confirmed) for items, confirmed in messages)
             if ok or not wait or time.monotonic() > deadline or self.owner.closed.is_set():
                 return
             time.sleep(0.02)
 
-    def _send(self, batches: list, confirmed: int) -> bool:
-        """One ``ApplyParity`` with ``batches`` (``ParityBatch``; the call proves this is a server: no seal)."""
+    def _send(self, items: list, confirmed: int) -> bool:
+        """One call with ``items`` (``(ParityBatch, sections)`` pairs, :meth:`ParityOwner.messages_for`; the call
+        proves this is a server: no seal): ``ApplyParityFrames`` when every batch's bulk bytes are arrays (a frame,
+        joined once), else ``ApplyParity`` (the batches filled)."""
         owner, host = self.owner, self.owner.host
+        framed = bool(items) and all(sections is not None for _, sections in items) and not self._frames_refused
+        batches = ([b for b, _ in items] if framed else
+                   [b if sections is None else batch_frames.fill(b, sections) for b, sections in items])
         message = parity_pb2.ParityBatches(batches=batches, source=host.index, source_id=host.server_id,
                                            confirmed_upto=confirmed)
+        if framed:
+            t0 = time.thread_time()
+            message = batch_frames.encode(message, [sections for _, sections in items])
+            owner.counters.add("part_frame_cpu_s", time.thread_time() - t0)
         with self._send_lock:
             replaced = self._replaced
             address = host.peers.address_of(self.destination)
             if address is None:
                 return False
             try:
-                call = host.peers.stub(address, PARITY).ApplyParity.future(
-                    message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
+                method = (host.peers.channel(address).unary_unary(  # the frame as it is; the reply is protobuf
+                    batch_frames.FULL_METHOD, response_deserializer=parity_pb2.ParityAck.FromString) if framed
+                    else host.peers.stub(address, PARITY).ApplyParity)
+                call = method.future(message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
                 self._inflight = call
                 if self._replaced != replaced:  # replaced between the address lookup and now: stale already
                     call.cancel()
@@ -129,7 +142,11 @@ class DestinationSender:
                     log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the "
                              "replacement", self.destination, address)  # by cancel_stale
                     return False
-                if transport.is_unavailable(exc):
+                if framed and exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a server without frames: protobuf
+                    self._frames_refused = True
+                    log.warning("parity server %d (%s) does not take parity frames; sending protobuf batches",
+                                self.destination, address)
+                elif transport.is_unavailable(exc):
                     host.peers.report(address, f"ApplyParity: {exc.code().name}")
                 elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # e.g. addressed to a replaced incarnation
                     host.refresh_map()
@@ -139,8 +156,9 @@ class DestinationSender:
                     log.error("parity server %d (%s) refused %d batches: %s: %s; retrying later", self.destination,
                               address, len(batches), exc.code().name, exc.details())
                 return False
-        owner.counters.add("parity_bytes_sent", message.ByteSize())
+        owner.counters.add("parity_bytes_sent", len(message) if framed else message.ByteSize())
         owner.counters.add("direct_batches", len(batches))
+        owner.counters.add("framed_batches" if framed else "protobuf_batches", len(batches))
         self.sent_confirm = max(self.sent_confirm, confirmed)
         owner.ack(self.destination, ack.destination_id, ack.applied_upto)
         return True

@@ -19,7 +19,7 @@ import numpy as np
 from ecrec import errors
 from ecrec.net import transport
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure import bulk, frame_socket, frames
+from ecrec.strategies.erasure import batch_frames, bulk, frame_socket, frames
 from ecrec.strategies.erasure.owner import EVERY_VERSION, ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc
@@ -30,12 +30,16 @@ DELIVER_TIMEOUT_S = 30.0
 
 
 def add_to_server(servicer: ParityServicer, server) -> None:
-    """Registers the generated methods and ``StreamStripes``, whose replies (frames, :mod:`~ecrec.strategies.
-    erasure.frames`) gRPC sends as they are, without a protobuf serializer."""
+    """Registers the generated methods, ``StreamStripes``, whose replies (frames, :mod:`~ecrec.strategies.
+    erasure.frames`) gRPC sends as they are, without a protobuf serializer, and ``ApplyParityFrames``, whose request
+    is a frame of parity batches (:mod:`~ecrec.strategies.erasure.batch_frames`) received as it is."""
     parity_pb2_grpc.add_ParityServiceServicer_to_server(servicer, server)
-    handler = grpc.unary_stream_rpc_method_handler(servicer.StreamStripes,
+    stripes = grpc.unary_stream_rpc_method_handler(servicer.StreamStripes,
                                                    request_deserializer=parity_pb2.StreamStripesRequest.FromString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(frames.SERVICE, {frames.METHOD: handler}),))
+    batches = grpc.unary_unary_rpc_method_handler(servicer.ApplyParityFrames,
+                                                  response_serializer=parity_pb2.ParityAck.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        frames.SERVICE, {frames.METHOD: stripes, batch_frames.METHOD: batches}),))
 
 
 class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
@@ -51,6 +55,22 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         try:
             self.host.check_peer(context)
             return self.receiver.apply(request)
+        finally:
+            self.receiver.counters.add("apply_parity_cpu_s", time.thread_time() - t0)
+
+    @transport.service_method
+    def ApplyParityFrames(self, request: bytes, context):
+        """``ApplyParity`` with the batches as a frame (:mod:`~ecrec.strategies.erasure.batch_frames`): their bulk
+        bytes read in place."""
+        t0 = time.thread_time()
+        try:
+            self.host.check_peer(context)
+            try:
+                meta, sections = batch_frames.decode(request)
+            except batch_frames.FrameError as exc:
+                raise errors.InvalidRequest(str(exc)) from None
+            self.receiver.counters.add("part_parse_cpu_s", time.thread_time() - t0)
+            return self.receiver.apply(meta, sections)
         finally:
             self.receiver.counters.add("apply_parity_cpu_s", time.thread_time() - t0)
 
