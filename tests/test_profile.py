@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -107,3 +113,67 @@ def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path
         [spread["min"], spread["max"]])
     printed = capsys.readouterr().out
     assert "ecrec over none:" in printed and "per row update, by part (us):" in printed
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.cluster
+def test_a_benchmark_ended_by_sigterm_stops_its_clusters(tmp_path):
+    """``kill`` (SIGTERM) ends a benchmark as Ctrl-C does: the clusters it started do not outlive it."""
+    bench = subprocess.Popen([sys.executable, "-m", "ecrec.bench.cli", "profile", "--against", "none", "--rows", "2000",
+                              "--dim", "8", "--servers", "3", "--batch-size", "32", "--no-py-spy", "--seconds", "120",
+                              "--rounds", "1", "--out", str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    below: set[int] = set()
+    started = threading.Event()
+
+    def read():  # drained to the end: a full pipe would stall the benchmark
+        for line in bench.stderr:
+            if "starting a cluster of ecrec" in line:
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(120), "the benchmark never started its second cluster"
+        time.sleep(3)  # its warm steps under way
+        below = _descendants(bench.pid)
+        assert len(below) >= 6, f"expected two clusters below the benchmark, found {sorted(below)}"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=90) == 130
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in below):
+            time.sleep(0.2)
+        assert not [p for p in below if _alive(p)], "processes of the benchmark's clusters outlived it"
+    finally:
+        for pid in [bench.pid, *below]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        bench.wait(timeout=30)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 # sub-command -> (module, one-line help)
@@ -68,11 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     from ecrec.net.transport import tune_allocator
 
     tune_allocator()  # the benchmark's client side gets what the servers get
+    # SIGTERM (kill, a job scheduler) ends a benchmark as Ctrl-C does: its clusters are stopped on the way out,
+    # not left running without it
+    installed = _main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if installed else None
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":
