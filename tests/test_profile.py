@@ -135,6 +135,16 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
+def _started_by_us(pid: int) -> bool:
+    """Whether ``pid`` runs this project's command line (an orphan of the benchmark, not a process that took a
+    reused pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"ecrec" in f.read()
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -170,10 +180,10 @@ def test_a_benchmark_ended_by_sigterm_stops_its_clusters(tmp_path):
         while time.monotonic() < deadline and any(_alive(p) for p in below):
             time.sleep(0.2)
         assert not [p for p in below if _alive(p)], "processes of the benchmark's clusters outlived it"
-    finally:
-        for pid in [bench.pid, *below]:
-            try:
+    finally:  # on a failure: whatever of it still runs (a pid reaped already may be another process's by now)
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=30)
+        for pid in below:
+            if _alive(pid) and _started_by_us(pid):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        bench.wait(timeout=30)

@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     from ecrec.net.transport import tune_allocator
 
     tune_allocator()  # the benchmark's client side gets what the servers get
-    # SIGTERM (kill, a job scheduler) ends a benchmark as Ctrl-C does: its clusters are stopped on the way out,
-    # not left running without it
-    installed = _main_thread()
+    # SIGTERM (kill, a job scheduler) ends a benchmark run from the command line as Ctrl-C does: its clusters are
+    # stopped on the way out, not left running without it (called with arguments -- from a program, a test -- the
+    # caller's handling of SIGTERM stands)
+    installed = argv is None and _main_thread()
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if installed else None
     try:
         return int(args._module.run(args) or 0)

@@ -59,8 +59,9 @@ def add_arguments(p) -> None:
                    help="no sampling: only the processes' CPU per step, by server thread and by part of the strategy")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     p.add_argument("--against", metavar="STRATEGY",
-                   help="a baseline run first on the same workload (e.g. none): the report adds what --strategy adds "
-                        "per row update, by part, and the step times side by side")
+                   help="a baseline cluster run beside the profiled one on the same workload (e.g. none; the two "
+                        "train in alternate slices): the report adds what --strategy adds per row update, by part, "
+                        "and the step times side by side")
     p.add_argument("--rounds", type=int, default=6,
                    help="--against: both clusters run side by side, each training a slice of --seconds / ROUNDS per "
                         "round, the order alternating; the report gives the median and spread over the rounds of "
@@ -117,7 +118,8 @@ def _server_counters(cluster) -> dict[str, float]:
 
 #: strategy counters worth a figure per step (beside every ``*_cpu_s``)
 COUNTED = ("groups_closed", "group_pushes", "batches_built", "relay_batches", "direct_batches", "batches_applied",
-           "delta_bytes_applied", "parity_bytes_relayed", "refused_relayed_batches", "refused_watermarks")
+           "delta_bytes_applied", "parity_bytes_relayed", "refused_relayed_batches", "refused_watermarks",
+           "framed_batches", "protobuf_batches", "parity_bytes_sent")
 
 
 def _cpu_like(key: str) -> bool:
@@ -279,8 +281,9 @@ def run(args) -> int:
         profile_runs.print_added(added, args.against, args.strategy)
         document = {"command": "profile", "against": args.against, "strategy": args.strategy,
                     "workload": report["workload"], "options": dict(o.split("=", 1) for o in args.option),
-                    "seconds": args.seconds, "rounds": args.rounds, "runs": reports, "added": added,
-                    "rounds_added": rounds_added, "summary": profile_runs.summarize(rounds_added)}
+                    "seconds": args.seconds, "rounds": args.rounds, "flags": _flags(args), "runs": reports,
+                    "per_round": per_round, "added": added, "rounds_added": rounds_added,
+                    "summary": profile_runs.summarize(rounds_added)}
         if args.rounds > 1:
             print()
             profile_runs.print_summary_of_runs(document["summary"], args.against, args.strategy)
@@ -289,6 +292,22 @@ def run(args) -> int:
             json.dump(document, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _flags(args) -> str:
+    """The command line's options that shape the workload and the cluster (what reproduces the file)."""
+    out = []
+    for name in ("servers", "k", "m", "rows", "dim", "tables", "optimizer", "batch_size", "ids_per_sample"):
+        value, default = getattr(args, name), _DEFAULTS.get(name)
+        if value is not None and value != default and (args.rows or name in ("servers", "k", "m")):
+            out.append(f"--{name.replace('_', '-')} {value}")
+    out += [f"--option {o}" for o in args.option]
+    return " ".join(out)
+
+
+#: the defaults of the options :func:`_flags` names
+_DEFAULTS = {"servers": 4, "k": 2, "m": 1, "rows": None, "dim": 64, "tables": 1, "optimizer": "adagrad",
+             "batch_size": 512, "ids_per_sample": 4}
 
 
 def _check(args) -> str:

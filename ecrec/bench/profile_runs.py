@@ -25,7 +25,7 @@ WARM_STEPS = 30
 #: a step longer than this is a stall (the issue's measure: share of time in such steps)
 STALL_MS = 30.0
 #: the parity path's parts the erasure strategy counts (``part_<name>_cpu_s``), in the order a delta meets them
-PARTS = ("delta", "merge", "build", "serialize", "seal", "verify", "parse", "apply", "watermarks")
+PARTS = ("delta", "merge", "build", "serialize", "seal", "frame", "verify", "parse", "apply", "watermarks")
 
 
 class QuickWorkload:
@@ -75,10 +75,15 @@ class RowsWorkload:
         from ecrec.config import ClientConfig
         from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
+        from ecrec.strategies import get_spec
+
         self._cpu = process_cpu_seconds
-        k, m = (args.k, args.m) if strategy == "ecrec" else (0, 0)
-        self.local = LocalCluster(LocalClusterSpec(servers=args.servers, strategy=strategy, k=k, m=m,
-                                                   options=options_for(strategy, args)))
+        kind = get_spec(strategy).kind
+        k, m = (args.k, args.m) if kind == "erasure" else (0, 0)
+        options = options_for(strategy, args)
+        if kind == "checkpoint":  # its checkpoints under the profile's directory
+            options.setdefault("dir", str(out / "checkpoints"))
+        self.local = LocalCluster(LocalClusterSpec(servers=args.servers, strategy=strategy, k=k, m=m, options=options))
         self.local.start(timeout_s=180)
         self.servers = args.servers
         self.client = None
@@ -156,7 +161,7 @@ def step_records(records: list[tuple[float, float, list[float]]]) -> dict:
 
 #: where the servers spend what the strategy adds (``servers_per_step`` keys), beside the parts
 PLACES = ("handler:Push", "handler:Pull", "strategy:apply_parity_cpu_s", "thread:ecrec-parity-closer",
-          "thread:ecrec-parity-sender", "thread:ecrec-strategy-timer", "thread:other")
+          "thread:ecrec-parity-sender", "thread:ecrec-strategy-timer", "thread:Thread-1 (_serve)", "thread:other")
 
 
 def added_by(base: dict, run: dict) -> dict:

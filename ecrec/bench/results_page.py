@@ -447,10 +447,20 @@ def section_parity_cost(files: _Files) -> list[str]:
 
 # --- the parity path per row update --------------------------------------------------------------------------
 def _profile_command(doc: dict, name: str) -> str:
-    w = doc["workload"]
-    rows = f" --rows {w['rows_per_table']}" if w["workload"] == "rows" else ""
-    return _command(f"ecrec-bench profile --against {doc['against']}{rows} --no-py-spy --seconds {doc['seconds']:g} "
+    flags = f" {doc['flags']}" if doc.get("flags") else ""
+    return _command(f"ecrec-bench profile --against {doc['against']}{flags} --no-py-spy --seconds {doc['seconds']:g} "
                     f"--rounds {doc['rounds']} --json {FILES_DIR}/{name}")
+
+
+def _profile_figures(doc: dict) -> tuple[dict, dict]:
+    """What the strategy adds over the whole run and the median and spread over the rounds, recomputed from the
+    reports the file keeps (``ecrec.bench.profile_runs``)."""
+    from ecrec.bench import profile_runs
+
+    base, strategy = doc["against"], doc["strategy"]
+    added = profile_runs.added_by(doc["runs"][base], doc["runs"][strategy])
+    rounds = [profile_runs.added_by(r[base], r[strategy]) for r in doc["per_round"]]
+    return added, profile_runs.summarize(rounds)
 
 
 def section_parity_per_row(files: _Files) -> list[str]:
@@ -460,6 +470,7 @@ def section_parity_per_row(files: _Files) -> list[str]:
     out = []
     docs = {"quick preset": ("profile-quick.json", files["profile-quick.json"]),
             "4M x 64": ("profile-4m.json", files["profile-4m.json"])}
+    figures = {label: _profile_figures(doc) for label, (_, doc) in docs.items()}
     for label, (name, doc) in docs.items():
         report = doc["runs"][doc["strategy"]]
         out.append(_profile_command(doc, name))
@@ -468,28 +479,28 @@ def section_parity_per_row(files: _Files) -> list[str]:
                      f"training in alternate slices, {doc['rounds']} of each.)")
     out.append("What `ecrec` adds to the servers' CPU per row update (all threads of all servers, from their own "
                "process clocks, over the rows the pushes updated), part by part from the strategy's own counters "
-               "(`rest`: what they do not see -- gRPC and the handlers carrying the bytes, the direct senders, the "
-               "bookkeeping between the parts), over the whole run and as the median [min, max] of the rounds, in "
-               "microseconds:")
+               "(`rest`: what the parts do not cover -- gRPC and the handlers carrying the bytes, the direct senders, "
+               "the bookkeeping between the parts), over the whole run and as the median [min, max] of the rounds, "
+               "in microseconds:")
     parts = list(profile_runs.PARTS) + ["rest"]
 
     def cell(whole, s):
         return f"{whole:.3f}; {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
 
-    table = [[part, *[cell(doc["added"]["parts_us_per_row_update"][part], doc["summary"]["parts_us_per_row_update"][part])
-                      for _, doc in docs.values()]] for part in parts]
-    table.append(["total", *[cell(doc["added"]["server_cpu_us_per_row_update"],
-                                  doc["summary"]["server_cpu_us_per_row_update"]) for _, doc in docs.values()]])
+    table = [[part, *[cell(added["parts_us_per_row_update"][part], summary["parts_us_per_row_update"][part])
+                      for added, summary in figures.values()]] for part in parts]
+    table.append(["total", *[cell(added["server_cpu_us_per_row_update"], summary["server_cpu_us_per_row_update"])
+                             for added, summary in figures.values()]])
     out.append(_printed(console.print_table, ["part (us per row update)", *docs], table))
-    places = [[place, *[f"{doc['added']['places_us_per_row_update'][place]:+.3f}" for _, doc in docs.values()]]
+    places = [[place, *[f"{added['places_us_per_row_update'][place]:+.3f}" for added, _ in figures.values()]]
               for place in profile_runs.PLACES]
     out.append("Where the servers spend it (the whole run, us per row update):")
     out.append(_printed(console.print_table, ["place", *docs], places))
-    rows = [[key, *[cell(doc["added"][key], doc["summary"][key]) for _, doc in docs.values()]]
+    rows = [[key, *[cell(added[key], summary[key]) for added, summary in figures.values()]]
             for key in profile_runs.SUMMARIZED[1:]]
     out.append("The steps, side by side (ratios over `none`'s; `stall_share`: time in steps over 30 ms):")
     out.append(_printed(console.print_table, ["figure", *docs], rows))
-    quick, scale = docs["quick preset"][1]["summary"], docs["4M x 64"][1]["summary"]
+    quick, scale = figures["quick preset"][1], figures["4M x 64"][1]
     per_row = TARGETS["parity_us_per_row"]
     out.append("Against the targets of issue 37:\n" + "\n".join([
         f"- added server CPU per row update <= {per_row} us: quick preset "

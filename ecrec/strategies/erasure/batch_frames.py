@@ -56,7 +56,7 @@ def encode(meta: parity_pb2.ParityBatches, sections: list[list[tuple]]) -> bytes
             raise ValueError(f"{len(entries)} table entries of sections for {len(b.tables)}")
         for entry in entries:
             if len(entry) != len(FIELDS):
-                raise ValueError(f"a table entry has {len(FIELDS)} sections, got {len(entry)}")
+                raise ValueError(f"a table entry needs {len(FIELDS)} sections, got {len(entry)}")
             for section in entry:
                 view = memoryview(section).cast("B")
                 parts += [LENGTH.pack(len(view)), view, b"\0" * _pad(len(view))]
@@ -98,6 +98,8 @@ def decode(data) -> tuple[parity_pb2.ParityBatches, list[list[tuple[memoryview, 
                 offset += n + _pad(n)
             entries.append(tuple(entry))
         out.append(entries)
+    if offset > len(view):
+        raise FrameError("a parity frame ends inside its last section's padding")
     if offset != len(view):
         raise FrameError(f"a parity frame has {len(view) - offset} bytes beyond its last section")
     return meta, out
