@@ -280,7 +280,7 @@ def run(args) -> int:
         print()
         profile_runs.print_added(added, args.against, args.strategy)
         document = {"command": "profile", "against": args.against, "strategy": args.strategy,
-                    "workload": report["workload"], "options": dict(o.split("=", 1) for o in args.option),
+                    "workload": report["workload"], "options": profile_runs.options_for(args.strategy, args),
                     "seconds": args.seconds, "rounds": args.rounds, "flags": _flags(args), "runs": reports,
                     "per_round": per_round, "added": added, "rounds_added": rounds_added,
                     "summary": profile_runs.summarize(rounds_added)}

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import struct
 
+from ecrec.strategies.erasure.frames import SERVICE
 from ecrec.wire import parity_pb2
 
-#: the gRPC method (registered by hand beside the generated ones: its request is a frame)
-SERVICE, METHOD = "ecrec.wire.ParityService", "ApplyParityFrames"
+#: the gRPC method (registered by hand beside the generated ones and ``StreamStripes``: its request is a frame)
+METHOD = "ApplyParityFrames"
 FULL_METHOD = f"/{SERVICE}/{METHOD}"
 MAGIC = b"ECPB"
 VERSION = 1
