@@ -100,13 +100,16 @@ def test_merge_equals_the_xor_of_each_rows_deltas_grouped_by_position_and_table(
 
 # --- real processes -------------------------------------------------------------------------------------------------
 @pytest.mark.cluster
-def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
-    """Every group built on the owner's closer thread and sent directly (``direct_bytes=1``): the same final
-    state, bit for bit, as the failure-free run, across an owner killed mid-training."""
+@pytest.mark.parametrize("transport_", ["socket", "grpc"])
+def test_big_groups_sent_directly_recover_bit_exactly(make_cluster, transport_):
+    """Every group built on the owner's closer thread and sent directly (``direct_bytes=1``), over parity channels
+    (``parity_transport=socket``, the default) or gRPC calls: the same final state, bit for bit, as the
+    failure-free run, across an owner killed mid-training."""
     from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
     expected = baseline(make_cluster, 4, 2, 1)
-    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options={"direct_bytes": "1"})
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         options={"direct_bytes": "1", "parity_transport": transport_})
 
     def on_step(step, cluster):
         if step == 25:
@@ -120,6 +123,14 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster):
     assert sum(s.get("relay_batches", 0) for s in stats.values()) == 0
     # as frames (batch_frames): the deltas never in protobuf, on the way out or in
     assert sum(s.get("framed_batches", 0) for s in stats.values()) == sum(s["direct_batches"] for s in stats.values())
+    # over the parity channels (the replacement's too: its owners and survivors open new ones), or none at all
+    channel = sum(s.get("channel_batches", 0) for s in stats.values())
+    if transport_ == "socket":
+        direct = sum(s["direct_batches"] for s in stats.values())
+        assert channel >= 0.9 * direct, (channel, direct)  # a frame in flight to the killed server went by gRPC
+        assert sum(s.get("channel_frames", 0) for s in stats.values()) > 0
+    else:
+        assert channel == 0 and sum(s.get("channels_opened", 0) for s in stats.values()) == 0
 
 
 @pytest.mark.cluster
@@ -151,6 +162,7 @@ def test_a_worker_claiming_a_server_id_cannot_change_parity(make_cluster):
                      batch_frames.encode(parity_pb2.ParityBatches(batches=[forged], source=1,
                                                                   source_id=claimed.server_id), [[]]),
                      timeout=5, metadata=metadata),
+                 lambda: stub.OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=5, metadata=metadata),
                  lambda: stub.ResolveSource(parity_pb2.ResolveSourceRequest(source=1), timeout=5, metadata=metadata),
                  lambda: stub.ResolveSource(parity_pb2.ResolveSourceRequest(source=1, commit=True, undo_seqs=[1]),
                                             timeout=5, metadata=metadata + (("ecrec-caller-proof", "0" * 32),))):

@@ -161,7 +161,7 @@ def step_records(records: list[tuple[float, float, list[float]]]) -> dict:
 
 #: where the servers spend what the strategy adds (``servers_per_step`` keys), beside the parts
 PLACES = ("handler:Push", "handler:Pull", "strategy:apply_parity_cpu_s", "thread:ecrec-parity-closer",
-          "thread:ecrec-parity-sender", "thread:ecrec-strategy-timer", "thread:Thread-1 (_serve)", "thread:other")
+          "thread:ecrec-parity-sender", "thread:ecrec-parity-channel", "thread:ecrec-strategy-timer", "thread:Thread-1 (_serve)", "thread:other")
 
 
 def added_by(base: dict, run: dict) -> dict:

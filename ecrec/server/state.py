@@ -187,13 +187,18 @@ class ServerState:
             raise errors.FailedPrecondition(f"caller {caller[:64] or '(unnamed)'} does not prove it is a server of "
                                             "this cluster (ecrec-caller-proof under the server key); a worker or a "
                                             "stranger may not make this call; refused")
-        if epoch > self.epoch:
-            self.catch_up(epoch)
+        self.check_member(caller, epoch)
+        return caller
+
+    def check_member(self, caller: str, caller_epoch: int = 0) -> None:
+        """``caller`` (proven a server of this cluster) is still a server of the map, after catching up with its
+        newer epoch: an old incarnation of a peer is fenced off (``FailedPrecondition``)."""
+        if caller_epoch > self.epoch:
+            self.catch_up(caller_epoch)
         if self.map is not None and not any(s.server_id == caller and s.state != cluster_pb2.FAILED
                                             for s in self.map.servers):
             raise errors.FailedPrecondition(f"caller {caller} is not a server of the cluster map (epoch {self.epoch}): "
                                             "an old incarnation or a stranger; refused")
-        return caller
 
     def tables(self) -> list[TableShard]:
         with self.lock:

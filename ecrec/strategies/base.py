@@ -168,6 +168,8 @@ class StrategyHost(Protocol):
 
     def check_peer(self, context, changes_parity: bool = True) -> str: ...  # a proven server of the map: its id
 
+    def check_member(self, caller: str, caller_epoch: int = 0) -> None: ...  # a proven caller still of the map
+
     @property
     def sealer(self) -> "Sealer | None": ...  # MACs under the server key (ecrec.net.seal); None before registering
 

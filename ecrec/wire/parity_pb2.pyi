@@ -93,6 +93,18 @@ class ParityAck(_message.Message):
     destination_id: str
     def __init__(self, applied_upto: _Optional[int] = ..., destination_id: _Optional[str] = ...) -> None: ...
 
+class OpenParityChannelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenParityChannelReply(_message.Message):
+    __slots__ = ("port", "ticket")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    ticket: bytes
+    def __init__(self, port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
 class FlushRequest(_message.Message):
     __slots__ = ("timeout_s",)
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]

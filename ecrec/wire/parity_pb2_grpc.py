@@ -54,6 +54,11 @@ class ParityServiceStub:
                 request_serializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.FromString,
                 _registered_method=True)
+        self.OpenParityChannel = channel.unary_unary(
+                '/ecrec.wire.ParityService/OpenParityChannel',
+                request_serializer=ecrec_dot_wire_dot_parity__pb2.OpenParityChannelRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_parity__pb2.OpenParityChannelReply.FromString,
+                _registered_method=True)
 
 
 class ParityServiceServicer:
@@ -83,6 +88,14 @@ class ParityServiceServicer:
 
     def ReadRows(self, request, context):
         """Rows with their versions, for rebuilding a failed server's rows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenParityChannel(self, request, context):
+        """A port and a one-time ticket for a plain TCP connection that carries this caller's parity frames
+        (the direct path at scale: ecrec/strategies/erasure/parity_channel.py). Refused on TLS clusters.
         Not declared here: /ecrec.wire.ParityService/StreamStripes, the fast rebuild path. Its request is a
         StreamStripesRequest; its reply is a stream of raw frames, not protobuf messages (every byte of a
         lost shard crosses it: see ecrec/strategies/erasure/frames.py for their layout).
@@ -113,6 +126,11 @@ def add_ParityServiceServicer_to_server(servicer, server):
                     servicer.ReadRows,
                     request_deserializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.SerializeToString,
+            ),
+            'OpenParityChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenParityChannel,
+                    request_deserializer=ecrec_dot_wire_dot_parity__pb2.OpenParityChannelRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_parity__pb2.OpenParityChannelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class ParityService:
             '/ecrec.wire.ParityService/ReadRows',
             ecrec_dot_wire_dot_parity__pb2.ReadRowsRequest.SerializeToString,
             ecrec_dot_wire_dot_parity__pb2.ReadRowsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenParityChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.ParityService/OpenParityChannel',
+            ecrec_dot_wire_dot_parity__pb2.OpenParityChannelRequest.SerializeToString,
+            ecrec_dot_wire_dot_parity__pb2.OpenParityChannelReply.FromString,
             options,
             channel_credentials,
             insecure,

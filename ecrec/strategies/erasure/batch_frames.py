@@ -48,6 +48,12 @@ def encode(meta: parity_pb2.ParityBatches, sections: list[list[tuple]]) -> bytes
     """One frame: ``meta`` (batches without their entries' bulk fields) and, per batch and table entry, the six
     sections in :data:`FIELDS` order (bytes-like or arrays; ``sections[i][j]`` belongs to
     ``meta.batches[i].tables[j]``)."""
+    return b"".join(encode_parts(meta, sections))
+
+
+def encode_parts(meta: parity_pb2.ParityBatches, sections: list[list[tuple]]) -> list:
+    """The buffers of :func:`encode`'s frame, in order, the sections' bytes not copied (for a socket's
+    ``sendmsg``)."""
     if len(sections) != len(meta.batches):
         raise ValueError(f"{len(sections)} batches of sections for {len(meta.batches)} batches")
     head = meta.SerializeToString()
@@ -61,7 +67,7 @@ def encode(meta: parity_pb2.ParityBatches, sections: list[list[tuple]]) -> bytes
             for section in entry:
                 view = memoryview(section).cast("B")
                 parts += [LENGTH.pack(len(view)), view, b"\0" * _pad(len(view))]
-    return b"".join(parts)
+    return parts
 
 
 def decode(data) -> tuple[parity_pb2.ParityBatches, list[list[tuple[memoryview, ...]]]]:

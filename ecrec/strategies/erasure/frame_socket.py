@@ -39,9 +39,10 @@ OPENING_TAG = b"ECRECFS1"
 OPENING_BYTES = len(OPENING_TAG) + 32
 
 
-def opening(ticket: bytes) -> bytes:
-    """The first bytes of a delivery opened with ``ticket``."""
-    return OPENING_TAG + hmac.new(ticket, b"ecrec stripe frames", hashlib.sha256).digest()
+def opening(ticket: bytes, purpose: bytes = b"ecrec stripe frames") -> bytes:
+    """The first bytes of a connection opened with ``ticket`` for ``purpose`` (the fast rebuild's frames unless
+    another is named: a ticket of one purpose does not open a connection of another)."""
+    return OPENING_TAG + hmac.new(ticket, purpose, hashlib.sha256).digest()
 
 
 class FrameListener:
@@ -85,13 +86,13 @@ class FrameListener:
             out = []
             header = np.empty(frames.HEADER.size, np.uint8)
             for _ in range(count):
-                _read_exactly(conn, memoryview(header), deadline)
+                read_exactly(conn, memoryview(header), deadline)
                 size = frames.size_from_header(header)
                 if size > max_frame_bytes:
                     raise frames.FrameError(f"a frame of {size} bytes announced; at most {max_frame_bytes} asked for")
                 buffer = np.empty(size, np.uint8)
                 buffer[:len(header)] = header
-                _read_exactly(conn, memoryview(buffer)[len(header):], deadline)
+                read_exactly(conn, memoryview(buffer)[len(header):], deadline)
                 out.append(frames.parse(buffer, positions, indices, row_bytes, k))
             return out
 
@@ -102,7 +103,7 @@ class FrameListener:
             conn, _ = self._sock.accept()
             first = bytearray(OPENING_BYTES)
             try:
-                _read_exactly(conn, memoryview(first), min(deadline, time.monotonic() + 5.0))
+                read_exactly(conn, memoryview(first), min(deadline, time.monotonic() + 5.0))
                 if hmac.compare_digest(bytes(first), expected):
                     return conn
             except OSError:
@@ -127,7 +128,7 @@ def send_frames(host: str, port: int, ticket: bytes, buffers: Iterable[np.ndarra
     return sent
 
 
-def _read_exactly(conn: socket.socket, view: memoryview, deadline: float) -> None:
+def read_exactly(conn: socket.socket, view: memoryview, deadline: float) -> None:
     while len(view):
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -16,7 +16,7 @@ from ecrec.strategies.spec import options_to_strings, parse_options
 
 #: the largest frame of the fast rebuild's streams a survivor sends (a request asking for more is refused)
 MAX_FRAME_BYTES = 64 << 20
-#: how survivors send those frames (``rebuild_transport``)
+#: how survivors send those frames (``rebuild_transport``), and owners their direct parity frames (``parity_transport``)
 TRANSPORTS = ("socket", "grpc")
 
 
@@ -56,6 +56,10 @@ class ErasureOptions:
                                            "through the worker")
     max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
     max_batch_bytes: int = option(4 << 20, "largest direct ApplyParity message (bytes)")
+    parity_transport: str = option("socket", "how an owner sends its direct parity frames: 'socket' (a TCP "
+                                             "connection to each parity server, opened through an authenticated "
+                                             "call; the frames written and read in place) or 'grpc' "
+                                             "(ApplyParityFrames calls; always on TLS clusters)")
     rebuild_deadline_s: float = option(120.0, "a row that cannot be rebuilt for this long fails its request (s)")
     resolve_deadline_s: float = option(30.0, "a replacement waits this long for every live server to answer its "
                                              "resolution, then its promotion fails and is retried (s)")
@@ -69,9 +73,10 @@ class ErasureOptions:
                     "direct_bytes", "relay_max_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 1")
-        if self.rebuild_transport not in TRANSPORTS:
-            raise ValueError(f"strategy {strategy!r}: option rebuild_transport={self.rebuild_transport!r}: "
-                             f"choose one of {list(TRANSPORTS)}")
+        for key in ("rebuild_transport", "parity_transport"):
+            if getattr(self, key) not in TRANSPORTS:
+                raise ValueError(f"strategy {strategy!r}: option {key}={getattr(self, key)!r}: "
+                                 f"choose one of {list(TRANSPORTS)}")
         if not 0 <= self.rebuild_nice <= 19:
             raise ValueError(f"strategy {strategy!r}: rebuild_nice must be in [0, 19]")
         if not 1 <= self.rebuild_frame_bytes <= MAX_FRAME_BYTES:

@@ -1,5 +1,6 @@
 """The owner's direct path to one destination: batches the relay did not deliver in time, a restarted chain,
-flushes, and confirmations for an idle destination.
+flushes, and confirmations for an idle destination.  Frames go over a parity channel (a plain connection to the
+destination: :mod:`~ecrec.strategies.erasure.parity_channel`) where the cluster allows one, else through gRPC.
 
 One :class:`DestinationSender` (and one thread) per destination index.  It sleeps until the owner wakes it --
 a batch the relay did not deliver within ``relay_timeout_s`` (the owner notices at its next push or timer), a
@@ -23,13 +24,15 @@ import grpc
 
 from ecrec.net import transport
 from ecrec.net.peers import PARITY
-from ecrec.strategies.erasure import batch_frames
+from ecrec.strategies.erasure import batch_frames, parity_channel
 from ecrec.wire import parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
 #: a sender nobody woke looks at its destination anyway this often (s): a safety net, not the schedule
 IDLE_WAKE_S = 5.0
+#: after a parity channel could not be opened, frames go through gRPC this long before the next try (s)
+CHANNEL_RETRY_S = 5.0
 
 
 class DestinationSender:
@@ -46,6 +49,9 @@ class DestinationSender:
         self._inflight = None  # the ApplyParity under way (a future): cancelled when its destination is replaced
         self._replaced = 0  # how many times the destination was replaced (a call started before one is stale)
         self._frames_refused = False  # the destination answered UNIMPLEMENTED to a frame: protobuf from then on
+        self._channel = None  # the parity channel to the destination (parity_channel.Channel), once opened
+        self._channel_refused = owner.options.parity_transport != "socket"  # no channel (the option; an old destination)
+        self._channel_retry_at = 0.0  # after a failed opening, frames go through gRPC until then
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
@@ -62,6 +68,7 @@ class DestinationSender:
             self._wake.wait(IDLE_WAKE_S)
             self._wake.clear()
             if owner.closed.is_set():
+                self.close_channel()
                 return
             everything, self._due_now = self._due_now, False
             entries = owner.due(self.destination, everything)
@@ -72,6 +79,7 @@ class DestinationSender:
                     self._send([], owner.confirmed_upto())  # an idle destination trims its log
             except Exception:  # noqa: BLE001 - reported, never swallowed; retried at the next wake
                 log.exception("parity sender to server %d", self.destination)
+        self.close_channel()
 
     def cancel_stale(self) -> None:
         """The destination was replaced: cancels the call under way to its old incarnation, which may hang until
@@ -84,6 +92,9 @@ class DestinationSender:
         call = self._inflight
         if call is not None:
             call.cancel()
+        channel = self._channel
+        if channel is not None:
+            channel.close()
 
     def confirm(self, confirmed: int) -> bool:
         """Tells the destination, now, that every push up to ``confirmed`` is applied everywhere (it trims its
@@ -108,8 +119,9 @@ class DestinationSender:
 
     def _send(self, items: list, confirmed: int) -> bool:
         """One call with ``items`` (``(ParityBatch, sections)`` pairs, :meth:`ParityOwner.messages_for`; the call
-        proves this is a server: no seal): ``ApplyParityFrames`` when every batch's bulk bytes are arrays (a frame,
-        joined once), else ``ApplyParity`` (the batches filled)."""
+        proves this is a server: no seal): when every batch's bulk bytes are arrays, a frame -- over the parity
+        channel (:mod:`~ecrec.strategies.erasure.parity_channel`: written to a socket as it is) where the cluster
+        allows one, else ``ApplyParityFrames`` (joined once) --, else ``ApplyParity`` (the batches filled)."""
         owner, host = self.owner, self.owner.host
         framed = bool(items) and all(sections is not None for _, sections in items) and not self._frames_refused
         batches = ([b for b, _ in items] if framed else
@@ -118,7 +130,8 @@ class DestinationSender:
                                            confirmed_upto=confirmed)
         if framed:
             t0 = time.thread_time()
-            message = batch_frames.encode(message, [sections for _, sections in items])
+            parts = batch_frames.encode_parts(message, [sections for _, sections in items])
+            size = sum(memoryview(p).nbytes for p in parts)
             owner.counters.add("part_frame_cpu_s", time.thread_time() - t0)
         with self._send_lock:
             replaced = self._replaced
@@ -126,18 +139,25 @@ class DestinationSender:
             if address is None:
                 return False
             try:
-                method = (host.peers.channel(address).unary_unary(  # the frame as it is; the reply is protobuf
-                    batch_frames.FULL_METHOD, response_deserializer=parity_pb2.ParityAck.FromString) if framed
-                    else host.peers.stub(address, PARITY).ApplyParity)
-                call = method.future(message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
-                self._inflight = call
-                if self._replaced != replaced:  # replaced between the address lookup and now: stale already
-                    call.cancel()
-                try:
-                    ack = call.result()
-                finally:
-                    self._inflight = None
-            except (grpc.FutureCancelledError, grpc.RpcError) as exc:
+                ack = self._over_channel(address, parts, size, replaced) if framed else None
+                via_channel = ack is not None
+                if ack is None:
+                    if framed:
+                        t0 = time.thread_time()
+                        message = b"".join(parts)
+                        owner.counters.add("part_frame_cpu_s", time.thread_time() - t0)
+                    method = (host.peers.channel(address).unary_unary(  # the frame as it is; the reply is protobuf
+                        batch_frames.FULL_METHOD, response_deserializer=parity_pb2.ParityAck.FromString) if framed
+                        else host.peers.stub(address, PARITY).ApplyParity)
+                    call = method.future(message, timeout=host.config.rpc_timeout_s, metadata=host.peers.metadata())
+                    self._inflight = call
+                    if self._replaced != replaced:  # replaced between the address lookup and now: stale already
+                        call.cancel()
+                    try:
+                        ack = call.result()
+                    finally:
+                        self._inflight = None
+            except (grpc.FutureCancelledError, grpc.RpcError, parity_channel.ChannelError) as exc:
                 if isinstance(exc, grpc.FutureCancelledError) or exc.code() == grpc.StatusCode.CANCELLED:
                     log.info("parity server %d (%s) was replaced: the call to it was cancelled; sending to the "
                              "replacement", self.destination, address)  # by cancel_stale
@@ -146,7 +166,8 @@ class DestinationSender:
                     self._frames_refused = True
                     log.warning("parity server %d (%s) does not take parity frames; sending protobuf batches",
                                 self.destination, address)
-                elif transport.is_unavailable(exc):
+                elif transport.is_unavailable(exc) or isinstance(exc, parity_channel.ChannelError) and exc.code() in (
+                        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     host.peers.report(address, f"ApplyParity: {exc.code().name}")
                 elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # e.g. addressed to a replaced incarnation
                     host.refresh_map()
@@ -156,9 +177,72 @@ class DestinationSender:
                     log.error("parity server %d (%s) refused %d batches: %s: %s; retrying later", self.destination,
                               address, len(batches), exc.code().name, exc.details())
                 return False
-        owner.counters.add("parity_bytes_sent", len(message) if framed else message.ByteSize())
+        owner.counters.add("parity_bytes_sent", size if framed else message.ByteSize())
         owner.counters.add("direct_batches", len(batches))
         owner.counters.add("framed_batches" if framed else "protobuf_batches", len(batches))
+        if via_channel:
+            owner.counters.add("channel_batches", len(batches))
         self.sent_confirm = max(self.sent_confirm, confirmed)
         owner.ack(self.destination, ack.destination_id, ack.applied_upto)
         return True
+
+    # --- the parity channel -------------------------------------------------------------------------------------
+    def _over_channel(self, address: str, parts: list, size: int, replaced: int) -> parity_pb2.ParityAck | None:
+        """Sends a frame over the connection to ``address`` (opened first when there is none); None when there is
+        no channel to use now (a TLS cluster, a server without channels, a connection that failed: the frame goes
+        through gRPC).  A refusal raises :class:`~ecrec.strategies.erasure.parity_channel.ChannelError`; the
+        connection closed by :meth:`cancel_stale` raises ``grpc.FutureCancelledError``, as a cancelled call does."""
+        host = self.owner.host
+        if self._channel_refused or (host.peers.security is not None and host.peers.security.tls):
+            return None
+        channel = self._channel
+        if channel is None or channel.key != address:
+            self.close_channel()
+            if time.monotonic() < self._channel_retry_at:
+                return None
+            channel = self._open_channel(address)
+            if channel is None:
+                self._channel_retry_at = time.monotonic() + CHANNEL_RETRY_S
+                return None
+            self._channel = channel
+        try:
+            data = channel.request(parts, size, host.epoch, host.config.rpc_timeout_s)
+        except OSError as exc:
+            self.close_channel()
+            if self._replaced != replaced:
+                raise grpc.FutureCancelledError() from None
+            if isinstance(exc, TimeoutError):  # as a gRPC deadline would: the destination may be gone
+                raise parity_channel.ChannelError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                  "the parity channel timed out") from None
+            log.info("parity channel to server %d (%s) failed (%r); this frame goes through gRPC", self.destination,
+                     address, exc)
+            return None
+        return parity_pb2.ParityAck.FromString(data)
+
+    def _open_channel(self, address: str):
+        host = self.owner.host
+        try:
+            reply = host.peers.stub(address, PARITY).OpenParityChannel(
+                parity_pb2.OpenParityChannelRequest(), timeout=host.config.rpc_timeout_s,
+                metadata=host.peers.metadata())
+            channel = parity_channel.Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket,
+                                             host.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._channel_refused = True  # a server without channels: ApplyParityFrames from now on
+            log.info("no parity channel to server %d (%s): %s: %s; frames go through gRPC", self.destination, address,
+                     exc.code().name, exc.details())
+            return None
+        except OSError as exc:
+            log.warning("no parity channel to server %d (%s): %r; frames go through gRPC", self.destination, address,
+                        exc)
+            return None
+        channel.key = address
+        self.owner.counters.add("channels_opened", 1)
+        return channel
+
+    def close_channel(self) -> None:
+        """Closes the parity channel (a request under way on it fails at once)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()

@@ -1,6 +1,7 @@
 """``ParityService``: the erasure-coding strategy's gRPC edge between servers.
 
-``ApplyParity`` (owner -> parity server, the direct path), ``Flush`` (deliver everything pending, e.g.
+``ApplyParity`` (owner -> parity server, the direct path; ``ApplyParityFrames`` and ``OpenParityChannel`` for its
+frames), ``Flush`` (deliver everything pending, e.g.
 before a verification), ``ResolveSource`` (replacement -> survivors), ``ReadRows`` (rebuild ->
 stripe members) and ``StreamStripes`` (the fast rebuild path, :mod:`~ecrec.strategies.erasure.bulk`: registered by
 :func:`add_to_server` beside the generated methods, its replies raw frames).  Each method checks the request's shape, calls the part that
@@ -19,7 +20,7 @@ import numpy as np
 from ecrec import errors
 from ecrec.net import transport
 from ecrec.strategies.base import StrategyHost
-from ecrec.strategies.erasure import batch_frames, bulk, frame_socket, frames
+from ecrec.strategies.erasure import batch_frames, bulk, frame_socket, frames, parity_channel
 from ecrec.strategies.erasure.owner import EVERY_VERSION, ParityOwner
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.wire import cluster_pb2, parity_pb2, parity_pb2_grpc
@@ -48,6 +49,9 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         self.sender_nice = sender_nice  # OS priority lowered on the threads that deliver frames
         self.owner = owner
         self.receiver = receiver
+        self._channels_lock = threading.Lock()
+        self._channels: parity_channel.ChannelListener | None = None  # opened at the first OpenParityChannel
+        self._closed = False
 
     @transport.service_method
     def ApplyParity(self, request, context):
@@ -65,15 +69,55 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         t0 = time.thread_time()
         try:
             self.host.check_peer(context)
-            t1 = time.thread_time()
-            try:
-                meta, sections = batch_frames.decode(request)
-            except batch_frames.FrameError as exc:
-                raise errors.InvalidRequest(str(exc)) from None
-            self.receiver.counters.add("part_parse_cpu_s", time.thread_time() - t1)
-            return self.receiver.apply(meta, sections)
+            return self._apply_frame(request)
         finally:
             self.receiver.counters.add("apply_parity_cpu_s", time.thread_time() - t0)
+
+    def _apply_frame(self, frame) -> parity_pb2.ParityAck:
+        t0 = time.thread_time()
+        try:
+            meta, sections = batch_frames.decode(frame)
+        except batch_frames.FrameError as exc:
+            raise errors.InvalidRequest(str(exc)) from None
+        self.receiver.counters.add("part_parse_cpu_s", time.thread_time() - t0)
+        return self.receiver.apply(meta, sections)
+
+    @transport.service_method
+    def OpenParityChannel(self, request, context):
+        """A port and a one-time ticket for the caller's parity channel (:mod:`~ecrec.strategies.erasure.
+        parity_channel`); the listening socket opens at the first call."""
+        caller = self.host.check_peer(context)
+        if self.host.peers.security is not None and self.host.peers.security.tls:
+            raise errors.FailedPrecondition("no parity channel on a TLS cluster (the deltas would travel in clear): "
+                                            "send frames with ApplyParityFrames")
+        with self._channels_lock:
+            if self._closed:
+                raise errors.Unavailable("this server is closing")
+            if self._channels is None:
+                self._channels = parity_channel.ChannelListener(
+                    self.host.config.host, self._channel_frame, self.host.config.max_message_bytes,
+                    self.host.config.rpc_timeout_s)
+        return parity_pb2.OpenParityChannelReply(port=self._channels.port, ticket=self._channels.ticket_for(caller))
+
+    def _channel_frame(self, caller: str, epoch: int, frame) -> parity_pb2.ParityAck:
+        """A frame from the parity channel of ``caller``: checked as an ``ApplyParityFrames`` call would be (this
+        server serves; the caller is still a server of the map, after catching up with its epoch), then applied."""
+        t0 = time.thread_time()
+        try:
+            self.host.require_serving()
+            self.host.check_member(caller, epoch)
+            return self._apply_frame(frame)
+        finally:
+            self.receiver.counters.add("apply_parity_cpu_s", time.thread_time() - t0)
+            self.receiver.counters.add("channel_frames", 1)
+
+    def close(self) -> None:
+        """Closes the parity channels' listening socket and connections."""
+        with self._channels_lock:
+            self._closed = True
+            channels, self._channels = self._channels, None
+        if channels is not None:
+            channels.close()
 
     @transport.service_method
     def Flush(self, request, context):

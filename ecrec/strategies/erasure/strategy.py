@@ -48,6 +48,7 @@ class ErasureCoding(FaultToleranceStrategy):
         self.receiver = ParityReceiver(host, self.codec, self.counters)
         self.resolver = Resolver(host, options, self.counters)
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
+        self.servicer = ParityServicer(host, self.owner, self.receiver, options.rebuild_nice)
 
     @property
     def timer_interval_s(self) -> float:
@@ -58,7 +59,7 @@ class ErasureCoding(FaultToleranceStrategy):
         return IDLE_TIMER_S
 
     def services(self):
-        return [(add_to_server, ParityServicer(self.host, self.owner, self.receiver, self.options.rebuild_nice))]
+        return [(add_to_server, self.servicer)]
 
     # --- creation ----------------------------------------------------------------------------------------------
     def reserve_shapes(self, specs: list) -> dict:
@@ -251,3 +252,4 @@ class ErasureCoding(FaultToleranceStrategy):
         self.closed.set()
         self.owner.close()
         self.rebuild.close()
+        self.servicer.close()

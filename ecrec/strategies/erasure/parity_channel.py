@@ -1,0 +1,255 @@
+"""The direct path's parity frames over a plain TCP connection from owner to parity server.
+
+At scale an owner sends each parity server a frame of megabytes every few steps (:mod:`~ecrec.strategies.
+erasure.batch_frames`).  Through gRPC (Python) that frame was joined into one ``bytes``, copied into gRPC's
+buffers, and on the other side turned back into a ``bytes`` object with the GIL held: most of what the direct
+path cost.  Here the owner writes the frame's sections to a socket as they are (``sendmsg``, no join) and the
+parity server reads it straight into one buffer (``recv_into``, the GIL released), then applies it in place.
+
+Opening is a gRPC call, ``OpenParityChannel``, which proves the caller is a server of the map (``check_peer``)
+and answers a port and a one-time ticket; the owner connects to that port *on the parity server's host as its
+map lists it* and sends a MAC of the ticket (:func:`opening`), and the connection then belongs to that caller.
+On it, the owner sends one request at a time and waits for its answer:
+
+    request   16 bytes: the frame's length (u64), the caller's map epoch (u64); then the frame
+    answer    12 bytes: a gRPC status code (u32; 0 = OK), the length of what follows (u64); then a serialized
+              ``ParityAck`` (OK) or the error's message (UTF-8)
+
+Each request is checked as a gRPC call would be (the server serves, the caller is still a server of the map,
+after catching up with its epoch) and applied by the same code as ``ApplyParityFrames``.  Not used on TLS clusters
+(the deltas would travel in clear), and never required: any failure of the connection makes the owner send that
+frame through gRPC and open a new connection later.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import struct
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from ecrec import errors
+from ecrec.net import transport
+from ecrec.strategies.erasure import frame_socket
+
+log = logging.getLogger("ecrec.strategies.erasure")
+
+REQUEST = struct.Struct("<QQ")
+ANSWER = struct.Struct("<IQ")
+#: the largest error message an answer carries (bytes)
+MAX_MESSAGE_BYTES = 1 << 16
+#: a ticket not used within this is forgotten (s)
+TICKET_TTL_S = 30.0
+#: what the opening of a parity channel MACs (not the fast rebuild's: a ticket of one cannot open the other)
+PURPOSE = b"ecrec parity channel"
+#: sendmsg takes at most this many buffers at once (IOV_MAX is 1024 on Linux)
+MAX_BUFFERS = 512
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def opening(ticket: bytes) -> bytes:
+    return frame_socket.opening(ticket, PURPOSE)
+
+
+class ChannelError(Exception):
+    """The parity server answered a request with an error status: ``code()`` and ``details()`` as a
+    ``grpc.RpcError`` has them, so the sender handles both alike."""
+
+    def __init__(self, code, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self._code, self._message = code, message
+
+    def code(self):
+        return self._code
+
+    def details(self) -> str:
+        return self._message
+
+
+# --- the parity server's end -------------------------------------------------------------------------------------
+class ChannelListener:
+    """One listening socket on this server's serving host; :meth:`ticket_for` a proven caller, then a thread per
+    connection that reads requests and answers them with ``handle(caller, epoch, frame) -> ParityAck`` (domain
+    errors become their gRPC status)."""
+
+    def __init__(self, host: str, handle, max_frame_bytes: int, timeout_s: float):
+        self.handle = handle
+        self.max_frame_bytes = max_frame_bytes
+        self.timeout_s = timeout_s  # a request whose header came must arrive whole within this
+        self._lock = threading.Lock()
+        self._tickets: dict[bytes, tuple[str, float]] = {}  # opening -> (caller, expiry)
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.bind((host.strip("[]"), 0))
+            self._sock.listen(16)
+        except OSError:
+            self._sock.close()
+            raise
+        self.port = self._sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept_loop, name="ecrec-parity-channel-accept", daemon=True).start()
+
+    def ticket_for(self, caller: str) -> bytes:
+        """A one-time ticket that opens a connection belonging to ``caller`` (a server ``check_peer`` proved)."""
+        ticket = secrets.token_bytes(frame_socket.TICKET_BYTES)
+        now = time.monotonic()
+        with self._lock:
+            self._tickets = {k: v for k, v in self._tickets.items() if v[1] > now}
+            self._tickets[opening(ticket)] = (caller, now + TICKET_TTL_S)
+        return ticket
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+        for s in [self._sock, *conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._open, args=(conn,), name="ecrec-parity-channel", daemon=True).start()
+
+    def _open(self, conn: socket.socket) -> None:
+        """Reads the opening (a stranger's connection is closed), then serves the connection's requests."""
+        try:
+            first = bytearray(frame_socket.OPENING_BYTES)
+            frame_socket.read_exactly(conn, memoryview(first), time.monotonic() + 5.0)
+            with self._lock:
+                caller, expiry = self._tickets.pop(bytes(first), (None, 0.0))
+                if caller is None or expiry < time.monotonic() or self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+                self.accepted += 1
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._serve(conn, caller)
+        except OSError:
+            pass  # the owner went away or sent garbage: it opens another connection
+        except Exception:  # noqa: BLE001 - reported, never swallowed; the owner falls back to gRPC
+            log.exception("parity channel")
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _serve(self, conn: socket.socket, caller: str) -> None:
+        head = bytearray(REQUEST.size)
+        while True:
+            conn.settimeout(None)  # idle between requests: the owner's next group may be a while away
+            if not _read_first(conn, memoryview(head)):
+                return  # the owner closed the connection
+            size, epoch = REQUEST.unpack(head)
+            if size > self.max_frame_bytes:
+                _answer(conn, grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a parity frame of {size} bytes announced; at most {self.max_frame_bytes}")
+                return  # the stream cannot be resynchronised: the connection ends
+            frame = np.empty(size, np.uint8)
+            frame_socket.read_exactly(conn, memoryview(frame), time.monotonic() + self.timeout_s)
+            try:
+                ack = self.handle(caller, epoch, frame)
+            except errors.EcrecError as exc:
+                _answer(conn, *transport.grpc_status_of(exc))
+                continue
+            except ValueError as exc:  # as transport.service_method answers it
+                _answer(conn, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - reported, and answered INTERNAL as a gRPC handler's would be
+                log.exception("parity channel request from %s", caller)
+                _answer(conn, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+                continue
+            payload = ack.SerializeToString()
+            conn.sendall(ANSWER.pack(0, len(payload)) + payload)
+
+
+def _read_first(conn: socket.socket, view: memoryview) -> bool:
+    """Reads a request's header; False when the connection ended cleanly before it."""
+    n = conn.recv_into(view)
+    if n == 0:
+        return False
+    if n < len(view):
+        frame_socket.read_exactly(conn, view[n:], time.monotonic() + 5.0)
+    return True
+
+
+def _answer(conn: socket.socket, code, message: str) -> None:
+    data = message.encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
+    conn.sendall(ANSWER.pack(code.value[0], len(data)) + data)
+
+
+# --- the owner's end ----------------------------------------------------------------------------------------------
+class Channel:
+    """A connection to one parity server, opened with the port and ticket its ``OpenParityChannel`` answered."""
+
+    def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float):
+        self.address = (host.strip("[]"), port)
+        self.key = None  # what the owner opened it for (the destination's address)
+        self._sock = socket.create_connection(self.address, timeout=timeout_s)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.settimeout(timeout_s)
+            self._sock.sendall(opening(ticket))
+        except OSError:
+            self._sock.close()
+            raise
+        self.closed = False
+
+    def request(self, parts: list, size: int, epoch: int, timeout_s: float):
+        """Sends one frame (``parts``: its buffers in order, ``size`` bytes in all) and returns the serialized
+        ``ParityAck`` of the answer; raises :class:`ChannelError` for an error status, ``OSError`` when the
+        connection fails (closed, reset, timed out: the caller closes it and sends through gRPC)."""
+        deadline = time.monotonic() + timeout_s
+        _sendmsg_all(self._sock, [REQUEST.pack(size, epoch), *parts], deadline)
+        head = bytearray(ANSWER.size)
+        frame_socket.read_exactly(self._sock, memoryview(head), deadline)
+        code, n = ANSWER.unpack(head)
+        if n > max(MAX_MESSAGE_BYTES, 1 << 20):
+            raise ConnectionError(f"a parity channel's answer of {n} bytes announced")
+        body = bytearray(n)
+        frame_socket.read_exactly(self._sock, memoryview(body), deadline)
+        if code:
+            raise ChannelError(_CODES.get(code, grpc.StatusCode.UNKNOWN), body.decode("utf-8", "replace"))
+        return bytes(body)
+
+    def close(self) -> None:
+        """Closes the connection (a :meth:`request` under way in another thread then fails with ``OSError``)."""
+        self.closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+
+def _sendmsg_all(sock: socket.socket, buffers: list, deadline: float) -> None:
+    """Writes every buffer, in order, with as few system calls as ``sendmsg`` allows; no copy of the bulk bytes."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if len(v)]
+    while views:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("timed out sending a parity frame")
+        sock.settimeout(remaining)
+        sent = sock.sendmsg(views[:MAX_BUFFERS])
+        while sent and views:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0

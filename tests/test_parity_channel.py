@@ -1,0 +1,176 @@
+"""The parity channel's two ends (``ecrec.strategies.erasure.parity_channel``), in-process on 127.0.0.1: frames
+arrive whole and in order, only a ticket's holder gets in (once), refusals come back as statuses, and a broken
+connection fails the request instead of hanging."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from ecrec import errors
+from ecrec.strategies.erasure import batch_frames, frame_socket, parity_channel
+from ecrec.wire import parity_pb2
+
+
+class Recorder:
+    """A ``handle`` that keeps what arrived and answers the frame's size as ``applied_upto``."""
+
+    def __init__(self, fail=None):
+        self.frames: list[tuple[str, int, bytes]] = []
+        self.fail = fail
+
+    def __call__(self, caller, epoch, frame):
+        if self.fail is not None:
+            raise self.fail
+        self.frames.append((caller, epoch, frame.tobytes()))
+        return parity_pb2.ParityAck(applied_upto=len(frame), destination_id="dest")
+
+
+@pytest.fixture
+def listener():
+    made = []
+
+    def make(handle, max_frame_bytes=1 << 20, timeout_s=5.0):
+        made.append(parity_channel.ChannelListener("127.0.0.1", handle, max_frame_bytes, timeout_s))
+        return made[-1]
+
+    yield make
+    for lst in made:
+        lst.close()
+
+
+def connect(lst, caller="owner-1"):
+    return parity_channel.Channel("127.0.0.1", lst.port, lst.ticket_for(caller), 5.0)
+
+
+def test_frames_arrive_whole_in_order_with_the_caller_the_ticket_was_given_to(listener):
+    rec = Recorder()
+    lst = listener(rec)
+    channel = connect(lst, "owner-7")
+    rng = np.random.default_rng(1)
+    sent = []
+    for i in range(5):
+        # many small parts and some large ones: more buffers than one sendmsg takes
+        parts = [rng.integers(0, 256, int(n), dtype=np.uint8)
+                 for n in (rng.integers(0, 900, 700) if i == 2 else rng.integers(0, 100_000, 9))]
+        size = sum(p.nbytes for p in parts)
+        ack = parity_pb2.ParityAck.FromString(channel.request(parts, size, 40 + i, 5.0))
+        assert ack.applied_upto == size and ack.destination_id == "dest"
+        sent.append(b"".join(p.tobytes() for p in parts))
+    channel.close()
+    assert [(c, e) for c, e, _ in rec.frames] == [("owner-7", 40 + i) for i in range(5)]
+    assert [f for _, _, f in rec.frames] == sent
+
+
+def test_a_parity_frame_travels_as_encode_parts_wrote_it(listener):
+    """What the owner writes with ``encode_parts`` is the frame ``decode`` reads (the sections not joined first)."""
+    got = []
+    lst = listener(lambda caller, epoch, frame: got.append(batch_frames.decode(frame)) or parity_pb2.ParityAck())
+    meta = parity_pb2.ParityBatches(source=2, source_id="s2", confirmed_upto=9, batches=[
+        parity_pb2.ParityBatch(source=2, seq=10, tables=[parity_pb2.ParityDeltas(tables=["t"], parity=0)])])
+    sections = [[(np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64) * 2, np.zeros(3, np.int64),
+                  np.arange(3 * 13, dtype=np.uint8), np.ones(3, np.int64), np.full(3, 10, np.int64))]]
+    parts = batch_frames.encode_parts(meta, sections)
+    channel = connect(lst)
+    channel.request(parts, sum(memoryview(p).nbytes for p in parts), 1, 5.0)
+    channel.close()
+    (decoded, views), = got
+    assert decoded == meta
+    for want, view in zip(sections[0][0], views[0][0]):
+        assert bytes(view) == memoryview(want).cast("B").tobytes()
+
+
+def test_only_the_tickets_holder_gets_in_and_only_once(listener):
+    rec = Recorder()
+    lst = listener(rec)
+    ticket = lst.ticket_for("owner-1")
+    # a stranger's bytes, and the fast rebuild's opening of the same ticket, are not this ticket's opening
+    for first in (b"x" * frame_socket.OPENING_BYTES, frame_socket.opening(ticket)):
+        with socket.create_connection(("127.0.0.1", lst.port), timeout=5) as s:
+            s.sendall(first + parity_channel.REQUEST.pack(4, 1) + b"abcd")
+            s.settimeout(5)
+            try:
+                answer = s.recv(64)
+            except ConnectionResetError:  # closed with our bytes unread
+                answer = b""
+            assert answer == b""  # closed without an answer
+    channel = parity_channel.Channel("127.0.0.1", lst.port, ticket, 5.0)
+    channel.request([b"abcd"], 4, 1, 5.0)
+    channel.close()
+    with pytest.raises(OSError):  # used once already: the connection is closed unanswered
+        again = parity_channel.Channel("127.0.0.1", lst.port, ticket, 5.0)
+        again.request([b"abcd"], 4, 1, 2.0)
+    assert [f for _, _, f in rec.frames] == [b"abcd"]
+
+
+def test_a_refusal_comes_back_as_its_status_and_the_connection_stays_usable(listener):
+    rec = Recorder(fail=errors.FailedPrecondition("caller s9 is not a server of the cluster map"))
+    lst = listener(rec)
+    channel = connect(lst)
+    with pytest.raises(parity_channel.ChannelError) as info:
+        channel.request([b"12345678"], 8, 1, 5.0)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not a server" in info.value.details()
+    rec.fail = ValueError("bad frame")
+    with pytest.raises(parity_channel.ChannelError) as info:
+        channel.request([b"12345678"], 8, 1, 5.0)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    rec.fail = None
+    assert parity_pb2.ParityAck.FromString(channel.request([b"12345678"], 8, 1, 5.0)).applied_upto == 8
+    channel.close()
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_read_and_the_connection_ends(listener):
+    rec = Recorder()
+    lst = listener(rec, max_frame_bytes=100)
+    channel = connect(lst)
+    with pytest.raises(parity_channel.ChannelError) as info:
+        channel.request([b"\0" * 50], 101, 1, 5.0)  # announces more than the limit
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 100" in info.value.details()
+    with pytest.raises(OSError):
+        channel.request([b"\0" * 8], 8, 1, 2.0)
+    channel.close()
+    assert rec.frames == []
+
+
+def test_a_request_fails_when_the_connection_is_closed_under_it_or_the_server_stops_answering(listener):
+    started = threading.Event()
+
+    def slow(caller, epoch, frame):
+        started.set()
+        time.sleep(3)
+        return parity_pb2.ParityAck()
+
+    lst = listener(slow)
+    channel = connect(lst)
+    failed = []
+
+    def request():
+        try:
+            channel.request([b"abcdefgh"], 8, 1, 30.0)
+        except OSError as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=request)
+    t.start()
+    assert started.wait(5)
+    t0 = time.monotonic()
+    channel.close()  # as cancel_stale does
+    t.join(5)
+    assert not t.is_alive() and failed and time.monotonic() - t0 < 2
+    other = connect(lst)
+    with pytest.raises(TimeoutError):  # the answer takes 3 s; the request's deadline is 0.5 s
+        other.request([b"abcdefgh"], 8, 1, 0.5)
+    other.close()
+
+
+def test_a_closed_listener_refuses_connections():
+    lst = parity_channel.ChannelListener("127.0.0.1", Recorder(), 1 << 20, 5.0)
+    ticket = lst.ticket_for("owner-1")
+    lst.close()
+    with pytest.raises(OSError):
+        parity_channel.Channel("127.0.0.1", lst.port, ticket, 2.0).request([b"x"], 1, 1, 2.0)
