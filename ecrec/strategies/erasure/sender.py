@@ -31,8 +31,12 @@ log = logging.getLogger("ecrec.strategies.erasure")
 
 #: a sender nobody woke looks at its destination anyway this often (s): a safety net, not the schedule
 IDLE_WAKE_S = 5.0
-#: after a parity channel could not be opened, frames go through gRPC this long before the next try (s)
+#: after a parity channel could not be opened, frames go through gRPC this long before the next try (s), doubled
+#: after each failure in a row up to ``CHANNEL_RETRY_MAX_S`` (a firewall that drops the connection costs little)
 CHANNEL_RETRY_S = 5.0
+CHANNEL_RETRY_MAX_S = 300.0
+#: the longest wait for a parity channel's connection to open (s)
+CHANNEL_CONNECT_S = 2.0
 
 
 class DestinationSender:
@@ -52,6 +56,8 @@ class DestinationSender:
         self._channel = None  # the parity channel to the destination (parity_channel.Channel), once opened
         self._channel_refused = owner.options.parity_transport != "socket"  # no channel (the option; an old destination)
         self._channel_retry_at = 0.0  # after a failed opening, frames go through gRPC until then
+        self._channel_failures = 0  # openings failed in a row ...
+        self._channel_failed_to = None  # ... to this address
         self.thread = threading.Thread(target=self._run, name=f"ecrec-parity-sender-{destination}", daemon=True)
         self.thread.start()
 
@@ -198,12 +204,17 @@ class DestinationSender:
         channel = self._channel
         if channel is None or channel.key != address:
             self.close_channel()
+            if self._channel_failed_to != address:  # another destination (a replacement): try it at once
+                self._channel_failed_to, self._channel_failures, self._channel_retry_at = address, 0, 0.0
             if time.monotonic() < self._channel_retry_at:
                 return None
             channel = self._open_channel(address)
             if channel is None:
-                self._channel_retry_at = time.monotonic() + CHANNEL_RETRY_S
+                self._channel_failures += 1
+                wait = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2 ** (self._channel_failures - 1))
+                self._channel_retry_at = time.monotonic() + wait
                 return None
+            self._channel_failures = 0
             self._channel = channel
         try:
             data = channel.request(parts, size, host.epoch, host.config.rpc_timeout_s)
@@ -226,7 +237,7 @@ class DestinationSender:
                 parity_pb2.OpenParityChannelRequest(), timeout=host.config.rpc_timeout_s,
                 metadata=host.peers.metadata())
             channel = parity_channel.Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket,
-                                             host.config.rpc_timeout_s)
+                                             min(CHANNEL_CONNECT_S, host.config.rpc_timeout_s))
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._channel_refused = True  # a server without channels: ApplyParityFrames from now on
