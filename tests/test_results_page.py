@@ -123,3 +123,22 @@ def test_codec_and_server_files_are_rendered_when_there(results_copy):
     assert "Bulk encode through pyeclib: 1.50 GB/s (target >= 2 GB/s: **not met**)" in text
     assert "ecrec-bench server --json docs/results/server.json" in text and "reaches 0.64" in text
     assert "700,000" in text and text.count("**Load:**") == 2
+
+
+def test_the_main_jobs_runs_are_summarised_by_their_median_and_judged_run_by_run(results_copy):
+    """Three quick compares: the median and spread of each overhead are recomputed from the files, and "below full
+    and cpr in each run" fails when one run is not."""
+    base = json.loads((results_copy / "compare-quick.json").read_text())
+    for name, wall, cpu in (("compare-quick.json", 0.021, 0.051), ("compare-quick-2.json", -0.013, 0.012),
+                            ("compare-quick-3.json", 0.047, 0.024)):
+        report = json.loads(json.dumps(base))
+        report["strategies"]["ecrec"].update(overhead_vs_none=wall, cpu_overhead_vs_none=cpu)
+        report["strategies"]["full"].update(overhead_vs_none=0.2)
+        report["strategies"]["cpr"].update(overhead_vs_none=0.03)  # run 3: ecrec above cpr
+        (results_copy / name).write_text(json.dumps(report))
+    text = dict(results_page.sections(results_copy))["The main job, three runs"]
+    assert "median of 3" in text and "+2.1% [-1.3%, +4.7%]" in text and "+2.4% [+1.2%, +5.1%]" in text
+    assert "1.024x the reference (target <= 1.03x: **met**)" in text
+    assert "overhead +2.1% (target <= 3%: **met**)" in text
+    assert "below `full`'s and `cpr`'s in each run: **not met**" in text
+    assert "compare-quick-2.json --plot" not in text and "--json docs/results/compare-quick-3.json" in text

@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -58,6 +59,8 @@ TARGETS = {
     "ecrec_rate_profile_4m": 0.95,  # issue 37: ecrec's samples/s over none's at 4M x 64 (goal 0.97)
     "p99_step_ratio": 1.5,  # issue 37: ecrec's p99 step over none's at 4M x 64
     "stall_share": 0.01,  # issue 37: ecrec's share of time in steps over 30 ms at 4M x 64
+    "ecrec_cpu_ratio_quick": 1.03,  # issue 37: ecrec's CPU per sample over none's, median of three quick compares
+    "ecrec_overhead_quick": 0.03,  # issue 37: ecrec's throughput overhead, median of three quick compares
 }
 
 
@@ -517,6 +520,51 @@ def section_parity_per_row(files: _Files) -> list[str]:
     return out
 
 
+#: the quick compare's runs, one after the other on the same code (``compare-quick.json`` is the first)
+QUICK_RUNS = ("compare-quick.json", "compare-quick-2.json", "compare-quick-3.json")
+
+
+def section_quick_runs(files: _Files) -> list[str]:
+    """The README's main job run three times: each run's overheads and the median of the runs, against issue 37's
+    targets (a figure of one run is not a result)."""
+    from ecrec.ops import console
+
+    names = [n for n in QUICK_RUNS if files.has(n)]
+    out = []
+    for name in names[1:]:
+        out += [_command(_compare_command(files[name], name, files)),
+                _load(files[name]["config"]["load_average_before"], files[name]["config"].get("load_average_after"),
+                      files[name]["config"].get("cpu_count"))]
+    out.append(f"`{'`, `'.join(names)}`: the same command{'s' if len(names) > 1 else ''}, one run after the other "
+               "(the first is the section above). Each run's overheads (median over its paired rounds; CPU: per "
+               "sample), over the reference `none`:")
+    strategies = ("ecrec", "full", "cpr")
+    table, per_run = [], []
+    for name in names:
+        rows = _rows(files[name])
+        diff = files[name]["overhead_differences"]
+        figures = {f"{st} {kind}": rows[st][key] for st in strategies if st in rows
+                   for kind, key in (("wall", "overhead_vs_none"), ("cpu", "cpu_overhead_vs_none"))}
+        per_run.append(figures)
+        below = all(rows["ecrec"]["overhead_vs_none"] < rows[st]["overhead_vs_none"] for st in ("full", "cpr") if st in rows)
+        table.append([name, *[_pct(figures[k]) for k in figures], _pct(diff["ecrec - cpr"]["median"]),
+                      "yes" if below else "no"])
+    keys = list(per_run[0])
+    median = {k: statistics.median(r[k] for r in per_run) for k in keys}
+    table.append([f"median of {len(names)}", *[f"{_pct(median[k])} [{_pct(min(r[k] for r in per_run))}, "
+                                               f"{_pct(max(r[k] for r in per_run))}]" for k in keys], "", ""])
+    out.append(_printed(console.print_table, ["run", *keys, "ecrec - cpr", "ecrec below full and cpr"], table))
+    cpu, wall = median["ecrec cpu"], median["ecrec wall"]
+    below_each = all(row[-1] == "yes" for row in table[:-1])
+    out.append("Against the targets of issue 37:\n" + "\n".join([
+        f"- ecrec's CPU per sample, median of {len(names)} runs: {1 + cpu:.3f}x the reference (target <= "
+        f"{TARGETS['ecrec_cpu_ratio_quick']}x: {_met(1 + cpu <= TARGETS['ecrec_cpu_ratio_quick'])}); throughput "
+        f"overhead {_pct(wall)} (target <= {TARGETS['ecrec_overhead_quick']:.0%}: "
+        f"{_met(wall <= TARGETS['ecrec_overhead_quick'])});",
+        f"- ecrec's throughput overhead below `full`'s and `cpr`'s in each run: {_met(below_each)}."]))
+    return out
+
+
 # --- control plane ------------------------------------------------------------------------------------------
 def section_control_plane(files: _Files) -> list[str]:
     from ecrec.bench import control_plane
@@ -832,6 +880,7 @@ SECTIONS = [
     ("MovieLens-100k", section_compare_movielens),
     ("What the parity path costs, part by part", section_parity_cost),
     ("The parity path per row update", section_parity_per_row),
+    ("The main job, three runs", section_quick_runs),
     ("The control plane on etcd", section_control_plane),
     ("Recovery at scale", section_recovery),
     ("Snapshots", section_snapshot),

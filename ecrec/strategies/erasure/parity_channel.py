@@ -43,6 +43,9 @@ REQUEST = struct.Struct("<QQ")
 ANSWER = struct.Struct("<IQ")
 #: the largest error message an answer carries (bytes)
 MAX_MESSAGE_BYTES = 1 << 16
+#: a connection idle this long is closed by the parity server (an owner gone without closing it holds nothing
+#: for ever; an owner that comes back opens another) (s)
+IDLE_S = 600.0
 #: a ticket not used within this is forgotten (s)
 TICKET_TTL_S = 30.0
 #: what the opening of a parity channel MACs (not the fast rebuild's: a ticket of one cannot open the other)
@@ -151,9 +154,12 @@ class ChannelListener:
     def _serve(self, conn: socket.socket, caller: str) -> None:
         head = bytearray(REQUEST.size)
         while True:
-            conn.settimeout(None)  # idle between requests: the owner's next group may be a while away
-            if not _read_first(conn, memoryview(head)):
-                return  # the owner closed the connection
+            conn.settimeout(IDLE_S)  # idle between requests: the owner's next group may be a while away
+            try:
+                if not _read_first(conn, memoryview(head)):
+                    return  # the owner closed the connection
+            except TimeoutError:
+                return  # idle for long (an owner gone without a word): closed; the owner opens another
             size, epoch = REQUEST.unpack(head)
             if size > self.max_frame_bytes:
                 _answer(conn, grpc.StatusCode.INVALID_ARGUMENT,
