@@ -70,7 +70,10 @@ def test_the_rounds_give_the_median_and_spread_of_each_figure():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--against", "ecrec"], "another strategy"),
+    (["--against", "ecrec"], "another setting"),
+    (["--against", "ecrec", "--option", "a=1", "--against-option", "a=1"], "another setting"),
+    (["--against-option", "parity_transport=grpc"], "needs --against"),
+    (["--against", "ecrec", "--against-option", "parity_transport"], "--against-option 'parity_transport': expected"),
     (["--against", "nosuch"], "is not a strategy"),
     (["--rows", "0"], "--rows must be >= 1"),
     (["--seconds", "0"], "--seconds must be > 0"),
@@ -113,6 +116,28 @@ def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path
         [spread["min"], spread["max"]])
     printed = capsys.readouterr().out
     assert "ecrec over none:" in printed and "per row update, by part (us):" in printed
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+def test_profile_one_setting_against_another_of_the_same_strategy(tmp_path):
+    """``--against ecrec --against-option ...``: two clusters of ecrec side by side, each with its own options (here
+    the direct path over parity channels against gRPC calls); the file names the baseline by its options."""
+    out = tmp_path / "profile.json"
+    assert cli.main(["profile", "--against", "ecrec", "--against-option", "parity_transport=grpc", "--against-option",
+                     "direct_bytes=1", "--option", "direct_bytes=1", "--rows", "3000", "--dim", "8", "--servers", "3",
+                     "--batch-size", "64", "--no-py-spy", "--seconds", "2", "--rounds", "2",
+                     "--out", str(tmp_path / "work"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    base = "ecrec (parity_transport=grpc direct_bytes=1)"
+    assert doc["against"] == base and doc["against_strategy"] == "ecrec" and set(doc["runs"]) == {base, "ecrec"}
+    assert doc["against_options"] == {"parity_transport": "grpc", "direct_bytes": "1"}
+    assert doc["options"] == {"direct_bytes": "1"}
+    grpc_run, socket_run = doc["runs"][base]["servers_per_step"], doc["runs"]["ecrec"]["servers_per_step"]
+    assert grpc_run["strategy:direct_batches"] > 0 and socket_run["strategy:direct_batches"] > 0
+    assert grpc_run.get("strategy:channel_batches", 0) == 0
+    assert socket_run["strategy:channel_batches"] == pytest.approx(socket_run["strategy:direct_batches"])
+    assert "--against-option parity_transport=grpc" in doc["flags"]
 
 
 def _descendants(pid: int) -> set[int]:

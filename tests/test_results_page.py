@@ -142,3 +142,33 @@ def test_the_main_jobs_runs_are_summarised_by_their_median_and_judged_run_by_run
     assert "overhead +2.1% (target <= 3%: **met**)" in text
     assert "below `full`'s and `cpr`'s in each run: **not met**" in text
     assert "compare-quick-2.json --plot" not in text and "--json docs/results/compare-quick-3.json" in text
+
+
+def _recovery_row(strategy: str, step_ms: list[float], samples_per_s: float) -> dict:
+    """A recovery row with step records: ``step_ms`` before the kill at t = 100 s, then a 1 s step after it."""
+    start, end, t = [], [], 90.0
+    for ms in step_ms + [1000.0]:
+        start.append(t)
+        end.append(t + ms / 1e3)
+        t = end[-1] if len(end) < len(step_ms) else 100.5
+    return {"strategy": strategy, "samples_per_s_before": samples_per_s, "kills": [{"time": 100.0}],
+            "step_records": {"start": start, "end": end}}
+
+
+def test_the_runs_at_scale_are_judged_on_the_steps_before_the_kill(results_copy):
+    """p99 and stalls come from each file's step records before its first kill (a step after it does not count),
+    the samples/s ratio from the rates before it; the median of the runs meets the targets or not."""
+    config = {"rows": 4000000, "dim": 64, "fail_server": 1, "failures": 1, "strategies": ["none", "ecrec"],
+              "load_average_before": [0.5, 0.4, 0.3], "load_average_after": [1.5, 0.6, 0.4], "cpu_count": 2}
+    for i, (slow, rate) in enumerate(((2, 0.96), (0, 0.97), (1, 0.90)), start=1):
+        rows = {"none": _recovery_row("none", [10.0] * 100, 1000.0),
+                "ecrec": _recovery_row("ecrec", [10.0] * (100 - slow) + [50.0] * slow, 1000.0 * rate)}
+        (results_copy / f"recovery-4m-ecrec-{i}.json").write_text(json.dumps({"config": config, "strategies": rows}))
+    text = dict(results_page.sections(results_copy))["At scale before a kill, three runs"]
+    assert "--strategies none,ecrec --during-training --failures 1 --json docs/results/recovery-4m-ecrec-2.json" in text
+    assert "median of 3" in text and "0.96x [0.90x, 0.97x]" in text
+    # run 1: 2 steps of 50 ms in 100: p99 5.00x none's, 100 ms of 1080 in stalls; run 3: one, 50 of 1040
+    assert "9.3%" in text and "5.00x" in text and "4.8%" in text
+    assert "samples/s before the kill 0.96x none's (target >= 0.95x: **met**)" in text
+    assert "p99 step 1.04x none's (target <= 1.5x: **met**)" in text  # the median run's: 10.4 ms
+    assert "4.8% of ecrec's time in steps over 30 ms (target <= 1%: **not met**)" in text

@@ -518,7 +518,11 @@ def test_the_save_fits_take_one_checkpoint_layout(tmp_path):
     assert len(fits["parity"]["samples"]) > len(fits_without["parity"]["samples"])
     packed, fits_packed = simulate.measured_results(RESULTS, layout="one")
     assert "error" in fits_packed["save"] and "save_fit_bytes_per_s" not in packed  # 5.2 MB only: not fitted
-    assert all("realistic" in p[2] for p in fits_packed["save"]["points"])
+    packed_files = {p.name for p in RESULTS.glob("compare-*.json")
+                    if simulate.checkpoint_layout(json.loads(p.read_text())["config"]) == "one"}
+    assert {"compare-realistic.json", "compare-quick.json"} <= packed_files
+    assert all(any(name in p[2] for name in packed_files) for p in fits_packed["save"]["points"])
+    assert not any("per-table" in p[2] for p in fits_packed["save"]["points"])
 
 
 def test_a_fit_over_sizes_a_few_per_cent_apart_is_refused():

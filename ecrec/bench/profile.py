@@ -12,6 +12,8 @@ speedscope).
     ecrec-bench profile --strategy ecrec --no-py-spy --seconds 30 --json ecrec.json   # CPU by part, no sampling
     ecrec-bench profile --against none --no-py-spy --seconds 20 --json quick.json     # what ecrec adds per row
     ecrec-bench profile --against none --rows 4000000 --no-py-spy --seconds 20         # ... on 4M x 64 rows
+    ecrec-bench profile --against ecrec --against-option parity_transport=grpc --rows 4000000 --no-py-spy
+                                                      # one setting of ecrec against another, side by side
 
 ``--against none`` runs a cluster of the baseline beside it, on the same workload (the two train in alternate
 slices, ``--rounds`` of each, so that both meet the same machine), and reports what ``--strategy`` adds: the
@@ -68,6 +70,10 @@ def add_arguments(p) -> None:
                         "what the strategy adds (default 6)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy option of --strategy's cluster (repeatable; e.g. coalesce_bytes=1048576)")
+    p.add_argument("--against-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a strategy option of --against's cluster (repeatable): with --against naming --strategy "
+                        "itself, one setting against another side by side (e.g. --strategy ecrec --against ecrec "
+                        "--against-option parity_transport=grpc)")
     p.add_argument("--rows", type=int, help="rows per table: the recovery benchmark's training workload on tables of "
                                             "this size instead of the quick preset's DLRM")
     p.add_argument("--dim", type=int, default=64, help="--rows: embedding dimension (default 64)")
@@ -119,7 +125,7 @@ def _server_counters(cluster) -> dict[str, float]:
 #: strategy counters worth a figure per step (beside every ``*_cpu_s``)
 COUNTED = ("groups_closed", "group_pushes", "batches_built", "relay_batches", "direct_batches", "batches_applied",
            "delta_bytes_applied", "parity_bytes_relayed", "refused_relayed_batches", "refused_watermarks",
-           "framed_batches", "protobuf_batches", "parity_bytes_sent")
+           "framed_batches", "protobuf_batches", "parity_bytes_sent", "channel_batches", "channel_frames")
 
 
 def _cpu_like(key: str) -> bool:
@@ -132,7 +138,7 @@ def print_summary(report: dict) -> None:
     threads, request handlers and strategy counters, summed."""
     n = max(report["steps"], 1)
     elapsed = report["elapsed_s"]
-    print(f"ecrec-bench profile: strategy {report['strategy']}, {report['steps']} steps in {elapsed:.1f} s "
+    print(f"ecrec-bench profile: strategy {report.get('name') or report['strategy']}, {report['steps']} steps in {elapsed:.1f} s "
           f"({1e3 * elapsed / n:.2f} ms per step; load average {report['load_average_before'][0]:.2f} before, "
           f"{report['load_average_after'][0]:.2f} after)")
     for part, value in report["cpu_ms_per_step"].items():
@@ -183,8 +189,8 @@ def _slice(work, pids: list[int], seconds: float) -> dict:
                          for k in set(counters_after) | set(counters_before)}}
 
 
-def _report(strategy: str, args, work, slices: list[dict], loads: tuple) -> dict:
-    """One strategy's report from its slices (summed)."""
+def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: str | None = None) -> dict:
+    """One cluster's report from its slices (summed); ``name``: how the run calls it, when not its strategy."""
     from ecrec.bench import profile_runs
 
     records = [r for s in slices for r in s["records"]]
@@ -193,7 +199,8 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple) -> dict
     cpu = {part: 1e3 * sum(s["cpu_s"][part] for s in slices) / n for part in ("worker", "servers", "coordinator")}
     keys = sorted({k for s in slices for k in s["counters"]})
     per_step = {k: sum(s["counters"].get(k, 0.0) for s in slices) / n for k in keys}
-    return {"strategy": strategy, "servers": args.servers, "k": args.k, "m": args.m, "steps": len(records),
+    named = {"name": name} if name and name != strategy else {}
+    return {"strategy": strategy, **named, "servers": args.servers, "k": args.k, "m": args.m, "steps": len(records),
             "elapsed_s": elapsed, "load_average_before": list(loads[0]), "load_average_after": list(loads[1]),
             "workload": work.description, "samples_per_s": len(records) * work.samples / max(elapsed, 1e-9),
             "cpu_ms_per_step": cpu,
@@ -203,19 +210,22 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple) -> dict
             "sampled": {}}
 
 
-def profile(strategies: list[str], args, out: Path, spy: str) -> tuple[dict, list[dict]]:
-    """The strategies' clusters side by side: each started and warmed, then ``args.rounds`` rounds in which each
-    trains a slice of ``args.seconds / args.rounds`` (the order alternating from round to round, the other
-    cluster idle meanwhile); py-spy samples the last strategy's server and this worker throughout when ``spy``.
-    Returns each strategy's report (its slices summed) and each round's reports."""
+def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tuple[dict, list[dict]]:
+    """The clusters of ``runs`` (``(name, strategy, options)``, :func:`profile_runs.clusters`) side by side: each
+    started and warmed, then ``args.rounds`` rounds in which each trains a slice of ``args.seconds / args.rounds``
+    (the order alternating from round to round, the other cluster idle meanwhile); py-spy samples the last one's
+    server and this worker throughout when ``spy``.  Returns each cluster's report by name (its slices summed) and
+    each round's reports."""
     from ecrec.bench import profile_runs
 
     works: dict = {}
+    strategies = [name for name, _, _ in runs]
+    kinds = {name: strategy for name, strategy, _ in runs}
     try:
-        for strategy in strategies:
-            print(f"ecrec-bench profile: starting a cluster of {strategy} ...", file=sys.stderr)
-            works[strategy] = profile_runs.workload(strategy, args, out / strategy)
-            works[strategy].warm()
+        for i, (name, strategy, options) in enumerate(runs):
+            print(f"ecrec-bench profile: starting a cluster of {name} ...", file=sys.stderr)
+            works[name] = profile_runs.workload(strategy, args, out / f"{i}-{strategy}", options)
+            works[name].warm()
         target = strategies[-1]
         pids = {s: w.server_pids() for s, w in works.items()}
         procs = {f"server{args.server}": pids[target][args.server], "worker": os.getpid()}
@@ -237,8 +247,8 @@ def profile(strategies: list[str], args, out: Path, spy: str) -> tuple[dict, lis
             if rec.returncode != 0:
                 print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
         loads = (load_before, os.getloadavg())
-        reports = {s: _report(s, args, works[s], slices[s], loads) for s in strategies}
-        per_round = [{s: _report(s, args, works[s], [d], loads) for s, d in done.items()} for done in rounds]
+        reports = {s: _report(kinds[s], args, works[s], slices[s], loads, s) for s in strategies}
+        per_round = [{s: _report(kinds[s], args, works[s], [d], loads, s) for s, d in done.items()} for done in rounds]
     finally:
         for work in works.values():
             work.close()
@@ -265,8 +275,9 @@ def run(args) -> int:
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ecrec-profile-"))
     out.mkdir(parents=True, exist_ok=True)
-    strategies = ([args.against] if args.against else []) + [args.strategy]
-    reports, per_round = profile(strategies, args, out, spy)
+    runs = profile_runs.clusters(args)
+    base = runs[0][0] if args.against else None
+    reports, per_round = profile(runs, args, out, spy)
     for report in reports.values():
         print_summary(report)
     report = reports[args.strategy]
@@ -275,18 +286,18 @@ def run(args) -> int:
         print("\n".join(lines))
     document = report
     if args.against:
-        added = profile_runs.added_by(reports[args.against], report)
-        rounds_added = [profile_runs.added_by(r[args.against], r[args.strategy]) for r in per_round]
+        added = profile_runs.added_by(reports[base], report)
+        rounds_added = [profile_runs.added_by(r[base], r[args.strategy]) for r in per_round]
         print()
-        profile_runs.print_added(added, args.against, args.strategy)
-        document = {"command": "profile", "against": args.against, "strategy": args.strategy,
-                    "workload": report["workload"], "options": profile_runs.options_for(args.strategy, args),
+        profile_runs.print_added(added, base, args.strategy)
+        document = {"command": "profile", "against": base, "against_strategy": args.against, "strategy": args.strategy,
+                    "workload": report["workload"], "options": runs[-1][2], "against_options": runs[0][2],
                     "seconds": args.seconds, "rounds": args.rounds, "flags": _flags(args), "runs": reports,
                     "per_round": per_round, "added": added, "rounds_added": rounds_added,
                     "summary": profile_runs.summarize(rounds_added)}
         if args.rounds > 1:
             print()
-            profile_runs.print_summary_of_runs(document["summary"], args.against, args.strategy)
+            profile_runs.print_summary_of_runs(document["summary"], base, args.strategy)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(document, f, indent=2)
@@ -302,6 +313,7 @@ def _flags(args) -> str:
         if value is not None and value != default and (args.rows or name in ("servers", "k", "m")):
             out.append(f"--{name.replace('_', '-')} {value}")
     out += [f"--option {o}" for o in args.option]
+    out += [f"--against-option {o}" for o in args.against_option]
     return " ".join(out)
 
 
@@ -318,17 +330,21 @@ def _check(args) -> str:
     for flag, value in (("--strategy", args.strategy), ("--against", args.against)):
         if value and value not in names:
             return f"{flag} {value!r} is not a strategy (installed: {', '.join(names)})"
-    if args.against and args.against == args.strategy:
-        return "--against must name another strategy than --strategy"
+    if args.against_option and not args.against:
+        return "--against-option needs --against"
+    if args.against and args.against == args.strategy and sorted(args.against_option) == sorted(args.option):
+        return ("--against names --strategy itself with the same options: give the baseline another setting "
+                "(--against-option KEY=VALUE) or name another strategy")
     if not 0 <= args.server < args.servers:
         return f"--server must be in [0, {args.servers})"
     if args.seconds <= 0:
         return "--seconds must be > 0"
     if args.rounds < 1:
         return "--rounds must be >= 1"
-    for item in args.option:
-        if "=" not in item:
-            return f"--option {item!r}: expected KEY=VALUE"
+    for flag, items in (("--option", args.option), ("--against-option", args.against_option)):
+        for item in items:
+            if "=" not in item:
+                return f"{flag} {item!r}: expected KEY=VALUE"
     if args.rows is not None and args.rows < 1:
         return "--rows must be >= 1"
     for flag, value in (("--dim", args.dim), ("--tables", args.tables), ("--batch-size", args.batch_size),

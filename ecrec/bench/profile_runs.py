@@ -31,11 +31,11 @@ PARTS = ("delta", "merge", "build", "serialize", "seal", "frame", "verify", "par
 class QuickWorkload:
     """The quick preset's DLRM trained by ``compare``'s worker on a local cluster of ``strategy``."""
 
-    def __init__(self, strategy: str, args, out: Path):
+    def __init__(self, strategy: str, args, out: Path, options: dict[str, str]):
         from ecrec.bench import compare
 
         cfg = dict(compare.PRESETS["quick"], servers=args.servers, k=args.k, m=args.m, steps=100_000,
-                   strategy_options={strategy: options_for(strategy, args)})
+                   strategy_options={strategy: dict(options)})
         cargs = Namespace(dataset="synthetic", seed=0, mtbf_hours=None, checkpoint_interval_steps=None, workers=1,
                           keep=False)
         data_path, _ = compare.prepare_data(cargs, cfg, out)
@@ -68,7 +68,7 @@ class QuickWorkload:
 class RowsWorkload:
     """The recovery benchmark's training worker (``ecrec.bench.recovery_training``) on tables of ``--rows``."""
 
-    def __init__(self, strategy: str, args, out: Path):
+    def __init__(self, strategy: str, args, out: Path, options: dict[str, str]):
         from ecrec.bench.compare_running import process_cpu_seconds, wait_until_idle
         from ecrec.bench.recovery_training import _Worker
         from ecrec.client import Cluster
@@ -80,7 +80,7 @@ class RowsWorkload:
         self._cpu = process_cpu_seconds
         kind = get_spec(strategy).kind
         k, m = (args.k, args.m) if kind == "erasure" else (0, 0)
-        options = options_for(strategy, args)
+        options = dict(options)
         if kind == "checkpoint":  # its checkpoints under the profile's directory
             options.setdefault("dir", str(out / "checkpoints"))
         self.local = LocalCluster(LocalClusterSpec(servers=args.servers, strategy=strategy, k=k, m=m, options=options))
@@ -131,16 +131,33 @@ class RowsWorkload:
 
 
 def options_for(strategy: str, args) -> dict[str, str]:
-    """The ``--option``s, for the profiled strategy only (the baseline runs with its defaults)."""
+    """The ``--option``s, for the profiled strategy only (the baseline runs with its defaults, or its
+    ``--against-option``s: :func:`clusters`)."""
     if strategy != args.strategy:
         return {}
     return dict(item.split("=", 1) for item in args.option)
 
 
-def workload(strategy: str, args, out: Path):
-    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` (its files under ``out``)."""
+def clusters(args) -> list[tuple[str, str, dict[str, str]]]:
+    """``(name, strategy, options)`` of each cluster to run, the baseline (``--against``) first: the profiled one
+    is named by its strategy, the baseline by its strategy too, or, when it is the same strategy, by it and its
+    ``--against-option``s (``ecrec (parity_transport=grpc)``)."""
+    profiled = (args.strategy, args.strategy, dict(item.split("=", 1) for item in args.option))
+    if not args.against:
+        return [profiled]
+    base_options = dict(item.split("=", 1) for item in getattr(args, "against_option", []) or [])
+    name = args.against
+    if args.against == args.strategy:
+        name = f"{args.against} ({' '.join(getattr(args, 'against_option', None) or ['defaults'])})"
+    return [(name, args.against, base_options), profiled]
+
+
+def workload(strategy: str, args, out: Path, options: dict[str, str] | None = None):
+    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` with ``options`` (default: the
+    profiled strategy's ``--option``s; its files under ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
-    return RowsWorkload(strategy, args, out) if args.rows else QuickWorkload(strategy, args, out)
+    options = options_for(strategy, args) if options is None else options
+    return RowsWorkload(strategy, args, out, options) if args.rows else QuickWorkload(strategy, args, out, options)
 
 
 def step_records(records: list[tuple[float, float, list[float]]]) -> dict:

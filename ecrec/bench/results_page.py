@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,6 +38,9 @@ RAW = {
     "compare-quick-run1.json": "an earlier run of the quick preset before the paired rounds (five slices, no A/A "
                                "row), on a machine busy with other jobs; `ecrec-bench simulate --from-results` "
                                "leaves it out too",
+    "compare-quick-per-table.json": "an earlier run of the quick preset (12 paired rounds) with one checkpoint file "
+                                    "per table, before packed checkpoints were the default: the smallest sizes of "
+                                    "`ecrec-bench simulate --from-results`'s per-table save, stall and load fits",
 }
 
 #: targets the issues set, as fractions, seconds or MB/s (the page says met or not met from the measured value)
@@ -451,7 +455,7 @@ def section_parity_cost(files: _Files) -> list[str]:
 # --- the parity path per row update --------------------------------------------------------------------------
 def _profile_command(doc: dict, name: str) -> str:
     flags = f" {doc['flags']}" if doc.get("flags") else ""
-    return _command(f"ecrec-bench profile --against {doc['against']}{flags} --no-py-spy --seconds {doc['seconds']:g} "
+    return _command(f"ecrec-bench profile --against {doc['runs'][doc['against']]['strategy']}{flags} --no-py-spy --seconds {doc['seconds']:g} "
                     f"--rounds {doc['rounds']} --json {FILES_DIR}/{name}")
 
 
@@ -464,6 +468,39 @@ def _profile_figures(doc: dict) -> tuple[dict, dict]:
     added = profile_runs.added_by(doc["runs"][base], doc["runs"][strategy])
     rounds = [profile_runs.added_by(r[base], r[strategy]) for r in doc["per_round"]]
     return added, profile_runs.summarize(rounds)
+
+
+#: the direct path over parity channels against ApplyParityFrames calls, side by side at 4M x 64
+CHANNEL_AB = "profile-4m-channel.json"
+
+
+def _channel_ab(doc: dict) -> list[str]:
+    """What the parity channel changes against gRPC calls: ``profile --against ecrec --against-option
+    parity_transport=grpc``, the two clusters side by side."""
+    added, summary = _profile_figures(doc)
+    report = doc["runs"][doc["strategy"]]
+    places = ("thread:ecrec-parity-sender", "thread:ecrec-parity-channel", "thread:ecrec-rpc", "thread:other")
+    base, run = doc["runs"][doc["against"]]["servers_per_step"], report["servers_per_step"]
+    rows = run.get("rows:pushed") or math.nan
+
+    def us(place, r):
+        return 1e3 * r.get(place, 0.0) / rows
+
+    def median(key):
+        s = summary[key]
+        return f"{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
+
+    return [
+        _profile_command(doc, CHANNEL_AB),
+        _load(report["load_average_before"], report["load_average_after"])
+        + f" (4M x 64: a cluster of `ecrec` with `parity_transport=grpc` and one with the default, side by side, "
+          f"{doc['rounds']} slices each.)",
+        f"The direct path over parity channels against `ApplyParityFrames` calls, side by side (`ecrec` over "
+        f"`{doc['against']}`, median [min, max] of the rounds): server CPU per row update "
+        f"{median('server_cpu_us_per_row_update')} us, total CPU {median('total_cpu_ratio')}x, samples/s "
+        f"{median('samples_per_s_ratio')}x, p99 step {median('p99_step_ratio')}x. Where the direct path's CPU goes "
+        "(the whole run, us per row update, gRPC calls -> channel): "
+        + ", ".join(f"`{p.split(':', 1)[1]}` {us(p, base):.3f} -> {us(p, run):.3f}" for p in places) + "."]
 
 
 def section_parity_per_row(files: _Files) -> list[str]:
@@ -503,6 +540,8 @@ def section_parity_per_row(files: _Files) -> list[str]:
             for key in profile_runs.SUMMARIZED[1:]]
     out.append("The steps, side by side (ratios over `none`'s; `stall_share`: time in steps over 30 ms):")
     out.append(_printed(console.print_table, ["figure", *docs], rows))
+    if files.has(CHANNEL_AB):
+        out += _channel_ab(files[CHANNEL_AB])
     quick, scale = figures["quick preset"][1], figures["4M x 64"][1]
     per_row = TARGETS["parity_us_per_row"]
     out.append("Against the targets of issue 37:\n" + "\n".join([
@@ -562,6 +601,70 @@ def section_quick_runs(files: _Files) -> list[str]:
         f"overhead {_pct(wall)} (target <= {TARGETS['ecrec_overhead_quick']:.0%}: "
         f"{_met(wall <= TARGETS['ecrec_overhead_quick'])});",
         f"- ecrec's throughput overhead below `full`'s and `cpr`'s in each run: {_met(below_each)}."]))
+    return out
+
+
+#: ``recovery --rows 4000000 --strategies none,ecrec --during-training --failures 1``, run three times
+SCALE_RUNS = ("recovery-4m-ecrec-1.json", "recovery-4m-ecrec-2.json", "recovery-4m-ecrec-3.json")
+
+
+def before_kill(row: dict) -> dict:
+    """The steps of one strategy's recovery run before its first kill, from the step records the file keeps: the
+    distribution of their times (``profile_runs.step_records``; no CPU per step here) and the samples/s measured."""
+    from ecrec.bench import profile_runs
+
+    records, kill = row["step_records"], row["kills"][0]["time"]
+    steps = [(end - start, 0.0, []) for start, end in zip(records["start"], records["end"]) if end <= kill]
+    return profile_runs.step_records(steps) | {"samples_per_s": row["samples_per_s_before"]}
+
+
+def section_scale_runs(files: _Files) -> list[str]:
+    """ECRec against no fault tolerance at 4M x 64 before a kill, three runs: samples/s, p99 step and stalls from
+    each file's step records, the median of the runs against issue 37's targets."""
+    from ecrec.bench import profile_runs
+    from ecrec.ops import console
+
+    names = [n for n in SCALE_RUNS if files.has(n)]
+    if not names:
+        return [f"No runs recorded yet (`{'`, `'.join(SCALE_RUNS)}`)."]
+    out = []
+    for name in names:
+        c = files[name]["config"]
+        out += [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
+                         f"--during-training --failures {c['failures']} --json {FILES_DIR}/{name}"),
+                _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+    figures = []
+    for name in names:
+        rows = _rows(files[name])
+        none, ec = before_kill(rows["none"]), before_kill(rows["ecrec"])
+        figures.append({"samples/s": ec["samples_per_s"] / none["samples_per_s"],
+                        "median step": ec["median_ms"] / none["median_ms"], "p99 step": ec["p99_ms"] / none["p99_ms"],
+                        "stall share": ec["stall_share"], "none's stall share": none["stall_share"],
+                        "steps": (none["steps"], ec["steps"])})
+    keys = ["samples/s", "median step", "p99 step", "stall share", "none's stall share"]
+
+    def fmt(key, v):
+        return f"{v:.1%}" if "stall" in key else f"{v:.2f}x"
+
+    table = [[name, f"{f['steps'][0]} / {f['steps'][1]}", *[fmt(k, f[k]) for k in keys]]
+             for name, f in zip(names, figures)]
+    median = {k: statistics.median(f[k] for f in figures) for k in keys}
+    table.append([f"median of {len(names)}", "", *[f"{fmt(k, median[k])} [{fmt(k, min(f[k] for f in figures))}, "
+                                                   f"{fmt(k, max(f[k] for f in figures))}]" for k in keys]])
+    out.append(f"Each run trains `none`, then `ecrec`, on {_rows_label(files[names[0]]['config']['rows'])} x "
+               f"{files[names[0]]['config']['dim']} rows and kills server {files[names[0]]['config']['fail_server']}; "
+               "below, `ecrec` over `none` over the steps before the kill, from the step records the files keep "
+               f"(stall share: time in steps over {profile_runs.STALL_MS:.0f} ms). The two train one after the "
+               "other, not side by side, so a run's ratio moves with the machine; `profile --against none --rows` "
+               "(above) measures them side by side:")
+    out.append(_printed(console.print_table, ["run", "steps none / ecrec", *keys], table))
+    out.append("Against the targets of issue 37 (the median of the runs):\n" + "\n".join([
+        f"- samples/s before the kill {median['samples/s']:.2f}x none's (target >= {TARGETS['ecrec_rate_profile_4m']}x: "
+        f"{_met(median['samples/s'] >= TARGETS['ecrec_rate_profile_4m'])});",
+        f"- p99 step {median['p99 step']:.2f}x none's (target <= {TARGETS['p99_step_ratio']}x: "
+        f"{_met(median['p99 step'] <= TARGETS['p99_step_ratio'])}); {median['stall share']:.1%} of ecrec's time in "
+        f"steps over {profile_runs.STALL_MS:.0f} ms (target <= {TARGETS['stall_share']:.0%}: "
+        f"{_met(median['stall share'] <= TARGETS['stall_share'])})."]))
     return out
 
 
@@ -881,6 +984,7 @@ SECTIONS = [
     ("What the parity path costs, part by part", section_parity_cost),
     ("The parity path per row update", section_parity_per_row),
     ("The main job, three runs", section_quick_runs),
+    ("At scale before a kill, three runs", section_scale_runs),
     ("The control plane on etcd", section_control_plane),
     ("Recovery at scale", section_recovery),
     ("Snapshots", section_snapshot),

@@ -111,18 +111,20 @@ class Input:
 # Built-in costs, regenerated from the result files kept in docs/results/ (issue 24) with
 # `ecrec-bench simulate --from-results docs/results --json OUT` (see :func:`measured_results`, which
 # says how each is measured; `tests/test_simulate.py` checks that these values still equal what those files
-# give).  The files: the current compare reports (paired rounds) compare-quick.json (`--preset quick
-# --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad), compare-movielens.json and
+# give).  The files: the current compare reports (paired rounds) compare-quick.json, compare-quick-2.json and
+# compare-quick-3.json (`--preset quick --equal-pls`: 4 servers, 8 tables x 20,000 rows x dim 16, Adagrad; packed
+# checkpoints), compare-quick-per-table.json (the same preset with one checkpoint file per table, an earlier run:
+# the small sizes of the per-table fits), compare-movielens.json and
 # compare-realistic.json / compare-realistic-run1.json (`--preset realistic`; packed checkpoints, so their saves
 # are left out of the per-table save, stall and load fits: FIT_LAYOUT);
 # recovery-default.json (400k x 64 rows), recovery-4m-idle.json and recovery-4m-training.json (4M x 64 rows,
 # 2.05 GB), snapshot-4m.json.  compare-quick-run1.json (no paired rounds, a machine at load 30-48) is left out.
 # The legacy overhead basis (`--basis overhead`: `{full,cpr,mfu,ssu}_save_bytes_per_s`, `parity_overhead`)
-# comes from compare-quick.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
+# comes from compare-quick-per-table.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
 # parity cost below x its update rate.  Absolute rates are those of this Python prototype on a 2-core shared
 # VM writing to a local disk, not of a production parameter server.
 _RES = "docs/results"
-_QUICK = "compare-quick.json"
+_QUICK = "compare-quick-per-table.json"
 DEFAULTS: dict[str, tuple[float, str, str]] = {
     "save_bytes_per_s": (353.6e6, "bytes/s per server",
                          f"{_RES}: training stall per save, fit over 5 drivers' o_save_s (0.11-512 MB per server; with "
@@ -141,25 +143,23 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                              "stall 135.4 ms per save"),
     "load_bytes_per_s": (476.4e6, "bytes/s per server",
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
-    "reschedule_s": (0.09859, "s", f"{_RES}: median promotion_s of none in 6 runs (kill -> a local standby serving); "
+    "reschedule_s": (0.08820, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
-    "parity_overhead": (0.09047, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (200.6e6, "bytes/s per server",
-                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 9 points "
-                            "(0.15-768 MB, 3 of them while training; with rebuild_latency_s)"),
+    "parity_overhead": (0.1016, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
+    "rebuild_bytes_per_s": (213.9e6, "bytes/s per server",
+                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 15 points "
+                            "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
     "recovery_throughput_ratio": (0.4052, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 5 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
-    "mfu_save_fraction": (0.04994, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
-                                               "of 40,000-row shards (quick 0.0225, realistic-run1 0.0500, "
-                                               "realistic 0.0499)"),
-    "mfu_update_coverage": (0.6701, "fraction", f"h, {_QUICK} (modelled): cpr-mfu's equal-PLS replay leaves "
-                                                "g = 0.497 of cpr's updates unsaved; h = (1 - g) / (1 - 1/r)"),
-    "ssu_save_fraction": (0.1035, "fraction", "f: the same median for cpr-ssu (quick 0.0699, realistic-run1 0.1035, "
-                                              "realistic 0.1037)"),
-    "ssu_update_coverage": (1.0, "fraction", f"h, {_QUICK} (modelled): cpr-ssu's replay gives g = 0.239, below 1/r: "
-                                             "h clamped to 1"),
+    "mfu_save_fraction": (0.04167, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
+                                               "of their shards (the quick runs and the realistic ones)"),
+    "mfu_update_coverage": (0.8071, "fraction", "h, the compare reports (modelled): from cpr-mfu's equal-PLS replays "
+                                                "(g of cpr's updates left unsaved), h = (1 - g) / (1 - 1/r)"),
+    "ssu_save_fraction": (0.1043, "fraction", "f: the same median for cpr-ssu"),
+    "ssu_update_coverage": (0.9245, "fraction", "h, the compare reports (modelled): the same for cpr-ssu's replays "
+                                                "(a g below 1/r clamped to 1)"),
     # --- the fit basis (issue 24) ---
     "save_latency_s": (0.05211, "s", f"{_RES}: persisted saves of full/cpr, fit latency + bytes / bandwidth over 16 "
                                      "points (0.11-520 MB per server, rms relative residual 27 %)"),
@@ -167,13 +167,13 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3588, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
-    "parity_s_per_update": (6.549e-6, "s per row update",
-                            f"{_RES}: pooled median of 49 paired measurements (the 12 rounds of each of compare-quick, "
-                            "compare-movielens, compare-realistic, compare-realistic-run1, and recovery-4m-training) of "
-                            "slowdown x step / row updates per server per step; 95 % interval +4.6 to +11.4 us"),
-    "updates_per_server_s": (13814.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
-                                                                  "those 5 runs"),
+    "rebuild_latency_s": (0.3106, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "parity_s_per_update": (5.390e-6, "s per row update",
+                            f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
+                            "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "
+                            "step; 95 % interval +3.6 to +7.1 us"),
+    "updates_per_server_s": (18856.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
+                                                                  "those 11 runs"),
     "snapshot_bytes_per_s": (48.00e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB over 4 servers in 10.67 s"),
     "snapshot_restore_bytes_per_s": (39.08e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB onto 3 servers in "
                                                                     "17.47 s"),
