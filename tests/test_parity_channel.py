@@ -174,3 +174,75 @@ def test_a_closed_listener_refuses_connections():
     lst.close()
     with pytest.raises(OSError):
         parity_channel.Channel("127.0.0.1", lst.port, ticket, 2.0).request([b"x"], 1, 1, 2.0)
+
+
+def test_an_opening_the_listener_does_not_accept_fails_when_the_channel_opens(listener, monkeypatch):
+    """The parity server answers an opening it accepts; a wrong or expired ticket fails ``Channel()`` itself (the
+    owner backs off and sends through gRPC) instead of its first frame."""
+    lst = listener(Recorder())
+    with pytest.raises(OSError):
+        parity_channel.Channel("127.0.0.1", lst.port, b"\0" * frame_socket.TICKET_BYTES, 2.0)
+    monkeypatch.setattr(parity_channel, "TICKET_TTL_S", 0.05)
+    ticket = lst.ticket_for("owner-1")
+    time.sleep(0.2)
+    with pytest.raises(OSError):
+        parity_channel.Channel("127.0.0.1", lst.port, ticket, 2.0)
+    connect(lst).close()  # a fresh ticket still opens one
+
+
+def test_connections_that_never_send_their_opening_are_bounded_and_do_not_stop_the_listener(listener):
+    lst = listener(Recorder())
+    silent = [socket.create_connection(("127.0.0.1", lst.port), timeout=5) for _ in range(parity_channel.MAX_OPENING)]
+    time.sleep(0.2)
+    extra = socket.create_connection(("127.0.0.1", lst.port), timeout=5)
+    extra.settimeout(3)
+    try:
+        assert extra.recv(1) == b""  # over the bound: closed at once, not left waiting for its opening
+    except ConnectionResetError:
+        pass
+    extra.close()
+    for s in silent:
+        s.close()
+    time.sleep(0.2)
+    channel = connect(lst)  # the slots came back
+    assert parity_pb2.ParityAck.FromString(channel.request([b"abcdefgh"], 8, 1, 5.0)).applied_upto == 8
+    channel.close()
+
+
+def test_the_listener_goes_on_accepting_after_running_out_of_descriptors(tmp_path):
+    """An accept that fails (EMFILE here) is not the end of the listener: once descriptors are free again, a
+    channel opens and carries a frame.  In a child process whose descriptor limit the test lowers."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "emfile.py"
+    script.write_text("""
+import resource, socket, time
+from ecrec.strategies.erasure import parity_channel
+from ecrec.wire import parity_pb2
+lst = parity_channel.ChannelListener("127.0.0.1", lambda c, e, f: parity_pb2.ParityAck(applied_upto=len(f)), 1 << 20, 5.0)
+ticket = lst.ticket_for("owner")
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+held = []
+try:
+    while True:
+        held.append(open("/dev/null"))
+except OSError:
+    pass
+held.pop().close()  # room for one client socket, none for the listener to accept it with
+clients = [socket.create_connection(("127.0.0.1", lst.port), timeout=2)]
+time.sleep(0.5)  # the listener's accept fails with EMFILE meanwhile
+for c in clients:
+    c.close()
+for f in held:
+    f.close()
+time.sleep(0.3)
+channel = parity_channel.Channel("127.0.0.1", lst.port, ticket, 3.0)
+print("ACK", parity_pb2.ParityAck.FromString(channel.request([b"abcdefgh"], 8, 1, 3.0)).applied_upto)
+""")
+    preexec = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))"
+    run = subprocess.run([sys.executable, "-c", f"{preexec}\nexec(open({str(script)!r}).read())"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "ACK 8" in run.stdout
+    assert "accept failed" in run.stderr  # it met the error and went on

@@ -144,3 +144,49 @@ def test_parity_reads_without_a_server_proof_are_refused_on_a_token_cluster(make
     proven = server_metadata(local, ids[1], m.epoch)
     assert len(stub.ReadRows(read, timeout=10, metadata=proven).payload) == 2 * 4 * 4
     assert len(list(stream(blocks, timeout=10, metadata=proven))) == 1
+
+
+def test_a_parity_channel_is_fenced_frame_by_frame(make_cluster, tmp_path):
+    """A parity channel (``parity_channel``) opened by a proven server carries its frames only while that
+    incarnation is a server of the map: once index 1's owner is replaced, a frame on the channel its old
+    incarnation opened is refused (``FAILED_PRECONDITION``, nothing applied) and it cannot open another; a worker
+    cannot open one at all.  Training goes on, exact."""
+    from ecrec.strategies.erasure import batch_frames, parity_channel
+
+    local, client, initial = start(make_cluster, servers=3, standby=1, state_path=str(tmp_path / "map.pb"))
+    counts = np.zeros(ROWS)
+    for _ in range(3):
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    m = client.refresh_map()
+    ids = ids_of(m)
+    target = next(s for s in m.servers if s.index == 0)
+    stub = parity_stub(target.address)
+    refused(lambda: stub.OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=10), FP, "does not prove")
+    old = server_metadata(local, ids[1], m.epoch)
+    reply = stub.OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=10, metadata=old)
+    channel = parity_channel.Channel(target.address.rsplit(":", 1)[0], reply.port, reply.ticket, 5.0)
+    # a confirmation-only frame of index 1's old incarnation (what its sender sends an idle destination)
+    frame = batch_frames.encode_parts(parity_pb2.ParityBatches(source=1, source_id=ids[1]), [])
+    size = sum(memoryview(p).nbytes for p in frame)
+    ack = parity_pb2.ParityAck.FromString(channel.request(frame, size, m.epoch, 10.0))
+    assert ack.destination_id == ids[0]
+    local.kill(local.pid_of_index(1))
+    deadline = time.monotonic() + 60
+    while True:
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+        m = client.refresh_map()
+        if ids_of(m).get(1, ids[1]) != ids[1]:
+            break
+        assert time.monotonic() < deadline, "no replacement promoted"
+    with pytest.raises(parity_channel.ChannelError) as info:  # the old incarnation's channel, after the map moved on
+        channel.request(frame, size, m.epoch, 10.0)
+    assert info.value.code() == FP and "not a server of the cluster map" in info.value.details()
+    channel.close()
+    refused(lambda: stub.OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=10,
+                                           metadata=server_metadata(local, ids[1], m.epoch)), FP, "not a server")
+    for _ in range(4):
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    assert_counts(client, initial, counts)

@@ -481,10 +481,9 @@ def _channel_ab(doc: dict) -> list[str]:
     report = doc["runs"][doc["strategy"]]
     places = ("thread:ecrec-parity-sender", "thread:ecrec-parity-channel", "thread:ecrec-rpc", "thread:other")
     base, run = doc["runs"][doc["against"]]["servers_per_step"], report["servers_per_step"]
-    rows = run.get("rows:pushed") or math.nan
 
-    def us(place, r):
-        return 1e3 * r.get(place, 0.0) / rows
+    def us(place, r):  # over each run's own row updates
+        return 1e3 * r.get(place, 0.0) / (r.get("rows:pushed") or math.nan)
 
     def median(key):
         s = summary[key]
@@ -613,8 +612,12 @@ def before_kill(row: dict) -> dict:
     distribution of their times (``profile_runs.step_records``; no CPU per step here) and the samples/s measured."""
     from ecrec.bench import profile_runs
 
-    records, kill = row["step_records"], row["kills"][0]["time"]
-    steps = [(end - start, 0.0, []) for start, end in zip(records["start"], records["end"]) if end <= kill]
+    records, kills = row["step_records"], row.get("kills") or []
+    if not kills:
+        raise ValueError(f"{row.get('strategy')}: the run records no kill")
+    steps = [(end - start, 0.0, []) for start, end in zip(records["start"], records["end"]) if end <= kills[0]["time"]]
+    if not steps:
+        raise ValueError(f"{row.get('strategy')}: no step before the kill")
     return profile_runs.step_records(steps) | {"samples_per_s": row["samples_per_s_before"]}
 
 

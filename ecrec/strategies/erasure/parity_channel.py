@@ -8,7 +8,8 @@ parity server reads it straight into one buffer (``recv_into``, the GIL released
 
 Opening is a gRPC call, ``OpenParityChannel``, which proves the caller is a server of the map (``check_peer``)
 and answers a port and a one-time ticket; the owner connects to that port *on the parity server's host as its
-map lists it* and sends a MAC of the ticket (:func:`opening`), and the connection then belongs to that caller.
+map lists it* and sends a MAC of the ticket (:func:`opening`); the parity server answers :data:`ACCEPTED`, and the
+connection then belongs to that caller.
 On it, the owner sends one request at a time and waits for its answer:
 
     request   16 bytes: the frame's length (u64), the caller's map epoch (u64); then the frame
@@ -18,7 +19,7 @@ On it, the owner sends one request at a time and waits for its answer:
 Each request is checked as a gRPC call would be (the server serves, the caller is still a server of the map,
 after catching up with its epoch) and applied by the same code as ``ApplyParityFrames``.  Not used on TLS clusters
 (the deltas would travel in clear), and never required: any failure of the connection makes the owner send that
-frame through gRPC and open a new connection later.
+frame through gRPC and open a new connection later (after a delay that doubles with each failure in a row).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ MAX_MESSAGE_BYTES = 1 << 16
 #: a connection idle this long is closed by the parity server (an owner gone without closing it holds nothing
 #: for ever; an owner that comes back opens another) (s)
 IDLE_S = 600.0
+#: what the parity server answers an opening whose ticket it gave (the owner's channel is open once it reads it)
+ACCEPTED = b"\x01"
+#: a connection that has not sent its opening within this is closed (s), and at most this many wait for theirs
+OPENING_S = 5.0
+MAX_OPENING = 32
 #: a ticket not used within this is forgotten (s)
 TICKET_TTL_S = 30.0
 #: what the opening of a parity channel MACs (not the fast rebuild's: a ticket of one cannot open the other)
@@ -88,17 +94,12 @@ class ChannelListener:
         self._tickets: dict[bytes, tuple[str, float]] = {}  # opening -> (caller, expiry)
         self._conns: set[socket.socket] = set()
         self._closed = False
-        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._sock.bind((host.strip("[]"), 0))
-            self._sock.listen(16)
-        except OSError:
-            self._sock.close()
-            raise
+        self._opening = threading.BoundedSemaphore(MAX_OPENING)  # connections not yet past their opening
+        self._sock = _listen(host.strip("[]"))
         self.port = self._sock.getsockname()[1]
         self.accepted = 0
-        threading.Thread(target=self._accept_loop, name="ecrec-parity-channel-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="ecrec-parity-channel-accept", daemon=True)
+        self._acceptor.start()
 
     def ticket_for(self, caller: str) -> bytes:
         """A one-time ticket that opens a connection belonging to ``caller`` (a server ``check_peer`` proved)."""
@@ -110,45 +111,74 @@ class ChannelListener:
         return ticket
 
     def close(self) -> None:
+        """Stops accepting and ends every connection (each thread closes its own socket: a descriptor is never
+        closed under a thread that may still use it)."""
         with self._lock:
             self._closed = True
-            conns, self._conns = list(self._conns), set()
+            conns = list(self._conns)
         for s in [self._sock, *conns]:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            s.close()
+        if not self._acceptor.is_alive():
+            self._sock.close()
 
     def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._open, args=(conn,), name="ecrec-parity-channel", daemon=True).start()
+        """Accepts until closed; an error of one accept (out of descriptors, a connection reset before it was
+        taken) is logged and the loop goes on, so the port never stays open with nobody taking connections."""
+        logged = 0.0
+        try:
+            while True:
+                try:
+                    conn, _ = self._sock.accept()
+                except OSError as exc:
+                    if self._closed:
+                        return
+                    if time.monotonic() - logged > 10.0:  # at most every 10 s while it lasts
+                        logged = time.monotonic()
+                        log.warning("parity channel: accept failed (%r); accepting again", exc)
+                    time.sleep(0.05)
+                    continue
+                if not self._opening.acquire(blocking=False):  # too many connections without their opening yet
+                    conn.close()
+                    continue
+                try:
+                    threading.Thread(target=self._open, args=(conn,), name="ecrec-parity-channel", daemon=True).start()
+                except RuntimeError:  # no thread to serve it: the owner sends through gRPC
+                    self._opening.release()
+                    conn.close()
+        finally:
+            self._sock.close()
 
     def _open(self, conn: socket.socket) -> None:
-        """Reads the opening (a stranger's connection is closed), then serves the connection's requests."""
+        """Reads the opening (a stranger's connection is closed), answers :data:`ACCEPTED`, then serves the
+        connection's requests."""
+        opened = False
         try:
             first = bytearray(frame_socket.OPENING_BYTES)
-            frame_socket.read_exactly(conn, memoryview(first), time.monotonic() + 5.0)
+            try:
+                frame_socket.read_exactly(conn, memoryview(first), time.monotonic() + OPENING_S)
+            finally:
+                self._opening.release()
             with self._lock:
                 caller, expiry = self._tickets.pop(bytes(first), (None, 0.0))
                 if caller is None or expiry < time.monotonic() or self._closed:
-                    conn.close()
                     return
                 self._conns.add(conn)
+                opened = True
                 self.accepted += 1
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(ACCEPTED)
             self._serve(conn, caller)
         except OSError:
             pass  # the owner went away or sent garbage: it opens another connection
         except Exception:  # noqa: BLE001 - reported, never swallowed; the owner falls back to gRPC
             log.exception("parity channel")
         finally:
-            with self._lock:
-                self._conns.discard(conn)
+            if opened:
+                with self._lock:
+                    self._conns.discard(conn)
             conn.close()
 
     def _serve(self, conn: socket.socket, caller: str) -> None:
@@ -183,6 +213,14 @@ class ChannelListener:
             conn.sendall(ANSWER.pack(0, len(payload)) + payload)
 
 
+def _listen(host: str) -> socket.socket:
+    """A listening socket on ``host`` (a wildcard address listens on IPv4 and IPv6 where the system can)."""
+    if host in ("", "0.0.0.0", "::") and socket.has_dualstack_ipv6():
+        return socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True, backlog=16)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=16)
+
+
 def _read_first(conn: socket.socket, view: memoryview) -> bool:
     """Reads a request's header; False when the connection ended cleanly before it."""
     n = conn.recv_into(view)
@@ -200,20 +238,27 @@ def _answer(conn: socket.socket, code, message: str) -> None:
 
 # --- the owner's end ----------------------------------------------------------------------------------------------
 class Channel:
-    """A connection to one parity server, opened with the port and ticket its ``OpenParityChannel`` answered."""
+    """A connection to one parity server, opened with the port and ticket its ``OpenParityChannel`` answered; open
+    once the parity server answered :data:`ACCEPTED` (within ``timeout_s``: a port that takes connections but
+    does not serve fails here, not at the first frame)."""
 
     def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float):
         self.address = (host.strip("[]"), port)
         self.key = None  # what the owner opened it for (the destination's address)
+        self.closed = False
+        self.last_used = time.monotonic()
         self._sock = socket.create_connection(self.address, timeout=timeout_s)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.settimeout(timeout_s)
             self._sock.sendall(opening(ticket))
+            answer = bytearray(len(ACCEPTED))
+            frame_socket.read_exactly(self._sock, memoryview(answer), time.monotonic() + timeout_s)
+            if bytes(answer) != ACCEPTED:
+                raise ConnectionError(f"the parity server answered {bytes(answer)!r} to the opening, not accepted")
         except OSError:
             self._sock.close()
             raise
-        self.closed = False
 
     def request(self, parts: list, size: int, epoch: int, timeout_s: float):
         """Sends one frame (``parts``: its buffers in order, ``size`` bytes in all) and returns the serialized
@@ -232,30 +277,35 @@ class Channel:
             raise ChannelError(_CODES.get(code, grpc.StatusCode.UNKNOWN), body.decode("utf-8", "replace"))
         return bytes(body)
 
-    def close(self) -> None:
-        """Closes the connection (a :meth:`request` under way in another thread then fails with ``OSError``)."""
+    def abort(self) -> None:
+        """Ends the connection from another thread: a :meth:`request` under way fails with ``OSError`` (the socket
+        itself is closed by the thread that uses it, :meth:`close`)."""
         self.closed = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        """Closes the connection (the thread that makes its requests, or when none can be under way)."""
+        self.abort()
         self._sock.close()
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list, deadline: float) -> None:
     """Writes every buffer, in order, with as few system calls as ``sendmsg`` allows; no copy of the bulk bytes."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    views = [v for v in views if len(v)]
-    while views:
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
+    first = 0  # views before this one are sent
+    while first < len(views):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("timed out sending a parity frame")
         sock.settimeout(remaining)
-        sent = sock.sendmsg(views[:MAX_BUFFERS])
-        while sent and views:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
+        sent = sock.sendmsg(views[first:first + MAX_BUFFERS])
+        while sent:
+            if sent >= len(views[first]):
+                sent -= len(views[first])
+                first += 1
             else:
-                views[0] = views[0][sent:]
+                views[first] = views[first][sent:]
                 sent = 0

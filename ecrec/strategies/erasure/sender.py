@@ -35,8 +35,10 @@ IDLE_WAKE_S = 5.0
 #: after each failure in a row up to ``CHANNEL_RETRY_MAX_S`` (a firewall that drops the connection costs little)
 CHANNEL_RETRY_S = 5.0
 CHANNEL_RETRY_MAX_S = 300.0
-#: the longest wait for a parity channel's connection to open (s)
+#: the longest wait for a parity channel to open (s): the call that asks for it, then the connection
 CHANNEL_CONNECT_S = 2.0
+#: a parity channel unused this long is opened again before its next frame (a middlebox may have dropped it) (s)
+CHANNEL_IDLE_S = 120.0
 
 
 class DestinationSender:
@@ -54,7 +56,8 @@ class DestinationSender:
         self._replaced = 0  # how many times the destination was replaced (a call started before one is stale)
         self._frames_refused = False  # the destination answered UNIMPLEMENTED to a frame: protobuf from then on
         self._channel = None  # the parity channel to the destination (parity_channel.Channel), once opened
-        self._channel_refused = owner.options.parity_transport != "socket"  # no channel (the option; an old destination)
+        self._channel_off = owner.options.parity_transport != "socket"  # no channels (the option)
+        self._channel_unimplemented = False  # the destination at _channel_failed_to has no channels (an old server)
         self._channel_retry_at = 0.0  # after a failed opening, frames go through gRPC until then
         self._channel_failures = 0  # openings failed in a row ...
         self._channel_failed_to = None  # ... to this address
@@ -100,7 +103,7 @@ class DestinationSender:
             call.cancel()
         channel = self._channel
         if channel is not None:
-            channel.close()
+            channel.abort()  # the sending thread sees it closed and opens one to the replacement
 
     def confirm(self, confirmed: int) -> bool:
         """Tells the destination, now, that every push up to ``confirmed`` is applied everywhere (it trims its
@@ -194,53 +197,65 @@ class DestinationSender:
 
     # --- the parity channel -------------------------------------------------------------------------------------
     def _over_channel(self, address: str, parts: list, size: int, replaced: int) -> parity_pb2.ParityAck | None:
-        """Sends a frame over the connection to ``address`` (opened first when there is none); None when there is
-        no channel to use now (a TLS cluster, a server without channels, a connection that failed: the frame goes
-        through gRPC).  A refusal raises :class:`~ecrec.strategies.erasure.parity_channel.ChannelError`; the
-        connection closed by :meth:`cancel_stale` raises ``grpc.FutureCancelledError``, as a cancelled call does."""
+        """Sends a frame over the connection to ``address`` (opened first when there is none; called with
+        ``_send_lock`` held); None when there is no channel to use now (a TLS cluster, a server without channels, a
+        connection that failed or timed out: the frame goes through gRPC, and channels to ``address`` wait out a
+        retry delay that doubles with each failure in a row).  A refusal raises :class:`~ecrec.strategies.erasure.
+        parity_channel.ChannelError`; a destination replaced meanwhile (:meth:`cancel_stale`) raises
+        ``grpc.FutureCancelledError``, as a cancelled call does."""
         host = self.owner.host
-        if self._channel_refused or (host.peers.security is not None and host.peers.security.tls):
+        if self._channel_off or (host.peers.security is not None and host.peers.security.tls):
             return None
+        if self._channel_failed_to != address:  # another destination (a replacement): try it at once
+            self._channel_failed_to, self._channel_failures, self._channel_retry_at = address, 0, 0.0
+            self._channel_unimplemented = False
         channel = self._channel
-        if channel is None or channel.key != address:
-            self.close_channel()
-            if self._channel_failed_to != address:  # another destination (a replacement): try it at once
-                self._channel_failed_to, self._channel_failures, self._channel_retry_at = address, 0, 0.0
-            if time.monotonic() < self._channel_retry_at:
+        if channel is not None and (channel.key != address or channel.closed
+                                    or time.monotonic() - channel.last_used > CHANNEL_IDLE_S):
+            self._channel = None  # elsewhere, aborted, or idle long enough for a middlebox to have dropped it
+            channel.close()
+            channel = None
+        if channel is None:
+            if self._channel_unimplemented or time.monotonic() < self._channel_retry_at:
                 return None
             channel = self._open_channel(address)
             if channel is None:
-                self._channel_failures += 1
-                wait = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2 ** (self._channel_failures - 1))
-                self._channel_retry_at = time.monotonic() + wait
+                self._channel_failed()
                 return None
-            self._channel_failures = 0
             self._channel = channel
+        if self._replaced != replaced:  # replaced while the channel opened
+            raise grpc.FutureCancelledError()
         try:
             data = channel.request(parts, size, host.epoch, host.config.rpc_timeout_s)
         except OSError as exc:
-            self.close_channel()
+            self._channel = None
+            channel.close()
             if self._replaced != replaced:
                 raise grpc.FutureCancelledError() from None
-            if isinstance(exc, TimeoutError):  # as a gRPC deadline would: the destination may be gone
-                raise parity_channel.ChannelError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                  "the parity channel timed out") from None
+            self._channel_failed()
             log.info("parity channel to server %d (%s) failed (%r); this frame goes through gRPC", self.destination,
                      address, exc)
             return None
+        channel.last_used = time.monotonic()
+        self._channel_failures = 0
         return parity_pb2.ParityAck.FromString(data)
+
+    def _channel_failed(self) -> None:
+        self._channel_failures += 1
+        wait = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2 ** (self._channel_failures - 1))
+        self._channel_retry_at = time.monotonic() + wait
 
     def _open_channel(self, address: str):
         host = self.owner.host
         try:
             reply = host.peers.stub(address, PARITY).OpenParityChannel(
-                parity_pb2.OpenParityChannelRequest(), timeout=host.config.rpc_timeout_s,
+                parity_pb2.OpenParityChannelRequest(), timeout=min(CHANNEL_CONNECT_S, host.config.rpc_timeout_s),
                 metadata=host.peers.metadata())
             channel = parity_channel.Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket,
                                              min(CHANNEL_CONNECT_S, host.config.rpc_timeout_s))
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._channel_refused = True  # a server without channels: ApplyParityFrames from now on
+                self._channel_unimplemented = True  # a server without channels: ApplyParityFrames to it
             log.info("no parity channel to server %d (%s): %s: %s; frames go through gRPC", self.destination, address,
                      exc.code().name, exc.details())
             return None
@@ -253,7 +268,8 @@ class DestinationSender:
         return channel
 
     def close_channel(self) -> None:
-        """Closes the parity channel (a request under way on it fails at once)."""
+        """Ends the parity channel from any thread (a request under way on it fails at once; the descriptor is
+        closed by the thread that sends, or when the channel is dropped)."""
         channel, self._channel = self._channel, None
         if channel is not None:
-            channel.close()
+            channel.abort()

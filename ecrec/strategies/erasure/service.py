@@ -97,7 +97,8 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
                 self._channels = parity_channel.ChannelListener(
                     self.host.config.host, self._channel_frame, self.host.config.max_message_bytes,
                     self.host.config.rpc_timeout_s)
-        return parity_pb2.OpenParityChannelReply(port=self._channels.port, ticket=self._channels.ticket_for(caller))
+            channels = self._channels
+        return parity_pb2.OpenParityChannelReply(port=channels.port, ticket=channels.ticket_for(caller))
 
     def _channel_frame(self, caller: str, epoch: int, frame) -> parity_pb2.ParityAck:
         """A frame from the parity channel of ``caller``: checked as an ``ApplyParityFrames`` call would be (this
