@@ -212,3 +212,20 @@ def test_a_benchmark_ended_by_sigterm_stops_its_clusters(tmp_path):
         for pid in below:
             if _alive(pid) and _started_by_us(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+def test_a_profile_of_the_quick_preset_closes_its_worker_before_its_cluster(tmp_path):
+    """The quick preset's worker never finishes its run in a profile (slices of an endless one): closing the run
+    must close its client too, or its idle keeper (which carries the confirmations of held pushes) goes on polling
+    the stopped servers, warnings every few seconds."""
+    import threading
+
+    before = set(threading.enumerate())  # a keeper of an earlier test in this process is not this one's
+    assert cli.main(["profile", "--strategy", "ecrec", "--servers", "3", "--no-py-spy", "--seconds", "1",
+                     "--rounds", "1", "--out", str(tmp_path / "work")]) == 0
+    keepers = [t for t in set(threading.enumerate()) - before if t.name == "ecrec-idle-keeper" and t.is_alive()]
+    for t in keepers:
+        t.join(timeout=10)  # a closed keeper ends at its next wake
+    assert not [t for t in keepers if t.is_alive()], "the profile left its worker's idle keeper polling"

@@ -356,6 +356,8 @@ class StrategyRun:
         if self.trainer is not None:
             self.trainer.close()
         client = self._result.get("cluster") if isinstance(self._result, dict) else None
+        if client is None and self.trainer is not None:  # not finished (a profile's slices, an interrupted run)
+            client = getattr(self.trainer, "cluster", None)
         if client is not None:  # its idle keeper would poll a cluster that is gone
             client.close(confirm_timeout_s=0)
         self.local.close()

@@ -9,7 +9,9 @@ rebuilt the replica deltas that arrived meanwhile.
 
 Everything a strategy or the server does to the data goes through the methods here; each takes the
 shard's lock for exactly the operation it names, so compound updates (a rebuilt row written and
-marked ready, a delta XORed and its version bumped) are atomic with respect to every reader.
+marked ready, a delta XORed and its version bumped) are atomic with respect to every reader.  A push's
+gradients go through one compiled pass per table (:mod:`ecrec.tables.optim_kernel`: gather, old bytes,
+optimizer, check) where the rows are a host array, else through the numpy reference (:mod:`ecrec.tables.optim`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecrec import errors
-from ecrec.tables import optim
+from ecrec.tables import optim, optim_kernel
 from ecrec.coding.layout import Layout
 from ecrec.tables.spec import DenseSpec, TableSpec, fill_initial_payload
 
@@ -85,13 +87,18 @@ class TableShard(_HoldsCuts):
         self.num_slots = layout.data_slots_per_server(spec.num_rows)
         self._payload = allocate((self.num_slots, spec.row_bytes), np.uint8)
         self._floats = self._payload.view(np.float32)  # (slots, row_floats)
+        # gradients go through the compiled pass where it takes the rows (host memory, a known optimizer); a server
+        # loads it before it registers (spec.warm_up)
+        self._compiled = optim_kernel.usable(self._floats, spec.optimizer)
         if initial_values and not spec.initially_zero:  # a replacement whose strategy rebuilds every row skips
             # this, and zeroed rows are initial rows already
             fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
         self.row_updates = 0  # distinct rows updated, summed over pushes
-        self.delta_cpu_s = 0.0  # CPU spent keeping rows' old bytes and XORing them into deltas (a strategy's)
+        # CPU spent keeping rows' old bytes and XORing them into deltas (a strategy's); in the compiled pass the old
+        # bytes are kept as the rows are gathered, at no cost of their own: only the XOR is counted there
+        self.delta_cpu_s = 0.0
         self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.ShardCut), by holder
 
     @property
@@ -136,6 +143,13 @@ class TableShard(_HoldsCuts):
         finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
         whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec
+        if self._compiled:  # one compiled pass: gather, old bytes, optimizer, check (optim_kernel), under the
+            with self._lock:  # lock as it reads the table (a few microseconds per hundred rows)
+                rows, old, bad = optim_kernel.update_rows(self._floats, slots, grads, spec.optimizer, spec.dim,
+                                                          spec.lr, spec.eps, keep_old)
+            if bad is not None:
+                self._refuse_not_finite(slots, bad)
+            return PreparedRows(slots, old, rows)
         rows, old = self._copy_rows(slots, keep_old)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not logged as a warning
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
@@ -165,11 +179,15 @@ class TableShard(_HoldsCuts):
     def _check_finite(self, slots: np.ndarray, rows: np.ndarray) -> None:
         bad = ~np.isfinite(rows).all(axis=1)
         if bad.any():
-            ids = self.layout.ids_of_slots(self.index, np.asarray(slots[bad][:5], dtype=np.int64)).tolist()
-            raise errors.InvalidRequest(
-                f"table {self.spec.name!r}: the update would leave {int(bad.sum())} rows with a non-finite weight "
-                f"or optimizer state (ids {', '.join(map(str, ids))}{', ...' if bad.sum() > 5 else ''}): the "
-                "gradient is too large for the optimizer; push refused, nothing applied")
+            self._refuse_not_finite(slots, bad)
+
+    def _refuse_not_finite(self, slots: np.ndarray, bad: np.ndarray) -> None:
+        """Refuses an update that would leave the rows ``slots[bad]`` non-finite, naming the first of them."""
+        ids = self.layout.ids_of_slots(self.index, np.asarray(slots[bad][:5], dtype=np.int64)).tolist()
+        raise errors.InvalidRequest(
+            f"table {self.spec.name!r}: the update would leave {int(bad.sum())} rows with a non-finite weight "
+            f"or optimizer state (ids {', '.join(map(str, ids))}{', ...' if bad.sum() > 5 else ''}): the "
+            "gradient is too large for the optimizer; push refused, nothing applied")
 
     def commit(self, prepared: PreparedRows, version: int,
                delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:

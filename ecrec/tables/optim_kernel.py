@@ -1,0 +1,94 @@
+"""The optimizer's pass over a push's rows, compiled: gather, update, check, and keep the old bytes, in one call.
+
+:func:`ecrec.tables.optim.apply` is the reference (numpy, ``torch.optim`` semantics); :func:`update_rows` computes
+bit for bit the same float32 results (the same operations in the same order, each rounded to float32, no fused
+multiply-add: numba contracts nothing unless ``fastmath``) in one pass per row while the row is in cache: copy it
+out of the table, keep its old bytes when a strategy needs them (a delta for parity, a row to restore), apply the
+optimizer, and flag it when a result is not finite.  Per table and push that is one compiled call with the GIL
+released, where numpy takes about a dozen calls, each a pass over the rows and a temporary.  Compiled once and
+cached on disk by numba (``cache=True``), like the parity merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SGD, ADAGRAD = 0, 1
+KINDS = {"sgd": SGD, "adagrad": ADAGRAD}
+
+
+# error_model="numpy": a division by zero gives inf or NaN, as in numpy (the row is then refused as not finite),
+# not a ZeroDivisionError
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def _update(table_f, table_u, slots, grads, dim, kind, neg_lr, eps, rows_f, rows_u, old_u, keep_old,
+            bad):  # pragma: no cover - numba
+    n = slots.shape[0]
+    width = table_f.shape[1]
+    for i in range(n):  # every slot in range before any is read (the table is read without bounds checks)
+        if slots[i] < 0 or slots[i] >= table_f.shape[0]:
+            return -1 - i
+    any_bad = 0
+    for i in range(n):
+        s = slots[i]
+        for c in range(width):  # the row's bits as they are (NaN payloads included): the old bytes, exactly
+            rows_u[i, c] = table_u[s, c]
+        if keep_old:
+            for c in range(width):
+                old_u[i, c] = table_u[s, c]
+        if kind == ADAGRAD:
+            for c in range(dim):  # s += g * g; w += -lr * (g / (sqrt(s) + eps)), each step rounded to float32
+                g = grads[i, c]
+                state = rows_f[i, dim + c] + g * g
+                rows_f[i, dim + c] = state
+                std = np.sqrt(state) + eps
+                rows_f[i, c] = rows_f[i, c] + neg_lr * (g / std)
+        else:
+            for c in range(dim):
+                rows_f[i, c] = rows_f[i, c] + neg_lr * grads[i, c]
+        finite = True
+        for c in range(width):
+            if not np.isfinite(rows_f[i, c]):
+                finite = False
+        bad[i] = not finite
+        if not finite:
+            any_bad = 1
+    return any_bad
+
+
+def usable(table: np.ndarray, optimizer: str) -> bool:
+    """Whether :func:`update_rows` takes this table (a C-contiguous float32 array of rows in host memory, a known
+    optimizer); else the caller uses the numpy reference."""
+    return (type(table) is np.ndarray and table.ndim == 2 and table.dtype == np.float32
+            and table.flags.c_contiguous and optimizer in KINDS)
+
+
+def update_rows(table: np.ndarray, slots: np.ndarray, grads: np.ndarray, optimizer: str, dim: int, lr: float,
+                eps: float, keep_old: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Rows ``slots`` (unique, in range) of ``table`` (``(slots, row_floats)`` float32) after the optimizer with
+    ``grads`` (``(n, dim)`` float32), on copies -- ``table`` is only read.  Returns ``(rows, old, bad)``: the new
+    rows (``(n, row_floats)`` float32), their bytes before (``(n, row_bytes)`` uint8, when ``keep_old``), and a
+    mask of the rows whose result is not finite (None when every one is).  A slot out of range raises
+    ``IndexError`` (nothing is read)."""
+    n, width = len(slots), table.shape[1]
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    grads = np.ascontiguousarray(grads, dtype=np.float32).reshape(n, dim)
+    rows = np.empty((n, width), dtype=np.float32)
+    old = np.empty((n, width * 4), dtype=np.uint8) if keep_old else np.empty((0, 0), dtype=np.uint8)
+    bad = np.empty(n, dtype=np.bool_)
+    found = _update(table, table.view(np.uint32), slots, grads, dim, KINDS[optimizer], np.float32(-lr),
+                    np.float32(eps), rows, rows.view(np.uint32), old.view(np.uint32), keep_old, bad)
+    if found < 0:
+        i = -1 - found
+        raise IndexError(f"slot {int(slots[i])} is out of range for a table of {table.shape[0]} slots")
+    return rows, (old if keep_old else None), (bad if found else None)
+
+
+def warm_up() -> None:
+    """Loads (or compiles) the kernel now, not in a server's first push: for gradients in a buffer of their own and
+    for read-only ones (a request's bytes seen as floats in place: numba compiles each kind apart)."""
+    table = np.zeros((2, 2), dtype=np.float32)
+    grads = np.zeros((1, 1), np.float32)
+    update_rows(table, np.zeros(1, np.int64), grads, "adagrad", 1, 0.1, 1e-10, True)
+    grads.setflags(write=False)
+    update_rows(table, np.zeros(1, np.int64), grads, "adagrad", 1, 0.1, 1e-10, True)
