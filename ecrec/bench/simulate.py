@@ -145,7 +145,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
     "reschedule_s": (0.08820, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
-    "parity_overhead": (0.1016, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
+    "parity_overhead": (0.1218, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
     "rebuild_bytes_per_s": (213.9e6, "bytes/s per server",
                             f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 15 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
@@ -153,12 +153,12 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                       "recovering in 5 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
-    "mfu_save_fraction": (0.04167, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
+    "mfu_save_fraction": (0.04224, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
                                                "of their shards (the quick runs and the realistic ones)"),
-    "mfu_update_coverage": (0.8071, "fraction", "h, the compare reports (modelled): from cpr-mfu's equal-PLS replays "
+    "mfu_update_coverage": (0.8049, "fraction", "h, the compare reports (modelled): from cpr-mfu's equal-PLS replays "
                                                 "(g of cpr's updates left unsaved), h = (1 - g) / (1 - 1/r)"),
     "ssu_save_fraction": (0.1043, "fraction", "f: the same median for cpr-ssu"),
-    "ssu_update_coverage": (0.9245, "fraction", "h, the compare reports (modelled): the same for cpr-ssu's replays "
+    "ssu_update_coverage": (0.9202, "fraction", "h, the compare reports (modelled): the same for cpr-ssu's replays "
                                                 "(a g below 1/r clamped to 1)"),
     # --- the fit basis (issue 24) ---
     "save_latency_s": (0.05211, "s", f"{_RES}: persisted saves of full/cpr, fit latency + bytes / bandwidth over 16 "
@@ -167,12 +167,12 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3106, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
-    "parity_s_per_update": (5.390e-6, "s per row update",
+    "rebuild_latency_s": (0.3086, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "parity_s_per_update": (5.643e-6, "s per row update",
                             f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
                             "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "
-                            "step; 95 % interval +3.6 to +7.1 us"),
-    "updates_per_server_s": (18856.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
+                            "step; 95 % interval +4.0 to +6.6 us"),
+    "updates_per_server_s": (21578.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
                                                                   "those 11 runs"),
     "snapshot_bytes_per_s": (48.00e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB over 4 servers in 10.67 s"),
     "snapshot_restore_bytes_per_s": (39.08e6, "bytes/s per server", "snapshot-4m.json: 2,048 MB onto 3 servers in "
