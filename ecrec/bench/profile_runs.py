@@ -130,33 +130,30 @@ class RowsWorkload:
         self.local.close()
 
 
-def options_for(strategy: str, args) -> dict[str, str]:
-    """The ``--option``s, for the profiled strategy only (the baseline runs with its defaults, or its
-    ``--against-option``s: :func:`clusters`)."""
-    if strategy != args.strategy:
-        return {}
-    return dict(item.split("=", 1) for item in args.option)
+def _options(items) -> dict[str, str]:
+    """``KEY=VALUE`` flags as a dict (checked for their ``=`` by ``profile._check``)."""
+    return dict(item.split("=", 1) for item in items or [])
 
 
 def clusters(args) -> list[tuple[str, str, dict[str, str]]]:
-    """``(name, strategy, options)`` of each cluster to run, the baseline (``--against``) first: the profiled one
-    is named by its strategy, the baseline by its strategy too, or, when it is the same strategy, by it and its
-    ``--against-option``s (``ecrec (parity_transport=grpc)``)."""
-    profiled = (args.strategy, args.strategy, dict(item.split("=", 1) for item in args.option))
+    """``(name, strategy, options)`` of each cluster to run, the baseline (``--against``) first, with its
+    ``--against-option``s (the profiled one has the ``--option``s): the profiled one is named by its strategy, the
+    baseline by its strategy too, or, when it is the same strategy, by it and its options
+    (``ecrec (parity_transport=grpc)``)."""
+    profiled = (args.strategy, args.strategy, _options(args.option))
     if not args.against:
         return [profiled]
-    base_options = dict(item.split("=", 1) for item in getattr(args, "against_option", []) or [])
+    against = getattr(args, "against_option", None) or []
     name = args.against
     if args.against == args.strategy:
-        name = f"{args.against} ({' '.join(getattr(args, 'against_option', None) or ['defaults'])})"
-    return [(name, args.against, base_options), profiled]
+        name = f"{args.against} ({' '.join(against or ['defaults'])})"
+    return [(name, args.against, _options(against)), profiled]
 
 
-def workload(strategy: str, args, out: Path, options: dict[str, str] | None = None):
-    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` with ``options`` (default: the
-    profiled strategy's ``--option``s; its files under ``out``)."""
+def workload(strategy: str, args, out: Path, options: dict[str, str]):
+    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` with ``options`` (its files under
+    ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
-    options = options_for(strategy, args) if options is None else options
     return RowsWorkload(strategy, args, out, options) if args.rows else QuickWorkload(strategy, args, out, options)
 
 
