@@ -134,6 +134,37 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster, transport_):
 
 
 @pytest.mark.cluster
+def test_while_a_server_recovers_every_group_goes_directly_not_through_the_worker(make_cluster):
+    """While an index rebuilds, groups are one push each; they go to their parity servers directly (off the push
+    path, as frames), never relayed through the worker (which would carry every push's deltas twice, sealed, and
+    delay them a step).  The rebuild is slowed so that training runs beside it throughout."""
+    from helpers import kill_index, train
+
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         options={"rebuild_duty": "0.001", "rebuild_duty_training": "0.001",
+                                  "rebuild_batch_rows": "3"})
+    seen = {}
+
+    def counters(cluster):
+        stats = cluster.strategy_call("stats")
+        return {key: sum(s.get(key, 0) for s in stats.values()) for key in ("relay_batches", "direct_batches")}
+
+    def on_step(step, cluster):
+        if step == 10:
+            kill_index(local, 1)
+        if step == 20:
+            seen["from"] = counters(cluster)
+        if step == 59:
+            seen["to"] = counters(cluster)
+            seen["recovering"] = any(s.state == 4 for s in cluster.refresh_map().servers)  # 4 = RECOVERING
+
+    train(local.coordinator_address, on_step)
+    assert seen["recovering"], "the rebuild ended before the steps checked"
+    assert seen["to"]["direct_batches"] - seen["from"]["direct_batches"] > 0, seen
+    assert seen["to"]["relay_batches"] == seen["from"]["relay_batches"], seen
+
+
+@pytest.mark.cluster
 def test_a_worker_claiming_a_server_id_cannot_change_parity(make_cluster):
     """ApplyParity and ResolveSource from a caller that names a live server's id but cannot prove it (it has
     no server key) are refused; parity and the owners' chains are untouched and training goes on."""

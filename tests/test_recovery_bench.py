@@ -111,6 +111,12 @@ def test_during_training_reports_the_training_lost(tmp_path):
         assert row.get(key) is not None, key
     assert row["replayed_s"] == 0.0  # nothing rolls back under ecrec
     assert row["samples_per_s_before"] > 0 and row["longest_step_s"] > 0
+    # what the replacement's rebuild took, by part, from its own counters
+    parts = row["failures"][0]["rebuild_parts"]
+    assert parts["rebuild_s"] > 0 and parts["rows_rebuilt"] > 0 and parts["parity_rows_rebuilt"] > 0
+    assert parts["bulk_s"] > 0 and parts["bulk_rows_rebuilt"] > 0
+    assert parts["on_demand_calls"] >= 1 and parts["on_demand_s"] > 0  # the step after the kill touched its rows
+    assert "rebuild_duty" not in parts  # not paced by default
 
 
 def test_the_records_of_a_run_through_a_failure_are_saved_and_accounted():

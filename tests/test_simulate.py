@@ -460,6 +460,9 @@ def test_defaults_are_what_the_result_files_give():
         assert simulate.DEFAULTS[name][0] == pytest.approx(found[name].value, rel=2e-3), name
     # the loaded run without paired rounds is left out; the fits say what they were fitted on
     assert "compare-quick-run1.json" in fits["files"]["skipped"]
+    # so are runs of another setting than the defaults modelled (a paced rebuild)
+    assert "recovery-4m-paced-1.json" in fits["files"]["strategy options set (not the defaults)"]
+    assert "recovery-4m-paced-1.json" not in fits["files"]["recovery"]
     assert len(fits["save"]["points"]) >= 4 and len({round(p[0], -5) for p in fits["save"]["points"]}) >= 3
     assert len(fits["parity"]["samples"]) >= 12
 

@@ -24,7 +24,10 @@ and ``cpr``: one checkpoint of every server, written and fsynced), SIGKILLs one 
 servers, ``full`` and ``cpr`` driven by ``baselines.driver.CheckpointDriver`` with the Daly or PLS
 interval for ``--mtbf-hours``) trains before and through ``--failures`` kills, and the report adds training
 time lost per failure (:func:`lost_training`: paused time + replayed steps + the deficit of throughput while
-recovering; mean and range), the throughput while recovering over before, and the longest step.  ``full``'s
+recovering; mean and range), the throughput while recovering over before, and the longest step; for ``ecrec``,
+what the replacement's rebuild took by part, from its own counters (the whole rebuild, the fast path and its wait
+for the survivors' streams, the requests that rebuilt their rows on demand and their time, the pacer's duty with
+``--option rebuild_slowdown=S``: a line per failure, and ``rebuild_parts`` in the JSON).  ``full``'s
 and ``cpr``'s kills fall at stratified phases of their interval ((i + 0.5) / n, measured from a save), so
 the mean loss is the expectation over the interval, measured rather than modelled; the run's MTBF must be
 short enough for the interval to fit in ``--max-s`` (a clear error says so otherwise).  A new standby is
@@ -38,6 +41,7 @@ Examples::
     ecrec-bench recovery --rows 4000000 --strategies ecrec       # 4M x 64 (2 GB of rows + optimizer state)
     ecrec-bench recovery --during-training --strategies none,ecrec,full,cpr --failures 3 --json rec.json
     ecrec-bench recovery --rows 4000000 --during-training --mtbf-hours 0.2 --cost-mtbf-hours 24 --plot rec.png
+    ecrec-bench recovery --rows 4000000 --strategies ecrec --during-training --option rebuild_slowdown=0.1
 """
 
 from __future__ import annotations

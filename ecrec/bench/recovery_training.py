@@ -258,6 +258,45 @@ def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) 
     progress("a standby for the next failure is ready")
 
 
+#: the replacement's counters a failure's report keeps (``rebuild_parts``): what its rebuild took, by part
+REBUILD_PARTS = {
+    "rebuild_s": "the whole rebuild, from the promotion's start (s)",
+    "bulk_s": "the fast path: rows streamed from every survivor, decoded and installed (s)",
+    "bulk_wait_s": "... of it waiting for the survivors' streams (s)",
+    "bulk_rows_rebuilt": "rows the fast path installed",
+    "rows_rebuilt": "data rows rebuilt (fast path, row by row, on demand)",
+    "parity_rows_rebuilt": "parity rows rebuilt",
+    "on_demand_calls": "requests that rebuilt the rows they touched first",
+    "on_demand_s": "... the time they spent on it (s)",
+    "rebuild_duty": "the pacer's last duty (rebuild_slowdown)",
+    "rebuild_probes": "the pacer's probes of training's rate at rest",
+}
+
+
+def rebuild_parts(cluster, index: int) -> dict:
+    """What the replacement at ``index`` reports of its rebuild (:data:`REBUILD_PARTS`; absent: not counted)."""
+    try:
+        stats = cluster.strategy_call("stats", indices=[index])[index]
+    except Exception as exc:  # noqa: BLE001 - a report without the parts, said so
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {key: float(stats[key]) for key in REBUILD_PARTS if key in stats}
+
+
+def describe_parts(parts: dict) -> str:
+    """One line of :func:`rebuild_parts`."""
+    if "error" in parts:
+        return f"its counters could not be read ({parts['error']})"
+    out = [f"{parts.get('rebuild_s', float('nan')):.2f} s in all"]
+    if "bulk_s" in parts:
+        out.append(f"fast path {parts['bulk_s']:.2f} s ({parts.get('bulk_wait_s', 0.0):.2f} s waiting for streams)")
+    if parts.get("on_demand_calls"):
+        calls = parts["on_demand_calls"]
+        out.append(f"on demand {int(calls)} requests, {parts.get('on_demand_s', 0.0) / calls * 1e3:.1f} ms each")
+    if "rebuild_duty" in parts:
+        out.append(f"paced: duty {parts['rebuild_duty']:.2f} after {int(parts.get('rebuild_probes', 0))} probes")
+    return "; ".join(out)
+
+
 def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, since: float, progress,
                  phase: float | None) -> dict:
     """Kills ``index`` now and trains until it is redundant again plus ``--after-s`` and past the furthest step
@@ -291,6 +330,9 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
     figures.update(kill_time=t_kill, phase=phase, redundant_s=redundant - t_kill if redundant is not None else None,
                    go_on_s=next(r["end"] for r in worker.records if r["end"] > t_kill) - t_kill,
                    promotion_s=promoted - t_kill if promoted else None)
+    if strategy == "ecrec":
+        figures["rebuild_parts"] = rebuild_parts(worker.cluster, index)
+        progress("rebuild: " + describe_parts(figures["rebuild_parts"]))
     if worker.driver is not None and len(worker.driver.events) > seen:
         event = worker.driver.events[-1]
         figures["lost_updates"] = event.lost_updates

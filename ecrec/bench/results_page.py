@@ -65,6 +65,10 @@ TARGETS = {
     "stall_share": 0.01,  # issue 37: ecrec's share of time in steps over 30 ms at 4M x 64
     "ecrec_cpu_ratio_quick": 1.03,  # issue 37: ecrec's CPU per sample over none's, median of three quick compares
     "ecrec_overhead_quick": 0.03,  # issue 37: ecrec's throughput overhead, median of three quick compares
+    "tput_through_failure": 0.90,  # issue 38: throughput while recovering over before the kill (goal 0.95)
+    "redundant_training_s": 4.0,  # issue 38: fully redundant again after the kill, while training
+    "longest_step_s": 0.15,  # issue 38: ecrec's longest step through the failure
+    "lost_per_failure_s": 0.5,  # issue 38: training lost per failure
 }
 
 
@@ -671,6 +675,97 @@ def section_scale_runs(files: _Files) -> list[str]:
     return out
 
 
+#: ``recovery --rows 4000000 --strategies ecrec --during-training --failures 1``, three runs of each setting:
+#: the defaults, and the background rebuild paced to training (``--option rebuild_slowdown=0.1``)
+THROUGH_RUNS = {
+    "defaults": ("recovery-4m-through-1.json", "recovery-4m-through-2.json", "recovery-4m-through-3.json"),
+    "rebuild_slowdown=0.1": ("recovery-4m-paced-1.json", "recovery-4m-paced-2.json", "recovery-4m-paced-3.json"),
+}
+
+
+def through_failure(row: dict) -> dict:
+    """One ecrec failure's figures (the first): what training lost, its speed while recovering, when redundancy
+    came back, the longest step, and what the replacement's rebuild took by part (absent in older files)."""
+    failure = row["failures"][0]
+    parts = failure.get("rebuild_parts") or {}
+    calls = parts.get("on_demand_calls") or 0
+    nan = float("nan")
+
+    def value(x):
+        return nan if x is None else float(x)
+
+    return {"lost s": value(failure["lost_training_s"]), "tput in rec.": value(failure["throughput_ratio"]),
+            "redundant s": value(failure["redundant_s"]), "longest step s": value(failure["longest_step_s"]),
+            "on demand ms": parts["on_demand_s"] / calls * 1e3 if calls else nan,
+            "fast path s": value(parts.get("bulk_s"))}
+
+
+def _median_known(values: list[float]) -> tuple[float, float, float]:
+    """Median, min and max of the values that are numbers (NaN: not recorded, or never reached); NaN when none."""
+    known = [v for v in values if v == v]
+    return (statistics.median(known), min(known), max(known)) if known else (float("nan"),) * 3
+
+
+def section_through_failure(files: _Files) -> list[str]:
+    """ECRec training through one kill at 4M x 64, three runs with the defaults and three with the rebuild paced
+    to training: per run and the median of each setting, against issue 38's targets."""
+    from ecrec.ops import console
+
+    present = {setting: [n for n in names if files.has(n)] for setting, names in THROUGH_RUNS.items()}
+    if not any(present.values()):
+        return [f"No runs recorded yet (`{'`, `'.join(n for names in THROUGH_RUNS.values() for n in names)}`)."]
+    out = []
+    for names in present.values():
+        for name in names:
+            c = files[name]["config"]
+            options = "".join(f" --option {o}" for o in c.get("option") or [])
+            out += [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
+                             f"--during-training --failures {c['failures']}{options} --json {FILES_DIR}/{name}"),
+                    _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+    keys = ["lost s", "tput in rec.", "redundant s", "longest step s", "on demand ms", "fast path s"]
+    formats = {"tput in rec.": "{:.2f}", "on demand ms": "{:.1f}"}
+
+    def fmt(key, v):
+        return "-" if v != v else formats.get(key, "{:.2f}").format(v)
+
+    table, medians = [], {}
+    for setting, names in present.items():
+        figures = [through_failure(_rows(files[n])["ecrec"]) for n in names]
+        table += [[n, setting, *[fmt(k, f[k]) for k in keys]] for n, f in zip(names, figures)]
+        if figures:
+            spread = {k: _median_known([f[k] for f in figures]) for k in keys}
+            medians[setting] = {k: spread[k][0] for k in keys}
+            table.append([f"median of {len(figures)}", setting,
+                          *[f"{fmt(k, spread[k][0])} [{fmt(k, spread[k][1])}, {fmt(k, spread[k][2])}]" for k in keys]])
+    c = files[next(n for names in present.values() for n in names)]["config"]
+    out.append(f"Each run trains `ecrec` on {_rows_label(c['rows'])} x {c['dim']} rows ({c['batch_size']} samples x "
+               f"{c['ids_per_sample']} ids per step, {c['servers']} servers, RS({c['k']}, {c['m']})), kills server "
+               f"{c['fail_server']} and trains on until the replacement is fully redundant again, plus "
+               f"{c['after_s']:g} s. Per failure: training time lost (paused, "
+               "replayed, and the deficit of throughput while recovering), throughput while recovering over before "
+               "the kill, seconds from the kill to full redundancy, the longest step, and the replacement's own "
+               "counters: the mean time a request spent rebuilding the rows it touched first (on demand), and the "
+               "fast path's time. `rebuild_slowdown=0.1` paces the background rebuild so that training runs within "
+               "1.1x of its speed while the rebuild rests (`docs/protocol.md`, \"Recovery\"):")
+    out.append(_printed(console.print_table, ["run", "setting", *keys], table))
+    lines = []
+    for setting, med in medians.items():
+        if any(v != v for v in med.values()):
+            lines.append(f"- {setting}: some figures were not recorded (older files, or redundancy never came back "
+                         "within the run); see the table.")
+            continue
+        lines.append(
+            f"- {setting}, the median of the runs: throughput while recovering {med['tput in rec.']:.2f} of before "
+            f"(target >= {TARGETS['tput_through_failure']}: {_met(med['tput in rec.'] >= TARGETS['tput_through_failure'])}); "
+            f"redundant again {med['redundant s']:.2f} s after the kill (target <= {TARGETS['redundant_training_s']:g} s: "
+            f"{_met(med['redundant s'] <= TARGETS['redundant_training_s'])}); longest step {med['longest step s']:.3f} s "
+            f"(target <= {TARGETS['longest_step_s']} s: {_met(med['longest step s'] <= TARGETS['longest_step_s'])}); "
+            f"training lost {med['lost s']:.2f} s per failure (target <= {TARGETS['lost_per_failure_s']} s: "
+            f"{_met(med['lost s'] <= TARGETS['lost_per_failure_s'])}).")
+    out.append("Against the targets of issue 38:\n" + "\n".join(lines))
+    return out
+
+
 # --- control plane ------------------------------------------------------------------------------------------
 def section_control_plane(files: _Files) -> list[str]:
     from ecrec.bench import control_plane
@@ -988,6 +1083,7 @@ SECTIONS = [
     ("The parity path per row update", section_parity_per_row),
     ("The main job, three runs", section_quick_runs),
     ("At scale before a kill, three runs", section_scale_runs),
+    ("Training through a failure at scale, three runs", section_through_failure),
     ("The control plane on etcd", section_control_plane),
     ("Recovery at scale", section_recovery),
     ("Snapshots", section_snapshot),

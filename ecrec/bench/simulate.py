@@ -117,8 +117,10 @@ class Input:
 # the small sizes of the per-table fits), compare-movielens.json and
 # compare-realistic.json / compare-realistic-run1.json (`--preset realistic`; packed checkpoints, so their saves
 # are left out of the per-table save, stall and load fits: FIT_LAYOUT);
-# recovery-default.json (400k x 64 rows), recovery-4m-idle.json and recovery-4m-training.json (4M x 64 rows,
-# 2.05 GB), snapshot-4m.json.  compare-quick-run1.json (no paired rounds, a machine at load 30-48) is left out.
+# recovery-default.json (400k x 64 rows), recovery-4m-idle.json, recovery-4m-training.json, recovery-4m-ecrec-*.json
+# and recovery-4m-through-*.json (4M x 64 rows, 2.05 GB), snapshot-4m.json.  compare-quick-run1.json (no paired
+# rounds, a machine at load 30-48) is left out, and so are recovery-4m-paced-*.json (a strategy option set: a
+# paced rebuild, not the defaults modelled).
 # The legacy overhead basis (`--basis overhead`: `{full,cpr,mfu,ssu}_save_bytes_per_s`, `parity_overhead`)
 # comes from compare-quick-per-table.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
 # parity cost below x its update rate.  Absolute rates are those of this Python prototype on a 2-core shared
@@ -146,11 +148,11 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
     "reschedule_s": (0.09859, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
     "parity_overhead": (0.1183, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (198.8e6, "bytes/s per server",
-                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 15 points "
+    "rebuild_bytes_per_s": (206.5e6, "bytes/s per server",
+                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 18 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
-    "recovery_throughput_ratio": (0.4052, "fraction", f"{_RES}: median of ECRec's useful throughput while "
-                                                      "recovering in 5 runs"),
+    "recovery_throughput_ratio": (0.4139, "fraction", f"{_RES}: median of ECRec's useful throughput while "
+                                                      "recovering in 14 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
     "mfu_save_fraction": (0.04224, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
@@ -167,7 +169,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3054, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "rebuild_latency_s": (0.3071, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
     "parity_s_per_update": (5.483e-6, "s per row update",
                             f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
                             "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "
@@ -781,7 +783,8 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
     - MFU/SSU save fractions and update coverage: :func:`inputs_from_compare` of the current compare reports
       (median over reports).
 
-    The save, stall and load fits take the saves of one checkpoint ``layout`` only (:func:`checkpoint_layout`;
+    Recovery runs with a strategy option set (``--option``: another setting than the defaults modelled) are left
+    out, listed in ``fits["files"]``.  The save, stall and load fits take the saves of one checkpoint ``layout`` only (:func:`checkpoint_layout`;
     default ``per-table``, the layout measured at every size): a packed save (``files=one``: one file, one
     fsync) costs a different latency and bandwidth, and a fit over both layouts describes neither.  The reports
     of another layout are listed in ``fits["files"]["other checkpoint layout"]`` and still give ECRec's inputs.
@@ -798,10 +801,14 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
     reports = {k: v for k, v in reports.items() if v}
     compares = {k: v for k, v in reports.items() if k.startswith("compare") and _is_current_compare(v)}
     recoveries = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "recovery"}
+    # a run with a strategy option set measures that setting (e.g. a paced rebuild), not the defaults modelled here
+    optioned = sorted(k for k, v in recoveries.items() if (v.get("config") or {}).get("option"))
+    recoveries = {k: v for k, v in recoveries.items() if k not in optioned}
     snapshots = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "snapshot"}
     fits["files"] = {"compare (current: paired rounds)": sorted(compares), "recovery": sorted(recoveries),
                      "snapshot": sorted(snapshots),
                      "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares),
+                     "strategy options set (not the defaults)": optioned,
                      "other checkpoint layout": sorted(k for k, v in {**compares, **recoveries}.items()
                                                        if checkpoint_layout(v.get("config") or {}) != layout)}
 

@@ -88,7 +88,10 @@ class Server:
         self.parity: dict[int, frozenset] = {}  # stripe -> XOR of its data atoms
         self.pvv: dict[int, list[int]] = {}  # stripe -> the version of each data position the parity holds
         self.built: dict[int, bool] = {}
-        self.held_back: dict[int, list] = {}  # stripe -> [(seq, pos, delta)] for a parity not built yet
+        self.held_back: dict[int, list] = {}  # stripe -> [(seq, pos, delta)] for a parity not built yet, read
+        self.marked: set[int] = set()  # stripes whose parity rebuild has started reading (ParityArena.begin_read)
+        self.reading: dict[int, tuple] = {}  # stripe -> what its rebuild read (the rows, versions, owners' bounds)
+        self.listings: dict[int, int] = {}  # source -> times listed for a resolution here (the receiver's generation)
         self.box = Outbox()  # production's owner core: outbox, chains, confirmation, committed push ids
         self.payload: dict[int, Payload] = {}  # seq -> what its batch carries
         self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
@@ -182,8 +185,10 @@ class Server:
             if self.pvv[stripe][pos] < seq:  # else the rebuilt parity holds it already: skipped
                 self.parity[stripe] ^= p.delta
                 self.pvv[stripe][pos] = seq
-        else:
+        elif stripe in self.marked:
             self.held_back.setdefault(stripe, []).append((seq, pos, p.delta))
+        # else dropped: the parity's rebuild has not read the stripe yet, and the data it will read holds this push
+        # (its owner applied it before sending it); the log still records it, for a resolution
         lg.record(seq, LogEntry(seq, seq, [p.pid], (self.index,), (self.sid,), p.row, p.delta, p.old_version))
 
     def undo(self, e: LogEntry) -> None:
@@ -346,6 +351,7 @@ class Sim:
         # resolution of x's pushes, by the rule production runs, on the listings production builds
         listings, survivors = {}, [s for s in self.servers.values() if s is not new]
         for s in survivors:  # receiver.list_source
+            s.listings[x] = s.listings.get(x, 0) + 1
             lg = s.log_of(x)
             lg.close_for_resolution()
             listings[s.index] = parity_pb2.ResolveSourceReply()
@@ -384,29 +390,40 @@ class Sim:
         return True
 
     def rebuild_parity(self, s: Server, stripe: int) -> bool:
-        """A parity row of a replacement: the stripe's data rows, at versions the rule lets it embed."""
+        """A parity row of a replacement, in two steps as production does it: a read (the row marked first, so that
+        deltas for it are held from then on; the stripe's data rows at versions the rule lets it embed, with their
+        owners' bounds and committed ids), then, at a later action, the build (the owners' bounds adopted unless an
+        owner was listed for a resolution since: then read again; the deltas held since the read applied where newer)."""
         if s.built.get(stripe) is not False:
             return False
-        members = []
-        for r in range(stripe * K, stripe * K + K):
-            o = self.live(self.owner_of(r))
-            if o is None or not o.ready.get(r):
-                return False
-            members.append((o, r))
-        if self.rule != "any":
-            if not all(embeddable(o.versions[r], max(o.bound(), s.log_of(o.index).logged_upto(o.sid)))
-                       for o, r in members):
+        read = s.reading.pop(stripe, None)
+        if read is None:
+            s.marked.add(stripe)  # before the data is read
+            members = []
+            for r in range(stripe * K, stripe * K + K):
+                o = self.live(self.owner_of(r))
+                if o is None or not o.ready.get(r):
+                    return False
+                members.append((o, r))
+            if self.rule != "any" and not all(
+                    embeddable(o.versions[r], max(o.bound(), s.log_of(o.index).logged_upto(o.sid))) for o, r in members):
                 for o, _ in members:  # the owner, told a rebuild waits, sends its batches now
                     o.tick()
                 return False
-            for o, _ in members:  # receiver.adopt_locked: the owner's bound and committed ids, kept with its log
-                if not s.log_of(o.index).adopt(o.sid, o.bound(), o.box.committed.items()):
-                    return False
-        value = frozenset()
-        for o, r in members:
-            value ^= o.rows[r]
-        s.parity[stripe], s.pvv[stripe], s.built[stripe] = value, [o.versions[r] for o, r in members], True
-        for seq, pos, delta in sorted(s.held_back.pop(stripe, [])):
+            value = frozenset()
+            for o, r in members:
+                value ^= o.rows[r]
+            s.reading[stripe] = (value, [o.versions[r] for o, r in members],
+                                 [(o.index, o.sid, o.bound(), list(o.box.committed.items()), s.listings.get(o.index, 0))
+                                  for o, _ in members])
+            return False
+        value, versions, owners = read
+        if self.rule != "any":
+            for index, sid, bound, committed, listed in owners:  # receiver.adopt_locked
+                if s.listings.get(index, 0) != listed or not s.log_of(index).adopt(sid, bound, committed):
+                    return False  # an owner resolved since the read: read again
+        s.parity[stripe], s.pvv[stripe], s.built[stripe] = value, list(versions), True
+        for seq, pos, delta in s.held_back.pop(stripe, []):  # in arrival order, as ParityArena._apply_held
             if seq > s.pvv[stripe][pos]:
                 s.parity[stripe] ^= delta
                 s.pvv[stripe][pos] = seq

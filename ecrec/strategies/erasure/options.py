@@ -42,6 +42,11 @@ class ErasureOptions:
     rebuild_duty: float = option(1.0, "share of wall time the background rebuild may work, in (0, 1]")
     rebuild_duty_training: float = option(1.0, "... while training requests come in (the rows a step touches are "
                                                "rebuilt on demand first); in (0, 1]")
+    rebuild_slowdown: float = option(0.0, "while training requests come in, pace the background rebuild by "
+                                          "measurement so that training's rate (the pushes reaching the "
+                                          "replacement) stays within 1 + this of its rate while the rebuild "
+                                          "rests (0.1: at least ~91 %; measured in short rests every few "
+                                          "seconds); 0: no pacing, rebuild_duty_training applies")
     heartbeat_s: float = option(2.0, "an owner idle this long confirms its acknowledged batches to its parity servers, "
                                      "which then trim their logs (s; while it trains, its batches carry that)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
@@ -81,7 +86,7 @@ class ErasureOptions:
             raise ValueError(f"strategy {strategy!r}: rebuild_nice must be in [0, 19]")
         if not 1 <= self.rebuild_frame_bytes <= MAX_FRAME_BYTES:
             raise ValueError(f"strategy {strategy!r}: rebuild_frame_bytes must be in [1, {MAX_FRAME_BYTES}]")
-        for key in ("rebuild_pause_s", "heartbeat_s", "coalesce_s"):
+        for key in ("rebuild_pause_s", "heartbeat_s", "coalesce_s", "rebuild_slowdown"):
             if getattr(self, key) < 0:
                 raise ValueError(f"strategy {strategy!r}: {key} must be >= 0")
         for key in ("rebuild_deadline_s", "partial_parity_wait_s", "relay_timeout_s", "resolve_deadline_s"):

@@ -18,8 +18,9 @@ batch not acknowledged within ``relay_timeout_s`` (a worker that stopped, died, 
 directly by the destination's :class:`~ecrec.strategies.erasure.sender.DestinationSender`.
 
 A rebuild must read a data row at a group boundary (a merged delta is all or nothing): while any server recovers
-every group is one push, and a read of data rows for a rebuild first closes the group still open, with pushes
-paused (:meth:`ParityOwner.seal_for_read`).
+every group is one push (sent directly by the closer thread and the senders, not relayed: the worker's next
+request may be a step away, and its bandwidth is training's), and a read of data rows for a rebuild first closes
+the group still open, with pushes paused (:meth:`ParityOwner.seal_for_read`).
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
@@ -161,8 +162,9 @@ class ParityOwner:
     # --- a push -----------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush) -> PushOutcome:
         """Adds the push to the open group (called in push order, under the server's apply lock); when the group
-        is full (pushes, bytes) or old, or while any server recovers (a rebuild reads parity: it must not lag),
-        closes it: its batches go back in this reply."""
+        is full (pushes, bytes) or old, or while any server recovers or is missing (a rebuild reads parity: it
+        must not lag), closes it: a small group's batches go back in this reply to relay, a big one's -- and every
+        group while a server recovers or is missing -- go directly (:meth:`_close_locked`)."""
         options, faults = self.options, self.host.faults
         with self.lock:
             self.box.numbered(push.seq)
@@ -172,10 +174,13 @@ class ParityOwner:
                 group = self._group = PushGroup(push.seq, push.seq, now)
             group.add(push)
             group.last_push = now
+            eager = self._eager or now < self._eager_until
             close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
-                     or now - group.started >= options.coalesce_s or self._eager or now < self._eager_until
+                     or now - group.started >= options.coalesce_s or eager
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
-            entry, relay = self._close_locked(relayed=True) if close else (None, [])
+            # while a server recovers, a group is one push and goes directly: relayed, every push's batches would
+            # cross the worker twice (sealed, in its reply and its next requests) and wait for its next step
+            entry, relay = self._close_locked(relayed=True, direct=eager) if close else (None, [])
             confirmed = self.box.confirmed
             if self.outbox:
                 oldest = next(iter(self.outbox.values()))
@@ -185,12 +190,12 @@ class ParityOwner:
             self._after_close(entry)
         return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
 
-    def _close_locked(self, relayed: bool):
+    def _close_locked(self, relayed: bool, direct: bool = False):
         """Closes the open group into an outbox entry (call with the lock held).  A small group's batches are built
-        now and returned to relay (``relayed``) in this push's reply; a group holding ``direct_bytes`` or more (or
-        any group while an earlier one is still being built: chains stay in push order) goes to the closer thread,
-        which builds it off the push path and sends its batches directly.  Returns the entry built now and its
-        relay (None, [] when there is nothing to do now)."""
+        now and returned to relay (``relayed``) in this push's reply; a group holding ``direct_bytes`` or more, any
+        group while an earlier one is still being built (chains stay in push order), or any group at all with
+        ``direct`` (a server recovers) goes to the closer thread, which builds it off the push path and sends its
+        batches directly.  Returns the entry built now and its relay (None, [] when there is nothing to do now)."""
         group, self._group = self._group, None
         if group is None:
             return None, []
@@ -201,7 +206,7 @@ class ParityOwner:
         self.counters.add("group_pushes", len(group.pushes))
         faults = self.host.faults
         inline = faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack")
-        if not inline and (self._closing or group.nbytes >= self.options.direct_bytes):
+        if not inline and (direct or self._closing or group.nbytes >= self.options.direct_bytes):
             entry.relayed, entry.built = False, False
             self._closing.append((group, entry))
             self._start_closer_locked()

@@ -7,8 +7,12 @@ tables they touch, are one version check and one kernel call.  For every parity 
 version (owner push sequence) last applied for each of the stripe's ``k`` data positions.  A delta is
 applied only when its sequence is newer than the recorded version, which makes a batch idempotent and
 lets a rebuilt row skip deltas already contained in the data it was encoded from.  While a row is being
-rebuilt (``built`` false) its incoming deltas wait in ``pending``.  With the GPU kernel the parity rows
-live in device memory; versions and pending deltas stay on the host.
+rebuilt (``built`` false) its incoming deltas wait in ``held`` (:mod:`~ecrec.strategies.erasure.held_deltas`:
+arrays, no work per row) -- but only once the rebuild has started reading the data it encodes the row from
+(:meth:`ParityArena.begin_read`): a delta that arrives before that read is of a push the data read already
+holds (an owner sends a delta after applying its push), so the build would skip it; it is dropped, and until
+its read a row not rebuilt costs its incoming deltas nothing.  With the GPU kernel the parity rows live in
+device memory; versions and held deltas stay on the host.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 from ecrec.coding.codec import Codec
 from ecrec.coding.layout import Layout
+from ecrec.strategies.erasure.held_deltas import HeldDeltas
 from ecrec.tables.spec import TableSpec, fill_initial_payload
 
 ENCODE_CHUNK_STRIPES = 16384
@@ -100,7 +105,9 @@ class ParityArena:
         self.built = np.ones(0, dtype=bool)
         self.slot_to_stripe = np.zeros(0, dtype=np.int64)  # -1: a slot holding no parity row
         self.slot_to_parity_index = np.zeros(0, dtype=np.int64)
-        self.pending: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # slot -> [(position, seq, delta)]
+        self.held = HeldDeltas(row_bytes)  # deltas for rows not rebuilt yet, in arrival order
+        self.reading = np.zeros(0, dtype=bool)  # rows not built whose rebuild read has started (their deltas held)
+        self.holding = np.zeros(0, dtype=bool)  # rows with deltas held (or dropped since): what a build looks up
         self.tables: dict[str, TableParity] = {}
         self.unbuilt_count = 0  # parity rows waiting to be rebuilt (deltas for them are held back)
         self.lock = threading.Lock()
@@ -128,7 +135,8 @@ class ParityArena:
             parity = allocate((n, self.row_bytes), np.uint8) if offset == 0 and xp is np else \
                 xp.zeros((n, self.row_bytes), dtype=np.uint8)
             new = {"parity": parity, "versions": np.zeros((n, layout.k), np.int64),
-                   "built": np.ones(n, dtype=bool), "slot_to_stripe": to_stripe, "slot_to_parity_index": to_pidx}
+                   "built": np.ones(n, dtype=bool), "reading": np.zeros(n, dtype=bool),
+                   "holding": np.zeros(n, dtype=bool), "slot_to_stripe": to_stripe, "slot_to_parity_index": to_pidx}
             for name, added in new.items():  # the first table takes fresh (lazily zeroed) arrays: no copy
                 setattr(self, name, added if offset == 0 else
                         (xp if name == "parity" else np).concatenate([getattr(self, name), added]))
@@ -166,9 +174,33 @@ class ParityArena:
                 return applied
             built = self.built[slots]
             if not built.all():
-                for r in np.flatnonzero(~built):
-                    self.pending.setdefault(int(slots[r]), []).append((int(positions[r]), int(seqs[r]), deltas[r].copy()))
+                waiting = ~built & self.reading[slots]  # the others' pushes are in the data their rebuild reads
+                if waiting.any():
+                    self.held.add(slots[waiting], positions[waiting], seqs[waiting], deltas[waiting])
+                    self.holding[slots[waiting]] = True
             return applied
+
+    def begin_read(self, slots: np.ndarray) -> None:
+        """Before a rebuild reads the data rows it encodes parity rows ``slots`` from: from now on, deltas for the
+        ones not built are held back until they are."""
+        with self.lock:
+            self.reading[slots] = True
+
+    def end_read(self, slots: np.ndarray) -> None:
+        """Rows that will not be built (their stripe lost more than ``m`` members): their deltas are no longer
+        held, and those held are dropped."""
+        with self.lock:
+            self.reading[slots] = False
+            if self.holding[slots].any():
+                member = np.zeros(self.size, dtype=bool)
+                member[slots] = True
+                self.held.take(member)
+                self.holding[slots] = False
+
+    def holds(self, slot: int) -> bool:
+        """Whether a delta for parity row ``slot`` (not rebuilt yet) is held back."""
+        with self.lock:
+            return self.held.holds(slot)
 
     def _xor(self, slots, positions, parity, deltas) -> None:
         """Applies deltas unconditionally (rebuild and undo); ``parity``: one index for every row, or an array."""
@@ -190,12 +222,12 @@ class ParityArena:
         undone = 0
         with self.lock:
             flat = self.versions.reshape(-1)
+            waiting = ~self.built[slots]
+            if waiting.any():  # not rebuilt yet: the deltas held back for them are dropped, not applied
+                self.held.drop(slots[waiting], positions[waiting], seqs[waiting])
             for r in range(len(slots) - 1, -1, -1):
                 slot, position, seq = int(slots[r]), int(positions[r]), int(seqs[r])
-                if not self.built[slot]:
-                    waiting = self.pending.get(slot)
-                    if waiting:
-                        waiting[:] = [p for p in waiting if not (p[0] == position and p[1] == seq)]
+                if waiting[r]:
                     continue
                 if flat[slot * k + position] != seq:
                     continue
@@ -236,7 +268,9 @@ class ParityArena:
         with self.lock:
             self.built[:] = self.slot_to_stripe < 0  # slots holding no parity row stay "built"
             self.unbuilt_count = int((~self.built).sum())
-            self.pending.clear()
+            self.held.clear()
+            self.reading = np.zeros(self.size, dtype=bool)
+            self.holding = np.zeros(self.size, dtype=bool)
 
     def build(self, slots: np.ndarray, parity_rows: np.ndarray, versions: np.ndarray) -> int:
         """Installs rebuilt rows (encoded from data rows at ``versions``) and applies the held-back deltas
@@ -249,15 +283,53 @@ class ParityArena:
                 return 0
             self.set_rows(slots, parity_rows)
             self.versions[slots] = versions
-            for slot in [s for s in slots.tolist() if s in self.pending]:
-                for position, seq, delta in self.pending.pop(slot):
-                    if seq > self.versions[slot, position]:
-                        self._xor(np.array([slot]), np.array([position]), np.array([self.slot_to_parity_index[slot]]),
-                                  delta[None, :])
-                        self.versions[slot, position] = seq
+            if len(self.held) and self.holding[slots].any():  # a build looks only at what its rows hold
+                member = np.zeros(self.size, dtype=bool)
+                member[slots] = True
+                self._apply_held(*self.held.take(member))
+                self.holding[slots] = False
             self.built[slots] = True
             self.unbuilt_count -= len(slots)
+            if not self.unbuilt_count:
+                self.held.clear()  # every row built: the arrays go
             return len(slots)
+
+    def _apply_held(self, slots: np.ndarray, positions: np.ndarray, seqs: np.ndarray, deltas: np.ndarray) -> None:
+        """Applies held deltas (in arrival order) to rows just built: each where its sequence is newer than the
+        row's version of its position then, as one after the other would (call with the lock held)."""
+        if not len(slots):
+            return
+        k = self.layout.k
+        key = slots * k + positions
+        order = np.lexsort((np.arange(len(key)), key))  # by row and position, in arrival order within one
+        flat = self.versions.reshape(-1)
+        sk, sq = key[order], seqs[order]
+        first = np.ones(len(sk), dtype=bool)
+        first[1:] = sk[1:] != sk[:-1]
+        if (sq[1:][~first[1:]] > sq[:-1][~first[1:]]).all():
+            # the usual case: each position's deltas arrive in push order, so the newer ones are a suffix
+            newer = sq > flat[sk]
+        else:  # out of order (an owner replaced meanwhile): one after the other, as they arrived
+            newer = np.zeros(len(sk), dtype=bool)
+            latest: dict[int, int] = {}
+            for i, (kk, q) in enumerate(zip(sk.tolist(), sq.tolist())):
+                if q > latest.get(kk, int(flat[kk])):
+                    latest[kk] = q
+                    newer[i] = True
+        chosen = order[newer]
+        if not len(chosen):
+            return
+        np.maximum.at(flat, key[chosen], seqs[chosen])
+        # one call per round in which a row appears at most once (a device kernel may not add up repeats)
+        by_slot = chosen[np.argsort(slots[chosen], kind="stable")]
+        sorted_slots = slots[by_slot]
+        starts = np.ones(len(by_slot), dtype=bool)
+        starts[1:] = sorted_slots[1:] != sorted_slots[:-1]
+        group_start = np.maximum.accumulate(np.where(starts, np.arange(len(by_slot)), 0))
+        rank = np.arange(len(by_slot)) - group_start
+        for r in range(int(rank.max()) + 1):
+            pick = by_slot[rank == r]
+            self._xor(slots[pick], positions[pick], self.slot_to_parity_index[slots[pick]], deltas[pick])
 
     def is_built(self, slots: np.ndarray) -> np.ndarray:
         """Whether each of ``slots`` holds a built parity row (a copy)."""

@@ -42,11 +42,17 @@ from ecrec.strategies.erasure.members import (StripeMembers, StripeRead, gather_
 from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.strategies.erasure.owner import EVERY_VERSION
+from ecrec.strategies.erasure.pacing import RebuildPacer
 from ecrec.strategies.erasure.resolution import embeddable
 from ecrec.net.cluster_map import live_servers
 from ecrec.wire import cluster_pb2, coordinator_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
+
+#: a paced rest is slept in slices of this much, ending early when training stops (s)
+REST_SLICE_S = 0.25
+#: the work a paced rest is measured against is capped at this (a round that waited long on a stream is not work)
+MAX_PACED_WORK_S = 2.0
 
 
 # --- choosing members --------------------------------------------------------------------------------------------
@@ -130,6 +136,7 @@ class RebuildEngine:
         self.lost_parity: dict[int, np.ndarray] = {}  # arena -> parity slots that can never be encoded
         self.last_request = 0.0  # when a pull or push last came in (monotonic)
         self.bulk: BulkRebuild | None = None  # the fast path (made at the first rebuild: it needs the index)
+        self.pacer: RebuildPacer | None = None  # paces the background by training's rate (rebuild_slowdown)
 
     def start(self) -> None:
         """Marks everything held here not ready and starts the background rebuild."""
@@ -140,6 +147,8 @@ class RebuildEngine:
         for dense in self.host.dense_tensors():
             dense.mark_unready()
         self.last_request = time.monotonic()  # a promotion usually meets training: start gently
+        if self.options.rebuild_slowdown > 0:
+            self.pacer = RebuildPacer(self.options.rebuild_slowdown)
         self.recovering.set()
 
     def run_in_background(self) -> None:
@@ -148,6 +157,12 @@ class RebuildEngine:
     def close(self) -> None:
         if self.bulk is not None:
             self.bulk.close()
+
+    def note_push(self) -> None:
+        """A push reached this server: training's rate, for the pacer."""
+        pacer = self.pacer
+        if pacer is not None and self.recovering.is_set():
+            pacer.on_push()
 
     # --- on demand -------------------------------------------------------------------------------------------
     def ensure_rows(self, items) -> None:
@@ -192,7 +207,10 @@ class RebuildEngine:
         k, m = layout.k, layout.m
         deadline = time.monotonic() + self.options.rebuild_deadline_s
         lost_now: list[tuple[TableShard, np.ndarray]] = []
+        started = time.perf_counter()
+        rounds = 0
         while work:
+            rounds += 1
             with self.lock if not foreground else contextlib.nullcontext():
                 work = self._still_to_do(work)
                 if not work:
@@ -227,6 +245,10 @@ class RebuildEngine:
                     left = ", ".join(f"{shard.spec.name!r}: {len(slots)}" for shard, slots in work)
                     raise errors.Unavailable(f"rows cannot be rebuilt yet (members unavailable or in flight): {left}")
                 time.sleep(0.01)
+        if foreground:
+            self.counters.add("on_demand_calls", 1)
+            self.counters.add("on_demand_rounds", rounds)
+            self.counters.add("on_demand_s", time.perf_counter() - started)
         if lost_now:
             self._report_lost(lost_now)
             if foreground:
@@ -312,6 +334,7 @@ class RebuildEngine:
         # with another index failed or rebuilding, read the other parities too: they tell a stripe that lost
         # more than m members (never encodable) from one whose data rows are merely being rebuilt
         generations = {i: self.receiver.generation(i) for i in range(layout.num_servers)}  # before the read
+        arena.begin_read(slots)  # deltas for these rows are held back from now on (before the data is read)
         members = gather_members(self.host, spec, stripes, want, want_parity=bool(unavailable), confirmed=True)
         ready = members.ready[: layout.k].all(axis=0) & members.answered[: layout.k].all(axis=0)
         # only versions a resolution of their owner keeps or can undo here: at or below the owner's confirmed
@@ -329,6 +352,7 @@ class RebuildEngine:
                     flags = self.lost_parity[arena.row_bytes] = np.concatenate(
                         [flags, np.zeros(arena.size - len(flags), dtype=bool)])
                 flags[slots[hopeless]] = True
+                arena.end_read(slots[hopeless])  # never built: their deltas are not held
                 self.counters.add("parity_rows_lost", int(hopeless.sum()))
         if not ready.any():
             return 0
@@ -441,8 +465,9 @@ class RebuildEngine:
                       self.counters["parity_rows_lost"])
             return
         self.recovering.clear()
-        log.info("rebuild done in %.2f s: %d data rows, %d parity rows", elapsed, self.counters["rows_rebuilt"],
-                 self.counters["parity_rows_rebuilt"])
+        log.info("rebuild done in %.2f s: %d data rows, %d parity rows; on demand: %d requests, %d rounds of reads, "
+                 "%.2f s", elapsed, self.counters["rows_rebuilt"], self.counters["parity_rows_rebuilt"],
+                 self.counters["on_demand_calls"], self.counters["on_demand_rounds"], self.counters["on_demand_s"])
         self._report_redundant(elapsed)
 
     def _rebuild_everything(self) -> None:
@@ -470,10 +495,12 @@ class RebuildEngine:
                 if not len(todo):
                     break
                 started = time.perf_counter()
-                if self.rebuild_parity(arena, part, todo[:self.options.rebuild_batch_rows]) == 0:
-                    time.sleep(0.02)
+                built = self.rebuild_parity(arena, part, todo[:self.options.rebuild_batch_rows])
+                worked = time.perf_counter() - started
+                if built == 0:
+                    time.sleep(0.02)  # members not ready or deltas in flight: a moment (not work)
                 faults.hit("during_rebuild")
-                self._yield(time.perf_counter() - started)
+                self._yield(worked)
 
     def _report_redundant(self, elapsed: float) -> None:
         """Tells the coordinator this index is fully redundant again, retried (with backoff) until the map names
@@ -518,14 +545,17 @@ class RebuildEngine:
         if not rounds:
             return
         t0 = time.perf_counter()
-        pending = self.bulk.fetch(rounds[0][0].spec, rounds[0][3], rounds[0][4])
+        pending = self._fetch(rounds[0])
+        active = time.perf_counter()  # since the last rest: what the pacer counts as work (the streams' too)
         for n, (shard, arena, part, _, _) in enumerate(rounds):
             waited = time.perf_counter()
             read = pending.result()
             self.counters.add("bulk_wait_s", time.perf_counter() - waited)
-            if n + 1 < len(rounds):
-                following = rounds[n + 1]
-                pending = self.bulk.fetch(following[0].spec, following[3], following[4])
+            # the next round's streams go now, beside this round's decoding -- unless training paces the rebuild:
+            # then they go after the rest (a survivor streaming while the pacer rests would not be paced)
+            paced = self.pacer is not None and self.training_active()
+            if n + 1 < len(rounds) and not paced:
+                pending = self._fetch(rounds[n + 1])
             started = time.perf_counter()
             with self.lock:
                 data_rows, parity_rows = self.bulk.rebuild_round(shard, arena, part, read)
@@ -536,17 +566,46 @@ class RebuildEngine:
             self.host.faults.hit("during_rebuild")
             if self.closed.is_set():
                 return
-            self._yield(time.perf_counter() - started)
+            # paced: the round's whole time since the last rest (its streams' too); else its decoding, as always
+            self._yield(time.perf_counter() - (active if paced else started))
+            active = time.perf_counter()
+            if n + 1 < len(rounds) and paced and not self.closed.is_set():
+                pending = self._fetch(rounds[n + 1])
         self.counters["bulk_s"] = time.perf_counter() - t0
         log.info("fast path: %d rows in %.2f s, %.2f s of it waiting for the survivors' streams",
                  self.counters["bulk_rows_rebuilt"], self.counters["bulk_s"], self.counters["bulk_wait_s"])
 
+    def _fetch(self, round_):
+        """Starts the fast path's reads of one round, its parity rows' deltas held back from now on."""
+        shard, arena, part, b0, b1 = round_
+        m = self.host.layout.m
+        blocks = np.arange(b0, b1, dtype=np.int64)
+        arena.begin_read(part.arena_slots((blocks[:, None] * m + np.arange(m)).reshape(-1)))
+        return self.bulk.fetch(shard.spec, b0, b1)
+
     def _yield(self, worked_s: float) -> None:
         """Lets training go first: wait while a foreground request rebuilds, then rest so that the
         background rebuild keeps to ``rebuild_duty`` of the wall time (``rebuild_duty_training`` while training
-        requests come in; at least ``rebuild_pause_s``)."""
+        requests come in; at least ``rebuild_pause_s``) -- or, with ``rebuild_slowdown``, while training requests
+        come in, as long as the pacer answers (:mod:`~ecrec.strategies.erasure.pacing`)."""
         while self.foreground > 0 and not self.closed.is_set():
             time.sleep(0.001)
+        pacer = self.pacer
+        if pacer is not None and self.training_active():
+            pacer.max_duty = self.options.rebuild_duty  # the pacer never works more than rebuild_duty allows
+            rest = pacer.rest_after(time.monotonic(), min(worked_s, MAX_PACED_WORK_S))
+            # in slices: a rest ends as soon as training stops (redundancy then comes back at full speed)
+            while rest > 0 and not self.closed.is_set() and self.training_active():
+                self.closed.wait(min(rest, REST_SLICE_S))
+                rest -= min(rest, REST_SLICE_S)
+                if rest <= 0:
+                    rest = pacer.after_rest(time.monotonic())
+            state = pacer.state()
+            self.counters["rebuild_duty"] = state.duty
+            self.counters["rebuild_probes"] = state.probes
+            self.counters["rebuild_reference_pushes_per_s"] = state.reference_rate
+            self.counters["rebuild_loaded_pushes_per_s"] = state.loaded_rate
+            return
         duty = self.options.rebuild_duty_training if self.training_active() else self.options.rebuild_duty
         duty = min(duty, self.options.rebuild_duty)
         rest = max(self.options.rebuild_pause_s, worked_s * (1.0 / duty - 1.0))

@@ -87,6 +87,7 @@ class ErasureCoding(FaultToleranceStrategy):
     def on_push(self, push: AppliedPush):
         t0 = time.thread_time()
         try:
+            self.rebuild.note_push()
             return self.owner.on_push(push)
         finally:
             self.counters.add("on_push_cpu_s", time.thread_time() - t0)
