@@ -57,6 +57,8 @@ def test_lost_training_counts_slow_steps_as_deficit():
     (["--servers", "2", "--k", "2", "--m", "1"], "exceeds --servers"),
     (["--fail-server", "4"], "--fail-server"),
     (["--option", "rebuild_batch_rows"], "KEY=VALUE"),
+    (["--option", "rebuild_slowdown=-1"], "rebuild_slowdown must be >= 0"),
+    (["--option", "no_such_option=1"], "no_such_option"),
     (["--target-pls", "1.5"], "--target-pls"),
 ])
 def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):

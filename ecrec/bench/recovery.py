@@ -147,6 +147,13 @@ def check_args(args) -> str | None:
     for item in args.option:
         if "=" not in item:
             return f"--option {item!r} is not KEY=VALUE"
+    if args.option:  # checked as the coordinator checks them, before any cluster starts
+        from ecrec.strategies.erasure.options import parse
+
+        try:
+            parse(dict(item.split("=", 1) for item in args.option)).validate()
+        except ValueError as exc:
+            return f"--option: {exc}"
     return None
 
 
