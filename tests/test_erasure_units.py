@@ -204,56 +204,53 @@ def test_a_batch_applied_twice_changes_nothing_and_undo_restores_bytes_and_versi
         np.testing.assert_array_equal(st.arena.versions, before[s][1])
 
 
-def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
+def _two_pushes_while_rebuilt(seed: int, read_first: bool):
+    """Push 3 reaches a parity row not rebuilt yet, whose rebuild starts reading the stripe's data before it
+    (``read_first``) or after it; the rebuild reads the data (at version 3), push 4 arrives, the row is built.
+    Returns ``(changed by push 3, (its row holds it, deltas held), rows built, the row, its expected parity, its version of the
+    position pushed)``."""
     layout = Layout(4, 2, 1)
     shards, stores = all_rows(layout), stores_for(layout)
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed)
     (owner, first), = push(shards, layout, 3, [1], rng).items()
     (d, b1), = batches_of(first, layout=layout, source=owner).items()
     store = stores[d]
     store.arena.mark_unbuilt()
-    store.arena.begin_read(store.slots)  # the rebuild reads their data from now on
+    if read_first:
+        store.arena.begin_read(store.slots)  # the rebuild reads their data from now on
     (args, _, changed), = apply_batch(stores, d, b1)
-    seqs, slots, positions = args[:3]
-    assert changed == 0 and store.arena.holds(int(slots[0]))
+    slots, positions = args[1], args[2]
+    held = (store.arena.holds(int(slots[0])), len(store.arena.held))
+    store.arena.begin_read(slots)
     snapshot = data_rows(shards, layout, store.arena.slot_to_stripe[slots])  # the rebuild reads at version 3
     (_, second), = push(shards, layout, 4, [1], rng).items()
     (_, b2), = batches_of(second, layout=layout, source=owner).items()
     apply_batch(stores, d, b2)
     versions = np.zeros((1, layout.k), dtype=np.int64)
     versions[0, positions[0]] = 3
-    parity = codec(2, 1).encode_stripes(snapshot)[:, 0]
-    assert store.arena.build(slots, parity, versions) == 1
+    built = store.arena.build(slots, codec(2, 1).encode_stripes(snapshot)[:, 0], versions)
+    expected = fresh_parity(shards, layout, store)[np.searchsorted(store.slots, slots)]
+    return changed, held, built, store.rows(slots), expected, store.arena.versions[slots[0], positions[0]], store
+
+
+def test_rows_being_rebuilt_hold_deltas_back_and_apply_only_the_newer_ones():
+    changed, held, built, row, expected, version, _ = _two_pushes_while_rebuilt(2, read_first=True)
+    assert changed == 0 and held[0]
+    assert built == 1
     # seq 3 was in the snapshot (skipped), seq 4 was not (applied after)
-    np.testing.assert_array_equal(store.rows(slots), fresh_parity(shards, layout, store)[np.searchsorted(store.slots, slots)])
-    assert store.arena.versions[slots[0], positions[0]] == 4
+    np.testing.assert_array_equal(row, expected)
+    assert version == 4
 
 
 def test_a_delta_before_the_rebuild_reads_its_row_is_dropped_and_the_row_built_after_is_exact():
     """A parity row not rebuilt yet: a delta that arrives before the rebuild starts reading the stripe's data is
     of a push that data holds (an owner sends a delta after applying its push): dropped, nothing held; one
     that arrives between the read and the build is held and applied.  The built row is a fresh encode."""
-    layout = Layout(4, 2, 1)
-    shards, stores = all_rows(layout), stores_for(layout)
-    rng = np.random.default_rng(12)
-    (owner, first), = push(shards, layout, 3, [1], rng).items()
-    (d, b1), = batches_of(first, layout=layout, source=owner).items()
-    store = stores[d]
-    store.arena.mark_unbuilt()
-    (args, _, changed), = apply_batch(stores, d, b1)
-    slots, positions = args[1], args[2]
-    assert changed == 0 and not store.arena.holds(int(slots[0])) and len(store.arena.held) == 0
-    store.arena.begin_read(slots)
-    snapshot = data_rows(shards, layout, store.arena.slot_to_stripe[slots])  # holds push 3
-    (_, second), = push(shards, layout, 4, [1], rng).items()
-    (_, b2), = batches_of(second, layout=layout, source=owner).items()
-    apply_batch(stores, d, b2)
-    assert store.arena.holds(int(slots[0]))
-    versions = np.zeros((1, layout.k), dtype=np.int64)
-    versions[0, positions[0]] = 3
-    assert store.arena.build(slots, codec(2, 1).encode_stripes(snapshot)[:, 0], versions) == 1
-    np.testing.assert_array_equal(store.rows(slots), fresh_parity(shards, layout, store)[np.searchsorted(store.slots, slots)])
-    assert store.arena.versions[slots[0], positions[0]] == 4 and len(store.arena.held) == 0
+    changed, held, built, row, expected, version, store = _two_pushes_while_rebuilt(12, read_first=False)
+    assert changed == 0 and not held[0] and held[1] == 0
+    assert built == 1
+    np.testing.assert_array_equal(row, expected)
+    assert version == 4 and len(store.arena.held) == 0
 
 
 def test_undo_of_a_delta_the_rebuilt_row_already_held_restores_the_row_before_it():

@@ -258,19 +258,12 @@ def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) 
     progress("a standby for the next failure is ready")
 
 
-#: the replacement's counters a failure's report keeps (``rebuild_parts``): what its rebuild took, by part
-REBUILD_PARTS = {
-    "rebuild_s": "the whole rebuild, from the promotion's start (s)",
-    "bulk_s": "the fast path: rows streamed from every survivor, decoded and installed (s)",
-    "bulk_wait_s": "... of it waiting for the survivors' streams (s)",
-    "bulk_rows_rebuilt": "rows the fast path installed",
-    "rows_rebuilt": "data rows rebuilt (fast path, row by row, on demand)",
-    "parity_rows_rebuilt": "parity rows rebuilt",
-    "on_demand_calls": "requests that rebuilt the rows they touched first",
-    "on_demand_s": "... the time they spent on it (s)",
-    "rebuild_duty": "the pacer's last duty (rebuild_slowdown)",
-    "rebuild_probes": "the pacer's probes of training's rate at rest",
-}
+#: the replacement's counters a failure's report keeps (``rebuild_parts``): what its rebuild took, by part -- the
+#: whole rebuild (s), the fast path (s) and its wait for the survivors' streams (s), the rows it installed, data and
+#: parity rows rebuilt, the requests that rebuilt their rows on demand first and their time (s), and with
+#: ``rebuild_slowdown`` the pacer's last duty and its probes
+REBUILD_PARTS = ("rebuild_s", "bulk_s", "bulk_wait_s", "bulk_rows_rebuilt", "rows_rebuilt", "parity_rows_rebuilt",
+                 "on_demand_calls", "on_demand_s", "rebuild_duty", "rebuild_probes")
 
 
 def rebuild_parts(cluster, index: int) -> dict:

@@ -625,6 +625,15 @@ def before_kill(row: dict) -> dict:
     return profile_runs.step_records(steps) | {"samples_per_s": row["samples_per_s_before"]}
 
 
+def _training_recovery_run(files: _Files, name: str) -> list[str]:
+    """The command of one ``recovery --during-training`` file (its ``--option``s too) and its load lines."""
+    c = files[name]["config"]
+    options = "".join(f" --option {o}" for o in c.get("option") or [])
+    return [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
+                     f"--during-training --failures {c['failures']}{options} --json {FILES_DIR}/{name}"),
+            _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+
+
 def section_scale_runs(files: _Files) -> list[str]:
     """ECRec against no fault tolerance at 4M x 64 before a kill, three runs: samples/s, p99 step and stalls from
     each file's step records, the median of the runs against issue 37's targets."""
@@ -636,10 +645,7 @@ def section_scale_runs(files: _Files) -> list[str]:
         return [f"No runs recorded yet (`{'`, `'.join(SCALE_RUNS)}`)."]
     out = []
     for name in names:
-        c = files[name]["config"]
-        out += [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
-                         f"--during-training --failures {c['failures']} --json {FILES_DIR}/{name}"),
-                _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+        out += _training_recovery_run(files, name)
     figures = []
     for name in names:
         rows = _rows(files[name])
@@ -717,11 +723,7 @@ def section_through_failure(files: _Files) -> list[str]:
     out = []
     for names in present.values():
         for name in names:
-            c = files[name]["config"]
-            options = "".join(f" --option {o}" for o in c.get("option") or [])
-            out += [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
-                             f"--during-training --failures {c['failures']}{options} --json {FILES_DIR}/{name}"),
-                    _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+            out += _training_recovery_run(files, name)
     keys = ["lost s", "tput in rec.", "redundant s", "longest step s", "on demand ms", "fast path s"]
     formats = {"tput in rec.": "{:.2f}", "on demand ms": "{:.1f}"}
 

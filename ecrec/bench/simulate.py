@@ -784,7 +784,8 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
       (median over reports).
 
     Recovery runs with a strategy option set (``--option``: another setting than the defaults modelled) are left
-    out, listed in ``fits["files"]``.  The save, stall and load fits take the saves of one checkpoint ``layout`` only (:func:`checkpoint_layout`;
+    out, listed in ``fits["files"]``.  The save, stall and load fits take the saves of one checkpoint ``layout``
+    only (:func:`checkpoint_layout`;
     default ``per-table``, the layout measured at every size): a packed save (``files=one``: one file, one
     fsync) costs a different latency and bandwidth, and a fit over both layouts describes neither.  The reports
     of another layout are listed in ``fits["files"]["other checkpoint layout"]`` and still give ECRec's inputs.

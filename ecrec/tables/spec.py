@@ -210,8 +210,8 @@ def _uniform_kernel():
 
 def warm_up() -> float:
     """Compiles (or loads from numba's disk cache) the kernels that write new rows and apply the optimizer, and
-    returns the seconds it took.  A server does this before it registers: a standby promoted later fills its tables at once instead
-    of paying 0.9-1.3 s of compilation inside the failure (whatever its strategy)."""
+    returns the seconds it took.  A server does this before it registers: a standby promoted later fills its
+    tables at once instead of paying 0.9-1.3 s of compilation inside the failure (whatever its strategy)."""
     from ecrec.tables import optim_kernel  # the optimizer's compiled pass (a push's first table must not wait)
 
     t0 = time.perf_counter()

@@ -65,7 +65,7 @@ class HeldDeltas:
         over the arena's slots): ``(slots, positions, seqs, deltas)``."""
         n = self.n
         if not self.alive_count:
-            return self._empty()
+            return self.empty()
         picked = np.flatnonzero(self.alive[:n] & member[self.slots[:n]])
         out = (self.slots[picked], self.positions[picked], self.seqs[picked], self.deltas[picked])
         self._kill(picked)
@@ -87,11 +87,12 @@ class HeldDeltas:
         self._kill(gone)
         return len(gone)
 
-    # --- storage --------------------------------------------------------------------------------------------
-    def _empty(self):
+    def empty(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What :meth:`take` returns when nothing is held for the rows asked."""
         return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
                 np.zeros((0, self.row_bytes), np.uint8))
 
+    # --- storage --------------------------------------------------------------------------------------------
     def _kill(self, index: np.ndarray) -> None:
         self.alive[index] = False
         self.alive_count -= len(index)

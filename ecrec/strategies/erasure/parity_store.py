@@ -191,11 +191,7 @@ class ParityArena:
         held, and those held are dropped."""
         with self.lock:
             self.reading[slots] = False
-            if self.holding[slots].any():
-                member = np.zeros(self.size, dtype=bool)
-                member[slots] = True
-                self.held.take(member)
-                self.holding[slots] = False
+            self._take_held(slots)
 
     def holds(self, slot: int) -> bool:
         """Whether a delta for parity row ``slot`` (not rebuilt yet) is held back."""
@@ -283,16 +279,22 @@ class ParityArena:
                 return 0
             self.set_rows(slots, parity_rows)
             self.versions[slots] = versions
-            if len(self.held) and self.holding[slots].any():  # a build looks only at what its rows hold
-                member = np.zeros(self.size, dtype=bool)
-                member[slots] = True
-                self._apply_held(*self.held.take(member))
-                self.holding[slots] = False
+            self._apply_held(*self._take_held(slots))
             self.built[slots] = True
             self.unbuilt_count -= len(slots)
             if not self.unbuilt_count:
                 self.held.clear()  # every row built: the arrays go
             return len(slots)
+
+    def _take_held(self, slots: np.ndarray):
+        """Removes and returns the deltas held for ``slots`` (``HeldDeltas.take``), looking only at what those rows
+        hold (call with the lock held)."""
+        if not len(self.held) or not self.holding[slots].any():
+            return self.held.empty()
+        member = np.zeros(self.size, dtype=bool)
+        member[slots] = True
+        self.holding[slots] = False
+        return self.held.take(member)
 
     def _apply_held(self, slots: np.ndarray, positions: np.ndarray, seqs: np.ndarray, deltas: np.ndarray) -> None:
         """Applies held deltas (in arrival order) to rows just built: each where its sequence is newer than the
