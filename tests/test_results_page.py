@@ -59,7 +59,7 @@ def _edit(path: Path, change) -> None:
 
 def test_a_changed_figure_changes_the_page_and_check_names_its_section(results_copy, tmp_path, capsys):
     page = PAGE.read_text()
-    _edit(results_copy / "snapshot-4m.json", lambda r: r["save"].update(mb_per_s=987.0))
+    _edit(results_copy / "snapshot-4m-1.json", lambda r: r["save"].update(mb_per_s=987.0))
     rendered = results_page.render(results_copy)
     assert rendered != page and "987 MB/s" in rendered
     assert results_page.stale_sections(page, results_copy) == ["Snapshots"]

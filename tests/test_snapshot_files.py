@@ -100,9 +100,15 @@ def test_a_server_gathers_every_row_of_its_range_in_id_order(servers, k, m, monk
             monkeypatch.setattr(snapshot_part, "READ_BYTES", read_bytes)
             for start, stop in itertools.chain([(0, rows), (block, 5 * block), (2 * block, rows)],
                                                [(a, a + n) for a in (0, 1, block - 1) for n in (1, block, 2 * block + 1)]):
-                for state in states:
-                    got = snapshot_part._gather(state, shards[state.index], start, stop, pool)
+                for state in states:  # into a chunk's arrays (weights, state), as a server gathers them
+                    buffers = snapshot_part._chunk_buffers(spec, stop - start + 5)
+                    for buffer, _ in buffers:
+                        buffer.fill(np.nan)
+                    snapshot_part._gather(state, shards[state.index], start, stop, pool, "", buffers,
+                                          snapshot_part.Parts())
+                    got = np.concatenate([buffer[:stop - start] for buffer, _ in buffers], axis=1)
                     assert np.array_equal(got, want[start:stop]), (start, stop, state.index, read_bytes)
+                    assert all(np.isnan(buffer[stop - start:]).all() for buffer, _ in buffers)  # nothing past it
 
 
 def test_an_item_whose_pickle_is_compressed_or_large_is_refused_before_it_is_read():
@@ -123,3 +129,87 @@ def test_an_item_whose_pickle_is_compressed_or_large_is_refused_before_it_is_rea
         with pytest.raises(ValueError, match="data.pkl is not a small uncompressed record"):
             snapshot_files.read_tensor(crafted, 0, len(crafted.getvalue()))
     assert np.array_equal(snapshot_files.read_tensor(good, item["offset"], item["length"]), a)
+
+
+def _direct_or_skip(path, name):
+    (path / name).touch()
+    fd = snapshot_files.open_direct(str(path), name)
+    if fd is None:
+        pytest.skip(f"{path}'s file system takes no O_DIRECT writes")
+    return fd
+
+
+def test_large_items_go_to_the_file_past_the_page_cache_and_read_back_as_dcp_reads_them(tmp_path, monkeypatch):
+    """Items of a megabyte and more, in aligned memory, go by direct writes (whole blocks at aligned offsets);
+    their tail, the small ones and unaligned memory through the stream: every item reads back in place and by
+    torch.load, with the checksum of its values."""
+    import os
+
+    direct_writes = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        direct_writes.append((offset, len(data)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    rng = np.random.default_rng(4)
+    aligned = snapshot_files.aligned_empty((4096, 64), np.float32)  # 1 MB, whole blocks
+    aligned[...] = rng.random(aligned.shape, dtype=np.float32)
+    tail = snapshot_files.aligned_empty((4099, 64), np.float32)  # and a part of a block
+    tail[...] = rng.random(tail.shape, dtype=np.float32)
+    raw = np.empty(4096 * 64 + 1, np.float32)  # 1 MB, memory not aligned
+    unaligned = raw[1:] if raw[1:].ctypes.data % 4096 else raw[:-1]
+    unaligned = unaligned.reshape(4096, 64)
+    unaligned[...] = rng.random(unaligned.shape, dtype=np.float32)
+    small = rng.random((10, 64), dtype=np.float32)
+    again = snapshot_files.aligned_empty((4096, 64), np.float32)
+    again[...] = aligned * 2
+    fd = _direct_or_skip(tmp_path, "x.distcp")
+    try:
+        with open(tmp_path / "x.distcp", "r+b") as f:
+            f.write(b"header")
+            items = []
+            for array in (aligned, small, tail, unaligned, again):
+                before = len(direct_writes)
+                items.append(snapshot_files.write_item(f, array, fd) | {"sha256": snapshot_files.digest(array)})
+                items[-1]["direct"] = sum(n for _, n in direct_writes[before:])
+    finally:
+        os.close(fd)
+    assert [item["direct"] for item in items] == [aligned.nbytes, 0, tail.nbytes // 4096 * 4096, 0, aligned.nbytes]
+    assert all(offset % 4096 == 0 and n % 4096 == 0 for offset, n in direct_writes)
+    for item, want in zip(items, (aligned, small, tail, unaligned, again)):
+        mapped = snapshot_files.map_tensor(str(tmp_path), "x.distcp", item["offset"], item["length"], want.shape)
+        assert np.array_equal(mapped, want) and snapshot_files.digest(mapped) == item["sha256"]
+        with open(tmp_path / "x.distcp", "rb") as f:
+            f.seek(item["offset"])
+            loaded = torch.load(io.BytesIO(f.read(item["length"])), weights_only=True)
+        assert np.array_equal(loaded.numpy(), want)
+
+
+def test_a_file_system_that_refuses_direct_writes_gets_them_through_the_stream(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    def refuse(fd, data, offset):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "pwrite", refuse)
+    a = snapshot_files.aligned_empty((8192, 64), np.float32)
+    a[...] = np.random.default_rng(5).random(a.shape, dtype=np.float32)
+    fd = _direct_or_skip(tmp_path, "x.distcp")
+    try:
+        with open(tmp_path / "x.distcp", "r+b") as f:
+            items = [snapshot_files.write_item(f, a, fd), snapshot_files.write_item(f, a + 1, fd)]
+    finally:
+        os.close(fd)
+    for item, want in zip(items, (a, a + 1)):
+        assert np.array_equal(snapshot_files.map_tensor(str(tmp_path), "x.distcp", item["offset"], item["length"],
+                                                        want.shape), want)
+
+
+def test_arrays_for_direct_writes_start_at_a_block():
+    for shape in [(1,), (3, 5), (1000, 64), (0, 4)]:
+        a = snapshot_files.aligned_empty(shape, np.float32)
+        assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+        assert a.size == 0 or a.ctypes.data % snapshot_files.DIRECT_ALIGNMENT == 0

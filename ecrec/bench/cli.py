@@ -38,7 +38,7 @@ EXAMPLES = {
     "profile": "ecrec-bench profile --strategy ecrec --server 1 --seconds 8",
     "recovery": "ecrec-bench recovery --rows 4000000 --strategies ecrec,full --during-training --json rec.json",
     "server": "ecrec-bench server --rows 200000 --json server.json",
-    "snapshot": "ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json",
+    "snapshot": "ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m-1.json",
     "simulate": "ecrec-bench simulate --servers 8,64,1024 --mtbf-hours 8 --from-compare compare.json",
     "control-plane": "ecrec-bench control-plane --rounds 6 --steps 150 --json control-plane.json",
     "results": "ecrec-bench results --check",

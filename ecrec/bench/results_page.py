@@ -54,7 +54,8 @@ TARGETS = {
     "go_on_s": 0.2,  # issue 12: training can go on after the kill
     "lost_vs_full": 0.1,  # issue 12: ecrec's training time lost per failure over full's (>= 500 MB shards)
     "tput_in_recovery": 0.87,  # issue 12: throughput while recovering over before
-    "snapshot_mb_s": 300.0,  # snapshot and restore
+    "snapshot_mb_s": 400.0,  # issue 38: snapshot save and restore, each (or 80 % of the disk's rate if lower)
+    "snapshot_disk_share": 0.8,
     "etcd_cpu_ratio": "within the spread of the paired rounds",  # control plane on etcd
     "delta_gbps": 2.0,  # CPU delta update, GB/s
     "encode_gbps": 2.0,  # bulk encode through pyeclib, GB/s
@@ -900,32 +901,76 @@ def section_recovery(files: _Files) -> list[str]:
 
 
 # --- snapshots ----------------------------------------------------------------------------------------------
-def section_snapshot(files: _Files) -> list[str]:
-    from ecrec.bench import snapshot
+SNAPSHOT_RUNS = ("snapshot-4m-1.json", "snapshot-4m-2.json", "snapshot-4m-3.json")
 
-    name = "snapshot-4m.json"
-    out = files[name]
-    c = out["config"]
-    save, restore = out["save"], out["restore"]
+
+def snapshot_target(run: dict) -> float:
+    """Issue 38's rate for a save and for a restore (MB/s): 400, or 80 % of the disk's measured rate if lower."""
+    return min(TARGETS["snapshot_mb_s"], TARGETS["snapshot_disk_share"] * run["disk_mb_per_s"])
+
+
+def section_snapshot(files: _Files) -> list[str]:
+    """Three runs of ``ecrec-bench snapshot`` at 4M x 64: each run's rates, the median and spread, the median
+    save's run printed whole (with what each part of the save took), against issue 38's targets."""
+    from ecrec.bench import snapshot
+    from ecrec.ops import console
+
+    present = [n for n in SNAPSHOT_RUNS if files.has(n)]
+    if not present:
+        return [f"No runs recorded yet (`{'`, `'.join(SNAPSHOT_RUNS)}`)."]
+    runs = {n: files[n] for n in present}
+    c = runs[present[0]]["config"]
+    keys = ("save", "restore", "save CPU", "restore CPU", "disk", "load before")
+    units = {"save": "{:,.0f} MB/s", "restore": "{:,.0f} MB/s", "save CPU": "{:.2f} s", "restore CPU": "{:.2f} s",
+             "disk": "{:,.0f} MB/s", "load before": "{:.2f}"}
+
+    def figures(run: dict) -> dict:
+        return {"save": run["save"]["mb_per_s"], "restore": run["restore"]["mb_per_s"],
+                "save CPU": run["save"]["servers_cpu_s"] + run["save"]["client_cpu_s"],
+                "restore CPU": run["restore"]["servers_cpu_s"] + run["restore"]["client_cpu_s"],
+                "disk": run["disk_mb_per_s"], "load before": run["load_average_before"][0]}
+
+    rows = {n: figures(r) for n, r in runs.items()}
+    spread = {k: _median_known([f[k] for f in rows.values()]) for k in keys}
+    table = [[n, *[units[k].format(f[k]) for k in keys]] for n, f in rows.items()]
+    table.append([f"median of {len(rows)}", *[f"{units[k].format(spread[k][0])} [{units[k].format(spread[k][1])}, "
+                                               f"{units[k].format(spread[k][2])}]" for k in keys]])
+    median_save = sorted(present, key=lambda n: rows[n]["save"])[(len(present) - 1) // 2]
+    shown = runs[median_save]
+    save, restore = spread["save"][0], spread["restore"][0]
+    target = min(snapshot_target(r) for r in runs.values())
+    parts = shown["save"].get("parts") or {}
+    delivered = (parts.get("bytes") or {}).get("delivered", 0)
     return [
-        _command(_flags("snapshot", c)),
-        _load(out["load_average_before"], out.get("load_average_after"), out.get("cpu_count")),
+        _command(_flags("snapshot", c)) + "".join(
+            f"{', then' if i == 1 else ' and'} the same with `--json docs/results/{n}`"
+            for i, n in enumerate(present[1:], 1)),
+        _load(shown["load_average_before"], shown.get("load_average_after"), shown.get("cpu_count"))
+        + f" That is the run printed below, `{median_save}`; every run's load before is in the table.",
         f"A cluster of {c['servers']} servers (RS({c['k']}, {c['m']})) creates the tables, saves a snapshot (every "
         f"server writing its own file at once) and is stopped; a cluster of {c['restore_servers']} "
         f"(RS({c['restore_k']}, {c['restore_m']})) restores it; the files were checked against the saving cluster and "
-        f"the restored cluster against the files (`--verify {c['verify']}`):",
-        _printed(snapshot.print_summary, out),
+        f"the restored cluster against the files (`--verify {c['verify']}`). {len(present)} runs one after another "
+        "(CPU s: servers and client together):",
+        _printed(console.print_table, ["run", *keys], table),
+        f"The run whose save is the median (`{median_save}`):",
+        _printed(snapshot.print_summary, shown),
         "\n".join([
-            f"- Snapshot and restore >= {TARGETS['snapshot_mb_s']:.0f} MB/s: "
-            f"{_met(min(save['mb_per_s'], restore['mb_per_s']) >= TARGETS['snapshot_mb_s'])} ({save['mb_per_s']:.0f} and "
-            f"{restore['mb_per_s']:.0f} MB/s). Both are CPU-bound here: the save costs the servers "
-            f"{save['servers_cpu_s']:.1f} CPU-s, most of it moving the rows of each server's range from their owners "
-            f"over gRPC (a contiguous range of ids is spread over every server) and `torch.save`'s copy; the restore "
-            f"costs the servers {restore['servers_cpu_s']:.1f} CPU-s (the assignment pushes and their parity updates) "
-            f"and the client {restore['client_cpu_s']:.1f} (checksums, twice, and the pushes' copies).",
-            f"- Client memory stays bounded: {save['client_peak_bytes'] / 1e6:,.0f} MB at its peak while saving (the "
-            f"client only plans), {restore['client_peak_bytes'] / 1e6:,.0f} MB while restoring (a few chunks, the "
-            "interpreter and torch included).",
+            f"- Save and restore >= {TARGETS['snapshot_mb_s']:.0f} MB/s each, or "
+            f"{100 * TARGETS['snapshot_disk_share']:.0f} % of the disk's measured rate if lower ({target:,.0f} MB/s "
+            f"here), medians of the runs: save {_met(save >= target)} ({save:,.0f} MB/s), restore "
+            f"{_met(restore >= target)} ({restore:,.0f} MB/s).",
+            f"- The save: every server reads its own rows from its shard and takes its peers' over connections they "
+            f"open to it ({delivered / 1e6:,.0f} MB of {shown['save']['bytes'] / 1e6:,.0f} MB in the run printed; "
+            "gRPC replies on a TLS cluster), places each row's weights and state straight into the chunk being "
+            "gathered, and writes chunks past the page cache; what each part took is the line under the save.",
+            f"- The restore is still the client's: it reads and checks every chunk, then writes the rows as "
+            f"assignment pushes (parity follows as for training): {shown['restore']['servers_cpu_s']:.1f} CPU-s on "
+            f"the servers and {shown['restore']['client_cpu_s']:.1f} on the client. It reads the snapshot from the "
+            "disk: the save leaves nothing of it in the page cache (as on a machine that restores after a disaster).",
+            f"- Client memory stays bounded: {shown['save']['client_peak_bytes'] / 1e6:,.0f} MB at its peak while "
+            f"saving (the client only plans), {shown['restore']['client_peak_bytes'] / 1e6:,.0f} MB while restoring "
+            "(a few chunks, the interpreter and torch included).",
             "- `compare --snapshot-every STEPS` times ECRec's periodic snapshots inside its steps "
             "(`runs.<label>.snapshots` of its JSON)."])]
 

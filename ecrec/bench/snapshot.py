@@ -8,11 +8,13 @@ of the restore, each server's write time, the client's peak memory during each (
 disk's own rate for the same bytes (a file written and fsynced; the goal), load averages, whether the snapshot's
 files equal the saving cluster's rows and the restored rows equal the files (``--verify``: every row, or a
 sample of 100,000; the saving cluster is stopped before the restoring one starts) and, with ``ecrec``, whether
-every parity row matches its stripe.
+every parity row matches its stripe.  The save is reported by part, summed over the servers (``save.parts``:
+CPU seconds reading their own rows, taking their peers', placing rows, checksumming, writing; the servers'
+other work; seconds waited for rows and for the disk; the rows' bytes by where they came from).
 
 Examples::
 
-    ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m.json
+    ecrec-bench snapshot --rows 4000000 --dim 64 --json snapshot-4m-1.json
     ecrec-bench snapshot --rows 200000 --servers 4 --k 2 --m 1 --restore-servers 5 --restore-k 3 --restore-m 2
 """
 
@@ -122,6 +124,33 @@ def _equal(cluster, path: Path, manifest: dict, how: str, seed: int) -> bool | N
     return True
 
 
+def save_parts(manifest: dict) -> dict:
+    """What the save's parts took, summed over the servers (``ecrec.snapshot.part.Parts``): CPU seconds of each,
+    and of the servers' other work (serving their peers' reads, the calls' handling: their total less the parts),
+    wall seconds waited, and the rows' bytes by where they came from."""
+    servers = manifest.get("parts", {})
+    total = {"cpu_s": {}, "wall_s": {}, "bytes": {}}
+    for parts in servers.values():
+        for kind in total:
+            for name, value in parts.get(kind, {}).items():
+                total[kind][name] = round(total[kind].get(name, 0) + value, 4)
+    return total
+
+
+def describe_parts(phase: dict) -> str:
+    """One line: the CPU seconds of each part and the rest of the servers' CPU (what they spent serving each
+    other's reads and everything else)."""
+    parts = phase.get("parts") or {}
+    cpu = parts.get("cpu_s", {})
+    if not cpu:
+        return ""
+    rest = phase["servers_cpu_s"] - sum(cpu.values())
+    return ("CPU s by part: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items())
+            + f", other server work {rest:.2f}; waited: "
+            + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.get("wall_s", {}).items())
+            + "; rows (MB): " + ", ".join(f"{name} {nbytes / 1e6:,.0f}" for name, nbytes in parts.get("bytes", {}).items()))
+
+
 def print_summary(out: dict) -> None:
     """The run's summary, from its report (the JSON ``--json`` writes): save and restore, disk, checks, load."""
     c = out["config"]
@@ -132,6 +161,8 @@ def print_summary(out: dict) -> None:
         f = out[phase]
         print(f"  {phase:<8} {f['seconds']:7.2f} s  {f['mb_per_s']:7.0f} MB/s  CPU s: servers {f['servers_cpu_s']:.2f}, "
               f"client {f['client_cpu_s']:.2f}  client peak {(f['client_peak_bytes'] or 0) / 1e6:,.0f} MB")
+        if describe_parts(f):
+            print(f"           {describe_parts(f)}")
     print(f"  disk (one file, fsynced) {out['disk_mb_per_s']:,.0f} MB/s;  restored rows equal: {out['exact']};  "
           f"parity mismatched: {out.get('parity_mismatched', '-')};  servers declared failed: "
           f"{out.get('failures_declared', '-')}")
@@ -174,7 +205,8 @@ def run(args) -> int:
         save_s = time.perf_counter() - t0
         out["save"] = {"seconds": save_s, "bytes": manifest["bytes"], "mb_per_s": manifest["bytes"] / 1e6 / save_s,
                        "client_peak_bytes": _peak_bytes(), "servers_cpu_s": _servers_cpu(source) - cpu0,
-                       "client_cpu_s": time.process_time() - client0, "messages": messages}
+                       "client_cpu_s": time.process_time() - client0, "messages": messages,
+                       "parts": save_parts(manifest)}
         out["saved_exact"] = _equal(source, path, manifest, args.verify, args.seed)  # the files hold the cluster
         source.close()
         source_local.close()  # one cluster at a time: the restoring one has the machine to itself

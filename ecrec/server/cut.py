@@ -140,14 +140,19 @@ class ShardCut:
         self._where[slots] = np.arange(self._count, self._count + n)
         self._count += n
 
+    def unchanged(self, versions: np.ndarray) -> bool:
+        """Whether no row of ``versions`` (read now) changed since the cut: the rows read now are the rows at it
+        (a snapshot's read then copies them once); raises as :meth:`substitute` does once the cut is broken."""
+        if self.broken:
+            raise errors.FailedPrecondition(f"{self.broken} while the snapshot was written: take it again")
+        return not bool((versions > self.seq).any())
+
     def substitute(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
         """Puts back, into ``payload`` (rows of ``slots`` read now, with their ``versions``), the bytes at the cut of
         rows changed since; the shard's lock is held."""
-        if self.broken:
-            raise errors.FailedPrecondition(f"{self.broken} while the snapshot was written: take it again")
-        newer = versions > self.seq
-        if not newer.any():
+        if self.unchanged(versions):
             return
+        newer = versions > self.seq
         where = self._where[slots[newer]] if self._where is not None else np.full(int(newer.sum()), -1)
         if (where < 0).any():
             raise errors.FailedPrecondition("a row changed since the snapshot's cut by other than a push (a rebuild): "

@@ -306,6 +306,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st.require_index()
         st.require_serving()
         reply = embedding_pb2.ReadPayloadReply()
+        # a peer's snapshot read whose rows go over a connection to it: checked before anything is read
+        deliver_to = snapshot_part.check_delivery(st, context, request) if request.deliver_port or request.ticket \
+            else None
         if request.table:
             shard = st.table(request.table)
             if request.all_rows:
@@ -322,6 +325,11 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 slots = shard.slots_for(ids)
             st.strategy.ensure_rows([(shard, slots)])
             reply.ids = transport.ids_to_bytes(ids)
+            reply.row_bytes = shard.spec.row_bytes
+            if deliver_to is not None:  # the rows over a connection to the caller, not in the reply
+                snapshot_part.deliver(st, deliver_to, request, shard, slots)
+                st.require_serving()
+                return reply
             if request.cut:  # a snapshot's read: the rows as they were at its cut
                 reply.payload = shard.read_payload_bytes_at(slots, st.cuts.get(request.cut, "table", shard.name))
             else:
@@ -340,8 +348,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st = self.state
         st.require_index()
         st.require_serving()
-        items, size, seconds = snapshot_part.write(st, request)
-        return embedding_pb2.WriteSnapshotReply(items_json=json.dumps(items), bytes=size, seconds=seconds)
+        items, size, seconds, parts = snapshot_part.write(st, request)
+        return embedding_pb2.WriteSnapshotReply(items_json=json.dumps(items), bytes=size, seconds=seconds,
+                                                parts_json=json.dumps(parts))
 
     @transport.service_method
     def StrategyCall(self, request, context):

@@ -150,7 +150,8 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                 "dense": {s.name: dataclasses.asdict(s) | {"shape": list(s.shape)} for s in denses},
                 "tensors": {}, "files": {requests[i].file: replies[i].bytes for i in sorted(replies)},
                 "cut": {"attempts": cut.attempts, "admitted_parts": cut.admitted, "held_s": round(cut.held_s, 4),
-                        "half_applied_steps": cut.abandoned}}
+                        "half_applied_steps": cut.abandoned},
+                "parts": {str(i): json.loads(replies[i].parts_json or "{}") for i in sorted(replies)}}
     for spec in tables:
         manifest["tensors"][f"tables/{spec.name}/weight"] = {"shape": [spec.num_rows, spec.dim], "chunks": []}
         if spec.row_floats > spec.dim:

@@ -9,7 +9,9 @@ one contiguous float32 tensor of the expected shape.  ``tests/test_snapshot_file
 ``torch.save`` and ``torch.load`` both ways.
 
 Shared by the servers (each writes its own file, :mod:`ecrec.snapshot.part`) and the client that plans the
-snapshot, writes its metadata and restores it (:mod:`ecrec.snapshot`).
+snapshot, writes its metadata and restores it (:mod:`ecrec.snapshot`).  A server writes an item's values past the
+page cache when it can (:func:`open_direct`, :func:`write_item`): the item then starts at a block, and so do its
+values (a larger alignment than ``torch.save``'s 64 bytes, which it includes).
 """
 
 from __future__ import annotations
@@ -187,9 +189,37 @@ def _parse_tensor_pickle(data: bytes) -> tuple[tuple[int, ...], int]:
     return shape, count
 
 
-def _padding(position: int, name: str) -> bytes:
-    """A local header's extra field that starts the record's data at a multiple of :data:`_ALIGNMENT`."""
-    pad = (-(position + 30 + len(name.encode()) + 4)) % _ALIGNMENT
+#: what a write that bypasses the page cache (``O_DIRECT``) aligns: the file offset, the length and the memory
+#: of what it writes (the logical block size of every common file system divides it)
+DIRECT_ALIGNMENT = 4096
+#: values smaller than this are written through the page cache whatever the file
+DIRECT_MIN_BYTES = 1 << 20
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised array whose memory starts at a multiple of :data:`DIRECT_ALIGNMENT` (what a direct
+    write takes)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + DIRECT_ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % DIRECT_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def open_direct(path: str, name: str) -> int | None:
+    """A second descriptor of a local file being written, for :func:`write_item`'s large values to bypass the
+    page cache (``O_DIRECT``: no copy into the kernel's memory, none of it evicted for the snapshot); None for a
+    URL or a file system that takes no direct writes (tmpfs): then everything goes through ``stream``."""
+    if is_url(path) or not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(Path(path) / name, os.O_WRONLY | os.O_DIRECT)
+    except OSError:
+        return None
+
+
+def _padding(position: int, name: str, alignment: int = _ALIGNMENT) -> bytes:
+    """A local header's extra field that starts the record's data at a multiple of ``alignment``."""
+    pad = (-(position + 30 + len(name.encode()) + 4)) % alignment
     return struct.pack("<HH", 0x4246, pad) + b"Z" * pad
 
 
@@ -198,22 +228,36 @@ def write_tensor(stream, array: np.ndarray) -> dict:
     (``torch.save``'s format); returns ``{offset, length, sha256}`` (the checksum of the values, not of the
     bytes).  The values go from the array to the stream once, unbuffered."""
     array = np.ascontiguousarray(array, dtype=np.float32)
+    return {**write_item(stream, array), "sha256": digest(array)}
+
+
+def write_item(stream, array: np.ndarray, direct: int | None = None) -> dict:
+    """:func:`write_tensor` without the checksum (a caller that times the two apart): ``{offset, length}``.
+    With ``direct`` (:func:`open_direct` of the stream's file), the item starts at a multiple of
+    :data:`DIRECT_ALIGNMENT` (the gap before it is no item's) and so do its values, which go to the file
+    without the page cache when their memory is aligned too (:func:`aligned_empty`)."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    alignment = _ALIGNMENT
+    if direct is not None and array.nbytes >= DIRECT_MIN_BYTES:
+        alignment = DIRECT_ALIGNMENT
+        gap = -stream.tell() % alignment
+        stream.write(b"\0" * gap)
     offset = stream.tell()
     records = [("data.pkl", _tensor_pickle(array.shape)), *_RECORDS_BEFORE, ("data/0", None), *_RECORDS_AFTER,
                (".data/serialization_id", str(secrets.randbits(128)).zfill(40).encode())]
-    item = _Item(stream, offset)
+    item = _Item(stream, offset, direct if alignment == DIRECT_ALIGNMENT else None)
     with zipfile.ZipFile(item, "w", zipfile.ZIP_STORED) as archive:
         for name, data in records:
             name = f"{_ARCHIVE}/{name}"
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.extra = _padding(item.tell(), name)
+            info.extra = _padding(item.tell(), name, alignment if data is None else _ALIGNMENT)
             if data is None:
                 info.file_size = array.nbytes
                 with archive.open(info, "w") as record:
                     record.write(array.reshape(-1).view(np.uint8).data)
             else:
                 archive.writestr(info, data)
-    return {"offset": offset, "length": stream.tell() - offset, "sha256": digest(array)}
+    return {"offset": offset, "length": stream.tell() - offset}
 
 
 def _item_values(buffer, shape=None) -> np.ndarray:
@@ -257,8 +301,8 @@ class _Item(io.RawIOBase):
     """The part of a writable stream from ``start`` on, as a stream of its own: an item's zip records offsets from
     the item's start (as ``torch.save`` does), wherever in the ``.distcp`` file it lies."""
 
-    def __init__(self, stream, start: int):
-        self._stream, self._start = stream, start
+    def __init__(self, stream, start: int, direct: int | None = None):
+        self._stream, self._start, self._direct = stream, start, direct
 
     def writable(self) -> bool:
         return True
@@ -275,7 +319,28 @@ class _Item(io.RawIOBase):
         return self._stream.seek(offset, whence) - self._start
 
     def write(self, b) -> int:
-        return self._stream.write(b)
+        if self._direct is None or len(memoryview(b).cast("B")) < DIRECT_MIN_BYTES:
+            return self._stream.write(b)
+        return self._write_direct(memoryview(b).cast("B"))
+
+    def _write_direct(self, view: memoryview) -> int:
+        """``view``'s whole blocks written past the page cache where the file offset and the memory are aligned,
+        the rest (and everything, when they are not or the file system refuses) through the stream."""
+        self._stream.flush()
+        position = self._stream.tell()
+        whole = len(view) // DIRECT_ALIGNMENT * DIRECT_ALIGNMENT
+        if position % DIRECT_ALIGNMENT or np.frombuffer(view, np.uint8).ctypes.data % DIRECT_ALIGNMENT or not whole:
+            return self._stream.write(view)
+        done = 0
+        try:
+            while done < whole:
+                done += os.pwrite(self._direct, view[done:whole], position + done)
+        except OSError:  # this file system takes no direct writes (or not these): through the stream from here
+            self._direct = None
+        self._stream.seek(position + done)
+        if done < len(view):
+            self._stream.write(view[done:])
+        return len(view)
 
     def flush(self) -> None:
         self._stream.flush()
@@ -309,5 +374,14 @@ class _Window(io.RawIOBase):
 
 def map_tensor(path: str, name: str, offset: int, length: int, shape) -> np.ndarray:
     """The float32 tensor item at ``offset`` of a local ``.distcp`` file, mapped, not read (the page cache, no
-    copy).  Raises ``ValueError`` when the item is not one uncompressed float32 storage of ``shape``."""
-    return _item_values(np.memmap(Path(path) / name, dtype=np.uint8, mode="r", offset=offset, shape=(length,)), shape)
+    copy).  Raises ``ValueError`` when the item is not one uncompressed float32 storage of ``shape``.  The disk is
+    asked for the whole item at once (``POSIX_FADV_WILLNEED``): a snapshot written past the page cache, or one on
+    a fresh machine, is read in large requests, not page by page as the values are touched."""
+    mapped = np.memmap(Path(path) / name, dtype=np.uint8, mode="r", offset=offset, shape=(length,))
+    if hasattr(os, "posix_fadvise"):
+        try:
+            with open(Path(path) / name, "rb") as f:
+                os.posix_fadvise(f.fileno(), offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # advice only
+    return _item_values(mapped, shape)

@@ -234,9 +234,9 @@ class TableShard(_HoldsCuts):
                 return self._payload[int(slots[0]):int(slots[-1]) + 1].tobytes()
         return self.read_payload(slots).tobytes()
 
-    def read_payload_bytes_at(self, slots: np.ndarray, cut) -> bytes:
-        """The rows' payload as it was at a snapshot's cut (``ecrec.server.cut.ShardCut``); consecutive slots
-        are copied as one slice."""
+    def read_payload_at(self, slots: np.ndarray, cut) -> np.ndarray:
+        """The rows' payload as it was at a snapshot's cut (``ecrec.server.cut.ShardCut``), a copy; consecutive
+        slots are copied as one slice."""
         run = _as_slice(slots) if len(slots) > 1 else None
         where = run if run is not None and run.step == 1 else slots
         with self._lock:
@@ -244,7 +244,17 @@ class TableShard(_HoldsCuts):
             if run is not None and run.step == 1:
                 payload = payload.copy()
             cut.substitute(slots, payload, self._versions[where])
-        return payload.tobytes()
+        return payload
+
+    def read_payload_bytes_at(self, slots: np.ndarray, cut) -> bytes:
+        """:meth:`read_payload_at` as bytes: consecutive slots no push changed since the cut (most of a
+        snapshot's reads) copied once, straight from the table."""
+        run = _as_slice(slots) if len(slots) > 1 else None
+        if run is not None and run.step == 1:
+            with self._lock:
+                if cut.unchanged(self._versions[run]):
+                    return self._payload[run].tobytes()
+        return self.read_payload_at(slots, cut).tobytes()
 
     def read(self, slots: np.ndarray) -> RowsRead:
         """Payload, versions and ready flags of ``slots``, read atomically."""

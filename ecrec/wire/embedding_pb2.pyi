@@ -196,18 +196,22 @@ class CreateDenseRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_cluster_pb2.DenseSpec, _Mapping]] = ..., initial_value: _Optional[bytes] = ...) -> None: ...
 
 class ReadPayloadRequest(_message.Message):
-    __slots__ = ("table", "ids", "all_rows", "dense", "cut")
+    __slots__ = ("table", "ids", "all_rows", "dense", "cut", "deliver_port", "ticket")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ALL_ROWS_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     CUT_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     all_rows: bool
     dense: _containers.RepeatedScalarFieldContainer[str]
     cut: str
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., all_rows: _Optional[bool] = ..., dense: _Optional[_Iterable[str]] = ..., cut: _Optional[str] = ...) -> None: ...
+    deliver_port: int
+    ticket: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., all_rows: _Optional[bool] = ..., dense: _Optional[_Iterable[str]] = ..., cut: _Optional[str] = ..., deliver_port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class ReadPayloadReply(_message.Message):
     __slots__ = ("ids", "payload", "row_bytes", "dense")
@@ -248,14 +252,16 @@ class WriteSnapshotRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ..., file: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[SnapshotRange, _Mapping]]] = ..., dense: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., cut: _Optional[str] = ...) -> None: ...
 
 class WriteSnapshotReply(_message.Message):
-    __slots__ = ("items_json", "bytes", "seconds")
+    __slots__ = ("items_json", "bytes", "seconds", "parts_json")
     ITEMS_JSON_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_JSON_FIELD_NUMBER: _ClassVar[int]
     items_json: str
     bytes: int
     seconds: float
-    def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    parts_json: str
+    def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., parts_json: _Optional[str] = ...) -> None: ...
 
 class HoldPushesRequest(_message.Message):
     __slots__ = ("holder", "hold_s", "admit", "mark_cut", "cut_ttl_s", "drop_cut", "max_age_s")

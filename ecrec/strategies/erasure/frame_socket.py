@@ -13,7 +13,8 @@ frames, and ends the call OK.
   host; accepts until a connection opens with the ticket's MAC (others are closed), then reads whole frames.
 - :func:`send_frames` (the survivor): connects, sends the opening and each frame buffer as it is (no copy).
 
-Not used on TLS clusters (the rows would travel in clear): there the frames stay on the gRPC stream.
+A snapshot's rows travel the same way (``ecrec.snapshot.part``: raw rows, not frames, under a ticket of their own
+purpose).  Not used on TLS clusters (the rows would travel in clear): there the frames stay on the gRPC stream.
 Every blocking step has a timeout; a failure is an ``OSError`` or a :class:`~ecrec.strategies.erasure.frames.
 FrameError` naming what happened, and the caller falls back to the gRPC stream.
 """
@@ -49,8 +50,9 @@ class FrameListener:
     """The replacement's end of one stream: ``with FrameListener(host, timeout_s) as listener`` then
     pass ``listener.port`` and ``listener.ticket`` in the request and call :meth:`receive`."""
 
-    def __init__(self, host: str, timeout_s: float):
+    def __init__(self, host: str, timeout_s: float, purpose: bytes = b"ecrec stripe frames"):
         self.timeout_s = timeout_s
+        self.purpose = purpose  # what the opening MACs: a ticket of one purpose opens no connection of another
         self.ticket = secrets.token_bytes(TICKET_BYTES)
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -96,8 +98,18 @@ class FrameListener:
                 out.append(frames.parse(buffer, positions, indices, row_bytes, k))
             return out
 
+    def receive_into(self, view: memoryview) -> None:
+        """Accepts the sender's connection and reads exactly ``len(view)`` bytes into ``view`` (raw bytes, no
+        frames: a snapshot's rows); raises ``OSError`` (timeout, closed, reset, fewer bytes or more)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._accept(deadline) as conn:
+            read_exactly(conn, view, deadline)
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
+            if conn.recv(1):  # the sender closes after its last byte: anything more is not what was asked
+                raise ConnectionError(f"the sender sent more than the {len(view)} bytes asked for")
+
     def _accept(self, deadline: float) -> socket.socket:
-        expected = opening(self.ticket)
+        expected = opening(self.ticket, self.purpose)
         while True:
             self._sock.settimeout(max(0.001, deadline - time.monotonic()))
             conn, _ = self._sock.accept()
@@ -112,14 +124,14 @@ class FrameListener:
 
 
 def send_frames(host: str, port: int, ticket: bytes, buffers: Iterable[np.ndarray], timeout_s: float,
-                stop: threading.Event | None = None) -> int:
-    """The survivor's end: connects to ``host:port``, sends the :func:`opening` of ``ticket`` then every frame
-    buffer; returns the bytes sent.  Raises ``OSError`` when the replacement cannot be reached or stops
-    reading, ``ConnectionAbortedError`` when ``stop`` is set (the call was cancelled)."""
+                stop: threading.Event | None = None, purpose: bytes = b"ecrec stripe frames") -> int:
+    """The survivor's end: connects to ``host:port``, sends the :func:`opening` of ``ticket`` (for ``purpose``)
+    then every buffer; returns the bytes sent.  Raises ``OSError`` when the replacement cannot be reached or
+    stops reading, ``ConnectionAbortedError`` when ``stop`` is set (the call was cancelled)."""
     sent = 0
     with socket.create_connection((host.strip("[]"), port), timeout=timeout_s) as conn:
         conn.settimeout(timeout_s)
-        conn.sendall(opening(ticket))
+        conn.sendall(opening(ticket, purpose))
         for buffer in buffers:
             if stop is not None and stop.is_set():
                 raise ConnectionAbortedError("the call was cancelled")
