@@ -4,6 +4,7 @@ right for every layout, range and message size, the block-aligned path and the r
 
 from __future__ import annotations
 
+import errno
 import io
 import itertools
 from concurrent.futures import ThreadPoolExecutor
@@ -132,8 +133,8 @@ def test_an_item_whose_pickle_is_compressed_or_large_is_refused_before_it_is_rea
 
 
 def _direct_or_skip(path, name):
-    (path / name).touch()
-    fd = snapshot_files.open_direct(str(path), name)
+    with open(path / name, "wb") as f:
+        fd = snapshot_files.open_direct(f)
     if fd is None:
         pytest.skip(f"{path}'s file system takes no O_DIRECT writes")
     return fd
@@ -194,18 +195,86 @@ def test_a_file_system_that_refuses_direct_writes_gets_them_through_the_stream(t
     def refuse(fd, data, offset):
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(os, "pwrite", refuse)
-    a = snapshot_files.aligned_empty((8192, 64), np.float32)
+    calls = []
+    real_pwrite = os.pwrite
+
+    def partly(fd, data, offset):  # a block written, then the file system refuses the rest
+        calls.append(offset)
+        if len(calls) == 1:
+            return real_pwrite(fd, data[:4096], offset)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    a, b = (snapshot_files.aligned_empty((8192, 64), np.float32) for _ in range(2))
     a[...] = np.random.default_rng(5).random(a.shape, dtype=np.float32)
+    b[...] = a + 1
     fd = _direct_or_skip(tmp_path, "x.distcp")
     try:
         with open(tmp_path / "x.distcp", "r+b") as f:
-            items = [snapshot_files.write_item(f, a, fd), snapshot_files.write_item(f, a + 1, fd)]
+            monkeypatch.setattr(os, "pwrite", refuse)
+            items = [snapshot_files.write_item(f, a, fd)]
+            monkeypatch.setattr(os, "pwrite", partly)
+            items.append(snapshot_files.write_item(f, b, fd))
     finally:
         os.close(fd)
-    for item, want in zip(items, (a, a + 1)):
+    assert len(calls) == 2  # the second item: one block direct, the rest through the stream
+    for item, want in zip(items, (a, b)):
         assert np.array_equal(snapshot_files.map_tensor(str(tmp_path), "x.distcp", item["offset"], item["length"],
                                                         want.shape), want)
+
+
+def test_a_disk_error_in_a_direct_write_or_an_fsync_fails_the_write(tmp_path, monkeypatch):
+    """EIO is the disk's failure, not a file system that takes no direct writes: raised, never written around."""
+    import os
+
+    def broken(fd, data, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    a = snapshot_files.aligned_empty((8192, 64), np.float32)
+    a[...] = 1.0
+    fd = _direct_or_skip(tmp_path, "x.distcp")
+    try:
+        with open(tmp_path / "x.distcp", "r+b") as f:
+            monkeypatch.setattr(os, "pwrite", broken)
+            with pytest.raises(OSError) as info:
+                snapshot_files.write_item(f, a, fd)
+            assert info.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+
+    def fsync(fd, code=[errno.EIO]):
+        raise OSError(code[0], os.strerror(code[0]))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with open(tmp_path / "y", "wb") as f:
+        with pytest.raises(OSError, match="Input/output"):
+            snapshot_files.durable(f)
+        fsync.__defaults__[0][0] = errno.EINVAL  # a file that takes no fsync (a pipe): skipped
+        snapshot_files.durable(f)
+
+
+def test_a_ticket_opens_only_a_connection_of_its_own_purpose():
+    """A snapshot read's listener takes no opening made for the fast rebuild's frames with the same ticket (and
+    gives up at its deadline however many wrong ones come)."""
+    import threading
+
+    from ecrec.strategies.erasure import frame_socket
+
+    with frame_socket.FrameListener("127.0.0.1", 1.0, snapshot_part.DELIVERY_PURPOSE) as listener:
+        sender = threading.Thread(target=lambda: frame_socket.send_frames(
+            "127.0.0.1", listener.port, listener.ticket, [np.ones(16, np.uint8)], 2.0))  # the stripe frames' purpose
+        sender.start()
+        with pytest.raises(OSError):
+            listener.receive_into(memoryview(np.empty(16, np.uint8)))
+        sender.join(5)
+    with frame_socket.FrameListener("127.0.0.1", 5.0, snapshot_part.DELIVERY_PURPOSE) as listener:
+        sender = threading.Thread(target=lambda: frame_socket.send_frames(
+            "127.0.0.1", listener.port, listener.ticket, [np.arange(16, dtype=np.uint8)], 2.0,
+            purpose=snapshot_part.DELIVERY_PURPOSE))
+        sender.start()
+        got = np.empty(16, np.uint8)
+        listener.receive_into(memoryview(got))
+        sender.join(5)
+    assert np.array_equal(got, np.arange(16))
 
 
 def test_arrays_for_direct_writes_start_at_a_block():

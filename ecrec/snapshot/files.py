@@ -16,6 +16,7 @@ values (a larger alignment than ``torch.save``'s 64 bytes, which it includes).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -88,14 +89,25 @@ def open_file(path: str, name: str, mode: str):
     return open(Path(path) / name, mode)
 
 
+#: what a file system answers a request it does not support (fsync of a pipe, ``O_DIRECT`` on tmpfs): not a
+#: failure of the data, unlike every other error (EIO above all), which is raised
+UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
 def durable(stream) -> None:
-    """Flushes ``stream`` and, for a local file, fsyncs it (one fsync per file)."""
+    """Flushes ``stream`` and, for a local file, fsyncs it (one fsync per file); an fsync the file does not
+    support is skipped, any other error (a disk's EIO) raised."""
     stream.flush()
     if hasattr(stream, "fileno"):
         try:
-            os.fsync(stream.fileno())
+            fd = stream.fileno()
         except (OSError, io.UnsupportedOperation):
-            pass
+            return  # not a file (an fsspec store's stream, a buffer)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in UNSUPPORTED:
+                raise
 
 
 def sync_directory(path: str) -> None:
@@ -205,14 +217,20 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def open_direct(path: str, name: str) -> int | None:
-    """A second descriptor of a local file being written, for :func:`write_item`'s large values to bypass the
-    page cache (``O_DIRECT``: no copy into the kernel's memory, none of it evicted for the snapshot); None for a
-    URL or a file system that takes no direct writes (tmpfs): then everything goes through ``stream``."""
-    if is_url(path) or not hasattr(os, "O_DIRECT"):
+def open_direct(stream) -> int | None:
+    """A second descriptor of the local file ``stream`` writes, for :func:`write_item`'s large values to bypass the
+    page cache (``O_DIRECT``: no copy into the kernel's memory, none of it evicted for the snapshot); opened
+    through the stream's own descriptor (the same file whatever its name has become since).  None for a stream
+    of no local file, or a file system that takes no direct writes (tmpfs): then everything goes through
+    ``stream``."""
+    if not hasattr(os, "O_DIRECT"):
         return None
     try:
-        return os.open(Path(path) / name, os.O_WRONLY | os.O_DIRECT)
+        fd = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_DIRECT)
     except OSError:
         return None
 
@@ -334,9 +352,14 @@ class _Item(io.RawIOBase):
         done = 0
         try:
             while done < whole:
-                done += os.pwrite(self._direct, view[done:whole], position + done)
-        except OSError:  # this file system takes no direct writes (or not these): through the stream from here
-            self._direct = None
+                n = os.pwrite(self._direct, view[done:whole], position + done)
+                if n <= 0:
+                    raise OSError(errno.EINVAL, "a direct write made no progress")
+                done += n
+        except OSError as exc:
+            if exc.errno not in UNSUPPORTED:
+                raise  # the disk's failure (EIO, ENOSPC): the snapshot fails, naming it
+            self._direct = None  # this file system takes no direct writes (or not these): through the stream
         self._stream.seek(position + done)
         if done < len(view):
             self._stream.write(view[done:])

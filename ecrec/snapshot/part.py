@@ -158,8 +158,10 @@ class _Delivery:
             asked.deliver_port, asked.ticket = listener.port, listener.ticket
             call = state.peers.stub(address).ReadPayload.future(asked, timeout=state.config.rpc_timeout_s,
                                                                 metadata=state.peers.metadata())
-            # a call that fails stops the wait for its connection at once
-            call.add_done_callback(lambda c: c.code() == grpc.StatusCode.OK or listener.close())
+            # a call that fails stops the wait for its connection at once, and so does one answered with the rows
+            # in its reply (a server of a release that does not deliver: it ignores the fields)
+            call.add_done_callback(lambda c: (c.code() != grpc.StatusCode.OK or len(c.result().payload))
+                                   and listener.close())
             rows = np.empty(nbytes, dtype=np.uint8)
             try:
                 listener.receive_into(memoryview(rows))
@@ -167,6 +169,8 @@ class _Delivery:
             except (OSError, grpc.RpcError) as exc:
                 call.cancel()
                 code = call.code()
+                if code == grpc.StatusCode.OK:  # answered in the reply (see above), or sent too few bytes
+                    return self._refuse("a peer answered without delivering the rows")
                 if code not in (None, grpc.StatusCode.OK, grpc.StatusCode.CANCELLED,
                                 grpc.StatusCode.FAILED_PRECONDITION):
                     return None  # the peer's own trouble (unavailable, busy): the gRPC read retries and reports it
@@ -347,10 +351,10 @@ def _write_item(stream, values: np.ndarray, parts: Parts, direct: int | None) ->
 
 
 @contextlib.contextmanager
-def _direct(request):
+def _direct(stream):
     """A descriptor for the file's chunks to go to the disk past the page cache (``snapshot_files.open_direct``),
     or None; closed after."""
-    fd = snapshot_files.open_direct(request.path, request.file)
+    fd = snapshot_files.open_direct(stream)
     try:
         yield fd
     finally:
@@ -368,7 +372,7 @@ def _write(state, request, ranges, parts: Parts) -> tuple[list[dict], int]:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-snapshot-gather") as gatherer, \
             ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="ecrec-snapshot-read") as pool, \
             snapshot_files.open_file(request.path, request.file, "wb" if snapshot_files.is_url(request.path) else "xb") \
-            as stream, _direct(request) as direct:
+            as stream, _direct(stream) as direct:
         for shard, start, stop in ranges:
             spec = shard.spec
             block = state.layout.num_servers * state.layout.k

@@ -111,6 +111,8 @@ class FrameListener:
     def _accept(self, deadline: float) -> socket.socket:
         expected = opening(self.ticket, self.purpose)
         while True:
+            if time.monotonic() >= deadline:  # connections that never open right do not keep this waiting
+                raise TimeoutError("no connection opened with the ticket in time")
             self._sock.settimeout(max(0.001, deadline - time.monotonic()))
             conn, _ = self._sock.accept()
             first = bytearray(OPENING_BYTES)
