@@ -70,6 +70,7 @@ TARGETS = {
     "redundant_training_s": 4.0,  # issue 38: fully redundant again after the kill, while training
     "longest_step_s": 0.15,  # issue 38: ecrec's longest step through the failure
     "lost_per_failure_s": 0.5,  # issue 38: training lost per failure
+    "idle_rebuild_mb_s": 400.0,  # issue 38: idle rebuild of 4M x 64
 }
 
 
@@ -769,6 +770,50 @@ def section_through_failure(files: _Files) -> list[str]:
     return out
 
 
+IDLE_RUNS = ("recovery-4m-idle-ecrec-1.json", "recovery-4m-idle-ecrec-2.json", "recovery-4m-idle-ecrec-3.json")
+
+
+def section_idle_rebuild(files: _Files) -> list[str]:
+    """ECRec's rebuild of a killed server with no training beside it at 4M x 64, three runs: the rebuild's rate,
+    when redundancy came back, its CPU, against issue 38's target."""
+    from ecrec.ops import console
+
+    names = [n for n in IDLE_RUNS if files.has(n)]
+    if not names:
+        return [f"No runs recorded yet (`{'`, `'.join(IDLE_RUNS)}`)."]
+    out = []
+    for name in names:
+        c = files[name]["config"]
+        out += [_command(f"ecrec-bench recovery --rows {c['rows']} --strategies {','.join(c['strategies'])} "
+                         f"--failures {c['failures']} --json {FILES_DIR}/{name}"),
+                _load(c["load_average_before"], c.get("load_average_after"), c.get("cpu_count"))]
+    keys = ("rebuild MB/s", "redundant s", "go-on s", "rebuild CPU s")
+    figures = {}
+    for name in names:
+        row = _rows(files[name])["ecrec"]
+        figures[name] = {"rebuild MB/s": row["restored_mb_per_s"], "redundant s": row["redundant_s"],
+                         "go-on s": row["go_on_s"], "rebuild CPU s": row["recovery_cpu_s"]}
+    spread = {k: _median_known([f[k] for f in figures.values()]) for k in keys}
+    formats = {"rebuild MB/s": "{:,.0f}", "go-on s": "{:.3f}"}
+
+    def fmt(key, v):
+        return formats.get(key, "{:.2f}").format(v)
+
+    table = [[n, *[fmt(k, f[k]) for k in keys]] for n, f in figures.items()]
+    table.append([f"median of {len(names)}", *[f"{fmt(k, spread[k][0])} [{fmt(k, spread[k][1])}, "
+                                               f"{fmt(k, spread[k][2])}]" for k in keys]])
+    c = files[names[0]]["config"]
+    rate = spread["rebuild MB/s"][0]
+    out += [f"Each run creates {_rows_label(c['rows'])} x {c['dim']} rows (Adagrad: {c['model_bytes'] / 1e9:.2f} GB) on "
+            f"{c['servers']} servers (RS({c['k']}, {c['m']})), kills server {c['fail_server']} with no training "
+            "beside it, and times the standby's rebuild of the lost data and parity rows (the rate is their bytes "
+            "over the rebuild's wall time; its CPU is the replacement's):",
+            _printed(console.print_table, ["run", *keys], table),
+            f"Against issue 38's target: idle rebuild of 4M x 64 >= {TARGETS['idle_rebuild_mb_s']:.0f} MB/s: "
+            f"{_met(rate >= TARGETS['idle_rebuild_mb_s'])} ({rate:,.0f} MB/s, the median of the runs)."]
+    return out
+
+
 # --- control plane ------------------------------------------------------------------------------------------
 def section_control_plane(files: _Files) -> list[str]:
     from ecrec.bench import control_plane
@@ -1131,6 +1176,7 @@ SECTIONS = [
     ("The main job, three runs", section_quick_runs),
     ("At scale before a kill, three runs", section_scale_runs),
     ("Training through a failure at scale, three runs", section_through_failure),
+    ("The idle rebuild at scale, three runs", section_idle_rebuild),
     ("The control plane on etcd", section_control_plane),
     ("Recovery at scale", section_recovery),
     ("Snapshots", section_snapshot),

@@ -117,10 +117,10 @@ class Input:
 # the small sizes of the per-table fits), compare-movielens.json and
 # compare-realistic.json / compare-realistic-run1.json (`--preset realistic`; packed checkpoints, so their saves
 # are left out of the per-table save, stall and load fits: FIT_LAYOUT);
-# recovery-default.json (400k x 64 rows), recovery-4m-idle.json, recovery-4m-training.json, recovery-4m-ecrec-*.json
-# and recovery-4m-through-*.json (4M x 64 rows, 2.05 GB), snapshot-4m-*.json.  compare-quick-run1.json (no paired
-# rounds, a machine at load 30-48) is left out, and so are recovery-4m-paced-*.json (a strategy option set: a
-# paced rebuild, not the defaults modelled).
+# recovery-default.json (400k x 64 rows), recovery-4m-idle.json, recovery-4m-training.json, recovery-4m-ecrec-*.json,
+# recovery-4m-through-*.json and recovery-4m-idle-ecrec-*.json (4M x 64 rows, 2.05 GB), snapshot-4m-*.json.
+# compare-quick-run1.json (no paired rounds, a machine at load 30-48) is left out, and so are
+# recovery-4m-paced-*.json (a strategy option set: a paced rebuild, not the defaults modelled).
 # The legacy overhead basis (`--basis overhead`: `{full,cpr,mfu,ssu}_save_bytes_per_s`, `parity_overhead`)
 # comes from compare-quick-per-table.json through :func:`inputs_from_compare`, except `parity_overhead`, the pooled
 # parity cost below x its update rate.  Absolute rates are those of this Python prototype on a 2-core shared
@@ -148,8 +148,8 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
     "reschedule_s": (0.09859, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
     "parity_overhead": (0.1183, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (206.5e6, "bytes/s per server",
-                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 18 points "
+    "rebuild_bytes_per_s": (421.6e6, "bytes/s per server",
+                            f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 21 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
     "recovery_throughput_ratio": (0.4139, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 14 runs"),
@@ -169,7 +169,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3071, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "rebuild_latency_s": (0.3294, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
     "parity_s_per_update": (5.483e-6, "s per row update",
                             f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
                             "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "
