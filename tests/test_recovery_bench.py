@@ -118,6 +118,7 @@ def test_during_training_reports_the_training_lost(tmp_path):
     assert parts["rebuild_s"] > 0 and parts["rows_rebuilt"] > 0 and parts["parity_rows_rebuilt"] > 0
     assert parts["bulk_s"] > 0 and parts["bulk_rows_rebuilt"] > 0
     assert parts["on_demand_calls"] >= 1 and parts["on_demand_s"] > 0  # the step after the kill touched its rows
+    assert parts["on_demand_rounds"] >= parts["on_demand_calls"]  # at least one round of reads a request
     assert "rebuild_duty" not in parts  # not paced by default
 
 

@@ -263,7 +263,7 @@ def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) 
 #: parity rows rebuilt, the requests that rebuilt their rows on demand first and their time (s), and with
 #: ``rebuild_slowdown`` the pacer's last duty and its probes
 REBUILD_PARTS = ("rebuild_s", "bulk_s", "bulk_wait_s", "bulk_rows_rebuilt", "rows_rebuilt", "parity_rows_rebuilt",
-                 "on_demand_calls", "on_demand_s", "rebuild_duty", "rebuild_probes")
+                 "on_demand_calls", "on_demand_rounds", "on_demand_s", "rebuild_duty", "rebuild_probes")
 
 
 def rebuild_parts(cluster, index: int) -> dict:
@@ -284,7 +284,9 @@ def describe_parts(parts: dict) -> str:
         out.append(f"fast path {parts['bulk_s']:.2f} s ({parts.get('bulk_wait_s', 0.0):.2f} s waiting for streams)")
     if parts.get("on_demand_calls"):
         calls = parts["on_demand_calls"]
-        out.append(f"on demand {int(calls)} requests, {parts.get('on_demand_s', 0.0) / calls * 1e3:.1f} ms each")
+        rounds = (f", {parts['on_demand_rounds'] / calls:.2f} rounds of reads each" if "on_demand_rounds" in parts
+                  else "")
+        out.append(f"on demand {int(calls)} requests, {parts.get('on_demand_s', 0.0) / calls * 1e3:.1f} ms each{rounds}")
     if "rebuild_duty" in parts:
         out.append(f"paced: duty {parts['rebuild_duty']:.2f} after {int(parts.get('rebuild_probes', 0))} probes")
     return "; ".join(out)
