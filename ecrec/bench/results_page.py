@@ -1011,8 +1011,12 @@ def section_snapshot(files: _Files) -> list[str]:
             "gathered, and writes chunks past the page cache; what each part took is the line under the save.",
             f"- The restore is still the client's: it reads and checks every chunk, then writes the rows as "
             f"assignment pushes (parity follows as for training): {shown['restore']['servers_cpu_s']:.1f} CPU-s on "
-            f"the servers and {shown['restore']['client_cpu_s']:.1f} on the client. It reads the snapshot from the "
-            "disk: the save leaves nothing of it in the page cache (as on a machine that restores after a disaster).",
+            f"the servers and {shown['restore']['client_cpu_s']:.1f} on the client"
+            + (f", {(shown['restore'].get('parts') or {}).get('push_s', float('nan')):.1f} s of its "
+               f"{shown['restore']['seconds']:.1f} s in the pushes (the line under the restore)"
+               if (shown['restore'].get('parts') or {}).get('push_s') is not None else "")
+            + ". It reads the snapshot from the disk: the save leaves nothing of it in the page cache (as on a "
+            "machine that restores after a disaster).",
             f"- Client memory stays bounded: {shown['save']['client_peak_bytes'] / 1e6:,.0f} MB at its peak while "
             f"saving (the client only plans), {shown['restore']['client_peak_bytes'] / 1e6:,.0f} MB while restoring "
             "(a few chunks, the interpreter and torch included).",

@@ -10,7 +10,8 @@ files equal the saving cluster's rows and the restored rows equal the files (``-
 sample of 100,000; the saving cluster is stopped before the restoring one starts) and, with ``ecrec``, whether
 every parity row matches its stripe.  The save is reported by part, summed over the servers (``save.parts``:
 CPU seconds reading their own rows, taking their peers', placing rows, checksumming, writing; the servers'
-other work; seconds waited for rows and for the disk; the rows' bytes by where they came from).
+other work; seconds waited for rows and for the disk; the rows' bytes by where they came from), and so is the
+restore's client (``restore.parts``: checking every chunk, creating the tables, reading again, pushing).
 
 Examples::
 
@@ -138,9 +139,12 @@ def save_parts(manifest: dict) -> dict:
 
 
 def describe_parts(phase: dict) -> str:
-    """One line: the CPU seconds of each part and the rest of the servers' CPU (what they spent serving each
-    other's reads and everything else)."""
+    """One line: the save's CPU seconds of each part and the rest of the servers' CPU (what they spent serving
+    each other's reads and everything else); the restore's client-side parts (``restore_parts``)."""
     parts = phase.get("parts") or {}
+    if parts and "cpu_s" not in parts:  # a restore: the client's parts
+        return ("client: " + ", ".join(f"{name.replace('_s', '').replace('_', ' ')} {seconds:.2f} s"
+                                       for name, seconds in parts.items()))
     cpu = parts.get("cpu_s", {})
     if not cpu:
         return ""
@@ -217,14 +221,14 @@ def run(args) -> int:
         _peak_reset()
         cpu0, client0 = _servers_cpu(target), time.process_time()
         t0 = time.perf_counter()
-        target.load(str(path), on_progress=lambda text: (messages.append(
+        restored_manifest = target.load(str(path), on_progress=lambda text: (messages.append(
             f"{time.perf_counter() - t0:7.2f} s {text.replace(str(path), 'SNAPSHOT')}"),
                                                        print(f"  restore: {messages[-1]}", file=sys.stderr)))
         restore_s = time.perf_counter() - t0
         out["restore"] = {"seconds": restore_s, "bytes": manifest["bytes"],
                           "mb_per_s": manifest["bytes"] / 1e6 / restore_s, "client_peak_bytes": _peak_bytes(),
                           "servers_cpu_s": _servers_cpu(target) - cpu0, "client_cpu_s": time.process_time() - client0,
-                          "messages": messages[:1] + messages[-1:]}
+                          "messages": messages[:1] + messages[-1:], "parts": restored_manifest.get("restore_parts")}
         restored = _equal(target, path, manifest, args.verify, args.seed)  # ... and the restored cluster the files
         out["exact"] = None if restored is None else bool(restored and out["saved_exact"])
         if args.strategy == "ecrec" and args.verify != "no":

@@ -26,6 +26,7 @@ the servers write their rows as they were at a moment no worker's step was half 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -367,8 +368,18 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                                                                    key=lambda c: c["offsets"][0])]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
+    timing = _Timing()
+
     def check(item) -> None:
         """A chunk's rows checked: checksums (in :meth:`_ChunkReader.read`), then values."""
+        with timing.cpu("check_cpu_s"):
+            _check(item)
+
+    def joined(item) -> np.ndarray:
+        with timing.cpu("read_cpu_s"):
+            return reader.joined(item)
+
+    def _check(item) -> None:
         kind, name, row, parts = item
         arrays = [reader.read(key, chunk) for key, chunk in parts]
         try:
@@ -383,15 +394,18 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             raise SnapshotError(f"{path}: {where}{exc}; nothing was restored") from None
 
     # 1. every chunk read and checked before anything is written (two at a time: checksums run in parallel)
+    started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ecrec-verify") as pool:
         window = [pool.submit(check, item) for item in order[:2]]
         for i in range(len(order)):
             window.pop(0).result()
             if i + 2 < len(order):
                 window.append(pool.submit(check, order[i + 2]))
+    timing.add("check_s", time.perf_counter() - started)
     if on_progress is not None:
         on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
     # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
+    started = time.perf_counter()
     for name, spec in tables.items():
         if name not in existing:
             cluster.create_table(name, spec.num_rows, spec.dim, optimizer=spec.optimizer, lr=spec.lr, eps=spec.eps,
@@ -400,24 +414,64 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     for name, spec in denses.items():
         if name not in existing_dense:
             cluster.create_dense(spec)
+    timing.add("create_s", time.perf_counter() - started)
     written = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-restore-read") as pool:
-        ahead = pool.submit(reader.joined, order[0]) if order else None
+        ahead = pool.submit(joined, order[0]) if order else None
         for i, item in enumerate(order):
-            payload = ahead.result()
+            with timing.wall("waiting_for_reads_s"):
+                payload = ahead.result()
             if i + 1 < len(order):
-                ahead = pool.submit(reader.joined, order[i + 1])
+                ahead = pool.submit(joined, order[i + 1])
             kind, name, row, _ = item
-            if kind == "table":
-                cluster.write_rows(name, np.arange(row, row + len(payload), dtype=np.int64), payload,
-                                   what="payload", checked=True)
-            else:
-                cluster.write_dense(name, payload)
+            with timing.wall("push_s"), timing.cpu("push_cpu_s"):
+                if kind == "table":
+                    cluster.write_rows(name, np.arange(row, row + len(payload), dtype=np.int64), payload,
+                                       what="payload", checked=True)
+                else:
+                    cluster.write_dense(name, payload)
             written += payload.nbytes
             del payload
             if on_progress is not None:
                 on_progress(f"restored {name!r} rows {row:,}.. ({written / 1e6:,.1f} of {total / 1e6:,.1f} MB)")
+    manifest["restore_parts"] = timing.as_dict()
     return manifest
+
+
+class _Timing:
+    """What a restore's parts took on the client (``restore_parts`` of the manifest :func:`load` returns): wall
+    seconds of the check of every chunk (``check_s``), of creating missing tables (``create_s``), of the pushes
+    (``push_s``) and of waiting for the next chunk's read meanwhile (``waiting_for_reads_s``); CPU seconds of the
+    threads that checked chunks (``check_cpu_s``), read them again (``read_cpu_s``) and sent the pushes
+    (``push_cpu_s``: the calling thread's; the servers' own work is theirs)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+
+    def add(self, part: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def cpu(self, part: str):
+        t0 = time.thread_time()
+        try:
+            yield
+        finally:
+            self.add(part, time.thread_time() - t0)
+
+    @contextlib.contextmanager
+    def wall(self, part: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(part, time.perf_counter() - t0)
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {k: round(v, 4) for k, v in sorted(self.seconds.items())}
 
 
 STEP_PREFIX = "step-"
