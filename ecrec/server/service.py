@@ -334,7 +334,6 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 reply.payload = shard.read_payload_bytes_at(slots, st.cuts.get(request.cut, "table", shard.name))
             else:
                 reply.payload = shard.read_payload_bytes(slots)
-            reply.row_bytes = shard.spec.row_bytes
         for name in request.dense:
             d = st.dense(name)
             st.strategy.ensure_dense(d)
