@@ -26,7 +26,6 @@ the servers write their rows as they were at a moment no worker's step was half 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -39,6 +38,7 @@ import numpy as np
 
 from ecrec.snapshot import files as snapshot_files
 from ecrec.snapshot.cut import Cut, CutError
+from ecrec.snapshot.tally import Tally
 from ecrec.snapshot.part import CHUNK_BYTES
 from ecrec.tables.values import check_dense_values, check_values
 
@@ -368,7 +368,11 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                                                                    key=lambda c: c["offsets"][0])]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
-    timing = _Timing()
+    # what each part took on the client (``restore_parts`` of the manifest returned): wall seconds of the check of
+    # every chunk (check_s), of creating missing tables (create_s), of the pushes (push_s) and of waiting for the
+    # next chunk's read meanwhile (waiting_for_reads_s); CPU seconds of the threads that checked chunks
+    # (check_cpu_s), read them again (read_cpu_s) and sent the pushes (push_cpu_s: the calling thread's)
+    timing = Tally()
 
     def check(item) -> None:
         """A chunk's rows checked: checksums (in :meth:`_ChunkReader.read`), then values."""
@@ -436,42 +440,6 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                 on_progress(f"restored {name!r} rows {row:,}.. ({written / 1e6:,.1f} of {total / 1e6:,.1f} MB)")
     manifest["restore_parts"] = timing.as_dict()
     return manifest
-
-
-class _Timing:
-    """What a restore's parts took on the client (``restore_parts`` of the manifest :func:`load` returns): wall
-    seconds of the check of every chunk (``check_s``), of creating missing tables (``create_s``), of the pushes
-    (``push_s``) and of waiting for the next chunk's read meanwhile (``waiting_for_reads_s``); CPU seconds of the
-    threads that checked chunks (``check_cpu_s``), read them again (``read_cpu_s``) and sent the pushes
-    (``push_cpu_s``: the calling thread's; the servers' own work is theirs)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.seconds: dict[str, float] = {}
-
-    def add(self, part: str, seconds: float) -> None:
-        with self._lock:
-            self.seconds[part] = self.seconds.get(part, 0.0) + seconds
-
-    @contextlib.contextmanager
-    def cpu(self, part: str):
-        t0 = time.thread_time()
-        try:
-            yield
-        finally:
-            self.add(part, time.thread_time() - t0)
-
-    @contextlib.contextmanager
-    def wall(self, part: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(part, time.perf_counter() - t0)
-
-    def as_dict(self) -> dict:
-        with self._lock:
-            return {k: round(v, 4) for k, v in sorted(self.seconds.items())}
 
 
 STEP_PREFIX = "step-"

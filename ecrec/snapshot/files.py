@@ -337,9 +337,10 @@ class _Item(io.RawIOBase):
         return self._stream.seek(offset, whence) - self._start
 
     def write(self, b) -> int:
-        if self._direct is None or len(memoryview(b).cast("B")) < DIRECT_MIN_BYTES:
+        view = memoryview(b).cast("B")
+        if self._direct is None or len(view) < DIRECT_MIN_BYTES:
             return self._stream.write(b)
-        return self._write_direct(memoryview(b).cast("B"))
+        return self._write_direct(view)
 
     def _write_direct(self, view: memoryview) -> int:
         """``view``'s whole blocks written past the page cache where the file offset and the memory are aligned,

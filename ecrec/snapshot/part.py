@@ -24,6 +24,7 @@ import numpy as np
 
 from ecrec import errors
 from ecrec.snapshot import files as snapshot_files
+from ecrec.snapshot.tally import Tally
 from ecrec.net import transport
 from ecrec.net.peers import PeerError, PeerUnreachable
 from ecrec.strategies.erasure import frame_socket
@@ -118,8 +119,7 @@ def deliver(state, host: str, request, shard, slots: np.ndarray) -> None:
     """Sends the rows a checked read (:func:`check_delivery`) asks for to ``host`` at its port, after a MAC of the
     ticket (:mod:`~ecrec.strategies.erasure.frame_socket`); the reply (sent after) carries no payload: the
     caller takes the bytes once it is OK."""
-    payload = (shard.read_payload_at(slots, state.cuts.get(request.cut, "table", shard.name)) if request.cut
-               else shard.read_payload(slots))
+    payload = _rows_at(state, shard, slots, request.cut)
     try:
         frame_socket.send_frames(host, request.deliver_port, request.ticket, [payload.reshape(-1)],
                                  state.config.rpc_timeout_s, purpose=DELIVERY_PURPOSE)
@@ -198,42 +198,21 @@ class Parts:
     (``own_rows``), asked its peers for theirs (``peer_rows``: the calls and their replies received), placed the
     rows into a chunk (``place``), checksummed the chunks (``checksum``) and wrote them (``write``: the zip records
     and the system calls); wall seconds the writer waited for a chunk's rows (``waiting_for_rows``) and for the
-    disk (``sync``: the fsync).  What the peers spent serving the reads counts in their own totals."""
+    disk (``sync``: the fsync); the rows' bytes by where they came from.  What the peers spent serving the reads
+    counts in their own totals."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self.cpu_s = dict.fromkeys(CPU_PARTS, 0.0)
-        self.wall_s = dict.fromkeys(WALL_PARTS, 0.0)
-        self.bytes = dict.fromkeys(BYTES_FROM, 0)  # the rows' bytes by where they came from
-
-    @contextlib.contextmanager
-    def cpu(self, part: str):
-        t0 = time.thread_time()
-        try:
-            yield
-        finally:
-            spent = time.thread_time() - t0
-            with self._lock:
-                self.cpu_s[part] += spent
-
-    @contextlib.contextmanager
-    def wall(self, part: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            spent = time.perf_counter() - t0
-            with self._lock:
-                self.wall_s[part] += spent
-
-    def count(self, source: str, nbytes: int) -> None:
-        with self._lock:
-            self.bytes[source] += nbytes
+        self.cpu_s, self.wall_s, self.bytes = Tally(CPU_PARTS), Tally(WALL_PARTS), Tally(BYTES_FROM)
+        self.cpu, self.wall, self.count = self.cpu_s.cpu, self.wall_s.wall, self.bytes.add
 
     def as_dict(self) -> dict:
-        with self._lock:
-            return {"cpu_s": {k: round(v, 4) for k, v in self.cpu_s.items()},
-                    "wall_s": {k: round(v, 4) for k, v in self.wall_s.items()}, "bytes": dict(self.bytes)}
+        return {"cpu_s": self.cpu_s.as_dict(), "wall_s": self.wall_s.as_dict(), "bytes": self.bytes.as_dict()}
+
+
+def _rows_at(state, shard, slots: np.ndarray, cut: str) -> np.ndarray:
+    """A copy of rows ``slots`` of this server's shard, as they were at the snapshot's ``cut`` when it has one."""
+    return (shard.read_payload_at(slots, state.cuts.get(cut, "table", shard.name)) if cut
+            else shard.read_payload(slots))
 
 
 def _chunk_buffers(spec, rows: int) -> list[tuple[np.ndarray, slice]]:
@@ -297,8 +276,7 @@ def _gather(state, shard, start: int, stop: int, pool: ThreadPoolExecutor, cut: 
             with parts.cpu("own_rows"):
                 slots = shard.slots_for(ids)
                 state.strategy.ensure_rows([(shard, slots)])
-                data = (shard.read_payload_at(slots, state.cuts.get(cut, "table", shard.name)) if cut
-                        else shard.read_payload(slots))
+                data = _rows_at(state, shard, slots, cut)
         else:  # as it was at the snapshot's cut, when it has one
             with parts.cpu("peer_rows"):
                 request = embedding_pb2.ReadPayloadRequest(table=shard.name, ids=transport.ids_to_bytes(ids), cut=cut)
