@@ -89,14 +89,17 @@ def test_snapshot_bench_saves_restores_onto_another_shape_and_checks_every_row(t
         assert figures["mb_per_s"] == pytest.approx(figures["bytes"] / 1e6 / figures["seconds"])
         assert figures["client_peak_bytes"] > 0 and figures["servers_cpu_s"] > 0 and figures["client_cpu_s"] > 0
     assert report["disk_mb_per_s"] > 0 and len(report["load_average_before"]) == 3
-    # what each part took: the save's by server part (rows by where they came from), the restore's client
+    # what each part took: the save's by server part (rows by where they came from), the restore's: the client's
+    # check, then the table restored in bulk by the servers (no pushes), their fills by part
     save, restore = report["save"]["parts"], report["restore"]["parts"]
     assert save["bytes"]["own"] + save["bytes"]["delivered"] + save["bytes"]["in_replies"] == 3001 * 64
     assert save["cpu_s"]["checksum"] > 0 and save["cpu_s"]["place"] > 0
-    assert {"check_s", "check_cpu_s", "push_s", "push_cpu_s", "read_cpu_s"} <= set(restore)
-    assert restore["check_s"] > 0 and 0 < restore["push_s"] <= report["restore"]["seconds"]
+    assert {"check_s", "check_cpu_s", "bulk_s", "bulk_fill_s", "servers_fill_s", "servers_rows_cpu_s",
+            "servers_parity_cpu_s"} <= set(restore)
+    assert restore["check_s"] > 0 and 0 < restore["bulk_fill_s"] <= restore["bulk_s"] <= report["restore"]["seconds"]
+    assert "push_s" not in restore  # nothing was left to push
     printed = capsys.readouterr().out
-    assert "CPU s by part: own_rows" in printed and "client: check" in printed
+    assert "CPU s by part: own_rows" in printed and "by part: check" in printed and "servers parity cpu" in printed
     assert "restored rows equal: True" in printed
     assert not (tmp_path / "snapshot").exists()  # the snapshot is removed after, the --dir kept
     assert str(tmp_path) not in out.read_text()  # no path of this machine in the report

@@ -11,7 +11,9 @@ sample of 100,000; the saving cluster is stopped before the restoring one starts
 every parity row matches its stripe.  The save is reported by part, summed over the servers (``save.parts``:
 CPU seconds reading their own rows, taking their peers', placing rows, checksumming, writing; the servers'
 other work; seconds waited for rows and for the disk; the rows' bytes by where they came from), and so is the
-restore's client (``restore.parts``: checking every chunk, creating the tables, reading again, pushing).
+restore (``restore.parts``: the client checking every chunk and creating the tables; the restore in bulk by
+step and the servers' fills, CPU seconds of placing rows, checking them and encoding parity; reading again and
+pushing whatever was not restored in bulk).
 
 Examples::
 
@@ -140,11 +142,11 @@ def save_parts(manifest: dict) -> dict:
 
 def describe_parts(phase: dict) -> str:
     """One line: the save's CPU seconds of each part and the rest of the servers' CPU (what they spent serving
-    each other's reads and everything else); the restore's client-side parts (``restore_parts``)."""
+    each other's reads and everything else); the restore's parts (``restore_parts``)."""
     parts = phase.get("parts") or {}
     if parts and "cpu_s" not in parts:  # a restore: the client's parts
-        return ("client: " + ", ".join(f"{name.replace('_s', '').replace('_', ' ')} {seconds:.2f} s"
-                                       for name, seconds in parts.items()))
+        return ("by part: " + ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.2f} s"
+                                        for name, seconds in parts.items()))
     cpu = parts.get("cpu_s", {})
     if not cpu:
         return ""

@@ -228,13 +228,17 @@ class Codec:
             raise ValueError(f"data must have shape (k={self.k}, n), got {data.shape}")
         return self.encode_stripes(data[None])[0]
 
-    def encode_stripes(self, data: np.ndarray) -> np.ndarray:
-        """Parity ``(stripes, m, n)`` of ``data`` ``(stripes, k, n)``; many stripes per pyeclib call."""
+    def encode_stripes(self, data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Parity ``(stripes, m, n)`` of ``data`` ``(stripes, k, n)``; many stripes per pyeclib call.  ``out``: an
+        array of that shape to write it into (reused by a caller encoding block after block)."""
         self._check_host_array(data, "data", 3)
         stripes, k, n = data.shape
         if k != self.k:
             raise ValueError(f"data must have shape (stripes, k={self.k}, n), got {data.shape}")
-        out = np.empty((stripes, self.m, n), dtype=np.uint8)
+        if out is None:
+            out = np.empty((stripes, self.m, n), dtype=np.uint8)
+        elif out.shape != (stripes, self.m, n) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {(stripes, self.m, n)}, got {out.dtype} {out.shape}")
         if stripes == 0 or n == 0:
             return out
         for s0, s1, c0, c1 in self._blocks(stripes, n):

@@ -45,6 +45,7 @@ def _preload() -> None:
     import ecrec.ops.metrics  # noqa: F401
     import ecrec.server.process  # noqa: F401
     from ecrec.coding.kernels import cpu
+    from ecrec.snapshot import bulk
     from ecrec.strategies import available, get_spec
     from ecrec.strategies.erasure import merge
     from ecrec.tables import spec
@@ -54,6 +55,7 @@ def _preload() -> None:
     spec.warm_up()
     cpu.CpuKernel()
     merge.warm_up()
+    bulk.warm_up()
 
 
 def _die_with_parent(parent: int) -> None:

@@ -19,7 +19,8 @@ from ecrec.server.counters import threads_cpu_s
 from ecrec.server.requests import (
     Assignment, assignment, caller_of, check_ids, check_push_id, coalesce, dense_assignment, parse_dense_spec,
 )
-from ecrec.server.state import ServerState
+from ecrec.server.state import ServerState, restoring
+from ecrec.snapshot import bulk as snapshot_bulk
 from ecrec.snapshot import part as snapshot_part
 from ecrec.strategies.base import AppliedPush, DenseUpdate, TableUpdate, push_key
 from ecrec.tables.spec import TableSpec
@@ -51,7 +52,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         watermarks = st.strategy.on_relay(request.relay, caller_of(context)) if request.relay else []
         plans = []
         for t in request.tables:
-            shard = st.table(t.table)
+            shard = st.serving_table(t.table)
             plans.append((shard, shard.slots_for(transport.bytes_to_ids(t.ids))))
         dense = [st.dense(name) for name in request.dense]
         strategy = st.strategy
@@ -60,8 +61,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             strategy.ensure_dense(d)
         reply = embedding_pb2.PullReply(watermarks=watermarks, server_id=st.server_id,
                                         confirmed_upto=strategy.confirmed_upto())
+        fills = [(shard, shard.fills) for shard, _ in plans]
         for shard, slots in plans:
             reply.values.append(shard.weights(slots).tobytes())
+        st.still_serving(fills)  # no restore began while the rows were read
         st.handlers.count_rows("pulled", sum(len(slots) for _, slots in plans))
         for d in dense:
             reply.dense.add(name=d.spec.name, value=d.weights_bytes())
@@ -77,7 +80,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             if t.table in seen_tables:
                 raise errors.InvalidRequest(f"table {t.table!r} appears twice in one push")
             seen_tables.add(t.table)
-            shard = st.table(t.table)
+            shard = st.serving_table(t.table)
             ids = transport.bytes_to_ids(t.ids)
             slots = shard.slots_for(ids)
             if t.assign != embedding_pb2.GRADIENT:
@@ -206,6 +209,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             seq = st.applied.get(key)  # a concurrent retry may have won
             if seq is not None:
                 return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
+            for shard, *_ in table_plans:  # a restore in bulk began since the push was checked: no delta now
+                if shard.restore is not None:
+                    raise errors.Busy(restoring(shard))
             st.applied.admit(key[0])  # a new incarnation beyond the table's bound is refused, nothing applied
             # every part computed and checked before anything is written: an update whose result would not be
             # finite is refused whole (InvalidRequest), here as on the parts of other tables
@@ -310,7 +316,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         deliver_to = snapshot_part.check_delivery(st, context, request) if request.deliver_port or request.ticket \
             else None
         if request.table:
-            shard = st.table(request.table)
+            shard = st.serving_table(request.table)
             if request.all_rows:
                 nbytes = len(shard.owned_ids) * (shard.spec.row_bytes + 8)
                 if nbytes > st.config.max_message_bytes:  # checked before anything is read or allocated
@@ -330,10 +336,12 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
                 snapshot_part.deliver(st, deliver_to, request, shard, slots)
                 st.require_serving()
                 return reply
+            fills = shard.fills
             if request.cut:  # a snapshot's read: the rows as they were at its cut
                 reply.payload = shard.read_payload_bytes_at(slots, st.cuts.get(request.cut, "table", shard.name))
             else:
                 reply.payload = shard.read_payload_bytes(slots)
+            st.still_serving([(shard, fills)])  # no restore began while the rows were read
         for name in request.dense:
             d = st.dense(name)
             st.strategy.ensure_dense(d)
@@ -350,6 +358,13 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         items, size, seconds, parts = snapshot_part.write(st, request)
         return embedding_pb2.WriteSnapshotReply(items_json=json.dumps(items), bytes=size, seconds=seconds,
                                                 parts_json=json.dumps(parts))
+
+    @transport.service_method
+    def RestoreTable(self, request, context):
+        st = self.state
+        st.require_index()
+        st.require_serving()
+        return snapshot_bulk.handle(st, request)
 
     @transport.service_method
     def StrategyCall(self, request, context):

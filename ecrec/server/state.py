@@ -210,6 +210,22 @@ class ServerState:
             raise errors.NotFound(f"unknown table {name!r}")
         return shard
 
+    def serving_table(self, name: str) -> TableShard:
+        """A table to read or push to: refused as busy (the caller retries) while a restore in bulk rewrites it
+        (``ecrec.snapshot.bulk``); a read compares ``shard.fills`` before and after (:meth:`still_serving`)."""
+        shard = self.table(name)
+        if shard.restore is not None:
+            raise errors.Busy(restoring(shard))
+        return shard
+
+    @staticmethod
+    def still_serving(shards_and_fills) -> None:
+        """After a read of ``(shard, fills seen before)``: refused as busy when a restore began meanwhile (the rows
+        read may be half rewritten)."""
+        for shard, fills in shards_and_fills:
+            if shard.restore is not None or shard.fills != fills:
+                raise errors.Busy(restoring(shard))
+
     def dense_tensors(self) -> list[DenseShard]:
         with self.lock:
             return [self._dense[name] for name in sorted(self._dense)]
@@ -364,7 +380,16 @@ class ServerState:
             for d in dense:
                 spec, initial = parse_dense_spec(d.spec, d.initial_value)
                 self.create_dense(spec, initial)
+            if new_map.tables and self.strategy.fills_in_bulk:
+                from ecrec.snapshot import bulk
+
+                bulk.adopt_marks(self)  # a table its peers are restoring is refused here too
             return bool(self.strategy.on_recovery(index))
         finally:
             self._promoting = False
             self.reserve.close()  # what the promotion did not take is freed
+
+
+def restoring(shard: TableShard) -> str:
+    return (f"table {shard.name!r} is being restored from a snapshot (in bulk): it serves again once every server "
+            "holds it; a restore cut short is finished by loading the snapshot again")

@@ -17,7 +17,11 @@ its manifest is incomplete and is never restored.
 
 A restore reads one chunk at a time (the client holds a few chunks, never the model), checks every chunk
 against the manifest before it writes anything, so a corrupted or truncated snapshot is refused naming the
-tensor and the file and the cluster is left as it was, then writes the rows as assignment pushes (parity,
+tensor and the file and the cluster is left as it was.  A table no push changed (one the restore creates, or
+one restored before) on a strategy that allows it (``ecrec``, ``none``) is then restored *in bulk*: every server
+reads its rows and the data rows of its parity stripes from the files itself and encodes its parity once per
+stripe (:mod:`ecrec.snapshot.bulk`), when every server reads the snapshot's local path.  Every other table (a
+URL, a trained table, a checkpointing strategy) and every dense tensor is written as assignment pushes (parity,
 replicas and checkpoints follow as for training).
 
 A snapshot is a cut between steps whenever it is taken, workers training or not (:mod:`ecrec.snapshot.cut`):
@@ -368,9 +372,11 @@ def _load(cluster, path: str, on_progress=None) -> dict:
                                                                    key=lambda c: c["offsets"][0])]))
     total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
 
-    # what each part took on the client (``restore_parts`` of the manifest returned): wall seconds of the check of
-    # every chunk (check_s), of creating missing tables (create_s), of the pushes (push_s) and of waiting for the
-    # next chunk's read meanwhile (waiting_for_reads_s); CPU seconds of the threads that checked chunks
+    # what each part took (``restore_parts`` of the manifest returned): wall seconds of the check of every chunk
+    # (check_s), of creating missing tables (create_s), of the restores in bulk (bulk_s: its steps bulk_begin_s,
+    # bulk_fill_s, bulk_finish_s; the servers' fills summed, servers_fill_s, and their CPU seconds by part,
+    # servers_rows_cpu_s, servers_check_cpu_s, servers_parity_cpu_s), of the pushes (push_s) and of waiting for the
+    # next chunk's read meanwhile (waiting_for_reads_s); CPU seconds of the client's threads that checked chunks
     # (check_cpu_s), read them again (read_cpu_s) and sent the pushes (push_cpu_s: the calling thread's)
     timing = Tally()
 
@@ -397,6 +403,8 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             where = f"rows from {row} of " if kind == "table" else ""
             raise SnapshotError(f"{path}: {where}{exc}; nothing was restored") from None
 
+    # the files' sizes and times as checked: a server restoring in bulk reads them only as they were
+    stamps = _stamps(path, order)
     # 1. every chunk read and checked before anything is written (two at a time: checksums run in parallel)
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ecrec-verify") as pool:
@@ -406,6 +414,8 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             if i + 2 < len(order):
                 window.append(pool.submit(check, order[i + 2]))
     timing.add("check_s", time.perf_counter() - started)
+    if stamps is not None and _stamps(path, order) != stamps:
+        raise SnapshotError(f"{path}: a file changed while the snapshot was checked; nothing was restored")
     if on_progress is not None:
         on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
     # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
@@ -420,6 +430,16 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             cluster.create_dense(spec)
     timing.add("create_s", time.perf_counter() - started)
     written = 0
+    in_bulk = []  # tables every server restored from the files itself
+    for name in (tables if stamps is not None else ()):
+        chunks = [(key, chunk) for kind, table, _, parts in order if kind == "table" and table == name
+                  for key, chunk in parts]
+        with timing.wall("bulk_s"):  # (the servers' parts: _restore_in_bulk)
+            done = _restore_in_bulk(cluster, path, name, chunks, stamps, timing, on_progress)
+        if done:
+            in_bulk.append(name)
+            written += sum(c["length"] for _, c in chunks)
+    order = [item for item in order if not (item[0] == "table" and item[1] in in_bulk)]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-restore-read") as pool:
         ahead = pool.submit(joined, order[0]) if order else None
         for i, item in enumerate(order):
@@ -439,7 +459,158 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             if on_progress is not None:
                 on_progress(f"restored {name!r} rows {row:,}.. ({written / 1e6:,.1f} of {total / 1e6:,.1f} MB)")
     manifest["restore_parts"] = timing.as_dict()
+    manifest["restored_in_bulk"] = in_bulk
     return manifest
+
+
+def _local(path: str) -> str | None:
+    """The absolute local path of a snapshot (a path, or a ``file://`` URL) the servers may read themselves; None
+    for any other URL."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    elif snapshot_files.is_url(path):
+        return None
+    return os.path.abspath(path)
+
+
+def _stamps(path: str, order) -> dict | None:
+    """Each data file's size and modification time, for a local snapshot (None for a URL: no bulk restore)."""
+    path = _local(path)
+    if path is None:
+        return None
+    from ecrec.snapshot.bulk import file_stamp
+
+    names = sorted({chunk["file"] for *_, parts in order for _, chunk in parts})
+    try:
+        return {name: file_stamp(path, name) for name in names}
+    except OSError as exc:
+        raise SnapshotError(f"{path}: {exc.filename or ''} cannot be read ({exc.strerror}); nothing was "
+                            "restored") from None
+
+
+#: how many times a restore in bulk fills every server again after a server failed or was replaced meanwhile
+BULK_ATTEMPTS = 4
+#: how long a restore in bulk waits for the cluster to be whole again (a server recovering, replaced), from the
+#: last progress
+BULK_WAIT_S = 120.0
+#: the pause before a restore in bulk begins again
+BULK_RETRY_S = 0.5
+
+
+class _NoServer(Exception):
+    """No live server holds an index of the map (a failure being handled)."""
+
+
+def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing: Tally, on_progress) -> bool:
+    """Table ``name`` restored in bulk by every server (:mod:`ecrec.snapshot.bulk`): BEGIN, FILL, FINISH on every
+    server of the map, again from BEGIN when a server failed or was replaced meanwhile.  False, the table as it
+    was, when a server cannot (a trained table, a checkpointing strategy, the files out of its reach, an older
+    release): the caller pushes the rows instead."""
+    import grpc
+
+    from ecrec.snapshot.bulk import source_digest
+    from ecrec.wire import embedding_pb2
+
+    Step = embedding_pb2.RestoreTableRequest
+    path = _local(path)  # every server resolves it alike
+    fields = ("offsets", "sizes", "file", "offset", "length")
+    source = {"weight": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/weight")],
+              "state": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/state")],
+              "files": {f: stamps[f] for f in sorted({c["file"] for _, c in chunks})}}
+    source_json = json.dumps(source, sort_keys=True)
+    digest = source_digest(name, path, source_json)
+    nbytes = sum(c["length"] for _, c in chunks)
+    RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION)
+    fill_timeout_s = cluster.config.rpc_timeout_s + nbytes / (5 << 20)  # at 5 MB/s a server still finishes
+
+    def call_all(step) -> dict:
+        """``{index: reply or exception}`` of ``step`` on every server of the map, at once."""
+        cluster.refresh_map()
+        servers = cluster.layout.num_servers
+        request = embedding_pb2.RestoreTableRequest(step=step, table=name, path=path, source_json=source_json)
+
+        def one(i):
+            address = cluster.peers.address_of(i)
+            if address is None:
+                return i, _NoServer(f"no live server holds index {i}")
+            try:
+                return i, cluster.peers.stub(address).RestoreTable(
+                    request, timeout=fill_timeout_s if step == Step.FILL else cluster.config.rpc_timeout_s,
+                    metadata=cluster.peers.metadata())
+            except grpc.RpcError as exc:
+                return i, exc
+
+        with ThreadPoolExecutor(max_workers=servers, thread_name_prefix="ecrec-bulk") as pool:
+            return dict(pool.map(one, range(servers)))
+
+    def failed(results: dict) -> dict:
+        return {i: r for i, r in results.items() if isinstance(r, Exception)}
+
+    def transient(errors: dict) -> bool:
+        return all(isinstance(e, _NoServer) or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                   for e in errors.values())
+
+    def describe(errors: dict) -> str:
+        return "; ".join(f"server {i}: {e}" if isinstance(e, _NoServer) else f"server {i}: {e.code().name}: {e.details()}"
+                         for i, e in sorted(errors.items()))
+
+    def finish(filled: dict) -> dict:
+        """FINISH on every server; its failures (none: every server serves the table)."""
+        with timing.wall("bulk_finish_s"):
+            errors = failed(call_all(Step.FINISH))
+        if errors:
+            return errors
+        for reply in filled.values():  # the servers' fills, summed: wall seconds, CPU seconds by part
+            parts = json.loads(reply.parts_json or "{}")
+            timing.add("servers_fill_s", reply.seconds)
+            for part, seconds in parts.get("cpu_s", {}).items():
+                timing.add(f"servers_{part.removesuffix('_s')}_cpu_s", seconds)
+        if on_progress is not None:
+            on_progress(f"restored table {name!r} in bulk ({nbytes / 1e6:,.1f} MB)")
+        return {}
+
+    deadline = time.monotonic() + BULK_WAIT_S  # for the cluster to be whole again: from the last progress
+    why, rounds = "", 0
+    while time.monotonic() < deadline and rounds < BULK_ATTEMPTS:
+        # a restore that filled every server and finished on some (a FINISH cut short) only finishes
+        status = call_all(Step.STATUS)
+        if not failed(status) and all(r.source == digest and r.state in ("filled", "serving")
+                                      for r in status.values()) and any(r.state == "filled" for r in status.values()):
+            if not finish({}):
+                return True
+        with timing.wall("bulk_begin_s"):
+            refused = failed(call_all(Step.BEGIN))
+        if refused and transient(refused):
+            why = describe(refused)  # a server recovering, or being replaced: wait for it, then begin again
+            time.sleep(BULK_RETRY_S)
+            continue
+        if refused:  # a server cannot: where nothing was rewritten the table serves again as it was, then pushes
+            aborted = call_all(Step.ABORT)
+            if any(isinstance(r, Exception) or r.state != "serving" for r in aborted.values()):
+                raise SnapshotError(f"table {name!r} cannot be restored in bulk ({describe(refused)}) and not every "
+                                    f"server can go back ({describe(failed(aborted)) or 'a server is still marked'}): "
+                                    "the table stays refused until a restore finishes; load the snapshot again")
+            if on_progress is not None:
+                on_progress(f"table {name!r}: restored by pushes, not in bulk ({describe(refused)})")
+            return False
+        rounds += 1
+        with timing.wall("bulk_fill_s"):
+            filled = call_all(Step.FILL)
+        errors = failed(filled)
+        if errors:  # a server failed or was replaced since BEGIN, or still rebuilds: every server again
+            if all(isinstance(e, _NoServer) or e.code() in RETRIED for e in errors.values()):
+                why = describe(errors)
+                time.sleep(BULK_RETRY_S)
+                continue
+            raise SnapshotError(f"table {name!r}: the restore in bulk failed ({describe(errors)}); the table is "
+                                "refused until a restore finishes: load the snapshot again") from None
+        deadline = time.monotonic() + BULK_WAIT_S
+        errors = finish(filled)
+        if not errors:
+            return True
+        why = f"FINISH: {describe(errors)}"  # a server replaced meanwhile holds the table unfilled: every server again
+    raise SnapshotError(f"table {name!r}: the restore in bulk did not finish ({why}); the table is refused until a "
+                        "restore finishes: load the snapshot again")
 
 
 STEP_PREFIX = "step-"

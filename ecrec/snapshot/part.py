@@ -77,7 +77,7 @@ def validate(state, request) -> list:
         raise errors.InvalidRequest(f"chunk_bytes {request.chunk_bytes} outside [0, {MAX_CHUNK_BYTES}]")
     ranges = []
     for r in request.ranges:
-        shard = state.table(r.table)
+        shard = state.serving_table(r.table)
         if not 0 <= r.start < r.stop <= shard.spec.num_rows:
             raise errors.InvalidRequest(f"table {r.table!r}: range [{r.start}, {r.stop}) outside its "
                                         f"{shard.spec.num_rows} rows")

@@ -203,6 +203,9 @@ class FaultToleranceStrategy:
     needs_delta: ClassVar[bool] = False
     #: whether a promoted replacement rebuilds every row itself (then its tables skip initial values)
     rebuilds_rows: ClassVar[bool] = False
+    #: whether a table no push changed may be restored in bulk (``ecrec.snapshot.bulk``): every server rewrites its
+    #: rows from a snapshot's files, then the strategy its redundancy (:meth:`fill_redundancy`)
+    fills_in_bulk: ClassVar[bool] = False
     #: seconds between ``on_timer`` calls (None: never)
     timer_interval_s: float | None = None
 
@@ -225,6 +228,15 @@ class FaultToleranceStrategy:
 
     def on_dense_created(self, dense: "DenseShard") -> None:
         pass
+
+    def check_fill(self, shard: "TableShard") -> None:
+        """Raises (``FailedPrecondition``, ``Unavailable``) unless ``shard``'s redundancy can be rewritten from a
+        snapshot's files now (called under the apply lock, before a restore in bulk begins)."""
+
+    def fill_redundancy(self, shard: "TableShard", gather) -> int:
+        """Rewrites what this server keeps for ``shard``'s redundancy from ``gather(ids, out, at)`` (the rows of
+        any ids, ``ecrec.snapshot.bulk.SnapshotRows.gather``); returns the rows written."""
+        return 0
 
     def admit_push(self) -> None:
         """Called before a push is applied (not under the apply lock): may wait, or raise ``Unavailable``,

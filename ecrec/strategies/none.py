@@ -7,3 +7,4 @@ from ecrec.strategies.base import FaultToleranceStrategy
 
 class NoFaultTolerance(FaultToleranceStrategy):
     name = "none"
+    fills_in_bulk = True  # nothing beside the rows

@@ -100,10 +100,36 @@ class TableShard(_HoldsCuts):
         # bytes are kept as the rows are gathered, at no cost of their own: only the XOR is counted there
         self.delta_cpu_s = 0.0
         self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.ShardCut), by holder
+        # a restore in bulk (ecrec.snapshot.bulk): its mark while it runs (pushes and pulls refused), whether rows
+        # were rewritten since the last one finished, how many fills began (a read compares), the digest of the
+        # last one finished here; set under the server's apply lock
+        self.restore = None
+        self.rewritten = False
+        self.fills = 0
+        self.restored_from = ""
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def touched(self) -> bool:
+        """Whether a push changed any row here, or a row is not ready (being rebuilt)."""
+        with self._lock:
+            return bool(self._versions.any() or not self._ready.all())
+
+    def fill_from(self, gather, block: int, check=None) -> int:
+        """Rewrites every owned row from ``gather(ids, out, at)`` (a restore in bulk, ``ecrec.snapshot.bulk``),
+        ``block`` rows per hold of the lock, each block passed to ``check`` (which may raise) once written;
+        versions stay as they are.  Returns the rows written."""
+        for start in range(0, len(self.owned_ids), block):
+            ids, slots = self.owned_ids[start:start + block], self.owned_slots[start:start + block]
+            with self._lock:
+                self._break_cuts("rows were rewritten (a restore)")
+                gather(ids, self._floats, slots)
+                if check is not None:
+                    run = _as_slice(slots)
+                    check(self._floats[run] if run is not None else self._floats[slots])
+        return len(self.owned_ids)
 
     @property
     def nbytes(self) -> int:

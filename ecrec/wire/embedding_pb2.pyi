@@ -263,6 +263,44 @@ class WriteSnapshotReply(_message.Message):
     parts_json: str
     def __init__(self, items_json: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., parts_json: _Optional[str] = ...) -> None: ...
 
+class RestoreTableRequest(_message.Message):
+    __slots__ = ("step", "table", "path", "source_json")
+    class Step(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS: _ClassVar[RestoreTableRequest.Step]
+        BEGIN: _ClassVar[RestoreTableRequest.Step]
+        FILL: _ClassVar[RestoreTableRequest.Step]
+        FINISH: _ClassVar[RestoreTableRequest.Step]
+        ABORT: _ClassVar[RestoreTableRequest.Step]
+    STATUS: RestoreTableRequest.Step
+    BEGIN: RestoreTableRequest.Step
+    FILL: RestoreTableRequest.Step
+    FINISH: RestoreTableRequest.Step
+    ABORT: RestoreTableRequest.Step
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    step: RestoreTableRequest.Step
+    table: str
+    path: str
+    source_json: str
+    def __init__(self, step: _Optional[_Union[RestoreTableRequest.Step, str]] = ..., table: _Optional[str] = ..., path: _Optional[str] = ..., source_json: _Optional[str] = ...) -> None: ...
+
+class RestoreTableReply(_message.Message):
+    __slots__ = ("state", "source", "seconds", "parts_json", "rewritten")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    REWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    source: str
+    seconds: float
+    parts_json: str
+    rewritten: bool
+    def __init__(self, state: _Optional[str] = ..., source: _Optional[str] = ..., seconds: _Optional[float] = ..., parts_json: _Optional[str] = ..., rewritten: _Optional[bool] = ...) -> None: ...
+
 class HoldPushesRequest(_message.Message):
     __slots__ = ("holder", "hold_s", "admit", "mark_cut", "cut_ttl_s", "drop_cut", "max_age_s")
     HOLDER_FIELD_NUMBER: _ClassVar[int]

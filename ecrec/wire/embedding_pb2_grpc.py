@@ -90,6 +90,11 @@ class EmbeddingServerStub:
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.SerializeToString,
                 response_deserializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.FromString,
                 _registered_method=True)
+        self.RestoreTable = channel.unary_unary(
+                '/ecrec.wire.EmbeddingServer/RestoreTable',
+                request_serializer=ecrec_dot_wire_dot_embedding__pb2.RestoreTableRequest.SerializeToString,
+                response_deserializer=ecrec_dot_wire_dot_embedding__pb2.RestoreTableReply.FromString,
+                _registered_method=True)
         self.Echo = channel.unary_unary(
                 '/ecrec.wire.EmbeddingServer/Echo',
                 request_serializer=ecrec_dot_wire_dot_embedding__pb2.EchoMessage.SerializeToString,
@@ -177,6 +182,17 @@ class EmbeddingServerServicer:
     def HoldPushes(self, request, context):
         """Holds every push that arrives from now (they wait, then apply) for up to `hold_s`, or releases the hold
         (hold_s 0); answers what this server applied of each worker: the cut a snapshot takes while it holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreTable(self, request, context):
+        """A restore of one table in bulk (ecrec/snapshot/bulk.py): each server reads its rows and the data rows of its
+        parity stripes from the snapshot's files and installs them, one encode per stripe, no pushes. Steps: BEGIN
+        (the table untouched by any push: pushes and pulls of it refused as busy from now), FILL (once every server
+        began), FINISH (once every server filled the same files: the table serves again), ABORT (while no server
+        rewrote anything), STATUS.
         (The erasure-coding strategy adds its own service, ParityService in parity.proto.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -247,6 +263,11 @@ def add_EmbeddingServerServicer_to_server(servicer, server):
                     servicer.HoldPushes,
                     request_deserializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.FromString,
                     response_serializer=ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.SerializeToString,
+            ),
+            'RestoreTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreTable,
+                    request_deserializer=ecrec_dot_wire_dot_embedding__pb2.RestoreTableRequest.FromString,
+                    response_serializer=ecrec_dot_wire_dot_embedding__pb2.RestoreTableReply.SerializeToString,
             ),
             'Echo': grpc.unary_unary_rpc_method_handler(
                     servicer.Echo,
@@ -551,6 +572,33 @@ class EmbeddingServer:
             '/ecrec.wire.EmbeddingServer/HoldPushes',
             ecrec_dot_wire_dot_embedding__pb2.HoldPushesRequest.SerializeToString,
             ecrec_dot_wire_dot_embedding__pb2.HoldPushesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ecrec.wire.EmbeddingServer/RestoreTable',
+            ecrec_dot_wire_dot_embedding__pb2.RestoreTableRequest.SerializeToString,
+            ecrec_dot_wire_dot_embedding__pb2.RestoreTableReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -147,19 +147,35 @@ class ParityArena:
         """Parity of a table's initial rows (computable locally: initial rows are a pure function).  Rows all
         zero have parity zero (the code is linear), which the fresh arena holds already."""
         spec = part.spec
-        if spec.initially_zero:
-            return
+        if not spec.initially_zero:
+            self.encode_from(part, lambda ids, out, at: fill_initial_payload(spec, ids, out, at))
+
+    def encode_from(self, part: TableParity, gather) -> None:
+        """Every parity row of ``part`` encoded from its stripe's data rows, which ``gather(ids, out, at)`` writes
+        into ``out[at]`` (float32 rows): a table's initial rows, or a snapshot's (``ecrec.snapshot.bulk``)."""
+        spec = part.spec
+        block = min(len(part.slots), ENCODE_CHUNK_STRIPES)  # buffers reused block after block: pages touched once
+        buffer = np.empty((block, self.layout.k, spec.row_bytes), np.uint8)
+        encoded = np.empty((block, self.layout.m, spec.row_bytes), np.uint8)
         for start in range(0, len(part.slots), ENCODE_CHUNK_STRIPES):
             stripes = part.stripes[start:start + ENCODE_CHUNK_STRIPES]
             ids = self.layout.stripe_row_ids(stripes)
             valid = (ids < spec.num_rows).reshape(-1)
-            data = np.zeros((len(stripes), self.layout.k, spec.row_bytes), dtype=np.uint8)
-            fill_initial_payload(spec, ids.reshape(-1)[valid], data.reshape(-1, spec.row_bytes).view(np.float32),
-                                 np.flatnonzero(valid))
-            parity = self.codec.encode_stripes(data)
+            data = buffer[:len(stripes)]
+            rows = data.reshape(-1, spec.row_bytes)
+            if not valid.all():
+                rows[~valid] = 0  # a stripe's members past the table: zero rows
+            gather(ids.reshape(-1)[valid], rows.view(np.float32), np.flatnonzero(valid))
+            parity = self.codec.encode_stripes(data, out=encoded[:len(stripes)])
             j = part.parity_index[start:start + ENCODE_CHUNK_STRIPES]
+            mine = parity[:, int(j[0])] if (j == j[0]).all() else parity[np.arange(len(stripes)), j]
             with self.lock:
-                self.set_rows(part.slots[start:start + ENCODE_CHUNK_STRIPES], parity[np.arange(len(stripes)), j])
+                self.set_rows(part.slots[start:start + ENCODE_CHUNK_STRIPES], mine)
+
+    def touched(self, part: TableParity) -> bool:
+        """Whether any parity row of ``part`` holds a push's delta or is not built."""
+        with self.lock:
+            return bool(self.versions[part.slots].any() or not self.built[part.slots].all())
 
     # --- deltas --------------------------------------------------------------------------------------------
     def apply(self, seqs: np.ndarray, slots: np.ndarray, positions: np.ndarray, parity: int, deltas: np.ndarray) -> int:
@@ -241,6 +257,8 @@ class ParityArena:
     def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
         if self.on_device:
             self.parity[self._xp.asarray(slots)] = self._xp.asarray(rows)
+        elif len(slots) > 1 and slots[-1] - slots[0] == len(slots) - 1 and (np.diff(slots) == 1).all():
+            self.parity[slots[0]:slots[-1] + 1] = rows  # consecutive rows: one copy through a view
         else:
             self.parity[slots] = rows
 

@@ -35,6 +35,7 @@ class ErasureCoding(FaultToleranceStrategy):
     name = "ecrec"
     needs_delta = True
     rebuilds_rows = True
+    fills_in_bulk = True
 
     def __init__(self, host: StrategyHost, options: ErasureOptions):
         super().__init__(host, options)
@@ -79,6 +80,23 @@ class ErasureCoding(FaultToleranceStrategy):
         self.receiver.add_table(shard, encode=encode)
         if encode:
             self.counters.add("initial_encode_s", time.perf_counter() - t0)
+
+    def check_fill(self, shard) -> None:
+        if self.is_recovering():
+            raise errors.Unavailable("this server rebuilds after a promotion: a restore in bulk waits until it is "
+                                     "redundant again; retry")
+        arena, part = self.receiver.part(shard.spec.name)
+        if arena.touched(part):
+            raise errors.FailedPrecondition(f"table {shard.spec.name!r}: parity rows here hold pushes' deltas (or are "
+                                            "being rebuilt): a restore into it goes by pushes")
+
+    def fill_redundancy(self, shard, gather) -> int:
+        """This server's parity rows of ``shard`` encoded from the snapshot's data rows, one encode per stripe."""
+        t0 = time.perf_counter()
+        arena, part = self.receiver.part(shard.spec.name)
+        arena.encode_from(part, gather)
+        self.counters.add("initial_encode_s", time.perf_counter() - t0)
+        return len(part.slots)
 
     # --- the hot path ------------------------------------------------------------------------------------------
     def admit_push(self) -> None:

@@ -1,0 +1,198 @@
+"""Restores in bulk (``ecrec.snapshot.bulk``): every server reads its rows and its parity stripes' data rows from
+the snapshot's files and encodes its parity itself; the rows and parity come back bit for bit, a lost server is
+rebuilt from them bit for bit, a trained table is restored by pushes, and nobody can make data and parity
+disagree (a server filled alone is never served; files changed since the client checked them are refused).
+Real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import grpc
+import numpy as np
+import pytest
+
+from ecrec.client import Cluster
+from ecrec.config import ClientConfig
+from ecrec.snapshot import bulk
+from ecrec.wire import embedding_pb2
+from helpers import kill_index, refused, wait_redundant
+
+pytestmark = pytest.mark.cluster
+
+Step = embedding_pb2.RestoreTableRequest
+ROWS, DIM = 30_000, 16
+
+
+def _saved(make_cluster, tmp_path) -> tuple[str, np.ndarray, np.ndarray]:
+    """A snapshot of tables ``t`` (Adagrad, every row a value of its own) and ``s`` (SGD) from 2 servers."""
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    source.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3)
+    source.create_table("s", 777, 4, optimizer="sgd", seed=4)
+    t = np.random.default_rng(7).random((ROWS, 2 * DIM), dtype=np.float32)
+    s = np.random.default_rng(8).standard_normal((777, 4), dtype=np.float32)
+    source.write_rows("t", np.arange(ROWS), t, what="payload", checked=True)
+    source.write_rows("s", np.arange(777), s, what="payload", checked=True)
+    path = str(tmp_path / "snap")
+    source.save(path)
+    return path, t, s
+
+
+def _payload(cluster: Cluster, name: str, rows: int) -> np.ndarray:
+    return cluster.read_rows(name, np.arange(rows), "payload").view(np.uint32)
+
+
+def _parity_ok(cluster: Cluster) -> bool:
+    verify = cluster.strategy_call("verify_parity")
+    return all(v["mismatched"] == 0 for v in verify.values()) and sum(v["checked"] for v in verify.values()) > 0
+
+
+def test_a_restore_in_bulk_is_exact_and_a_lost_server_rebuilds_from_it_bit_for_bit(make_cluster, tmp_path):
+    """4 servers, RS(2,1): both tables restored in bulk (no pushes), rows and parity exact; a server killed after,
+    its replacement rebuilds every row from the parity the servers encoded from the files."""
+    path, t, s = _saved(make_cluster, tmp_path)
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1)
+    target = Cluster.connect(local.coordinator_address)
+    messages = []
+    manifest = target.load(path, on_progress=messages.append)
+    assert manifest["restored_in_bulk"] == ["t", "s"], messages
+    assert any("in bulk" in m for m in messages)
+    parts = manifest["restore_parts"]
+    assert parts["bulk_s"] >= parts["bulk_fill_s"] > 0 and parts.get("push_s", 0) == 0
+    assert parts["servers_rows_cpu_s"] > 0 and parts["servers_fill_s"] > 0
+    assert parts["servers_parity_cpu_s"] > 0  # the servers encoded their parity rows
+    assert sum(r["server"]["rows"].get("pushed", 0) for r in target.strategy_call("stats").values()) == 0
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert np.array_equal(_payload(target, "s", 777), s.view(np.uint32))
+    assert _parity_ok(target)
+    kill_index(local, 1)
+    wait_redundant(target, 1)
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert np.array_equal(_payload(target, "s", 777), s.view(np.uint32))
+    assert _parity_ok(target)
+    # and training goes on from it: a push after the restore is applied and kept in parity
+    target.write_rows("s", np.arange(10), np.ones((10, 4), np.float32), what="weights", checked=True)
+    assert _parity_ok(target)
+
+
+def test_a_trained_table_is_restored_by_pushes_and_a_none_cluster_in_bulk(make_cluster, tmp_path):
+    path, t, s = _saved(make_cluster, tmp_path)
+    target = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3)
+    target.write_rows("t", np.arange(5), np.zeros((5, DIM), np.float32), what="weights", checked=True)
+    messages = []
+    manifest = target.load(path, on_progress=messages.append)
+    assert manifest["restored_in_bulk"] == ["s"]  # t was trained: its rows and deltas go by pushes
+    assert any("'t': restored by pushes" in m and "changed by pushes" in m for m in messages), messages
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert _parity_ok(target)
+    plain = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    assert plain.load(path)["restored_in_bulk"] == ["t", "s"]
+    assert np.array_equal(_payload(plain, "t", ROWS), t.view(np.uint32))
+
+
+def _source(path: str, manifest: dict, table: str) -> str:
+    fields = ("offsets", "sizes", "file", "offset", "length")
+    chunks = {kind: [{f: c[f] for f in fields} for c in manifest["tensors"][f"tables/{table}/{kind}"]["chunks"]]
+              for kind in ("weight", "state")}
+    files = sorted({c["file"] for kind in chunks.values() for c in kind})
+    return json.dumps(chunks | {"files": {f: bulk.file_stamp(path, f) for f in files}}, sort_keys=True)
+
+
+def test_no_caller_can_make_a_table_serve_with_data_and_parity_that_disagree(make_cluster, tmp_path):
+    """Driving the steps by hand as a worker could: a FILL on a server whose peers have not begun is refused with
+    nothing written (an ABORT then serves the table as it was); once a server has rewritten its rows, no ABORT
+    (there or on a peer, under another source too) and no FINISH before every peer filled serves the table, and
+    reads and pushes of it wait (refused as busy); a file changed since BEGIN is refused at FILL; loading the
+    snapshot again restores the table exactly, parity verified."""
+    path, t, _ = _saved(make_cluster, tmp_path)
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=1.0))
+    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
+                        init="blank")
+    before = _payload(target, "t", ROWS).copy()
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    source = _source(path, manifest, "t")
+
+    def call(index, step, source_json=source):
+        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
+            embedding_pb2.RestoreTableRequest(step=step, table="t", path=path, source_json=source_json),
+            timeout=30, metadata=target.peers.metadata())
+
+    # 1. one server begun: its FILL is refused before anything is written, its ABORT serves the table as it was
+    assert call(0, Step.BEGIN).state == "begun"
+    refused(lambda: call(0, Step.FILL), grpc.StatusCode.FAILED_PRECONDITION, "has not begun", "nothing changed")
+    assert call(0, Step.ABORT).state == "serving"
+    assert np.array_equal(_payload(target, "t", ROWS), before) and _parity_ok(target)
+    # 2. every server begun, one filled: nothing serves the table again short of every server filling it
+    for index in range(3):
+        assert call(index, Step.BEGIN).state == "begun"
+    filled = call(0, Step.FILL)
+    assert filled.state == "filled" and filled.rewritten
+    refused(lambda: call(0, Step.FINISH), grpc.StatusCode.FAILED_PRECONDITION, "has not filled")
+    refused(lambda: call(0, Step.ABORT), grpc.StatusCode.FAILED_PRECONDITION, "rewritten")
+    refused(lambda: call(1, Step.ABORT), grpc.StatusCode.FAILED_PRECONDITION, "server 0 rewrote")
+    assert call(0, Step.BEGIN, source + " ").state == "begun"  # another source: the rows stay rewritten
+    refused(lambda: call(0, Step.ABORT), grpc.StatusCode.FAILED_PRECONDITION, "rewritten")
+    ids = np.arange(3)
+    with pytest.raises(Exception, match="being restored"):
+        target.read_rows("t", ids)
+    with pytest.raises(Exception, match="being restored"):
+        target.write_rows("t", ids, np.zeros((3, DIM), np.float32), what="weights", checked=True)
+    # 3. a file changed after BEGIN is refused at FILL, nothing trusted
+    assert call(1, Step.BEGIN).state == "begun"
+    name = sorted(json.loads(source)["files"])[0]
+    stat = os.stat(os.path.join(path, name))
+    os.utime(os.path.join(path, name), ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    refused(lambda: call(1, Step.FILL), grpc.StatusCode.FAILED_PRECONDITION, "changed since the restore checked it")
+    bad = embedding_pb2.RestoreTableRequest(step=Step.BEGIN, table="t", path="relative/snap", source_json=source)
+    refused(lambda: target.peers.stub(target.peers.address_of(1)).RestoreTable(
+        bad, timeout=30, metadata=target.peers.metadata()), grpc.StatusCode.INVALID_ARGUMENT, "local absolute path")
+    malformed = json.loads(source)
+    malformed["weight"][0]["length"] = 1e999
+    refused(lambda: call(2, Step.BEGIN, json.dumps(malformed)), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+    # 4. the user loads the snapshot again: every server filled, the table served, exact
+    manifest = Cluster.connect(local.coordinator_address).load(path)
+    assert "t" in manifest["restored_in_bulk"]
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert _parity_ok(target)
+    assert {call(i, Step.STATUS).state for i in range(3)} == {"serving"}
+
+
+def test_a_server_promoted_in_the_middle_of_a_restore_marks_the_table_and_a_new_restore_fills_it(
+        make_cluster, tmp_path):
+    """Every server begins, servers 0 and 2 fill; server 1 is killed and a standby takes its index. The
+    replacement marks the table as its peers do (rewritten: what its rebuild read was half filled), so it is
+    refused there too and FINISH is refused; loading the snapshot again fills every server, the replacement
+    included, and the table comes back exact, parity verified."""
+    path, t, _ = _saved(make_cluster, tmp_path)
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=1.0))
+    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
+                        init="blank")
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    request = embedding_pb2.RestoreTableRequest(table="t", path=path, source_json=_source(path, manifest, "t"))
+
+    def call(index, step):
+        request.step = step
+        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
+            request, timeout=30, metadata=target.peers.metadata())
+
+    for index in range(3):
+        assert call(index, Step.BEGIN).state == "begun"
+    for index in (0, 2):
+        assert call(index, Step.FILL).state == "filled"
+    kill_index(local, 1)
+    wait_redundant(target, 1)
+    adopted = call(1, Step.STATUS)
+    assert adopted.state == "begun" and adopted.rewritten and adopted.source == call(0, Step.STATUS).source
+    refused(lambda: call(0, Step.FINISH), grpc.StatusCode.FAILED_PRECONDITION, "server 1", "has not filled")
+    ids_of_1 = np.arange(ROWS)[target.layout.locate(np.arange(ROWS))[0] == 1][:3]
+    with pytest.raises(Exception, match="being restored"):
+        target.read_rows("t", ids_of_1)
+    manifest = Cluster.connect(local.coordinator_address).load(path)
+    assert manifest["restored_in_bulk"] == ["t", "s"]
+    assert {call(i, Step.STATUS).state for i in range(3)} == {"serving"}
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert _parity_ok(target)
