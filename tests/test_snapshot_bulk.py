@@ -196,3 +196,39 @@ def test_a_server_promoted_in_the_middle_of_a_restore_marks_the_table_and_a_new_
     assert {call(i, Step.STATUS).state for i in range(3)} == {"serving"}
     assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
     assert _parity_ok(target)
+
+
+def test_a_restore_finished_on_one_server_then_a_failure_finishes_on_the_rest(make_cluster, tmp_path):
+    """Every server filled, only server 0 finished (the client cut short) and trains on (a push to one of its rows);
+    server 2 is then killed: its replacement takes the table as filled (server 0 finished it, so every server had
+    filled it); loading the snapshot again finishes it on the rest, then restores the trained table by pushes:
+    every row exact, parity verified.  A FINISH naming another source is refused."""
+    path, t, _ = _saved(make_cluster, tmp_path)
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    target = Cluster.connect(local.coordinator_address)
+    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
+                        init="blank")
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    source = _source(path, manifest, "t")
+
+    def call(index, step, source_json=source):
+        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
+            embedding_pb2.RestoreTableRequest(step=step, table="t", path=path, source_json=source_json),
+            timeout=30, metadata=target.peers.metadata())
+
+    for step in (Step.BEGIN, Step.FILL):
+        for index in range(3):
+            call(index, step)
+    refused(lambda: call(0, Step.FINISH, source + " "), grpc.StatusCode.FAILED_PRECONDITION, "another restore")
+    assert call(0, Step.FINISH).state == "serving"
+    row = int(np.arange(ROWS)[target.layout.locate(np.arange(ROWS))[0] == 0][0])
+    target.write_rows("t", [row], np.full((1, DIM), 7.0, np.float32), what="weights", checked=True)
+    kill_index(local, 2)
+    wait_redundant(target, 1)
+    adopted = call(2, Step.STATUS)
+    assert adopted.state == "filled" and adopted.source == call(0, Step.STATUS).source
+    manifest = Cluster.connect(local.coordinator_address).load(path)
+    assert {call(i, Step.STATUS).state for i in range(3)} == {"serving"}
+    assert "t" not in manifest["restored_in_bulk"]  # server 0 trained since it finished: the rows go by pushes
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert _parity_ok(target)

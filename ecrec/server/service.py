@@ -54,6 +54,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         for t in request.tables:
             shard = st.serving_table(t.table)
             plans.append((shard, shard.slots_for(transport.bytes_to_ids(t.ids))))
+        fills = [(shard, shard.fills) for shard, _ in plans]  # a restore in bulk that begins now is seen below
         dense = [st.dense(name) for name in request.dense]
         strategy = st.strategy
         strategy.ensure_rows(plans)
@@ -61,7 +62,6 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             strategy.ensure_dense(d)
         reply = embedding_pb2.PullReply(watermarks=watermarks, server_id=st.server_id,
                                         confirmed_upto=strategy.confirmed_upto())
-        fills = [(shard, shard.fills) for shard, _ in plans]
         for shard, slots in plans:
             reply.values.append(shard.weights(slots).tobytes())
         st.still_serving(fills)  # no restore began while the rows were read
@@ -317,6 +317,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             else None
         if request.table:
             shard = st.serving_table(request.table)
+            fills = shard.fills  # a restore in bulk that begins now is seen below
             if request.all_rows:
                 nbytes = len(shard.owned_ids) * (shard.spec.row_bytes + 8)
                 if nbytes > st.config.max_message_bytes:  # checked before anything is read or allocated
@@ -334,9 +335,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             reply.row_bytes = shard.spec.row_bytes
             if deliver_to is not None:  # the rows over a connection to the caller, not in the reply
                 snapshot_part.deliver(st, deliver_to, request, shard, slots)
+                st.still_serving([(shard, fills)])
                 st.require_serving()
                 return reply
-            fills = shard.fills
             if request.cut:  # a snapshot's read: the rows as they were at its cut
                 reply.payload = shard.read_payload_bytes_at(slots, st.cuts.get(request.cut, "table", shard.name))
             else:

@@ -8,9 +8,10 @@ it exists anywhere), and it rewrites data and parity outside the protocol, so it
 a worker included -- can make a server serve the table while its data and parity may disagree:
 
 ``BEGIN``
-    the table untouched here (no push applied, nothing being rebuilt) and the source readable (every file named,
-    of the size and modification time the client checked): the table is *marked*, and from now pushes and
-    pulls of it are refused here as busy (``ABORTED``: a caller retries until its deadline).
+    this server not rebuilding (else it waits: ``UNAVAILABLE``), the table untouched here (no push applied) unless
+    it is marked already, and the source readable (every file named, of the size, times and inode the client
+    checked): the table is *marked*, and from now pushes and pulls of it are refused here as busy (``ABORTED``: a
+    caller retries until its deadline).  A mark ``filled`` for a restore some peer finished is not replaced.
 ``FILL``
     only once every other server of the map has marked the table for the same source (each asked, server to
     server, after this one marked itself ``filling``): every owned row and parity row rewritten from the files,
@@ -18,16 +19,19 @@ a worker included -- can make a server serve the table while its data and parity
     again after.  From its start the table is *rewritten* here until a FINISH.
 ``FINISH``
     only once every other server has filled it from the same source (or finished already): the table serves
-    again.
+    again.  A FINISH naming a source finishes only that one.
 ``ABORT``
     only where nothing was rewritten, and only while no other server fills or has filled (each asked after this
     one marked itself ``aborting``): the table serves again as it was.  A FILL and an ABORT on two servers each
     mark themselves before they ask the other, so at least one of them sees the other and refuses.
 
-A server promoted while a restore is marked on its peers marks its own table too (rewritten: what its rebuild
-read may be half filled), so the next restore fills it with the rest.  A restore cut short leaves the table
-refused, never served half restored; loading the snapshot again finishes it.  A source is named by its digest
-(the table, the path, and the client's list of chunks and of the files' sizes and times).
+Every other server means every index of the map: one no server serves (failed, its replacement on its way) is a
+refusal.  A server promoted while a restore is marked on its peers marks its own table too: ``filled`` when a
+peer finished that restore (every server had filled it: the rebuild reads the files' rows), else ``begun``, as
+rewritten where a peer is past BEGIN (what its rebuild read may be half filled), so the next restore fills it.  A
+restore cut short leaves the table refused, never served half restored; loading the snapshot again (once the
+cluster is redundant) finishes it.  A source is named by its digest (the table, the path, and the client's list
+of chunks and of the files' sizes, times and inodes).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from ecrec import errors
 from ecrec.snapshot import files as snapshot_files
 from ecrec.snapshot.tally import Tally
 from ecrec.tables.values import check_values
-from ecrec.wire import cluster_pb2, embedding_pb2
+from ecrec.net.cluster_map import live_servers
+from ecrec.wire import embedding_pb2
 
 Step = embedding_pb2.RestoreTableRequest
 #: rows rewritten per hold of a shard's lock
@@ -75,9 +80,10 @@ def source_digest(table: str, path: str, source_json: str) -> str:
 
 
 def file_stamp(path: str, name: str) -> list[int]:
-    """What a file's identity is checked on: its size and modification time (ns)."""
+    """What a file's identity is checked on: its size, modification and change times (ns; no program sets the
+    change time) and inode."""
     st = os.stat(os.path.join(path, name))
-    return [int(st.st_size), int(st.st_mtime_ns)]
+    return [int(st.st_size), int(st.st_mtime_ns), int(st.st_ctime_ns), int(st.st_ino)]
 
 
 def _integer(value) -> int:
@@ -106,9 +112,9 @@ class SnapshotRows:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise errors.InvalidRequest(f"source_json is malformed ({type(exc).__name__}: {exc})") from None
         for name, stamp in self.stamps.items():
-            if not snapshot_files.DATA_FILE.match(name) or len(stamp) != 2:
-                raise errors.InvalidRequest(f"file {name!r}: a plain name ending in .distcp with [size, mtime_ns] is "
-                                            "expected")
+            if not snapshot_files.DATA_FILE.match(name) or len(stamp) != 4:
+                raise errors.InvalidRequest(f"file {name!r}: a plain name ending in .distcp with [size, mtime_ns, "
+                                            "ctime_ns, inode] is expected")
             if root and not _within(os.path.realpath(os.path.join(path, name)), root):  # a link out of the root
                 raise errors.PermissionDenied(f"{path}/{name} leads outside this server's --snapshot-root {root!r}")
         self.check_unchanged("before it is read")
@@ -150,7 +156,8 @@ class SnapshotRows:
                 raise errors.FailedPrecondition(f"{self.path}/{name} cannot be read here ({exc.strerror})") from None
             if now != stamp:
                 raise errors.FailedPrecondition(f"{self.path}/{name} changed since the restore checked it ({when}: "
-                                                f"size and mtime_ns {now}, checked {stamp}); nothing is trusted")
+                                                f"size, mtime_ns, ctime_ns, inode {now}, checked {stamp}); nothing "
+                                                "is trusted")
 
     def gather(self, ids: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
         """Rows ``ids`` (weights then state) into ``out[at]`` (float32 ``(n, row_floats)``), each row copied once
@@ -197,17 +204,21 @@ def gather_kernel():
 def handle(state, request) -> embedding_pb2.RestoreTableReply:
     """One step of a restore in bulk here (see the module docstring)."""
     step = request.step
-    if step == Step.STATUS and not request.table:  # every table marked here (a promoted peer's question)
-        marked = {shard.name: [shard.restore.source, shard.restore.state] for shard in state.tables()
-                  if shard.restore is not None}
-        return embedding_pb2.RestoreTableReply(state="", parts_json=json.dumps({"marked": marked}))
+    if step == Step.STATUS and not request.table:  # every table here (a promoted peer's question)
+        tables = {}
+        for shard in state.tables():
+            mark = shard.restore
+            tables[shard.name] = {"state": mark.state if mark else "serving", "rewritten": shard.rewritten,
+                                  "source": mark.source if mark else shard.restored_from}
+        return embedding_pb2.RestoreTableReply(state="", parts_json=json.dumps({"tables": tables}))
     shard = state.table(request.table)
     if step == Step.STATUS:
         return _reply(shard)
     if step == Step.ABORT:
         return _abort(state, shard)
     if step == Step.FINISH:
-        return _finish(state, shard)
+        return _finish(state, shard, source_digest(shard.name, request.path, request.source_json)
+                       if request.source_json else None)
     if step not in (Step.BEGIN, Step.FILL):
         raise errors.InvalidRequest(f"step {step}: one of STATUS, BEGIN, FILL, FINISH, ABORT")
     path = _check_path(state, request.path)
@@ -224,8 +235,19 @@ def handle(state, request) -> embedding_pb2.RestoreTableReply:
     rows = SnapshotRows(path, shard.spec, source, root=state.config.snapshot_root)  # readable, as checked, tiling
     if step == Step.BEGIN:
         rows.gather(np.zeros(0, np.int64), np.zeros((0, shard.spec.row_floats), np.float32), np.zeros(0, np.int64))
+        mark = shard.restore
+        if mark is not None and mark.state == "filled" and mark.source != digest:
+            # a restore every server filled and a peer may have finished: finish it first (FINISH of any source)
+            for index, reply in _peer_statuses(state, shard):
+                if reply.state == "serving" and reply.source == mark.source:
+                    raise errors.FailedPrecondition(f"table {shard.name!r} is filled here by a restore server {index} "
+                                                    "finished: FINISH it before another restore begins")
         with state.apply_lock:  # no push applies meanwhile: after this, none of this table does
-            mark = shard.restore
+            if strategy.is_recovering():
+                raise errors.Unavailable("this server rebuilds after a promotion: a restore in bulk begins once it "
+                                         "is redundant again; retry")
+            if shard.restore is not mark:
+                raise errors.Unavailable(f"table {shard.name!r}: another restore's step came meanwhile; retry")
             if mark is None:
                 if not shard.rewritten:
                     strategy.check_fill(shard)
@@ -247,7 +269,9 @@ def _fill(state, shard, rows: "SnapshotRows", digest: str) -> embedding_pb2.Rest
         mark = shard.restore
         if mark is None or mark.source != digest:
             raise errors.FailedPrecondition(f"table {shard.name!r} was not begun for this restore here (BEGIN first)")
-        if mark.state not in ("begun", "filled"):
+        if mark.state == "filled":  # its rows and parity hold the files already (nothing served them since)
+            return _reply(shard)
+        if mark.state != "begun":
             raise errors.Unavailable(f"table {shard.name!r} is {mark.state} here; retry when that ends")
         strategy.check_fill(shard)  # not rebuilding (its rows would be installed over the files'), no delta
         before, mark.state = mark.state, "filling"  # first; then the peers (an ABORT there sees this)
@@ -287,9 +311,14 @@ def _check(shard, block: np.ndarray, tally: Tally) -> None:
                                         "until a restore finishes") from None
 
 
-def _finish(state, shard) -> embedding_pb2.RestoreTableReply:
+def _finish(state, shard, wanted: str | None) -> embedding_pb2.RestoreTableReply:
+    """FINISH of the restore marked here; ``wanted``: the digest of the source the caller restores (None: any)."""
     with state.apply_lock:
         mark = shard.restore
+        source = mark.source if mark is not None else shard.restored_from
+        if wanted is not None and source != wanted:
+            raise errors.FailedPrecondition(f"table {shard.name!r} is {mark.state if mark else 'serving'} here for "
+                                            "another restore's source")
         if mark is None:
             if shard.restored_from:
                 return _reply(shard)  # finished already (a retried FINISH)
@@ -333,12 +362,17 @@ def _abort(state, shard) -> embedding_pb2.RestoreTableReply:
 
 
 def _peer_statuses(state, shard):
-    """``(index, RestoreTableReply)`` of STATUS of ``shard`` at every other live server of the map."""
+    """``(index, RestoreTableReply)`` of STATUS of ``shard`` at the server serving every other index of the map; an
+    index no server serves (failed, its replacement being promoted) is a refusal: what it will hold is unknown."""
     request = embedding_pb2.RestoreTableRequest(step=Step.STATUS, table=shard.name)
     m = state.map
-    for s in (m.servers if m is not None else ()):
-        if s.index < 0 or s.server_id == state.server_id or s.state == cluster_pb2.FAILED:
-            continue  # a failed server's replacement marks the table when it is promoted (adopt_marks)
+    live = live_servers(m) if m is not None else {}
+    for index in range(m.num_servers if m is not None else 0):
+        s = live.get(index)
+        if s is None:
+            raise errors.Unavailable(f"no server serves index {index} now (a failure being handled); retry")
+        if s.server_id == state.server_id:
+            continue
         try:
             reply = state.peers.stub(s.address).RestoreTable(request, timeout=STATUS_TIMEOUT_S,
                                                               metadata=state.peers.metadata())
@@ -357,28 +391,39 @@ def _peers_agree(state, shard, digest: str, states: tuple, what: str) -> None:
 
 
 def adopt_marks(state) -> None:
-    """A promoted server's tables marked where its peers hold a restore of them (and rewritten: what the rebuild
-    reads may be half filled), so the table is refused here too until a restore fills this server as well.  One
-    STATUS per peer; a peer that cannot answer is skipped (it marks nothing it has not told)."""
+    """A promoted server's tables marked as its peers' are: where a peer holds a restore of a table (any step), this
+    server marks it too -- ``filled`` when a peer already finished that restore (every server had filled it, so
+    the rebuild reads the files' rows), else ``begun``, as rewritten when a peer rewrote its rows or is past
+    BEGIN (what the rebuild reads may be half filled).  One STATUS per peer; a peer that cannot answer is
+    skipped."""
     request = embedding_pb2.RestoreTableRequest(step=Step.STATUS)
     m = state.map
-    marked = {}
-    for s in (m.servers if m is not None else ()):
-        if s.index < 0 or s.server_id == state.server_id or s.state == cluster_pb2.FAILED:
+    seen: dict[str, list[dict]] = {}
+    for s in (live_servers(m).values() if m is not None else ()):
+        if s.server_id == state.server_id:
             continue
         try:
             reply = state.peers.stub(s.address).RestoreTable(request, timeout=STATUS_TIMEOUT_S,
                                                               metadata=state.peers.metadata())
-            marked.update(json.loads(reply.parts_json or "{}").get("marked", {}))
+            for name, table in json.loads(reply.parts_json or "{}").get("tables", {}).items():
+                seen.setdefault(name, []).append(table)
         except Exception:  # noqa: BLE001 - an older release, or a peer gone: nothing to adopt from it
             continue
-    for name, (source, _) in marked.items():
+    for name, tables in seen.items():
+        marked = [t for t in tables if t.get("state") in MARKED]
+        if not marked:
+            continue
+        source = marked[0]["source"]
+        finished = any(t.get("state") == "serving" and t.get("source") == source for t in tables)
+        rewritten = finished or any(t.get("rewritten") or t.get("state") in ("filling", "filled", "finishing")
+                                    for t in tables)
         try:
             shard = state.table(name)
         except errors.NotFound:
             continue
         with state.apply_lock:
-            shard.restore, shard.rewritten = RestoreMark(source), True
+            shard.restore = RestoreMark(source, "filled" if finished else "begun")
+            shard.rewritten = rewritten
 
 
 def _reply(shard, seconds: float = 0.0, parts: dict | None = None) -> embedding_pb2.RestoreTableReply:

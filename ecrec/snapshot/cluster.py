@@ -488,10 +488,11 @@ def _stamps(path: str, order) -> dict | None:
                             "restored") from None
 
 
-#: how many times a restore in bulk fills every server again after a server failed or was replaced meanwhile
+#: how many rounds of FILL a restore in bulk tries (a server failed or was replaced meanwhile: it fills what is not
+#: filled yet)
 BULK_ATTEMPTS = 4
-#: how long a restore in bulk waits for the cluster to be whole again (a server recovering, replaced), from the
-#: last progress
+#: how long a restore in bulk waits for the cluster to be whole again (a server recovering, replaced: BEGIN waits,
+#: without a round), from the last progress
 BULK_WAIT_S = 120.0
 #: the pause before a restore in bulk begins again
 BULK_RETRY_S = 0.5
@@ -523,11 +524,11 @@ def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing
     RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION)
     fill_timeout_s = cluster.config.rpc_timeout_s + nbytes / (5 << 20)  # at 5 MB/s a server still finishes
 
-    def call_all(step) -> dict:
+    def call_all(step, source: str = source_json) -> dict:
         """``{index: reply or exception}`` of ``step`` on every server of the map, at once."""
         cluster.refresh_map()
         servers = cluster.layout.num_servers
-        request = embedding_pb2.RestoreTableRequest(step=step, table=name, path=path, source_json=source_json)
+        request = embedding_pb2.RestoreTableRequest(step=step, table=name, path=path, source_json=source)
 
         def one(i):
             address = cluster.peers.address_of(i)
@@ -554,11 +555,12 @@ def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing
         return "; ".join(f"server {i}: {e}" if isinstance(e, _NoServer) else f"server {i}: {e.code().name}: {e.details()}"
                          for i, e in sorted(errors.items()))
 
-    def finish(filled: dict) -> dict:
-        """FINISH on every server; its failures (none: every server serves the table)."""
+    def finish(filled: dict, source: str = source_json) -> dict:
+        """FINISH on every server (of this restore's source; ``""``: of whatever source every server filled); its
+        failures (none: every server serves the table)."""
         with timing.wall("bulk_finish_s"):
-            errors = failed(call_all(Step.FINISH))
-        if errors:
+            errors = failed(call_all(Step.FINISH, source))
+        if errors or not source:
             return errors
         for reply in filled.values():  # the servers' fills, summed: wall seconds, CPU seconds by part
             parts = json.loads(reply.parts_json or "{}")
@@ -572,12 +574,13 @@ def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing
     deadline = time.monotonic() + BULK_WAIT_S  # for the cluster to be whole again: from the last progress
     why, rounds = "", 0
     while time.monotonic() < deadline and rounds < BULK_ATTEMPTS:
-        # a restore that filled every server and finished on some (a FINISH cut short) only finishes
+        # a restore every server filled and some finished (a FINISH cut short) is finished first: a server that
+        # finished may have trained since, so this restore then begins as any other
         status = call_all(Step.STATUS)
-        if not failed(status) and all(r.source == digest and r.state in ("filled", "serving")
-                                      for r in status.values()) and any(r.state == "filled" for r in status.values()):
-            if not finish({}):
-                return True
+        if not failed(status) and len({r.source for r in status.values()}) == 1 and \
+                all(r.state in ("filled", "serving") for r in status.values()) and \
+                any(r.state == "filled" for r in status.values()):
+            finish({}, "")
         with timing.wall("bulk_begin_s"):
             refused = failed(call_all(Step.BEGIN))
         if refused and transient(refused):
@@ -609,6 +612,10 @@ def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing
         if not errors:
             return True
         why = f"FINISH: {describe(errors)}"  # a server replaced meanwhile holds the table unfilled: every server again
+    # given up: where nothing was rewritten the table serves again as it was (best effort)
+    status = call_all(Step.STATUS)
+    if not failed(status) and not any(r.rewritten for r in status.values()):
+        call_all(Step.ABORT)
     raise SnapshotError(f"table {name!r}: the restore in bulk did not finish ({why}); the table is refused until a "
                         "restore finishes: load the snapshot again")
 
