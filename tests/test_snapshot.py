@@ -395,6 +395,22 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
     (broken / "manifest.json").write_text(json.dumps({"format": snapshot.FORMAT, "tables": [1, 2]}))
     with pytest.raises(SnapshotError, match="malformed"):
         target.load(str(broken))
+    # a restore in bulk reads only under the root: a snapshot elsewhere, or linked into the root from elsewhere,
+    # goes by pushes (the progress says why); one under it in bulk; every row exact either way
+    target.save(str(tmp_path / "out"))
+    linked = root / "linked"
+    linked.mkdir()
+    for f in (tmp_path / "out").iterdir():
+        (linked / f.name).symlink_to(f)
+    for path, why in ((tmp_path / "out", "outside this server's --snapshot-root"),
+                      (linked, "leads outside this server's --snapshot-root"), (root / "ok", None)):
+        restored = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1,
+                                                server_options={"snapshot_root": str(root)}).coordinator_address)
+        messages = []
+        manifest = restored.load(str(path), on_progress=messages.append)
+        assert manifest["restored_in_bulk"] == ([] if why else ["a", "b"]), messages
+        assert why is None or any(why in m and "restored by pushes" in m for m in messages), messages
+        assert {k: np.array_equal(v, saved[k]) for k, v in _state(restored).items()} == {"a": True, "b": True}
 
 
 def test_periodic_snapshots_number_on_from_what_the_directory_holds(make_cluster, tmp_path):

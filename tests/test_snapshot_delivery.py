@@ -126,3 +126,10 @@ def test_on_a_tls_cluster_rows_travel_in_the_replies(make_cluster, tmp_path):
     for index, parts in manifest["parts"].items():
         assert parts["bytes"]["delivered"] == 0 and parts["bytes"]["in_replies"] > 0, (index, parts)
     assert np.array_equal(_snapshot_payload(tmp_path / "snap", 3_000, 4).view(np.uint32), payload.view(np.uint32))
+    # and a TLS cluster restores it in bulk (its servers ask each other where they are over their own channels)
+    other = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_security=srv, coordinator_security=coord,
+                         client_security=alice)
+    target = Cluster.connect(other.coordinator_address, config=ClientConfig(**alice))
+    assert target.load(str(tmp_path / "snap"))["restored_in_bulk"] == ["t"]
+    assert np.array_equal(target.read_rows("t", np.arange(3_000), "payload").view(np.uint32), payload.view(np.uint32))
+    assert all(v["mismatched"] == 0 for v in target.strategy_call("verify_parity").values())
