@@ -100,6 +100,23 @@ def _source(path: str, manifest: dict, table: str) -> str:
     return json.dumps(chunks | {"files": {f: bulk.file_stamp(path, f) for f in files}}, sort_keys=True)
 
 
+def _by_hand(make_cluster, tmp_path, path: str, standby: int = 0, retry_deadline_s: float = 1.0):
+    """A 3-server RS(2,1) cluster with a blank table ``t`` of the snapshot's shape, and ``call(index, step,
+    source_json)``: one step of a restore of ``t`` sent to server ``index`` as any client could."""
+    local = make_cluster(servers=3, standby=standby, strategy="ecrec", k=2, m=1)
+    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=retry_deadline_s))
+    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
+                        init="blank")
+    source = _source(path, json.loads((tmp_path / "snap" / "manifest.json").read_text()), "t")
+
+    def call(index, step, source_json=source):
+        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
+            embedding_pb2.RestoreTableRequest(step=step, table="t", path=path, source_json=source_json),
+            timeout=30, metadata=target.peers.metadata())
+
+    return local, target, source, call
+
+
 def test_no_caller_can_make_a_table_serve_with_data_and_parity_that_disagree(make_cluster, tmp_path):
     """Driving the steps by hand as a worker could: a FILL on a server whose peers have not begun is refused with
     nothing written (an ABORT then serves the table as it was); once a server has rewritten its rows, no ABORT
@@ -107,18 +124,8 @@ def test_no_caller_can_make_a_table_serve_with_data_and_parity_that_disagree(mak
     reads and pushes of it wait (refused as busy); a file changed since BEGIN is refused at FILL; loading the
     snapshot again restores the table exactly, parity verified."""
     path, t, _ = _saved(make_cluster, tmp_path)
-    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
-    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=1.0))
-    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
-                        init="blank")
+    local, target, source, call = _by_hand(make_cluster, tmp_path, path)
     before = _payload(target, "t", ROWS).copy()
-    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
-    source = _source(path, manifest, "t")
-
-    def call(index, step, source_json=source):
-        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
-            embedding_pb2.RestoreTableRequest(step=step, table="t", path=path, source_json=source_json),
-            timeout=30, metadata=target.peers.metadata())
 
     # 1. one server begun: its FILL is refused before anything is written, its ABORT serves the table as it was
     assert call(0, Step.BEGIN).state == "begun"
@@ -167,17 +174,7 @@ def test_a_server_promoted_in_the_middle_of_a_restore_marks_the_table_and_a_new_
     refused there too and FINISH is refused; loading the snapshot again fills every server, the replacement
     included, and the table comes back exact, parity verified."""
     path, t, _ = _saved(make_cluster, tmp_path)
-    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
-    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=1.0))
-    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
-                        init="blank")
-    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
-    request = embedding_pb2.RestoreTableRequest(table="t", path=path, source_json=_source(path, manifest, "t"))
-
-    def call(index, step):
-        request.step = step
-        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
-            request, timeout=30, metadata=target.peers.metadata())
+    local, target, _, call = _by_hand(make_cluster, tmp_path, path, standby=1)
 
     for index in range(3):
         assert call(index, Step.BEGIN).state == "begun"
@@ -204,17 +201,7 @@ def test_a_restore_finished_on_one_server_then_a_failure_finishes_on_the_rest(ma
     filled it); loading the snapshot again finishes it on the rest, then restores the trained table by pushes:
     every row exact, parity verified.  A FINISH naming another source is refused."""
     path, t, _ = _saved(make_cluster, tmp_path)
-    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
-    target = Cluster.connect(local.coordinator_address)
-    target.create_table("t", ROWS, DIM, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=3,
-                        init="blank")
-    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
-    source = _source(path, manifest, "t")
-
-    def call(index, step, source_json=source):
-        return target.peers.stub(target.peers.address_of(index)).RestoreTable(
-            embedding_pb2.RestoreTableRequest(step=step, table="t", path=path, source_json=source_json),
-            timeout=30, metadata=target.peers.metadata())
+    local, target, source, call = _by_hand(make_cluster, tmp_path, path, standby=1, retry_deadline_s=120.0)
 
     for step in (Step.BEGIN, Step.FILL):
         for index in range(3):

@@ -148,7 +148,7 @@ class SnapshotRows:
         return np.asarray(array)  # a plain array over the mapping (what the gather kernel takes)
 
     def check_unchanged(self, when: str) -> None:
-        """Every file as the client checked it (size, modification time): else ``FailedPrecondition``."""
+        """Every file as the client checked it (:func:`file_stamp`): else ``FailedPrecondition``."""
         for name, stamp in self.stamps.items():
             try:
                 now = file_stamp(self.path, name)
@@ -165,7 +165,7 @@ class SnapshotRows:
         kernel = gather_kernel()
         for start, stop, weights, state in self.chunks:
             where = np.flatnonzero((ids >= start) & (ids < stop))
-            if len(where) or not len(ids):  # (no ids: the kernel compiled, or loaded, for these arrays)
+            if len(where):
                 kernel(weights, state, ids[where] - start, out, at[where])
 
 
@@ -183,7 +183,8 @@ def warm_up() -> None:
 @functools.lru_cache(maxsize=1)
 def gather_kernel():
     """``kernel(weights, state, rows, out, places)``: ``out[places[r]] = weights[rows[r]] | state[rows[r]]`` (numba,
-    cached on disk; ``nogil``): one copy per row, no temporaries.  A server compiles (or loads) it at BEGIN."""
+    cached on disk; ``nogil``): one copy per row, no temporaries.  A server loads it before it registers
+    (:func:`warm_up`)."""
     from numba import njit
 
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -234,7 +235,6 @@ def handle(state, request) -> embedding_pb2.RestoreTableReply:
         raise errors.FailedPrecondition(f"strategy {strategy.name!r} restores tables by pushes, not in bulk")
     rows = SnapshotRows(path, shard.spec, source, root=state.config.snapshot_root)  # readable, as checked, tiling
     if step == Step.BEGIN:
-        rows.gather(np.zeros(0, np.int64), np.zeros((0, shard.spec.row_floats), np.float32), np.zeros(0, np.int64))
         mark = shard.restore
         if mark is not None and mark.state == "filled" and mark.source != digest:
             # a restore every server filled and a peer may have finished: finish it first (FINISH of any source)

@@ -466,11 +466,10 @@ def _load(cluster, path: str, on_progress=None) -> dict:
 def _local(path: str) -> str | None:
     """The absolute local path of a snapshot (a path, or a ``file://`` URL) the servers may read themselves; None
     for any other URL."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    elif snapshot_files.is_url(path):
-        return None
-    return os.path.abspath(path)
+    from ecrec.snapshot.part import _local as without_scheme
+
+    local = without_scheme(path)  # a file:// URL as the path it names
+    return None if snapshot_files.is_url(local) else os.path.abspath(local)
 
 
 def _stamps(path: str, order) -> dict | None:

@@ -18,21 +18,19 @@ class Tally:
         with self._lock:
             self._values[part] = self._values.get(part, 0) + amount
 
-    @contextlib.contextmanager
     def cpu(self, part: str):
-        t0 = time.thread_time()
-        try:
-            yield
-        finally:
-            self.add(part, time.thread_time() - t0)
+        return self._timed(part, time.thread_time)
+
+    def wall(self, part: str):
+        return self._timed(part, time.perf_counter)
 
     @contextlib.contextmanager
-    def wall(self, part: str):
-        t0 = time.perf_counter()
+    def _timed(self, part: str, clock):
+        t0 = clock()
         try:
             yield
         finally:
-            self.add(part, time.perf_counter() - t0)
+            self.add(part, clock() - t0)
 
     def as_dict(self) -> dict:
         """Every part's amount, seconds rounded to 0.1 ms (counts as they are)."""
