@@ -1,7 +1,7 @@
 """The parity path between real server objects in one process: an owner's coalesced batches reach a parity
 server in any order, once or twice, from the right incarnations only, and parity ends equal to a fresh
 encode.  No gRPC: the batches go straight from the owner's outbox to the receiver, as a worker would relay
-them.
+them (the owners relay: ``relay=on``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ TABLES = [TableSpec("a", 300, 4, optimizer="adagrad", lr=0.1, eps=1e-8, initial_
 def cluster_map(epoch: int = 3, ids=None) -> cluster_pb2.ClusterMap:
     ids = ids or [f"s{i}" for i in range(S)]
     m = cluster_pb2.ClusterMap(epoch=epoch, num_servers=S, strategy="ecrec", k=K, m=M)
-    m.strategy_options.update(ECREC.layout_params(S, K, M, {"coalesce_pushes": "3"})[2])
+    m.strategy_options.update(ECREC.layout_params(S, K, M, {"coalesce_pushes": "3", "relay": "on"})[2])
     for i, sid in enumerate(ids):
         m.servers.add(index=i, address=f"127.0.0.1:{1 + i}", state=cluster_pb2.ACTIVE, server_id=sid)
     return m

@@ -1,6 +1,6 @@
 """The parity path's parts: seals (``ecrec.net.seal``), the merge of a group's deltas (``erasure/merge.py``) against a
-plain reference, and, with real processes on 127.0.0.1, the direct path for big groups (bit-exact across an
-owner's failure) and callers that claim a server's id without proving it.
+plain reference, and, with real processes on 127.0.0.1, the direct path (bit-exact across an owner's failure), the
+relay where asked for, and callers that claim a server's id without proving it.
 """
 
 from __future__ import annotations
@@ -134,6 +134,50 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster, transport_):
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("relay", ["auto", "on", "off"])
+def test_small_groups_go_directly_over_parity_channels_unless_the_relay_is_asked_for(make_cluster, relay):
+    """With the defaults (``relay=auto``; parity channels, no TLS) every group, however small, is built off the push
+    path and its batches go to their parity servers directly, over the channels: the worker carries none.  With
+    ``relay=on`` small groups ride the worker, sealed.  Either way: bit for bit the failure-free run's state, across
+    an owner killed mid-training."""
+    from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
+
+    expected = baseline(make_cluster, 4, 2, 1)
+    options = {} if relay == "auto" else {"relay": relay}
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options)
+    seen = {}
+
+    def counters(cluster):
+        stats = cluster.strategy_call("stats")
+        return {key: sum(s.get(key, 0) for s in stats.values())
+                for key in ("relay_batches", "parity_bytes_relayed", "direct_batches", "channel_batches")}
+
+    def on_step(step, cluster):
+        if step == 25:
+            seen["before"] = counters(cluster)  # groups of this training's size, no server missing yet
+            kill_index(local, 1)
+
+    cluster, names = train(local.coordinator_address, on_step)
+    wait_redundant(cluster, 1)
+    assert_same(final_state(cluster, names), expected)
+    before = seen["before"]
+    if relay == "on":
+        assert before["relay_batches"] > 0 and before["parity_bytes_relayed"] > 0, before
+    else:
+        assert before["relay_batches"] == 0 and before["parity_bytes_relayed"] == 0, before
+        assert before["direct_batches"] > 0 and before["channel_batches"] > 0, before
+
+
+def test_the_relay_option_is_checked():
+    from ecrec.strategies.erasure import options
+
+    assert options.parse({}).relay == "auto"
+    assert options.parse({"relay": "off"}).relay == "off"
+    with pytest.raises(ValueError, match=r"relay='sometimes': choose one of \['auto', 'on', 'off'\]"):
+        options.parse({"relay": "sometimes"})
+
+
+@pytest.mark.cluster
 def test_while_a_server_recovers_every_group_goes_directly_not_through_the_worker(make_cluster):
     """While an index rebuilds, groups are one push each; they go to their parity servers directly (off the push
     path, as frames), never relayed through the worker (which would carry every push's deltas twice, sealed, and
@@ -142,7 +186,7 @@ def test_while_a_server_recovers_every_group_goes_directly_not_through_the_worke
 
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
                          options={"rebuild_duty": "0.001", "rebuild_duty_training": "0.001",
-                                  "rebuild_batch_rows": "3"})
+                                  "rebuild_batch_rows": "3", "relay": "on"})  # small groups relayed until then
     seen = {}
 
     def counters(cluster):

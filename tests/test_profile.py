@@ -92,11 +92,12 @@ def test_profile_refuses_bad_arguments(argv, message, capsys):
 def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path, capsys):
     out = tmp_path / "profile.json"
     assert cli.main(["profile", "--against", "none", "--rows", "3000", "--dim", "8", "--servers", "3",
-                     "--batch-size", "64", "--no-py-spy", "--seconds", "4", "--rounds", "2", "--option", "coalesce_pushes=2", "--out", str(tmp_path / "work"),
+                     "--batch-size", "64", "--no-py-spy", "--seconds", "4", "--rounds", "2", "--option", "coalesce_pushes=2", "--option", "relay=on",
+                     "--out", str(tmp_path / "work"),
                      "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["workload"]["rows_per_table"] == 3000 and doc["workload"]["dim"] == 8
-    assert doc["options"] == {"coalesce_pushes": "2"} and doc["rounds"] == 2 and len(doc["rounds_added"]) == 2
+    assert doc["options"] == {"coalesce_pushes": "2", "relay": "on"} and doc["rounds"] == 2 and len(doc["rounds_added"]) == 2
     none, ecrec = doc["runs"]["none"], doc["runs"]["ecrec"]
     for report in (none, ecrec):
         assert report["steps"] > 0 and report["step_times"]["steps"] == report["steps"]
@@ -108,7 +109,7 @@ def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path
     added = doc["added"]
     parts = added["parts_us_per_row_update"]
     for name in ("delta", "merge", "build", "serialize", "seal", "verify", "parse", "apply", "watermarks"):
-        assert parts[name] > 0, name  # each part of the parity path ran and was counted
+        assert parts[name] > 0, name  # each part of the parity path ran and was counted (relayed: sealed, verified)
     assert added["server_cpu_us_per_row_update"] == pytest.approx(sum(parts.values()))
     spread = doc["summary"]["server_cpu_us_per_row_update"]
     assert spread["n"] == 2 and spread["min"] <= spread["median"] <= spread["max"]

@@ -144,6 +144,28 @@ def test_the_main_jobs_runs_are_summarised_by_their_median_and_judged_run_by_run
     assert "compare-quick-2.json --plot" not in text and "--json docs/results/compare-quick-3.json" in text
 
 
+def test_the_quick_profiles_are_summarised_by_their_median_and_judged_on_it(results_copy):
+    """Three profiles of the quick preset against none (and three of the direct path against the relay): each
+    run's figures are the medians over its rounds, the summary their median and spread, and issue 37's target on
+    the quick preset is judged on that median, not on the first run."""
+    base = json.loads((results_copy / "profile-quick.json").read_text())
+    for name, added_ms in (("profile-quick.json", 0.1), ("profile-quick-2.json", 0.5), ("profile-quick-3.json", 0.3)):
+        doc = json.loads(json.dumps(base))
+        for runs in [doc["runs"], *doc["per_round"]]:  # the strategy's servers cost the baseline's plus added_ms
+            servers = runs[doc["strategy"]]["servers_per_step"]
+            servers["thread:total"] = runs[doc["against"]]["servers_per_step"]["thread:total"] + added_ms
+            servers["rows:pushed"] = 1000.0
+        (results_copy / name).write_text(json.dumps(doc))
+    text = dict(results_page.sections(results_copy))["The parity path per row update"]
+    assert "median of 3" in text and "+0.300 [+0.100, +0.500]" in text
+    assert "quick preset (the median of its runs) 0.30 us (**met**)" in text
+    assert "profile-quick-relay-3.json" in text and "(ratios: direct over relay)" in text
+    (results_copy / "profile-quick-3.json").unlink()
+    (results_copy / "profile-quick-2.json").unlink()  # one run: judged on it, no table of runs
+    text = dict(results_page.sections(results_copy))["The parity path per row update"]
+    assert "the median of its runs" not in text and "quick preset 0.10 us (**met**)" in text
+
+
 def _recovery_row(strategy: str, step_ms: list[float], samples_per_s: float) -> dict:
     """A recovery row with step records: ``step_ms`` before the kill at t = 100 s, then a 1 s step after it."""
     start, end, t = [], [], 90.0

@@ -1,7 +1,8 @@
 """A worker that tampers with what it carries between servers cannot change parity or confirm a push.
 
-Under strategy ``ecrec`` an owner's parity batches reach their parity servers inside the worker's pulls, and
-the parity servers' watermarks reach the owner inside its pushes (``docs/protocol.md``).  Everything the
+Under strategy ``ecrec`` with the relay (``relay=on``; by default, the relay carries batches only where the direct
+path has no parity channel: TLS) an owner's parity batches reach their parity servers inside the worker's pulls,
+and the parity servers' watermarks reach the owner inside its pushes (``docs/protocol.md``).  Everything the
 worker carries is sealed by the server that made it (``ecrec.net.seal``).  Here the worker's courier is replaced
 by one that tampers -- flips a bit of a delta, makes a batch up, replays an old one, forges watermarks,
 sends a batch to the wrong server -- while it trains.  Each time: the tampering is refused and counted,
@@ -147,7 +148,7 @@ ATTACKS = {
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_a_tampering_worker_is_refused_and_no_acknowledged_push_is_lost(make_cluster, attack):
     tamper, counter, options = ATTACKS[attack]
-    local = make_cluster(strategy="ecrec", k=2, m=1, standby=1, options={"coalesce_pushes": "4", **options})
+    local = make_cluster(strategy="ecrec", k=2, m=1, standby=1, options={"coalesce_pushes": "4", "relay": "on", **options})
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
     setup.close()
@@ -181,7 +182,8 @@ def test_a_tampering_worker_is_refused_and_no_acknowledged_push_is_lost(make_clu
 
 
 def test_a_refused_batch_is_logged_with_the_worker_that_carried_it(make_cluster):
-    local = make_cluster(strategy="ecrec", k=2, m=1, options={"coalesce_pushes": "2"}, log_level="WARNING")
+    local = make_cluster(strategy="ecrec", k=2, m=1, options={"coalesce_pushes": "2", "relay": "on"},
+                         log_level="WARNING")
     setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
     setup.create_table("t", ROWS, DIM, optimizer="sgd", lr=1.0, init="zeros")
     setup.close()

@@ -18,6 +18,8 @@ from ecrec.strategies.spec import options_to_strings, parse_options
 MAX_FRAME_BYTES = 64 << 20
 #: how survivors send those frames (``rebuild_transport``), and owners their direct parity frames (``parity_transport``)
 TRANSPORTS = ("socket", "grpc")
+#: whether small groups' batches are relayed by the workers (``relay``)
+RELAYS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class ErasureOptions:
     direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "
                                         "the push path (the owner's closer thread) and its batches go to their "
                                         "parity servers directly, not through the worker")
+    relay: str = option("auto", "whether a small group's batches go back in the push's reply for the worker to carry "
+                                "to their parity servers on its next requests ('on'), or every group is built off "
+                                "the push path and sent directly ('off'); 'auto': 'off' where the direct frames go "
+                                "over parity channels (parity_transport=socket, no TLS: cheaper for servers and "
+                                "worker alike), 'on' where they would be gRPC calls")
     relay_max_bytes: int = option(1 << 20, "a batch larger than this goes to its parity server directly, not "
                                            "through the worker")
     max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
@@ -82,6 +89,8 @@ class ErasureOptions:
             if getattr(self, key) not in TRANSPORTS:
                 raise ValueError(f"strategy {strategy!r}: option {key}={getattr(self, key)!r}: "
                                  f"choose one of {list(TRANSPORTS)}")
+        if self.relay not in RELAYS:
+            raise ValueError(f"strategy {strategy!r}: option relay={self.relay!r}: choose one of {list(RELAYS)}")
         if not 0 <= self.rebuild_nice <= 19:
             raise ValueError(f"strategy {strategy!r}: rebuild_nice must be in [0, 19]")
         if not 1 <= self.rebuild_frame_bytes <= MAX_FRAME_BYTES:

@@ -206,7 +206,8 @@ class ParityOwner:
         self.counters.add("group_pushes", len(group.pushes))
         faults = self.host.faults
         inline = faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack")
-        if not inline and (direct or self._closing or group.nbytes >= self.options.direct_bytes):
+        if not inline and (direct or self._closing or group.nbytes >= self.options.direct_bytes
+                           or not self._relays()):
             entry.relayed, entry.built = False, False
             self._closing.append((group, entry))
             self._start_closer_locked()
@@ -239,6 +240,16 @@ class ParityOwner:
         if not batches:
             self.lock.notify_all()
         return relay
+
+    def _relays(self) -> bool:
+        """Whether small groups are relayed by the workers (option ``relay``; 'auto': only where the direct path
+        has no parity channel -- its frames would be gRPC calls, dearer than the relay's ride on requests the worker
+        makes anyway)."""
+        mode = self.options.relay
+        if mode != "auto":
+            return mode == "on"
+        security = self.host.peers.security
+        return self.options.parity_transport != "socket" or (security is not None and security.tls)
 
     def _start_closer_locked(self) -> None:
         if self._closer is None:
