@@ -1,6 +1,7 @@
 """The pipelined parity path under failure: pushes are acknowledged before their parity is applied, the
-worker keeps them until confirmed and replays them to a replacement; owners coalesce pushes and batches ride
-on the worker's requests.  Every state this adds is killed here, and the result must still be bit-exact
+worker keeps them until confirmed and replays them to a replacement; owners coalesce pushes and send their
+batches directly (or, with ``relay=on``, the batches ride on the worker's requests).  Every state this adds is
+killed here, and the result must still be bit-exact
 (one worker) or exactly-once (two workers).
 
 Real processes on 127.0.0.1; servers are killed with SIGKILL by the test or by fault injection.
@@ -65,11 +66,14 @@ def test_a_replacement_dying_midway_through_a_replay_is_replayed_to_the_next(mak
     assert_same(final_state(cluster, names), expected)
 
 
-def test_parity_server_killed_while_batches_for_it_are_coalesced_or_relayed(make_cluster):
-    """After a step, the owners hold open groups with deltas for server 2 and the worker holds relayed batches
-    for it; server 2 dies.  The owners re-send its replacement every batch it did not apply."""
+@pytest.mark.parametrize("relay", ["auto", "on"])
+def test_parity_server_killed_while_batches_for_it_are_coalesced_or_relayed(make_cluster, relay):
+    """After a step, the owners hold open groups with deltas for server 2 (and, with the relay, the worker holds
+    relayed batches for it: every push closes its group, relayed in its reply); server 2 dies.  The owners
+    re-send its replacement every batch it did not apply."""
     expected = baseline(make_cluster, 4, 2, 1)
-    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1)
+    options = {"relay": "on", "coalesce_pushes": "1"} if relay == "on" else {}
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options)
     seen = {}
 
     def on_step(step, cluster):
@@ -80,6 +84,10 @@ def test_parity_server_killed_while_batches_for_it_are_coalesced_or_relayed(make
     cluster, names = train(local.coordinator_address, on_step)
     wait_redundant(cluster, 1)
     assert_same(final_state(cluster, names), expected)
+    if relay == "on":
+        assert seen["relay"] > 0, "the worker held no relayed batch at the kill: the relayed case not tested"
+    else:
+        assert seen["relay"] == 0, seen
     stats = cluster.strategy_call("stats")
     assert sum(s.get("chains_restarted", 0) for s in stats.values()) > 0, "no owner re-sent to the replacement"
 

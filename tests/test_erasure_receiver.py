@@ -122,6 +122,30 @@ def test_the_owner_confirms_once_every_destination_applied(servers):
     assert owner.strategy.owner.confirmed_upto() == pushes[-1].seq and owner.strategy.owner.unconfirmed() == 0
 
 
+@pytest.mark.parametrize("relay", ["on", "off"])
+def test_a_retried_push_carries_relay_batches_only_when_its_group_was_relayed(servers, relay):
+    """The reply to a retry (its first reply was lost) carries the push's batches again only where they were
+    relayed; a group sent directly (relay=off, or auto without TLS) gives the worker nothing to carry."""
+    import dataclasses
+    import time
+
+    rng = np.random.default_rng(4)
+    owner = servers[1]
+    parity = owner.strategy.owner
+    parity.options = dataclasses.replace(parity.options, relay=relay)
+    pushes = [push(owner, q, rng) for q in range(1, 4)]
+    first = relay_of(owner, pushes)
+    deadline = time.monotonic() + 10
+    while not all(e.built for e in parity.outbox.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # relay=off: the closer thread builds the group
+    assert parity.outbox and all(e.built for e in parity.outbox.values())
+    again = owner.strategy.on_retry(pushes[1].push_id, pushes[1].seq).relay
+    if relay == "on":
+        assert first and sorted(r.destination for r in again) == sorted(first)
+    else:
+        assert not first and again == []
+
+
 def test_batches_for_another_incarnation_or_from_an_unknown_source_are_refused_and_change_nothing(servers):
     rng = np.random.default_rng(2)
     owner = servers[2]

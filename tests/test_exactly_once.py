@@ -74,9 +74,11 @@ def test_push_embedded_by_a_rebuild_is_applied_once_when_its_owner_fails(make_cl
 
 def test_an_idle_workers_acknowledged_push_is_back_in_its_rows_after_its_owner_fails(make_cluster):
     """A second worker pushes once to every row and then makes no call of its own; its owner at index 0 is
-    killed while that push is unconfirmed (a long relay timeout keeps it so).  The worker's background keeper
-    replays it to the replacement: the rows get it back without the worker stepping again."""
-    local, client, initial = start(make_cluster, servers=4, standby=1, options={"relay_timeout_s": "20"})
+    killed while that push is unconfirmed (long coalescing and relay timeouts keep its group open, whichever way
+    its batches would go).  The worker's background keeper replays it to the replacement: the rows get it back
+    without the worker stepping again."""
+    local, client, initial = start(make_cluster, servers=4, standby=1,
+                                   options={"relay_timeout_s": "20", "coalesce_s": "20"})
     idle = Cluster.connect(local.coordinator_address, config=ClientConfig(**FAST, idle_poll_s=0.2), worker="idle")
     everything = np.arange(ROWS)
     counts = np.zeros(ROWS, np.int64)

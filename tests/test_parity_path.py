@@ -98,6 +98,31 @@ def test_merge_equals_the_xor_of_each_rows_deltas_grouped_by_position_and_table(
     assert not expected
 
 
+def test_a_batch_of_dense_deltas_only_is_built_as_a_frame():
+    """A group sent directly is built for frames (``sections``): a destination that only backs up a dense tensor
+    gets an (empty) entry too, so its batch goes as a frame like the others, not as a protobuf call."""
+    from types import SimpleNamespace
+
+    from ecrec.coding.layout import Layout
+    from ecrec.strategies.base import AppliedPush, DenseUpdate
+    from ecrec.strategies.erasure.groups import PushGroup, build_batches
+
+    layout = Layout(4, 2, 1)
+    backup = layout.dense_servers("mlp.weight")[1]
+    delta = np.arange(16, dtype=np.uint8)
+    push = AppliedPush(("w", 1), 7, dense=[DenseUpdate(SimpleNamespace(spec=SimpleNamespace(name="mlp.weight")), None,
+                                                      delta.copy(), 3, delta=delta)])
+    group = PushGroup(7, 7, 0.0)
+    group.add(push)
+    sections: dict = {}
+    batches = build_batches(group, layout, 0, "s0", None, sections)
+    assert list(batches) == [backup] and not batches[backup].tables
+    assert sections == {backup: []}  # a frame of no table entries: its dense deltas travel in the metadata
+    meta = parity_pb2.ParityBatches(batches=[batches[backup]])
+    decoded, entries = batch_frames.decode(batch_frames.encode(meta, [sections[backup]]))
+    assert decoded.batches[0].dense[0].value == delta.tobytes() and entries == [[]]
+
+
 # --- real processes -------------------------------------------------------------------------------------------------
 @pytest.mark.cluster
 @pytest.mark.parametrize("transport_", ["socket", "grpc"])
@@ -134,16 +159,17 @@ def test_big_groups_sent_directly_recover_bit_exactly(make_cluster, transport_):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("relay", ["auto", "on", "off"])
+@pytest.mark.parametrize("relay", ["auto", "on", "off", "auto, parity_transport=grpc"])
 def test_small_groups_go_directly_over_parity_channels_unless_the_relay_is_asked_for(make_cluster, relay):
     """With the defaults (``relay=auto``; parity channels, no TLS) every group, however small, is built off the push
     path and its batches go to their parity servers directly, over the channels: the worker carries none.  With
-    ``relay=on`` small groups ride the worker, sealed.  Either way: bit for bit the failure-free run's state, across
-    an owner killed mid-training."""
+    ``relay=on`` -- or ``auto`` where the direct path would be gRPC calls -- small groups ride the worker, sealed.
+    Either way: bit for bit the failure-free run's state, across an owner killed mid-training."""
     from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
 
     expected = baseline(make_cluster, 4, 2, 1)
-    options = {} if relay == "auto" else {"relay": relay}
+    options = {"auto": {}, "on": {"relay": "on"}, "off": {"relay": "off"},
+               "auto, parity_transport=grpc": {"parity_transport": "grpc"}}[relay]
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options)
     seen = {}
 
@@ -161,7 +187,7 @@ def test_small_groups_go_directly_over_parity_channels_unless_the_relay_is_asked
     wait_redundant(cluster, 1)
     assert_same(final_state(cluster, names), expected)
     before = seen["before"]
-    if relay == "on":
+    if relay in ("on", "auto, parity_transport=grpc"):
         assert before["relay_batches"] > 0 and before["parity_bytes_relayed"] > 0, before
     else:
         assert before["relay_batches"] == 0 and before["parity_bytes_relayed"] == 0, before

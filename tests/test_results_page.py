@@ -159,11 +159,23 @@ def test_the_quick_profiles_are_summarised_by_their_median_and_judged_on_it(resu
     text = dict(results_page.sections(results_copy))["The parity path per row update"]
     assert "median of 3" in text and "+0.300 [+0.100, +0.500]" in text
     assert "quick preset (the median of its runs) 0.30 us (**met**)" in text
-    assert "profile-quick-relay-3.json" in text and "(ratios: direct over relay)" in text
+    assert "profile-quick-relay-3.json" in text and "the rest ratios, direct over relay" in text
     (results_copy / "profile-quick-3.json").unlink()
     (results_copy / "profile-quick-2.json").unlink()  # one run: judged on it, no table of runs
     text = dict(results_page.sections(results_copy))["The parity path per row update"]
     assert "the median of its runs" not in text and "quick preset 0.10 us (**met**)" in text
+
+
+def test_a_profile_of_ecrec_measured_with_the_relay_says_so_in_its_command(results_copy):
+    """profile-ecrec.json predates the option ``relay`` (its file names no options): its command asks for the relay,
+    the setting it measured; a file that names its options (``profile --json`` writes them now) is run as named."""
+    title = next(t for t, _ in results_page.sections(results_copy) if t.startswith("What the parity path costs"))
+    text = dict(results_page.sections(results_copy))[title]
+    assert "profile --strategy ecrec --option relay=on --no-py-spy" in text and "was its default" in text
+    doc = json.loads((results_copy / "profile-ecrec.json").read_text())
+    (results_copy / "profile-ecrec.json").write_text(json.dumps({**doc, "options": {}}))
+    text = dict(results_page.sections(results_copy))[title]
+    assert "profile --strategy ecrec --no-py-spy" in text and "relay=on" not in text
 
 
 def _recovery_row(strategy: str, step_ms: list[float], samples_per_s: float) -> dict:

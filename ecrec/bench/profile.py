@@ -284,7 +284,7 @@ def run(args) -> int:
     for name, lines in report["sampled"].items():
         print(f"\n{name} ({report.get('sampled_files', {}).get(name, '')}):")
         print("\n".join(lines))
-    document = report
+    document = {**report, "options": runs[-1][2]}  # the options of the profiled cluster (reproduce the file)
     if args.against:
         added = profile_runs.added_by(reports[base], report)
         rounds_added = [profile_runs.added_by(r[base], r[args.strategy]) for r in per_round]

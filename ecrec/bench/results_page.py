@@ -393,11 +393,16 @@ def section_parity_cost(files: _Files) -> list[str]:
     none, ec = files["profile-none.json"], files["profile-ecrec.json"]
     out = []
     for name, report in (("profile-none.json", none), ("profile-ecrec.json", ec)):
-        out.append(_command(f"ecrec-bench profile --strategy {report['strategy']} --no-py-spy --seconds "
+        # a file of ecrec that names no options was measured when small groups were relayed by default
+        relayed = report["strategy"] == "ecrec" and "options" not in report
+        out.append(_command(f"ecrec-bench profile --strategy {report['strategy']}"
+                            f"{' --option relay=on' if relayed else ''} --no-py-spy --seconds "
                             f"{round(report['elapsed_s'])} --json {FILES_DIR}/{name}"))
     out.append(f"**Load:** load average (1 min) {none['load_average_before'][0]:.2f} before the first, "
                f"{ec['load_average_before'][0]:.2f} before the second, {ec['load_average_after'][0]:.2f} after it (the "
-               "runs one after the other).")
+               "runs one after the other)."
+               + (" `ecrec` was measured when the relay was its default (small groups ride the worker); "
+                  "`--option relay=on` runs that setting now." if "options" not in ec else ""))
     out.append("CPU per training step (ms), the servers summed, while one worker trains steadily:")
 
     def part(r, key):
@@ -429,8 +434,8 @@ def section_parity_cost(files: _Files) -> list[str]:
         f"{s['strategy:parity_bytes_relayed'] / 1e3:.0f} KB of sealed batches ({s['strategy:relay_batches']:.2f} "
         f"batches per step; a group holds {s['strategy:group_pushes'] / s['strategy:groups_closed']:.0f} pushes) and the "
         f"parity servers apply {s['strategy:delta_bytes_applied'] / 1e3:.0f} KB of deltas. The cost is memory-bound: "
-        "every delta byte is copied a few times (the merge, the batch, the reply, the worker's next pull, the "
-        "receiver's parse) and XORed into a parity row scattered in memory, so it grows when more processes compete "
+        "every delta byte is copied a few times (with the relay: the merge, the batch, the reply, the worker's next "
+        "pull, the receiver's parse) and XORed into a parity row scattered in memory, so it grows when more processes compete "
         f"for the caches, as in `compare` ({len(files['compare-quick.json']['config']['strategies']) + 1} clusters alive) "
         f"and at {_rows_label(files['recovery-4m-training.json']['config']['rows'])} rows (below). Each run's own report:")
     out += [_printed(profile.print_summary, none), _printed(profile.print_summary, ec)]
@@ -566,7 +571,8 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
         rows, _ = _profile_runs(files, relay)
         out.append("Small groups sent directly over parity channels (`relay=off`, what `relay=auto` does without "
                    "TLS) against the relay through the worker (`relay=on`, the default before), side by side in "
-                   f"the quick preset, {len(relay)} runs (ratios: direct over relay):")
+                   f"the quick preset, {len(relay)} runs (direct minus relay per row update; the rest ratios, "
+                   "direct over relay):")
         out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
     return out, quick
 

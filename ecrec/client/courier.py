@@ -1,10 +1,12 @@
 """What a worker carries for the servers: parity batches from owners to their parity servers, the parity
 servers' watermarks back to the owners, and every push until its owner says it is durable.
 
-ECRec's parity path rides on the requests a worker sends every step anyway (``docs/protocol.md``, "The
+Where the owners relay (strategy option ``relay``: by default only where their direct path has no parity channel,
+on TLS), ECRec's parity path rides on the requests a worker sends every step anyway (``docs/protocol.md``, "The
 update path"; ``docs/push-path.md``): a push reply carries the owner's parity batches, the worker attaches them
 to its next pull or push to each destination, and the destination's reply carries watermarks that the
-worker hands to the owner with its next push.  No RPC of its own.
+worker hands to the owner with its next push.  No RPC of its own.  Elsewhere the owners send every batch
+directly and the worker carries none.
 
 A push is acknowledged before its parity is applied, so until its owner reports it *confirmed* (applied
 at every parity server) the worker keeps it.  When the owner's index is served by a new incarnation (the

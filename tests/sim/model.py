@@ -10,8 +10,10 @@ join, apply in order or hold back or skip, what a resolution lists, undoes and k
 worker's keep-and-replay of its unconfirmed pushes (``client.courier.Courier``, on the same protobuf requests and
 replies), the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same protobuf
 listings), which versions a rebuild may embed (``resolution.embeddable``), and each owner's outbox, chains, confirmation and committed push
-ids (``outbox.Outbox``).  What is modelled here: every push closes its own group and is relayed at once (no
-coalescing), one row per push, m = 1.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
+ids (``outbox.Outbox``).  What is modelled here: every push closes its own group (no coalescing), its batch
+addressed and sent at once (as a relay did) or, with the closer, acknowledged first and built later, in push
+order, by a ``build`` action (as every group that goes directly is, on the owner's closer thread); one row per
+push, m = 1.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
 rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
 old destination had not acknowledged): the simulator must find the window there.
 
@@ -96,8 +98,9 @@ class Server:
         self.payload: dict[int, Payload] = {}  # seq -> what its batch carries
         self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
         self.logs: dict[int, SourceLog] = {}
+        self.closing: list[tuple] = []  # with the closer: (entry, destination, batch) acknowledged, not built yet
 
-    # --- owner (ParityOwner: every push closes its own group, relayed at once) --------------------------------------
+    # --- owner (ParityOwner: every push closes its own group; sent at once, or built later by the closer) -----------
     @property
     def confirmed(self) -> int:
         return self.box.confirmed
@@ -128,12 +131,25 @@ class Server:
         self.marks[w] = n
         dest = self.sim.parity_of(row // K)
         self.payload[seq] = Payload(pid, row, delta, old_version)
+        batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
+        if self.sim.closer:  # acknowledged now, built on the closer thread later, in push order (ParityOwner)
+            entry = OutboxEntry(seq, seq, 0.0, {}, relayed=False, built=False, push_ids=[pid])
+            self.box.add(entry)
+            self.closing.append((entry, dest, batch))
+            return seq, False
         entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[pid])
         self.box.add(entry)
-        batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
         self.box.install(entry, {dest: batch}, lambda d: self.sim.live_ids().get(d, ""), group_open=False)
         self.send(entry, dest)
         return seq, False
+
+    def build(self) -> None:
+        """The closer thread: the oldest group acknowledged and not built yet is built, addressed to the chains as
+        they are now, and sent (``ParityOwner._close_pending``)."""
+        if self.closing:
+            entry, dest, batch = self.closing.pop(0)
+            self.box.install(entry, {dest: batch}, lambda d: self.sim.live_ids().get(d, ""), group_open=False)
+            self.send(entry, dest)
 
     def on_ack(self, dest: int, dest_id: str, upto: int) -> None:
         self.box.ack(dest, dest_id, upto, group_open=False)
@@ -207,8 +223,9 @@ def _one(value: frozenset, row: int) -> str:
 
 
 class Sim:
-    def __init__(self, rule: str = "confirmed", servers: int = S):
+    def __init__(self, rule: str = "confirmed", servers: int = S, closer: bool = False):
         self.n = servers
+        self.closer = closer  # groups built later, on the owner's closer thread ("build" actions), not at the push
         self.layout = Layout(servers, K, M)
         self._owners = [int(i) for i in self.layout.locate(np.arange(ROWS))[0]]
         self._parities = [int(i) for i in self.layout.parity_servers(np.arange(ROWS // K))[:, 0]]
@@ -323,6 +340,11 @@ class Sim:
         s = self.live(i % self.n)
         if s is not None:
             s.tick()
+
+    def build(self, i: int) -> None:
+        s = self.live(i % self.n)
+        if s is not None:
+            s.build()
 
     def kill(self, i: int) -> None:
         """One failure at a time (m = 1): only while every index is served and fully rebuilt."""
@@ -444,7 +466,7 @@ class Sim:
         self.trace.append(f"{action}")
         {"push": self.push, "poll": self.poll, "deliver": self.deliver, "dup": lambda n: self.deliver(n, duplicate=True),
          "drop": lambda n: self.deliver(n, drop=True), "tick": self.tick, "kill": self.kill, "promote": self.promote,
-         "rebuild": self.rebuild}[kind](*args)
+         "rebuild": self.rebuild, "build": self.build}[kind](*args)
         if kind in ROW_CHANGING:
             self.check_rows()
         if kind in PARITY_CHANGING:
@@ -485,6 +507,8 @@ class Sim:
             for i in range(self.n):
                 for n in range(2 * ROWS):
                     self.act(("rebuild", i, n))
+                while self.live(i) is not None and self.servers[i].closing:
+                    self.act(("build", i))
                 self.act(("tick", i))
             while self.net:
                 self.act(("deliver", 0))
@@ -508,13 +532,18 @@ class Sim:
                 raise Violation(f"acknowledged push {pid} is in row {row} {count} times")
 
 
-def schedule(seed: int, length: int | None = None) -> list[tuple]:
-    """A seeded list of actions (state-independent: see the module docstring), 30 to 150 of them by default."""
+def schedule(seed: int, length: int | None = None, closer: bool = False) -> list[tuple]:
+    """A seeded list of actions (state-independent: see the module docstring), 30 to 150 of them by default.  With
+    ``closer``, the owners build each group later, on their closer thread (a ``("closer",)`` header and ``build``
+    actions); without it, the same seed gives the same schedule as before the closer was modelled."""
     rng = random.Random(seed)
     length = length if length is not None else rng.randint(30, 150)
     kinds = ["push", "deliver", "poll", "tick", "dup", "drop", "kill", "promote", "rebuild"]
     weights = [24, 30, 6, 6, 2, 2, 3, 5, 10]
     out = [("servers", rng.choice(SERVER_COUNTS))]
+    if closer:
+        kinds, weights = kinds + ["build"], weights + [12]
+        out.append(("closer",))
     for _ in range(length):
         kind = rng.choices(kinds, weights)[0]
         if kind == "push":
@@ -523,7 +552,7 @@ def schedule(seed: int, length: int | None = None) -> list[tuple]:
             out.append((kind, rng.randrange(64)))
         elif kind == "poll":
             out.append(("poll", rng.choice(WORKERS)))
-        elif kind in ("tick", "kill"):
+        elif kind in ("tick", "kill", "build"):
             out.append((kind, rng.randrange(60)))
         elif kind == "promote":
             out.append(("promote",))
@@ -534,11 +563,13 @@ def schedule(seed: int, length: int | None = None) -> list[tuple]:
 
 def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
     """Runs ``actions`` then settles; the violation found (its message), or None.  A first action
-    ``("servers", n)`` sets the number of servers (else ``S``)."""
+    ``("servers", n)`` sets the number of servers (else ``S``); a ``("closer",)`` after it models the closer."""
+    servers, closer = S, False
     if actions and actions[0][0] == "servers":
-        sim, actions = Sim(rule, actions[0][1]), actions[1:]
-    else:
-        sim = Sim(rule)
+        servers, actions = actions[0][1], actions[1:]
+    if actions and actions[0] == ("closer",):
+        closer, actions = True, actions[1:]
+    sim = Sim(rule, servers, closer)
     try:
         for a in actions:
             sim.act(a)
@@ -551,9 +582,10 @@ def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
 
 def shrink(actions: list[tuple], rule: str = "confirmed") -> list[tuple]:
     """A shorter schedule that still fails (greedy: drop chunks, then single actions, while it fails); a leading
-    ``("servers", n)`` stays."""
+    ``("servers", n)`` and ``("closer",)`` stay."""
     assert run(actions, rule) is not None
     first = 1 if actions and actions[0][0] == "servers" else 0
+    first += 1 if len(actions) > first and actions[first] == ("closer",) else 0
     chunk = max(1, len(actions) // 2)
     while chunk >= 1:
         i, changed = first, False

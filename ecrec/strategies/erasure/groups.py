@@ -146,6 +146,8 @@ def build_batches(group: PushGroup, layout, source: int, source_id: str, counter
         delta = delta.tobytes()
         for d in layout.dense_servers(name)[1:]:
             batch(d).dense.add(name=name, value=delta, old_version=old_version, seq=version)
+            if sections is not None:  # a batch of dense deltas only is a frame too (no table entries)
+                sections.setdefault(d, [])
     if counters is not None:
         counters.add("part_merge_cpu_s", t1 - t0)
         counters.add("part_build_cpu_s", time.thread_time() - t1)

@@ -8,14 +8,18 @@ the group changed -- ``payload before the group's first push to it XOR payload a
 the row's version before the first and the last push's sequence -- so a hot row updated in most pushes of a
 group sends one delta, not one per push, and undoing the group is one XOR.  The deltas go to the ``m``
 parity servers of each row's stripe; a dense tensor's delta goes to its ``m`` backups.  All deltas of one group
-for one destination form one ``ParityBatch``, serialized and sealed (:mod:`ecrec.net.seal`) once.
+for one destination form one ``ParityBatch``.
 
-Delivery is pipelined (``docs/protocol.md``, "The update path"): a push is acknowledged as soon as it is applied here;
-the batches of the group it closes go back to the worker in that push's reply, and the worker attaches them to
+Delivery is pipelined (``docs/protocol.md``, "The update path"): a push is acknowledged as soon as it is applied here.
+The group it closes is built on the owner's closer thread, off the push path, and each destination's
+:class:`~ecrec.strategies.erasure.sender.DestinationSender` delivers its batch directly, as a frame (over a parity
+channel, or a gRPC call).  Where the option ``relay`` asks for it (by default only where the direct path has no
+parity channel: TLS, ``parity_transport=grpc``), a small group is instead built at once, its batches serialized and
+sealed (:mod:`ecrec.net.seal`), and they go back to the worker in that push's reply; the worker attaches them to
 its next request to each destination (the *relay*: no RPC of its own).  The destinations' sealed watermarks
 come back with the worker's next push (:meth:`ParityOwner.on_acks`); one that does not check is refused.  A
-batch not acknowledged within ``relay_timeout_s`` (a worker that stopped, died, or dropped it) is sent
-directly by the destination's :class:`~ecrec.strategies.erasure.sender.DestinationSender`.
+relayed batch not acknowledged within ``relay_timeout_s`` (a worker that stopped, died, or dropped it) is sent
+directly by the destination's sender.
 
 A rebuild must read a data row at a group boundary (a merged delta is all or nothing): while any server recovers
 every group is one push (sent directly by the closer thread and the senders, not relayed: the worker's next
@@ -84,7 +88,7 @@ class ParityOwner:
         self._eager = False  # close every group at once (a server is recovering or missing)
         self._eager_until = 0.0  # ... and until then (a rebuild read data rows here: seal_for_read)
         self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
-        self._closing: deque[tuple[PushGroup, OutboxEntry]] = deque()  # big groups for the closer thread, in order
+        self._closing: deque[tuple[PushGroup, OutboxEntry]] = deque()  # groups for the closer thread, in order
         self._closer: threading.Thread | None = None
         self._closer_wake = threading.Event()
         merge.warm_up()  # compiled now, not in the first group a push closes
@@ -163,8 +167,8 @@ class ParityOwner:
     def on_push(self, push: AppliedPush) -> PushOutcome:
         """Adds the push to the open group (called in push order, under the server's apply lock); when the group
         is full (pushes, bytes) or old, or while any server recovers or is missing (a rebuild reads parity: it
-        must not lag), closes it: a small group's batches go back in this reply to relay, a big one's -- and every
-        group while a server recovers or is missing -- go directly (:meth:`_close_locked`)."""
+        must not lag), closes it: its batches go directly, or, where the owner relays (option ``relay``), a small
+        group's go back in this reply -- never while a server recovers or is missing (:meth:`_close_locked`)."""
         options, faults = self.options, self.host.faults
         with self.lock:
             self.box.numbered(push.seq)
@@ -205,6 +209,8 @@ class ParityOwner:
         self.counters.add("groups_closed", 1)
         self.counters.add("group_pushes", len(group.pushes))
         faults = self.host.faults
+        # fault injection (tests) builds the group now and holds its batches in this push's reply -- relayed,
+        # whatever the option -- so that they reach only the destinations the fault lets them reach
         inline = faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack")
         if not inline and (direct or self._closing or group.nbytes >= self.options.direct_bytes
                            or not self._relays()):
@@ -257,29 +263,37 @@ class ParityOwner:
             self._closer.start()
 
     def _close_in_background(self) -> None:
-        """The closer thread: builds the batches of big groups, in order, off the push path; they go directly."""
+        """The closer thread: builds the batches of the groups that go directly, in order, off the push path.  It
+        outlives an error (logged; the group is tried again at the next wake): every such group waits for it."""
         while not self.closed.is_set():
             self._closer_wake.wait(IDLE_CLOSER_WAKE_S)
             self._closer_wake.clear()
-            while not self.closed.is_set():
-                with self.lock:
-                    if not self._closing:
-                        break
-                    group, entry = self._closing[0]
-                t0 = time.thread_time()
-                sections: dict = {}  # sent directly: as frames, the bulk bytes never in protobuf
-                try:
-                    batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id, self.counters,
-                                            sections)
-                except Exception:  # noqa: BLE001 - reported; the entry stays unbuilt (pushes unconfirmed: replayed)
-                    log.exception("building the parity batches of pushes %d..%d failed", group.first_seq,
-                                  group.last_seq)
+            try:
+                self._close_pending()
+            except Exception:  # noqa: BLE001 - reported; pushes stay unconfirmed meanwhile (the worker keeps them)
+                log.exception("the parity closer failed; it tries again in %.0f s", IDLE_CLOSER_WAKE_S)
+
+    def _close_pending(self) -> None:
+        """Builds, installs and hands to the senders every group waiting for the closer, oldest first."""
+        while not self.closed.is_set():
+            with self.lock:
+                if not self._closing:
                     break
-                with self.lock:
-                    self._closing.popleft()
-                    self._install_locked(entry, batches, sections)
-                    self.counters.add("group_close_cpu_s", time.thread_time() - t0)
-                self._after_close(entry)
+                group, entry = self._closing[0]
+            t0 = time.thread_time()
+            sections: dict = {}  # sent directly: as frames, the bulk bytes never in protobuf
+            try:
+                batches = build_batches(group, self.host.layout, self.host.index, self.host.server_id,
+                                        self.counters, sections)
+            except Exception:  # noqa: BLE001 - reported; the entry stays unbuilt (pushes unconfirmed: replayed)
+                log.exception("building the parity batches of pushes %d..%d failed", group.first_seq,
+                              group.last_seq)
+                return
+            with self.lock:
+                self._closing.popleft()
+                self._install_locked(entry, batches, sections)
+                self.counters.add("group_close_cpu_s", time.thread_time() - t0)
+            self._after_close(entry)
 
     def _after_close(self, entry: OutboxEntry) -> None:
         destinations = sorted(entry.batches)
@@ -380,7 +394,7 @@ class ParityOwner:
         """The relay batches of an unconfirmed push again (its first reply was lost)."""
         with self.lock:
             entry = next((e for e in self.outbox.values() if e.first_seq <= seq <= e.seq), None)
-            if entry is None:
+            if entry is None or not entry.relayed:  # sent directly: the worker carries none of it
                 return []
             return [self._sealed(entry, d) for d in sorted(entry.pending) if entry.batches[d].destination_id]
 

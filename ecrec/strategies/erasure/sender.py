@@ -1,9 +1,11 @@
-"""The owner's direct path to one destination: batches the relay did not deliver in time, a restarted chain,
-flushes, and confirmations for an idle destination.  Frames go over a parity channel (a plain connection to the
+"""The owner's direct path to one destination: every group's batch not relayed (by default, all of them where there
+are parity channels), batches the relay did not deliver in time, a restarted chain, flushes, and confirmations
+for an idle destination.  Frames go over a parity channel (a plain connection to the
 destination: :mod:`~ecrec.strategies.erasure.parity_channel`) where the cluster allows one, else through gRPC.
 
 One :class:`DestinationSender` (and one thread) per destination index.  It sleeps until the owner wakes it --
-a batch the relay did not deliver within ``relay_timeout_s`` (the owner notices at its next push or timer), a
+a group built to go directly, a batch the relay did not deliver within ``relay_timeout_s`` (the owner notices at
+its next push or timer), a
 restarted chain, a flush, a confirmation due to an idle destination -- then takes from the owner's outbox the
 batches this destination has not acknowledged and that are overdue (or all of them after a restart or a
 flush), and sends them in
