@@ -403,7 +403,9 @@ def section_parity_cost(files: _Files) -> list[str]:
                "runs one after the other)."
                + (" `ecrec` was measured when the relay was its default (small groups ride the worker); "
                   "`--option relay=on` runs that setting now." if "options" not in ec else ""))
-    out.append("CPU per training step (ms), the servers summed, while one worker trains steadily:")
+    out.append("CPU per training step (ms), the servers summed, while one worker trains steadily (one run of each, "
+               "one after the other: where the CPU goes, not what `ecrec` adds -- the side-by-side profiles of the "
+               "next section measure that):")
 
     def part(r, key):
         return r["servers_per_step"].get(key)
@@ -415,10 +417,12 @@ def section_parity_cost(files: _Files) -> list[str]:
         ("worker process", lambda r: r["cpu_ms_per_step"]["worker"]),
         ("servers, all threads", lambda r: r["cpu_ms_per_step"]["servers"]),
         ("of which: Push handlers", lambda r: part(r, "handler:Push")),
-        ("... the strategy's on_push (group add and close)", lambda r: part(r, "strategy:on_push_cpu_s")),
-        ("... of which the group close", lambda r: part(r, "strategy:group_close_cpu_s")),
+        ("... the strategy's on_push (group add; close when relayed)", lambda r: part(r, "strategy:on_push_cpu_s")),
+        ("groups closed (on the push path or the closer thread)", lambda r: part(r, "strategy:group_close_cpu_s")),
         ("Pull handlers (relayed batches applied)", lambda r: part(r, "handler:Pull")),
         ("... the strategy's on_relay", lambda r: part(r, "strategy:on_relay_cpu_s")),
+        ("the closer thread (groups built to go directly)", lambda r: part(r, "thread:ecrec-parity-closer")),
+        ("the parity channels' threads (frames read and applied)", lambda r: part(r, "thread:ecrec-parity-channel")),
         ("the strategy's timer and senders",
          lambda r: (part(r, "thread:ecrec-strategy-timer") or 0.0) + (part(r, "thread:ecrec-parity-sender") or 0.0)),
         ("total (worker + servers + coordinator)", total),
@@ -429,13 +433,18 @@ def section_parity_cost(files: _Files) -> list[str]:
     table = [[label, *cells(f(none), f(ec))] for label, f in parts]
     out.append(_printed(console.print_table, ["part", "none", "ecrec", "added"], table))
     s = ec["servers_per_step"]
+    relayed = s.get("strategy:parity_bytes_relayed", 0.0)
+    carried = (f"the owners relay {relayed / 1e3:.0f} KB of sealed batches through the worker "
+               f"({s['strategy:relay_batches']:.2f} batches per step" if relayed else
+               f"the owners send {s.get('strategy:parity_bytes_sent', 0.0) / 1e3:.0f} KB of batches directly "
+               f"({s.get('strategy:direct_batches', 0.0):.2f} batches per step, "
+               f"{s.get('strategy:channel_batches', 0.0):.2f} of them over parity channels")
     out.append(
-        f"In all, `ecrec` adds {total(ec) / total(none) - 1:+.1%} CPU per step. Per step the owners relay "
-        f"{s['strategy:parity_bytes_relayed'] / 1e3:.0f} KB of sealed batches ({s['strategy:relay_batches']:.2f} "
-        f"batches per step; a group holds {s['strategy:group_pushes'] / s['strategy:groups_closed']:.0f} pushes) and the "
+        f"In all, `ecrec` adds {total(ec) / total(none) - 1:+.1%} CPU per step. Per step {carried}; a group holds "
+        f"{s['strategy:group_pushes'] / s['strategy:groups_closed']:.0f} pushes) and the "
         f"parity servers apply {s['strategy:delta_bytes_applied'] / 1e3:.0f} KB of deltas. The cost is memory-bound: "
-        "every delta byte is copied a few times (with the relay: the merge, the batch, the reply, the worker's next "
-        "pull, the receiver's parse) and XORed into a parity row scattered in memory, so it grows when more processes compete "
+        "every delta byte is copied a few times (the merge and the socket on each side; with the relay the batch, "
+        "the reply, the worker's next pull and the receiver's parse) and XORed into a parity row scattered in memory, so it grows when more processes compete "
         f"for the caches, as in `compare` ({len(files['compare-quick.json']['config']['strategies']) + 1} clusters alive) "
         f"and at {_rows_label(files['recovery-4m-training.json']['config']['rows'])} rows (below). Each run's own report:")
     out += [_printed(profile.print_summary, none), _printed(profile.print_summary, ec)]
