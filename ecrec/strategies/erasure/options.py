@@ -62,8 +62,8 @@ class ErasureOptions:
     relay: str = option("auto", "whether a small group's batches go back in the push's reply for the worker to carry "
                                 "to their parity servers on its next requests ('on'), or every group is built off "
                                 "the push path and sent directly ('off'); 'auto': 'off' where the direct frames go "
-                                "over parity channels (parity_transport=socket, no TLS: cheaper for servers and "
-                                "worker alike), 'on' where they would be gRPC calls")
+                                "over parity channels (parity_transport=socket, no TLS: nothing serialized, sealed or "
+                                "carried by the worker), 'on' where they would be gRPC calls")
     relay_max_bytes: int = option(1 << 20, "a batch larger than this goes to its parity server directly, not "
                                            "through the worker")
     max_unconfirmed: int = option(1024, "pushes an owner may have waiting for their parity before new pushes wait")
