@@ -259,7 +259,7 @@ def test_a_request_carries_at_most_max_relay_batches_that_are_checked_the_rest_d
     assert {k: after.get(k, 0) - before[k] for k in keys} == {"refused_relayed_batches": 10_000,
                                                               "relay_batches_unchecked": 9_900,
                                                               "refused_watermarks": 10_000}
-    pid = local.pid_of_index(0)
+    pid = int(target.server_id.split(":")[1])  # the process that took the flood (not whatever the map says now)
     wait_for(lambda: any("dropped unread" in line for line in local.stderr_tail(pid)), 10, "the refusal's log line")
     lines = [line for line in local.stderr_tail(pid) if "relayed by" in line]
     assert 2 <= len(lines) <= 4, lines
