@@ -392,17 +392,16 @@ def section_parity_cost(files: _Files) -> list[str]:
 
     none, ec = files["profile-none.json"], files["profile-ecrec.json"]
     out = []
+    relay_era = "options" not in ec  # a file of ecrec naming no options was measured when the relay was the default
     for name, report in (("profile-none.json", none), ("profile-ecrec.json", ec)):
-        # a file of ecrec that names no options was measured when small groups were relayed by default
-        relayed = report["strategy"] == "ecrec" and "options" not in report
         out.append(_command(f"ecrec-bench profile --strategy {report['strategy']}"
-                            f"{' --option relay=on' if relayed else ''} --no-py-spy --seconds "
+                            f"{' --option relay=on' if report is ec and relay_era else ''} --no-py-spy --seconds "
                             f"{round(report['elapsed_s'])} --json {FILES_DIR}/{name}"))
     out.append(f"**Load:** load average (1 min) {none['load_average_before'][0]:.2f} before the first, "
                f"{ec['load_average_before'][0]:.2f} before the second, {ec['load_average_after'][0]:.2f} after it (the "
                "runs one after the other)."
                + (" `ecrec` was measured when the relay was its default (small groups ride the worker); "
-                  "`--option relay=on` runs that setting now." if "options" not in ec else ""))
+                  "`--option relay=on` runs that setting now." if relay_era else ""))
     out.append("CPU per training step (ms), the servers summed, while one worker trains steadily (one run of each, "
                "one after the other: where the CPU goes, not what `ecrec` adds -- the side-by-side profiles of the "
                "next section measure that):")
@@ -433,9 +432,9 @@ def section_parity_cost(files: _Files) -> list[str]:
     table = [[label, *cells(f(none), f(ec))] for label, f in parts]
     out.append(_printed(console.print_table, ["part", "none", "ecrec", "added"], table))
     s = ec["servers_per_step"]
-    relayed = s.get("strategy:parity_bytes_relayed", 0.0)
-    carried = (f"the owners relay {relayed / 1e3:.0f} KB of sealed batches through the worker "
-               f"({s['strategy:relay_batches']:.2f} batches per step" if relayed else
+    relayed_bytes = s.get("strategy:parity_bytes_relayed", 0.0)
+    carried = (f"the owners relay {relayed_bytes / 1e3:.0f} KB of sealed batches through the worker "
+               f"({s['strategy:relay_batches']:.2f} batches per step" if relayed_bytes else
                f"the owners send {s.get('strategy:parity_bytes_sent', 0.0) / 1e3:.0f} KB of batches directly "
                f"({s.get('strategy:direct_batches', 0.0):.2f} batches per step, "
                f"{s.get('strategy:channel_batches', 0.0):.2f} of them over parity channels")
@@ -444,7 +443,8 @@ def section_parity_cost(files: _Files) -> list[str]:
         f"{s['strategy:group_pushes'] / s['strategy:groups_closed']:.0f} pushes) and the "
         f"parity servers apply {s['strategy:delta_bytes_applied'] / 1e3:.0f} KB of deltas. The cost is memory-bound: "
         "every delta byte is copied a few times (the merge and the socket on each side; with the relay the batch, "
-        "the reply, the worker's next pull and the receiver's parse) and XORed into a parity row scattered in memory, so it grows when more processes compete "
+        "the reply, the worker's next pull and the receiver's parse) and XORed into a parity row scattered in "
+        "memory, so it grows when more processes compete "
         f"for the caches, as in `compare` ({len(files['compare-quick.json']['config']['strategies']) + 1} clusters alive) "
         f"and at {_rows_label(files['recovery-4m-training.json']['config']['rows'])} rows (below). Each run's own report:")
     out += [_printed(profile.print_summary, none), _printed(profile.print_summary, ec)]
@@ -556,6 +556,15 @@ def _profile_runs(files: _Files, names: tuple[str, ...]) -> tuple[list[list[str]
 PROFILE_RUN_HEADERS = ["run", "server us per row update", "total CPU", "worker CPU", "samples/s", "p99 step"]
 
 
+def _profile_commands(files: _Files, names) -> list[str]:
+    """The command and load lines of each of ``names`` (profile files of one strategy against another)."""
+    out = []
+    for name in names:
+        report = files[name]["runs"][files[name]["strategy"]]
+        out += [_profile_command(files[name], name), _load(report["load_average_before"], report["load_average_after"])]
+    return out
+
+
 def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
     """The quick preset's profile against none three times, and the relay against the direct path three times."""
     from ecrec.ops import console
@@ -563,20 +572,14 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
     out, quick = [], None
     names = tuple(n for n in QUICK_PROFILES if files.has(n))
     if len(names) > 1:
-        for name in names[1:]:
-            report = files[name]["runs"][files[name]["strategy"]]
-            out += [_profile_command(files[name], name),
-                    _load(report["load_average_before"], report["load_average_after"])]
+        out += _profile_commands(files, names[1:])  # the first's are at the top of the section
         rows, quick = _profile_runs(files, names)
         out.append(f"The quick preset's profile against `none`, {len(names)} runs one after the other (each figure "
                    "the median of the run's rounds; `worker CPU` over the whole run):")
         out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
     relay = tuple(n for n in RELAY_AB if files.has(n))
     if relay:
-        for name in relay:
-            report = files[name]["runs"][files[name]["strategy"]]
-            out += [_profile_command(files[name], name),
-                    _load(report["load_average_before"], report["load_average_after"])]
+        out += _profile_commands(files, relay)
         rows, _ = _profile_runs(files, relay)
         out.append("Small groups sent directly over parity channels (`relay=off`, what `relay=auto` does without "
                    "TLS) against the relay through the worker (`relay=on`, the default before), side by side in "

@@ -98,7 +98,7 @@ class Server:
         self.payload: dict[int, Payload] = {}  # seq -> what its batch carries
         self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
         self.logs: dict[int, SourceLog] = {}
-        self.closing: list[tuple] = []  # with the closer: (entry, destination, batch) acknowledged, not built yet
+        self.closing: list[tuple] = []  # (entry, destination, batch) acknowledged, not built yet (the closer)
 
     # --- owner (ParityOwner: every push closes its own group; sent at once, or built later by the closer) -----------
     @property
@@ -132,15 +132,11 @@ class Server:
         dest = self.sim.parity_of(row // K)
         self.payload[seq] = Payload(pid, row, delta, old_version)
         batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
-        if self.sim.closer:  # acknowledged now, built on the closer thread later, in push order (ParityOwner)
-            entry = OutboxEntry(seq, seq, 0.0, {}, relayed=False, built=False, push_ids=[pid])
-            self.box.add(entry)
-            self.closing.append((entry, dest, batch))
-            return seq, False
-        entry = OutboxEntry(seq, seq, 0.0, {}, push_ids=[pid])
+        entry = OutboxEntry(seq, seq, 0.0, {}, relayed=not self.sim.closer, built=False, push_ids=[pid])
         self.box.add(entry)
-        self.box.install(entry, {dest: batch}, lambda d: self.sim.live_ids().get(d, ""), group_open=False)
-        self.send(entry, dest)
+        self.closing.append((entry, dest, batch))
+        if not self.sim.closer:  # built and sent at once, as a relay did; else later, in push order (ParityOwner)
+            self.build()
         return seq, False
 
     def build(self) -> None:
