@@ -246,3 +246,64 @@ print("ACK", parity_pb2.ParityAck.FromString(channel.request([b"abcdefgh"], 8, 1
     assert run.returncode == 0, run.stderr[-2000:]
     assert "ACK 8" in run.stdout
     assert "accept failed" in run.stderr  # it met the error and went on
+
+
+def test_reads_go_to_the_read_handler_and_frames_to_theirs_on_one_connection(listener):
+    """A request whose length has ``READ_BIT`` set is a read, answered by ``read`` (a ``ReadRowsReply``); frames on
+    the same connection still go to ``handle``; a listener without ``read`` refuses reads UNIMPLEMENTED and its
+    connection stays usable; a read over the size limit is refused before it is read."""
+    rec, reads = Recorder(), []
+
+    def read(caller, epoch, body):
+        request = parity_pb2.ReadRowsRequest.FromString(bytes(body))
+        reads.append((caller, epoch, request.table))
+        return parity_pb2.ReadRowsReply(payload=request.table.encode() * 3)
+
+    lst = listener(rec)
+    lst.read = read
+    channel = connect(lst, "replacement-3")
+    for i in range(3):
+        body = parity_pb2.ReadRowsRequest(table=f"t{i}").SerializeToString()
+        reply = parity_pb2.ReadRowsReply.FromString(
+            channel.request([body], len(body), 7, 5.0, kind=parity_channel.READ))
+        assert reply.payload == f"t{i}".encode() * 3
+        assert parity_pb2.ParityAck.FromString(channel.request([b"abcd"], 4, 8, 5.0)).applied_upto == 4
+    assert reads == [("replacement-3", 7, f"t{i}") for i in range(3)]
+    assert [(c, e, f) for c, e, f in rec.frames] == [("replacement-3", 8, b"abcd")] * 3
+    # several connections' reads sent first, then their answers read (RowReader's one round trip for all)
+    others = [connect(lst, "replacement-3") for _ in range(3)]
+    body = parity_pb2.ReadRowsRequest(table="x").SerializeToString()
+    for other in others:
+        other.send([body], len(body), 9, parity_channel.READ, time.monotonic() + 5.0)
+    assert [parity_pb2.ReadRowsReply.FromString(o.answer(time.monotonic() + 5.0)).payload for o in others] == [b"xxx"] * 3
+    for other in [channel, *others]:
+        other.close()
+
+    plain = listener(Recorder())  # no read handler
+    channel = connect(plain)
+    with pytest.raises(parity_channel.ChannelError) as info:
+        channel.request([b"\x0a\x01t"], 3, 1, 5.0, kind=parity_channel.READ)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert parity_pb2.ParityAck.FromString(channel.request([b"abcd"], 4, 1, 5.0)).applied_upto == 4
+    channel.close()
+
+    small = listener(Recorder(), max_frame_bytes=100)
+    small.read = read
+    channel = connect(small)
+    with pytest.raises(parity_channel.ChannelError) as info:
+        channel.request([b"\0" * 50], 101, 1, 5.0, kind=parity_channel.READ)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 100" in info.value.details()
+    channel.close()
+
+
+def test_an_answer_larger_than_the_reader_allows_fails_the_request(listener):
+    lst = listener(Recorder())
+    lst.read = lambda caller, epoch, body: parity_pb2.ReadRowsReply(payload=b"\1" * (3 << 20))
+    channel = connect(lst)
+    with pytest.raises(ConnectionError):
+        channel.request([b""], 0, 1, 5.0, kind=parity_channel.READ, max_answer_bytes=2 << 20)
+    channel.close()
+    channel = connect(lst)
+    reply = channel.request([b""], 0, 1, 5.0, kind=parity_channel.READ, max_answer_bytes=4 << 20)
+    assert len(parity_pb2.ReadRowsReply.FromString(reply).payload) == 3 << 20
+    channel.close()

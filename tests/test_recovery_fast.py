@@ -401,3 +401,53 @@ def test_counters_keep_increments_made_while_another_amount_is_computed():
         thread.join()
     assert counters["rows_rebuilt"] == 25 * 111
     assert dict(counters) == {"rows_rebuilt": 25 * 111}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("transport", ["socket", "grpc"])
+def test_rows_rebuilt_on_demand_are_read_over_parity_channels_and_exact(make_cluster, transport):
+    """While the replacement's background rebuild barely runs (``rebuild_duty=0.01``), pulls of its rows rebuild
+    them on demand: with ``rebuild_transport=socket`` every read of their stripes' members goes over parity
+    channels (``read_channel.py``), with ``grpc`` through ``ReadRows`` calls; either way the rows pulled, and the
+    rows after more training, are bit for bit what a cluster that never failed holds."""
+    options = {"rebuild_transport": transport, "rebuild_duty": "0.01", "rebuild_batch_rows": "64"}
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options,
+                         coordinator_options=COORDINATOR_OPTIONS)
+    cluster = Cluster.connect(local.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
+    wait_started(cluster, 4)
+    cluster.create_table("t", 40_000, 8, optimizer="adagrad", lr=0.1, seed=2, initial_accumulator_value=0.1)
+    bag = EmbeddingBag(cluster, "t")
+    rng = np.random.default_rng(3)
+
+    def train(steps):
+        for _ in range(steps):
+            ids = torch.from_numpy(rng.integers(0, 40_000, 4000))
+            bag(ids, torch.arange(0, 4000, 8)).square().sum().backward()
+            cluster.step()
+
+    train(4)
+    cluster.strategy_call("verify_parity")  # every pending parity batch delivered
+    before = cluster.read_payload("t")[1].copy()
+    local.kill(local.pid_of_index(1))
+    ids = np.arange(0, 40_000, 7)
+    pulled = cluster.pull("t", ids).numpy()  # the replacement rebuilds its rows of these on demand
+    assert np.array_equal(pulled.view(np.uint32), before[ids, :8].view(np.uint32))
+    train(3)  # pushes to rows rebuilt on demand, and to rows rebuilt by the pushes' own pulls
+    stats = cluster.strategy_call("stats", indices=[1])[1]
+    assert stats["recovering"]  # the background rebuild is far from done: the rows above came on demand
+    assert stats["on_demand_calls"] >= 4
+    if transport == "socket":
+        assert stats["reads_over_channel"] >= stats["on_demand_calls"] and stats.get("reads_over_grpc", 0) == 0
+    else:
+        assert stats["reads_over_grpc"] >= stats["on_demand_calls"] and stats.get("reads_over_channel", 0) == 0
+    after = cluster.read_payload("t")[1]
+    # the same training on a cluster that never failed, from the same rows: the optimizer applied in the same order
+    reference = make_cluster(servers=4, strategy="ecrec", k=2, m=1)
+    ref = Cluster.connect(reference.coordinator_address, ClientConfig(rpc_timeout_s=120.0))
+    ref.create_table("t", 40_000, 8, optimizer="adagrad", lr=0.1, seed=2, initial_accumulator_value=0.1)
+    ref_bag, rng = EmbeddingBag(ref, "t"), np.random.default_rng(3)
+    for _ in range(7):
+        ids = torch.from_numpy(rng.integers(0, 40_000, 4000))
+        ref_bag(ids, torch.arange(0, 4000, 8)).square().sum().backward()
+        ref.step()
+    assert np.array_equal(after.view(np.uint32), ref.read_payload("t")[1].view(np.uint32))

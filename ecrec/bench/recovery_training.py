@@ -260,10 +260,12 @@ def _next_standby(local, worker: "_Worker", progress, timeout_s: float = 120.0) 
 
 #: the replacement's counters a failure's report keeps (``rebuild_parts``): what its rebuild took, by part -- the
 #: whole rebuild (s), the fast path (s) and its wait for the survivors' streams (s), the rows it installed, data and
-#: parity rows rebuilt, the requests that rebuilt their rows on demand first and their time (s), and with
-#: ``rebuild_slowdown`` the pacer's last duty and its probes
+#: parity rows rebuilt, the requests that rebuilt their rows on demand first and their time (s), the reads of
+#: members answered over parity channels and through gRPC, and with ``rebuild_slowdown`` the pacer's last duty and
+#: its probes
 REBUILD_PARTS = ("rebuild_s", "bulk_s", "bulk_wait_s", "bulk_rows_rebuilt", "rows_rebuilt", "parity_rows_rebuilt",
-                 "on_demand_calls", "on_demand_rounds", "on_demand_s", "rebuild_duty", "rebuild_probes")
+                 "on_demand_calls", "on_demand_rounds", "on_demand_s", "reads_over_channel", "reads_over_grpc",
+                 "rebuild_duty", "rebuild_probes")
 
 
 def rebuild_parts(cluster, index: int) -> dict:
@@ -287,6 +289,9 @@ def describe_parts(parts: dict) -> str:
         rounds = (f", {parts['on_demand_rounds'] / calls:.2f} rounds of reads each" if "on_demand_rounds" in parts
                   else "")
         out.append(f"on demand {int(calls)} requests, {parts.get('on_demand_s', 0.0) / calls * 1e3:.1f} ms each{rounds}")
+        reads = parts.get("reads_over_channel", 0.0) + parts.get("reads_over_grpc", 0.0)
+        if reads:
+            out.append(f"{int(parts.get('reads_over_channel', 0.0))} of {int(reads)} reads over parity channels")
     if "rebuild_duty" in parts:
         out.append(f"paced: duty {parts['rebuild_duty']:.2f} after {int(parts.get('rebuild_probes', 0))} probes")
     return "; ".join(out)

@@ -50,9 +50,10 @@ def gather_members(host: StrategyHost, spec: TableSpec, stripes: np.ndarray, wan
     return gather_many(host, [StripeRead(spec, stripes, want_data, want_parity, local, confirmed)])[0]
 
 
-def gather_many(host: StrategyHost, reads: list[StripeRead]) -> list[StripeMembers]:
+def gather_many(host: StrategyHost, reads: list[StripeRead], reader=None) -> list[StripeMembers]:
     """Reads the wanted members of several tables' stripes from their servers: one request per server for
-    everything it holds of them (sections of one ``ReadRows``), all requests at once.
+    everything it holds of them (sections of one ``ReadRows``), all requests at once (through ``reader``, a
+    :class:`~ecrec.strategies.erasure.read_channel.RowReader`, where given: over parity channels).
 
     Data members past the table's end are virtual zero rows: ready, version 0.
     """
@@ -97,10 +98,12 @@ def gather_many(host: StrategyHost, reads: list[StripeRead]) -> list[StripeMembe
                         parity_index=transport.ids_to_bytes(np.full(len(sel), j)))))
     servers = sorted(per_server)
     confirmed = {srv for srv, parts in per_server.items() if any(reads[n].confirmed for n, *_ in parts)}
-    calls = [(srv, "ReadRows", parity_pb2.ReadRowsRequest(sections=[sec for *_, sec in per_server[srv]],
-                                                          confirmed=srv in confirmed))
+    calls = [(srv, parity_pb2.ReadRowsRequest(sections=[sec for *_, sec in per_server[srv]],
+                                              confirmed=srv in confirmed))
              for srv in servers]
-    for srv, reply in zip(servers, host.peers.call_many(calls, PARITY)):
+    replies = reader.call_many(calls) if reader is not None else host.peers.call_many(
+        [(srv, "ReadRows", request) for srv, request in calls], PARITY)
+    for srv, reply in zip(servers, replies):
         if reply is None:
             continue
         if srv in confirmed:

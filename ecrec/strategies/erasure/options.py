@@ -16,7 +16,8 @@ from ecrec.strategies.spec import options_to_strings, parse_options
 
 #: the largest frame of the fast rebuild's streams a survivor sends (a request asking for more is refused)
 MAX_FRAME_BYTES = 64 << 20
-#: how survivors send those frames (``rebuild_transport``), and owners their direct parity frames (``parity_transport``)
+#: how survivors send those frames and a replacement reads rows on demand (``rebuild_transport``), and owners send
+#: their direct parity frames (``parity_transport``)
 TRANSPORTS = ("socket", "grpc")
 #: whether small groups' batches are relayed by the workers (``relay``)
 RELAYS = ("auto", "on", "off")
@@ -33,8 +34,9 @@ class ErasureOptions:
                                                f"blocks; at most {MAX_FRAME_BYTES >> 20} MiB)")
     rebuild_transport: str = option("socket", "how survivors send the fast rebuild's frames: 'socket' (a TCP "
                                               "connection to a port the replacement opens for each stream, on its "
-                                              "serving host; more than twice gRPC's rate) or 'grpc' (the reply "
-                                              "stream; always on TLS clusters)")
+                                              "serving host; more than twice gRPC's rate; and the rows a request "
+                                              "rebuilds on demand read over parity channels) or 'grpc' (the reply "
+                                              "stream, ReadRows calls; always on TLS clusters)")
     rebuild_nice: int = option(19, "OS priority (nice, 0-19) of the threads that rebuild in the background on the "
                                    "replacement and of the survivors' threads that send its frames over a "
                                    "connection: where they share cores with training, training goes first (a "

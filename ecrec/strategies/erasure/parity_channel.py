@@ -12,9 +12,15 @@ map lists it* and sends a MAC of the ticket (:func:`opening`); the parity server
 connection then belongs to that caller.
 On it, the owner sends one request at a time and waits for its answer:
 
-    request   16 bytes: the frame's length (u64), the caller's map epoch (u64); then the frame
-    answer    12 bytes: a gRPC status code (u32; 0 = OK), the length of what follows (u64); then a serialized
-              ``ParityAck`` (OK) or the error's message (UTF-8)
+    request   16 bytes: the body's length (u64; its top bit set for a read), the caller's map epoch (u64); then
+              the body
+    answer    12 bytes: a gRPC status code (u32; 0 = OK), the length of what follows (u64); then the serialized
+              reply (OK) or the error's message (UTF-8)
+
+A body is a parity frame, answered with a ``ParityAck``, or (the length's top bit, :data:`READ_BIT`, set) a
+serialized ``ReadRowsRequest``, answered with its ``ReadRowsReply``: a replacement's on-demand rebuild reads the
+members of the rows a step needs this way, one round trip without gRPC's dispatch where it is the step's critical
+path (:mod:`~ecrec.strategies.erasure.read_channel`).
 
 Each request is checked as a gRPC call would be (the server serves, the caller is still a server of the map,
 after catching up with its epoch) and applied by the same code as ``ApplyParityFrames``.  Not used on TLS clusters
@@ -41,6 +47,10 @@ from ecrec.strategies.erasure import frame_socket
 log = logging.getLogger("ecrec.strategies.erasure")
 
 REQUEST = struct.Struct("<QQ")
+#: request kinds: a parity frame (answered with a ParityAck), a ReadRows request (answered with its reply)
+FRAME, READ = 0, 1
+#: a read's length has this bit set (a frame's never does: no frame is 2**63 bytes)
+READ_BIT = 1 << 63
 ANSWER = struct.Struct("<IQ")
 #: the largest error message an answer carries (bytes)
 MAX_MESSAGE_BYTES = 1 << 16
@@ -83,11 +93,13 @@ class ChannelError(Exception):
 # --- the parity server's end -------------------------------------------------------------------------------------
 class ChannelListener:
     """One listening socket on this server's serving host; :meth:`ticket_for` a proven caller, then a thread per
-    connection that reads requests and answers them with ``handle(caller, epoch, frame) -> ParityAck`` (domain
-    errors become their gRPC status)."""
+    connection that reads requests and answers them with ``handle(caller, epoch, frame) -> ParityAck`` and
+    ``read(caller, epoch, body) -> ReadRowsReply`` (reads refused ``UNIMPLEMENTED`` without one; domain errors
+    become their gRPC status)."""
 
-    def __init__(self, host: str, handle, max_frame_bytes: int, timeout_s: float):
+    def __init__(self, host: str, handle, max_frame_bytes: int, timeout_s: float, read=None):
         self.handle = handle
+        self.read = read
         self.max_frame_bytes = max_frame_bytes
         self.timeout_s = timeout_s  # a request whose header came must arrive whole within this
         self._lock = threading.Lock()
@@ -191,6 +203,10 @@ class ChannelListener:
             except TimeoutError:
                 return  # idle for long (an owner gone without a word): closed; the owner opens another
             size, epoch = REQUEST.unpack(head)
+            handle = self.handle
+            if size & READ_BIT:
+                size &= READ_BIT - 1
+                handle = self.read or _no_reads
             if size > self.max_frame_bytes:
                 _answer(conn, grpc.StatusCode.INVALID_ARGUMENT,
                         f"a parity frame of {size} bytes announced; at most {self.max_frame_bytes}")
@@ -198,7 +214,7 @@ class ChannelListener:
             frame = np.empty(size, np.uint8)
             frame_socket.read_exactly(conn, memoryview(frame), time.monotonic() + self.timeout_s)
             try:
-                ack = self.handle(caller, epoch, frame)
+                ack = handle(caller, epoch, frame)
             except errors.EcrecError as exc:
                 _answer(conn, *transport.grpc_status_of(exc))
                 continue
@@ -231,6 +247,10 @@ def _read_first(conn: socket.socket, view: memoryview) -> bool:
     return True
 
 
+def _no_reads(caller, epoch, body):
+    raise errors.Unimplemented("this parity channel serves no reads")
+
+
 def _answer(conn: socket.socket, code, message: str) -> None:
     data = message.encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
     conn.sendall(ANSWER.pack(code.value[0], len(data)) + data)
@@ -260,16 +280,26 @@ class Channel:
             self._sock.close()
             raise
 
-    def request(self, parts: list, size: int, epoch: int, timeout_s: float):
-        """Sends one frame (``parts``: its buffers in order, ``size`` bytes in all) and returns the serialized
-        ``ParityAck`` of the answer; raises :class:`ChannelError` for an error status, ``OSError`` when the
-        connection fails (closed, reset, timed out: the caller closes it and sends through gRPC)."""
+    def request(self, parts: list, size: int, epoch: int, timeout_s: float, kind: int = FRAME,
+                max_answer_bytes: int = 1 << 20):
+        """Sends one request (``parts``: its body's buffers in order, ``size`` bytes in all) and returns the
+        serialized reply of the answer (at most ``max_answer_bytes``); raises :class:`ChannelError` for an error
+        status, ``OSError`` when the connection fails (closed, reset, timed out: the caller closes it and goes
+        through gRPC)."""
         deadline = time.monotonic() + timeout_s
-        _sendmsg_all(self._sock, [REQUEST.pack(size, epoch), *parts], deadline)
+        self.send(parts, size, epoch, kind, deadline)
+        return self.answer(deadline, max_answer_bytes)
+
+    def send(self, parts: list, size: int, epoch: int, kind: int, deadline: float) -> None:
+        """The first half of :meth:`request` (several connections' requests can be sent before any answer is read)."""
+        _sendmsg_all(self._sock, [REQUEST.pack(size | (READ_BIT if kind == READ else 0), epoch), *parts], deadline)
+
+    def answer(self, deadline: float, max_answer_bytes: int = 1 << 20) -> bytes:
+        """The second half of :meth:`request`: the answer to the request sent last."""
         head = bytearray(ANSWER.size)
         frame_socket.read_exactly(self._sock, memoryview(head), deadline)
         code, n = ANSWER.unpack(head)
-        if n > max(MAX_MESSAGE_BYTES, 1 << 20):
+        if n > max(MAX_MESSAGE_BYTES, max_answer_bytes):
             raise ConnectionError(f"a parity channel's answer of {n} bytes announced")
         body = bytearray(n)
         frame_socket.read_exactly(self._sock, memoryview(body), deadline)

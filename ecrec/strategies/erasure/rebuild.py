@@ -43,6 +43,7 @@ from ecrec.strategies.erasure.parity_store import ParityArena, TableParity
 from ecrec.strategies.erasure.receiver import ParityReceiver
 from ecrec.strategies.erasure.owner import EVERY_VERSION
 from ecrec.strategies.erasure.pacing import RebuildPacer
+from ecrec.strategies.erasure.read_channel import RowReader
 from ecrec.strategies.erasure.resolution import embeddable
 from ecrec.net.cluster_map import live_servers
 from ecrec.wire import cluster_pb2, coordinator_pb2, parity_pb2
@@ -137,6 +138,7 @@ class RebuildEngine:
         self.last_request = 0.0  # when a pull or push last came in (monotonic)
         self.bulk: BulkRebuild | None = None  # the fast path (made at the first rebuild: it needs the index)
         self.pacer: RebuildPacer | None = None  # paces the background by training's rate (rebuild_slowdown)
+        self.reader = RowReader(host, counters, options.rebuild_transport)  # members read over parity channels
 
     def start(self) -> None:
         """Marks everything held here not ready and starts the background rebuild."""
@@ -157,6 +159,7 @@ class RebuildEngine:
     def close(self) -> None:
         if self.bulk is not None:
             self.bulk.close()
+        self.reader.close()
 
     def note_push(self) -> None:
         """A push reached this server: training's rate, for the pacer."""
@@ -221,7 +224,8 @@ class RebuildEngine:
                     reads.append(StripeRead(shard.spec, stripes, np.arange(k)[:, None] != my_pos[None, :], True))
                     positions.append(my_pos)
                 unavailable = self._unavailable_members()
-                for (shard, slots), members, my_pos, read in zip(work, gather_many(self.host, reads), positions, reads):
+                gathered = gather_many(self.host, reads, self.reader)
+                for (shard, slots), members, my_pos, read in zip(work, gathered, positions, reads):
                     groups, row_version = plan_data_rebuild(members, my_pos, k, m)
                     done_rows, payloads = [], []
                     for (i, data_members, chosen), rows in groups.items():
@@ -448,6 +452,9 @@ class RebuildEngine:
             except Exception as exc:  # noqa: BLE001 - reported, never swallowed: retried with backoff
                 # a peer or the coordinator may answer an error for a while (a restart, a map catching up, a
                 # deadline): nothing is lost by trying again, rows already rebuilt stay rebuilt
+                if self.closed.is_set():  # the server stopped under it (its pools shut): nothing to retry
+                    log.info("background rebuild stopped with the server (%s: %s)", type(exc).__name__, exc)
+                    return
                 failures += 1
                 if failures in (1, 10) or failures % 50 == 0:
                     log.warning("background rebuild interrupted (attempt %d: %s: %s); retrying in %.1f s", failures,

@@ -15,6 +15,7 @@ import threading
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 import numpy as np
 
 from ecrec import errors
@@ -96,9 +97,20 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
             if self._channels is None:
                 self._channels = parity_channel.ChannelListener(
                     self.host.config.host, self._channel_frame, self.host.config.max_message_bytes,
-                    self.host.config.rpc_timeout_s)
+                    self.host.config.rpc_timeout_s, read=self._channel_read)
             channels = self._channels
         return parity_pb2.OpenParityChannelReply(port=channels.port, ticket=channels.ticket_for(caller))
+
+    def _channel_read(self, caller: str, epoch: int, body) -> parity_pb2.ReadRowsReply:
+        """A read from the parity channel of ``caller``: checked as a ``ReadRows`` call would be (this server
+        serves; the caller is still a server of the map, after catching up with its epoch), then answered by it."""
+        self.host.require_serving()
+        self.host.check_member(caller, epoch)
+        try:
+            request = parity_pb2.ReadRowsRequest.FromString(bytes(body))
+        except DecodeError:
+            raise errors.InvalidRequest("a parity channel read that is not a ReadRowsRequest") from None
+        return self._read_rows(request)
 
     def _channel_frame(self, caller: str, epoch: int, frame) -> parity_pb2.ParityAck:
         """A frame from the parity channel of ``caller``: checked as an ``ApplyParityFrames`` call would be (this
@@ -142,6 +154,10 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
     @transport.service_method
     def ReadRows(self, request, context):
         self.host.check_peer(context, changes_parity=False)
+        return self._read_rows(request)
+
+    def _read_rows(self, request) -> parity_pb2.ReadRowsReply:
+        """``ReadRows`` of a proven peer (through gRPC or its parity channel)."""
         self.host.require_index()
         if request.ids or request.dense or any(section.ids or section.dense for section in request.sections):
             self.owner.seal_for_read()  # data rows and dense tensors are read at a group boundary (owner.py)
