@@ -147,10 +147,10 @@ def test_parity_reads_without_a_server_proof_are_refused_on_a_token_cluster(make
 
 
 def test_a_parity_channel_is_fenced_frame_by_frame(make_cluster, tmp_path):
-    """A parity channel (``parity_channel``) opened by a proven server carries its frames only while that
-    incarnation is a server of the map: once index 1's owner is replaced, a frame on the channel its old
-    incarnation opened is refused (``FAILED_PRECONDITION``, nothing applied) and it cannot open another; a worker
-    cannot open one at all.  Training goes on, exact."""
+    """A parity channel (``parity_channel``) opened by a proven server carries its frames and reads only while
+    that incarnation is a server of the map: once index 1's owner is replaced, a frame or a read on the channel its
+    old incarnation opened is refused (``FAILED_PRECONDITION``, nothing applied) and it cannot open another; a
+    worker cannot open one at all.  Training goes on, exact."""
     from ecrec.strategies.erasure import batch_frames, parity_channel
 
     local, client, initial = start(make_cluster, servers=3, standby=1, state_path=str(tmp_path / "map.pb"))
@@ -171,6 +171,12 @@ def test_a_parity_channel_is_fenced_frame_by_frame(make_cluster, tmp_path):
     size = sum(memoryview(p).nbytes for p in frame)
     ack = parity_pb2.ParityAck.FromString(channel.request(frame, size, m.epoch, 10.0))
     assert ack.destination_id == ids[0]
+    # a read on the same channel (``read_channel.py``) answers as ReadRows does
+    read = parity_pb2.ReadRowsRequest(table="t", ids=transport.ids_to_bytes(client.layout.rows_of(0, ROWS)[0]))
+    body = read.SerializeToString()
+    over_channel = parity_pb2.ReadRowsReply.FromString(
+        channel.request([body], len(body), m.epoch, 10.0, kind=parity_channel.READ))
+    assert over_channel == stub.ReadRows(read, timeout=10, metadata=old) and len(over_channel.payload) > 0
     local.kill(local.pid_of_index(1))
     deadline = time.monotonic() + 60
     while True:
@@ -182,6 +188,9 @@ def test_a_parity_channel_is_fenced_frame_by_frame(make_cluster, tmp_path):
         assert time.monotonic() < deadline, "no replacement promoted"
     with pytest.raises(parity_channel.ChannelError) as info:  # the old incarnation's channel, after the map moved on
         channel.request(frame, size, m.epoch, 10.0)
+    assert info.value.code() == FP and "not a server of the cluster map" in info.value.details()
+    with pytest.raises(parity_channel.ChannelError) as info:  # and so is a read
+        channel.request([body], len(body), m.epoch, 10.0, kind=parity_channel.READ)
     assert info.value.code() == FP and "not a server of the cluster map" in info.value.details()
     channel.close()
     refused(lambda: stub.OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=10,

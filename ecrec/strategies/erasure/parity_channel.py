@@ -23,9 +23,11 @@ members of the rows a step needs this way, one round trip without gRPC's dispatc
 path (:mod:`~ecrec.strategies.erasure.read_channel`).
 
 Each request is checked as a gRPC call would be (the server serves, the caller is still a server of the map,
-after catching up with its epoch) and applied by the same code as ``ApplyParityFrames``.  Not used on TLS clusters
+after catching up with its epoch) and applied by the same code as ``ApplyParityFrames`` (a read answered by the
+same code as ``ReadRows``).  Not used on TLS clusters
 (the deltas would travel in clear), and never required: any failure of the connection makes the owner send that
-frame through gRPC and open a new connection later (after a delay that doubles with each failure in a row).
+frame through gRPC (a read: ``ReadRows``) and open a new connection later (after a delay that doubles with each
+failure in a row).
 """
 
 from __future__ import annotations
@@ -203,13 +205,13 @@ class ChannelListener:
             except TimeoutError:
                 return  # idle for long (an owner gone without a word): closed; the owner opens another
             size, epoch = REQUEST.unpack(head)
-            handle = self.handle
+            handle, what = self.handle, "parity frame"
             if size & READ_BIT:
                 size &= READ_BIT - 1
-                handle = self.read or _no_reads
+                handle, what = self.read or _no_reads, "read"
             if size > self.max_frame_bytes:
                 _answer(conn, grpc.StatusCode.INVALID_ARGUMENT,
-                        f"a parity frame of {size} bytes announced; at most {self.max_frame_bytes}")
+                        f"a {what} of {size} bytes announced; at most {self.max_frame_bytes}")
                 return  # the stream cannot be resynchronised: the connection ends
             frame = np.empty(size, np.uint8)
             frame_socket.read_exactly(conn, memoryview(frame), time.monotonic() + self.timeout_s)

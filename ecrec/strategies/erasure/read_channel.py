@@ -2,17 +2,21 @@
 
 While an index rebuilds, every training step that touches its rows waits for them to be rebuilt on demand: one
 ``ReadRows`` to each survivor holding a member of their stripes, then a decode.  Through gRPC (Python) each of
-those calls costs the step about a millisecond or more of dispatch on both ends, more on a busy machine, and it
-is on the step's critical path.  Here the same request goes over a parity channel
+those calls costs the step a millisecond or more of dispatch on both ends, more on a busy machine, and it is on
+the step's critical path.  Here the same request goes over a parity channel
 (:mod:`~ecrec.strategies.erasure.parity_channel`: a TCP connection opened through an authenticated
 ``OpenParityChannel`` call, served by a thread of the survivor that answers it as ``ReadRows`` would): every
 survivor's request is written first, then their answers are read, one round trip for all without a thread
-hand-off.
+hand-off.  The row-by-row rebuild in the background reads the same way.
 
-:meth:`RowReader.call_many` answers as ``Peers.call_many`` does (a reply per call, in order), and sends a call
-through gRPC whenever its channel cannot serve it (a TLS cluster, ``rebuild_transport=grpc``, a connection that
-cannot be opened or fails, any error status: gRPC's call then gives the error, or None for a server gone, as
-before).  So this path only ever makes a read faster.
+:meth:`RowReader.call_many` answers as ``Peers.call_many`` does (a reply per call, in order: None for a server
+not live or gone, an error status raised as ``PeerError``).  A call its channel cannot serve goes through
+gRPC: a TLS cluster, ``rebuild_transport=grpc``, a connection that cannot be opened or fails before its answer
+(a reused connection is first tried again on a new one), an error status (gRPC's call then gives the error).  A
+read that timed out is not sent again: its server is reported and the reply is None, as gRPC's deadline
+answers.  After a failure, reads to that server go through gRPC for a while that doubles with each failure in a
+row (:data:`RETRY_S` up to :data:`RETRY_MAX_S`).  Connections kept are closed when the rebuild ends
+(:meth:`RowReader.release`).
 """
 
 from __future__ import annotations
@@ -31,12 +35,16 @@ log = logging.getLogger("ecrec.strategies.erasure")
 
 #: an idle connection older than this is closed, not used (a middlebox may have dropped it) (s)
 IDLE_S = 60.0
-#: connections kept open to one server (as many as reads at once from the peers' call pool; more open and close)
+#: connections kept open to one server (as many as requests reading at once; more open and close)
 KEEP_PER_SERVER = 16
-#: after a server's channel could not be opened, reads to it go through gRPC for this long (s)
-RETRY_S = 30.0
+#: after a server's channel failed, reads to it go through gRPC for this long, doubling with each failure in a
+#: row up to RETRY_MAX_S (s)
+RETRY_S = 1.0
+RETRY_MAX_S = 60.0
 #: opening a connection may take this long (s)
 CONNECT_S = 2.0
+#: statuses after which the survivor closed the connection or serves no reads on it: not kept
+_NOT_KEPT = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
 
 class RowReader:
@@ -48,94 +56,129 @@ class RowReader:
         self.enabled = transport_option == "socket"
         self._lock = threading.Lock()
         self._idle: dict[str, list[parity_channel.Channel]] = {}  # address -> open connections not in use
-        self._failed_until: dict[str, float] = {}  # address -> when to try a channel to it again
+        self._failures: dict[str, tuple[int, float]] = {}  # address -> (failures in a row, no channel until then)
         self._closed = False
 
     def call_many(self, calls: list[tuple[int, object]]) -> list:
         """``ReadRows`` of every ``(index, request)`` at once; the replies in order (None: that server is not
         live or gone, as ``Peers.call_many`` answers)."""
         replies: list = [None] * len(calls)
-        fallback = list(range(len(calls)))
-        if self._usable():
-            fallback = self._over_channels(calls, replies)
-        if fallback:
-            self.counters.add("reads_over_grpc", len(fallback))
-            for n, reply in zip(fallback, self.host.peers.call_many([(calls[n][0], "ReadRows", calls[n][1])
-                                                                       for n in fallback], PARITY)):
+        addresses = [self.host.peers.address_of(index) for index, _ in calls]
+        todo = [n for n, address in enumerate(addresses) if address is not None]
+        if todo and self._usable():
+            todo = self._over_channels(calls, addresses, todo, replies)
+        if todo:
+            self.counters.add("reads_over_grpc", len(todo))
+            for n, reply in zip(todo, self.host.peers.call_many([(calls[n][0], "ReadRows", calls[n][1])
+                                                                  for n in todo], PARITY)):
                 replies[n] = reply
         return replies
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Closes the connections kept (the rebuild ended: nothing reads until another)."""
         with self._lock:
-            self._closed = True
             idle, self._idle = self._idle, {}
         for channels in idle.values():
             for channel in channels:
                 channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.release()
 
     # ------------------------------------------------------------------------------------------------------------
     def _usable(self) -> bool:
         security = self.host.peers.security
         return self.enabled and not self._closed and not (security is not None and security.tls)
 
-    def _over_channels(self, calls, replies) -> list[int]:
+    def _over_channels(self, calls, addresses, todo, replies) -> list[int]:
         """Sends every call it can over a channel, then reads their answers; returns the calls left for gRPC."""
         host = self.host
         deadline = time.monotonic() + host.config.rpc_timeout_s
         sent, left = [], []
-        for n, (index, request) in enumerate(calls):
-            address = host.peers.address_of(index)
-            channel = self._take(address) if address is not None else None
-            if channel is None:
-                left.append(n)
-                continue
-            body = request.SerializeToString()
-            try:
-                channel.send([body], len(body), host.epoch, parity_channel.READ, deadline)
-            except OSError:
+        try:
+            for n in todo:
+                address, body = addresses[n], calls[n][1].SerializeToString()
+                channel = self._send(address, body, deadline)
+                if channel is None:
+                    left.append(n)
+                else:
+                    sent.append((n, address, channel))
+            while sent:
+                n, address, channel = sent[0]
+                try:
+                    data = channel.answer(deadline, host.config.max_message_bytes)
+                except TimeoutError:  # as gRPC's deadline: reported, None (not sent again with a new one)
+                    sent.pop(0)
+                    channel.close()
+                    self._failed(address)
+                    host.peers.report(address, "ReadRows: DEADLINE_EXCEEDED (parity channel)")
+                    continue
+                except OSError as exc:
+                    sent.pop(0)
+                    channel.close()
+                    self._failed(address)
+                    log.info("parity channel read from %s failed (%r); through gRPC", address, exc)
+                    left.append(n)
+                    continue
+                except parity_channel.ChannelError as exc:
+                    sent.pop(0)
+                    if exc.code() in _NOT_KEPT:
+                        channel.close()
+                        self._failed(address)
+                    else:
+                        self._give_back(address, channel)  # the connection is fine; gRPC's call gives the error
+                    left.append(n)
+                    continue
+                sent.pop(0)
+                self._give_back(address, channel)
+                replies[n] = parity_pb2.ReadRowsReply.FromString(data)
+                self.counters.add("reads_over_channel", 1)
+        finally:
+            for _, _, channel in sent:  # an unexpected error: their answers are not read, the connections not kept
                 channel.close()
-                self._failed(address)
-                left.append(n)
-                continue
-            sent.append((n, address, channel))
-        for n, address, channel in sent:
-            try:
-                data = channel.answer(deadline, host.config.max_message_bytes)
-            except OSError as exc:
-                channel.close()
-                self._failed(address)
-                log.info("parity channel read from %s failed (%r); through gRPC", address, exc)
-                left.append(n)
-                continue
-            except parity_channel.ChannelError:
-                self._give_back(address, channel)  # the connection is fine; gRPC's call gives the error
-                left.append(n)
-                continue
-            self._give_back(address, channel)
-            replies[n] = parity_pb2.ReadRowsReply.FromString(data)
-            self.counters.add("reads_over_channel", 1)
         return sorted(left)
 
+    def _send(self, address: str, body: bytes, deadline: float) -> parity_channel.Channel | None:
+        """Sends ``body`` as a read on a kept connection (again on a new one if that fails) or a new one; the
+        channel to read its answer from, or None (through gRPC)."""
+        for reused in (True, False):
+            channel = self._take(address) if reused else self._open(address)
+            if channel is None:
+                continue
+            try:
+                channel.send([body], len(body), self.host.epoch, parity_channel.READ, deadline)
+                return channel
+            except OSError:
+                channel.close()
+                if not reused:
+                    self._failed(address)
+        return None
+
     def _take(self, address: str) -> parity_channel.Channel | None:
+        """A kept connection to ``address`` (None: none, or channels to it are off for now)."""
         now = time.monotonic()
+        stale, channel = [], None
         with self._lock:
-            if self._failed_until.get(address, 0.0) > now:
+            if self._failures.get(address, (0, 0.0))[1] > now:
                 return None
             idle = self._idle.get(address, [])
-            stale = []
             while idle:
-                channel = idle.pop()
-                if now - channel.last_used <= IDLE_S and not channel.closed:
+                candidate = idle.pop()
+                if now - candidate.last_used <= IDLE_S and not candidate.closed:
+                    channel = candidate
                     break
-                stale.append(channel)
-            else:
-                channel = None
+                stale.append(candidate)
         for old in stale:
             old.close()
-        return channel if channel is not None else self._open(address)
+        return channel
 
     def _open(self, address: str) -> parity_channel.Channel | None:
         host = self.host
+        with self._lock:
+            if self._closed or self._failures.get(address, (0, 0.0))[1] > time.monotonic():
+                return None
         try:
             reply = host.peers.stub(address, PARITY).OpenParityChannel(
                 parity_pb2.OpenParityChannelRequest(), timeout=min(CONNECT_S, host.config.rpc_timeout_s),
@@ -153,6 +196,7 @@ class RowReader:
     def _give_back(self, address: str, channel: parity_channel.Channel) -> None:
         channel.last_used = time.monotonic()
         with self._lock:
+            self._failures.pop(address, None)
             idle = self._idle.setdefault(address, [])
             if not self._closed and len(idle) < KEEP_PER_SERVER:
                 idle.append(channel)
@@ -161,4 +205,6 @@ class RowReader:
 
     def _failed(self, address: str) -> None:
         with self._lock:
-            self._failed_until[address] = time.monotonic() + RETRY_S
+            failures = self._failures.get(address, (0, 0.0))[0] + 1
+            wait = min(RETRY_MAX_S, RETRY_S * 2 ** (failures - 1))
+            self._failures[address] = (failures, time.monotonic() + wait)

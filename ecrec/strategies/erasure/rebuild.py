@@ -472,6 +472,7 @@ class RebuildEngine:
                       self.counters["parity_rows_lost"])
             return
         self.recovering.clear()
+        self.reader.release()
         log.info("rebuild done in %.2f s: %d data rows, %d parity rows; on demand: %d requests, %d rounds of reads, "
                  "%.2f s", elapsed, self.counters["rows_rebuilt"], self.counters["parity_rows_rebuilt"],
                  self.counters["on_demand_calls"], self.counters["on_demand_rounds"], self.counters["on_demand_s"])
