@@ -526,6 +526,8 @@ def _channel_ab(doc: dict) -> list[str]:
 QUICK_PROFILES = ("profile-quick.json", "profile-quick-2.json", "profile-quick-3.json")
 #: the quick preset's direct path over parity channels against the relay through the worker, side by side, three runs
 RELAY_AB = ("profile-quick-relay-1.json", "profile-quick-relay-2.json", "profile-quick-relay-3.json")
+#: groups closing at staggered sizes against all servers' groups closing in one step, side by side at 4M x 64
+STAGGER_AB = ("profile-4m-stagger-1.json", "profile-4m-stagger-2.json", "profile-4m-stagger-3.json")
 
 
 def _profile_runs(files: _Files, names: tuple[str, ...]) -> tuple[list[list[str]], dict[str, tuple]]:
@@ -630,6 +632,16 @@ def section_parity_per_row(files: _Files) -> list[str]:
         out += _channel_ab(files[CHANNEL_AB])
     runs, quick_runs = _quick_runs(files)
     out += runs
+    stagger = tuple(n for n in STAGGER_AB if files.has(n))
+    if stagger:
+        out += _profile_commands(files, stagger)
+        rows, _ = _profile_runs(files, stagger)
+        out.append("Each server's first group closing at its share of `coalesce_bytes` (`coalesce_stagger`, the "
+                   "default), so that groups closed by size close in different steps, against every server's "
+                   "closing in the same step (`coalesce_stagger=false`, the behaviour before), side by side at 4M "
+                   f"x 64, {len(stagger)} runs (staggered minus aligned per row update; the rest ratios, staggered "
+                   "over aligned):")
+        out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
     quick, scale = figures["quick preset"][1], figures["4M x 64"][1]
     per_row = TARGETS["parity_us_per_row"]
     quick_us = quick["server_cpu_us_per_row_update"]["median"]

@@ -145,13 +145,13 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                              "stall 135.4 ms per save"),
     "load_bytes_per_s": (476.4e6, "bytes/s per server",
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
-    "reschedule_s": (0.09859, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
+    "reschedule_s": (0.08875, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
     "parity_overhead": (0.1081, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (415.9e6, "bytes/s per server",
+    "rebuild_bytes_per_s": (417.0e6, "bytes/s per server",
                             f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 21 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
-    "recovery_throughput_ratio": (0.4047, "fraction", f"{_RES}: median of ECRec's useful throughput while "
+    "recovery_throughput_ratio": (0.4186, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 14 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),

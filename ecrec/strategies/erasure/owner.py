@@ -3,7 +3,7 @@ destination, kept in an outbox until every destination has applied it.
 
 A push only records what it changed (its rows' slots, their deltas -- the server computes ``old XOR new``
 while the rows are in cache -- and versions before: no work per row here).  A *group* of consecutive pushes closes after ``coalesce_pushes`` pushes,
-``coalesce_bytes``, ``coalesce_s``, or at once while a server recovers; closing it computes one delta per row
+``coalesce_bytes`` (the first group at a size staggered by server: :meth:`ParityOwner._first_group_bytes`), ``coalesce_s``, or at once while a server recovers; closing it computes one delta per row
 the group changed -- ``payload before the group's first push to it XOR payload after its last``, stamped with
 the row's version before the first and the last push's sequence -- so a hot row updated in most pushes of a
 group sends one delta, not one per push, and undoing the group is one XOR.  The deltas go to the ``m``
@@ -91,6 +91,8 @@ class ParityOwner:
         self._closing: deque[tuple[PushGroup, OutboxEntry]] = deque()  # groups for the closer thread, in order
         self._closer: threading.Thread | None = None
         self._closer_wake = threading.Event()
+        self._stagger = True  # the next group closes at a size staggered by index (_first_group_bytes)
+        self._group_bytes = options.coalesce_bytes  # the size that closes the open group
         merge.warm_up()  # compiled now, not in the first group a push closes
 
     # --- state read by others -------------------------------------------------------------------------------
@@ -176,10 +178,13 @@ class ParityOwner:
             now = time.monotonic()
             if group is None:
                 group = self._group = PushGroup(push.seq, push.seq, now)
+                self._group_bytes = self._first_group_bytes() if self._stagger else options.coalesce_bytes
+                self._stagger = False
             group.add(push)
             group.last_push = now
             eager = self._eager or now < self._eager_until
-            close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= options.coalesce_bytes
+            self._stagger |= eager  # the first group after one-push groups is staggered again
+            close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= self._group_bytes
                      or now - group.started >= options.coalesce_s or eager
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
             # while a server recovers, a group is one push and goes directly: relayed, every push's batches would
@@ -193,6 +198,19 @@ class ParityOwner:
         if entry is not None:
             self._after_close(entry)
         return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
+
+    def _first_group_bytes(self) -> int:
+        """The bytes that close this owner's first group (and the first after one-push groups): ``(i + 1) / S`` of
+        ``coalesce_bytes`` at index ``i`` of ``S``.  A worker's step pushes to every server at once, so groups
+        that all start at the same push and close at the same size close in the same step on every server -- the
+        builds, frames and applies of the whole cluster in one burst (steps of 40-80 ms at 4M rows, where groups
+        close by size); started at staggered sizes, each step meets about one server's.  Later groups close at
+        ``coalesce_bytes`` (or ``coalesce_pushes``) and keep the phase (it drifts apart further with the
+        pushes' sizes)."""
+        index, servers = self.host.index, self.host.layout.num_servers
+        if not self.options.coalesce_stagger or index is None or index < 0 or not servers:
+            return self.options.coalesce_bytes
+        return max(1, self.options.coalesce_bytes * (index + 1) // servers)
 
     def _close_locked(self, relayed: bool, direct: bool = False):
         """Closes the open group into an outbox entry (call with the lock held).  A small group's batches are built
