@@ -17,7 +17,6 @@ from ecrec.config import ServerConfig
 from ecrec.server.state import ServerState
 from ecrec.strategies.base import AppliedPush, TableUpdate
 from ecrec.strategies.builtin import ECREC
-from ecrec.strategies.erasure import owner as owner_module
 from ecrec.tables.spec import TableSpec
 from ecrec.wire import cluster_pb2, parity_pb2
 
@@ -259,14 +258,16 @@ def test_every_arrival_order_of_three_groups_ends_the_same(servers):
     fresh_encode_matches(servers, d)
 
 
-def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_in_different_steps(monkeypatch):
+@pytest.mark.parametrize("stagger", [True, False])
+def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_in_different_steps(stagger):
     """Every server gets a push at every step; with groups closed by size alone, every server's first group --
     and so every later one -- would close at the same push, the whole cluster's builds in one step.  The first
     group of index ``i`` of ``S`` closes at ``(i + 1) / S`` of ``coalesce_bytes`` instead, later ones at the
-    whole size: the servers' closes fall in different steps (and again after one-push groups)."""
+    whole size: the servers' closes fall in different steps -- again after one-push groups (a rebuild read data
+    rows) and after groups closed by the timer (training paused).  ``coalesce_stagger=false``: all in one step."""
     per_push = 4 * 16 * 2 * 4  # 4 rows of a 16-wide Adagrad table, weights and state: 512 bytes
     options = {"coalesce_pushes": "1000", "coalesce_bytes": str(8 * per_push), "coalesce_s": "100",
-               "relay": "on"}
+               "relay": "on", "coalesce_stagger": str(stagger).lower()}
     spec = TableSpec("wide", 4000, 16, optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=4)
     states = []
     try:
@@ -284,37 +285,47 @@ def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_i
         def train(steps):
             for step in steps:
                 for i, st in enumerate(states):
-                    one(i, st, step)
+                    shard = st.table("wide")
+                    p = AppliedPush(("w", step), st.sequencer.next(st.epoch))
+                    ids = shard.owned_ids[(step * 4 + np.arange(4)) % len(shard.owned_ids)]
+                    grads = np.ones((4, 16), np.float32)
+                    old, new, versions = shard.apply_gradients(shard.slots_for(ids), grads, p.seq, keep_old=True)
+                    p.tables.append(TableUpdate(shard, ids, shard.slots_for(ids), old, new, versions))
+                    before = st.strategy.counters["groups_closed"]
+                    st.strategy.on_push(p)
+                    if st.strategy.counters["groups_closed"] > before:
+                        closes[i].append(step)
 
-        def one(i, st, step):
-            shard = st.table("wide")
-            p = AppliedPush(("w", step), st.sequencer.next(st.epoch))
-            ids = shard.owned_ids[(step * 4 + np.arange(4)) % len(shard.owned_ids)]
-            grads = np.ones((4, 16), np.float32)
-            old, new, old_versions = shard.apply_gradients(shard.slots_for(ids), grads, p.seq, keep_old=True)
-            p.tables.append(TableUpdate(shard, ids, shard.slots_for(ids), old, new, old_versions))
-            before = st.strategy.counters["groups_closed"]
-            st.strategy.on_push(p)
-            if st.strategy.counters["groups_closed"] > before:
-                closes[i].append(step)
+        def check(first_step):
+            firsts = [c[0] - first_step for c in closes.values()]
+            assert firsts == ([2, 4, 6, 8] if stagger else [8] * S)  # (i + 1) / 4 of 8 pushes' bytes
+            for c in closes.values():
+                assert np.diff(c).tolist() == [8] * (len(c) - 1)  # then every 8 pushes, keeping the phase
+            assert len({c % 8 for cs in closes.values() for c in cs}) == (S if stagger else 1)
+            for c in closes.values():
+                c.clear()
 
         train(range(1, 41))
-        assert [c[0] for c in closes.values()] == [2, 4, 6, 8]  # (i + 1) / 4 of 8 pushes' bytes
-        for c in closes.values():
-            assert np.diff(c).tolist() == [8] * (len(c) - 1)  # then every 8 pushes, keeping the phase
-        assert len({c % 8 for cs in closes.values() for c in cs}) == S  # never two servers in one step
-        # a rebuild read data rows everywhere: one-push groups for a while (every server closes at every step),
-        # then the first group of each is staggered again
-        monkeypatch.setattr(owner_module, "READ_EAGER_S", 0.3)
+        check(0)
+        # a rebuild read data rows everywhere: one-push groups (every server closes at every step) until the
+        # read's window ends (ended here at once, not waited for)
         for st in states:
             st.strategy.owner.seal_for_read()
         train(range(41, 43))
-        time.sleep(0.4)
+        assert all(c == [41, 42] for c in closes.values())
+        for st in states:
+            with st.strategy.owner.lock:
+                st.strategy.owner._eager_until = 0.0
         for c in closes.values():
             c.clear()
         train(range(43, 83))
-        assert [c[0] - 42 for c in closes.values()] == [2, 4, 6, 8]
-        assert len({c % 8 for cs in closes.values() for c in cs}) == S
+        check(42)
+        # training paused: the timer closed every open group (at different sizes) and every server's next group
+        # starts at the same push
+        for st in states:
+            st.strategy.owner.close_group()
+        train(range(83, 123))
+        check(82)
     finally:
         for st in states:
             st.strategy.close()

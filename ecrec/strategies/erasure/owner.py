@@ -183,7 +183,7 @@ class ParityOwner:
             group.add(push)
             group.last_push = now
             eager = self._eager or now < self._eager_until
-            self._stagger |= eager  # the first group after one-push groups is staggered again
+            self._stagger |= eager  # the first group after one-push groups is staggered again (close_group too)
             close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= self._group_bytes
                      or now - group.started >= options.coalesce_s or eager
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
@@ -205,12 +205,13 @@ class ParityOwner:
         that all start at the same push and close at the same size close in the same step on every server -- the
         builds, frames and applies of the whole cluster in one burst (steps of 40-80 ms at 4M rows, where groups
         close by size); started at staggered sizes, each step meets about one server's.  Later groups close at
-        ``coalesce_bytes`` (or ``coalesce_pushes``) and keep the phase (it drifts apart further with the
-        pushes' sizes)."""
-        index, servers = self.host.index, self.host.layout.num_servers
-        if not self.options.coalesce_stagger or index is None or index < 0 or not servers:
+        ``coalesce_bytes`` (or ``coalesce_pushes``) and keep the phase while training goes on; a group closed
+        otherwise (:meth:`close_group`: training paused, a read, a flush) or one-push groups (a recovery) start
+        it again."""
+        layout, index = self.host.layout, self.host.index
+        if not self.options.coalesce_stagger or layout is None or index is None or index < 0:
             return self.options.coalesce_bytes
-        return max(1, self.options.coalesce_bytes * (index + 1) // servers)
+        return max(1, self.options.coalesce_bytes * (index + 1) // layout.num_servers)
 
     def _close_locked(self, relayed: bool, direct: bool = False):
         """Closes the open group into an outbox entry (call with the lock held).  A small group's batches are built
@@ -328,8 +329,10 @@ class ParityOwner:
                 self.sender(d).deliver([entry], wait=True, timeout_s=self.options.partial_parity_wait_s)
 
     def close_group(self) -> None:
-        """Closes the open group now; its batches go directly."""
+        """Closes the open group now; its batches go directly.  Not by count or size (training paused: the timer; a
+        read; a flush): every server's next group starts at the same push, so the next is staggered again."""
         with self.lock:
+            self._stagger = True
             entry, _ = self._close_locked(relayed=False)
         if entry is not None:
             self._after_close(entry)
