@@ -526,8 +526,11 @@ def _channel_ab(doc: dict) -> list[str]:
 QUICK_PROFILES = ("profile-quick.json", "profile-quick-2.json", "profile-quick-3.json")
 #: the quick preset's direct path over parity channels against the relay through the worker, side by side, three runs
 RELAY_AB = ("profile-quick-relay-1.json", "profile-quick-relay-2.json", "profile-quick-relay-3.json")
-#: groups closing at staggered sizes against all servers' groups closing in one step, side by side at 4M x 64
-STAGGER_AB = ("profile-4m-stagger-1.json", "profile-4m-stagger-2.json", "profile-4m-stagger-3.json")
+#: groups closing at staggered sizes (coalesce_stagger) against all servers' groups closing in one step, side by
+#: side, three runs at 4M x 64 and three in the quick preset
+STAGGER_AB = {"4M x 64": ("profile-4m-stagger-1.json", "profile-4m-stagger-2.json", "profile-4m-stagger-3.json"),
+              "the quick preset": ("profile-quick-stagger-1.json", "profile-quick-stagger-2.json",
+                                   "profile-quick-stagger-3.json")}
 
 
 def _profile_runs(files: _Files, names: tuple[str, ...]) -> tuple[list[list[str]], dict[str, tuple]]:
@@ -632,15 +635,18 @@ def section_parity_per_row(files: _Files) -> list[str]:
         out += _channel_ab(files[CHANNEL_AB])
     runs, quick_runs = _quick_runs(files)
     out += runs
-    stagger = tuple(n for n in STAGGER_AB if files.has(n))
-    if stagger:
+    for label, names in STAGGER_AB.items():
+        stagger = tuple(n for n in names if files.has(n))
+        if not stagger:
+            continue
         out += _profile_commands(files, stagger)
         rows, _ = _profile_runs(files, stagger)
-        out.append("Each server's first group closing at its share of `coalesce_bytes` (`coalesce_stagger`, the "
-                   "default), so that groups closed by size close in different steps, against every server's "
-                   "closing in the same step (`coalesce_stagger=false`, the behaviour before), side by side at 4M "
-                   f"x 64, {len(stagger)} runs (staggered minus aligned per row update; the rest ratios, staggered "
-                   "over aligned):")
+        out.append("Each server's first group (and its first after a pause or one-push groups) closing at its share "
+                   "of `coalesce_bytes` (`coalesce_stagger`, the default), against groups that start at the same "
+                   "push on every server (`coalesce_stagger=false`, the behaviour before), side by side in "
+                   f"{label}, {len(stagger)} runs (the two clusters train in alternate slices, each idle between "
+                   "its slices: its groups closed by the timer, then started again at the same push; staggered "
+                   "minus aligned per row update, the rest ratios, staggered over aligned):")
         out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
     quick, scale = figures["quick preset"][1], figures["4M x 64"][1]
     per_row = TARGETS["parity_us_per_row"]

@@ -145,7 +145,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                              "stall 135.4 ms per save"),
     "load_bytes_per_s": (476.4e6, "bytes/s per server",
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
-    "reschedule_s": (0.08875, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
+    "reschedule_s": (0.09053, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
     "parity_overhead": (0.1081, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
     "rebuild_bytes_per_s": (417.0e6, "bytes/s per server",

@@ -56,10 +56,10 @@ class ErasureOptions:
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
     coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
     coalesce_bytes: int = option(4 << 20, "... until the pushes hold this many bytes of deltas")
-    coalesce_stagger: bool = option(True, "a server's first group (and its first after one-push groups) closes at "
-                                          "(i + 1) / S of coalesce_bytes (index i of S servers), so that groups "
-                                          "closed by size close in different steps on different servers, not all "
-                                          "in one")
+    coalesce_stagger: bool = option(True, "a server's first group (and its first after a pause or one-push "
+                                          "groups) closes at (i + 1) / S of coalesce_bytes (index i of S servers), "
+                                          "so that groups closed by size close in different steps on different "
+                                          "servers, not all in one")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
                                     "A group no push came to for this long is sent directly")
     direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "
