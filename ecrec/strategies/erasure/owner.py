@@ -328,11 +328,12 @@ class ParityOwner:
             for d in destinations:
                 self.sender(d).deliver([entry], wait=True, timeout_s=self.options.partial_parity_wait_s)
 
-    def close_group(self) -> None:
+    def close_group(self, restagger: bool = True) -> None:
         """Closes the open group now; its batches go directly.  Not by count or size (training paused: the timer; a
-        read; a flush): every server's next group starts at the same push, so the next is staggered again."""
+        read; a flush), every server's next group starts at the same push: the next is staggered again
+        (``restagger``; the timer's close of a group only older than ``coalesce_s`` is not a pause)."""
         with self.lock:
-            self._stagger = True
+            self._stagger |= restagger
             entry, _ = self._close_locked(relayed=False)
         if entry is not None:
             self._after_close(entry)
@@ -360,9 +361,10 @@ class ParityOwner:
         with self.lock:
             group = self._group
             limit = max(self.options.coalesce_s, self.options.relay_timeout_s)
-            close = group is not None and (self._eager or now - group.last_push >= limit or now - group.started >= limit)
+            idle = group is not None and now - group.last_push >= limit
+            close = group is not None and (self._eager or idle or now - group.started >= limit)
         if close:
-            self.close_group()
+            self.close_group(restagger=idle)  # a group only too old (slow steps): training goes on, phases stay
         with self.lock:
             self._wake_overdue_locked(now)
             if self.outbox or self._group is not None or now - self._last_ack < self.options.heartbeat_s:
