@@ -582,16 +582,23 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
         out.append(f"The quick preset's profile against `none`, {len(names)} runs one after the other (each figure "
                    "the median of the run's rounds; `worker CPU` over the whole run):")
         out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
-    relay = tuple(n for n in RELAY_AB if files.has(n))
-    if relay:
-        out += _profile_commands(files, relay)
-        rows, _ = _profile_runs(files, relay)
-        out.append("Small groups sent directly over parity channels (`relay=off`, what `relay=auto` does without "
-                   "TLS) against the relay through the worker (`relay=on`, the default before), side by side in "
-                   f"the quick preset, {len(relay)} runs (direct minus relay per row update; the rest ratios, "
-                   "direct over relay):")
-        out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
+    out += _ab_runs(files, RELAY_AB, lambda n: (
+        "Small groups sent directly over parity channels (`relay=off`, what `relay=auto` does without TLS) against "
+        f"the relay through the worker (`relay=on`, the default before), side by side in the quick preset, {n} runs "
+        "(direct minus relay per row update; the rest ratios, direct over relay):"))
     return out, quick
+
+
+def _ab_runs(files: _Files, names: tuple[str, ...], intro) -> list[str]:
+    """The command and load lines of the side-by-side profile files of ``names`` the repository holds, then
+    ``intro(how many)`` and their table (nothing when it holds none)."""
+    from ecrec.ops import console
+
+    held = tuple(n for n in names if files.has(n))
+    if not held:
+        return []
+    rows, _ = _profile_runs(files, held)
+    return [*_profile_commands(files, held), intro(len(held)), _printed(console.print_table, PROFILE_RUN_HEADERS, rows)]
 
 
 def section_parity_per_row(files: _Files) -> list[str]:
@@ -636,18 +643,13 @@ def section_parity_per_row(files: _Files) -> list[str]:
     runs, quick_runs = _quick_runs(files)
     out += runs
     for label, names in STAGGER_AB.items():
-        stagger = tuple(n for n in names if files.has(n))
-        if not stagger:
-            continue
-        out += _profile_commands(files, stagger)
-        rows, _ = _profile_runs(files, stagger)
-        out.append("Each server's first group (and its first after a pause or one-push groups) closing at its share "
-                   "of `coalesce_bytes` (`coalesce_stagger`, the default), against groups that start at the same "
-                   "push on every server (`coalesce_stagger=false`, the behaviour before), side by side in "
-                   f"{label}, {len(stagger)} runs (the two clusters train in alternate slices, each idle between "
-                   "its slices: its groups closed by the timer, then started again at the same push; staggered "
-                   "minus aligned per row update, the rest ratios, staggered over aligned):")
-        out.append(_printed(console.print_table, PROFILE_RUN_HEADERS, rows))
+        out += _ab_runs(files, names, lambda n, label=label: (
+            "Each server's first group (and its first after a pause or one-push groups) closing at its share of "
+            "`coalesce_bytes` (`coalesce_stagger`, the default), against groups that start at the same push on every "
+            f"server (`coalesce_stagger=false`, the behaviour before), side by side in {label}, {n} runs (the two "
+            "clusters train in alternate slices, each idle between its slices: its groups closed by the timer, then "
+            "started again at the same push; staggered minus aligned per row update, the rest ratios, staggered over "
+            "aligned):"))
     quick, scale = figures["quick preset"][1], figures["4M x 64"][1]
     per_row = TARGETS["parity_us_per_row"]
     quick_us = quick["server_cpu_us_per_row_update"]["median"]

@@ -259,6 +259,21 @@ def _answer(conn: socket.socket, code, message: str) -> None:
 
 
 # --- the owner's end ----------------------------------------------------------------------------------------------
+def open_to(host, address: str, connect_s: float) -> "Channel":
+    """A channel to the server at ``address``: its ``OpenParityChannel`` (the call proves this server), then the
+    connection to the port it answered, on that server's host as the map lists it, within ``connect_s`` (at most
+    the host's RPC timeout).  Raises ``grpc.RpcError`` or ``OSError``."""
+    from ecrec.net.peers import PARITY
+    from ecrec.wire import parity_pb2
+
+    timeout = min(connect_s, host.config.rpc_timeout_s)
+    reply = host.peers.stub(address, PARITY).OpenParityChannel(parity_pb2.OpenParityChannelRequest(), timeout=timeout,
+                                                               metadata=host.peers.metadata())
+    channel = Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket, timeout)
+    channel.key = address
+    return channel
+
+
 class Channel:
     """A connection to one parity server, opened with the port and ticket its ``OpenParityChannel`` answered; open
     once the parity server answered :data:`ACCEPTED` (within ``timeout_s``: a port that takes connections but

@@ -45,6 +45,8 @@ RETRY_MAX_S = 60.0
 CONNECT_S = 2.0
 #: statuses after which the survivor closed the connection or serves no reads on it: not kept
 _NOT_KEPT = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+#: what :meth:`RowReader._answer` returns for a read that timed out (its reply stays None, not sent again)
+_TIMED_OUT = object()
 
 
 class RowReader:
@@ -96,7 +98,7 @@ class RowReader:
         """Sends every call it can over a channel, then reads their answers; returns the calls left for gRPC."""
         host = self.host
         deadline = time.monotonic() + host.config.rpc_timeout_s
-        sent, left = [], []
+        sent, left, answered = [], [], 0
         try:
             for n in todo:
                 address, body = addresses[n], calls[n][1].SerializeToString()
@@ -105,40 +107,46 @@ class RowReader:
                     left.append(n)
                 else:
                     sent.append((n, address, channel))
-            while sent:
-                n, address, channel = sent[0]
-                try:
-                    data = channel.answer(deadline, host.config.max_message_bytes)
-                except TimeoutError:  # as gRPC's deadline: reported, None (not sent again with a new one)
-                    sent.pop(0)
-                    channel.close()
-                    self._failed(address)
-                    host.peers.report(address, "ReadRows: DEADLINE_EXCEEDED (parity channel)")
-                    continue
-                except OSError as exc:
-                    sent.pop(0)
-                    channel.close()
-                    self._failed(address)
-                    log.info("parity channel read from %s failed (%r); through gRPC", address, exc)
+            for answered, (n, address, channel) in enumerate(sent, 1):
+                reply = self._answer(address, channel, deadline)  # the channel kept or closed, whatever happens
+                if reply is None:
                     left.append(n)
-                    continue
-                except parity_channel.ChannelError as exc:
-                    sent.pop(0)
-                    if exc.code() in _NOT_KEPT:
-                        channel.close()
-                        self._failed(address)
-                    else:
-                        self._give_back(address, channel)  # the connection is fine; gRPC's call gives the error
-                    left.append(n)
-                    continue
-                sent.pop(0)
-                self._give_back(address, channel)
-                replies[n] = parity_pb2.ReadRowsReply.FromString(data)
-                self.counters.add("reads_over_channel", 1)
+                elif reply is not _TIMED_OUT:
+                    replies[n] = reply
         finally:
-            for _, _, channel in sent:  # an unexpected error: their answers are not read, the connections not kept
+            for _, _, channel in sent[answered:]:  # an unexpected error: answers not read, connections not kept
                 channel.close()
         return sorted(left)
+
+    def _answer(self, address: str, channel: parity_channel.Channel, deadline: float):
+        """The reply to the read sent on ``channel``: a ``ReadRowsReply``; None to send it through gRPC (the
+        connection failed, or an error status: gRPC's call gives the error); :data:`_TIMED_OUT` (reported, its
+        reply None, as gRPC's deadline answers: not sent again with a new one)."""
+        try:
+            data = channel.answer(deadline, self.host.config.max_message_bytes)
+        except TimeoutError:
+            channel.close()
+            self._failed(address)
+            self.host.peers.report(address, "ReadRows: DEADLINE_EXCEEDED (parity channel)")
+            return _TIMED_OUT
+        except OSError as exc:
+            channel.close()
+            self._failed(address)
+            log.info("parity channel read from %s failed (%r); through gRPC", address, exc)
+            return None
+        except parity_channel.ChannelError as exc:
+            if exc.code() in _NOT_KEPT:
+                channel.close()
+                self._failed(address)
+            else:
+                self._give_back(address, channel)  # the connection is fine
+            return None
+        except BaseException:
+            channel.close()
+            raise
+        self._give_back(address, channel)
+        self.counters.add("reads_over_channel", 1)
+        return parity_pb2.ReadRowsReply.FromString(data)
 
     def _send(self, address: str, body: bytes, deadline: float) -> parity_channel.Channel | None:
         """Sends ``body`` as a read on a kept connection (again on a new one if that fails) or a new one; the
@@ -175,23 +183,16 @@ class RowReader:
         return channel
 
     def _open(self, address: str) -> parity_channel.Channel | None:
-        host = self.host
         with self._lock:
             if self._closed or self._failures.get(address, (0, 0.0))[1] > time.monotonic():
                 return None
         try:
-            reply = host.peers.stub(address, PARITY).OpenParityChannel(
-                parity_pb2.OpenParityChannelRequest(), timeout=min(CONNECT_S, host.config.rpc_timeout_s),
-                metadata=host.peers.metadata())
-            channel = parity_channel.Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket,
-                                             min(CONNECT_S, host.config.rpc_timeout_s))
+            return parity_channel.open_to(self.host, address, CONNECT_S)
         except (grpc.RpcError, OSError) as exc:
             detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else repr(exc)
             log.info("no parity channel for reads from %s (%s); reads go through gRPC", address, detail)
             self._failed(address)
             return None
-        channel.key = address
-        return channel
 
     def _give_back(self, address: str, channel: parity_channel.Channel) -> None:
         channel.last_used = time.monotonic()

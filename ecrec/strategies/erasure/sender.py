@@ -248,13 +248,8 @@ class DestinationSender:
         self._channel_retry_at = time.monotonic() + wait
 
     def _open_channel(self, address: str):
-        host = self.owner.host
         try:
-            reply = host.peers.stub(address, PARITY).OpenParityChannel(
-                parity_pb2.OpenParityChannelRequest(), timeout=min(CHANNEL_CONNECT_S, host.config.rpc_timeout_s),
-                metadata=host.peers.metadata())
-            channel = parity_channel.Channel(address.rsplit(":", 1)[0], reply.port, reply.ticket,
-                                             min(CHANNEL_CONNECT_S, host.config.rpc_timeout_s))
+            channel = parity_channel.open_to(self.owner.host, address, CHANNEL_CONNECT_S)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._channel_unimplemented = True  # a server without channels: ApplyParityFrames to it
@@ -265,7 +260,6 @@ class DestinationSender:
             log.warning("no parity channel to server %d (%s): %r; frames go through gRPC", self.destination, address,
                         exc)
             return None
-        channel.key = address
         self.owner.counters.add("channels_opened", 1)
         return channel
 
