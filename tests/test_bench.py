@@ -108,3 +108,10 @@ def test_snapshot_bench_saves_restores_onto_another_shape_and_checks_every_row(t
 def test_snapshot_bench_refuses_bad_sizes(capsys):
     assert cli.main(["snapshot", "--rows", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
+    # a shape the coordinator would refuse, said before either cluster starts (a traceback from the start before)
+    assert cli.main(["snapshot", "--servers", "2", "--k", "2", "--m", "1"]) == 2
+    assert "the saving cluster: k + m = 3 exceeds the number of servers (2)" in capsys.readouterr().err
+    assert cli.main(["snapshot", "--restore-servers", "3", "--restore-k", "3", "--restore-m", "1"]) == 2
+    assert "the restoring cluster: k + m = 4 exceeds" in capsys.readouterr().err
+    assert cli.main(["snapshot", "--strategy", "nosuch"]) == 2
+    assert "unknown fault-tolerance strategy 'nosuch'" in capsys.readouterr().err

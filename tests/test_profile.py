@@ -81,6 +81,11 @@ def test_the_rounds_give_the_median_and_spread_of_each_figure():
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["--option", "coalesce_bytes"], "expected KEY=VALUE"),
+    # what the coordinator would refuse, said before any cluster starts (a traceback from the start before)
+    (["--option", "nosuch=1"], "unknown option(s) ['nosuch']"),
+    (["--against", "ecrec", "--against-option", "coalesce_stagger=perhaps"], "coalesce_stagger='perhaps'"),
+    (["--against", "none", "--against-option", "x=1"], "strategy 'none' takes no options"),
+    (["--k", "4", "--m", "1"], "k + m = 5 exceeds the number of servers (4)"),
 ])
 def test_profile_refuses_bad_arguments(argv, message, capsys):
     assert cli.main(["profile", "--no-py-spy", *argv]) == 2

@@ -351,4 +351,16 @@ def _check(args) -> str:
                         ("--ids-per-sample", args.ids_per_sample)):
         if value < 1:
             return f"{flag} must be >= 1"
+    from ecrec.strategies import get_spec
+    from ecrec.strategies.registry import cluster_error
+
+    for strategy, items in ((args.strategy, args.option), (args.against, args.against_option)):
+        kind = get_spec(strategy).kind if strategy else None
+        if kind not in ("none", "erasure"):  # a checkpointing strategy's options: its workload adds its own
+            continue
+        erasure = kind == "erasure"
+        error = cluster_error(strategy, args.servers, args.k if erasure else 0, args.m if erasure else 0,
+                              dict(item.split("=", 1) for item in items))
+        if error:
+            return error
     return ""

@@ -183,6 +183,15 @@ def run(args) -> int:
     if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
         print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
         return 2
+    from ecrec.strategies.registry import cluster_error
+
+    erasure = args.strategy == "ecrec"  # as _cluster starts them
+    for what, servers, k, m in (("saving", args.servers, args.k, args.m),
+                                ("restoring", args.restore_servers, args.restore_k, args.restore_m)):
+        error = cluster_error(args.strategy, servers, k if erasure else 0, m if erasure else 0, {})
+        if error:
+            print(f"ecrec-bench snapshot: the {what} cluster: {error}", file=sys.stderr)
+            return 2
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ecrec-snapshot-bench-"))
     path = work / "snapshot"
     if path.exists():

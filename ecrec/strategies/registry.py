@@ -43,3 +43,17 @@ def ordered() -> list[str]:
 def names_of_kind(kind: str) -> list[str]:
     """Installed strategies of one kind (``none``, ``erasure``, ``checkpoint``), in report order."""
     return [name for name in ordered() if get_spec(name).kind == kind]
+
+
+def cluster_error(strategy: str, servers: int, k: int, m: int, options: dict[str, str]) -> str | None:
+    """What a coordinator would refuse in a cluster of this shape and these options (None: nothing): the same
+    checks (:class:`ecrec.config.ClusterSpec`, the strategy's ``layout_params``), for a command that starts
+    clusters to say before any process starts."""
+    from ecrec.config import ClusterSpec
+
+    try:
+        ClusterSpec(num_servers=servers, strategy=strategy, k=k, m=m, strategy_options=dict(options))
+        get_spec(strategy).layout_params(servers, k, m, dict(options))
+    except ValueError as exc:
+        return str(exc)
+    return None
