@@ -323,6 +323,8 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
     if worker.step <= furthest + 1:
         progress(f"--max-s {args.max_s:g} ended the window before training passed step {furthest} again: the "
                  "figures of this failure miss the rest of its replay")
+    if worker.driver is not None:
+        worker.driver.settle()  # the lost samples counted now, between steps: no step of the window pays for them
     promoted = first_event(local, "promoted", index, t_kill)
     records = [r for r in worker.records if r["start"] >= since]
     figures = lost_training(records, t_kill, recovering_from=promoted, recovering_until=redundant)
