@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import faulthandler
 import logging
+import math
 import os
 import signal
 import sys
@@ -127,6 +128,8 @@ def build_client_parser() -> argparse.ArgumentParser:
         sp.add_argument("path", help="a directory or an fsspec URL (s3://..., gs://..., file://...)")
         add_arguments(sp, SecurityOptions)
         sp.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds (default 600)")
+        sp.add_argument("--wait", type=float, default=60.0,
+                        help="seconds to wait for the cluster to be ready, every index served (default 60)")
     return parser
 
 
@@ -148,10 +151,15 @@ def _snapshot_command(args) -> int:
     def progress(text: str) -> None:
         print(f"  {text}", file=sys.stderr)
 
+    for flag, value in (("--timeout", args.timeout), ("--wait", args.wait)):
+        if not (math.isfinite(value) and value > 0):
+            print(f"ecrec-server {args.command}: {flag} must be a positive number of seconds, got {value}",
+                  file=sys.stderr)
+            return 2
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),
-                                  worker=f"{args.command}-cli")
+                                  worker=f"{args.command}-cli", wait_ready_s=args.wait, on_wait=progress)
         try:
             manifest = (cluster.save if args.command == "snapshot" else cluster.load)(args.path, on_progress=progress)
         finally:

@@ -168,6 +168,24 @@ def test_the_snapshot_commands_have_help_with_examples_beside_the_cluster_comman
     assert "path" in capsys.readouterr().err
 
 
+def test_the_snapshot_commands_say_what_they_wait_for_and_give_up_after_wait(tmp_path, capsys):
+    """A cluster that is not ready: progress every few seconds saying why, then exit 1 at ``--wait`` with the
+    reason (a silent minute before); bad ``--wait``/``--timeout`` refused with exit 2."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        assert server_cli.main(["snapshot", "--coordinator", address, "--wait", "6", str(tmp_path / "s")]) == 1
+        err = capsys.readouterr().err
+        assert f"waiting for the cluster at {address} (5 of 6 s): the coordinator does not answer" in err
+        assert f"cluster at {address} not ready after 6 s: the coordinator does not answer" in err
+        assert not (tmp_path / "s").exists()
+        for bad in (["--wait", "0"], ["--timeout", "-1"], ["--wait", "nan"]):
+            assert server_cli.main(["restore", "--coordinator", address, *bad, str(tmp_path / "s")]) == 2
+            assert "must be a positive number of seconds" in capsys.readouterr().err
+
+
 def _dense_model(cluster: Cluster, seed: int):
     torch.manual_seed(seed)
     mlp = torch.nn.Linear(8, 1)

@@ -131,20 +131,30 @@ class Cluster:
 
     @classmethod
     def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
-                wait_ready_s: float = 60.0) -> "Cluster":
-        """Connects and waits (up to ``wait_ready_s``) until every server index is served."""
+                wait_ready_s: float = 60.0, on_wait=None) -> "Cluster":
+        """Connects and waits (up to ``wait_ready_s``) until every server index is served; ``on_wait(text)``,
+        if given, hears what it waits for every few seconds, and the error at the deadline says it too."""
         cluster = cls(address, config, worker)
-        deadline = time.monotonic() + wait_ready_s
+        start = time.monotonic()
+        deadline, next_word = start + wait_ready_s, start + 5.0
         while True:
             try:
                 cluster.refresh_map()
                 if cluster.map.ready:
                     return cluster
+                served = len(live_servers(cluster.map))
+                why = f"{served} of {cluster.map.num_servers} server indices served"
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise ClusterError(f"coordinator {address}: {exc.details()}") from None
-            if time.monotonic() > deadline:
-                raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:.0f} s")
+                why = f"the coordinator does not answer ({exc.details()})"
+            now = time.monotonic()
+            if now > deadline:
+                cluster.close(confirm_timeout_s=0)  # nothing pushed: its channels and threads go
+                raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:.0f} s: {why}")
+            if on_wait is not None and now >= next_word:
+                on_wait(f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:.0f} s): {why}")
+                next_word = now + 5.0
             time.sleep(0.1)
 
     # --- the map ---------------------------------------------------------------------------------
