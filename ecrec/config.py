@@ -111,6 +111,13 @@ SHARED_CA_WARNING = ("etcd is dialed with the cluster's --tls-ca/--tls-cert: if 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
+def check_ports(**ports: int | None) -> None:
+    """ValueError naming the first port outside 0-65535 (None: not asked for)."""
+    for name, value in ports.items():
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is not a port (0-65535; 0: any free port)")
+
+
 @dataclass
 class ServerConfig(SecurityOptions, EtcdClientOptions):
     """Settings of one ``ecrec-server serve`` process."""
@@ -161,6 +168,9 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     map_refresh_interval_s: float = option(0.05, "least time between two map refreshes that a caller's newer epoch "
                                                  "asks for")
     fault_spec: str = option("", "fault injection for tests (point@count,...); read from ECREC_FAULT", cli=False)
+
+    def __post_init__(self) -> None:
+        check_ports(port=self.port, metrics_port=self.metrics_port)
 
     @property
     def public_host(self) -> str:
@@ -216,6 +226,9 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
                                        "whatever shape it was saved from; the coordinator exits 1 if it cannot. "
                                        "Start the workers once it logs `restored` (the restore's writes would "
                                        "replace theirs)")
+
+    def __post_init__(self) -> None:
+        check_ports(port=self.port, metrics_port=self.metrics_port)
 
 
 @dataclass

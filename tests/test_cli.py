@@ -73,6 +73,13 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "--host 0.0.0.0 binds every interface" in r.stderr and "--advertise-host" in r.stderr
     r = run("local", "--servers", "2", "--option", "novalue")
     assert r.returncode == 2 and "ecrec-server local: --option takes KEY=VALUE, got 'novalue'" in r.stderr
+    # a port number out of range is refused before anything binds or registers (a server waited on before)
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--port", "70000")
+    assert r.returncode == 2 and "ecrec-server serve: --port 70000 is not a port (0-65535" in r.stderr
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--metrics-port", "-1")
+    assert r.returncode == 2 and "--metrics-port -1 is not a port" in r.stderr
+    r = run("coordinator", "--servers", "2", "--port", "65536")
+    assert r.returncode == 2 and "ecrec-server coordinator: --port 65536 is not a port" in r.stderr
 
 
 def test_a_servers_address_in_the_map_is_its_advertised_host():
