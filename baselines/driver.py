@@ -346,6 +346,7 @@ class CheckpointDriver(SampleLoss):
             if len(indices) == 1 and self._history:  # what the count needs, read now; counted later (settle)
                 index = indices[0]
                 pending = {"index": index, "lost": lost, "end": self._history_first + len(self._history),
+                           "keep": self._history_horizon_steps(),  # the horizon now: slower steps later keep it
                            "restored": self.cluster.strategy_call("restored_rows", indices=[index])[index],
                            "counter": by_server[index]}
             else:

@@ -68,7 +68,9 @@ class SampleLoss:
         self._last_step_at = now
         self._history.append((now, dict(self._counter_by_server), lookups))  # the client's fresh arrays, kept as is
         keep = self._history_horizon_steps()
-        if len(self._history) > 2 * keep and self._pending_samples:
+        # twice the horizon of when the failure was seen, if longer (steps slow while a server recovers)
+        limit = 2 * max([keep] + [int(p.get("keep", 0)) for p in self._pending_samples])
+        if len(self._history) > limit and self._pending_samples:
             # a failure's count needs steps the history would drop: while one waits the history holds up to twice
             # its horizon, so that a caller can settle() between steps (a benchmark: after the failure's window,
             # not inside a step it times), and only then is it counted here

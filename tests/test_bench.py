@@ -115,3 +115,5 @@ def test_snapshot_bench_refuses_bad_sizes(capsys):
     assert "the restoring cluster: k + m = 4 exceeds" in capsys.readouterr().err
     assert cli.main(["snapshot", "--strategy", "nosuch"]) == 2
     assert "unknown fault-tolerance strategy 'nosuch'" in capsys.readouterr().err
+    assert cli.main(["snapshot", "--strategy", "cpr"]) == 2
+    assert "--strategy cpr: a checkpointing strategy keeps its own checkpoints" in capsys.readouterr().err

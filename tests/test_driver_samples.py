@@ -187,7 +187,8 @@ def _pending_failure(d, c, lost, restored, counter):
     c.restored, c.counters[1] = restored, counter
     event = FailureEvent(step=0, indices=[1], recovery="partial", lost_updates=lost)
     d._pending_samples.append({"index": 1, "lost": lost, "end": d._history_first + len(d._history),
-                               "restored": restored, "counter": counter, "event": event})
+                               "keep": d._history_horizon_steps(), "restored": restored, "counter": counter,
+                               "event": event})
     return event
 
 
@@ -203,15 +204,16 @@ def test_a_waiting_count_is_made_between_steps_when_asked_or_at_twice_the_horizo
         step(d, c, [1], [3])
         step(d, c, [3], [4])
         event = _pending_failure(d, c, 3, {"base_row_updates": {"t": 0}, "rows": {"t": {"ids": [1], "counts": [1]}}}, 1)
-        for _ in range(6):  # steps of server 0's rows only: the history grows to twice the horizon, no count yet
-            step(d, c, [0], [1])
+        d._history_horizon_steps = lambda: 2  # steps slow down while the server recovers: the horizon shrinks,
+        for _ in range(6):  # the count still waits up to twice the horizon of when the failure was seen (5)
+            step(d, c, [0], [1])  # steps of server 0's rows only: the history grows to 10, no count yet
         assert len(d._history) == 10 and event.lost_samples is None and d._pending_samples
         if asked:
             d.settle()
             assert event.lost_samples == 8 and not d._pending_samples
             step(d, c, [0], [1])
-            assert len(d._history) == 5  # back to the horizon once nothing waits
+            assert len(d._history) == 2  # back to the horizon once nothing waits
         else:
             step(d, c, [0], [1])  # one more: counted inside this step, then the history drops to its horizon
-            assert event.lost_samples == 8 and len(d._history) == 5
+            assert event.lost_samples == 8 and len(d._history) == 2
         assert d.lost_samples == 8

@@ -354,7 +354,8 @@ def _check(args) -> str:
     from ecrec.strategies import get_spec
     from ecrec.strategies.registry import cluster_error
 
-    for strategy, items in ((args.strategy, args.option), (args.against, args.against_option)):
+    for flag, strategy, items in (("--strategy/--option/--k/--m", args.strategy, args.option),
+                                  ("--against/--against-option/--k/--m", args.against, args.against_option)):
         kind = get_spec(strategy).kind if strategy else None
         if kind not in ("none", "erasure"):  # a checkpointing strategy's options: its workload adds its own
             continue
@@ -362,5 +363,5 @@ def _check(args) -> str:
         error = cluster_error(strategy, args.servers, args.k if erasure else 0, args.m if erasure else 0,
                               dict(item.split("=", 1) for item in items))
         if error:
-            return error
+            return f"{flag}: {error}"
     return ""

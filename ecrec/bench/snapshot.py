@@ -183,8 +183,18 @@ def run(args) -> int:
     if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
         print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
         return 2
+    from ecrec.strategies import get_spec
     from ecrec.strategies.registry import cluster_error
 
+    try:
+        kind = get_spec(args.strategy).kind
+    except ValueError as exc:
+        print(f"ecrec-bench snapshot: --strategy: {exc}", file=sys.stderr)
+        return 2
+    if kind == "checkpoint":
+        print(f"ecrec-bench snapshot: --strategy {args.strategy}: a checkpointing strategy keeps its own checkpoints; "
+              "this benchmark runs clusters of none or ecrec", file=sys.stderr)
+        return 2
     erasure = args.strategy == "ecrec"  # as _cluster starts them
     for what, servers, k, m in (("saving", args.servers, args.k, args.m),
                                 ("restoring", args.restore_servers, args.restore_k, args.restore_m)):

@@ -132,30 +132,34 @@ class Cluster:
     @classmethod
     def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
                 wait_ready_s: float = 60.0, on_wait=None) -> "Cluster":
-        """Connects and waits (up to ``wait_ready_s``) until every server index is served; ``on_wait(text)``,
-        if given, hears what it waits for every few seconds, and the error at the deadline says it too."""
+        """Connects and waits (up to ``wait_ready_s``, each poll of the coordinator at most 5 s of it) until every
+        server index is served; ``on_wait(text)``, if given, hears what it waits for every few seconds, and the
+        error at the deadline says it too.  A client that gives up closes what it opened."""
         cluster = cls(address, config, worker)
         start = time.monotonic()
         deadline, next_word = start + wait_ready_s, start + 5.0
-        while True:
-            try:
-                cluster.refresh_map()
-                if cluster.map.ready:
-                    return cluster
-                served = len(live_servers(cluster.map))
-                why = f"{served} of {cluster.map.num_servers} server indices served"
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise ClusterError(f"coordinator {address}: {exc.details()}") from None
-                why = f"the coordinator does not answer ({exc.details()})"
-            now = time.monotonic()
-            if now > deadline:
-                cluster.close(confirm_timeout_s=0)  # nothing pushed: its channels and threads go
-                raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:.0f} s: {why}")
-            if on_wait is not None and now >= next_word:
-                on_wait(f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:.0f} s): {why}")
-                next_word = now + 5.0
-            time.sleep(0.1)
+        try:
+            while True:
+                try:
+                    left = max(0.05, deadline - time.monotonic())
+                    cluster.coordinator.get_map(timeout_s=min(cluster.config.rpc_timeout_s, left, 5.0))  # adopted
+                    if cluster.map.ready:
+                        return cluster
+                    why = f"{len(live_servers(cluster.map))} of {cluster.map.num_servers} server indices served"
+                except grpc.RpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise ClusterError(f"coordinator {address}: {exc.details()}") from None
+                    why = f"the coordinator does not answer ({exc.details()})"
+                now = time.monotonic()
+                if now >= deadline:
+                    raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:g} s: {why}")
+                if on_wait is not None and now >= next_word:
+                    on_wait(f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:g} s): {why}")
+                    next_word = now + 5.0
+                time.sleep(min(0.1, max(0.0, deadline - now)))
+        except BaseException:
+            cluster.close(confirm_timeout_s=0)  # nothing pushed yet: its channels and threads go
+            raise
 
     # --- the map ---------------------------------------------------------------------------------
     def refresh_map(self) -> cluster_pb2.ClusterMap:
@@ -616,3 +620,4 @@ class Cluster:
             log.warning("closing worker %s with %d unconfirmed pushes: an owner that fails before it delivers their "
                         "parity loses them", self.worker, left)
         self.peers.close()
+        self.coordinator.stub.close()

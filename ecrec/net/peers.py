@@ -150,8 +150,9 @@ class CoordinatorClient:
         self.stub = coordinator_stub(address, max_message_bytes, security)
         self.on_map = on_map or (lambda m: None)
 
-    def get_map(self) -> cluster_pb2.ClusterMap:
-        m = self.stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=self.timeout_s)
+    def get_map(self, timeout_s: float | None = None) -> cluster_pb2.ClusterMap:
+        m = self.stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(),
+                                    timeout=self.timeout_s if timeout_s is None else timeout_s)
         self.on_map(m)
         return m
 
