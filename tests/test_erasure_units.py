@@ -483,3 +483,25 @@ def test_rebuild_plan_with_a_lost_data_member_uses_two_parities_that_agree():
     assert sorted(rebuilt) == [0, 1, 2]
     for r, row in rebuilt.items():
         np.testing.assert_array_equal(row, data[r, 0])
+
+
+@pytest.mark.parametrize("k, m", [(2, 1), (3, 2), (4, 2)])
+def test_the_engine_decodes_each_choice_of_members_to_the_lost_data_row(k, m):
+    """``RebuildEngine._decode``: the other data rows and one parity (a linear combination over the rows, as the
+    fast path decodes) and any other choice (the code's reconstruction) give back the data row bit for bit."""
+    from types import SimpleNamespace
+
+    from ecrec.strategies.erasure.rebuild import RebuildEngine
+
+    n = 50
+    data, members = _members(k, m, n, row_bytes=24, seed=k * 10 + m)
+    engine = SimpleNamespace(host=SimpleNamespace(layout=Layout(k + m, k, m)), codec=codec(k, m), _coefficients={})
+    rows = np.arange(0, n, 3)
+    for i in range(k):
+        others = tuple(t for t in range(k) if t != i)
+        choices = [(others, (j,)) for j in range(m)]  # the common case, each parity
+        choices.append((others[1:], tuple(range(2))) if m >= 2 else (others, (0,)))  # one more data row lost
+        for data_members, chosen in choices:
+            got = RebuildEngine._decode(engine, members, i, data_members, chosen, rows)
+            np.testing.assert_array_equal(got, data[rows, i])
+    assert set(engine._coefficients) == {(i, j) for i in range(k) for j in range(m)}  # made once each

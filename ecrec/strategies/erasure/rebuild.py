@@ -139,6 +139,7 @@ class RebuildEngine:
         self.bulk: BulkRebuild | None = None  # the fast path (made at the first rebuild: it needs the index)
         self.pacer: RebuildPacer | None = None  # paces the background by training's rate (rebuild_slowdown)
         self.reader = RowReader(host, counters, options.rebuild_transport)  # members read over parity channels
+        self._coefficients: dict[tuple[int, int], dict[int, int]] = {}  # (lost row, parity) -> decode coefficients
 
     def start(self) -> None:
         """Marks everything held here not ready and starts the background rebuild."""
@@ -229,9 +230,7 @@ class RebuildEngine:
                     groups, row_version = plan_data_rebuild(members, my_pos, k, m)
                     done_rows, payloads = [], []
                     for (i, data_members, chosen), rows in groups.items():
-                        available = {t: members.payload[t, rows] for t in data_members}
-                        available.update({k + j: members.payload[k + j, rows] for j in chosen})
-                        payloads.append(self.codec.reconstruct_stripes(available, [i])[i])
+                        payloads.append(self._decode(members, i, data_members, chosen, rows))
                         done_rows.append(rows)
                     rebuilt = np.zeros(len(slots), dtype=bool)
                     if done_rows:
@@ -257,6 +256,21 @@ class RebuildEngine:
             self._report_lost(lost_now)
             if foreground:
                 raise errors.DataLoss(self._describe_lost(lost_now))
+
+    def _decode(self, members: StripeMembers, i: int, data_members: tuple, chosen: tuple, rows: np.ndarray):
+        """Data row ``i`` of the stripes ``rows`` from the members the plan chose.  The common case, the other data
+        rows and one parity, is one linear combination over the rows (ISA-L, as the fast path's decode); any other
+        choice goes through the code's own reconstruction."""
+        k = self.host.layout.k
+        if len(chosen) == 1 and len(data_members) == k - 1:
+            key = (i, chosen[0])
+            coefficients = self._coefficients.get(key)
+            if coefficients is None:
+                coefficients = self._coefficients[key] = self.codec.data_decode_coefficients(i, chosen[0])
+            return self.codec.combine([(a, members.payload[u, rows]) for u, a in coefficients.items()])
+        available = {t: members.payload[t, rows] for t in data_members}
+        available.update({k + j: members.payload[k + j, rows] for j in chosen})
+        return self.codec.reconstruct_stripes(available, [i])[i]
 
     def _still_to_do(self, work):
         out = []
