@@ -258,6 +258,30 @@ def test_every_arrival_order_of_three_groups_ends_the_same(servers):
     fresh_encode_matches(servers, d)
 
 
+def test_one_push_groups_of_a_rebuild_end_when_the_map_says_it_is_over(servers):
+    """A rebuild's read of data rows here makes every group one push (``seal_for_read``: it must read at a group
+    boundary), for ``READ_EAGER_S`` after the last read.  Once the map says every server is back and none recovers,
+    the rebuild is over: groups close by count again at once, not seconds later (a group per push costs training a
+    third of its speed at small rows).  A later read opens the window again."""
+    owner, rng = servers[0], np.random.default_rng(5)
+
+    def closes(first: int, count: int) -> int:
+        before = owner.strategy.counters["groups_closed"]
+        for q in range(first, first + count):
+            owner.strategy.on_push(push(owner, q, rng))
+        return owner.strategy.counters["groups_closed"] - before
+
+    recovering = cluster_map(epoch=4)
+    recovering.servers[1].state = cluster_pb2.RECOVERING
+    owner.adopt_map(recovering)
+    owner.strategy.owner.seal_for_read()  # the replacement's rebuild read rows here
+    assert closes(1, 2) == 2  # one push each while it recovers
+    owner.adopt_map(cluster_map(epoch=5))  # redundant again: every server active
+    assert closes(3, 3) == 1  # coalesce_pushes=3, at once (the read was a moment ago)
+    owner.strategy.owner.seal_for_read()  # a later read (a verification, a late retry)
+    assert closes(6, 2) == 2
+
+
 @pytest.mark.parametrize("stagger", [True, False])
 def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_in_different_steps(stagger):
     """Every server gets a push at every step; with groups closed by size alone, every server's first group --
