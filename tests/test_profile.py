@@ -80,6 +80,8 @@ def test_the_rounds_give_the_median_and_spread_of_each_figure():
     (["--server", "9"], "--server must be in"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--rounds", "0"], "--rounds must be >= 1"),
+    (["--rate", "0"], "--rate must be >= 1"),  # py-spy at rate 0 never stopped: a traceback 60 s later
+    (["--top", "0"], "--top must be >= 1"),
     (["--option", "coalesce_bytes"], "expected KEY=VALUE"),
     # what the coordinator would refuse, said before any cluster starts (a traceback from the start before)
     (["--option", "nosuch=1"], "unknown option(s) ['nosuch']"),

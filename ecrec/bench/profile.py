@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -159,7 +160,7 @@ def _sampling(spy: str, pids: dict[str, int], seconds: float, rate: int, out: Pa
     if not spy:
         return {}
     return {name: subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
+        [spy, "record", "--pid", str(pid), "--duration", str(max(1, math.ceil(seconds))), "--rate", str(rate),
          "--format", "raw", "--output", str(out / f"{name}.folded"), "--nonblocking"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in pids.items()}
 
@@ -243,7 +244,12 @@ def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tup
             print(f"ecrec-bench profile: round {r + 1} of {args.rounds}: "
                   + ", ".join(f"{s} {len(d['records'])} steps" for s, d in done.items()), file=sys.stderr)
         for name, rec in recorders.items():
-            _, err = rec.communicate(timeout=args.seconds * len(strategies) + 60)
+            try:
+                _, err = rec.communicate(timeout=args.seconds * len(strategies) + 60)
+            except subprocess.TimeoutExpired:  # py-spy did not stop when asked: stopped here, its samples lost
+                rec.kill()
+                _, err = rec.communicate()
+                err = b"still running 60 s after its duration; stopped. " + (err or b"")
             if rec.returncode != 0:
                 print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
         loads = (load_before, os.getloadavg())
@@ -341,6 +347,10 @@ def _check(args) -> str:
         return "--seconds must be > 0"
     if args.rounds < 1:
         return "--rounds must be >= 1"
+    if args.rate < 1:
+        return "--rate must be >= 1 (samples per second)"
+    if args.top < 1:
+        return "--top must be >= 1"
     for flag, items in (("--option", args.option), ("--against-option", args.against_option)):
         for item in items:
             if "=" not in item:
