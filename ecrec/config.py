@@ -171,6 +171,8 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
 
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
+        if self.want_index < -1:
+            raise ValueError(f"--index {self.want_index}: an index is >= 0 (-1, the default: whichever is free)")
 
     @property
     def public_host(self) -> str:

@@ -78,6 +78,8 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "ecrec-server serve: --port 70000 is not a port (0-65535" in r.stderr
     r = run("serve", "--coordinator", "127.0.0.1:1", "--metrics-port", "-1")
     assert r.returncode == 2 and "--metrics-port -1 is not a port" in r.stderr
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--index", "-2")  # waited on its coordinator before
+    assert r.returncode == 2 and "ecrec-server serve: --index -2: an index is >= 0" in r.stderr
     r = run("coordinator", "--servers", "2", "--port", "65536")
     assert r.returncode == 2 and "ecrec-server coordinator: --port 65536 is not a port" in r.stderr
 

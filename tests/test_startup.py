@@ -84,3 +84,18 @@ def test_a_standby_is_still_refused(coordinator, health_only_address):
     with pytest.raises(errors.FailedPrecondition, match=r"holds no index yet \(standby\)"):
         state.wait_for_index(timeout_s=0.5)
     assert state.tables() == [] and state.index == -1
+
+
+@pytest.mark.parametrize("want", [1, 7, -2])
+def test_an_index_the_cluster_does_not_have_is_refused_at_register(coordinator, health_only_address, want):
+    """A server asking for an index beyond the cluster's (a typo in ``--index``) was given another (while the
+    cluster formed) or made a standby waiting for it forever; now its Register is refused, naming the range,
+    and nothing is registered."""
+    stub = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(coordinator.coordinator_address))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Register(coordinator_pb2.RegisterRequest(address=health_only_address, server_id="startup-test:typo",
+                                                      want_index=want, health_address=health_only_address), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"index {want} is not an index of this cluster (0 to 0)" in caught.value.details()
+    reply = _register(coordinator.coordinator_address, health_only_address, "startup-test:fine")
+    assert reply.index == 0 and [s.server_id for s in reply.map.servers] == ["startup-test:fine"]

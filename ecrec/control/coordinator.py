@@ -86,6 +86,11 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def Register(self, request, context):
         if not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address is required")
+        n = self.state.map.num_servers
+        if not -1 <= request.want_index < n:  # taken as "any" before (forming) or waited for forever (a standby)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"index {request.want_index} is not an index of this cluster (0 to {n - 1}); "
+                          "-1 takes whichever is free")
         etcd_leases = self._check_etcd_lease(request, context) if self.state.map.lease_store else None
         with self.state.lock:
             holder = next((s for s in self.state.map.servers if s.address == request.address and s.state != FAILED
