@@ -237,3 +237,28 @@ def test_a_profile_of_the_quick_preset_closes_its_worker_before_its_cluster(tmp_
     for t in keepers:
         t.join(timeout=10)  # a closed keeper ends at its next wake
     assert not [t for t in keepers if t.is_alive()], "the profile left its worker's idle keeper polling"
+
+
+def test_a_recorder_that_does_not_end_is_stopped_and_its_samples_dropped(tmp_path):
+    """py-spy recorders are waited for up to a bound, then stopped (none is left running), and each one that did not
+    end well is named with its reason; one that ended well is not."""
+    import subprocess
+    import sys
+
+    from ecrec.bench.profile import stop_recorders
+
+    def start(code: str):
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    recorders = {"ok": start("pass"), "error": start("import sys; sys.stderr.write('no such pid'); sys.exit(1)"),
+                 "stuck": start("import time; time.sleep(120)")}
+    try:
+        failed = stop_recorders(recorders, 5.0)
+        assert set(failed) == {"error", "stuck"}
+        assert failed["error"] == "no such pid" and "stopped, its samples dropped" in failed["stuck"]
+        assert all(rec.poll() is not None for rec in recorders.values())
+    finally:
+        for rec in recorders.values():
+            if rec.poll() is None:
+                rec.kill()
+                rec.wait()

@@ -165,6 +165,24 @@ def _sampling(spy: str, pids: dict[str, int], seconds: float, rate: int, out: Pa
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in pids.items()}
 
 
+def stop_recorders(recorders: dict, timeout_s: float) -> dict[str, str]:
+    """Waits up to ``timeout_s`` (in all) for each py-spy recorder to end, stops any still running (its samples
+    are then incomplete), and returns why each one that did not end well failed (name -> reason)."""
+    failed = {}
+    deadline = time.monotonic() + timeout_s
+    for name, rec in recorders.items():
+        try:
+            _, err = rec.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rec.kill()
+            _, err = rec.communicate()
+            failed[name] = "still running when it should have ended; stopped, its samples dropped"
+            continue
+        if rec.returncode != 0:
+            failed[name] = (err or b"").decode(errors="replace").strip()[-400:] or f"exit code {rec.returncode}"
+    return failed
+
+
 def _slice(work, pids: list[int], seconds: float) -> dict:
     """Steps of ``work`` for ``seconds``, each timed (with the worker's and each server's CPU over it), and the
     processes' CPU and the servers' counters over the slice."""
@@ -220,6 +238,8 @@ def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tup
     from ecrec.bench import profile_runs
 
     works: dict = {}
+    recorders: dict = {}
+    failed: dict = {}
     strategies = [name for name, _, _ in runs]
     kinds = {name: strategy for name, strategy, _ in runs}
     try:
@@ -243,24 +263,22 @@ def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tup
             rounds.append(done)
             print(f"ecrec-bench profile: round {r + 1} of {args.rounds}: "
                   + ", ".join(f"{s} {len(d['records'])} steps" for s, d in done.items()), file=sys.stderr)
-        for name, rec in recorders.items():
-            try:
-                _, err = rec.communicate(timeout=args.seconds * len(strategies) + 60)
-            except subprocess.TimeoutExpired:  # py-spy did not stop when asked: stopped here, its samples lost
-                rec.kill()
-                _, err = rec.communicate()
-                err = b"still running 60 s after its duration; stopped. " + (err or b"")
-            if rec.returncode != 0:
-                print(f"ecrec-bench profile: py-spy on {name} failed: {err.decode().strip()[-400:]}", file=sys.stderr)
+        failed = stop_recorders(recorders, args.seconds * len(strategies) + 60)
+        for name, why in failed.items():
+            print(f"ecrec-bench profile: py-spy on {name} failed: {why}", file=sys.stderr)
         loads = (load_before, os.getloadavg())
         reports = {s: _report(kinds[s], args, works[s], slices[s], loads, s) for s in strategies}
         per_round = [{s: _report(kinds[s], args, works[s], [d], loads, s) for s, d in done.items()} for done in rounds]
     finally:
+        for rec in recorders.values():  # on an error: none left behind (after the rounds they have all ended)
+            if rec.poll() is None:
+                rec.kill()
+                rec.wait()
         for work in works.values():
             work.close()
     for name in procs:
         folded = out / f"{name}.folded"
-        if folded.exists():
+        if folded.exists() and name not in failed:  # a recorder that failed or was stopped: no summary
             reports[target]["sampled"][name] = _summarize(folded, args.top)
             reports[target].setdefault("sampled_files", {})[name] = str(folded)
     return reports, per_round

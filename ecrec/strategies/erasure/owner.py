@@ -482,7 +482,10 @@ class ParityOwner:
                     e.relayed = False
             elif was_eager and not self._eager:
                 # every server is back and none recovers: the rebuild that read rows here is over, and so is its
-                # window of one-push groups (a later read still closes the open group first: seal_for_read)
+                # window of one-push groups.  Safe because a replacement turns ACTIVE only once its rebuild is
+                # done, and it embedded only versions confirmed or in its log (bulk.embeddable, the version checks
+                # of data rows): the group of every version it used was closed before this map.  A later read
+                # still closes the open group first (seal_for_read) and opens the window again.
                 self._eager_until = 0.0
             # every batch for a replaced destination not confirmed everywhere goes to the replacement (Outbox.restart)
             restarted = self.box.restart({i: s.server_id for i, s in live.items()})
