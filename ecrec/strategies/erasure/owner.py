@@ -60,8 +60,8 @@ from ecrec.wire import cluster_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
-#: after a rebuild read data rows here, groups stay one push each this long (s), unless the map says first that
-#: every server is back and none recovers (the rebuild is over)
+#: after a rebuild read data rows here, groups stay one push each this long (s), unless this server's map turns
+#: first from a server recovering or missing to every server back and none recovering (the rebuild is over)
 READ_EAGER_S = 5.0
 #: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
 IDLE_CLOSER_WAKE_S = 5.0
@@ -342,10 +342,10 @@ class ParityOwner:
     def seal_for_read(self) -> None:
         """Before this server's data rows are read for a rebuild.  A merged delta is all or nothing: a row must
         not be read while a group holds some of its pushes and not others, or the rebuilt row would hold part of
-        a delta.  So groups become one push each (for ``READ_EAGER_S`` after the last such read, or until the
-        map says that every server is back and none recovers), and the group open now closes with pushes paused
-        (none is half applied).  A later read then
-        finds every group either contained in the row read (its versions say so: skipped) or after it whole."""
+        a delta.  So groups become one push each (for ``READ_EAGER_S`` after the last such read, or until this
+        server's map turns to every server back and none recovering: :meth:`on_map_change`), and the group open
+        now closes with pushes paused (none is half applied).  A later read then finds every group either
+        contained in the row read (its versions say so: skipped) or after it whole."""
         with self.lock:
             self._eager_until = time.monotonic() + READ_EAGER_S
             if self._group is None:
@@ -466,8 +466,8 @@ class ParityOwner:
     def on_map_change(self) -> None:
         """Restarts the chain of every destination whose server changed, with every batch it has not applied;
         while a server recovers or is missing, groups close at every push, and once none does they stop closing
-        at every push at once, not ``READ_EAGER_S`` after the rebuild's last read (a group per push instead of one per
-        ``coalesce_pushes``: those seconds cost training up to a third of its speed)."""
+        at every push at once, not ``READ_EAGER_S`` after the rebuild's last read (a group per push instead of
+        one per ``coalesce_pushes``: those seconds cost training up to a third of its speed)."""
         m = self.host.cluster_map
         live = live_servers(m)
         close_now = False
