@@ -1,0 +1,63 @@
+"""After a rebuild, the survivors' parity groups return to their size at once (real processes).
+
+While a server recovers, and for a while after a rebuild read rows on a server, every group there is one push
+(``ParityOwner.seal_for_read``: a rebuild reads data rows at group boundaries).  One-push groups cost every
+destination a batch per push; they used to last 5 s past the rebuild on every survivor, training slower for those
+seconds.  Here a worker trains through a kill and on after the replacement is redundant: within a few steps of the
+all-clear (which reaches the survivors with the worker's next pushes), their groups close by count again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ecrec.client import Cluster
+from helpers import BATCH, TABLES, Model, wait_redundant
+
+pytestmark = pytest.mark.cluster
+
+
+def test_after_a_rebuild_the_survivors_groups_return_to_their_size_at_once(make_cluster):
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         options={"coalesce_pushes": "4", "coalesce_s": "30"})  # groups close at 4 pushes, not by age
+    torch.set_num_threads(1)
+    cluster = Cluster.connect(local.coordinator_address)
+    for name, rows, dim, opt in TABLES:
+        cluster.create_table(name, rows, dim, optimizer=opt, lr=0.05, eps=1e-8, initial_accumulator_value=0.1, seed=11)
+    model = Model(cluster)
+    cluster.register_dense(model.top, optimizer="sgd", lr=0.05)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    rng = np.random.default_rng(5)
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            sparse = {name: torch.from_numpy(rng.integers(0, rows, (BATCH, 2))) for name, rows, _, _ in TABLES}
+            loss_fn(model(sparse), torch.from_numpy((rng.random(BATCH) < 0.4).astype(np.float32))).backward()
+            cluster.step()
+
+    def groups(indices) -> dict[int, tuple[float, float]]:
+        stats = cluster.strategy_call("stats", indices=indices)
+        return {i: (stats[i]["groups_closed"], stats[i]["group_pushes"]) for i in indices}
+
+    survivors = [0, 2, 3]
+    train(12)
+    before = groups(survivors)
+    train(12)
+    after = groups(survivors)
+    for i in survivors:  # before any failure: groups of 4 pushes (the options reached the servers)
+        closed, pushes = after[i][0] - before[i][0], after[i][1] - before[i][1]
+        assert pushes >= 8 and closed <= pushes / 2, (i, closed, pushes)
+
+    local.kill(local.pid_of_index(1))
+    train(10)  # through the failure: one-push groups while index 1 recovers
+    wait_redundant(cluster, 1)
+    train(3)  # the all-clear reaches every survivor with these pushes (a newer epoch makes a server refresh its map)
+    before = groups(survivors)
+    train(24)
+    after = groups(survivors)
+    for i in survivors:
+        closed, pushes = after[i][0] - before[i][0], after[i][1] - before[i][1]
+        # groups of 4 pushes: about 6 closed; one-push groups (the 5 s window of the rebuild's last read): 24
+        assert pushes >= 16 and closed <= pushes / 2, (i, closed, pushes)
