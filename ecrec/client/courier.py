@@ -135,8 +135,11 @@ class Courier:
         with self._lock:
             return {i for i, held in self._held.items() if held}
 
-    def unconfirmed(self) -> int:
+    def unconfirmed(self, index: int | None = None) -> int:
+        """Pushes held until their owner confirms them: to every server, or to server ``index``."""
         with self._lock:
+            if index is not None:
+                return len(self._held.get(index, ()))
             return sum(len(h) for h in self._held.values())
 
     def pending_relay(self) -> int:
