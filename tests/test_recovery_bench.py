@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ecrec.bench import cli, recovery
-from ecrec.bench.recovery_training import lost_training
+from ecrec.bench.recovery_training import describe_cpu, lost_training, rebuild_cpu
 
 
 def _records(steps, t0=0.0, dt=0.1, gaps=None):
@@ -93,6 +93,17 @@ def test_small_recovery_of_every_strategy(tmp_path, capsys):
     # the failed server held a quarter of the rows and (k=2, m=1) half as many parity rows
     assert ecrec["rows_rebuilt"] == pytest.approx(2 * 30000 / 4 * 1.5, rel=0.01)
     assert ecrec["parity_mismatched"] == 0
+    # the fast path's CPU by part, from the servers' thread clocks: every part measured, none more than the
+    # servers' processes spent from the kill to redundancy, the survivors' frames the bytes the replacement read
+    cpu = ecrec["rebuild_cpu"]
+    for part in ("survivors_gather", "survivors_send", "replacement_receive", "replacement_decode",
+                 "replacement_install"):
+        assert cpu[part + "_cpu_s"] > 0, part
+    assert cpu["survivors_seal_cpu_s"] >= 0 and cpu["replacement_checks_cpu_s"] >= 0
+    assert cpu["total_cpu_s"] <= ecrec["recovery_cpu_s"] + 0.02  # process clocks tick in 10 ms
+    assert cpu["rebuilt_mb"] == pytest.approx(ecrec["bulk_rows"] * row_bytes / 1e6)
+    assert cpu["streamed_mb"] >= 2 * cpu["rebuilt_mb"]  # k = 2 members read per row rebuilt
+    assert cpu["ms_per_mb"]["total"] == pytest.approx(1e3 * cpu["total_cpu_s"] / cpu["rebuilt_mb"])
     assert rows["full"]["restored_bytes"] >= 2 * 30000 * row_bytes  # every server reloads
     assert rows["cpr"]["restored_bytes"] < rows["full"]["restored_bytes"]  # only the failed shard
     for name in ("full", "cpr"):
@@ -120,6 +131,31 @@ def test_during_training_reports_the_training_lost(tmp_path):
     assert parts["on_demand_calls"] >= 1 and parts["on_demand_s"] > 0  # the step after the kill touched its rows
     assert parts["on_demand_rounds"] >= parts["on_demand_calls"]  # at least one round of reads a request
     assert "rebuild_duty" not in parts  # not paced by default
+    cpu = row["failures"][0]["rebuild_cpu"]
+    assert cpu["replacement_receive_cpu_s"] > 0 and cpu["survivors_gather_cpu_s"] > 0
+    assert cpu["total_cpu_s"] == pytest.approx(sum(v for k, v in cpu.items() if k.endswith("_cpu_s")
+                                                   and k != "total_cpu_s"))
+
+
+def test_the_fast_paths_cpu_by_part_is_what_the_counters_moved():
+    before = {0: {"stream_cpu_s": 1.0, "stream_read_cpu_s": 0.5, "stream_seal_cpu_s": 0.1, "stream_bytes": 1e6},
+              2: {"stream_cpu_s": 0.0, "stream_read_cpu_s": 0.0, "stream_seal_cpu_s": 0.0, "stream_bytes": 0.0}}
+    after = {0: {"stream_cpu_s": 2.0, "stream_read_cpu_s": 1.0, "stream_seal_cpu_s": 0.2, "stream_bytes": 5e6},
+             2: {"stream_cpu_s": 0.5, "stream_read_cpu_s": 0.2, "stream_seal_cpu_s": 0.0, "stream_bytes": 4e6},
+             3: {"stream_cpu_s": 9.0, "stream_read_cpu_s": 9.0, "stream_seal_cpu_s": 0.0, "stream_bytes": 9e6}}
+    replacement = {"bulk_receive_cpu_s": 0.4, "bulk_decode_cpu_s": 0.1, "bulk_install_cpu_s": 0.2,
+                   "bulk_round_cpu_s": 0.5, "bulk_rows_rebuilt": 10_000}
+    cpu = rebuild_cpu(before, after, replacement, row_bytes=400)  # 4 MB rebuilt
+    assert cpu["survivors_gather_cpu_s"] == pytest.approx(0.7)  # server 3: no counters at the kill, not counted
+    assert cpu["survivors_seal_cpu_s"] == pytest.approx(0.1)
+    assert cpu["survivors_send_cpu_s"] == pytest.approx(1.5 - 0.7 - 0.1)
+    assert cpu["replacement_checks_cpu_s"] == pytest.approx(0.2)
+    assert cpu["streamed_mb"] == pytest.approx(8.0)
+    assert cpu["total_cpu_s"] == pytest.approx(0.7 + 0.1 + 0.7 + 0.4 + 0.1 + 0.2 + 0.2)
+    assert cpu["ms_per_mb"]["survivors_gather"] == pytest.approx(700 / 4)
+    assert "gather 175.00" in describe_cpu(cpu) and "receive 100.00" in describe_cpu(cpu)
+    assert "ms_per_mb" not in rebuild_cpu({}, {}, {}, row_bytes=400)  # nothing rebuilt through the fast path
+    assert describe_cpu(rebuild_cpu({}, {}, {}, row_bytes=400)) == "no rows through the fast path"
 
 
 def test_the_records_of_a_run_through_a_failure_are_saved_and_accounted():

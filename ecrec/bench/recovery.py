@@ -27,7 +27,10 @@ time lost per failure (:func:`lost_training`: paused time + replayed steps + the
 recovering; mean and range), the throughput while recovering over before, and the longest step; for ``ecrec``,
 what the replacement's rebuild took by part, from its own counters (the whole rebuild, the fast path and its wait
 for the survivors' streams, the requests that rebuilt their rows on demand and their time, the pacer's duty with
-``--option rebuild_slowdown=S``: a line per failure, and ``rebuild_parts`` in the JSON).  ``full``'s
+``--option rebuild_slowdown=S``: a line per failure, and ``rebuild_parts`` in the JSON), and, idle too, the fast
+path's CPU by part from the servers' own thread clocks -- the survivors gathering their frames' rows, sealing them
+(an open parity group closed, the confirmed bound read) and sending them; the replacement receiving, decoding,
+installing, and checking -- in CPU seconds and ms per MB rebuilt (``rebuild_cpu``).  ``full``'s
 and ``cpr``'s kills fall at stratified phases of their interval ((i + 0.5) / n, measured from a save), so
 the mean loss is the expectation over the interval, measured rather than modelled; the run's MTBF must be
 short enough for the interval to fit in ``--max-s`` (a clear error says so otherwise).  A new standby is
@@ -59,7 +62,8 @@ import numpy as np
 
 from ecrec.bench.cost import cost_table, print_cost_tables
 from ecrec.bench.processes import memory_of, wait_standby_reserve  # noqa: F401 - re-exported
-from ecrec.bench.recovery_training import IntervalDoesNotFit, first_event
+from ecrec.bench.recovery_training import (IntervalDoesNotFit, describe_cpu, first_event, rebuild_cpu_of,
+                                           stream_counters)
 from ecrec.bench.table import megabytes, print_rows, span
 
 DEFAULT_STRATEGIES = "ecrec,full,cpr"
@@ -287,6 +291,8 @@ def _kill_idle(strategy: str, args, local, cluster, names: list[str], row_bytes:
     from ecrec.bench.compare import process_cpu_seconds
 
     others = [p.pid for p in local.server_procs if p.pid != pid and p.poll() is None]
+    survivors = [i for i in range(layout.num_servers) if i != index]
+    streamed = stream_counters(cluster, survivors) if strategy == "ecrec" else {}
     cpu0 = {p: process_cpu_seconds(p) for p in others}
     t_kill = time.time()
     local.kill(pid)
@@ -309,6 +315,8 @@ def _kill_idle(strategy: str, args, local, cluster, names: list[str], row_bytes:
         out["rebuild_s"] = stats.get("rebuild_s")
         out["bulk_rows"] = int(stats.get("bulk_rows_rebuilt", 0))
         out["rows_rebuilt"] = int(stats["rows_rebuilt"] + stats["parity_rows_rebuilt"])
+        out["rebuild_cpu"] = rebuild_cpu_of(cluster, index, streamed, survivors, args)
+        _progress(strategy, describe_cpu(out["rebuild_cpu"]))
     elif strategy == "cpr":
         stats = cluster.strategy_call("stats", indices=[index])[index]
         out["reload_s"] = stats.get("load_s_last")

@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ecrec.tables.spec import TableSpec
+
 
 def first_event(local, kind: str, index: int, since: float) -> float | None:
     """Wall time of the first ``kind`` event of ``index`` at or after ``since`` in the map's events, or None."""
@@ -277,6 +279,78 @@ def rebuild_parts(cluster, index: int) -> dict:
     return {key: float(stats[key]) for key in REBUILD_PARTS if key in stats}
 
 
+#: the fast path's CPU by part, from the servers' own thread clocks: ``(name, counter, where)`` -- the survivors
+#: gathering their frames' rows, closing an open group and reading their confirmed bound for them (``seal``), and
+#: sending them (their delivery threads' CPU less those two); the replacement receiving the frames, decoding, and
+#: installing rows and parity, and its checks and selections around those (its rounds' CPU less the two)
+STREAM_COUNTERS = ("stream_cpu_s", "stream_read_cpu_s", "stream_seal_cpu_s", "stream_bytes")
+BULK_COUNTERS = ("bulk_receive_cpu_s", "bulk_decode_cpu_s", "bulk_install_cpu_s", "bulk_round_cpu_s",
+                 "bulk_bytes_read", "bulk_rows_rebuilt")
+
+
+def stream_counters(cluster, indices) -> dict[int, dict]:
+    """The survivors' stream counters now (:data:`STREAM_COUNTERS`; a server that does not answer: none)."""
+    out = {}
+    for index in indices:
+        try:
+            stats = cluster.strategy_call("stats", indices=[index])[index]
+        except Exception:  # noqa: BLE001 - a server that does not answer adds nothing to the parts
+            continue
+        out[index] = {key: float(stats.get(key, 0.0)) for key in STREAM_COUNTERS}
+    return out
+
+
+def rebuild_cpu(before: dict[int, dict], after: dict[int, dict], replacement: dict, row_bytes: int) -> dict:
+    """The fast path's CPU by part (s, and ms per MB it rebuilt): the survivors' counters from ``before`` to
+    ``after`` (:func:`stream_counters` at the kill and once the replacement is redundant), the replacement's own
+    (``replacement``: its stats, which start at its promotion)."""
+    def survivors(key: str) -> float:
+        return sum(after[i][key] - before[i][key] for i in after if i in before)
+    gather, seal = survivors("stream_read_cpu_s"), survivors("stream_seal_cpu_s")
+    receive = float(replacement.get("bulk_receive_cpu_s", 0.0))
+    decode = float(replacement.get("bulk_decode_cpu_s", 0.0))
+    install = float(replacement.get("bulk_install_cpu_s", 0.0))
+    parts = {"survivors_gather_cpu_s": gather, "survivors_seal_cpu_s": seal,
+             "survivors_send_cpu_s": max(0.0, survivors("stream_cpu_s") - gather - seal),
+             "replacement_receive_cpu_s": receive, "replacement_decode_cpu_s": decode,
+             "replacement_install_cpu_s": install,
+             "replacement_checks_cpu_s": max(0.0, float(replacement.get("bulk_round_cpu_s", 0.0)) - decode - install)}
+    rebuilt_mb = float(replacement.get("bulk_rows_rebuilt", 0.0)) * row_bytes / 1e6
+    out = dict(parts)
+    out["total_cpu_s"] = sum(parts.values())
+    out["rebuilt_mb"] = rebuilt_mb
+    out["streamed_mb"] = survivors("stream_bytes") / 1e6
+    if rebuilt_mb:
+        out["ms_per_mb"] = {key[:-len("_cpu_s")]: 1e3 * value / rebuilt_mb for key, value in parts.items()}
+        out["ms_per_mb"]["total"] = 1e3 * out["total_cpu_s"] / rebuilt_mb
+    return out
+
+
+def rebuild_cpu_of(cluster, index: int, before: dict[int, dict], survivors: list[int], args) -> dict:
+    """:func:`rebuild_cpu` of the replacement at ``index`` now (its rebuild over), the survivors' counters
+    ``before`` taken at the kill; ``{"error": ...}`` when the replacement's counters cannot be read."""
+    try:
+        replacement = cluster.strategy_call("stats", indices=[index])[index]
+    except Exception as exc:  # noqa: BLE001 - a report without the parts, said so
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    row_bytes = TableSpec("x", 1, args.dim, optimizer=args.optimizer).row_bytes
+    return rebuild_cpu(before, stream_counters(cluster, survivors), replacement, row_bytes)
+
+
+def describe_cpu(cpu: dict) -> str:
+    """One line of :func:`rebuild_cpu`."""
+    if "error" in cpu:
+        return f"the fast path's CPU could not be read ({cpu['error']})"
+    per = cpu.get("ms_per_mb")
+    if not per:
+        return "no rows through the fast path"
+    survivors = ", ".join(f"{label} {per['survivors_' + label]:.2f}" for label in ("gather", "seal", "send"))
+    replacement = ", ".join(f"{label} {per['replacement_' + label]:.2f}"
+                            for label in ("receive", "decode", "install", "checks"))
+    return (f"fast path CPU {cpu['total_cpu_s']:.2f} s for {cpu['rebuilt_mb']:,.0f} MB, {per['total']:.2f} ms/MB "
+            f"(survivors: {survivors}; replacement: {replacement})")
+
+
 def describe_parts(parts: dict) -> str:
     """One line of :func:`rebuild_parts`."""
     if "error" in parts:
@@ -303,6 +377,8 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
     reached before the kill (a rollback's replay counted whole); the failure's figures (:func:`lost_training`
     over the steps after ``since``)."""
     furthest = max(r["step"] for r in worker.records)  # the window closes only once training is past it
+    survivors = [i for i in range(worker.cluster.layout.num_servers) if i != index]
+    streamed = stream_counters(worker.cluster, survivors) if strategy == "ecrec" else {}
     t_kill = time.time()
     local.kill(local.pid_of_index(index))
     seen = len(worker.driver.events) if worker.driver is not None else 0
@@ -335,6 +411,8 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
     if strategy == "ecrec":
         figures["rebuild_parts"] = rebuild_parts(worker.cluster, index)
         progress("rebuild: " + describe_parts(figures["rebuild_parts"]))
+        figures["rebuild_cpu"] = rebuild_cpu_of(worker.cluster, index, streamed, survivors, args)
+        progress("rebuild: " + describe_cpu(figures["rebuild_cpu"]))
     if worker.driver is not None and len(worker.driver.events) > seen:
         event = worker.driver.events[-1]
         figures["lost_updates"] = event.lost_updates
