@@ -284,45 +284,62 @@ def rebuild_parts(cluster, index: int) -> dict:
 #: sending them (their delivery threads' CPU less those two); the replacement receiving the frames, decoding, and
 #: installing rows and parity, and its checks and selections around those (its rounds' CPU less the two)
 STREAM_COUNTERS = ("stream_cpu_s", "stream_read_cpu_s", "stream_seal_cpu_s", "stream_bytes")
-BULK_COUNTERS = ("bulk_receive_cpu_s", "bulk_decode_cpu_s", "bulk_install_cpu_s", "bulk_round_cpu_s",
-                 "bulk_bytes_read", "bulk_rows_rebuilt")
+#: a remainder (send, checks) below this (s) means the counters do not balance (a stream abandoned midway): said so
+UNBALANCED_S = 0.01
 
 
 def stream_counters(cluster, indices) -> dict[int, dict]:
-    """The survivors' stream counters now (:data:`STREAM_COUNTERS`; a server that does not answer: none)."""
+    """The survivors' stream counters now (:data:`STREAM_COUNTERS`); a server that does not answer is left out
+    (:func:`rebuild_cpu` names it)."""
     out = {}
     for index in indices:
         try:
             stats = cluster.strategy_call("stats", indices=[index])[index]
-        except Exception:  # noqa: BLE001 - a server that does not answer adds nothing to the parts
+        except Exception:  # noqa: BLE001 - named in the report (unread_servers), not swallowed
             continue
         out[index] = {key: float(stats.get(key, 0.0)) for key in STREAM_COUNTERS}
     return out
 
 
-def rebuild_cpu(before: dict[int, dict], after: dict[int, dict], replacement: dict, row_bytes: int) -> dict:
-    """The fast path's CPU by part (s, and ms per MB it rebuilt): the survivors' counters from ``before`` to
-    ``after`` (:func:`stream_counters` at the kill and once the replacement is redundant), the replacement's own
-    (``replacement``: its stats, which start at its promotion)."""
-    def survivors(key: str) -> float:
-        return sum(after[i][key] - before[i][key] for i in after if i in before)
-    gather, seal = survivors("stream_read_cpu_s"), survivors("stream_seal_cpu_s")
+def rebuild_cpu(before: dict[int, dict], after: dict[int, dict], replacement: dict, row_bytes: int,
+                survivors: list[int] | None = None) -> dict:
+    """The fast path's CPU by part (s; ms per MB it rebuilt and per MB the survivors streamed): the survivors'
+    counters from ``before`` to ``after`` (:func:`stream_counters` at the kill and once the replacement is
+    redundant), the replacement's own (``replacement``: its stats, which start at its promotion).  A survivor of
+    ``survivors`` missing from either reading is named (``unread_servers``: its part is not in the figures), a
+    remainder that comes out negative is reported as 0 and flagged (``unbalanced``), and the transport the frames
+    took (``transport``: on the gRPC reply stream the client's receiving runs on gRPC's own threads, not counted)."""
+    read = [i for i in after if i in before]
+    def moved(key: str) -> float:
+        return sum(after[i][key] - before[i][key] for i in read)
+    gather, seal = moved("stream_read_cpu_s"), moved("stream_seal_cpu_s")
     receive = float(replacement.get("bulk_receive_cpu_s", 0.0))
     decode = float(replacement.get("bulk_decode_cpu_s", 0.0))
     install = float(replacement.get("bulk_install_cpu_s", 0.0))
-    parts = {"survivors_gather_cpu_s": gather, "survivors_seal_cpu_s": seal,
-             "survivors_send_cpu_s": max(0.0, survivors("stream_cpu_s") - gather - seal),
+    send = moved("stream_cpu_s") - gather - seal
+    checks = float(replacement.get("bulk_round_cpu_s", 0.0)) - decode - install
+    parts = {"survivors_gather_cpu_s": gather, "survivors_seal_cpu_s": seal, "survivors_send_cpu_s": max(0.0, send),
              "replacement_receive_cpu_s": receive, "replacement_decode_cpu_s": decode,
-             "replacement_install_cpu_s": install,
-             "replacement_checks_cpu_s": max(0.0, float(replacement.get("bulk_round_cpu_s", 0.0)) - decode - install)}
+             "replacement_install_cpu_s": install, "replacement_checks_cpu_s": max(0.0, checks)}
     rebuilt_mb = float(replacement.get("bulk_rows_rebuilt", 0.0)) * row_bytes / 1e6
     out = dict(parts)
     out["total_cpu_s"] = sum(parts.values())
     out["rebuilt_mb"] = rebuilt_mb
-    out["streamed_mb"] = survivors("stream_bytes") / 1e6
+    out["streamed_mb"] = moved("stream_bytes") / 1e6
+    bytes_read = float(replacement.get("bulk_bytes_read", 0.0))
+    over_socket = float(replacement.get("bulk_bytes_over_socket", 0.0))
+    out["transport"] = ("socket" if bytes_read and over_socket >= bytes_read else
+                        "grpc" if bytes_read and not over_socket else "mixed" if bytes_read else None)
+    unread = sorted(set(survivors or ()) - set(read))
+    if unread:
+        out["unread_servers"] = unread
+    if send < -UNBALANCED_S or checks < -UNBALANCED_S:
+        out["unbalanced"] = True
     if rebuilt_mb:
         out["ms_per_mb"] = {key[:-len("_cpu_s")]: 1e3 * value / rebuilt_mb for key, value in parts.items()}
         out["ms_per_mb"]["total"] = 1e3 * out["total_cpu_s"] / rebuilt_mb
+    if out["streamed_mb"]:
+        out["ms_per_mb_streamed"] = 1e3 * out["total_cpu_s"] / out["streamed_mb"]
     return out
 
 
@@ -334,7 +351,7 @@ def rebuild_cpu_of(cluster, index: int, before: dict[int, dict], survivors: list
     except Exception as exc:  # noqa: BLE001 - a report without the parts, said so
         return {"error": f"{type(exc).__name__}: {exc}"}
     row_bytes = TableSpec("x", 1, args.dim, optimizer=args.optimizer).row_bytes
-    return rebuild_cpu(before, stream_counters(cluster, survivors), replacement, row_bytes)
+    return rebuild_cpu(before, stream_counters(cluster, survivors), replacement, row_bytes, survivors)
 
 
 def describe_cpu(cpu: dict) -> str:
@@ -347,8 +364,17 @@ def describe_cpu(cpu: dict) -> str:
     survivors = ", ".join(f"{label} {per['survivors_' + label]:.2f}" for label in ("gather", "seal", "send"))
     replacement = ", ".join(f"{label} {per['replacement_' + label]:.2f}"
                             for label in ("receive", "decode", "install", "checks"))
-    return (f"fast path CPU {cpu['total_cpu_s']:.2f} s for {cpu['rebuilt_mb']:,.0f} MB, {per['total']:.2f} ms/MB "
-            f"(survivors: {survivors}; replacement: {replacement})")
+    text = (f"fast path CPU {cpu['total_cpu_s']:.2f} s for {cpu['rebuilt_mb']:,.0f} MB rebuilt, {per['total']:.2f} "
+            f"ms/MB (survivors: {survivors}; replacement: {replacement})")
+    if cpu.get("streamed_mb"):
+        text += f"; {cpu['streamed_mb']:,.0f} MB streamed, {cpu['ms_per_mb_streamed']:.2f} ms/MB"
+    if cpu.get("transport") in ("grpc", "mixed"):
+        text += "; frames on the gRPC reply stream: receiving on gRPC's own threads is not counted"
+    if cpu.get("unread_servers"):
+        text += f"; servers {cpu['unread_servers']} did not answer: their parts are missing"
+    if cpu.get("unbalanced"):
+        text += "; the counters do not balance (a stream abandoned midway?): send or checks shown as 0"
+    return text
 
 
 def describe_parts(parts: dict) -> str:
@@ -412,7 +438,10 @@ def _one_failure(strategy: str, args, local, worker: "_Worker", index: int, sinc
         figures["rebuild_parts"] = rebuild_parts(worker.cluster, index)
         progress("rebuild: " + describe_parts(figures["rebuild_parts"]))
         figures["rebuild_cpu"] = rebuild_cpu_of(worker.cluster, index, streamed, survivors, args)
-        progress("rebuild: " + describe_cpu(figures["rebuild_cpu"]))
+        if redundant is None:  # --max-s ended the window first: the parts so far
+            figures["rebuild_cpu"]["before_redundancy"] = True
+        progress("rebuild: " + describe_cpu(figures["rebuild_cpu"])
+                 + ("; read before the replacement was redundant" if redundant is None else ""))
     if worker.driver is not None and len(worker.driver.events) > seen:
         event = worker.driver.events[-1]
         figures["lost_updates"] = event.lost_updates

@@ -400,8 +400,8 @@ class BulkRebuild:
                 data_rows += self._timed(cpu, "install", shard.install, slots, payload, pv[:, t], mask=ok)
                 continue
             rows = np.flatnonzero(ok)
-            payload = self._timed(cpu, "decode", self.codec.combine,
-                                  [(a, members[u][rows]) for u, a in self.decode[t].items()])
+            payload = self._timed(cpu, "decode", lambda: self.codec.combine(  # the rows' selection too
+                [(a, members[u][rows]) for u, a in self.decode[t].items()]))
             data_rows += self._timed(cpu, "install", shard.install, slots[rows], payload, pv[rows, t])
         suspects = self.receiver.suspect_sources()
         unresolved = self.receiver.unresolved_slots(arena, suspects) if suspects else None
@@ -424,8 +424,8 @@ class BulkRebuild:
             if rows is None:
                 continue
             coefficients = self.codec.coefficients[j]
-            encoded = self._timed(cpu, "decode", self.codec.combine, [(coefficients[u], read[server].data[col][rows])
-                                                                      for u, (server, col) in members.items()])
+            encoded = self._timed(cpu, "decode", lambda: self.codec.combine(  # the rows' selection too
+                [(coefficients[u], read[server].data[col][rows]) for u, (server, col) in members.items()]))
             versions = np.stack([read[server].data_versions[col][rows] for _, (server, col) in
                                  sorted(members.items())], axis=1)
             with self.receiver.lock:  # bounds and ids kept, rows built, with no resolution of an owner between

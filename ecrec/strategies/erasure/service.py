@@ -217,7 +217,9 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
     def _stream(self, request, context):
         """The reply stream (validated above); a domain error midway ends it with its status."""
-        cpu0 = time.thread_time()  # gRPC's handler thread runs this generator and sends what it yields
+        # gRPC's handler thread runs this generator and sends what it yields: its clock from here to the end is the
+        # stream's CPU -- unless the generator ends elsewhere (a cancelled call finalized later): then not counted
+        cpu0, thread = time.thread_time(), threading.get_ident()
         try:
             for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read, self._bound_for):
                 yield buffer.tobytes()
@@ -225,7 +227,8 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
             code, message = transport.grpc_status_of(exc)
             context.abort(code, message)
         finally:
-            self.receiver.counters.add("stream_cpu_s", time.thread_time() - cpu0)
+            if threading.get_ident() == thread:
+                self.receiver.counters.add("stream_cpu_s", time.thread_time() - cpu0)
 
     def _caller_host(self, context) -> str:
         """Where frames may be delivered: the host of the calling server as the map lists it (check_peer
