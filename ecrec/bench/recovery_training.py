@@ -279,10 +279,10 @@ def rebuild_parts(cluster, index: int) -> dict:
     return {key: float(stats[key]) for key in REBUILD_PARTS if key in stats}
 
 
-#: the fast path's CPU by part, from the servers' own thread clocks: ``(name, counter, where)`` -- the survivors
-#: gathering their frames' rows, closing an open group and reading their confirmed bound for them (``seal``), and
-#: sending them (their delivery threads' CPU less those two); the replacement receiving the frames, decoding, and
-#: installing rows and parity, and its checks and selections around those (its rounds' CPU less the two)
+#: a survivor's counters behind the fast path's CPU by part (:func:`rebuild_cpu`), from its threads' clocks: its
+#: delivery threads' CPU, the part of it gathering the frames' rows, the part closing an open group and reading
+#: the confirmed bound for them (``seal``), and the bytes streamed; the replacement's own are ``bulk_receive_cpu_s``,
+#: ``bulk_decode_cpu_s``, ``bulk_install_cpu_s`` and ``bulk_round_cpu_s`` (decode, install and the checks around them)
 STREAM_COUNTERS = ("stream_cpu_s", "stream_read_cpu_s", "stream_seal_cpu_s", "stream_bytes")
 #: a remainder (send, checks) below this (s) means the counters do not balance (a stream abandoned midway): said so
 UNBALANCED_S = 0.01
