@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,35 +165,31 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
     pidx = np.array(request.parity_indices, dtype=np.int64)
     step = frame_step(shard.spec, layout, request)
     num_stripes = layout.num_stripes(shard.spec.num_rows)
-    counters = receiver.counters
+    counters = receiver.counters  # this stream's CPU by part: gathering rows, and sealing them (not the send)
     for b0 in range(request.first_block, request.end_block, step):
         b1 = min(request.end_block, b0 + step)
-        cpu0 = time.thread_time()  # this frame's CPU: gathering its rows, and the seal and bound (not the send)
-        blocks = np.arange(b0, b1, dtype=np.int64)
-        buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
-        sealed = 0.0
         if positions and seal is not None:
-            sealed = time.thread_time()
-            seal()
-            sealed = time.thread_time() - sealed
-        for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
-            shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+            with counters.cpu("stream_seal_cpu_s"):
+                seal()
+        with counters.cpu("stream_read_cpu_s"):
+            blocks = np.arange(b0, b1, dtype=np.int64)
+            buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
+            for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
+                shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
         if positions and bound is not None:
-            bounded = time.thread_time()
-            frames.set_confirmed(buffer, bound(frame.data_versions))
-            sealed += time.thread_time() - bounded
-        suspects = receiver.suspect_sources() if len(pidx) else None
-        unresolved = receiver.unresolved_slots(arena, suspects) if suspects else None
-        for c, j in enumerate(pidx):
-            slots = part.arena_slots(j + blocks * m)
-            arena.read_into(slots, frame.parity[c], frame.parity_versions[c], frame.parity_ready[c])
-            stripes = blocks * S + (host.index - k - j) % S
-            ready = frame.parity_ready[c]
-            ready[stripes >= num_stripes] = 0
-            if unresolved is not None:
-                ready[np.isin(slots, unresolved)] = 0
-        counters.add("stream_seal_cpu_s", sealed)
-        counters.add("stream_read_cpu_s", time.thread_time() - cpu0 - sealed)
+            with counters.cpu("stream_seal_cpu_s"):
+                frames.set_confirmed(buffer, bound(frame.data_versions))
+        with counters.cpu("stream_read_cpu_s"):
+            suspects = receiver.suspect_sources() if len(pidx) else None
+            unresolved = receiver.unresolved_slots(arena, suspects) if suspects else None
+            for c, j in enumerate(pidx):
+                slots = part.arena_slots(j + blocks * m)
+                arena.read_into(slots, frame.parity[c], frame.parity_versions[c], frame.parity_ready[c])
+                stripes = blocks * S + (host.index - k - j) % S
+                ready = frame.parity_ready[c]
+                ready[stripes >= num_stripes] = 0
+                if unresolved is not None:
+                    ready[np.isin(slots, unresolved)] = 0
         counters.add("stream_bytes", len(buffer))
         yield buffer
 
@@ -242,12 +237,12 @@ class BulkRebuild:
                                                   parity_indices=self.plan.parity.get(server, []),
                                                   blocks_per_message=step)
         expect = _Expected(spec, self.host.layout.k, request)
-        cpu0 = time.thread_time()  # this thread's CPU receiving the frames (each stream has a thread)
         try:
-            received = self._over_socket(address, request, expect) if self.transport == "socket" else None
-            over_socket = received is not None
-            if received is None:
-                received = self._over_grpc(address, request, expect)
+            with self.counters.cpu("bulk_receive_cpu_s"):  # this stream's thread receiving its frames
+                received = self._over_socket(address, request, expect) if self.transport == "socket" else None
+                over_socket = received is not None
+                if received is None:
+                    received = self._over_grpc(address, request, expect)
             expect.check(received)
         except grpc.RpcError as exc:  # the rows stay not ready: the row-by-row path retries them
             log.info("fast rebuild: server %d stream of %r blocks %d..%d failed (%s); those rows go row by row",
@@ -261,7 +256,6 @@ class BulkRebuild:
             return None
         read = sum(expect.bytes_per_block * f.blocks for f in received)
         with self._counters_lock:
-            self.counters.add("bulk_receive_cpu_s", time.thread_time() - cpu0)
             self.counters.add("bulk_bytes_read", read)
             self.counters.add("bulk_bytes_over_socket", read if over_socket else 0)
         return received
@@ -332,28 +326,16 @@ class BulkRebuild:
         received buffers; returns ``(data rows, parity rows)`` installed."""
         received = [frames_of for frames_of in read.values() if frames_of is not None]
         data_rows = parity_rows = 0
-        cpu0 = time.thread_time()
-        cpu = {"decode": 0.0, "install": 0.0}  # this round's thread CPU by part (the rest: checks and selections)
-        owners = self._owners(read) if received else {}
-        for i in range(len(received[0]) if received else 0):
-            group = {s: (frames_of[i] if frames_of is not None else None) for s, frames_of in read.items()}
-            first = received[0][i]
-            d, p = self._rebuild_blocks(shard, arena, part, first.first_block, first.first_block + first.blocks, group,
-                                        owners, read, cpu)
-            data_rows, parity_rows = data_rows + d, parity_rows + p
-        self.counters.add("bulk_decode_cpu_s", cpu["decode"])
-        self.counters.add("bulk_install_cpu_s", cpu["install"])
-        self.counters.add("bulk_round_cpu_s", time.thread_time() - cpu0)
+        # the round's CPU (bulk_round_cpu_s), of it decoding and installing (_rebuild_blocks): the rest is checks
+        with self.counters.cpu("bulk_round_cpu_s"):
+            owners = self._owners(read) if received else {}
+            for i in range(len(received[0]) if received else 0):
+                group = {s: (frames_of[i] if frames_of is not None else None) for s, frames_of in read.items()}
+                first = received[0][i]
+                d, p = self._rebuild_blocks(shard, arena, part, first.first_block, first.first_block + first.blocks,
+                                            group, owners, read)
+                data_rows, parity_rows = data_rows + d, parity_rows + p
         return data_rows, parity_rows
-
-    @staticmethod
-    def _timed(cpu: dict, part: str, call, *args, **kwargs):
-        """``call(*args, **kwargs)``, its thread CPU added to ``cpu[part]``."""
-        t0 = time.thread_time()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            cpu[part] += time.thread_time() - t0
 
     def _owners(self, read: "RoundRead") -> dict[int, tuple]:
         """Asks every survivor whose data rows a parity may embed this round for its confirmed bound and committed
@@ -369,8 +351,8 @@ class BulkRebuild:
         return out
 
     def _rebuild_blocks(self, shard: TableShard, arena: ParityArena, part: TableParity, b0: int, b1: int,
-                        read: dict[int, frames.Frame | None], owners: dict[int, tuple], round_read: "RoundRead",
-                        cpu: dict) -> tuple[int, int]:
+                        read: dict[int, frames.Frame | None], owners: dict[int, tuple], round_read: "RoundRead"
+                        ) -> tuple[int, int]:
         """Installs the rows of blocks ``[b0, b1)`` that one frame of each survivor allows (a parity row only from
         data rows a resolution of their owners keeps or can undo here: ``owners`` from :meth:`_owners`)."""
         layout = self.host.layout
@@ -395,14 +377,16 @@ class BulkRebuild:
             if not selected:
                 continue
             if 2 * selected >= len(ok):  # mostly: decode every row, install the selected ones through a mask
-                payload = self._timed(cpu, "decode", self.codec.combine,
-                                      [(a, members[u]) for u, a in self.decode[t].items()])
-                data_rows += self._timed(cpu, "install", shard.install, slots, payload, pv[:, t], mask=ok)
+                with self.counters.cpu("bulk_decode_cpu_s"):
+                    payload = self.codec.combine([(a, members[u]) for u, a in self.decode[t].items()])
+                with self.counters.cpu("bulk_install_cpu_s"):
+                    data_rows += shard.install(slots, payload, pv[:, t], mask=ok)
                 continue
             rows = np.flatnonzero(ok)
-            payload = self._timed(cpu, "decode", lambda: self.codec.combine(  # the rows' selection too
-                [(a, members[u][rows]) for u, a in self.decode[t].items()]))
-            data_rows += self._timed(cpu, "install", shard.install, slots[rows], payload, pv[rows, t])
+            with self.counters.cpu("bulk_decode_cpu_s"):  # the rows' selection too
+                payload = self.codec.combine([(a, members[u][rows]) for u, a in self.decode[t].items()])
+            with self.counters.cpu("bulk_install_cpu_s"):
+                data_rows += shard.install(slots[rows], payload, pv[rows, t])
         suspects = self.receiver.suspect_sources()
         unresolved = self.receiver.unresolved_slots(arena, suspects) if suspects else None
         num_stripes = layout.num_stripes(num_rows)
@@ -424,15 +408,17 @@ class BulkRebuild:
             if rows is None:
                 continue
             coefficients = self.codec.coefficients[j]
-            encoded = self._timed(cpu, "decode", lambda: self.codec.combine(  # the rows' selection too
-                [(coefficients[u], read[server].data[col][rows]) for u, (server, col) in members.items()]))
+            with self.counters.cpu("bulk_decode_cpu_s"):  # the rows' selection too
+                encoded = self.codec.combine([(coefficients[u], read[server].data[col][rows])
+                                              for u, (server, col) in members.items()])
             versions = np.stack([read[server].data_versions[col][rows] for _, (server, col) in
                                  sorted(members.items())], axis=1)
             with self.receiver.lock:  # bounds and ids kept, rows built, with no resolution of an owner between
                 if not all(self.receiver.adopt_locked(server, *owners[server], round_read.generations[server])
                            for server, _ in members.values()):
                     continue
-                parity_rows += self._timed(cpu, "install", arena.build, slots[rows], encoded, versions)
+                with self.counters.cpu("bulk_install_cpu_s"):
+                    parity_rows += arena.build(slots[rows], encoded, versions)
         return data_rows, parity_rows
 
 

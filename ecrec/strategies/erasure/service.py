@@ -257,15 +257,13 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
 
         def send() -> None:
             bulk.lower_priority(self.sender_nice)
-            cpu0 = time.thread_time()  # the whole delivery's CPU (read_blocks counts its own part of it)
             try:
-                frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
-                                         bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read, self._bound_for), DELIVER_TIMEOUT_S,
-                                         stop=cancelled)
+                with self.receiver.counters.cpu("stream_cpu_s"):  # the whole delivery (read_blocks counts its parts)
+                    frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
+                                             bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read,
+                                                              self._bound_for), DELIVER_TIMEOUT_S, stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)
-            finally:
-                self.receiver.counters.add("stream_cpu_s", time.thread_time() - cpu0)
 
         sender = threading.Thread(target=send, name="ecrec-deliver", daemon=True)
         sender.start()
