@@ -223,14 +223,16 @@ from ecrec.wire import parity_pb2
 lst = parity_channel.ChannelListener("127.0.0.1", lambda c, e, f: parity_pb2.ParityAck(applied_upto=len(f)), 1 << 20, 5.0)
 ticket = lst.ticket_for("owner")
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+client = socket.socket()  # the client's descriptor taken first: freeing one later raced with other threads for it
+client.settimeout(2)
 held = []
 try:
     while True:
         held.append(open("/dev/null"))
 except OSError:
     pass
-held.pop().close()  # room for one client socket, none for the listener to accept it with
-clients = [socket.create_connection(("127.0.0.1", lst.port), timeout=2)]
+client.connect(("127.0.0.1", lst.port))  # no descriptor left for the listener to accept it with
+clients = [client]
 time.sleep(0.5)  # the listener's accept fails with EMFILE meanwhile
 for c in clients:
     c.close()
