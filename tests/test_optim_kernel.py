@@ -20,26 +20,55 @@ def _table(rng, n, dim, state_width, scale):
 @pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
 @pytest.mark.parametrize("dim", [1, 3, 16, 64])
 @pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e6, 1e18])
-@pytest.mark.parametrize("keep_old", [True, False])
-def test_the_compiled_pass_equals_the_numpy_reference_bit_for_bit(optimizer, dim, scale, keep_old):
+@pytest.mark.parametrize("keep", ["nothing", "old", "delta"])
+def test_the_compiled_pass_equals_the_numpy_reference_bit_for_bit(optimizer, dim, scale, keep):
+    keep_old = keep != "nothing"
     rng = np.random.default_rng(dim * 7 + int(np.log10(scale) + 40))
     table = _table(rng, 500, dim, optim.state_width(optimizer), scale)
     before = table.copy()
     slots = rng.choice(500, size=200, replace=False).astype(np.int64)
     grads = (rng.standard_normal((200, dim)) * scale).astype(np.float32)
     lr, eps = 0.05, 1e-10
-    rows, old, bad = optim_kernel.update_rows(table, slots, grads, optimizer, dim, lr, eps, keep_old=keep_old)
+    rows, old, bad = optim_kernel.update_rows(table, slots, grads, optimizer, dim, lr, eps, keep_old=keep == "old",
+                                              delta=keep == "delta")
     expected = table[slots]
     with np.errstate(over="ignore", invalid="ignore"):
         optim.apply(optimizer, expected, grads, dim, lr, eps)
     assert rows.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()  # bits, not values
-    assert (old.tobytes() == table[slots].view(np.uint8).tobytes()) if keep_old else old is None
+    if keep == "delta":  # the old bytes XOR the new ones, bit for bit, written by the pass itself
+        assert old.tobytes() == np.bitwise_xor(table[slots].view(np.uint8), expected.view(np.uint8)).tobytes()
+    else:
+        assert (old.tobytes() == table[slots].view(np.uint8).tobytes()) if keep_old else old is None
     reference_bad = ~np.isfinite(expected).all(axis=1)
     if reference_bad.any():
         assert bad is not None and (bad == reference_bad).all()
     else:
         assert bad is None
     assert table.tobytes() == before.tobytes()  # only read
+
+
+def test_a_shard_keeps_the_delta_in_the_optimizers_pass_bit_for_bit_as_numpy_makes_it_apart():
+    """Parity's delta (a row's bytes before XOR after) comes out of the compiled pass itself -- no pass of its own
+    in ``commit`` (``delta_cpu_s`` counts only such passes) -- and is bit for bit the one numpy computes after the
+    update; a push's rows, versions and the table end the same either way."""
+    layout = Layout(num_servers=3, k=2, m=1)
+    spec = TableSpec("t", 1000, 5, optimizer="adagrad", lr=0.05, eps=1e-10, seed=4)
+    compiled, reference = TableShard(spec, layout, 0), TableShard(spec, layout, 0)
+    reference._compiled = False
+    rng = np.random.default_rng(5)
+    ids = compiled.owned_ids[rng.choice(len(compiled.owned_ids), 200, replace=False)]
+    for version in range(1, 4):
+        grads = rng.standard_normal((200, 5)).astype(np.float32)
+        out = [shard.apply_gradients(shard.slots_for(ids), grads, version, keep_old=False, delta=True)
+               for shard in (compiled, reference)]
+        (d1, new1, v1), (d2, new2, v2) = out
+        assert d1.tobytes() == d2.tobytes() and new1.tobytes() == new2.tobytes() and (v1 == v2).all()
+    assert compiled._payload.tobytes() == reference._payload.tobytes()
+    assert compiled.delta_cpu_s == 0.0 and reference.delta_cpu_s > 0.0
+    prepared = compiled.prepare_gradients(compiled.slots_for(ids), grads, keep_old=True, delta=True)
+    with pytest.raises(ValueError, match="delta"):  # a delta is never handed over as the old bytes
+        compiled.commit(prepared, 9, delta=False)
+    assert compiled._payload.tobytes() == reference._payload.tobytes()  # nothing written
 
 
 def test_rows_that_would_overflow_are_flagged_and_old_bytes_kept_only_when_asked():

@@ -217,7 +217,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             # finite is refused whole (InvalidRequest), here as on the parts of other tables
             keep = keep_old or want_delta
             prepared_tables = [(shard, ids, shard.prepare_assignment(slots, g.values, g.columns, keep)
-                                if isinstance(g, Assignment) else shard.prepare_gradients(slots, g, keep))
+                                if isinstance(g, Assignment) else shard.prepare_gradients(slots, g, keep, want_delta))
                                for shard, ids, slots, g in table_plans]
             prepared_dense = [(d, d.prepare_assignment(g.values, keep) if isinstance(g, Assignment)
                                else d.prepare_gradient(g, keep)) for d, g in dense_plans]

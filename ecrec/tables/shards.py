@@ -42,8 +42,9 @@ class PreparedRows:
     """An update of some rows computed but not written (:meth:`TableShard.prepare_gradients`)."""
 
     slots: np.ndarray
-    old: np.ndarray | None  # the rows' payload bytes before (a copy), when asked for
+    old: np.ndarray | None  # the rows' payload bytes before (a copy), when asked for; with ``delta``, before XOR after
     rows: np.ndarray  # (n, row_floats) float32: the new rows
+    delta: bool = False  # ``old`` is already the delta (the compiled pass wrote it)
 
 
 @dataclass
@@ -161,21 +162,23 @@ class TableShard(_HoldsCuts):
         returns their ``(old, new)`` payload bytes (``old`` None unless ``keep_old``; with ``delta``, ``old XOR
         new`` instead of ``old``, computed while the rows are in cache) and old versions.  Raises
         ``InvalidRequest`` and changes nothing when a resulting row would not be finite."""
-        return self.commit(self.prepare_gradients(slots, grads, keep_old or delta), version, delta)
+        return self.commit(self.prepare_gradients(slots, grads, keep_old or delta, delta), version, delta)
 
-    def prepare_gradients(self, slots: np.ndarray, grads: np.ndarray, keep_old: bool) -> PreparedRows:
+    def prepare_gradients(self, slots: np.ndarray, grads: np.ndarray, keep_old: bool,
+                          delta: bool = False) -> PreparedRows:
         """What the optimizer makes of rows ``slots`` (unique) with ``grads``, computed on copies: nothing here
-        changes until :meth:`commit`.  Raises ``InvalidRequest`` naming the rows when a result would not be
+        changes until :meth:`commit`.  With ``delta`` the old bytes kept are each row's delta (before XOR after),
+        written by the compiled pass while the row is in cache (:meth:`commit` then makes no pass of its own).  Raises ``InvalidRequest`` naming the rows when a result would not be
         finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
         whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec
         if self._compiled:  # one compiled pass: gather, old bytes, optimizer, check (optim_kernel), under the
             with self._lock:  # lock as it reads the table (a few microseconds per hundred rows)
                 rows, old, bad = optim_kernel.update_rows(self._floats, slots, grads, spec.optimizer, spec.dim,
-                                                          spec.lr, spec.eps, keep_old)
+                                                          spec.lr, spec.eps, keep_old, delta)
             if bad is not None:
                 self._refuse_not_finite(slots, bad)
-            return PreparedRows(slots, old, rows)
+            return PreparedRows(slots, old, rows, delta=delta)
         rows, old = self._copy_rows(slots, keep_old)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not logged as a warning
             optim.apply(spec.optimizer, rows, grads, spec.dim, spec.lr, spec.eps)
@@ -220,6 +223,8 @@ class TableShard(_HoldsCuts):
         """Writes prepared rows and stamps them with ``version`` (the caller holds the server's apply lock, so
         nothing wrote them since they were prepared); returns what :meth:`apply_gradients` returns."""
         slots, old, rows = prepared.slots, prepared.old, prepared.rows
+        if prepared.delta and not delta:
+            raise ValueError("rows prepared with their delta, committed for their old bytes")
         with self._lock:
             old_versions = self._versions[slots]
             if self._cuts:  # rows changed for the first time since a snapshot's cut leave their bytes there first
@@ -230,7 +235,7 @@ class TableShard(_HoldsCuts):
             self._floats[slots] = rows
             self._versions[slots] = version
             self.row_updates += len(slots)
-        if delta:
+        if delta and not prepared.delta:  # rows prepared by numpy (an assignment, a table the pass does not take)
             t0 = time.thread_time()
             np.bitwise_xor(old, rows.view(np.uint8), out=old)
             self.delta_cpu_s += time.thread_time() - t0
@@ -392,6 +397,7 @@ class DenseShard(_HoldsCuts):
         self.version = 0
         self.ready = True
         self._pending: list[tuple[int, np.ndarray]] = []  # replica deltas that arrived while not ready
+        self.delta_cpu_s = 0.0  # CPU of the deltas made here (a pass of numpy's after the optimizer's)
         self._cuts: dict = {}  # snapshot cuts being written (ecrec.server.cut.DenseCut), by holder
 
     @property
@@ -450,7 +456,9 @@ class DenseShard(_HoldsCuts):
             old_version, self.version = self.version, version
         new = prepared.floats.view(np.uint8).reshape(-1)  # the prepared copy is the new payload: no other copy
         if delta:
+            t0 = time.thread_time()
             np.bitwise_xor(old, new, out=old)
+            self.delta_cpu_s += time.thread_time() - t0
         return old, new, old_version
 
     def assign_payload(self, payload: np.ndarray, version: int,

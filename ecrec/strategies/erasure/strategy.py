@@ -248,7 +248,8 @@ class ErasureCoding(FaultToleranceStrategy):
                             if layout.dense_servers(d.spec.name)[0] != self.host.index)
         log_entries = sum(len(lg.entries) for lg in self.receiver.logs.values())
         recovering = self.rebuild.recovering.is_set()
-        delta_s = sum(shard.delta_cpu_s for shard in self.host.tables())
+        delta_s = (sum(shard.delta_cpu_s for shard in self.host.tables())
+                   + sum(d.delta_cpu_s for d in self.host.dense_tensors()))
         return dict(self.counters) | {"part_delta_cpu_s": delta_s, "recovering": recovering,
                                       "redundancy_bytes": parity_bytes + replica_bytes,
                                       "unconfirmed_pushes": self.owner.unconfirmed(), "log_entries": log_entries,
