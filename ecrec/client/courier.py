@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from ecrec.wire import embedding_pb2
@@ -47,6 +47,7 @@ class Courier:
         self._outgoing: dict[int, list[embedding_pb2.RelayBatch]] = {}  # destination index -> batches
         self._acks: dict[int, dict[tuple[int, str], embedding_pb2.ParityWatermark]] = {}  # owner index -> latest
         self._held: dict[int, OrderedDict[tuple, HeldPush]] = {}  # owner index -> pushes, oldest first
+        self._held_by: dict[int, Counter] = {}  # owner index -> its held pushes per incarnation that acknowledged them
         self.stats = {"relayed": 0, "replayed": 0, "replayed_already_applied": 0}
 
     # --- what goes out --------------------------------------------------------------------------------------
@@ -79,19 +80,28 @@ class Courier:
                     key, h = next(iter(held.items()))
                     if h.server_id != reply.server_id or not 0 < h.seq <= reply.confirmed_upto:
                         break
-                    del held[key]
+                    self._release_locked(index, key)
 
     def pushed(self, index: int, request: embedding_pb2.PushRequest, reply: embedding_pb2.PushReply) -> None:
         """Server ``index`` acknowledged ``request``; keep it until confirmed (if its strategy confirms)."""
         self.received(index, reply)
         key = (request.push_id.worker, request.push_id.incarnation, request.push_id.sequence)
         with self._lock:
-            held = self._held.setdefault(index, OrderedDict())
+            self._release_locked(index, key)  # held already (a retry): held again as this acknowledgement says
             if reply.seq > reply.confirmed_upto and reply.server_id:
-                held[key] = HeldPush(request, reply.seq, reply.server_id)
-                held.move_to_end(key)
-            else:
-                held.pop(key, None)  # durable already (or a strategy without confirmations)
+                self._held.setdefault(index, OrderedDict())[key] = HeldPush(request, reply.seq, reply.server_id)
+                self._held_by.setdefault(index, Counter())[reply.server_id] += 1
+            # else durable already (or a strategy without confirmations)
+
+    def _release_locked(self, index: int, key: tuple) -> HeldPush | None:
+        held = self._held.get(index)
+        h = held.pop(key, None) if held else None
+        if h is not None:
+            by = self._held_by[index]
+            by[h.server_id] -= 1
+            if not by[h.server_id]:
+                del by[h.server_id]
+        return h
 
     # --- replay -----------------------------------------------------------------------------------------------
     def holds(self, index: int) -> bool:
@@ -105,8 +115,8 @@ class Courier:
         raise the worker's high-water mark there above it (the replay then answered "already applied", the push
         lost: the simulator's schedule, ``tests/test_simulation.py``)."""
         with self._lock:
-            held = self._held.get(index)
-            return bool(held) and any(h.server_id != server_id for h in held.values())
+            by = self._held_by.get(index)  # O(1) per request, however many pushes are held
+            return bool(by) and (len(by) > 1 or server_id not in by)
 
     def to_replay(self, index: int, server_id: str) -> list[tuple[tuple[str, int], embedding_pb2.PushRequest]]:
         """The held pushes of ``index`` acknowledged by another incarnation than ``server_id``, oldest first."""
@@ -120,14 +130,18 @@ class Courier:
         self.stats["replayed"] += 1
         self.received(index, reply)
         with self._lock:
-            held = self._held.get(index, {})
-            h = held.get(key)
+            h = self._held.get(index, {}).get(key)
             if h is None:
                 return
             if reply.already_applied and reply.seq == 0 or reply.seq <= reply.confirmed_upto:
                 self.stats["replayed_already_applied"] += int(reply.already_applied)
-                del held[key]  # kept by recovery (durable) or confirmed already
+                self._release_locked(index, key)  # kept by recovery (durable) or confirmed already
             else:
+                by = self._held_by[index]
+                by[h.server_id] -= 1
+                if not by[h.server_id]:
+                    del by[h.server_id]
+                by[reply.server_id] += 1
                 h.seq, h.server_id = reply.seq, reply.server_id
 
     def held_indices(self) -> set[int]:

@@ -1,0 +1,98 @@
+"""The worker's courier (ecrec/client/courier.py) in one process: which held pushes wait for a replay.
+
+``held_elsewhere`` is asked before every request a worker sends (pull and push, every server, every step), so it
+answers from a count per incarnation instead of scanning the held pushes; these tests drive acknowledgements,
+confirmations, retries and replays in random orders and check it against the definition -- a held push of that
+index acknowledged by another incarnation than the one serving it -- and against ``to_replay``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ecrec.client.courier import Courier
+from ecrec.wire import embedding_pb2
+
+
+def _request(worker: str, sequence: int) -> embedding_pb2.PushRequest:
+    return embedding_pb2.PushRequest(push_id=embedding_pb2.PushId(worker=worker, sequence=sequence))
+
+
+def _key(request) -> tuple:
+    return (request.push_id.worker, request.push_id.incarnation, request.push_id.sequence)
+
+
+def _by_definition(courier: Courier, index: int, server_id) -> bool:
+    return any(h.server_id != server_id for h in courier._held.get(index, {}).values())
+
+
+def test_held_elsewhere_is_what_the_held_pushes_say_through_acks_confirmations_retries_and_replays():
+    rng = random.Random(7)
+    courier = Courier()
+    incarnations = {0: "a0", 1: "b0"}
+    seqs = {0: 0, 1: 0}
+    sent: dict[int, list] = {0: [], 1: []}
+    checked = 0
+    for step in range(3000):
+        index = rng.randrange(2)
+        op = rng.random()
+        sid = incarnations[index]
+        if op < 0.45:  # a new push, acknowledged (unconfirmed, or durable at once)
+            seqs[index] += 1
+            request = _request("w", step)
+            confirmed = seqs[index] - rng.randrange(0, 4)
+            courier.pushed(index, request, embedding_pb2.PushReply(seq=seqs[index], confirmed_upto=max(0, confirmed),
+                                                                   server_id=sid))
+            sent[index].append(request)
+        elif op < 0.55 and sent[index]:  # a retry of an earlier push, answered by the incarnation serving now
+            request = rng.choice(sent[index])
+            courier.pushed(index, request, embedding_pb2.PushReply(seq=seqs[index], confirmed_upto=max(0, seqs[index] - 1),
+                                                                   server_id=sid))
+        elif op < 0.75:  # a reply that confirms a prefix
+            courier.received(index, embedding_pb2.PushReply(server_id=sid, confirmed_upto=max(0, seqs[index] - rng.randrange(3))))
+        elif op < 0.82:  # the owner fails: a new incarnation serves the index
+            incarnations[index] = f"{'ab'[index]}{step}"
+            seqs[index] = 0
+        else:  # replays to the incarnation serving now: kept by recovery, or applied anew
+            for key, request in courier.to_replay(index, sid)[: rng.randrange(1, 4)]:
+                if rng.random() < 0.5:
+                    reply = embedding_pb2.PushReply(already_applied=True, seq=0, server_id=sid)
+                else:
+                    seqs[index] += 1
+                    reply = embedding_pb2.PushReply(seq=seqs[index], confirmed_upto=max(0, seqs[index] - 1), server_id=sid)
+                courier.replayed(index, key, reply)
+        for i in (0, 1):
+            for server_id in (incarnations[i], "someone else", None):
+                expected = _by_definition(courier, i, server_id)
+                assert courier.held_elsewhere(i, server_id) == expected, (step, i, server_id)
+                assert bool(courier.to_replay(i, server_id or "")) == _by_definition(courier, i, server_id or "")
+                checked += expected
+    assert checked > 100  # replays were pending often, not only at the start
+
+
+def test_a_retry_acknowledged_by_a_new_incarnation_moves_its_push_there():
+    courier = Courier()
+    request = _request("w", 1)
+    courier.pushed(0, request, embedding_pb2.PushReply(seq=5, confirmed_upto=4, server_id="old"))
+    assert courier.held_elsewhere(0, "new") and not courier.held_elsewhere(0, "old")
+    courier.pushed(0, request, embedding_pb2.PushReply(seq=1, confirmed_upto=0, server_id="new"))
+    assert not courier.held_elsewhere(0, "new") and courier.held_elsewhere(0, "old")
+    assert courier.unconfirmed(0) == 1
+    courier.received(0, embedding_pb2.PushReply(server_id="new", confirmed_upto=1))
+    assert courier.unconfirmed(0) == 0 and not courier.held_elsewhere(0, "old")
+
+
+@pytest.mark.parametrize("already_applied", [True, False])
+def test_a_replayed_push_is_released_or_held_by_the_incarnation_that_answered(already_applied):
+    courier = Courier()
+    request = _request("w", 1)
+    courier.pushed(0, request, embedding_pb2.PushReply(seq=3, confirmed_upto=1, server_id="old"))
+    [(key, _)] = courier.to_replay(0, "new")
+    reply = (embedding_pb2.PushReply(already_applied=True, seq=0, server_id="new") if already_applied
+             else embedding_pb2.PushReply(seq=2, confirmed_upto=1, server_id="new"))
+    courier.replayed(0, key, reply)
+    assert not courier.held_elsewhere(0, "new")
+    assert courier.unconfirmed(0) == (0 if already_applied else 1)
+    assert courier.held_elsewhere(0, "old") == (not already_applied)
