@@ -211,6 +211,30 @@ def test_client_side_errors(env):
         client.pull("nope", [0])
 
 
+def test_no_ids_give_an_empty_result_and_huge_unsigned_ids_are_named_as_they_are(env):
+    """``[]`` (float64 to numpy) is no ids, as an empty int64 array is: pull and read_rows give ``(0, dim)``,
+    write_rows writes nothing; an unsigned id beyond int64 is refused naming it, not its wrapped -1."""
+    _, client = env
+    before = client.read_payload("t")[1].copy()
+    for ids in ([], (), np.array([], dtype=np.int64), torch.tensor([], dtype=torch.int64)):
+        assert tuple(client.pull("t", ids).shape) == (0, DIM)
+        assert client.pull_many({"t": ids})["t"].shape[0] == 0
+        assert len(client.read_rows("t", ids)) == 0
+    assert client.write_rows("t", [], np.zeros((0, DIM), np.float32)) == 0
+    with pytest.raises(IndexError, match=str(2**64 - 1)):
+        client.pull("t", np.array([2**64 - 1], dtype=np.uint64))
+    np.testing.assert_array_equal(client.read_payload("t")[1], before)  # nothing changed
+
+
+def test_a_step_every_server_refuses_says_nothing_was_applied():
+    from ecrec.client import StepPartlyApplied
+
+    text = str(StepPartlyApplied(7, {}, {0: "INVALID_ARGUMENT: non-finite", 1: "INVALID_ARGUMENT: non-finite"}))
+    assert "nothing applied anywhere" in text and "partly" not in text and "server 1" in text
+    text = str(StepPartlyApplied(7, {1: 3}, {0: "INVALID_ARGUMENT: non-finite"}))
+    assert "partly applied" in text and "server 1 (3 rows)" in text and "do not retry" in text
+
+
 def test_a_step_with_a_nan_in_one_row_applies_nowhere(env):
     """One row's gradient holds a NaN: ``step()`` refused it before sending, naming the table, and no server
     applied any part of the step (the server holding the NaN row refused its part while the other applied

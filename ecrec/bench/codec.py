@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1 or row < 1 or args.size_mib <= 0:
         print("error: --repeat, --row-bytes and --size-mib must be positive", file=sys.stderr)
         return 2
+    if k < 1 or m < 1:
+        print(f"error: --k and --m must be at least 1 (got k={k}, m={m})", file=sys.stderr)
+        return 2
     total = int(args.size_mib * (1 << 20))
     n = max(1, total // k)  # one stripe of k rows of n bytes
     stripes = max(1, total // (k * row))  # stripes of row-sized rows
@@ -153,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         # one stripe: every parity row of (m, n) from one data row of n bytes
         stripe_parity = _to_device(kernel, np.zeros((m, n), dtype=np.uint8))
         row_delta = _to_device(kernel, data[0])
-        times = _measure(lambda: c.apply_delta(stripe_parity, 1, row_delta), reps, sync)
+        # the stripe's last data position (k = 1 has only position 0)
+        times = _measure(lambda: c.apply_delta(stripe_parity, k - 1, row_delta), reps, sync)
         figures.append(_figure("delta_stripe", kernel.description, n, times, f"delta bytes, into {m} parity rows"))
         del parity, d, stripe_parity, row_delta
 

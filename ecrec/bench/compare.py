@@ -288,11 +288,24 @@ def run(args) -> int:
     if error:
         print(f"ecrec-bench compare: {error}", file=sys.stderr)
         return 2
+    for flag, key in (("--servers", "servers"), ("--steps", "steps"), ("--batch-size", "batch_size")):
+        if cfg.get(key) is not None and cfg[key] < 1:
+            print(f"ecrec-bench compare: {flag} must be at least 1, got {cfg[key]}", file=sys.stderr)
+            return 2
     known = strategy_names()
-    strategies = [s.strip() for s in (args.strategies or ",".join(known)).split(",") if s.strip()]
+    strategies = [s.strip() for s in (",".join(known) if args.strategies is None else args.strategies).split(",")
+                  if s.strip()]
+    if not strategies:
+        print(f"ecrec-bench compare: --strategies is empty; choose from {', '.join(known)} (or leave it out: all)",
+              file=sys.stderr)
+        return 2
     unknown = [s for s in strategies if s not in known]
     if unknown:
         print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(known)}", file=sys.stderr)
+        return 2
+    if any(_kind(s) == "erasure" for s in strategies) and (cfg["k"] < 1 or cfg["m"] < 1):
+        print(f"ecrec-bench compare: --k and --m must be at least 1 for {', '.join(s for s in strategies if _kind(s) == 'erasure')}"
+              f" (got k={cfg['k']}, m={cfg['m']})", file=sys.stderr)
         return 2
     if not 0 <= cfg["fail_server"] < cfg["servers"]:
         print(f"ecrec-bench compare: --fail-server must be in [0, {cfg['servers']})", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import statistics
 import time
 
@@ -89,10 +90,16 @@ def run(args) -> int:
     from ecrec.client import Cluster, EmbeddingBag
     from ecrec.ops.local import LocalCluster, LocalClusterSpec
 
+    from ecrec.strategies.registry import cluster_error
+
     try:
         _positive(args)
     except ValueError as exc:
-        print(f"ecrec-bench control-plane: {exc}")
+        print(f"ecrec-bench control-plane: {exc}", file=sys.stderr)
+        return 2
+    error = cluster_error("ecrec", args.servers, 2, 1, {})
+    if error:  # before any process starts
+        print(f"ecrec-bench control-plane: --servers {args.servers}: {error}", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
     clusters = {}

@@ -385,11 +385,13 @@ def _check(args) -> str:
     for flag, strategy, items in (("--strategy/--option/--k/--m", args.strategy, args.option),
                                   ("--against/--against-option/--k/--m", args.against, args.against_option)):
         kind = get_spec(strategy).kind if strategy else None
-        if kind not in ("none", "erasure"):  # a checkpointing strategy's options: its workload adds its own
+        options = dict(item.split("=", 1) for item in items)
+        if kind == "checkpoint" and args.rows is not None:  # --rows: its directory is the profile's, its interval
+            options.setdefault("dir", "checkpoints")        # the user's to give (the quick preset models one)
+        elif kind not in ("none", "erasure"):
             continue
         erasure = kind == "erasure"
-        error = cluster_error(strategy, args.servers, args.k if erasure else 0, args.m if erasure else 0,
-                              dict(item.split("=", 1) for item in items))
+        error = cluster_error(strategy, args.servers, args.k if erasure else 0, args.m if erasure else 0, options)
         if error:
             return f"{flag}: {error}"
     return ""

@@ -136,6 +136,8 @@ def check_args(args) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1"
     if args.failures < 1:
         return "--failures must be >= 1"
+    if args.failures > 1 and not args.during_training:
+        return "--failures needs --during-training (an idle run kills one server once)"
     for name in ("before_s", "after_s", "max_s", "mtbf_hours", "cost_mtbf_hours"):
         if not getattr(args, name) > 0:
             return f"--{name.replace('_', '-')} must be > 0"
@@ -497,6 +499,11 @@ def print_report(rows: list[dict], during_training: bool, costs: dict) -> None:
         print_cost_tables(costs, COST_NOTE)
 
 
+def _how_much_sooner(ours: float, theirs: float) -> str:
+    """``2.50x sooner`` or ``4.00x later`` (never ``0.25x sooner``)."""
+    return f"{theirs / ours:.2f}x sooner" if ours <= theirs else f"{ours / theirs:.2f}x later"
+
+
 def _print_ratios(rows: list[dict], during_training: bool) -> None:
     by = {r["strategy"]: r for r in rows}
     ec = by.get("ecrec")
@@ -505,7 +512,8 @@ def _print_ratios(rows: list[dict], during_training: bool) -> None:
     for other in ("full", "cpr"):
         o = by.get(other)
         if o and o.get("redundant_s") and ec.get("redundant_s"):
-            print(f"ecrec fully redundant {o['redundant_s'] / ec['redundant_s']:.2f}x sooner than {other}")
+            print(f"ecrec fully redundant {_how_much_sooner(ec['redundant_s'], o['redundant_s'])} than {other} "
+                  f"({ec['redundant_s']:.2f} s against {o['redundant_s']:.2f} s)")
         if during_training and o and o.get("lost_training_s") and ec.get("lost_training_s") is not None:
             print(f"ecrec training time lost per failure / {other}'s (both measured, {other}'s over its interval): "
                   f"{ec['lost_training_s'] / o['lost_training_s']:.3f}")

@@ -15,6 +15,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -80,12 +82,15 @@ def run(args) -> int:
         if not isinstance(report, dict) or "runs" not in report or "config" not in report:
             raise ValueError("it has no 'runs' and 'config': not written by `ecrec-bench compare --json`")
         figures, warnings = recompute(report, args.cost_mtbf_hours)
+        table = io.StringIO()  # rendered whole before anything is printed: a damaged config fails here, cleanly
+        with contextlib.redirect_stdout(table):
+            compare_report.print_report(figures, report["config"], warnings)
+        worst, where = largest_difference(report, figures)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         print(f"ecrec-bench report: cannot recompute {args.path!r}: {what}", file=sys.stderr)
         return 2
-    compare_report.print_report(figures, report["config"], warnings)
-    worst, where = largest_difference(report, figures)
+    print(table.getvalue(), end="")
     print(f"\nrecomputed from the records in {args.path}: largest relative difference from the saved table "
           f"{worst:.2e}" + (f" ({where})" if where else ""))
     if args.json:

@@ -134,8 +134,16 @@ def run(args) -> int:
     import torch  # here, not at import: the report of a saved JSON (docs/results.md) needs no torch
 
     torch.set_num_threads(1)  # the servers share this machine's cores with the client
+    for name, value in (("--servers", args.servers), ("--rows", args.rows), ("--dim", args.dim),
+                        ("--batch", args.batch), ("--rounds", args.rounds)):
+        if value < 1:
+            print(f"ecrec-bench server: {name} must be at least 1, got {value}", file=sys.stderr)
+            return 2
+    if not args.seconds > 0:
+        print(f"ecrec-bench server: --seconds must be positive, got {args.seconds:g}", file=sys.stderr)
+        return 2
     if args.batch > args.rows:
-        print("ecrec-bench server: --batch must not exceed --rows", file=sys.stderr)
+        print(f"ecrec-bench server: --batch must not exceed --rows ({args.batch} > {args.rows})", file=sys.stderr)
         return 2
     print(f"ecrec-bench server: {args.rows} rows x {args.dim} float32, {args.batch} rows per pull/push", file=sys.stderr)
     load_before = os.getloadavg()  # the JSON keeps it: a figure measured beside other jobs is read as such

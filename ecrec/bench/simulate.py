@@ -1100,6 +1100,10 @@ def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
         if not os.path.isdir(args.from_results):
             raise FileNotFoundError(args.from_results)
         found, _ = measured_results(args.from_results)
+        if not found:  # every input would silently be the built-in default
+            raise ValueError(f"--from-results {args.from_results}: no result file there gives any input "
+                             f"({', '.join(sorted(REGENERATED))}): point it at a directory of result JSONs "
+                             "(docs/results)")
         inputs.update(found)
         notes += [f"{name}: not measured in {args.from_results}" for name in REGENERATED if name not in found]
     if args.from_compare:

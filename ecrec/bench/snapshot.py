@@ -47,8 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restore-servers", type=int, default=3, help="servers of the restoring cluster (default 3)")
     p.add_argument("--restore-k", type=int, default=2)
     p.add_argument("--restore-m", type=int, default=1)
-    p.add_argument("--dir", default=None, help="where the snapshot is written (default: a temporary directory, "
-                                                "removed after)")
+    p.add_argument("--dir", default=None, help="the directory to write the snapshot in, as DIR/snapshot (on the "
+                                                "disk to measure; default: a temporary directory); the snapshot is "
+                                                "removed after the run unless --keep")
+    p.add_argument("--keep", action="store_true", help="keep the snapshot after the run (in --dir, or the temporary "
+                                                       "directory, which is then named)")
     p.add_argument("--verify", choices=["all", "sample", "no"], default="sample",
                    help="compare the restored rows with the saved ones: all, a sample of 100,000, or not")
     p.add_argument("--seed", type=int, default=0)
@@ -207,7 +210,12 @@ def run(args) -> int:
     if path.exists():
         print(f"ecrec-bench snapshot: {path} exists; choose another --dir", file=sys.stderr)
         return 2
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "dir"}
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"ecrec-bench snapshot: cannot use --dir {args.dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("dir", "keep")}
     if config.get("json"):
         config["json"] = os.path.basename(config["json"])  # the file's name, not this machine's path
     out = {"config": config,
@@ -261,14 +269,17 @@ def run(args) -> int:
         for local in (source_local, target_local):
             if local is not None:
                 local.close()
-        shutil.rmtree(path, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(path, ignore_errors=True)
     try:  # with no cluster running: the disk alone
         out["disk_mb_per_s"] = disk_rate(work, out["save"]["bytes"])
     finally:
-        if not args.dir:
+        if not args.dir and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     out["load_average_after"] = list(os.getloadavg())
     print_summary(out)
+    if args.keep:
+        print(f"the snapshot is kept in {path} (ecrec-server restore, or Cluster.load, reads it)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

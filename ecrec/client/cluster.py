@@ -312,8 +312,12 @@ class Cluster:
         if isinstance(ids, torch.Tensor):
             ids = ids.detach().cpu().numpy()
         ids = np.asarray(ids)
+        if ids.size == 0:  # no ids (``[]`` is float64 to numpy): an empty result, nothing sent
+            return spec, np.empty(0, dtype=np.int64)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"table {name!r}: ids must be integers, got {ids.dtype}")
+        if ids.dtype.kind == "u" and ids.max() >= spec.num_rows:  # before int64 wraps 2**64 - 1 round to -1
+            raise IndexError(f"table {name!r}: row id {int(ids.max())} out of range [0, {spec.num_rows})")
         ids = ids.astype(np.int64, copy=False).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= spec.num_rows):
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
@@ -327,7 +331,8 @@ class Cluster:
         return {i: order[bounds[i]:bounds[i + 1]] for i in range(self.layout.num_servers) if bounds[i + 1] > bounds[i]}
 
     def pull(self, name: str, ids) -> torch.Tensor:
-        """Current weights of rows ``ids`` as a float32 tensor ``(len(ids), dim)``."""
+        """Current weights of rows ``ids`` as a float32 tensor ``(n, dim)``: ``n`` ids, of any shape, taken in
+        flattened order (``[]`` gives ``(0, dim)``)."""
         return self.pull_many({name: ids})[name]
 
     def pull_many(self, requests: dict) -> dict[str, torch.Tensor]:

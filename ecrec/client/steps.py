@@ -26,12 +26,16 @@ class StepPartlyApplied(ClusterError):
     ``applied``: server index -> rows updated there; ``refused``: server index -> the server's status and
     reason (its content -- a result that would not be finite --, a bound, the caller's rights).  A refused part
     changed nothing on its server; an applied part stays applied (and redundant) -- the step's gradients are
-    spent, so do not retry the step: remove the cause and go on with the next one."""
+    spent, so do not retry the step: remove the cause and go on with the next one.  (A step every server refused
+    -- ``applied`` empty -- says so: nothing of it was applied anywhere.)"""
 
     def __init__(self, step: int, applied: dict[int, int], refused: dict[int, str]):
         self.step, self.applied, self.refused = step, applied, refused
         parts = "; ".join(f"server {i}: {why}" for i, why in sorted(refused.items()))
-        done = (", ".join(f"server {i} ({rows} rows)" for i, rows in sorted(applied.items())) or "none")
+        if not applied:  # every part it had was refused: nothing to keep, nothing half done
+            super().__init__(f"step {step} refused by every server it went to, nothing applied anywhere: {parts}")
+            return
+        done = ", ".join(f"server {i} ({rows} rows)" for i, rows in sorted(applied.items()))
         super().__init__(f"step {step} partly applied: applied by {done}; refused, nothing changed there, by {parts}. "
                          "The applied parts stay applied: do not retry this step")
 

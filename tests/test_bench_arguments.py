@@ -1,0 +1,81 @@
+"""``ecrec-bench``'s sub-commands refuse what they cannot run -- before any process starts -- with one line that
+names the flag and exit status 2, never a traceback; and what they do run keeps what the user asked to keep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ecrec.bench import cli
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["compare", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["compare", "--steps", "0"], "--steps must be at least 1"),
+    (["compare", "--servers", "0"], "--servers must be at least 1"),
+    (["compare", "--k", "0"], "--k and --m must be at least 1"),
+    (["compare", "--strategies", ""], "--strategies is empty"),
+    (["server", "--batch", "0"], "--batch must be at least 1"),
+    (["server", "--rounds", "0"], "--rounds must be at least 1"),
+    (["server", "--servers", "0"], "--servers must be at least 1"),
+    (["server", "--seconds", "0"], "--seconds must be positive"),
+    (["server", "--rows", "0"], "--rows must be at least 1"),
+    (["server", "--rows", "10", "--batch", "20"], "--batch must not exceed --rows (20 > 10)"),
+    (["control-plane", "--servers", "2"], "exceeds the number of servers"),
+    (["profile", "--strategy", "full", "--rows", "3", "--no-py-spy"], "needs an interval"),
+    (["recovery", "--rows", "10", "--failures", "2"], "--failures needs --during-training"),
+    (["codec", "--k", "0", "--size-mib", "1"], "--k and --m must be at least 1"),
+])
+def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_simulate_refuses_a_results_directory_with_nothing_to_read(tmp_path, capsys):
+    assert cli.main(["simulate", "--from-results", str(tmp_path)]) == 2
+    assert "no result file there gives any input" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["drop", "garble"])
+def test_report_of_a_compare_json_with_a_damaged_config_fails_cleanly(damage, tmp_path, capsys):
+    report = json.loads((RESULTS / "compare-quick.json").read_text())
+    if damage == "drop":
+        del report["config"]["mtbf_s"]
+    else:
+        report["config"]["mtbf_s"] = "abc"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    assert cli.main(["report", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "cannot recompute" in out.err and out.out == ""  # nothing half printed
+
+
+def test_codec_runs_a_code_of_one_data_row(capsys):
+    assert cli.main(["codec", "--k", "1", "--m", "1", "--size-mib", "0.25", "--repeat", "1"]) == 0
+
+
+def test_recovery_says_later_not_a_fraction_sooner():
+    from ecrec.bench.recovery import _how_much_sooner
+
+    assert _how_much_sooner(1.0, 2.5) == "2.50x sooner"
+    assert _how_much_sooner(0.55, 0.04) == "13.75x later"
+
+
+@pytest.mark.cluster
+def test_snapshot_bench_keeps_the_snapshot_when_asked(tmp_path, capsys):
+    keep = tmp_path / "mine"
+    assert cli.main(["snapshot", "--rows", "50", "--dim", "2", "--servers", "3", "--restore-servers", "3",
+                     "--dir", str(keep), "--keep"]) == 0
+    assert (keep / "snapshot").is_dir() and any((keep / "snapshot").iterdir())
+    assert "kept in" in capsys.readouterr().out
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert cli.main(["snapshot", "--rows", "50", "--dim", "2", "--dir", str(blocked / "sub")]) == 2
+    assert "cannot use --dir" in capsys.readouterr().err
+    shutil.rmtree(keep)
