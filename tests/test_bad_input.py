@@ -350,3 +350,17 @@ def test_all_rows_cannot_ask_for_more_than_a_message(make_cluster):
         embedding_pb2.ReadPayloadRequest(table="big", all_rows=True), timeout=30),
         grpc.StatusCode.INVALID_ARGUMENT, ["all_rows", "read by ids"])
     client.close()
+
+
+def test_connecting_to_an_address_nobody_serves_says_so_while_it_waits(caplog):
+    import logging
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on (bound, never listening: connections are refused)
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        with caplog.at_level(logging.WARNING, logger="ecrec.client"):
+            with pytest.raises(ClusterError, match="not ready after 1.2 s: the coordinator does not answer"):
+                Cluster.connect(address, wait_ready_s=1.2)
+    said = [r.getMessage() for r in caplog.records if "waiting for the cluster" in r.getMessage()]
+    assert len(said) == 1 and address in said[0], said  # once, naming the address

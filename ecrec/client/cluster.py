@@ -133,11 +133,12 @@ class Cluster:
     def connect(cls, address: str, config: ClientConfig | None = None, worker: str | None = None,
                 wait_ready_s: float = 60.0, on_wait=None) -> "Cluster":
         """Connects and waits (up to ``wait_ready_s``, each poll of the coordinator at most 5 s of it) until every
-        server index is served; ``on_wait(text)``, if given, hears what it waits for every few seconds, and the
-        error at the deadline says it too.  A client that gives up closes what it opened."""
+        server index is served; ``on_wait(text)``, if given, hears what it waits for every few seconds (else it is
+        logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what it opened."""
         cluster = cls(address, config, worker)
         start = time.monotonic()
-        deadline, next_word = start + wait_ready_s, start + 5.0
+        deadline, next_word = start + wait_ready_s, start + min(5.0, wait_ready_s / 2)
+        warned = False
         try:
             while True:
                 try:
@@ -153,8 +154,13 @@ class Cluster:
                 now = time.monotonic()
                 if now >= deadline:
                     raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:g} s: {why}")
-                if on_wait is not None and now >= next_word:
-                    on_wait(f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:g} s): {why}")
+                if now >= next_word and (on_wait is not None or not warned):
+                    text = f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:g} s): {why}"
+                    if on_wait is not None:
+                        on_wait(text)
+                    else:  # said once: a wrong address is not a silent minute
+                        log.warning("%s; still waiting (Cluster.connect's wait_ready_s)", text)
+                        warned = True
                     next_word = now + 5.0
                 time.sleep(min(0.1, max(0.0, deadline - now)))
         except BaseException:
