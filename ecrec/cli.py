@@ -20,6 +20,7 @@ import faulthandler
 import logging
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -307,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ecrec-server local: {exc}", file=sys.stderr)
         return 2
+    if args.standby < 0:
+        print(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0", file=sys.stderr)
+        return 2
     try:
         cluster = LocalCluster(LocalClusterSpec(
             servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,
@@ -322,26 +326,47 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"coordinator at {cluster.coordinator_address} ({args.num_servers} servers, {args.standby} standby, "
           f"strategy {args.strategy}); Ctrl-C stops them all", flush=True)
-    print(ready_message(cluster.coordinator_address, cluster.metrics_addresses()), flush=True)
-    _wait_for_signal(cluster.close)
+    print(ready_message(cluster.coordinator_address, cluster.metrics_addresses(), args.token_file), flush=True)
+    done, gone = threading.Event(), []
+
+    def watch() -> None:  # a cluster whose every coordinator exited serves nobody: it stops, and says why
+        while not done.wait(0.5):
+            procs = [p for p in (cluster.coordinator_procs or [cluster.coordinator_proc]) if p is not None]
+            if procs and all(p.poll() is not None for p in procs):
+                gone.append(procs[-1].returncode)
+                logging.getLogger("ecrec").error("the coordinator exited (status %s): stopping the cluster",
+                                                 procs[-1].returncode)
+                done.set()
+
+    threading.Thread(target=watch, name="ecrec-local-watch", daemon=True).start()
+    _wait_for_signal(cluster.close, done)
+    if gone:
+        print(f"ecrec-server local: the coordinator exited (status {gone[0]}); the cluster was stopped",
+              file=sys.stderr)
+        return 1
     return 0
 
 
-def ready_message(address: str, metrics_addresses: dict | None = None) -> str:
-    """What ``ecrec-server local`` prints once the cluster is ready: how to connect, watch and inspect it."""
+def ready_message(address: str, metrics_addresses: dict | None = None, token_file: str | None = None) -> str:
+    """What ``ecrec-server local`` prints once the cluster is ready: how to connect, watch and inspect it (with
+    the token file every call must carry, when the cluster asks for one)."""
+    token = os.path.abspath(token_file) if token_file else None
     lines = [
         "",
         "Connect from Python (paste into a shell started from this environment):",
         "",
         "    import torch",
         "    from ecrec.client import Cluster, EmbeddingBag",
-        f'    cluster = Cluster.connect("{address}")',
+        *(["    from ecrec.config import ClientConfig",
+           f'    cluster = Cluster.connect("{address}", config=ClientConfig(token_file={token!r}))'] if token
+          else [f'    cluster = Cluster.connect("{address}")']),
         '    cluster.create_table("user", num_rows=100_000, dim=16, optimizer="adagrad", lr=0.05, seed=1)',
         '    emb = EmbeddingBag(cluster, "user", mode="sum")',
         "    out = emb(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2]))   # two bags of two rows",
         "    out.sum().backward(); cluster.step()                           # push the gradients",
         "",
-        f"Cluster state: ecrec-server status --coordinator {address}",
+        f"Cluster state: ecrec-server status --coordinator {address}"
+        + (f" --token-file {shlex.quote(token)}" if token else ""),
     ]
     if metrics_addresses:
         lines.append("Prometheus metrics: " + ", ".join(f"{name} http://{a}/metrics"

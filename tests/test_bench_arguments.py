@@ -79,3 +79,26 @@ def test_snapshot_bench_keeps_the_snapshot_when_asked(tmp_path, capsys):
     assert cli.main(["snapshot", "--rows", "50", "--dim", "2", "--dir", str(blocked / "sub")]) == 2
     assert "cannot use --dir" in capsys.readouterr().err
     shutil.rmtree(keep)
+
+
+@pytest.mark.cluster
+def test_a_snapshot_path_every_server_cannot_reach_alike_is_refused_and_nothing_written(make_cluster, tmp_path,
+                                                                                          monkeypatch):
+    """An empty path (an unset variable) wrote every server's part into its working directory and reported
+    success; a ``memory://`` URL wrote each part into one process's memory: neither could be read back."""
+    from ecrec.client import Cluster
+    from ecrec.snapshot import SnapshotError
+
+    local = make_cluster(servers=2)
+    client = Cluster.connect(local.coordinator_address)
+    try:
+        client.create_table("t", 10, 2)
+        monkeypatch.chdir(tmp_path)
+        for path in ("", "  ", "memory://snap"):
+            with pytest.raises(SnapshotError, match="empty|memory filesystem"):
+                client.save(path)
+            with pytest.raises(SnapshotError, match="empty|memory filesystem"):
+                client.load(path)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        client.close()

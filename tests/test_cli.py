@@ -54,6 +54,30 @@ def test_local_cluster_serves_and_stops_every_process(sig):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
+    """A coordinator that stops (here: its restore finds no snapshot) leaves servers serving nobody; ``local`` used
+    to keep them running, logging failed lease renewals three times a second, until someone noticed."""
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "3",
+                             "--strategy", "ecrec", "--k", "2", "--m", "1", "--restore", str(tmp_path / "nowhere")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            children |= children_of(proc.pid)
+            time.sleep(0.2)
+        assert proc.returncode == 1, proc.returncode
+        assert "the coordinator exited" in proc.stderr.read()
+        deadline = time.monotonic() + 10
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert children and not any(alive(c) for c in children)
+    finally:
+        for pid in [proc.pid, *children]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_bad_command_lines_fail_clearly():
     run = lambda *a: subprocess.run([sys.executable, "-m", "ecrec.cli", *a], capture_output=True, text=True, timeout=60)
     r = run("coordinator", "--port", "0", "--servers", "3", "--strategy", "ecrec", "--k", "3", "--m", "1")
@@ -71,6 +95,10 @@ def test_bad_command_lines_fail_clearly():
     # a wildcard bind address is no address to reach a server at: refused before anything binds or registers
     r = run("serve", "--coordinator", "127.0.0.1:1", "--host", "0.0.0.0")
     assert r.returncode == 2 and "--host 0.0.0.0 binds every interface" in r.stderr and "--advertise-host" in r.stderr
+    r = run("status", "--coordinator", "127.0.0.1:93241")  # gRPC would take it modulo 65536: another port
+    assert r.returncode == 2 and "'127.0.0.1:93241': not host:port with a port in 1-65535" in r.stderr
+    r = run("local", "--servers", "2", "--standby", "-1")
+    assert r.returncode == 2 and "--standby -1: a number of spare servers is >= 0" in r.stderr
     r = run("local", "--servers", "2", "--option", "novalue")
     assert r.returncode == 2 and "ecrec-server local: --option takes KEY=VALUE, got 'novalue'" in r.stderr
     # a port number out of range is refused before anything binds or registers (a server waited on before)

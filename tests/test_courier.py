@@ -96,3 +96,41 @@ def test_a_replayed_push_is_released_or_held_by_the_incarnation_that_answered(al
     assert not courier.held_elsewhere(0, "new")
     assert courier.unconfirmed(0) == (0 if already_applied else 1)
     assert courier.held_elsewhere(0, "old") == (not already_applied)
+
+
+@pytest.mark.cluster
+def test_a_worker_gets_its_confirmations_whatever_table_comes_first_and_with_dense_only_pushes(make_cluster):
+    """``wait_confirmed`` (and ``close``) ask every index that holds the worker's pushes for something it serves:
+    a first table of one row has rows on one index only (the others were never asked: the wait ran out and
+    close warned of pushes it would lose), and a worker that pushed dense gradients only asks for them."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from ecrec.client import Cluster, EmbeddingBag
+    from ecrec.config import ClientConfig
+
+    # groups close after 3 s without pushes: the steps' own replies do not confirm them
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, options={"coalesce_s": "3"})
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(idle_poll_s=0), worker="w")
+    try:
+        linear = torch.nn.Linear(4, 4)
+        client.register_dense(linear)
+        linear(torch.ones(1, 4)).sum().backward()
+        client.step()
+        assert client.wait_confirmed(20) == 0
+        client.create_table("tiny", 1, 4)
+        client.create_table("big", 3000, 4)
+        bag = EmbeddingBag(client, "big")
+        ids = torch.as_tensor(np.arange(0, 3000, 7))
+        for _ in range(3):
+            bag(ids[None, :]).sum().backward()
+            client.step()
+        assert client.courier.held_indices() == {0, 1, 2}  # every index holds pushes to confirm
+        assert client.courier.unconfirmed() >= 3
+        t0 = time.monotonic()
+        assert client.wait_confirmed(20) == 0
+        assert time.monotonic() - t0 < 15
+    finally:
+        client.close(confirm_timeout_s=0)

@@ -169,6 +169,25 @@ def test_token_cluster_refuses_calls_without_the_token(make_cluster, tmp_path):
     health = health_pb2_grpc.HealthStub(transport.make_channel(server.health_address))
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
 
+    # what `ecrec-server local --token-file` prints works as printed: the snippet connects, the status line answers
+    import shlex
+    import subprocess
+    import sys
+
+    from ecrec.cli import ready_message
+
+    text = ready_message(local.coordinator_address, None, str(tmp_path / "token"))
+    code = [line[4:] for line in text.splitlines() if line.startswith("    ") and ("import" in line or "connect" in line)]
+    scope: dict = {}
+    exec("\n".join(code), scope)
+    assert scope["cluster"].map.ready
+    scope["cluster"].close()
+    [status_line] = [line for line in text.splitlines() if line.startswith("Cluster state: ")]
+    argv = shlex.split(status_line.split(": ", 1)[1])
+    assert argv[0] == "ecrec-server"
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 1) and "UNAUTHENTICATED" not in r.stderr, r.stderr
+
 
 def test_binding_a_non_loopback_address_without_tls_or_token_warns_once(tmp_path, caplog):
     """The warning names the address, once per address and process (a server binds two ports there); loopback

@@ -145,6 +145,15 @@ def test_from_configs_refuses_what_it_cannot_do(make_cluster):
         EmbeddingBagCollection.from_configs(cluster, [config(), config(name="u")])
     with pytest.raises(ValueError, match="at least one EmbeddingBagConfig"):
         EmbeddingBagCollection.from_configs(cluster, [])
+    # every config checked before any table is created: a bad size, a table that exists with another spec
+    with pytest.raises(ValueError, match="table .z.: .*dim"):
+        EmbeddingBagCollection.from_configs(cluster, [config(name="c3", feature_names=["g"]),
+                                                      config(name="z", embedding_dim=0, feature_names=["h"])])
+    cluster.create_table("other", 5, 2)
+    with pytest.raises(ValueError, match="table 'other' exists with another spec"):
+        EmbeddingBagCollection.from_configs(cluster, [config(name="c4", feature_names=["g"]),
+                                                      config(name="other", feature_names=["h"])])
+    assert {t.name for t in cluster.refresh_map().tables} == {"other"}  # nothing created
     collection = EmbeddingBagCollection.from_configs(cluster, [config(weight_init_min=-0.5, weight_init_max=0.5)])
     assert 10 ** -0.5 < float(cluster.pull("t", np.arange(10)).abs().max()) <= 0.5  # not the default range
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor

@@ -137,8 +137,8 @@ class Cluster:
         logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what it opened."""
         cluster = cls(address, config, worker)
         start = time.monotonic()
-        deadline, next_word = start + wait_ready_s, start + min(5.0, wait_ready_s / 2)
-        warned = False
+        deadline, next_word = start + wait_ready_s, start + 5.0
+        warn_at = None if on_wait is not None else start + min(5.0, wait_ready_s / 2)  # said once, logged
         try:
             while True:
                 try:
@@ -154,14 +154,13 @@ class Cluster:
                 now = time.monotonic()
                 if now >= deadline:
                     raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:g} s: {why}")
-                if now >= next_word and (on_wait is not None or not warned):
-                    text = f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:g} s): {why}"
-                    if on_wait is not None:
-                        on_wait(text)
-                    else:  # said once: a wrong address is not a silent minute
-                        log.warning("%s; still waiting (Cluster.connect's wait_ready_s)", text)
-                        warned = True
+                text = f"waiting for the cluster at {address} ({now - start:.0f} of {wait_ready_s:g} s): {why}"
+                if on_wait is not None and now >= next_word:
+                    on_wait(text)
                     next_word = now + 5.0
+                if warn_at is not None and now >= warn_at:  # no on_wait: a wrong address is not a silent minute
+                    log.warning("%s; still waiting (Cluster.connect's wait_ready_s)", text)
+                    warn_at = None
                 time.sleep(min(0.1, max(0.0, deadline - now)))
         except BaseException:
             cluster.close(confirm_timeout_s=0)  # nothing pushed yet: its channels and threads go
@@ -203,6 +202,38 @@ class Cluster:
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
+    def poll_indices(self, indices, give_up=None) -> int:
+        """Pulls, from each server index of ``indices``, one thing it serves -- the first row it owns of any table,
+        else a dense tensor it holds -- for the courier's sake only (relays out, confirmations back, held pushes
+        replayed to an owner's replacement; the idle keeper and :meth:`wait_confirmed`).  Returns how many
+        indices it reached (an index that serves nothing yet cannot be asked)."""
+        with self._lock:
+            m, layout = self.map, self.layout
+        if m is None or layout is None:
+            return 0
+        left = set(indices)
+        tables: dict[int, list] = {}
+        for t in m.tables:  # a table smaller than a stripe per server has rows on some indices only
+            if not left:
+                break
+            ids = np.arange(min(t.num_rows, layout.num_servers * layout.k), dtype=np.int64)
+            owners, _ = layout.locate(ids)
+            for index in list(left):
+                found = np.flatnonzero(owners == index)
+                if len(found):
+                    tables[index] = [embedding_pb2.TableIds(table=t.name, ids=transport.ids_to_bytes(ids[found[:1]]))]
+                    left.discard(index)
+        dense: dict[int, list[str]] = {}
+        for d in m.dense:  # pushes of dense gradients only go to their primaries, which hold them
+            for index in list(left):
+                if index in layout.dense_servers(d.name):
+                    dense[index] = [d.name]
+                    left.discard(index)
+        requests_by_server = {i: embedding_pb2.PullRequest(tables=tables.get(i, []), dense=dense.get(i, []),
+                                                           epoch=m.epoch) for i in set(tables) | set(dense)}
+        self._poll(requests_by_server, give_up)
+        return len(requests_by_server)
+
     def poll_rows(self, requests: dict[str, np.ndarray], give_up=None) -> None:
         """Pulls ``{table: ids}`` for the courier's sake only -- relays out, confirmations back, held pushes
         replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``).
@@ -212,8 +243,10 @@ class Cluster:
             for i, pos in self._group_by_server(ids).items():
                 per_server.setdefault(i, []).append(embedding_pb2.TableIds(table=name,
                                                                            ids=transport.ids_to_bytes(ids[pos])))
-        requests_by_server = {i: embedding_pb2.PullRequest(tables=tables, epoch=self.map.epoch)
-                              for i, tables in per_server.items()}
+        self._poll({i: embedding_pb2.PullRequest(tables=tables, epoch=self.map.epoch)
+                    for i, tables in per_server.items()}, give_up)
+
+    def _poll(self, requests_by_server: dict, give_up=None) -> None:
         for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:
             self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
             retry_s = min(self.config.retry_deadline_s, POLL_RETRY_S)
@@ -611,10 +644,18 @@ class Cluster:
         after ``timeout_s``.  Confirmations ride on replies, so this pulls a few rows meanwhile."""
         deadline = time.monotonic() + timeout_s
         while self.courier.unconfirmed():
-            if time.monotonic() > deadline or not self.map or not self.map.tables:
+            if time.monotonic() > deadline:
                 break
-            t = self.map.tables[0]
-            self.pull(t.name, np.arange(min(t.num_rows, 8 * self.map.num_servers)))
+            # every index that holds this worker's pushes, asked for something it serves (a tiny first table has
+            # rows on a few indices only; a worker that pushed dense gradients only asks for them)
+            try:
+                if not self.poll_indices(self.courier.held_indices()):
+                    break  # nothing to ask any of them for
+            except ClusterError:  # an index between two incarnations: asked again while time is left
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
             time.sleep(0.02)
         return self.courier.unconfirmed()
 

@@ -18,7 +18,6 @@ import threading
 import time
 import weakref
 
-import numpy as np
 
 log = logging.getLogger("ecrec.client")
 
@@ -98,27 +97,9 @@ class IdleKeeper:
                         else "", exc)
 
     def poll(self) -> None:
-        """One pull of a row of each index whose pushes the courier holds."""
+        """One pull from each index whose pushes the courier holds (:meth:`ecrec.client.cluster.Cluster.poll_indices`)."""
         cluster = self.cluster
         if cluster is None:
             return
-        indices = cluster.courier.held_indices()
-        m = cluster.map
-        if not indices or m is None or not m.tables or cluster.layout is None:
-            return
-        layout = cluster.layout
-        wanted: dict[str, list[int]] = {}
-        for t in m.tables:  # the first row of each index, from the first table that has one
-            ids = np.arange(min(t.num_rows, layout.num_servers * layout.k), dtype=np.int64)
-            owners, _ = layout.locate(ids)
-            for index in list(indices):
-                found = np.flatnonzero(owners == index)
-                if len(found):
-                    wanted.setdefault(t.name, []).append(int(ids[found[0]]))
-                    indices.discard(index)
-            if not indices:
-                break
-        if wanted:
+        if cluster.poll_indices(cluster.courier.held_indices(), give_up=self._closed.is_set):
             self.polls += 1
-            cluster.poll_rows({name: np.array(ids, np.int64) for name, ids in wanted.items()},
-                              give_up=self._closed.is_set)

@@ -10,6 +10,7 @@ import torch
 
 from ecrec.client.cluster import Cluster, ClusterError
 from ecrec.client.rows import as_array
+from ecrec.tables.spec import TableSpec
 from ecrec.tables.values import check_values
 
 class EmbeddingBag(torch.nn.Module):
@@ -131,6 +132,20 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(f"table {name!r}: weight_init_min/max must be unset or symmetric (-a, a), "
                                  f"got ({low}, {high})")
             scales.append(scale)
+        specs = []
+        for config, scale in zip(tables, scales):  # shapes and optimizer too, and against tables that exist
+            try:
+                specs.append(TableSpec(name=config.name, num_rows=int(config.num_embeddings),
+                                       dim=int(config.embedding_dim), optimizer=optimizer, lr=float(lr), eps=float(eps),
+                                       initial_accumulator_value=float(initial_accumulator_value), init="uniform",
+                                       init_scale=float(scale), seed=int(seed)).validate())
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"table {config.name!r}: {exc}") from None
+        existing = {t.name: TableSpec.from_proto(t) for t in cluster.refresh_map().tables}
+        for spec in specs:
+            if spec.name in existing and existing[spec.name] != spec:
+                raise ValueError(f"table {spec.name!r} exists with another spec ({existing[spec.name]}); nothing "
+                                 "was created")
         for n, (config, scale) in enumerate(zip(tables, scales)):  # every config checked before anything is created
             cluster.create_table(config.name, config.num_embeddings, config.embedding_dim, optimizer=optimizer, lr=lr,
                                  eps=eps, initial_accumulator_value=initial_accumulator_value, init="uniform",

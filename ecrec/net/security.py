@@ -172,8 +172,9 @@ def bind(server: grpc.Server, host: str, port: int, security: Security | None) -
             bound = server.add_secure_port(f"{host}:{port}", creds)
         else:
             bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as exc:
-        raise OSError(f"cannot bind {host}:{port}: {exc}") from exc
+    except RuntimeError as exc:  # gRPC says only "Failed to bind"
+        raise OSError(f"cannot bind {host}:{port}: in use (another process serves it) or not a local address "
+                      f"({exc})") from exc
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port} (in use or not a local address)")
     return bound

@@ -60,7 +60,9 @@ def make_server(max_workers: int, max_message_bytes: int = 256 << 20, security=N
     """A gRPC server; with ``security`` every call is checked (token, roles) before its handler runs."""
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ecrec-rpc"),
-        options=channel_options(max_message_bytes),
+        # no SO_REUSEPORT (gRPC's default on Linux): a port another process serves is "in use", not silently
+        # shared -- a second server there took half its calls (a coordinator answered as a server, and back)
+        options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
         interceptors=_security().interceptors(security),
     )
 

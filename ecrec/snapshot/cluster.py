@@ -81,6 +81,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     from ecrec.wire import embedding_pb2
 
     t0 = time.perf_counter()
+    _check_path(path)
     path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
@@ -334,6 +335,29 @@ class _ChunkReader:
         return array
 
 
+def _check_path(path) -> None:
+    """A snapshot's path must name a place every server and this client reach alike: not empty (an unset variable
+    would write into each process's working directory), not a filesystem that lives inside one process."""
+    if not str(path).strip():
+        raise SnapshotError("the snapshot path is empty: name a directory or an fsspec URL every server can reach")
+    if snapshot_files.is_url(path):
+        try:
+            from fsspec.core import url_to_fs
+            from fsspec.implementations.memory import MemoryFileSystem
+        except ImportError:
+            return  # opening it says what is missing
+        try:
+            fs, _ = url_to_fs(str(path))
+        except (ValueError, ImportError) as exc:
+            raise SnapshotError(f"snapshot URL {path!r}: {exc}") from None
+        while fs is not None:  # cached or wrapped filesystems hold the target in ``.fs``
+            if isinstance(fs, MemoryFileSystem):
+                raise SnapshotError(f"snapshot URL {path!r}: fsspec's memory filesystem lives inside one process; "
+                                    "each server writes its own part, so the snapshot would be in pieces nobody "
+                                    "can read back: use a directory or a URL every server reaches")
+            fs = getattr(fs, "fs", None)
+
+
 def load(cluster, path: str, on_progress=None) -> dict:
     """See :func:`_load`; a manifest whose structure is not what :func:`save` writes is refused as such."""
     try:
@@ -348,8 +372,15 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     lacks are created with the snapshot's specs, those it has must have the same shape and optimizer; every
     chunk is read and checked (checksum, finite values, Adagrad accumulators >= 0) before the first row is
     written.  The client holds a few chunks at a time.  Returns the manifest."""
+    _check_path(path)
     path = str(path)
     manifest = read_manifest(path)
+    lost = list(cluster.refresh_map().data_loss)
+    if lost:  # its replacements cannot rebuild those stripes, and refuse what would land on them: nothing written
+        raise SnapshotError(
+            f"this cluster lost data ({'; '.join(f'table {d.table!r}: {d.stripe_count} stripes' for d in lost)}: more "
+            f"than m failures in a stripe): a snapshot is loaded into a new cluster, not into this one -- start one "
+            f"(`ecrec-server local --restore {path}`, or `Cluster.load` on it); nothing was written here")
     tables, denses, existing, existing_dense = _check_specs(cluster, path, manifest)
     reader = _ChunkReader(path)
     order = []  # (table or dense, name, row offset, [(key, chunk)]): a chunk of rows, weights then state
