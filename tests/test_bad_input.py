@@ -364,3 +364,50 @@ def test_connecting_to_an_address_nobody_serves_says_so_while_it_waits(caplog):
                 Cluster.connect(address, wait_ready_s=1.2)
     said = [r.getMessage() for r in caplog.records if "waiting for the cluster" in r.getMessage()]
     assert len(said) == 1 and address in said[0], said  # once, naming the address
+
+
+def test_a_closed_client_refuses_every_call_naming_why_and_changes_nothing(make_cluster):
+    """After ``close()`` some calls failed with gRPC's raw ``ValueError`` and others quietly reopened a channel --
+    a step even pushed; now each raises ``ClusterError`` saying the client is closed, and closing again is harmless."""
+    from ecrec.client import EmbeddingBag
+
+    local = make_cluster(servers=2)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 10, 2, optimizer="sgd", lr=1.0)
+    bag = EmbeddingBag(client, "t")
+    watcher = Cluster.connect(local.coordinator_address)
+    try:
+        before = watcher.read_payload("t")[1].copy()
+        bag(torch.tensor([[1, 2]])).sum().backward()  # a gradient recorded before close, pushed by no one
+        client.close()
+        client.close()
+        for call in (lambda: client.pull("t", [1]), lambda: client.step(), lambda: client.refresh_map(),
+                     lambda: client.create_table("u", 5, 2), lambda: client.read_rows("t", [0]),
+                     lambda: client.save("/nonexistent/x"), lambda: bag(torch.tensor([[3]]))):
+            with pytest.raises(ClusterError, match="is closed: connect again"):
+                call()
+        np.testing.assert_array_equal(watcher.read_payload("t")[1], before)
+        assert "u" not in {t.name for t in watcher.refresh_map().tables}
+    finally:
+        watcher.close()
+
+
+def test_register_dense_checks_every_parameter_before_registering_any(make_cluster):
+    """A scalar parameter (a shape servers do not take) or a NaN initial value was found after the parameters
+    before it were registered (the NaN came back as UNAVAILABLE); now refused first, naming it, nothing registered."""
+    local = make_cluster(servers=2)
+    client = Cluster.connect(local.coordinator_address)
+    try:
+        module = torch.nn.Module()
+        module.first = torch.nn.Parameter(torch.ones(3))
+        module.scalar = torch.nn.Parameter(torch.tensor(2.5))
+        with pytest.raises(ValueError, match="parameter 'scalar'.*nothing registered"):
+            client.register_dense(module)
+        bad = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            bad.bias[0] = float("nan")
+        with pytest.raises(ValueError, match="parameter 'bias' holds NaN or Inf; nothing registered"):
+            client.register_dense(bad)
+        assert len(client.refresh_map().dense) == 0
+    finally:
+        client.close()

@@ -75,6 +75,17 @@ class Replacement:
     wall_time: float
 
 
+def _open(method):
+    """A method of a :class:`Cluster` that talks to the cluster: refused, naming why, once the client is closed (its
+    channels were shut: some calls failed with gRPC's raw ValueError, others quietly reopened a channel and pushed)."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self._closed:
+            raise ClusterError(f"this client (worker {self.worker}) is closed: connect again with Cluster.connect")
+        return method(self, *args, **kwargs)
+    return guarded
+
+
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers).
 
@@ -90,6 +101,7 @@ class Cluster:
         # this process (a restarted worker with the same name is another); 128 random bits, a secret: it goes to
         # the servers only, which keep and relay a hash of it (ecrec.strategies.base.push_key)
         self.incarnation = uuid.uuid4().hex
+        self._closed = False
         self._lock = threading.RLock()
         self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
                                              on_map=self._adopt, security=self.config.security)
@@ -167,6 +179,7 @@ class Cluster:
             raise
 
     # --- the map ---------------------------------------------------------------------------------
+    @_open
     def refresh_map(self) -> cluster_pb2.ClusterMap:
         return self.coordinator.get_map()
 
@@ -202,6 +215,7 @@ class Cluster:
         except (PeerError, PeerUnreachable) as exc:
             raise ClusterError(str(exc)) from None
 
+    @_open
     def poll_indices(self, indices, give_up=None) -> int:
         """Pulls, from each server index of ``indices``, one thing it serves -- the first row it owns of any table,
         else a dense tensor it holds -- for the courier's sake only (relays out, confirmations back, held pushes
@@ -234,6 +248,7 @@ class Cluster:
         self._poll(requests_by_server, give_up)
         return len(requests_by_server)
 
+    @_open
     def poll_rows(self, requests: dict[str, np.ndarray], give_up=None) -> None:
         """Pulls ``{table: ids}`` for the courier's sake only -- relays out, confirmations back, held pushes
         replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``).
@@ -298,6 +313,7 @@ class Cluster:
                 self.courier.replayed(index, key, push_reply)
 
     # --- tables ----------------------------------------------------------------------------------
+    @_open
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
                      eps: float = 1e-10, initial_accumulator_value: float = 0.0, init="uniform",
                      init_scale: float = 0.0, seed: int = 0, on_progress=None) -> TableSpec:
@@ -374,6 +390,7 @@ class Cluster:
         flattened order (``[]`` gives ``(0, dim)``)."""
         return self.pull_many({name: ids})[name]
 
+    @_open
     def pull_many(self, requests: dict) -> dict[str, torch.Tensor]:
         """Rows of several tables at once (``{table: ids}``): one request per server for all of them."""
         checked = {name: self._check_ids(name, ids) for name, ids in requests.items()}
@@ -408,34 +425,41 @@ class Cluster:
         raise KeyError(f"unknown dense tensor {name!r}")
 
     # --- rows and dense payloads in bulk (ecrec.client.rows) ----------------------------------------------------
+    @_open
     def read_table(self, name: str, what: str = "weights", out: np.ndarray | None = None,
                    on_progress=None) -> np.ndarray:
         """Every row of table ``name`` as float32 ``(num_rows, width)`` in id order: its ``weights``, optimizer
         ``state`` or whole ``payload`` (:meth:`ecrec.client.rows.RowIO.read_table`)."""
         return self._rows.read_table(name, what, out, on_progress)
 
+    @_open
     def read_rows(self, name: str, ids, what: str = "weights") -> np.ndarray:
         """Rows ``ids`` of table ``name`` in the order given (:meth:`ecrec.client.rows.RowIO.read_rows`)."""
         return self._rows.read_rows(name, ids, what)
 
+    @_open
     def write_rows(self, name: str, ids, values, what: str = "weights", on_progress=None,
                    checked: bool = False) -> int:
         """Replaces rows ``ids`` of table ``name`` with ``values``, checked whole first; not a gradient: a load, a
         warm start (:meth:`ecrec.client.rows.RowIO.write_rows`).  Returns the rows written."""
         return self._rows.write_rows(name, ids, values, what, on_progress, checked)
 
+    @_open
     def read_payload(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Every row of a table with its optimizer state: ``(ids, float32 (rows, row_floats))``, in id order."""
         return self._rows.read_payload(name)
 
+    @_open
     def read_dense_payload(self, name: str) -> np.ndarray:
         """A dense tensor's payload (weights then optimizer state) from its primary."""
         return self._rows.read_dense_payload(name)
 
+    @_open
     def write_dense(self, name: str, payload) -> None:
         """Replaces dense tensor ``name``'s whole payload, checked first (:meth:`ecrec.client.rows.RowIO.write_dense`)."""
         self._rows.write_dense(name, payload)
 
+    @_open
     def save(self, path: str, on_progress=None, overwrite: bool = False) -> dict:
         """A snapshot of every table (weights and optimizer state) and dense tensor, in
         ``torch.distributed.checkpoint`` format, to ``path`` (a directory or an fsspec URL every server can
@@ -446,6 +470,7 @@ class Cluster:
 
         return snapshot.save(self, path, on_progress, overwrite=overwrite)
 
+    @_open
     def load(self, path: str, on_progress=None) -> dict:
         """Restores a snapshot written by :meth:`save` onto this cluster, whatever its shape (servers, k and m,
         strategy): missing tables are created, every tensor is checked against the manifest before anything is
@@ -454,6 +479,7 @@ class Cluster:
 
         return snapshot.load(self, path, on_progress)
 
+    @_open
     def strategy_call(self, command: str, args: dict | None = None, indices: list[int] | None = None) -> dict[int, dict]:
         """Runs a strategy command on servers (all by default); returns each server's JSON result."""
         request = embedding_pb2.StrategyCallRequest(command=command, args_json=json.dumps(args or {}))
@@ -462,25 +488,35 @@ class Cluster:
         return {i: json.loads(r.result_json) for i, r in replies.items()}
 
     # --- dense parameters ------------------------------------------------------------------------
+    @_open
     def register_dense(self, module: torch.nn.Module, optimizer: str = "sgd", lr: float = 0.01, eps: float = 1e-10,
                        initial_accumulator_value: float = 0.0, prefix: str = "") -> list[str]:
         """Moves ``module``'s parameters to the servers: the first worker's values win, every worker loads them.
 
         Afterwards ``step()`` pushes their gradients and loads the updated values.
         """
-        names = []
+        planned = []  # every parameter checked before the first is registered: all of them, or none
         for pname, param in module.named_parameters():
             if not param.requires_grad:
                 continue
             name = prefix + pname
-            spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr), eps=float(eps),
-                             initial_accumulator_value=float(initial_accumulator_value)).validate()
-            self._register_dense(spec, param.detach().to(torch.float32).cpu().numpy(), "register_dense")
+            try:
+                spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr),
+                                 eps=float(eps), initial_accumulator_value=float(initial_accumulator_value)).validate()
+            except ValueError as exc:
+                raise ValueError(f"register_dense: parameter {name!r}: {exc}; nothing registered") from None
+            value = param.detach().to(torch.float32).cpu().numpy()
+            if not np.isfinite(value).all():
+                raise ValueError(f"register_dense: parameter {name!r} holds NaN or Inf; nothing registered")
+            planned.append((name, spec, value, param))
+        for name, spec, value, param in planned:
+            self._register_dense(spec, value, "register_dense")
             self._dense[name] = param
-            names.append(name)
+        names = [name for name, *_ in planned]
         self.pull_dense(names)
         return names
 
+    @_open
     def create_dense(self, spec: DenseSpec, initial=None) -> None:
         """Creates a dense tensor from its spec alone (zeros, or ``initial``), without a module: a restore
         creates the tensors a snapshot holds this way.  A tensor of that name that exists is kept."""
@@ -498,6 +534,7 @@ class Cluster:
             raise ClusterError(f"{caller} {spec.name!r}: {exc.code().name}: {exc.details()}") from None
         self._adopt(m)
 
+    @_open
     def pull_dense(self, names: list[str] | None = None) -> None:
         """Loads the servers' current values into the registered parameters."""
         names = list(self._dense) if names is None else names
@@ -530,6 +567,7 @@ class Cluster:
         for p in self._dense.values():
             p.grad = None
 
+    @_open
     def step(self) -> dict:
         """Pushes every pending gradient (rows and dense) and returns when the servers applied them.
 
@@ -589,6 +627,7 @@ class Cluster:
                             self._stats["snapshot_failures"], result["snapshot_error"])
         return result
 
+    @_open
     def snapshot_every(self, steps: int, directory: str, keep: int = 2, on_progress=None) -> None:
         """From now on every ``steps``-th :meth:`step` ends with a snapshot (:meth:`save`) to
         ``directory/step-<n>`` (a directory or fsspec URL), between steps so the cut is consistent for this
@@ -661,7 +700,10 @@ class Cluster:
 
     def close(self, confirm_timeout_s: float = 10.0) -> None:
         """Waits (up to ``confirm_timeout_s``) for this worker's pushes to be confirmed, then closes the channels.
-        A push still unconfirmed is logged: its owner failing before delivering its parity would lose it."""
+        A push still unconfirmed is logged: its owner failing before delivering its parity would lose it.  Closing
+        twice is harmless; every call after the first raises ``ClusterError``."""
+        if self._closed:
+            return
         self._keeper.close()
         try:
             left = self.wait_confirmed(confirm_timeout_s) if confirm_timeout_s > 0 else self.courier.unconfirmed()
@@ -671,5 +713,6 @@ class Cluster:
         if left:
             log.warning("closing worker %s with %d unconfirmed pushes: an owner that fails before it delivers their "
                         "parity loses them", self.worker, left)
+        self._closed = True
         self.peers.close()
         self.coordinator.stub.close()
