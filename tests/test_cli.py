@@ -66,8 +66,10 @@ def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
         while proc.poll() is None and time.monotonic() < deadline:
             children |= children_of(proc.pid)
             time.sleep(0.2)
-        assert proc.returncode == 1, proc.returncode
-        assert "the coordinator exited" in proc.stderr.read()
+        err = proc.stderr.read()
+        # 1: it exited once the cluster was up; 2: before `local` saw it ready (a fast failure on a loaded machine)
+        assert (proc.returncode, "the coordinator exited" in err) == (1, True) or \
+            (proc.returncode == 2 and "exited with code" in err), (proc.returncode, err[-2000:])
         deadline = time.monotonic() + 10
         while any(alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)

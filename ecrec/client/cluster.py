@@ -269,7 +269,7 @@ class Cluster:
                 reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s, give_up=give_up,
                                         prepare=functools.partial(self._replay_if_replaced, retry_deadline_s=retry_s))
             except (PeerError, PeerUnreachable) as exc:
-                raise ClusterError(str(exc)) from None
+                raise ClusterError(str(exc)) from exc  # the cause says which (wait_confirmed retries one)
             self.courier.received(i, reply)
 
     def _replay_if_replaced(self, index: int, retry_deadline_s: float | None = None) -> None:
@@ -677,6 +677,7 @@ class Cluster:
             self._sequence += 1
             return embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
 
+    @_open
     def wait_confirmed(self, timeout_s: float = 30.0) -> int:
         """Waits until every push this worker made is *confirmed* (its parity applied at every destination),
         so that its owner may fail later without the worker's help; returns how many are still unconfirmed
@@ -690,9 +691,9 @@ class Cluster:
             try:
                 if not self.poll_indices(self.courier.held_indices()):
                     break  # nothing to ask any of them for
-            except ClusterError:  # an index between two incarnations: asked again while time is left
-                if time.monotonic() > deadline:
-                    raise
+            except ClusterError as exc:  # an index between two incarnations: asked again while time is left; an
+                if not isinstance(exc.__cause__, PeerUnreachable) or time.monotonic() > deadline:  # error status
+                    raise                                                                          # is an answer
                 time.sleep(0.1)
                 continue
             time.sleep(0.02)
