@@ -54,30 +54,46 @@ def test_local_cluster_serves_and_stops_every_process(sig):
                 os.kill(pid, signal.SIGKILL)
 
 
+def _started(pid: int) -> str | None:
+    """A process's start time (``/proc/PID/stat``), None when it is gone: with its pid, who it is (a pid is reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
     """A coordinator that stops (here: its restore finds no snapshot) leaves servers serving nobody; ``local`` used
     to keep them running, logging failed lease renewals three times a second, until someone noticed."""
     proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "3",
                              "--strategy", "ecrec", "--k", "2", "--m", "1", "--restore", str(tmp_path / "nowhere")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    children: set[int] = set()
+    children: dict[int, str] = {}  # pid -> start time: `local`'s children, told apart from later users of the pid
+    ours = lambda: [pid for pid, started in children.items() if _started(pid) == started]
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            children |= children_of(proc.pid)
+            for pid in children_of(proc.pid) - set(children):
+                started = _started(pid)
+                if started is not None:
+                    children[pid] = started
             time.sleep(0.2)
         err = proc.stderr.read()
         # 1: it exited once the cluster was up; 2: before `local` saw it ready (a fast failure on a loaded machine)
         assert (proc.returncode, "the coordinator exited" in err) == (1, True) or \
             (proc.returncode == 2 and "exited with code" in err), (proc.returncode, err[-2000:])
         deadline = time.monotonic() + 10
-        while any(alive(c) for c in children) and time.monotonic() < deadline:
+        while ours() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert children and not any(alive(c) for c in children)
+        assert children and not ours()
     finally:
-        for pid in [proc.pid, *children]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in ours():  # only the processes `local` started (never a pid another process took since)
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_bad_command_lines_fail_clearly():
