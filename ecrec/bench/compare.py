@@ -303,14 +303,15 @@ def run(args) -> int:
     if unknown:
         print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
-    if any(_kind(s) == "erasure" for s in strategies) and (cfg["k"] < 1 or cfg["m"] < 1):
-        print(f"ecrec-bench compare: --k and --m must be at least 1 for {', '.join(s for s in strategies if _kind(s) == 'erasure')}"
-              f" (got k={cfg['k']}, m={cfg['m']})", file=sys.stderr)
+    erasure = [s for s in strategies if _kind(s) == "erasure"]
+    if erasure and (cfg["k"] < 1 or cfg["m"] < 1):
+        print(f"ecrec-bench compare: --k and --m must be at least 1 for {', '.join(erasure)} (got k={cfg['k']}, "
+              f"m={cfg['m']})", file=sys.stderr)
         return 2
     if not 0 <= cfg["fail_server"] < cfg["servers"]:
         print(f"ecrec-bench compare: --fail-server must be in [0, {cfg['servers']})", file=sys.stderr)
         return 2
-    if any(_kind(s) == "erasure" for s in strategies) and cfg["k"] + cfg["m"] > cfg["servers"]:
+    if erasure and cfg["k"] + cfg["m"] > cfg["servers"]:
         print(f"ecrec-bench compare: k + m = {cfg['k'] + cfg['m']} exceeds --servers {cfg['servers']}", file=sys.stderr)
         return 2
     fail_at = cfg["fail_at"] if cfg["fail_at"] is not None and cfg["fail_at"] >= 0 else None

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -89,7 +89,6 @@ def run(args) -> int:
 
     from ecrec.client import Cluster, EmbeddingBag
     from ecrec.ops.local import LocalCluster, LocalClusterSpec
-
     from ecrec.strategies.registry import cluster_error
 
     try:

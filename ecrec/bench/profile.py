@@ -18,9 +18,9 @@ speedscope).
 ``--against none`` runs a cluster of the baseline beside it, on the same workload (the two train in alternate
 slices, ``--rounds`` of each, so that both meet the same machine), and reports what ``--strategy`` adds: the
 servers' CPU per row update (all threads, over the rows the pushes updated) and its parts (the strategy's own
-counters: the delta XORed apart from the optimizer's pass, the merge, the batches built, serialized, sealed, verified, parsed and
-applied, the watermarks; ``rest`` is what they do not see), and the step times side by side (median, p99, the
-share of time in steps over 30 ms, the longest step with the worker's and the servers' CPU over it).
+counters: the delta XORed apart from the optimizer's pass, the merge, the batches built, serialized, sealed,
+verified, parsed and applied, the watermarks; ``rest`` is what they do not see), and the step times side by side
+(median, p99, the share of time in steps over 30 ms, the longest step with the worker's and the servers' CPU over it).
 ``--rows N`` trains the recovery benchmark's workload on tables of ``N`` x ``--dim`` rows instead of the quick
 preset's DLRM.
 

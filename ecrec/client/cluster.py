@@ -52,7 +52,7 @@ log = logging.getLogger("ecrec.client")
 WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
 
 
-#: how long a background poll (``poll_rows``) retries one server before it counts as failed (s)
+#: how long a background poll (``poll_indices``) retries one server before it counts as failed (s)
 POLL_RETRY_S = 10.0
 
 
@@ -146,7 +146,8 @@ class Cluster:
                 wait_ready_s: float = 60.0, on_wait=None) -> "Cluster":
         """Connects and waits (up to ``wait_ready_s``, each poll of the coordinator at most 5 s of it) until every
         server index is served; ``on_wait(text)``, if given, hears what it waits for every few seconds (else it is
-        logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what it opened."""
+        logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what
+        it opened."""
         cluster = cls(address, config, worker)
         start = time.monotonic()
         deadline, next_word = start + wait_ready_s, start + 5.0
@@ -247,19 +248,6 @@ class Cluster:
                                                            epoch=m.epoch) for i in set(tables) | set(dense)}
         self._poll(requests_by_server, give_up)
         return len(requests_by_server)
-
-    @_open
-    def poll_rows(self, requests: dict[str, np.ndarray], give_up=None) -> None:
-        """Pulls ``{table: ids}`` for the courier's sake only -- relays out, confirmations back, held pushes
-        replayed to an owner's replacement -- and drops the rows (the idle keeper, ``ecrec.client.keeper``).
-        ``give_up()`` returning True ends the poll's retries early (the keeper was closed)."""
-        per_server: dict[int, list] = {}
-        for name, ids in requests.items():
-            for i, pos in self._group_by_server(ids).items():
-                per_server.setdefault(i, []).append(embedding_pb2.TableIds(table=name,
-                                                                           ids=transport.ids_to_bytes(ids[pos])))
-        self._poll({i: embedding_pb2.PullRequest(tables=tables, epoch=self.map.epoch)
-                    for i, tables in per_server.items()}, give_up)
 
     def _poll(self, requests_by_server: dict, give_up=None) -> None:
         for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:

@@ -97,11 +97,14 @@ class Courier:
         held = self._held.get(index)
         h = held.pop(key, None) if held else None
         if h is not None:
-            by = self._held_by[index]
-            by[h.server_id] -= 1
-            if not by[h.server_id]:
-                del by[h.server_id]
+            self._uncount_locked(index, h.server_id)
         return h
+
+    def _uncount_locked(self, index: int, server_id: str) -> None:
+        by = self._held_by[index]
+        by[server_id] -= 1
+        if not by[server_id]:
+            del by[server_id]
 
     # --- replay -----------------------------------------------------------------------------------------------
     def holds(self, index: int) -> bool:
@@ -137,11 +140,8 @@ class Courier:
                 self.stats["replayed_already_applied"] += int(reply.already_applied)
                 self._release_locked(index, key)  # kept by recovery (durable) or confirmed already
             else:
-                by = self._held_by[index]
-                by[h.server_id] -= 1
-                if not by[h.server_id]:
-                    del by[h.server_id]
-                by[reply.server_id] += 1
+                self._uncount_locked(index, h.server_id)  # held on, as acknowledged by the incarnation that answered
+                self._held_by[index][reply.server_id] += 1
                 h.seq, h.server_id = reply.seq, reply.server_id
 
     def held_indices(self) -> set[int]:

@@ -97,7 +97,7 @@ class IdleKeeper:
                         else "", exc)
 
     def poll(self) -> None:
-        """One pull from each index whose pushes the courier holds (:meth:`ecrec.client.cluster.Cluster.poll_indices`)."""
+        """One pull from each index whose pushes the courier holds (``Cluster.poll_indices``)."""
         cluster = self.cluster
         if cluster is None:
             return

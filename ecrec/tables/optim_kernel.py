@@ -70,7 +70,8 @@ def usable(table: np.ndarray, optimizer: str) -> bool:
 
 
 def update_rows(table: np.ndarray, slots: np.ndarray, grads: np.ndarray, optimizer: str, dim: int, lr: float,
-                eps: float, keep_old: bool, delta: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                eps: float, keep_old: bool, delta: bool = False
+                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Rows ``slots`` (unique, in range) of ``table`` (``(slots, row_floats)`` float32) after the optimizer with
     ``grads`` (``(n, dim)`` float32), on copies -- ``table`` is only read.  Returns ``(rows, old, bad)``: the new
     rows (``(n, row_floats)`` float32), their bytes before (``(n, row_bytes)`` uint8, when ``keep_old``) -- or,

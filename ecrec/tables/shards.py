@@ -168,7 +168,8 @@ class TableShard(_HoldsCuts):
                           delta: bool = False) -> PreparedRows:
         """What the optimizer makes of rows ``slots`` (unique) with ``grads``, computed on copies: nothing here
         changes until :meth:`commit`.  With ``delta`` the old bytes kept are each row's delta (before XOR after),
-        written by the compiled pass while the row is in cache (:meth:`commit` then makes no pass of its own).  Raises ``InvalidRequest`` naming the rows when a result would not be
+        written by the compiled pass while the row is in cache (:meth:`commit` then makes no pass of its own).
+        Raises ``InvalidRequest`` naming the rows when a result would not be
         finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
         whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec

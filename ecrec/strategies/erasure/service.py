@@ -260,8 +260,9 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
             try:
                 with self.receiver.counters.cpu("stream_cpu_s"):  # the whole delivery (read_blocks counts its parts)
                     frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
-                                             bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read,
-                                                              self._bound_for), DELIVER_TIMEOUT_S, stop=cancelled)
+                                             bulk.read_blocks(self.host, self.receiver, request,
+                                                              self.owner.seal_for_read, self._bound_for),
+                                             DELIVER_TIMEOUT_S, stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)
 
