@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", type=float, default=5.0, help="deadline of each call in seconds (default 5)")
     st.add_argument("--wait", type=float, default=0.0,
                     help="poll up to this many seconds until the cluster is fully redundant (default 0: once)")
+    # the client commands have a parser of their own (build_client_parser); --help lists them with the others
+    listed = getattr(type(sub), "_ChoicesPseudoAction", None)  # how argparse lists a command in --help
+    for name, text in (("snapshot", "write a running cluster's model to a directory (DCP format)"),
+                       ("restore", "restore a snapshot onto a running cluster of any shape")):
+        if listed is not None:
+            sub._choices_actions.append(listed(name, (), text))
     return parser
 
 
@@ -132,6 +138,11 @@ def build_client_parser() -> argparse.ArgumentParser:
         sp.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for the cluster to be ready, every index served (default 60)")
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    """The commands ``parser`` parses itself, by name."""
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
 
 
 def _command_of(argv: list[str] | None) -> str | None:
@@ -228,7 +239,13 @@ def _stop_all(*stops):
 
 
 def main(argv: list[str] | None = None) -> int:
-    client_command = _command_of(argv) in CLIENT_COMMANDS
+    command = _command_of(argv)
+    client_command = command in CLIENT_COMMANDS
+    known = (*_subparsers(build_parser()), *CLIENT_COMMANDS)
+    if command is not None and command not in known:
+        build_parser().print_usage(sys.stderr)
+        print(f"ecrec-server: {command!r} is no command: choose from {', '.join(known)}", file=sys.stderr)
+        return 2
     args = (build_client_parser() if client_command else build_parser()).parse_args(argv)
     from ecrec.ops import logs
     from ecrec.net.transport import tune_allocator
@@ -319,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             server_security={"token_file": args.token_file} if args.token_file else {},
             coordinator_options={"restore": args.restore} if args.restore else {},
             store=args.store, coordinators=args.coordinators, etcd_members=args.etcd_members,
+            die_with_parent=True,  # a kill -9 of this process stops them too (this thread starts them all)
         ))
         cluster.start()
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:

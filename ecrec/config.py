@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -118,6 +119,29 @@ def check_ports(**ports: int | None) -> None:
             raise ValueError(f"--{name.replace('_', '-')} {value} is not a port (0-65535; 0: any free port)")
 
 
+#: settings that hold a size in bytes, and the least each can be (a smaller one cannot carry a control message)
+LEAST_BYTES = {"max_message_bytes": 64 * 1024}
+
+
+def check_numbers(config, zero_allowed: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first number setting of ``config`` (a dataclass of options) that is not finite, or is
+    negative, or 0 unless ``zero_allowed`` names it (a deadline, an interval, a bound or a count of 0 or NaN made
+    the process loop, wait forever or refuse everything); ``skip``: settings checked elsewhere."""
+    cls = type(config)
+    for f in dataclasses.fields(config):
+        if f.name in skip or _field_type(cls, f) not in (int, float):
+            continue
+        value = getattr(config, f.name)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        least = LEAST_BYTES.get(f.name)
+        if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_allowed) or \
+                (least is not None and value < least):
+            want = f"at least {least}" if least is not None else \
+                "a finite number >= 0" if f.name in zero_allowed else "a finite number > 0"
+            raise ValueError(f"{f.name} ({flag_of(f)}) {value}: must be {want}")
+
+
 @dataclass
 class ServerConfig(SecurityOptions, EtcdClientOptions):
     """Settings of one ``ecrec-server serve`` process."""
@@ -171,6 +195,7 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
 
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
+        check_numbers(self, zero_allowed=("map_refresh_interval_s",), skip=("port", "metrics_port", "want_index"))
         if self.want_index < -1:
             raise ValueError(f"--index {self.want_index}: an index is >= 0 (-1, the default: whichever is free)")
 
@@ -231,6 +256,7 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
 
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
+        check_numbers(self, skip=("port", "metrics_port"))
 
 
 @dataclass
@@ -246,6 +272,9 @@ class ClientConfig(SecurityOptions):
                                       "thread pulls a row of each of their owners this often: confirmations come "
                                       "back, and an owner's replacement gets them replayed (0: only at the "
                                       "worker's next call)")
+
+    def __post_init__(self) -> None:
+        check_numbers(self, zero_allowed=("idle_poll_s",))
 
 
 # --- the command line, built from the fields ------------------------------------------------------------------

@@ -60,6 +60,15 @@ def wait_for(predicate, timeout_s: float, what: str):
         time.sleep(0.05)
 
 
+def serving_pid(local, index: int) -> int | None:
+    """The pid of the live local process serving ``index``, None while none does (right after a kill, the map
+    still names the killed one until the coordinator declares it failed and promotes a standby)."""
+    try:
+        return local.pid_of_index(index)
+    except LookupError:
+        return None
+
+
 # --- the training workload: two tables and a dense MLP; recovery must leave every bit as a failure-free run ----
 TABLES = [("user", 600, 8, "adagrad"), ("item", 300, 8, "sgd")]
 STEPS, BATCH = 60, 24

@@ -96,6 +96,49 @@ def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def _etcd_missing() -> bool:
+    from ecrec.control.etcd_local import etcd_binary
+
+    try:
+        etcd_binary()
+    except FileNotFoundError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("store", ["file", pytest.param("etcd", marks=pytest.mark.skipif(
+    _etcd_missing(), reason="needs the etcd binary (apt-get install etcd-server)"))])
+def test_a_kill_9_of_local_leaves_none_of_its_processes_running(store):
+    """SIGKILL gives ``local`` no chance to stop its cluster: its children (coordinators, servers, standby, etcd
+    members) used to go on serving, orphans holding their ports, until someone found their pids."""
+    extra = ["--store", "etcd", "--coordinators", "2", "--etcd-members", "1"] if store == "etcd" else []
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "2",
+                             "--standby", "1", *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    children: dict[int, str] = {}
+    ours = lambda: [pid for pid, started in children.items() if _started(pid) == started]
+    try:
+        line = _read_line(proc, timeout_s=120)
+        assert line.startswith("coordinator at 127.0.0.1:"), line
+        for pid in children_of(proc.pid):
+            started = _started(pid)
+            if started is not None:
+                children[pid] = started
+        # coordinator(s), 2 servers, 1 standby (and the etcd member)
+        assert len(children) == (4 if store == "file" else 6), children
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while ours() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not ours(), f"still running after local was killed: {ours()}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in ours():  # only the processes `local` started (never a pid another process took since)
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_bad_command_lines_fail_clearly():
     run = lambda *a: subprocess.run([sys.executable, "-m", "ecrec.cli", *a], capture_output=True, text=True, timeout=60)
     r = run("coordinator", "--port", "0", "--servers", "3", "--strategy", "ecrec", "--k", "3", "--m", "1")
@@ -115,6 +158,17 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "--host 0.0.0.0 binds every interface" in r.stderr and "--advertise-host" in r.stderr
     r = run("status", "--coordinator", "127.0.0.1:93241")  # gRPC would take it modulo 65536: another port
     assert r.returncode == 2 and "'127.0.0.1:93241': not host:port with a port in 1-65535" in r.stderr
+    # a NaN, 0 or negative deadline, interval or bound made a process loop, wait forever or refuse every call
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--max-message-bytes", "0")  # looped on RESOURCE_EXHAUSTED
+    assert r.returncode == 2 and "max_message_bytes (--max-message-bytes) 0: must be at least 65536" in r.stderr
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--rpc-timeout-s", "nan")
+    assert r.returncode == 2 and "rpc_timeout_s (--rpc-timeout-s) nan: must be a finite number > 0" in r.stderr
+    r = run("coordinator", "--port", "0", "--servers", "2", "--health-interval", "0")
+    assert r.returncode == 2 and "health_interval_s (--health-interval) 0.0: must be a finite number > 0" in r.stderr
+    r = run("status", "--coordinator", "127.0.0.1:1", "--timeout", "nan")  # DEADLINE_EXCEEDED before
+    assert r.returncode == 2 and "timeout must be > 0 seconds, got nan" in r.stderr
+    r = run("status", "--coordinator", "127.0.0.1:1", "--wait", "nan")
+    assert r.returncode == 2 and "--wait must be >= 0 seconds, got nan" in r.stderr
     r = run("local", "--servers", "2", "--standby", "-1")
     assert r.returncode == 2 and "--standby -1: a number of spare servers is >= 0" in r.stderr
     r = run("local", "--servers", "2", "--option", "novalue")
@@ -139,3 +193,18 @@ def test_a_servers_address_in_the_map_is_its_advertised_host():
     for wildcard in ("0.0.0.0", "::", "[::]"):
         with pytest.raises(ValueError, match="--advertise-host"):
             ServerConfig(coordinator="c:1", host=wildcard).public_host
+
+
+def test_a_server_whose_coordinator_is_gone_warns_now_and_then_not_at_every_try(make_cluster):
+    """Renewals go on every lease/3 seconds: a server and a standby whose coordinator died logged a warning each
+    (three a second by default) for as long as they ran; now one line, then one every UNREACHABLE_LOG_S."""
+    local = make_cluster(servers=1, standby=1, strategy="none", log_level="WARNING")
+    local.kill(local.coordinator_proc.pid)
+    time.sleep(4.0)
+    for proc in local.server_procs:
+        lines = [line for line in local.stderr_tail(proc.pid) if "WARNING" in line]
+        assert len(lines) == 1, lines  # was about a dozen by now
+        assert "serving until" in lines[0] or "a standby, it waits" in lines[0], lines
+    from ecrec.server.process import UNREACHABLE_LOG_S
+
+    assert UNREACHABLE_LOG_S > 4.0

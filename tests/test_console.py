@@ -105,6 +105,19 @@ def test_every_command_help_shows_an_example():
     assert set(_subparsers(cli.build_parser())) == {"coordinator", "serve", "local", "status"}
 
 
+def test_help_lists_the_client_commands_and_a_wrong_command_names_them_all(capsys):
+    """``snapshot`` and ``restore`` have a parser of their own: ``ecrec-server --help`` listed four commands, and a
+    mistyped command was told to choose among those four."""
+    from ecrec import cli
+
+    listing = cli.build_parser().format_help().split("options:")[0]
+    for name in ("coordinator", "serve", "local", "status", "snapshot", "restore"):
+        assert f"\n    {name} " in listing, (name, listing)
+    assert cli.main(["snapshots", "/tmp/x"]) == 2
+    err = capsys.readouterr().err
+    assert "'snapshots' is no command: choose from coordinator, serve, local, status, snapshot, restore" in err
+
+
 @pytest.mark.cluster
 def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
     from helpers import free_port_range
@@ -146,3 +159,17 @@ def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
     assert {"coordinator", "serve"} <= kinds, kinds
     assert any("registered" in e["message"] for e in entries)
     assert all({"time", "level", "logger", "pid", "message"} <= set(e) for e in entries)
+
+
+def test_a_client_config_refuses_a_deadline_or_bound_that_is_no_positive_number():
+    from ecrec.config import ClientConfig, ServerConfig
+
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match=r"rpc_timeout_s \(--rpc-timeout-s\) .*: must be a finite number > 0"):
+            ClientConfig(rpc_timeout_s=bad)
+    with pytest.raises(ValueError, match=r"idle_poll_s .* must be a finite number >= 0"):
+        ClientConfig(idle_poll_s=-0.5)
+    assert ClientConfig(idle_poll_s=0).idle_poll_s == 0  # 0: off, as documented
+    with pytest.raises(ValueError, match="max_message_bytes .* 1000: must be at least 65536"):
+        ServerConfig(coordinator="127.0.0.1:1", max_message_bytes=1000)
+    assert ServerConfig(coordinator="127.0.0.1:1", map_refresh_interval_s=0.0).map_refresh_interval_s == 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import grpc
 import numpy as np
@@ -90,6 +91,28 @@ def test_a_trained_table_is_restored_by_pushes_and_a_none_cluster_in_bulk(make_c
     plain = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
     assert plain.load(path)["restored_in_bulk"] == ["t", "s"]
     assert np.array_equal(_payload(plain, "t", ROWS), t.view(np.uint32))
+
+
+def test_a_restores_progress_counts_values_and_ends_at_its_total(make_cluster, tmp_path):
+    """A table restored in bulk was counted by its chunks' lengths in the files (headers too: ~1.3 KB a chunk), the
+    rest by their values: the progress of a restore of many small chunks went past its total ("0.7 of 0.6 MB")."""
+    from ecrec.snapshot import cluster as snapshot_cluster
+
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    source.create_table("a", 20_000, 4, optimizer="sgd", seed=1)
+    source.create_table("z", 5_000, 4, optimizer="sgd", seed=2)
+    path = str(tmp_path / "small-chunks")
+    snapshot_cluster.save(source, path, chunk_bytes=1024)  # ~16 rows a chunk: hundreds of chunks
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.create_table("z", 5_000, 4, optimizer="sgd", seed=2)
+    target.write_rows("z", np.arange(3), np.zeros((3, 4), np.float32), what="weights", checked=True)  # trained
+    messages = []
+    manifest = target.load(path, on_progress=messages.append)
+    assert manifest["restored_in_bulk"] == ["a"], messages  # then z by pushes, counted after a
+    counts = [re.search(r"\(([\d.,]+) of ([\d.,]+) MB\)", m) for m in messages]
+    counts = [(float(c[1].replace(",", "")), float(c[2].replace(",", ""))) for c in counts if c]
+    assert counts and all(done <= total for done, total in counts), messages
+    assert counts[-1][0] == counts[-1][1] == round((20_000 + 5_000) * 4 * 4 / 1e6, 1), messages
 
 
 def _source(path: str, manifest: dict, table: str) -> str:

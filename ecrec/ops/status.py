@@ -15,6 +15,7 @@ coordinator cannot be reached), so a script can wait on it (``--wait``).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from concurrent import futures
@@ -65,7 +66,7 @@ def _probe(address: str, health_address: str, timeout_s: float, security=None) -
 
 def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     """The cluster behind the coordinator at ``address``, with what each server says of itself."""
-    if timeout_s <= 0:
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
     from ecrec.net.peers import coordinator_stub  # the coordinators at host:port[,host:port...]
     stub = coordinator_stub(address, security=security)
@@ -197,7 +198,7 @@ def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: flo
         security=None) -> int:
     """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, with
     a progress bar of each rebuild on stderr meanwhile); returns the exit status."""
-    if wait_s < 0:
+    if not wait_s >= 0:  # NaN too
         raise ValueError(f"--wait must be >= 0 seconds, got {wait_s}")
     deadline = time.monotonic() + wait_s
     bars: dict[str, tuple[int, int]] = {}  # rebuild progress shown while waiting: label -> (done, total)

@@ -6,6 +6,7 @@ refused (it was replaced)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -30,6 +31,8 @@ log = logging.getLogger("ecrec.server")
 
 #: how long a server that lost its lease lets calls in flight finish before it exits (they are refused anyway)
 REPLACED_GRACE_S = 0.2
+#: while renewals cannot reach the coordinator (or etcd), one warning this often, with the count of tries
+UNREACHABLE_LOG_S = 10.0
 
 
 def check_device(device: str) -> None:
@@ -80,6 +83,9 @@ class EmbeddingServer:
         self._registered = threading.Event()  # renewals grant the serving lease only once registered
         self._lost_registering = ""  # why the lease was lost before the registration ended
         self._seen_revision = 0  # etcd's revision at the last map fetch a renewal asked for
+        # renewals that could not reach the coordinator (or etcd) since the last one that did: when the first
+        # failed, how many, when one was last logged (one line every UNREACHABLE_LOG_S, not one a try)
+        self._unreachable: list[float] | None = None
         self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
 
     def start(self) -> None:
@@ -185,6 +191,10 @@ class EmbeddingServer:
     def _lease_renewed(self, renewal: Renewal) -> None:
         """A renewal was granted: the serving lease extends from when it was sent; a newer map it hints at (the
         coordinator's epoch, etcd's revision) is fetched off this thread."""
+        if self._unreachable is not None:
+            log.info("the lease is renewed again, after %d failed tries in %.1f s", self._unreachable[1],
+                     time.monotonic() - self._unreachable[0])
+            self._unreachable = None
         if not self._registered.is_set():
             return  # registering: the registration grants the serving lease
         st = self.state
@@ -207,10 +217,21 @@ class EmbeddingServer:
         threading.Thread(target=self.stop, args=(REPLACED_GRACE_S,), name="ecrec-stop", daemon=True).start()
 
     def _lease_unreachable(self, last_ok: float, exc: Exception) -> bool:
-        if self._registered.is_set():
-            log.warning("%s; serving until %.1f s from now", exc, self.state.lease.remaining_s())
+        now = time.monotonic()
+        if self._unreachable is None:
+            self._unreachable = [now, 0, -math.inf]
+        since, tries, logged = self._unreachable
+        self._unreachable[1] = tries = tries + 1
+        if now - logged < UNREACHABLE_LOG_S:
+            return False  # keep trying, quietly: the line above still stands
+        self._unreachable[2] = now
+        many = f" ({tries} tries in {now - since:.0f} s)" if tries > 1 else ""
+        if not self._registered.is_set():
+            log.warning("renewing the etcd lease while registering: %s%s", exc, many)
+        elif self.state.index >= 0:
+            log.warning("%s; serving until %.1f s from now%s", exc, self.state.lease.remaining_s(), many)
         else:
-            log.warning("renewing the etcd lease while registering: %s", exc)
+            log.warning("%s; a standby, it waits to be reachable again%s", exc, many)
         return False  # keep trying: the serving lease runs out by itself
 
     def _refresh_map_soon(self) -> bool:

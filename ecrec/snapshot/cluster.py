@@ -401,7 +401,7 @@ def _load(cluster, path: str, on_progress=None) -> dict:
         key = f"dense/{name}/payload"
         order.append(("dense", name, 0, [(key, c) for c in sorted(manifest["tensors"][key]["chunks"],
                                                                    key=lambda c: c["offsets"][0])]))
-    total = sum(c["sizes"][0] * int(np.prod(c["sizes"][1:], dtype=np.int64)) * 4 for *_, parts in order for _, c in parts)
+    total = sum(_values_bytes(c) for *_, parts in order for _, c in parts)
 
     # what each part took (``restore_parts`` of the manifest returned): wall seconds of the check of every chunk
     # (check_s), of creating missing tables (create_s), of the restores in bulk (bulk_s: its steps bulk_begin_s,
@@ -469,7 +469,7 @@ def _load(cluster, path: str, on_progress=None) -> dict:
             done = _restore_in_bulk(cluster, path, name, chunks, stamps, timing, on_progress)
         if done:
             in_bulk.append(name)
-            written += sum(c["length"] for _, c in chunks)
+            written += sum(_values_bytes(c) for _, c in chunks)  # (not the files' lengths: headers too)
     order = [item for item in order if not (item[0] == "table" and item[1] in in_bulk)]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrec-restore-read") as pool:
         ahead = pool.submit(joined, order[0]) if order else None
@@ -492,6 +492,11 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     manifest["restore_parts"] = timing.as_dict()
     manifest["restored_in_bulk"] = in_bulk
     return manifest
+
+
+def _values_bytes(chunk: dict) -> int:
+    """The bytes of float32 values a chunk of the manifest holds (what a restore's progress counts)."""
+    return chunk["sizes"][0] * int(np.prod(chunk["sizes"][1:], dtype=np.int64)) * 4
 
 
 def _local(path: str) -> str | None:
