@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -123,13 +124,18 @@ def check_ports(**ports: int | None) -> None:
 LEAST_BYTES = {"max_message_bytes": 64 * 1024}
 
 
+@functools.lru_cache(maxsize=None)
+def _number_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The fields of ``cls`` that hold an int or a float (type hints resolved once per class)."""
+    return tuple(f for f in dataclasses.fields(cls) if _field_type(cls, f) in (int, float))
+
+
 def check_numbers(config, zero_allowed: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
     """ValueError naming the first number setting of ``config`` (a dataclass of options) that is not finite, or is
     negative, or 0 unless ``zero_allowed`` names it (a deadline, an interval, a bound or a count of 0 or NaN made
     the process loop, wait forever or refuse everything); ``skip``: settings checked elsewhere."""
-    cls = type(config)
-    for f in dataclasses.fields(config):
-        if f.name in skip or _field_type(cls, f) not in (int, float):
+    for f in _number_fields(type(config)):
+        if f.name in skip:
             continue
         value = getattr(config, f.name)
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
