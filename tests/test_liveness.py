@@ -201,3 +201,63 @@ def test_a_caller_with_a_newer_map_naming_another_holder_is_refused():
         state.lease.until = time.monotonic() - 1
         state.map = cluster_map(5, "me")
         state.require_serving(caller_epoch=5)
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "never-resumed"])
+def test_a_table_created_while_its_server_is_paused_and_replaced_is_on_every_index(make_cluster, resumed):
+    """A server paused while a table and a dense tensor are created is declared failed and replaced; the standby's
+    promotion carried the map of its moment, without them.  The coordinator published them once the paused server
+    answered (late, for nobody): the replacement never had them -- reads NOT_FOUND, parity and replicas short, and
+    ``status`` said fully redundant; never resumed, the create waited out its 600 s deadline.  Now the create
+    finishes on the replacement, and every index holds exactly what a cluster without the pause holds."""
+    import torch
+
+    from ecrec.client import Cluster
+    from helpers import serving_pid
+
+    def create(cluster: Cluster) -> None:
+        cluster.create_table("t", 3000, 8, optimizer="adagrad", lr=0.05, seed=1)
+        torch.manual_seed(0)
+        cluster.register_dense(torch.nn.Linear(4, 3), optimizer="adagrad", lr=0.1)
+
+    reference = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    create(reference)
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    paused = local.pid_of_index(0)
+    local.pause(paused)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            create(client)
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while serving_pid(local, 0) in (None, paused):
+            assert time.monotonic() < deadline, "index 0 was not promoted to the standby"
+            time.sleep(0.1)
+        if resumed:
+            time.sleep(1.0)
+            local.resume(paused)
+        worker.join(120)
+        assert outcome == {"ok": True}, outcome
+        m = wait_redundant(client, 1)
+        assert [t.name for t in m.tables] == ["t"] and len(m.dense) == 2
+        assert np.array_equal(client.read_payload("t")[1].view(np.uint32),
+                              reference.read_payload("t")[1].view(np.uint32))
+        for d in m.dense:
+            assert np.array_equal(client.read_dense_payload(d.name), reference.read_dense_payload(d.name))
+        ours = client.strategy_call("verify_parity")
+        theirs = reference.strategy_call("verify_parity")
+        assert all(v["mismatched"] == 0 for v in ours.values()), ours
+        assert sorted(v["checked"] for v in ours.values()) == sorted(v["checked"] for v in theirs.values()), \
+            (ours, theirs)
+    finally:
+        if not resumed:
+            local.resume(paused)

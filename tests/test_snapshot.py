@@ -587,6 +587,27 @@ def test_a_snapshot_right_after_a_failover_holds_the_rebuilt_rows(make_cluster, 
 
 
 @pytest.mark.cluster
+def test_a_snapshot_right_after_a_kill_follows_the_map_to_the_replacement(make_cluster, tmp_path):
+    """A server killed just before a save: the cut asked the dead address for its whole 60 s (123 tries, "Connection
+    refused") and failed, though a standby had taken the index within two seconds.  Now each failed attempt
+    reports the server and follows the map: the save goes to the replacement and holds every row."""
+    from helpers import counting_push
+
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
+    for _ in range(3):
+        counting_push(client, np.arange(60))
+    client.wait_confirmed()
+    local.kill(local.pid_of_index(1))
+    started = time.monotonic()
+    client.save(str(tmp_path / "snap"))
+    took = time.monotonic() - started
+    assert took < 45, f"the save took {took:.0f} s"
+    np.testing.assert_array_equal(_snapshot_rows(tmp_path / "snap"), np.full((60, 4), -3, np.float32))
+
+
+@pytest.mark.cluster
 def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make_cluster, tmp_path):
     """Six workers push without pause against servers of four handler threads: a held push no longer waits in a
     handler thread once a few do (it is told to retry: ABORTED, the SDK retries it at once), so the snapshot's own

@@ -218,16 +218,60 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 if not self.state.map.ready:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.state.not_ready_message())
                 self._check_server_bytes(context, f"table {spec.name!r}", self._table_bytes(spec))
-                targets = [s.address for s in self.state.map.servers if s.index >= 0 and s.state in (ACTIVE, RECOVERING)]
-            error = self.links.call_all(targets, lambda stub: stub.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s))
-            if error:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating table {spec.name!r}: {error}")
-            with self.state.lock:
-                self.state.map.tables.append(spec.to_proto())
-                snapshot = self.state.bump_locked()
+            request_proto = spec.to_proto()
+            snapshot = self._create_on_holders(
+                context, f"table {spec.name!r}", range(self.state.layout.num_servers),
+                lambda stub: stub.CreateTable(request_proto, timeout=self.config.create_timeout_s),
+                lambda: self.state.map.tables.append(spec.to_proto()))
         log.info("created table %s (%d rows x %d, %s)", spec.name, spec.num_rows, spec.dim, spec.optimizer)
         self.links.broadcast(snapshot)
         return snapshot
+
+    def _create_on_holders(self, context, what: str, indices, create, publish) -> cluster_pb2.ClusterMap:
+        """Has the server holding each of ``indices`` run ``create(stub)``, then ``publish()`` puts the new table or
+        dense tensor in the map (with the state's lock held) and returns the new map.  Published only once every
+        index's live holder has it: a standby promoted meanwhile got a map without it (its Promote carries the map
+        of its promotion), so it is created there too once the promotion is recorded; a server replaced meanwhile
+        is not waited for, and its error is none (a paused server answering late created its shard for nobody).
+        Aborts UNAVAILABLE when a live holder refuses, or after ``create_timeout_s``."""
+        indices = list(indices)
+        created: set[str] = set()  # server ids that have it
+        deadline = time.monotonic() + self.config.create_timeout_s
+        live = (ACTIVE, RECOVERING)
+
+        def holders_locked() -> dict[str, cluster_pb2.ServerInfo]:
+            return {s.server_id: s for s in self.state.map.servers if s.index in indices and s.state != FAILED}
+
+        def still_wanted(address: str) -> bool:
+            with self.state.lock:
+                return any(s.address == address and s.state in live for s in holders_locked().values())
+
+        while True:
+            with self.state.lock:
+                holders = holders_locked()
+                todo = [s for s in holders.values() if s.state in live and s.server_id not in created]
+                promoting = [s for s in holders.values() if s.state == PROMOTING]
+                if not todo and not promoting:
+                    publish()
+                    return self.state.bump_locked()
+            if time.monotonic() > deadline:
+                waiting = ", ".join(s.address for s in todo + promoting)
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating {what}: not done within --create-timeout-s "
+                              f"({self.config.create_timeout_s:g} s) on {waiting}; nothing was published")
+            if not todo:  # a promotion under way: created there once it is recorded
+                time.sleep(min(self.config.health_interval_s, 0.1))
+                continue
+            ids = {s.address: s.server_id for s in todo}
+            answers = self.links.call_each(list(ids), create, still_wanted=still_wanted,
+                                           poll_s=min(self.config.health_interval_s, 0.5))
+            refused = []
+            for address, error in answers.items():
+                if error is None:
+                    created.add(ids[address])
+                elif error != "replaced" and still_wanted(address):
+                    refused.append(error)
+            if refused:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating {what}: {'; '.join(refused)}")
 
     def _table_bytes(self, spec: TableSpec) -> int:
         """What table ``spec`` asks of one server: its shard of rows (weights and optimizer state) and the parity
@@ -267,15 +311,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 if not self.state.map.ready:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.state.not_ready_message())
                 self._check_server_bytes(context, f"dense tensor {spec.name!r}", spec.payload_bytes)
-                targets = [self.state.at_index(i).address for i in self.state.layout.dense_servers(spec.name)]
             req = embedding_pb2.CreateDenseRequest(spec=spec.to_proto(), initial_value=request.initial_value)
-            error = self.links.call_all(targets, lambda stub: stub.CreateDense(req, timeout=self.config.create_timeout_s))
-            if error:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating dense tensor {spec.name!r}: {error}")
-            with self.state.lock:
-                self.state.dense[spec.name] = coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=request.initial_value)
+
+            def publish() -> None:
+                self.state.dense[spec.name] = coordinator_pb2.RegisterDenseRequest(
+                    spec=spec.to_proto(), initial_value=request.initial_value)
                 self.state.map.dense.append(spec.to_proto())
-                snapshot = self.state.bump_locked()
+            snapshot = self._create_on_holders(
+                context, f"dense tensor {spec.name!r}", self.state.layout.dense_servers(spec.name),
+                lambda stub: stub.CreateDense(req, timeout=self.config.create_timeout_s), publish)
         self.links.broadcast(snapshot)
         return snapshot
 

@@ -100,16 +100,36 @@ class ServerLinks:
 
     def call_all(self, addresses: list[str], call) -> str | None:
         """Runs ``call(stub)`` on every address in parallel; returns the first error's text or None."""
+        errors = [e for e in self.call_each(addresses, call).values() if e is not None]
+        return "; ".join(errors) or None
+
+    def call_each(self, addresses: list[str], call, still_wanted=None, poll_s: float = 0.5) -> dict[str, str | None]:
+        """Runs ``call(stub)`` on every address in parallel: address -> None (done) or its error's text.  With
+        ``still_wanted(address) -> bool``, asked every ``poll_s`` while a call is under way, a call whose server
+        is no longer wanted (it was replaced) is not waited for: its answer is ``"replaced"``."""
         with self.state.lock:
             stubs = [(a, self.handle(a).embedding) for a in addresses]
-        errors = []
-        with futures.ThreadPoolExecutor(max_workers=max(1, len(stubs))) as pool:
-            for address, fut in [(a, pool.submit(call, s)) for a, s in stubs]:
-                try:
-                    fut.result()
-                except grpc.RpcError as exc:
-                    errors.append(f"server {address}: {exc.code().name}: {exc.details()}")
-        return "; ".join(errors) or None
+        out: dict[str, str | None] = {}
+        pool = futures.ThreadPoolExecutor(max_workers=max(1, len(stubs)), thread_name_prefix="ecrec-call")
+        try:
+            running = {pool.submit(call, stub): address for address, stub in stubs}
+            while running:
+                done, _ = futures.wait(running, timeout=poll_s if still_wanted else None)
+                for fut in done:
+                    address = running.pop(fut)
+                    try:
+                        fut.result()
+                        out[address] = None
+                    except grpc.RpcError as exc:
+                        out[address] = f"server {address}: {exc.code().name}: {exc.details()}"
+                if still_wanted is not None:
+                    for fut, address in list(running.items()):
+                        if not still_wanted(address):
+                            del running[fut]
+                            out[address] = "replaced"
+        finally:
+            pool.shutdown(wait=False)  # a call to a replaced server ends by its own deadline
+        return out
 
     def close(self) -> None:
         self._broadcast_pool.shutdown(wait=False, cancel_futures=True)

@@ -93,6 +93,10 @@ class Cut:
                 return peers.stub(address).HoldPushes(request, timeout=self.cluster.config.rpc_timeout_s,
                                                       metadata=peers.metadata())
             except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    # gone or paused: the coordinator hears it (it promotes a standby sooner) and the map it
+                    # answers names the replacement the next attempt asks
+                    peers.coordinator.report_failure(address, f"HoldPushes: {exc.code().name}")
                 raise CutError(f"server {index} ({address}) HoldPushes: {exc.code().name}: {exc.details()}") from None
 
         with ThreadPoolExecutor(max_workers=max(1, len(self.indices)), thread_name_prefix="ecrec-cut") as pool:
@@ -124,6 +128,10 @@ class Cut:
             except CutError as exc:
                 last = str(exc)
                 self._end_quietly()
+                try:  # the next attempt asks the servers of the map as it is now (a replacement, not the dead)
+                    self.cluster.refresh_map()
+                except grpc.RpcError:
+                    pass  # the coordinator is unreachable too: the next attempt asks the map as it was
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
         raise CutError(f"no consistent cut within {timeout_s:.0f} s ({self.attempts} tries; the last: {last}); the "
