@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
-from ecrec.config import (ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments, from_arguments,
-                          parse_key_values)
+from ecrec.config import (MAX_SECONDS, ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments,
+                          from_arguments, parse_key_values)
 from ecrec.ops.logs import FORMATS
 
 
@@ -156,6 +156,8 @@ def _command_of(argv: list[str] | None) -> str | None:
 
 def _snapshot_command(args) -> int:
     """``ecrec-server snapshot`` / ``restore``: progress on stderr, the manifest's summary on stdout."""
+    import grpc
+
     from ecrec.client import Cluster, ClusterError
     from ecrec.config import ClientConfig
     from ecrec.snapshot import SnapshotError
@@ -164,9 +166,9 @@ def _snapshot_command(args) -> int:
         print(f"  {text}", file=sys.stderr)
 
     for flag, value in (("--timeout", args.timeout), ("--wait", args.wait)):
-        if not (math.isfinite(value) and value > 0):
-            print(f"ecrec-server {args.command}: {flag} must be a positive number of seconds, got {value}",
-                  file=sys.stderr)
+        if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+            print(f"ecrec-server {args.command}: {flag} must be a positive number of seconds (at most "
+                  f"{MAX_SECONDS:g}), got {value}", file=sys.stderr)
             return 2
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
@@ -178,6 +180,10 @@ def _snapshot_command(args) -> int:
             cluster.close(confirm_timeout_s=30.0)
     except (SnapshotError, ClusterError, ValueError, OSError) as exc:
         print(f"ecrec-server {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as exc:  # a call with no retry of its own (the map's first read) ran out of time
+        print(f"ecrec-server {args.command}: the cluster at {args.coordinator}: {exc.code().name}: {exc.details()}",
+              file=sys.stderr)
         return 1
     verb = "wrote" if args.command == "snapshot" else "restored"
     print(f"{verb} {len(manifest['tables'])} table(s), {len(manifest['dense'])} dense tensor(s) "

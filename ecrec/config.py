@@ -122,6 +122,9 @@ def check_ports(**ports: int | None) -> None:
 
 #: settings that hold a size in bytes, and the least each can be (a smaller one cannot carry a control message)
 LEAST_BYTES = {"max_message_bytes": 64 * 1024}
+#: the longest deadline or interval in seconds a setting may be (about three years: gRPC takes no deadline much
+#: beyond it -- 1e10 s fails every call at once with DEADLINE_EXCEEDED)
+MAX_SECONDS = 1e8
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,10 +144,13 @@ def check_numbers(config, zero_allowed: tuple[str, ...] = (), skip: tuple[str, .
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         least = LEAST_BYTES.get(f.name)
+        seconds = f.name.endswith("_s")
         if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_allowed) or \
-                (least is not None and value < least):
+                (least is not None and value < least) or (seconds and value > MAX_SECONDS):
             want = f"at least {least}" if least is not None else \
                 "a finite number >= 0" if f.name in zero_allowed else "a finite number > 0"
+            if seconds:
+                want += f" and at most {MAX_SECONDS:g} (seconds)"
             raise ValueError(f"{f.name} ({flag_of(f)}) {value}: must be {want}")
 
 

@@ -166,7 +166,13 @@ def test_bad_command_lines_fail_clearly():
     r = run("coordinator", "--port", "0", "--servers", "2", "--health-interval", "0")
     assert r.returncode == 2 and "health_interval_s (--health-interval) 0.0: must be a finite number > 0" in r.stderr
     r = run("status", "--coordinator", "127.0.0.1:1", "--timeout", "nan")  # DEADLINE_EXCEEDED before
-    assert r.returncode == 2 and "timeout must be > 0 seconds, got nan" in r.stderr
+    assert r.returncode == 2 and "timeout must be > 0 and at most 1e+08 seconds, got nan" in r.stderr
+    r = run("status", "--coordinator", "127.0.0.1:1", "--timeout", "1e10")  # DEADLINE_EXCEEDED at once before
+    assert r.returncode == 2 and "got 10000000000.0" in r.stderr
+    r = run("serve", "--coordinator", "127.0.0.1:1", "--rpc-timeout-s", "1e10")  # could not register before
+    assert r.returncode == 2 and "must be a finite number > 0 and at most 1e+08 (seconds)" in r.stderr
+    r = run("snapshot", "--coordinator", "127.0.0.1:1", "--timeout", "1e10", "/tmp/x")  # a traceback before
+    assert r.returncode == 2 and "--timeout must be a positive number of seconds (at most 1e+08)" in r.stderr
     r = run("status", "--coordinator", "127.0.0.1:1", "--wait", "nan")
     assert r.returncode == 2 and "--wait must be >= 0 seconds, got nan" in r.stderr
     r = run("local", "--servers", "2", "--standby", "-1")

@@ -71,6 +71,33 @@ def test_the_command_line_refuses_an_unusable_certificate(tmp_path):
     assert rc == 2
 
 
+def test_a_key_that_is_not_the_certificates_or_a_ca_file_without_a_certificate_is_named(pki):
+    """A mismatched key or a CA file holding no PEM was found by gRPC only: a server said its port was "in use
+    (another process serves it)", a client read every handshake failure as an unreachable coordinator and
+    waited out its minute.  Now the options refuse them, naming the files."""
+    import subprocess
+    import sys
+
+    ca, tmp = pki
+    one, other = ca.issue_cert("ecrec-server"), ca.issue_cert("ecrec-server")
+    one.cert_chain_pems[0].write_to_path(str(tmp / "one.pem"))
+    one.private_key_pem.write_to_path(str(tmp / "one.key"))
+    other.private_key_pem.write_to_path(str(tmp / "other.key"))
+    (tmp / "garbage.pem").write_text("not a certificate\n")
+    assert security.Security(str(tmp / "one.pem"), str(tmp / "one.key"), str(tmp / "ca.pem")).tls
+    with pytest.raises(security.SecurityError, match=r"--tls-cert .*one.pem with --tls-key .*other.key: not a PEM "
+                                                     r"certificate and the unencrypted PEM private key"):
+        security.Security(str(tmp / "one.pem"), str(tmp / "other.key"), str(tmp / "ca.pem"))
+    with pytest.raises(security.SecurityError, match=r"--tls-ca .*garbage.pem: no PEM CA certificate in it"):
+        security.Security(str(tmp / "one.pem"), str(tmp / "one.key"), str(tmp / "garbage.pem"))
+    with pytest.raises(security.SecurityError, match=r"--tls-cert .*one.key with --tls-key .*one.pem"):
+        security.Security(str(tmp / "one.key"), str(tmp / "one.pem"), str(tmp / "ca.pem"))  # swapped
+    run = subprocess.run([sys.executable, "-m", "ecrec.cli", "coordinator", "--port", "0", "--servers", "2",
+                          "--tls-cert", str(tmp / "one.pem"), "--tls-key", str(tmp / "other.key"),
+                          "--tls-ca", str(tmp / "ca.pem")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "other.key" in run.stderr and "in use" not in run.stderr, run.stderr
+
+
 # --- mutual TLS -----------------------------------------------------------------------------------------------------
 @pytest.mark.cluster
 def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):

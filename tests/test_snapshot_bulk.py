@@ -93,6 +93,35 @@ def test_a_trained_table_is_restored_by_pushes_and_a_none_cluster_in_bulk(make_c
     assert np.array_equal(_payload(plain, "t", ROWS), t.view(np.uint32))
 
 
+def test_a_restore_killed_after_one_table_leaves_the_next_refused_not_blank(make_cluster, tmp_path):
+    """The client killed as the first table's restore in bulk finished: the next table, created blank by the
+    restore, served its zeros (pushes applied to them, ``status`` fully redundant) with nothing to tell an operator
+    that a restore was cut short.  Now every table to restore in bulk is refused from its creation until its
+    restore finishes; loading again restores both bit for bit."""
+    import subprocess
+    import sys
+
+    path, t, s = _saved(make_cluster, tmp_path)
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    script = ("import os, signal, sys\n"
+              "from ecrec.client import Cluster\n"
+              "def progress(text):\n"
+              "    if text.startswith(\"restored table 't' in bulk\"):\n"
+              "        os.kill(os.getpid(), signal.SIGKILL)\n"
+              "Cluster.connect(sys.argv[1]).load(sys.argv[2], on_progress=progress)\n")
+    run = subprocess.run([sys.executable, "-c", script, local.coordinator_address, path], timeout=300,
+                         capture_output=True, text=True)
+    assert run.returncode == -9, run.stderr[-2000:]
+    target = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=1.0))
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    with pytest.raises(Exception, match="being restored"):
+        target.pull("s", [0, 1])  # refused: not the zeros of a blank table
+    assert Cluster.connect(local.coordinator_address).load(path)["restored_in_bulk"] == ["t", "s"]
+    assert np.array_equal(_payload(target, "s", 777), s.view(np.uint32))
+    assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
+    assert _parity_ok(target)
+
+
 def test_a_restores_progress_counts_values_and_ends_at_its_total(make_cluster, tmp_path):
     """A table restored in bulk was counted by its chunks' lengths in the files (headers too: ~1.3 KB a chunk), the
     rest by their values: the progress of a restore of many small chunks went past its total ("0.7 of 0.6 MB")."""

@@ -81,6 +81,8 @@ class Security:
                         self._loaded[name] = f.read()
                 except OSError as exc:
                     raise SecurityError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
+        if self.tls_cert:
+            self._check_tls_files()
         if self.token_file:
             token = self._loaded["token_file"].strip()
             if not token:
@@ -88,6 +90,23 @@ class Security:
             if any(c < 0x21 or c > 0x7E for c in token):
                 raise SecurityError(f"--token-file {self.token_file}: the token must be printable ASCII without spaces")
             self._loaded["token"] = token.decode("ascii")
+
+    def _check_tls_files(self) -> None:
+        """SecurityError naming the file when the certificate, its key or the CA is no PEM gRPC can use, or the key
+        is not the certificate's (gRPC itself says only "Failed to bind" on a server, and a client's handshake
+        fails at every call, read as an unreachable coordinator)."""
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_cert_chain(self.tls_cert, self.tls_key, password=lambda: b"")
+        except ssl.SSLError as exc:
+            raise SecurityError(f"--tls-cert {self.tls_cert} with --tls-key {self.tls_key}: not a PEM certificate and "
+                                f"the unencrypted PEM private key that goes with it ({exc.reason or exc})") from None
+        try:
+            context.load_verify_locations(cafile=self.tls_ca)
+        except ssl.SSLError as exc:
+            raise SecurityError(f"--tls-ca {self.tls_ca}: no PEM CA certificate in it ({exc.reason or exc})") from None
 
     @property
     def tls(self) -> bool:

@@ -23,6 +23,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ecrec.config import MAX_SECONDS
 from ecrec.ops import console
 from ecrec.net import transport
 from ecrec.net.cluster_map import fully_redundant
@@ -66,8 +67,8 @@ def _probe(address: str, health_address: str, timeout_s: float, security=None) -
 
 def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     """The cluster behind the coordinator at ``address``, with what each server says of itself."""
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout_s}")
+    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_SECONDS):
+        raise ValueError(f"timeout must be > 0 and at most {MAX_SECONDS:g} seconds, got {timeout_s}")
     from ecrec.net.peers import coordinator_stub  # the coordinators at host:port[,host:port...]
     stub = coordinator_stub(address, security=security)
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pickle
 import threading
@@ -45,6 +46,8 @@ from ecrec.snapshot.cut import Cut, CutError
 from ecrec.snapshot.tally import Tally
 from ecrec.snapshot.part import CHUNK_BYTES
 from ecrec.tables.values import check_dense_values, check_values
+
+log = logging.getLogger("ecrec.snapshot")
 
 FORMAT = "ecrec-snapshot/2"
 FORMATS = ("ecrec-snapshot/1", FORMAT)
@@ -451,11 +454,15 @@ def _load(cluster, path: str, on_progress=None) -> dict:
         on_progress(f"checked {total / 1e6:,.1f} MB in {len(order)} chunks of {path}")
     # 2. written: missing tables and dense tensors created, then chunk after chunk (the next read meanwhile)
     started = time.perf_counter()
+    chunks_of = {name: [(key, chunk) for kind, table, _, parts in order if kind == "table" and table == name
+                        for key, chunk in parts] for name in tables}
     for name, spec in tables.items():
         if name not in existing:
             cluster.create_table(name, spec.num_rows, spec.dim, optimizer=spec.optimizer, lr=spec.lr, eps=spec.eps,
                                  initial_accumulator_value=spec.initial_accumulator_value, init="blank",
                                  seed=spec.seed)
+        if stamps is not None:  # restored in bulk, if it can be: refused from now until it is
+            _mark_for_bulk(cluster, path, name, chunks_of[name], stamps)
     for name, spec in denses.items():
         if name not in existing_dense:
             cluster.create_dense(spec)
@@ -463,8 +470,7 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     written = 0
     in_bulk = []  # tables every server restored from the files itself
     for name in (tables if stamps is not None else ()):
-        chunks = [(key, chunk) for kind, table, _, parts in order if kind == "table" and table == name
-                  for key, chunk in parts]
+        chunks = chunks_of[name]
         with timing.wall("bulk_s"):  # (the servers' parts: _restore_in_bulk)
             done = _restore_in_bulk(cluster, path, name, chunks, stamps, timing, on_progress)
         if done:
@@ -537,6 +543,39 @@ class _NoServer(Exception):
     """No live server holds an index of the map (a failure being handled)."""
 
 
+def _bulk_source(chunks, stamps: dict) -> str:
+    """A table's source in a restore in bulk (``RestoreTableRequest.source_json``): its chunks and the stamps of
+    the files that hold them."""
+    fields = ("offsets", "sizes", "file", "offset", "length")
+    source = {"weight": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/weight")],
+              "state": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/state")],
+              "files": {f: stamps[f] for f in sorted({c["file"] for _, c in chunks})}}
+    return json.dumps(source, sort_keys=True)
+
+
+def _mark_for_bulk(cluster, path: str, name: str, chunks, stamps: dict) -> None:
+    """BEGIN of a restore of table ``name`` in bulk on every server, before any table is filled: from now the
+    table is refused (pushes and reads wait) until its restore finishes, so that a restore cut short before it
+    reached this table leaves it refused, not served blank or as it was.  Best effort: a server that refuses
+    (it cannot restore in bulk, it is being replaced) is dealt with when the table's turn comes
+    (:func:`_restore_in_bulk` begins again, or aborts and pushes the rows)."""
+    import grpc
+
+    from ecrec.wire import embedding_pb2
+
+    request = embedding_pb2.RestoreTableRequest(step=embedding_pb2.RestoreTableRequest.BEGIN, table=name,
+                                                path=_local(path), source_json=_bulk_source(chunks, stamps))
+    for i in range(cluster.layout.num_servers):
+        address = cluster.peers.address_of(i)
+        if address is None:
+            continue
+        try:
+            cluster.peers.stub(address).RestoreTable(request, timeout=cluster.config.rpc_timeout_s,
+                                                     metadata=cluster.peers.metadata())
+        except grpc.RpcError as exc:
+            log.debug("marking table %r for its restore on server %d: %s", name, i, exc.code().name)
+
+
 def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing: Tally, on_progress) -> bool:
     """Table ``name`` restored in bulk by every server (:mod:`ecrec.snapshot.bulk`): BEGIN, FILL, FINISH on every
     server of the map, again from BEGIN when a server failed or was replaced meanwhile.  False, the table as it
@@ -549,11 +588,7 @@ def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing
 
     Step = embedding_pb2.RestoreTableRequest
     path = _local(path)  # every server resolves it alike
-    fields = ("offsets", "sizes", "file", "offset", "length")
-    source = {"weight": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/weight")],
-              "state": [{f: c[f] for f in fields} for key, c in chunks if key.endswith("/state")],
-              "files": {f: stamps[f] for f in sorted({c["file"] for _, c in chunks})}}
-    source_json = json.dumps(source, sort_keys=True)
+    source_json = _bulk_source(chunks, stamps)
     digest = source_digest(name, path, source_json)
     nbytes = sum(c["length"] for _, c in chunks)
     RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION)
