@@ -137,6 +137,9 @@ def build_client_parser() -> argparse.ArgumentParser:
         sp.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds (default 600)")
         sp.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for the cluster to be ready, every index served (default 60)")
+        if name == "snapshot":
+            sp.add_argument("--overwrite", action="store_true",
+                            help="write over a snapshot PATH already holds (refused otherwise)")
     return parser
 
 
@@ -175,7 +178,10 @@ def _snapshot_command(args) -> int:
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),
                                   worker=f"{args.command}-cli", wait_ready_s=args.wait, on_wait=progress)
         try:
-            manifest = (cluster.save if args.command == "snapshot" else cluster.load)(args.path, on_progress=progress)
+            if args.command == "snapshot":
+                manifest = cluster.save(args.path, on_progress=progress, overwrite=args.overwrite)
+            else:
+                manifest = cluster.load(args.path, on_progress=progress)
         finally:
             cluster.close(confirm_timeout_s=30.0)
     except (SnapshotError, ClusterError, ValueError, OSError) as exc:
@@ -268,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             security = from_arguments(SecurityOptions, args).security
             return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait,
                               security=security)
+        except BrokenPipeError:  # `status | head`: the reader left; end quietly, as any Unix filter does
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+            return 1
         except (status.CoordinatorUnreachable, ValueError) as exc:
             print(f"ecrec-server status: {exc}", file=sys.stderr)
             return status.EXIT_UNREACHABLE

@@ -214,3 +214,11 @@ def test_a_server_whose_coordinator_is_gone_warns_now_and_then_not_at_every_try(
     from ecrec.server.process import UNREACHABLE_LOG_S
 
     assert UNREACHABLE_LOG_S > 4.0
+
+
+def test_status_piped_into_a_reader_that_leaves_ends_without_a_traceback(make_cluster):
+    """``ecrec-server status | head`` ended in a BrokenPipeError traceback."""
+    local = make_cluster(servers=2, strategy="none")
+    run = subprocess.run(f"{sys.executable} -m ecrec.cli status --coordinator {local.coordinator_address} | true",
+                         shell=True, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr

@@ -255,3 +255,26 @@ def test_a_module_loads_all_its_tables_or_none_and_values_are_checked_as_float32
     collection.load_state_dict(halves)
     assert seen == [""]
     assert torch.equal(cluster.pull("a", np.arange(300)), halves["embedding_bags.a.weight"].float())
+
+
+def test_other_optimizer_settings_in_a_state_dict_or_snapshot_are_said_not_taken_silently(make_cluster, tmp_path,
+                                                                                          caplog):
+    """torch.optim takes a saved param group's lr and eps; a cluster table's are set at its creation, for every
+    worker: a state dict or a snapshot saved with others was restored without a word (the table's lr kept)."""
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    source.create_table("a", 100, 4, optimizer="adagrad", lr=0.1, seed=1)
+    source.save(str(tmp_path / "snap"))
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.create_table("a", 100, 4, optimizer="adagrad", lr=0.5, seed=1)
+    with caplog.at_level("WARNING", logger="ecrec"):
+        target.load(str(tmp_path / "snap"))
+    assert "table 'a': the snapshot was saved with other optimizer settings than this cluster's (lr 0.1 -> 0.5)" \
+        in caplog.text
+    assert target.table_spec("a").lr == 0.5  # the cluster's own, as documented
+    caplog.clear()
+    optimizer = EmbeddingOptimizer(EmbeddingBag(target, "a"))
+    saved = optimizer.state_dict()
+    saved["param_groups"][0]["lr"] = 0.001
+    with caplog.at_level("WARNING", logger="ecrec"):
+        optimizer.load_state_dict(saved)
+    assert "saved with other optimizer settings (lr 0.001 -> 0.5)" in caplog.text

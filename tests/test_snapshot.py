@@ -246,6 +246,29 @@ def test_every_server_writes_its_own_file_and_dense_tensors_come_back_with_their
     assert source.save(str(tmp_path / "snap"), overwrite=True)["tables"]
 
 
+@pytest.mark.cluster
+def test_a_path_that_cannot_hold_a_snapshot_is_refused_by_name(make_cluster, tmp_path):
+    """A save to a file's path raised a raw FileExistsError (an unreachable URL a raw ConnectionRefusedError);
+    snapshot_every took "" or 2.5 steps; the CLI said "pass overwrite" and had no such flag."""
+    local = make_cluster(servers=2, strategy="none")
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 10, 4)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SnapshotError, match=r"snapshot to .*a-file: .*nothing was written"):
+        client.save(str(tmp_path / "a-file"))
+    with pytest.raises(SnapshotError, match=r"snapshot to .*a-file/under: .*nothing was written"):
+        client.save(str(tmp_path / "a-file" / "under"))
+    with pytest.raises(SnapshotError, match="the snapshot path is empty"):
+        client.snapshot_every(10, "")
+    with pytest.raises(ValueError, match="snapshot_every: steps must be a whole number, at least 1, got 2.5"):
+        client.snapshot_every(2.5, str(tmp_path / "periodic"))
+    assert (tmp_path / "a-file").read_text() == "x"
+    client.save(str(tmp_path / "snap"))
+    args = ["snapshot", "--coordinator", local.coordinator_address, str(tmp_path / "snap")]
+    assert server_cli.main(args) == 1
+    assert server_cli.main([*args[:3], "--overwrite", args[3]]) == 0
+
+
 def test_a_save_never_deletes_a_checkpoint_it_did_not_write(make_cluster, tmp_path):
     """A DCP checkpoint of another program at the path (``.metadata`` and ``*.distcp``, no manifest): ``save``
     refuses, with or without ``overwrite``, and leaves every file as it was (it deleted them).  What a save of

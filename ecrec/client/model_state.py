@@ -15,10 +15,14 @@ the servers keep beside each row, is :class:`EmbeddingOptimizer`'s, keyed by the
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from ecrec.tables.values import check_values
+
+log = logging.getLogger("ecrec.client")
 
 
 def cluster_tables(model: torch.nn.Module) -> dict[str, tuple]:
@@ -77,6 +81,11 @@ class EmbeddingOptimizer:
             if groups[key].get("optimizer") != spec.optimizer:
                 raise ValueError(f"{key!r} (cluster table {table!r}): saved for optimizer "
                                  f"{groups[key].get('optimizer')!r}, the table trains with {spec.optimizer!r}")
+            differ = [f"{n} {groups[key][n]!r} -> {getattr(spec, n)!r}" for n in ("lr", "eps", "initial_accumulator_value")
+                      if n in groups[key] and groups[key][n] != getattr(spec, n)]
+            if differ:  # torch.optim would take them; a table's settings are the cluster's, for every worker
+                log.warning("%r (cluster table %r): saved with other optimizer settings (%s); the table trains on "
+                            "with the cluster's (they are set when it is created)", key, table, ", ".join(differ))
             entry = state_dict["state"][key]
             if spec.state_width == 0:
                 continue

@@ -222,7 +222,11 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(f"--metrics-port {port}: cannot serve metrics on {host}:{port}: "
+                      f"{exc.strerror or exc}") from None
     endpoint = MetricsEndpoint(f"{host}:{server.server_port}", server, thread)
     log.info("metrics at http://%s/metrics", endpoint.address)
     return endpoint

@@ -89,15 +89,19 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
-    if snapshot_files.exists(path, MANIFEST) and not overwrite:
-        raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite")
-    present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
-    if present and not (snapshot_files.exists(path, MANIFEST) or snapshot_files.exists(path, WRITING)):
-        raise SnapshotError(f"{path} holds checkpoint files no save of ECRec wrote ({', '.join(present[:4])}"
-                            f"{', ...' if len(present) > 4 else ''}: a DCP checkpoint of another program?); nothing "
-                            "was changed: choose another path")
-    snapshot_files.makedirs(path)
-    snapshot_files.write_atomically(path, WRITING, b"")
+    try:
+        if snapshot_files.exists(path, MANIFEST) and not overwrite:
+            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
+                                "(ecrec-server snapshot --overwrite)")
+        present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
+        if present and not (snapshot_files.exists(path, MANIFEST) or snapshot_files.exists(path, WRITING)):
+            raise SnapshotError(f"{path} holds checkpoint files no save of ECRec wrote ({', '.join(present[:4])}"
+                                f"{', ...' if len(present) > 4 else ''}: a DCP checkpoint of another program?); "
+                                "nothing was changed: choose another path")
+        snapshot_files.makedirs(path)
+        snapshot_files.write_atomically(path, WRITING, b"")
+    except OSError as exc:  # a file where the directory would be, a place that cannot be written or reached
+        raise SnapshotError(f"snapshot to {path}: {_os_error(exc)}; nothing was written") from None
     # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
     # complete-looking snapshot is ever without its files
     for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
@@ -264,6 +268,7 @@ def _check_specs(cluster, path: str, manifest: dict):
         if have is not None and (have.num_rows, have.dim, have.optimizer) != (spec.num_rows, spec.dim, spec.optimizer):
             raise SnapshotError(f"table {name!r}: the snapshot holds {spec.num_rows:,} x {spec.dim} ({spec.optimizer}); "
                                 f"this cluster's table is {have.num_rows:,} x {have.dim} ({have.optimizer})")
+        _warn_if_hyperparameters_differ(f"table {name!r}", have, spec)
         tables[name] = spec
     for name, fields in manifest.get("dense", {}).items():
         if "name" not in fields:  # version 1 kept only the shape and the optimizer: not restorable exactly
@@ -278,8 +283,22 @@ def _check_specs(cluster, path: str, manifest: dict):
         if have is not None and (have.shape, have.optimizer) != (spec.shape, spec.optimizer):
             raise SnapshotError(f"dense tensor {name!r}: the snapshot holds {spec.shape} ({spec.optimizer}); this "
                                 f"cluster's is {have.shape} ({have.optimizer})")
+        _warn_if_hyperparameters_differ(f"dense tensor {name!r}", have, spec)
         denses[name] = spec
     return tables, denses, existing, existing_dense
+
+
+def _warn_if_hyperparameters_differ(what: str, have, saved) -> None:
+    """A restore writes values and optimizer state into what the cluster holds, with the cluster's learning rate
+    and the rest: where the snapshot was saved with others, say so (training goes on with the cluster's)."""
+    if have is None:
+        return
+    names = [n for n in ("lr", "eps", "initial_accumulator_value") if hasattr(have, n) and hasattr(saved, n)]
+    differ = [f"{n} {getattr(saved, n)!r} -> {getattr(have, n)!r}" for n in names if getattr(have, n) != getattr(saved, n)]
+    if differ:
+        log.warning("%s: the snapshot was saved with other optimizer settings than this cluster's (%s): its values "
+                    "and optimizer state are restored, training goes on with this cluster's settings", what,
+                    ", ".join(differ))
 
 
 def _check_tensor(path: str, manifest: dict, key: str, shape: list[int]) -> None:
@@ -336,6 +355,12 @@ class _ChunkReader:
             raise SnapshotError(f"{rows} does not match its checksum in {MANIFEST}: a corrupted file, {file}; "
                                 "nothing was restored")
         return array
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as one line: what failed, on which file."""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    return f"{text}: {exc.filename}" if getattr(exc, "filename", None) else text
 
 
 def _check_path(path) -> None:
@@ -713,14 +738,22 @@ class Periodic:
     ``keep`` complete ones kept (an incomplete one, a save cut short, is removed with the old)."""
 
     def __init__(self, steps: int, directory: str, keep: int = 2, on_progress=None):
-        if steps < 1 or keep < 1:
-            raise ValueError(f"snapshot_every: steps ({steps}) and keep ({keep}) must be at least 1")
-        self.steps, self.directory, self.keep, self.on_progress = steps, directory, keep, on_progress
+        for name, value in (("steps", steps), ("keep", keep)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"snapshot_every: {name} must be a whole number, at least 1, got {value!r}")
+        _check_path(directory)
+        self.steps, self.directory, self.keep, self.on_progress = int(steps), directory, int(keep), on_progress
         self.saved: list[dict] = []
+        try:  # a directory every snapshot goes under: made now, so that a path that cannot be one is said now
+            snapshot_files.makedirs(directory)
+            names = snapshot_files.listdir(directory)
+        except OSError as exc:  # each step's snapshot fails (in its result, counted) until it can be written
+            log.warning("snapshot_every: %s: %s: every snapshot fails until it can be written", directory,
+                        _os_error(exc))
+            names = []
         # numbered on from what the directory holds: a job restored from step-40 and training on writes
         # step-50, step-60 (never below an older run's snapshots, which pruning would keep instead)
-        self.base = max((_step_of(n) for n in snapshot_files.listdir(directory) if _step_of(n) is not None),
-                        default=0)
+        self.base = max((_step_of(n) for n in names if _step_of(n) is not None), default=0)
 
     def after_step(self, cluster, step: int) -> dict | None:
         if step % self.steps:
