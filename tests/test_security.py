@@ -167,6 +167,42 @@ def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
 
 # --- token ------------------------------------------------------------------------------------------------------------
 @pytest.mark.cluster
+def test_a_server_whose_token_the_coordinator_refuses_or_does_not_check_fails_at_once(tmp_path):
+    """A wrong token: ``serve`` retried its map read for its whole registration minute, a warning every 0.2 s.
+    A token the coordinator does not check (started without one): the servers registered, ``status`` said fully
+    redundant, and every table creation failed UNAUTHENTICATED.  Now both end ``serve`` at once, saying why."""
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "a").write_text("token-a\n")
+    (tmp_path / "b").write_text("token-b\n")
+    cli = [sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING"]
+    coordinators = []
+    try:
+        addresses = []
+        for token in (["--token-file", str(tmp_path / "a")], []):
+            proc = subprocess.Popen([*cli, "coordinator", "--port", "0", "--servers", "1", *token],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            coordinators.append(proc)
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            line = proc.stdout.readline() if ready else ""
+            assert line.startswith("ECREC_COORDINATOR "), line
+            addresses.append(line.split()[1])
+        for address, why in ((addresses[0], "refuses this server: UNAUTHENTICATED"),
+                             (addresses[1], "answers calls without the token this server was given")):
+            run = subprocess.run([*cli, "serve", "--coordinator", address, "--token-file", str(tmp_path / "b")],
+                                 capture_output=True, text=True, timeout=50)
+            assert run.returncode == 2 and why in run.stderr, run.stderr[-2000:]
+            assert run.stderr.count("WARNING") <= 1, run.stderr[-2000:]
+    finally:
+        for proc in coordinators:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.cluster
 def test_token_cluster_refuses_calls_without_the_token(make_cluster, tmp_path):
     (tmp_path / "token").write_text("s3cret-token\n")
     (tmp_path / "wrong").write_text("not-it")

@@ -102,10 +102,7 @@ class EmbeddingServer:
         tables.warm_up()
         snapshot_bulk.warm_up()  # and a restore's gather
         log.info("kernels warm in %.2f s", time.perf_counter() - started)
-        while self.state.map is None and time.monotonic() < deadline:
-            self.state.refresh_map()
-            if self.state.map is None:
-                time.sleep(0.2)
+        self._first_map(deadline)
         if self.state.map is not None and self.state.map.lease_store:
             files, shared = self.config.etcd_tls_files()
             tls = EtcdTLS(*files) if files else None
@@ -132,6 +129,40 @@ class EmbeddingServer:
             self._keeper = self._keep(lease.renew, lease.period_s, sent)
         self._timer_thread = threading.Thread(target=self._timer_loop, name="ecrec-strategy-timer", daemon=True)
         self._timer_thread.start()
+
+    def _first_map(self, deadline: float) -> None:
+        """Reads the coordinator's map until ``deadline`` (it may not be up yet: one warning every
+        UNREACHABLE_LOG_S).  A coordinator that refuses this server's credentials, or that takes calls without the
+        token this server was given (its own calls would carry none, and every one would be refused here), ends
+        the start at once with RuntimeError: neither gets better by waiting."""
+        logged = -math.inf
+        while self.state.map is None and time.monotonic() < deadline:
+            try:
+                self.state.coordinator.get_map()
+                break
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise RuntimeError(f"coordinator {self.config.coordinator} refuses this server: "
+                                       f"{exc.code().name}: {exc.details()} (start both with the same --token-file "
+                                       "and certificates of the same --tls-ca)") from None
+                if time.monotonic() - logged >= UNREACHABLE_LOG_S:
+                    logged = time.monotonic()
+                    log.warning("waiting for coordinator %s: %s", self.config.coordinator, exc.code().name)
+                time.sleep(0.2)
+        security = self.config.security
+        if self.state.map is not None and security.token:
+            from ecrec.net.peers import coordinator_stub
+            from ecrec.net.security import Security
+
+            tokenless = Security(security.tls_cert, security.tls_key, security.tls_ca, None)
+            try:
+                coordinator_stub(self.config.coordinator, security=tokenless).GetClusterMap(
+                    coordinator_pb2.GetClusterMapRequest(), timeout=self.config.coordinator_timeout_s)
+            except grpc.RpcError:
+                return  # refused (or unreachable): it checks the token, as this server does
+            raise RuntimeError(f"coordinator {self.config.coordinator} answers calls without the token this server "
+                               "was given (--token-file): its own calls would carry none and be refused here; start "
+                               "it with the same --token-file")
 
     def _register(self, timeout_s: float) -> tuple[float, coordinator_pb2.RegisterReply]:
         """Registers with the coordinator (retried while it is unavailable) and takes the serving lease; returns
