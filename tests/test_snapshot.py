@@ -260,6 +260,11 @@ def test_a_path_that_cannot_hold_a_snapshot_is_refused_by_name(make_cluster, tmp
         client.save(str(tmp_path / "a-file" / "under"))
     with pytest.raises(SnapshotError, match="the snapshot path is empty"):
         client.snapshot_every(10, "")
+    from ecrec import snapshot
+
+    assert snapshot.latest(str(tmp_path / "nothing-here")) is None
+    with pytest.raises(SnapshotError, match="no snapshot to load .*latest"):  # "None: no manifest.json" before
+        client.load(snapshot.latest(str(tmp_path / "nothing-here")))
     with pytest.raises(ValueError, match="snapshot_every: steps must be a whole number, at least 1, got 2.5"):
         client.snapshot_every(2.5, str(tmp_path / "periodic"))
     assert (tmp_path / "a-file").read_text() == "x"

@@ -59,6 +59,8 @@ def test_lookup_jagged_without_torchrec(make_cluster):
         collection.lookup_jagged(["a", "b"], values[:3], torch.tensor([1, 1, 1]))
     with pytest.raises(ValueError, match="lengths add up to"):
         collection.lookup_jagged(["a", "b"], values[:3], torch.tensor([1, 1]))
+    with pytest.raises(TypeError, match="lengths must be integers, got torch.float32"):  # 1.5 + 1.5 "added up"
+        collection.lookup_jagged(["a", "b"], values[:3], torch.tensor([1.5, 1.5]))
     with pytest.raises(ValueError, match="mode must be 'sum' or 'mean'"):
         EmbeddingBagCollection(cluster, ["a"], mode="max")
 

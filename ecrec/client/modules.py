@@ -195,7 +195,10 @@ class EmbeddingBagCollection(torch.nn.Module):
         ``{feature: (B, dim)}`` pooled bags, every table in one pull per server."""
         keys = list(keys)
         values = torch.as_tensor(values).reshape(-1)
-        lengths = torch.as_tensor(lengths).reshape(-1).to(torch.int64)
+        lengths = torch.as_tensor(lengths).reshape(-1)
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise TypeError(f"lengths must be integers, got {lengths.dtype}")  # 1.7 ids is no count of ids
+        lengths = lengths.to(torch.int64)
         table_of = {feature: t for feature, t in self.features}
         unknown = [k for k in keys if k not in table_of]
         if unknown:

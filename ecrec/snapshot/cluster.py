@@ -366,7 +366,7 @@ def _os_error(exc: OSError) -> str:
 def _check_path(path) -> None:
     """A snapshot's path must name a place every server and this client reach alike: not empty (an unset variable
     would write into each process's working directory), not a filesystem that lives inside one process."""
-    if not str(path).strip():
+    if path is None or not str(path).strip():
         raise SnapshotError("the snapshot path is empty: name a directory or an fsspec URL every server can reach")
     if snapshot_files.is_url(path):
         try:
@@ -388,6 +388,9 @@ def _check_path(path) -> None:
 
 def load(cluster, path: str, on_progress=None) -> dict:
     """See :func:`_load`; a manifest whose structure is not what :func:`save` writes is refused as such."""
+    if path is None:  # what latest() answers for a directory with no complete snapshot
+        raise SnapshotError("no snapshot to load (the path is None: latest() found no complete snapshot in the "
+                            "directory, or it does not exist); nothing was restored")
     try:
         return _load(cluster, path, on_progress)
     except (KeyError, TypeError, AttributeError, IndexError) as exc:
