@@ -274,6 +274,28 @@ def test_a_path_that_cannot_hold_a_snapshot_is_refused_by_name(make_cluster, tmp
     assert server_cli.main([*args[:3], "--overwrite", args[3]]) == 0
 
 
+@pytest.mark.cluster
+def test_a_refused_save_takes_back_its_directory_and_marker(make_cluster, tmp_path):
+    """A save every server refused (outside their --snapshot-root) left the directory it made, holding its
+    in-progress marker; one refused into a directory that was there leaves it as it was."""
+    from ecrec.snapshot.cluster import WRITING
+
+    local = make_cluster(servers=2, strategy="none", server_options={"snapshot_root": str(tmp_path / "root")})
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    with pytest.raises(SnapshotError, match="outside this server's --snapshot-root"):
+        cluster.save(str(tmp_path / "elsewhere" / "deeper"))
+    assert not (tmp_path / "elsewhere" / "deeper").exists()
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "notes.txt").write_text("mine")
+    with pytest.raises(SnapshotError, match="outside this server's --snapshot-root"):
+        cluster.save(str(tmp_path / "there"))
+    assert sorted(p.name for p in (tmp_path / "there").iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "there" / WRITING).exists()
+    cluster.save(str(tmp_path / "root" / "fine"))  # and a save that succeeds keeps everything
+    assert (tmp_path / "root" / "fine" / "manifest.json").exists()
+
+
 def test_a_save_never_deletes_a_checkpoint_it_did_not_write(make_cluster, tmp_path):
     """A DCP checkpoint of another program at the path (``.metadata`` and ``*.distcp``, no manifest): ``save``
     refuses, with or without ``overwrite``, and leaves every file as it was (it deleted them).  What a save of

@@ -78,17 +78,13 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     every server can reach) at once; writes the DCP metadata and the manifest; returns the manifest.
     ``on_progress(text)`` as each server finishes.  A path that already holds a snapshot is refused unless
     ``overwrite``."""
-    import grpc
-
-    from ecrec.tables.spec import DenseSpec, TableSpec
-    from ecrec.wire import embedding_pb2
-
     t0 = time.perf_counter()
     _check_path(path)
     path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
+    made_dir = not snapshot_files.is_url(path) and not os.path.isdir(path)  # removed again if the save fails
     try:
         if snapshot_files.exists(path, MANIFEST) and not overwrite:
             raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
@@ -106,6 +102,33 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     # complete-looking snapshot is ever without its files
     for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
         snapshot_files.remove(path, name)
+    try:
+        return _save(cluster, path, on_progress, chunk_bytes, t0, importer)
+    except BaseException:
+        if snapshot_files.exists(path, MANIFEST):
+            raise  # written whole (what failed came after): a snapshot, kept
+        # a save that failed (refused, a server gone, a full disk) takes back what it wrote: its servers' files,
+        # its marker, the directory it made (nothing it did not write; a server still writing ends by its deadline)
+        for name in [f"__{i}_0.distcp" for i in range(cluster.layout.num_servers)] + [WRITING]:
+            try:
+                snapshot_files.remove(path, name)
+            except OSError as exc:
+                log.warning("snapshot to %s failed; removing %s: %s", path, name, _os_error(exc))
+        if made_dir:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass  # not empty: a file someone else put there stays
+        raise
+
+
+def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer: threading.Thread) -> dict:
+    """:func:`save` once the directory is ready: the cut, every server's write, the metadata and the manifest."""
+    import grpc
+
+    from ecrec.tables.spec import DenseSpec, TableSpec
+    from ecrec.wire import embedding_pb2
+
     cluster_map = cluster.refresh_map()
     layout = cluster.layout
     servers = layout.num_servers
