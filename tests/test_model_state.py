@@ -278,3 +278,35 @@ def test_other_optimizer_settings_in_a_state_dict_or_snapshot_are_said_not_taken
     with caplog.at_level("WARNING", logger="ecrec"):
         optimizer.load_state_dict(saved)
     assert "saved with other optimizer settings (lr 0.001 -> 0.5)" in caplog.text
+
+
+def test_a_module_follows_to_and_half_double_as_a_torch_module_does_and_still_trains(make_cluster):
+    """``.double()``, ``.half()``, ``.to(dtype)`` left the outputs float32 (a half or double model then failed in
+    its dense part) and ``.cuda()`` did nothing on a machine without CUDA; now the outputs follow, the state dict
+    is unchanged, gradients still reach the servers, and ``.cuda()`` fails here as torch's own module does."""
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    cluster.create_table("t", 20, 4, optimizer="sgd", lr=0.5, seed=3)
+    bag = EmbeddingBag(cluster, "t")
+    twin = torch.nn.EmbeddingBag(20, 4, mode="sum")
+    with torch.no_grad():
+        twin.weight.copy_(torch.from_numpy(cluster.read_table("t")))
+    ids, offsets = torch.tensor([1, 2, 2, 7]), torch.tensor([0, 3])
+    assert bag.double()(ids, offsets).dtype == torch.float64 and bag.device == torch.device("cpu")
+    out = bag(ids, offsets)
+    (out * torch.arange(8, dtype=torch.float64).view(2, 4)).sum().backward()
+    cluster.step()
+    (twin(ids, offsets) * torch.arange(8, dtype=torch.float32).view(2, 4)).sum().backward()
+    with torch.no_grad():
+        twin.weight -= 0.5 * twin.weight.grad
+    assert torch.equal(torch.from_numpy(cluster.read_table("t")), twin.weight.detach())
+    assert bag.half()(ids, offsets).dtype == torch.float16
+    assert bag.to(torch.float32)(ids, offsets).dtype == torch.float32
+    assert list(bag.state_dict()) == ["weight"]
+    collection = EmbeddingBagCollection(cluster, ["t"]).double()
+    assert [o.dtype for o in collection([(ids, offsets)])] == [torch.float64]
+    assert bag.double()(ids, offsets, per_sample_weights=torch.ones(4, dtype=torch.float64)).dtype == torch.float64
+    if not torch.cuda.is_available():
+        with pytest.raises((AssertionError, RuntimeError)):
+            torch.nn.EmbeddingBag(2, 2).cuda()  # what torch's own module does here ...
+        with pytest.raises((AssertionError, RuntimeError)):
+            bag.cuda()  # ... and this one now

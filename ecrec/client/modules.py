@@ -13,7 +13,28 @@ from ecrec.client.rows import as_array
 from ecrec.tables.spec import TableSpec
 from ecrec.tables.values import check_values
 
-class EmbeddingBag(torch.nn.Module):
+class _Placed(torch.nn.Module):
+    """A module whose rows live on the servers but whose outputs follow ``.to()``, ``.cuda()``, ``.half()`` and
+    ``.double()`` as a ``torch.nn`` module's do: an empty buffer (not in the state dict) keeps the place and the
+    floating dtype asked for; the lookups run in float32 on the CPU and their results are moved there (their
+    gradients come back to the servers in float32)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("_place", torch.empty(0), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self._place.device
+
+    def _placed(self, out: torch.Tensor) -> torch.Tensor:
+        place = self._place
+        if out.device != place.device or out.dtype != place.dtype:
+            return out.to(device=place.device, dtype=place.dtype)
+        return out
+
+
+class EmbeddingBag(_Placed):
     """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
 
     Call it like ``torch.nn.EmbeddingBag`` (``indices`` 1-D with ``offsets``, or
@@ -36,7 +57,7 @@ class EmbeddingBag(torch.nn.Module):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        return _lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0]
+        return self._placed(_lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0])
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
@@ -55,7 +76,7 @@ class EmbeddingBag(torch.nn.Module):
                      missing_keys, unexpected_keys, error_msgs)
 
 
-class EmbeddingBagCollection(torch.nn.Module):
+class EmbeddingBagCollection(_Placed):
     """Several cluster tables looked up together: one pull per server for all of them per call.
 
     Two shapes of input:
@@ -168,10 +189,6 @@ class EmbeddingBagCollection(torch.nn.Module):
     def is_weighted(self) -> bool:
         return False
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
     # --- lookups ------------------------------------------------------------------------------------------
     def forward(self, inputs):
         """``[(indices, offsets), ...]`` (one per table) -> list of bag tensors; or a ``KeyedJaggedTensor`` ->
@@ -187,7 +204,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                                values=torch.cat([pooled[k] for k in keys], dim=1))
         if len(inputs) != len(self.names):
             raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
-        return _lookup(self.cluster, self.names, inputs, self.modes)
+        return [self._placed(out) for out in _lookup(self.cluster, self.names, inputs, self.modes)]
 
     def lookup_jagged(self, keys, values, lengths) -> dict[str, torch.Tensor]:
         """TorchRec's jagged layout without TorchRec: ``values`` holds, feature after feature (in ``keys``
@@ -238,7 +255,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         out = {}
         for t, bags in zip(tables, pooled):
             for n, (key, _, _) in enumerate(parts[t]):
-                out[key] = bags[n * batch:(n + 1) * batch]
+                out[key] = self._placed(bags[n * batch:(n + 1) * batch])
         return out
 
     def extra_repr(self) -> str:
@@ -310,11 +327,17 @@ def _is_keyed_jagged(x) -> bool:
     return all(callable(getattr(x, name, None)) for name in ("keys", "values", "lengths", "weights_or_none"))
 
 
+def _on_cpu(x):
+    return x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x
+
+
 def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
             per_sample_weights=None) -> list[torch.Tensor]:
     """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
     on, records the rows' gradients."""
     modes = [mode] * len(names) if isinstance(mode, str) else mode
+    # ids from a CUDA model: looked up here, on the CPU, where the pulled rows are
+    inputs = [(_on_cpu(indices), _on_cpu(offsets)) for indices, offsets in inputs]
     uniques = [torch.unique(indices, return_inverse=True) for indices, _ in inputs]
     rows = cluster.pull_many({name: unique for name, (unique, _) in zip(names, uniques)})
     outputs = []
@@ -325,6 +348,9 @@ def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
             lookups = (torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
                        if cluster.count_lookups else None)
             cluster._record(name, unique.numpy().astype(np.int64), r, lookups)
+        weights = per_sample_weights
+        if weights is not None and (weights.dtype != r.dtype or weights.device != r.device):
+            weights = weights.to(device=r.device, dtype=r.dtype)  # a half or CUDA model's weights, to the rows
         outputs.append(torch.nn.functional.embedding_bag(inverse, r, offsets, mode=table_mode,
-                                                         per_sample_weights=per_sample_weights))
+                                                         per_sample_weights=weights))
     return outputs
