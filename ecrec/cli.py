@@ -251,6 +251,9 @@ def _stop_all(*stops):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ecrec.ops import parent
+
+    parent.follow()  # a child of `ecrec-server local`: it ends when local does, even by kill -9
     command = _command_of(argv)
     client_command = command in CLIENT_COMMANDS
     known = (*_subparsers(build_parser()), *CLIENT_COMMANDS)

@@ -268,7 +268,7 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
 
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
-        check_numbers(self, skip=("port", "metrics_port"))
+        check_numbers(self, zero_allowed=("max_server_bytes",), skip=("port", "metrics_port"))  # 0: the default
 
 
 @dataclass

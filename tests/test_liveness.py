@@ -261,3 +261,36 @@ def test_a_table_created_while_its_server_is_paused_and_replaced_is_on_every_ind
     finally:
         if not resumed:
             local.resume(paused)
+
+
+@pytest.mark.parametrize("how", ["stopping", "deposed"])
+def test_a_create_waiting_on_a_promotion_ends_at_once_when_its_coordinator_stops_or_is_deposed(how):
+    """A create waits for a promotion under way (its standby's map lacks the new table); a coordinator that stops,
+    or loses the leadership (its promoter then leaves that promotion to the next leader), waited out the whole
+    create_timeout_s holding the create lock.  Now it answers at once: the client retries at the leader."""
+    from ecrec.config import ClusterSpec, CoordinatorConfig
+    from ecrec.control.cluster_state import ACTIVE, PROMOTING
+    from ecrec.control.coordinator import Coordinator
+    from ecrec.control.stores import NotLeader
+
+    coordinator = Coordinator(CoordinatorConfig(cluster=ClusterSpec(num_servers=2), create_timeout_s=30.0))
+    state = coordinator.state
+    state.map.servers.add(server_id="a", address="127.0.0.1:1", index=0, state=ACTIVE)
+    state.map.servers.add(server_id="b", address="127.0.0.1:2", index=1, state=PROMOTING)
+    coordinator.links.call_each = lambda addresses, call, **_: {a: None for a in addresses}  # created at once
+    if how == "stopping":
+        coordinator.stopping.set()
+    else:
+        state.store = types.SimpleNamespace(kind="etcd", holds=lambda: False)
+        state.leading.clear()
+
+    class Context:
+        def abort(self, code, details):
+            raise grpc.RpcError(f"{code.name}: {details}")
+
+    started = time.monotonic()
+    with pytest.raises((grpc.RpcError, NotLeader)) as info:
+        coordinator._create_on_holders(Context(), "table 't'", range(2), None, lambda: state.map.tables.add(name="t"))
+    assert time.monotonic() - started < 5.0
+    assert ("stopping" if how == "stopping" else "no longer leads") in str(info.value)
+    assert not state.map.tables  # nothing published

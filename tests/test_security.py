@@ -98,6 +98,39 @@ def test_a_key_that_is_not_the_certificates_or_a_ca_file_without_a_certificate_i
     assert run.returncode == 2 and "other.key" in run.stderr and "in use" not in run.stderr, run.stderr
 
 
+def test_a_certificate_grpc_takes_is_not_refused_by_this_hosts_openssl_policy(tmp_path):
+    """The files are checked with Python's ssl, whose OpenSSL refuses (by this host's security level) a 1024-bit
+    RSA key or a SHA-1 signature that gRPC's own TLS takes: the check must not stop a cluster gRPC would run."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ecrec-server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    (tmp_path / "weak.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "weak.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.TraditionalOpenSSL,
+                                                          serialization.NoEncryption()))
+    weak = security.Security(str(tmp_path / "weak.pem"), str(tmp_path / "weak.key"), str(tmp_path / "weak.pem"))
+    assert weak.tls
+    creds = grpc.ssl_server_credentials([(weak._loaded["tls_key"], weak._loaded["tls_cert"])],
+                                        root_certificates=weak._loaded["tls_ca"], require_client_auth=True)
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    try:
+        assert server.add_secure_port("127.0.0.1:0", creds) > 0  # gRPC takes them
+    finally:
+        server.stop(0)
+
+
 # --- mutual TLS -----------------------------------------------------------------------------------------------------
 @pytest.mark.cluster
 def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):

@@ -271,3 +271,38 @@ def test_a_restore_finished_on_one_server_then_a_failure_finishes_on_the_rest(ma
     assert "t" not in manifest["restored_in_bulk"]  # server 0 trained since it finished: the rows go by pushes
     assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
     assert _parity_ok(target)
+
+
+def test_a_server_that_does_not_answer_a_mark_is_reported_and_not_asked_for_every_table():
+    """The marks before a restore (one BEGIN per table on every server) went one server after another and asked a
+    hung server for every table, a whole deadline each (ten tables: ten deadlines before the first fill).  Now a
+    table's marks go to every server at once, and a server that does not answer is reported and skipped."""
+    import types
+
+    from ecrec.snapshot import cluster as snapshot_cluster
+
+    calls: dict[int, int] = {0: 0, 1: 0, 2: 0}
+    reports = []
+
+    class Hung(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def stub(address):
+        index = int(address.rsplit(":", 1)[1])
+
+        def restore_table(request, timeout, metadata):
+            calls[index] += 1
+            if index == 1:
+                raise Hung()
+        return types.SimpleNamespace(RestoreTable=restore_table)
+
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(rpc_timeout_s=600.0), layout=types.SimpleNamespace(num_servers=3),
+        peers=types.SimpleNamespace(address_of=lambda i: f"127.0.0.1:{i}", stub=stub, metadata=lambda: (),
+                                    coordinator=types.SimpleNamespace(report_failure=lambda a, d: reports.append(a))))
+    unresponsive: set[int] = set()
+    chunks = [("tables/t/weight", {"offsets": [0, 0], "sizes": [1, 1], "file": "f", "offset": 0, "length": 4})]
+    for _ in range(4):
+        snapshot_cluster._mark_for_bulk(fake, "/x", "t", chunks, {"f": [1, 2, 3, 4]}, unresponsive)
+    assert calls == {0: 4, 1: 1, 2: 4} and reports == ["127.0.0.1:1"] and unresponsive == {1}

@@ -30,7 +30,7 @@ from ecrec.control.etcd import EtcdTLS
 from ecrec.control.leadership import CoordinatorServer
 from ecrec.control.links import ServerLinks
 from ecrec.control.promotion import Promoter
-from ecrec.control.stores import EtcdStore, StoreUnavailable
+from ecrec.control.stores import EtcdStore, NotLeader, StoreUnavailable
 from ecrec.net import transport
 from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2
@@ -221,19 +221,20 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             request_proto = spec.to_proto()
             snapshot = self._create_on_holders(
                 context, f"table {spec.name!r}", range(self.state.layout.num_servers),
-                lambda stub: stub.CreateTable(request_proto, timeout=self.config.create_timeout_s),
+                lambda stub, timeout: stub.CreateTable(request_proto, timeout=timeout),
                 lambda: self.state.map.tables.append(spec.to_proto()))
         log.info("created table %s (%d rows x %d, %s)", spec.name, spec.num_rows, spec.dim, spec.optimizer)
         self.links.broadcast(snapshot)
         return snapshot
 
     def _create_on_holders(self, context, what: str, indices, create, publish) -> cluster_pb2.ClusterMap:
-        """Has the server holding each of ``indices`` run ``create(stub)``, then ``publish()`` puts the new table or
+        """Has the server holding each of ``indices`` run ``create(stub, timeout_s)``, then ``publish()`` puts the new table or
         dense tensor in the map (with the state's lock held) and returns the new map.  Published only once every
         index's live holder has it: a standby promoted meanwhile got a map without it (its Promote carries the map
         of its promotion), so it is created there too once the promotion is recorded; a server replaced meanwhile
         is not waited for, and its error is none (a paused server answering late created its shard for nobody).
-        Aborts UNAVAILABLE when a live holder refuses, or after ``create_timeout_s``."""
+        Aborts UNAVAILABLE when a live holder refuses, after ``create_timeout_s``, or when this coordinator stops or
+        no longer leads (the client retries at the leader)."""
         indices = list(indices)
         created: set[str] = set()  # server ids that have it
         deadline = time.monotonic() + self.config.create_timeout_s
@@ -247,6 +248,12 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 return any(s.address == address and s.state in live for s in holders_locked().values())
 
         while True:
+            if self.stopping.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating {what}: this coordinator is stopping; nothing "
+                              "was published: retry")
+            if self.state.store.kind != "file" and not self.state.leads():
+                # deposed: its map (a promotion it recorded, a server it did not see fail) is no longer the one
+                raise NotLeader(f"this coordinator no longer leads (while creating {what}); nothing was published")
             with self.state.lock:
                 holders = holders_locked()
                 todo = [s for s in holders.values() if s.state in live and s.server_id not in created]
@@ -262,7 +269,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 time.sleep(min(self.config.health_interval_s, 0.1))
                 continue
             ids = {s.address: s.server_id for s in todo}
-            answers = self.links.call_each(list(ids), create, still_wanted=still_wanted,
+            left = max(1.0, deadline - time.monotonic())  # the whole create within --create-timeout-s
+            answers = self.links.call_each(list(ids), lambda stub: create(stub, left), still_wanted=still_wanted,
                                            poll_s=min(self.config.health_interval_s, 0.5))
             refused = []
             for address, error in answers.items():
@@ -319,7 +327,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self.state.map.dense.append(spec.to_proto())
             snapshot = self._create_on_holders(
                 context, f"dense tensor {spec.name!r}", self.state.layout.dense_servers(spec.name),
-                lambda stub: stub.CreateDense(req, timeout=self.config.create_timeout_s), publish)
+                lambda stub, timeout: stub.CreateDense(req, timeout=timeout), publish)
         self.links.broadcast(snapshot)
         return snapshot
 

@@ -34,12 +34,13 @@ class LocalEtcd:
     ``host`` that the members serve and this object's own client presents) clients must speak TLS with a
     certificate the CA signed (``--client-cert-auth``)."""
 
-    def __init__(self, members: int = 1, host: str = "127.0.0.1", tls: EtcdTLS | None = None, preexec_fn=None):
+    def __init__(self, members: int = 1, host: str = "127.0.0.1", tls: EtcdTLS | None = None,
+                 prefix: list[str] | None = None):
         if members < 1:
             raise ValueError(f"etcd members must be >= 1, got {members}")
         self.host = host
         self.tls = tls
-        self.preexec_fn = preexec_fn  # run in each member's process before etcd starts (LocalClusterSpec.die_with_parent)
+        self.prefix = list(prefix or [])  # before each member's command (ecrec.ops.parent.prefix: ends with us)
         scheme = "https" if tls is not None else "http"
         self.root = tempfile.mkdtemp(prefix="ecrec-etcd-")
         ports = set()
@@ -82,7 +83,7 @@ class LocalEtcd:
                 raise RuntimeError(f"etcd member {self.names[i]} (pid {old.pid}) is still running")
             self.old_procs.append(old)
         log = open(os.path.join(self.root, f"{self.names[i]}.log"), "ab")
-        self.procs[i] = subprocess.Popen(self._args(i), stdout=log, stderr=log, preexec_fn=self.preexec_fn)
+        self.procs[i] = subprocess.Popen([*self.prefix, *self._args(i)], stdout=log, stderr=log)
         log.close()
         return self.procs[i]
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ecrec.net import transport
+from ecrec.ops import parent
 from ecrec.net.transport import free_port_outside_ephemeral_range
 from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -81,8 +82,8 @@ class LocalClusterSpec:
     coordinator_security: dict | None = None
     client_security: dict | None = None
     #: every child gets SIGTERM when the thread that started it ends, so that a ``kill -9`` of the process that
-    #: holds this object (``ecrec-server local``) leaves none running (Linux); start and restart from one
-    #: long-lived thread when set
+    #: holds this object (``ecrec-server local``) leaves none running (Linux: ``ecrec.ops.parent``); start and
+    #: restart from one long-lived thread when set
     die_with_parent: bool = False
 
     def security_of(self, role: str) -> dict:
@@ -204,7 +205,7 @@ class LocalCluster:
         s = self.spec
         from ecrec.control.etcd import EtcdTLS
         tls = EtcdTLS(s.etcd_tls["tls_ca"], s.etcd_tls["tls_cert"], s.etcd_tls["tls_key"]) if s.etcd_tls else None
-        self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls, preexec_fn=self._preexec())
+        self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls, prefix=parent.prefix() if s.die_with_parent else [])
         try:
             self.etcd.start(timeout_s)
         except Exception:
@@ -315,11 +316,10 @@ class LocalCluster:
             proc = _spawner(self._cmd(*args)[3:], env, stdout)
             if proc is not None:
                 return proc
+        if self.spec.die_with_parent:
+            env = {**env, **parent.env()}
         return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=env, text=True, preexec_fn=self._preexec())
-
-    def _preexec(self):
-        return signal_when_parent_ends(signal.SIGTERM) if self.spec.die_with_parent else None
+                                stderr=subprocess.PIPE, env=env, text=True)
 
     def _follow_stderr(self, proc: subprocess.Popen) -> None:
         self._stderr[proc.pid] = follow_stderr(proc)
@@ -423,26 +423,6 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-
-def signal_when_parent_ends(sig: int):
-    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when the thread that started it ends, as
-    when its parent is killed with SIGKILL (Linux's ``PR_SET_PDEATHSIG``); a parent gone between the fork and the
-    request leaves the child to end itself.  None where the system has no ``prctl``."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
-    except (OSError, AttributeError):
-        return None
-    parent, signum = os.getpid(), int(sig)
-
-    def preexec() -> None:
-        prctl(1, signum)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -154,12 +154,14 @@ class EmbeddingServer:
             from ecrec.net.peers import coordinator_stub
             from ecrec.net.security import Security
 
-            tokenless = Security(security.tls_cert, security.tls_key, security.tls_ca, None)
+            probe = coordinator_stub(self.config.coordinator,
+                                     security=Security(security.tls_cert, security.tls_key, security.tls_ca, None))
             try:
-                coordinator_stub(self.config.coordinator, security=tokenless).GetClusterMap(
-                    coordinator_pb2.GetClusterMapRequest(), timeout=self.config.coordinator_timeout_s)
+                probe.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=self.config.coordinator_timeout_s)
             except grpc.RpcError:
                 return  # refused (or unreachable): it checks the token, as this server does
+            finally:
+                probe.close()
             raise RuntimeError(f"coordinator {self.config.coordinator} answers calls without the token this server "
                                "was given (--token-file): its own calls would carry none and be refused here; start "
                                "it with the same --token-file")

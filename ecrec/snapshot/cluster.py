@@ -507,13 +507,15 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     started = time.perf_counter()
     chunks_of = {name: [(key, chunk) for kind, table, _, parts in order if kind == "table" and table == name
                         for key, chunk in parts] for name in tables}
+    unresponsive: set[int] = set()
     for name, spec in tables.items():
         if name not in existing:
             cluster.create_table(name, spec.num_rows, spec.dim, optimizer=spec.optimizer, lr=spec.lr, eps=spec.eps,
                                  initial_accumulator_value=spec.initial_accumulator_value, init="blank",
                                  seed=spec.seed)
         if stamps is not None:  # restored in bulk, if it can be: refused from now until it is
-            _mark_for_bulk(cluster, path, name, chunks_of[name], stamps)
+            cluster.refresh_map()  # every index's server as the map names it now (a replacement, not the dead)
+            _mark_for_bulk(cluster, path, name, chunks_of[name], stamps, unresponsive)
     for name, spec in denses.items():
         if name not in existing_dense:
             cluster.create_dense(spec)
@@ -604,27 +606,41 @@ def _bulk_source(chunks, stamps: dict) -> str:
     return json.dumps(source, sort_keys=True)
 
 
-def _mark_for_bulk(cluster, path: str, name: str, chunks, stamps: dict) -> None:
-    """BEGIN of a restore of table ``name`` in bulk on every server, before any table is filled: from now the
-    table is refused (pushes and reads wait) until its restore finishes, so that a restore cut short before it
-    reached this table leaves it refused, not served blank or as it was.  Best effort: a server that refuses
-    (it cannot restore in bulk, it is being replaced) is dealt with when the table's turn comes
-    (:func:`_restore_in_bulk` begins again, or aborts and pushes the rows)."""
+#: the deadline of a BEGIN that marks a table before its turn (:func:`_mark_for_bulk`): a server that does not
+#: answer within it is reported and left out of the marks (its table's turn deals with it)
+MARK_TIMEOUT_S = 30.0
+
+
+def _mark_for_bulk(cluster, path: str, name: str, chunks, stamps: dict, unresponsive: set[int]) -> None:
+    """BEGIN of a restore of table ``name`` in bulk on every server at once, before any table is filled: from now
+    the table is refused (pushes and reads wait) until its restore finishes, so that a restore cut short before it
+    reached this table leaves it refused, not served blank or as it was.  Best effort: a server that refuses (it
+    cannot restore in bulk, it is being replaced) is dealt with when the table's turn comes (:func:`_restore_in_bulk`
+    begins again, or aborts and pushes the rows); one that does not answer is reported to the coordinator and put
+    in ``unresponsive``, not asked again for the next tables (a hung server costs one deadline, not one a table)."""
     import grpc
 
     from ecrec.wire import embedding_pb2
 
     request = embedding_pb2.RestoreTableRequest(step=embedding_pb2.RestoreTableRequest.BEGIN, table=name,
                                                 path=_local(path), source_json=_bulk_source(chunks, stamps))
-    for i in range(cluster.layout.num_servers):
+    timeout_s = min(cluster.config.rpc_timeout_s, MARK_TIMEOUT_S)
+
+    def begin(i: int) -> None:
         address = cluster.peers.address_of(i)
         if address is None:
-            continue
+            return
         try:
-            cluster.peers.stub(address).RestoreTable(request, timeout=cluster.config.rpc_timeout_s,
-                                                     metadata=cluster.peers.metadata())
+            cluster.peers.stub(address).RestoreTable(request, timeout=timeout_s, metadata=cluster.peers.metadata())
         except grpc.RpcError as exc:
             log.debug("marking table %r for its restore on server %d: %s", name, i, exc.code().name)
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                unresponsive.add(i)
+                cluster.peers.coordinator.report_failure(address, f"RestoreTable BEGIN: {exc.code().name}")
+
+    indices = [i for i in range(cluster.layout.num_servers) if i not in unresponsive]
+    with ThreadPoolExecutor(max_workers=max(1, len(indices)), thread_name_prefix="ecrec-mark") as pool:
+        list(pool.map(begin, indices))
 
 
 def _restore_in_bulk(cluster, path: str, name: str, chunks, stamps: dict, timing: Tally, on_progress) -> bool:
