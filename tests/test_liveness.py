@@ -294,3 +294,32 @@ def test_a_create_waiting_on_a_promotion_ends_at_once_when_its_coordinator_stops
     assert time.monotonic() - started < 5.0
     assert ("stopping" if how == "stopping" else "no longer leads") in str(info.value)
     assert not state.map.tables  # nothing published
+
+
+def test_a_step_that_meets_more_failures_than_parity_covers_says_what_was_applied(make_cluster):
+    """Two of three servers (k=2, m=1) killed with pushes held for one of them: the step's part at the survivor
+    was applied, the other parts failed (the replay to the replacement DATA_LOSS, the other index unreachable).
+    The step raised a plain ClusterError, inviting a retry that applies the survivor's part twice; now it raises
+    StepPartlyApplied naming the applied and the refused parts ("do not retry")."""
+    import torch
+
+    from ecrec.client import Cluster, EmbeddingBag, StepPartlyApplied
+    from ecrec.config import ClientConfig
+
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=5.0))
+    client.create_table("t", 600, 4, optimizer="sgd", lr=0.1, init="zeros")
+    bag = EmbeddingBag(client, "t")
+    every_server = torch.arange(0, 600, 7)
+    for _ in range(3):  # held, not yet confirmed (groups close every 16 pushes)
+        bag(every_server[None, :]).sum().backward()
+        client.step()
+    assert client.courier.unconfirmed()
+    bag(every_server[None, :]).sum().backward()  # the step's rows pulled; the servers die before its push
+    for pid in [local.pid_of_index(0), local.pid_of_index(1)]:
+        os.kill(pid, 9)
+    with pytest.raises(StepPartlyApplied) as info:
+        client.step()
+    assert set(info.value.applied) == {2}, (info.value.applied, info.value.refused)
+    assert set(info.value.refused) == {0, 1}, info.value.refused
+    assert "do not retry" in str(info.value)

@@ -288,13 +288,13 @@ class Cluster:
                 if exc.code() == grpc.StatusCode.ABORTED and time.monotonic() < deadline:  # busy for a moment
                     time.sleep(BUSY_RETRY_S)
                     continue
-                if not transport.is_unavailable(exc):
-                    raise ClusterError(f"replaying {len(todo)} pushes to server {index} ({live.address}): "
-                                       f"{exc.code().name}: {exc.details()}") from None
+                if not transport.is_unavailable(exc):  # that index's answer (a step's other parts may be applied)
+                    raise PeerError(index, live.address, "Replay", exc.code(),
+                                    f"replaying {len(todo)} pushes: {exc.details()}") from None
                 self.peers.report(live.address, f"Replay: {exc.code().name}")
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"server index {index} unreachable and not replaced within "
-                                       f"{retry_s:.0f} s while replaying pushes") from None
+                    raise PeerUnreachable(f"server index {index} unreachable and not replaced within "
+                                          f"{retry_s:.0f} s while replaying pushes") from None
                 time.sleep(0.05)
                 continue  # start over at whatever serves the index now
             for (key, _), push_reply in zip(todo, reply.replies):

@@ -382,8 +382,10 @@ class Peers:
                     continue
             try:
                 replies[index] = self.call(index, method, request, service, prepare=prepare)
-            except PeerError as error:
+            except (PeerError, PeerUnreachable) as error:
                 if not collect:
                     raise
-                replies[index] = error
+                # the other calls were sent (and may be applied): this index's failure stands in its place
+                replies[index] = error if isinstance(error, PeerError) else PeerError(
+                    index, self.address_of(index) or "-", method, grpc.StatusCode.UNAVAILABLE, str(error))
         return replies
