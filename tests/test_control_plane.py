@@ -778,3 +778,23 @@ def test_a_client_given_a_follower_follows_the_leader_and_status_names_every_coo
     assert report["leader"] == leader and report["store"].startswith("etcd")
     assert sorted(c["address"] for c in report["coordinators"]) == sorted(local.coordinator_addresses)
     assert [c["address"] for c in report["coordinators"] if c["leads"]] == [leader]
+
+
+def test_a_damaged_state_file_is_refused_by_name(tmp_path):
+    """A state file cut short after its map (no server key) was taken: the coordinator made a new key, and every
+    standby registered after it could not prove itself to the servers (its promotion retried for ever).  An
+    empty or garbage file raised a raw DecodeError, or read as a map for 0 servers."""
+    spec = ClusterSpec(num_servers=2, strategy="ecrec", k=1, m=1)
+    path = tmp_path / "map.pb"
+    keyless = coordinator_pb2.CoordinatorState()
+    keyless.map.CopyFrom(cluster_pb2.ClusterMap(num_servers=2, strategy="ecrec", k=1, m=1, epoch=12))
+    keyless.map.servers.add(server_id="s0", address="127.0.0.1:1", index=0)
+    path.write_bytes(keyless.SerializeToString())
+    with pytest.raises(ValueError, match=r"holds a map of 1 servers \(epoch 12\) but no server key: the file is damaged"):
+        Coordinator(CoordinatorConfig(cluster=spec, state_path=str(path)))
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty, not a saved coordinator state"):
+        Coordinator(CoordinatorConfig(cluster=spec, state_path=str(path)))
+    path.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(ValueError, match="is not a saved coordinator state"):
+        Coordinator(CoordinatorConfig(cluster=spec, state_path=str(path)))

@@ -90,11 +90,20 @@ class ClusterState:
         self.store = FileStore(path)
         if path and os.path.exists(path):
             self.load(self.store.load(), path)
+        elif path:  # the first start of a cluster -- or a path given wrong to a restarted coordinator
+            log.warning("no saved state at %s: starting a new cluster (servers of an older one at this address "
+                        "are refused and stop: restart with the path that holds its state)", path)
         self.saved = self.state_locked().SerializeToString()
 
     # --- persistence -----------------------------------------------------------------------------
     def load(self, state: coordinator_pb2.CoordinatorState, path: str) -> None:
         saved = state.map
+        if saved.servers and not state.server_key:
+            # its servers hold the key they registered with; a new one would make every later standby unable to
+            # prove itself to them (its promotion retried for ever)
+            raise ValueError(f"{path} holds a map of {len(saved.servers)} servers (epoch {saved.epoch}) but no "
+                             "server key: the file is damaged (cut short?); restore it, or move it away to start a "
+                             "new cluster")
         if (saved.num_servers, saved.strategy, saved.k, saved.m) != (self.map.num_servers, self.map.strategy, self.map.k, self.map.m):
             raise ValueError(
                 f"{path} holds a map for {saved.num_servers} servers, strategy {saved.strategy!r}, k={saved.k}, m={saved.m}; "

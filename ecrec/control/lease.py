@@ -162,4 +162,11 @@ class CoordinatorLease:
         if reply.granted:
             self.ttl_s = reply.lease_s
             return Renewal(sent, reply.lease_s, epoch=reply.epoch)
+        if reply.epoch < epoch:
+            # a coordinator whose map is older than this server's never held it: one started without the state
+            # of this cluster (another --state-path, or none).  Not a verdict on this server: it keeps its rows,
+            # serves nothing once its lease runs out, and goes on once the coordinator of its map answers again
+            raise LeaseUnreachable(f"the coordinator answers with map epoch {reply.epoch}, older than this "
+                                   f"server's {epoch}: it does not hold this cluster's state (restarted without its "
+                                   "--state-path?); restart it with that path, or stop this server to start over")
         return Renewal(sent, 0.0, reason=f"the coordinator refused it ({reply.reason})", epoch=reply.epoch)

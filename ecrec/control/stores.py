@@ -15,9 +15,12 @@ import os
 import tempfile
 import threading
 
+from google.protobuf.message import DecodeError
+
 from ecrec.control.etcd import (EtcdClient, EtcdError, EtcdTLS, Election, etcd_url, get_op, modified_at, parse_etcd_url, put_op,
                         value_is)
 from ecrec.control.etcd_lease import servers_prefix
+
 from ecrec.wire import coordinator_pb2
 
 log = logging.getLogger("ecrec.state_store")
@@ -63,7 +66,15 @@ class FileStore:
             return None
         state = coordinator_pb2.CoordinatorState()
         with open(self.path, "rb") as f:
-            state.ParseFromString(f.read())
+            data = f.read()
+        if not data:  # written whole by a rename, never empty: something else emptied it
+            raise ValueError(f"{self.path} is empty, not a saved coordinator state; restore it, or move it away to "
+                             "start a new cluster")
+        try:
+            state.ParseFromString(data)
+        except DecodeError as exc:
+            raise ValueError(f"{self.path} is not a saved coordinator state ({exc}); restore it, or move it away "
+                             "to start a new cluster") from None
         return state
 
     def save(self, state: coordinator_pb2.CoordinatorState) -> None:
