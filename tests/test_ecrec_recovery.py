@@ -205,3 +205,35 @@ def test_servers_outlive_a_coordinator_restarted_without_their_state_and_go_on_w
             assert time.monotonic() < deadline, "the servers did not serve again"
             time.sleep(0.2)
     np.testing.assert_array_equal(after.view(np.uint32), before.view(np.uint32))
+
+
+def test_a_table_created_while_the_coordinator_restarts_waits_for_it(make_cluster, tmp_path):
+    """create_table and register_dense failed at once while no coordinator could take them (the leader dying, the
+    next being elected; the one coordinator restarting), where every server call retries through its failover.
+    Now they retry for the client's retry deadline."""
+    import threading
+
+    import torch
+
+    local = make_cluster(servers=2, strategy="none", state_path=str(tmp_path / "map.pb"))
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("first", 10, 4)
+    local.kill(local.coordinator_proc.pid)
+    outcome = {}
+
+    def create():
+        try:
+            client.create_table("second", 10, 4)
+            client.register_dense(torch.nn.Linear(2, 2))
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=create, daemon=True)
+    worker.start()
+    time.sleep(1.5)  # the calls meet no coordinator meanwhile
+    assert not outcome, outcome
+    local.restart_coordinator()
+    worker.join(60)
+    assert outcome == {"ok": True}, outcome
+    assert [t.name for t in client.refresh_map().tables] == ["first", "second"]

@@ -86,6 +86,12 @@ def _open(method):
     return guarded
 
 
+#: what an UNAVAILABLE from the coordinators says when none can make a change now (a leader being elected, a
+#: coordinator restarting or stopping) rather than why the change failed
+COORDINATOR_AWAY = ("retry", "failed to connect", "Connection refused", "Socket closed", "does not lead",
+                    "no coordinator leads")
+
+
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers).
 
@@ -331,14 +337,31 @@ class Cluster:
                          init_scale=float(init_scale), seed=int(seed)).validate()
         if values is not None:  # every value checked before the table exists
             check_values(spec, values)
-        try:
-            m = self._coordinator.CreateTable(spec.to_proto(), timeout=self.config.create_timeout_s)
-        except grpc.RpcError as exc:
-            raise ClusterError(f"create_table {name!r}: {exc.code().name}: {exc.details()}") from None
+        m = self._coordinator_call("CreateTable", spec.to_proto(), f"create_table {name!r}")
         self._adopt(m)
         if values is not None:
             self.write_rows(name, np.arange(spec.num_rows), values, on_progress=on_progress, checked=True)
         return spec
+
+    def _coordinator_call(self, method: str, request, what: str):
+        """A change the coordinator makes (create a table, register a dense tensor: both idempotent), retried for
+        up to ``retry_deadline_s`` while no coordinator can make it now -- the leader died and the next is being
+        elected, or the one coordinator is restarting -- as calls to servers are retried through their failover."""
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        warned = False
+        while True:
+            try:
+                return getattr(self._coordinator, method)(request, timeout=self.config.create_timeout_s)
+            except grpc.RpcError as exc:
+                details = exc.details() or ""
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline or \
+                        not any(s in details for s in COORDINATOR_AWAY):
+                    raise ClusterError(f"{what}: {exc.code().name}: {details}") from None
+                if not warned:
+                    log.warning("%s: no coordinator can make the change now (%s); retrying for up to %.0f s", what,
+                                details.splitlines()[0][:200], deadline - time.monotonic())
+                    warned = True
+                time.sleep(0.2)
 
     def table_spec(self, name: str) -> TableSpec:
         for t in self.map.tables:
@@ -514,12 +537,10 @@ class Cluster:
 
     def _register_dense(self, spec: DenseSpec, value: np.ndarray, caller: str) -> None:
         """The coordinator's RegisterDense (the first value wins); the map it answers is adopted."""
-        try:
-            m = self._coordinator.RegisterDense(
-                coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
-                timeout=self.config.create_timeout_s)
-        except grpc.RpcError as exc:
-            raise ClusterError(f"{caller} {spec.name!r}: {exc.code().name}: {exc.details()}") from None
+        m = self._coordinator_call(
+            "RegisterDense",
+            coordinator_pb2.RegisterDenseRequest(spec=spec.to_proto(), initial_value=transport.floats_to_bytes(value)),
+            f"{caller} {spec.name!r}")
         self._adopt(m)
 
     @_open
