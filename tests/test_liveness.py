@@ -323,3 +323,31 @@ def test_a_step_that_meets_more_failures_than_parity_covers_says_what_was_applie
     assert set(info.value.applied) == {2}, (info.value.applied, info.value.refused)
     assert set(info.value.refused) == {0, 1}, info.value.refused
     assert "do not retry" in str(info.value)
+
+
+def test_a_failover_is_a_few_warnings_not_one_per_retry(make_cluster, caplog):
+    """While a paused server is declared failed and replaced (seconds), a worker's calls retry every few
+    milliseconds: each retry logged a warning ("...; following the cluster map", "reporting ... failed"), about
+    170 lines in 3 s.  Now one per server address every 10 s (the rest at DEBUG)."""
+    import torch
+
+    from ecrec.client import Cluster, EmbeddingBag
+
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("t", 600, 4, optimizer="sgd", lr=0.1, init="zeros")
+    bag = EmbeddingBag(client, "t")
+    ids = torch.arange(0, 600, 7)[None, :]
+    paused = local.pid_of_index(1)
+    local.pause(paused)
+    try:
+        with caplog.at_level("DEBUG", logger="ecrec"):
+            for _ in range(3):
+                bag(ids).sum().backward()
+                client.step()
+    finally:
+        local.resume(paused)
+    retried = [r for r in caplog.records if "following the cluster map" in r.getMessage()]
+    warned = [r for r in retried if r.levelname == "WARNING"]
+    assert retried and 1 <= len(warned) <= 2, [(r.levelname, r.getMessage()) for r in retried][:10]
+    assert sum(r.levelname == "WARNING" for r in caplog.records if "to the coordinator failed" in r.getMessage()) <= 2

@@ -51,6 +51,25 @@ class PeerUnreachable(errors.Unavailable):
     """A server index stayed unreachable (and unreplaced) until the retry deadline."""
 
 
+#: one warning per subject (a server's address, the coordinator) this often while the same thing keeps failing; the
+#: rest go to DEBUG (a failover retried every few milliseconds logged ~170 lines in 3 s)
+WARN_EVERY_S = 10.0
+_warned: dict[object, float] = {}
+_warned_lock = threading.Lock()
+
+
+def warn_now(subject) -> bool:
+    """Whether a warning about ``subject`` is due (the first, or WARN_EVERY_S after the last)."""
+    now = time.monotonic()
+    with _warned_lock:
+        if now - _warned.get(subject, -WARN_EVERY_S) < WARN_EVERY_S:
+            return False
+        if len(_warned) > 4096:  # addresses of servers long gone
+            _warned.clear()
+        _warned[subject] = now
+        return True
+
+
 #: the pause before a call answered ABORTED (the server is busy for a moment) is sent again to the same server
 BUSY_RETRY_S = 0.01
 
@@ -169,11 +188,13 @@ class CoordinatorClient:
             self.on_map(m)
             return m
         except grpc.RpcError as exc:
-            log.warning("reporting %s to the coordinator failed: %s", address, exc.code().name)
+            log.log(logging.WARNING if warn_now(("report", address)) else logging.DEBUG,
+                    "reporting %s to the coordinator failed: %s", address, exc.code().name)
         try:
             return self.get_map()
         except grpc.RpcError as exc:
-            log.warning("coordinator %s unreachable: %s", self.address, exc.code().name)
+            log.log(logging.WARNING if warn_now("coordinator") else logging.DEBUG,
+                    "coordinator %s unreachable: %s", self.address, exc.code().name)
             return None
 
     def report_redundant(self, index: int, server_id: str, rebuild_seconds: float) -> None:
@@ -293,8 +314,9 @@ class Peers:
                         continue
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
-                    log.warning("server %d (%s) %s: %s; following the cluster map", index, address, method,
-                                exc.code().name)
+                    log.log(logging.WARNING if warn_now(("call", address)) else logging.DEBUG,
+                            "server %d (%s) %s: %s; following the cluster map", index, address, method,
+                            exc.code().name)
                     self.retries += 1
                     self.report(address, f"{method}: {exc.code().name}")
                     moved = self.address_of(index)
@@ -308,7 +330,8 @@ class Peers:
             try:
                 self.coordinator.get_map()
             except grpc.RpcError as exc:
-                log.warning("coordinator unreachable (%s); retrying", exc.code().name)
+                log.log(logging.WARNING if warn_now("coordinator") else logging.DEBUG,
+                        "coordinator unreachable (%s); retrying", exc.code().name)
 
     def call_once(self, index: int, method: str, request, service: str = EMBEDDING):
         """One attempt at ``index``: the reply, or None when no live server holds it or it is gone (then
