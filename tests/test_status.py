@@ -123,3 +123,21 @@ def test_status_of_an_unreachable_coordinator_and_bad_arguments():
     assert r.returncode == 2 and "timeout must be > 0" in r.stderr
     r = status()
     assert r.returncode == 2 and "--coordinator" in r.stderr
+
+
+@pytest.mark.cluster
+def test_a_server_that_does_not_answer_makes_the_cluster_not_ready_before_the_coordinator_says_so(make_cluster):
+    """A server paused (or killed) a moment ago is ACTIVE in the map until the coordinator declares it failed:
+    status said ``ready: true`` beside its ``health: UNREACHABLE``."""
+    from ecrec.ops import status as status_module
+
+    local = make_cluster(servers=2, strategy="none")
+    paused = local.pid_of_index(1)
+    local.pause(paused)
+    try:
+        report = status_module.collect(local.coordinator_address, timeout_s=0.3)
+    finally:
+        local.resume(paused)
+    row = next(s for s in report["servers"] if s["index"] == 1)
+    assert row["health"] == "UNREACHABLE" and row["state"] == "ACTIVE", row
+    assert report["ready"] is False and report["fully_redundant"] is False

@@ -86,9 +86,13 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     servers = [_server_row(info, probes.get(info.server_id), cluster_map, now) for info in cluster_map.servers]
     redundant = fully_redundant(cluster_map) and all(
         s["health"] == "SERVING" and not s["recovering"] for s in servers if s["state"] == "ACTIVE")
+    # every index served, as the map says -- and as the servers answer: one that does not answer its health check
+    # (killed or paused a moment ago, before the coordinator declared it failed) serves nothing now
+    ready = cluster_map.ready and not any(s["health"] == "UNREACHABLE" for s in servers
+                                          if s["index"] >= 0 and s["state"] in ("ACTIVE", "RECOVERING"))
     return {
         "coordinator": address, "epoch": cluster_map.epoch, "num_servers": cluster_map.num_servers,
-        "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m, "ready": cluster_map.ready,
+        "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m, "ready": ready,
         "fully_redundant": redundant, "tables": [t.name for t in cluster_map.tables],
         "dense_tensors": len(cluster_map.dense), "servers": servers, **control,
         "events": [{"kind": e.kind, "index": e.index, "address": e.address, "wall_time": e.wall_time,
