@@ -92,7 +92,7 @@ class ClusterState:
             self.load(self.store.load(), path)
         elif path:  # the first start of a cluster -- or a path given wrong to a restarted coordinator
             log.warning("no saved state at %s: starting a new cluster (servers of an older one at this address "
-                        "are refused and stop: restart with the path that holds its state)", path)
+                        "keep their rows and wait: restart with the path that holds its state, or stop them)", path)
         self.saved = self.state_locked().SerializeToString()
 
     # --- persistence -----------------------------------------------------------------------------

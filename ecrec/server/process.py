@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -84,8 +85,9 @@ class EmbeddingServer:
         self._lost_registering = ""  # why the lease was lost before the registration ended
         self._seen_revision = 0  # etcd's revision at the last map fetch a renewal asked for
         # renewals that could not reach the coordinator (or etcd) since the last one that did: when the first
-        # failed, how many, when one was last logged (one line every UNREACHABLE_LOG_S, not one a try)
-        self._unreachable: list[float] | None = None
+        # failed, how many, when one was last logged and what it said (one line every UNREACHABLE_LOG_S, not one a
+        # try, unless the reason changes)
+        self._unreachable: list | None = None
         self._refreshing = threading.Lock()  # held while a map fetch the lease loop asked for is under way
 
     def start(self) -> None:
@@ -252,12 +254,13 @@ class EmbeddingServer:
     def _lease_unreachable(self, last_ok: float, exc: Exception) -> bool:
         now = time.monotonic()
         if self._unreachable is None:
-            self._unreachable = [now, 0, -math.inf]
-        since, tries, logged = self._unreachable
+            self._unreachable = [now, 0, -math.inf, ""]
+        since, tries, logged, said = self._unreachable
         self._unreachable[1] = tries = tries + 1
-        if now - logged < UNREACHABLE_LOG_S:
-            return False  # keep trying, quietly: the line above still stands
-        self._unreachable[2] = now
+        reason = type(exc).__name__ + re.sub(r"[0-9.]+", "#", str(exc))[:80]  # its kind, not its numbers
+        if now - logged < UNREACHABLE_LOG_S and reason == said:
+            return False  # keep trying, quietly: the line above still stands (a new reason is said at once)
+        self._unreachable[2], self._unreachable[3] = now, reason
         many = f" ({tries} tries in {now - since:.0f} s)" if tries > 1 else ""
         if not self._registered.is_set():
             log.warning("renewing the etcd lease while registering: %s%s", exc, many)
