@@ -89,11 +89,17 @@ def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
             time.sleep(0.1)
         assert children and not ours()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in ours():  # only the processes `local` started (never a pid another process took since)
-            os.kill(pid, signal.SIGKILL)
+        _kill_local_and_its_children(proc, ours)
+
+
+def _kill_local_and_its_children(proc: subprocess.Popen, ours) -> None:
+    """Kills ``local`` and the processes it started that still run (``ours()``: never a pid another process took
+    since)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in ours():
+        os.kill(pid, signal.SIGKILL)
 
 
 def _etcd_missing() -> bool:
@@ -132,11 +138,7 @@ def test_a_kill_9_of_local_leaves_none_of_its_processes_running(store):
             time.sleep(0.1)
         assert not ours(), f"still running after local was killed: {ours()}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in ours():  # only the processes `local` started (never a pid another process took since)
-            os.kill(pid, signal.SIGKILL)
+        _kill_local_and_its_children(proc, ours)
 
 
 def test_bad_command_lines_fail_clearly():

@@ -615,12 +615,10 @@ class _Training:
         assert not self.errors, self.errors
 
 
-@pytest.mark.cluster
-def test_a_snapshot_right_after_a_failover_holds_the_rebuilt_rows(make_cluster, tmp_path):
-    """A replacement that has applied no push yet holds rows rebuilt with the versions of the server before it: its
-    cut lies above them (a cut at its push counter 0 took every rebuilt row for one changed since, and refused
-    the snapshot until a push came)."""
-    from helpers import counting_push, kill_index, wait_redundant
+def _three_pushes_confirmed(make_cluster):
+    """3 servers and a standby, RS(2, 1); table ``t`` (60 x 4, SGD lr 1, zeros) after three counted pushes of
+    every row, confirmed: every value -3."""
+    from helpers import counting_push
 
     local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
     client = Cluster.connect(local.coordinator_address)
@@ -628,6 +626,17 @@ def test_a_snapshot_right_after_a_failover_holds_the_rebuilt_rows(make_cluster, 
     for _ in range(3):
         counting_push(client, np.arange(60))
     client.wait_confirmed()
+    return local, client
+
+
+@pytest.mark.cluster
+def test_a_snapshot_right_after_a_failover_holds_the_rebuilt_rows(make_cluster, tmp_path):
+    """A replacement that has applied no push yet holds rows rebuilt with the versions of the server before it: its
+    cut lies above them (a cut at its push counter 0 took every rebuilt row for one changed since, and refused
+    the snapshot until a push came)."""
+    from helpers import kill_index, wait_redundant
+
+    local, client = _three_pushes_confirmed(make_cluster)
     kill_index(local, 0)
     wait_redundant(client, 1)
     expected = client.read_payload("t")[1].view(np.float32)[:, :4]
@@ -641,14 +650,7 @@ def test_a_snapshot_right_after_a_kill_follows_the_map_to_the_replacement(make_c
     """A server killed just before a save: the cut asked the dead address for its whole 60 s (123 tries, "Connection
     refused") and failed, though a standby had taken the index within two seconds.  Now each failed attempt
     reports the server and follows the map: the save goes to the replacement and holds every row."""
-    from helpers import counting_push
-
-    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
-    client = Cluster.connect(local.coordinator_address)
-    client.create_table("t", 60, 4, optimizer="sgd", lr=1.0, init="zeros")
-    for _ in range(3):
-        counting_push(client, np.arange(60))
-    client.wait_confirmed()
+    local, client = _three_pushes_confirmed(make_cluster)
     local.kill(local.pid_of_index(1))
     started = time.monotonic()
     client.save(str(tmp_path / "snap"))

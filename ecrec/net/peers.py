@@ -58,16 +58,16 @@ _warned: dict[object, float] = {}
 _warned_lock = threading.Lock()
 
 
-def warn_now(subject) -> bool:
-    """Whether a warning about ``subject`` is due (the first, or WARN_EVERY_S after the last)."""
+def warn_level(subject) -> int:
+    """WARNING when a warning about ``subject`` is due (the first, or WARN_EVERY_S after the last), else DEBUG."""
     now = time.monotonic()
     with _warned_lock:
         if now - _warned.get(subject, -WARN_EVERY_S) < WARN_EVERY_S:
-            return False
+            return logging.DEBUG
         if len(_warned) > 4096:  # addresses of servers long gone
             _warned.clear()
         _warned[subject] = now
-        return True
+        return logging.WARNING
 
 
 #: the pause before a call answered ABORTED (the server is busy for a moment) is sent again to the same server
@@ -188,12 +188,12 @@ class CoordinatorClient:
             self.on_map(m)
             return m
         except grpc.RpcError as exc:
-            log.log(logging.WARNING if warn_now(("report", address)) else logging.DEBUG,
+            log.log(warn_level(("report", address)),
                     "reporting %s to the coordinator failed: %s", address, exc.code().name)
         try:
             return self.get_map()
         except grpc.RpcError as exc:
-            log.log(logging.WARNING if warn_now("coordinator") else logging.DEBUG,
+            log.log(warn_level("coordinator"),
                     "coordinator %s unreachable: %s", self.address, exc.code().name)
             return None
 
@@ -314,7 +314,7 @@ class Peers:
                         continue
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
-                    log.log(logging.WARNING if warn_now(("call", address)) else logging.DEBUG,
+                    log.log(warn_level(("call", address)),
                             "server %d (%s) %s: %s; following the cluster map", index, address, method,
                             exc.code().name)
                     self.retries += 1
@@ -330,7 +330,7 @@ class Peers:
             try:
                 self.coordinator.get_map()
             except grpc.RpcError as exc:
-                log.log(logging.WARNING if warn_now("coordinator") else logging.DEBUG,
+                log.log(warn_level("coordinator"),
                         "coordinator unreachable (%s); retrying", exc.code().name)
 
     def call_once(self, index: int, method: str, request, service: str = EMBEDDING):

@@ -60,16 +60,10 @@ def _preload() -> None:
 
 def _die_with_parent(parent: int) -> None:
     """Linux: this process gets SIGKILL when the thread that forked it ends (the warm parent has one thread: a
-    child of a killed warm parent does not linger).  A parent that died between the fork and the request for the
-    signal sends none: the child, adopted by then, ends itself."""
-    try:
-        import ctypes
+    child of a killed warm parent does not linger)."""
+    from ecrec.ops import parent as parent_process
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGKILL)
+    parent_process.die_with(parent, signal.SIGKILL)
 
 
 def _exit_code(exc: SystemExit) -> int:

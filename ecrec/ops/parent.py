@@ -30,20 +30,25 @@ _EXEC = ("import ctypes, os, sys\n"
          "os.execv(sys.argv[2], sys.argv[2:])\n")
 
 
-def follow(sig: int = signal.SIGTERM) -> None:
-    """In a child: when :data:`ENV` names the parent, ask for ``sig`` when it ends (and end now if it already
-    did); the variable is removed, so this process's own children do not inherit it."""
-    parent = os.environ.pop(ENV, None)
-    if not parent:
-        return
+def die_with(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a child of ``parent`` (a pid): ask for ``sig`` when the thread that forked this process ends; a parent
+    that ended between the fork and the request sends none, so the child, adopted by then, ends itself."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     except (OSError, AttributeError):
-        return  # no prctl here: nothing to ask for
-    if os.getppid() != int(parent):
-        os.kill(os.getpid(), int(sig))  # the parent ended between the fork and the request: no signal will come
+        pass  # no prctl here: nothing to ask for
+    if os.getppid() != parent:
+        os.kill(os.getpid(), int(sig))
+
+
+def follow(sig: int = signal.SIGTERM) -> None:
+    """In a child: when :data:`ENV` names the parent, :func:`die_with` it; the variable is removed, so this
+    process's own children do not inherit it."""
+    parent = os.environ.pop(ENV, None)
+    if parent:
+        die_with(int(parent), sig)
 
 
 def env() -> dict[str, str]:

@@ -133,11 +133,11 @@ class EmbeddingServer:
         self._timer_thread.start()
 
     def _first_map(self, deadline: float) -> None:
-        """Reads the coordinator's map until ``deadline`` (it may not be up yet: one warning every
-        UNREACHABLE_LOG_S).  A coordinator that refuses this server's credentials, or that takes calls without the
+        """Reads the coordinator's map until ``deadline`` (it may not be up yet: a warning every 10 s).  A coordinator that refuses this server's credentials, or that takes calls without the
         token this server was given (its own calls would carry none, and every one would be refused here), ends
         the start at once with RuntimeError: neither gets better by waiting."""
-        logged = -math.inf
+        from ecrec.net.peers import warn_level
+
         while self.state.map is None and time.monotonic() < deadline:
             try:
                 self.state.coordinator.get_map()
@@ -147,9 +147,8 @@ class EmbeddingServer:
                     raise RuntimeError(f"coordinator {self.config.coordinator} refuses this server: "
                                        f"{exc.code().name}: {exc.details()} (start both with the same --token-file "
                                        "and certificates of the same --tls-ca)") from None
-                if time.monotonic() - logged >= UNREACHABLE_LOG_S:
-                    logged = time.monotonic()
-                    log.warning("waiting for coordinator %s: %s", self.config.coordinator, exc.code().name)
+                log.log(warn_level(("waiting for", self.config.coordinator)), "waiting for coordinator %s: %s",
+                        self.config.coordinator, exc.code().name)
                 time.sleep(0.2)
         security = self.config.security
         if self.state.map is not None and security.token:
