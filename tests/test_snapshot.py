@@ -274,6 +274,64 @@ def test_a_path_that_cannot_hold_a_snapshot_is_refused_by_name(make_cluster, tmp
     assert server_cli.main([*args[:3], "--overwrite", args[3]]) == 0
 
 
+def test_two_saves_to_one_path_at_once_one_is_refused_and_the_snapshot_is_whole(make_cluster, tmp_path):
+    """Two saves to one new path at once both succeeded, writing each other's files over (a snapshot of two
+    moments, or one save's manifest over the other's files); now one writes, the other is refused naming it,
+    with or without overwrite, also from another process (``ecrec-server snapshot``) -- and a save whose holder
+    was killed is taken over."""
+    import subprocess
+    import sys
+    import threading
+
+    from ecrec.snapshot.cluster import WRITING
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    clients = [Cluster.connect(local.coordinator_address) for _ in range(2)]
+    _tables(clients[0])
+    _train(clients[0], _batches(2))
+    path = tmp_path / "snap"
+    for overwrite in (False, True):
+        outcomes, barrier = [], threading.Barrier(2)
+
+        def save(client):
+            barrier.wait()
+            try:
+                outcomes.append(client.save(str(path), overwrite=overwrite))
+            except SnapshotError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=save, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        refused = [o for o in outcomes if isinstance(o, SnapshotError)]
+        assert len(outcomes) == 2 and len(refused) <= 1
+        if not overwrite:  # the second finds the first's save in progress or its snapshot
+            assert len(refused) == 1
+            assert re.search("another save is writing|already holds a snapshot", str(refused[0])), refused
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.load(str(path))
+    assert all(np.array_equal(a, b) for a, b in zip(_state(target).values(), _state(clients[0]).values()))
+    hold = ("import sys, time; from ecrec.snapshot import claim; claim.take(sys.argv[1], sys.argv[2]); "
+            "print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(path), WRITING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted((p.name, p.read_bytes()) for p in path.iterdir())
+        with pytest.raises(SnapshotError, match=f"another save is writing a snapshot to .*pid {holder.pid}.*"
+                                                "nothing was written"):
+            clients[1].save(str(path), overwrite=True)
+        args = ["snapshot", "--coordinator", local.coordinator_address, "--overwrite", str(path)]
+        assert server_cli.main(args) == 1
+        assert sorted((p.name, p.read_bytes()) for p in path.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    manifest = clients[1].save(str(path), overwrite=True)  # its holder gone: an interrupted save, written over
+    assert not (path / WRITING).exists() and set(manifest["files"]) <= {p.name for p in path.iterdir()}
+
+
 @pytest.mark.cluster
 def test_a_refused_save_takes_back_its_directory_and_marker(make_cluster, tmp_path):
     """A save every server refused (outside their --snapshot-root) left the directory it made, holding its

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ecrec.snapshot import claim as save_claim
 from ecrec.snapshot import files as snapshot_files
 from ecrec.snapshot.cut import Cut, CutError
 from ecrec.snapshot.tally import Tally
@@ -95,25 +96,42 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                                 f"{', ...' if len(present) > 4 else ''}: a DCP checkpoint of another program?); "
                                 "nothing was changed: choose another path")
         snapshot_files.makedirs(path)
-        snapshot_files.write_atomically(path, WRITING, b"")
+        claim = save_claim.take(path, WRITING)  # one save at a time to a path (ecrec.snapshot.claim)
     except OSError as exc:  # a file where the directory would be, a place that cannot be written or reached
         raise SnapshotError(f"snapshot to {path}: {_os_error(exc)}; nothing was written") from None
+    except save_claim.PathBusy as exc:
+        raise SnapshotError(f"{exc}; nothing was written") from None
+    try:  # what another save finished while this one waited for the path is looked at again, now it is held
+        if snapshot_files.exists(path, MANIFEST) and not overwrite:
+            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
+                                "(ecrec-server snapshot --overwrite)")
+        present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
+    except BaseException:
+        claim.release()
+        raise
     # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
     # complete-looking snapshot is ever without its files
     for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
         snapshot_files.remove(path, name)
     try:
-        return _save(cluster, path, on_progress, chunk_bytes, t0, importer)
+        return _save(cluster, path, on_progress, chunk_bytes, t0, importer, claim)
     except BaseException:
+        if not claim.held():
+            raise  # another save holds the path now (this one stalled): its files are not this save's to take
         if snapshot_files.exists(path, MANIFEST):
+            claim.release()
             raise  # written whole (what failed came after): a snapshot, kept
         # a save that failed (refused, a server gone, a full disk) takes back what it wrote: its servers' files,
         # its marker, the directory it made (nothing it did not write; a server still writing ends by its deadline)
-        for name in [f"__{i}_0.distcp" for i in range(cluster.layout.num_servers)] + [WRITING]:
+        for name in [f"__{i}_0.distcp" for i in range(cluster.layout.num_servers)]:
             try:
                 snapshot_files.remove(path, name)
             except OSError as exc:
                 log.warning("snapshot to %s failed; removing %s: %s", path, name, _os_error(exc))
+        try:
+            claim.release()
+        except OSError as exc:
+            log.warning("snapshot to %s failed; removing %s: %s", path, WRITING, _os_error(exc))
         if made_dir:
             try:
                 os.rmdir(path)
@@ -122,7 +140,8 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         raise
 
 
-def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer: threading.Thread) -> dict:
+def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer: threading.Thread,
+          claim: save_claim.Claim) -> dict:
     """:func:`save` once the directory is ready: the cut, every server's write, the metadata and the manifest."""
     import grpc
 
@@ -198,11 +217,15 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
                                                               "chunks": []}
     for item in items:
         manifest["tensors"][item.pop("key")]["chunks"].append(item)
+    try:
+        claim.check()  # still this save's path: no manifest over another save's files
+    except save_claim.PathBusy as exc:
+        raise SnapshotError(str(exc)) from None
     snapshot_files.write_atomically(path, METADATA, pickle.dumps(_dcp_metadata(manifest)))
     manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
     snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
-    snapshot_files.remove(path, WRITING)
+    claim.release()
     if on_progress is not None:
         on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")

@@ -1,0 +1,191 @@
+"""One save at a time to a snapshot path: the in-progress marker as a claim.
+
+A save puts its marker beside the files before it writes any (created exclusively: a hard link of a file
+already written whole, so that no other save ever reads it half written), naming who holds it -- a token, the
+host, the pid, when it began -- and keeps it fresh (its modification time) every :data:`REFRESH_S` while it
+writes.  A second save to the path is refused while the marker's holder lives.  A holder is gone when the
+marker names a process of this host that no longer runs, when it was not refreshed for :data:`STALE_S`, or when
+it names nobody (an empty marker, as earlier releases wrote): that is an interrupted save, taken over, its files
+written over.  Before its manifest, and when it lets go, a save checks the marker is still its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from ecrec.snapshot import files as snapshot_files
+
+#: a marker not refreshed for this long is an interrupted save's (its holder on another host, or frozen) (s)
+STALE_S = 30.0
+#: a save refreshes its marker this often while it writes (s)
+REFRESH_S = 5.0
+
+
+class PathBusy(RuntimeError):
+    """Another save is writing to the path now."""
+
+
+def _holder(path: str, name: str) -> tuple[dict | None, float | None]:
+    """The marker's holder (None: nobody named, or no marker) and the seconds since it was refreshed (None: no
+    marker)."""
+    try:
+        if snapshot_files.is_url(path):
+            import fsspec
+
+            fs, target = fsspec.core.url_to_fs(snapshot_files.join(path, name))
+            info = fs.info(target)
+            mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+            age = time.time() - mtime.timestamp() if hasattr(mtime, "timestamp") else (
+                time.time() - float(mtime) if mtime is not None else 0.0)
+            with fs.open(target, "rb") as f:
+                data = f.read()
+        else:
+            target = os.path.join(path, name)
+            age = time.time() - os.stat(target).st_mtime
+            with open(target, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        return None, None
+    try:
+        holder = json.loads(data.decode()) if data else None
+    except (UnicodeDecodeError, ValueError):
+        holder = None
+    return (holder if isinstance(holder, dict) and isinstance(holder.get("token"), str) else None), max(age, 0.0)
+
+
+def _alive(holder: dict | None, age: float) -> bool:
+    """Whether the save a marker names may still be writing."""
+    if holder is None or age > STALE_S:
+        return False
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return True
+
+
+def describe(holder: dict) -> str:
+    began = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began)) if isinstance(began, (int, float)) else "?"
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {when}"
+
+
+class Claim:
+    """This save's hold on ``path`` (:func:`take`); :meth:`release` lets go."""
+
+    def __init__(self, path: str, name: str, token: str):
+        self.path, self.name, self.token = path, name, token
+        self._stop = threading.Event()
+        self._refresher = threading.Thread(target=self._refresh, name="ecrec-save-claim", daemon=True)
+        self._refresher.start()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            try:
+                if snapshot_files.is_url(self.path):
+                    holder, _ = _holder(self.path, self.name)
+                    if holder is not None and holder["token"] == self.token:
+                        snapshot_files.write_atomically(self.path, self.name, _body(self.token))
+                else:
+                    os.utime(os.path.join(self.path, self.name))
+            except OSError:
+                pass  # a store that cannot be reached now: held checks the marker before the manifest
+
+    def held(self) -> bool:
+        """Whether the marker still names this save (no other save took the path over meanwhile)."""
+        holder, _ = _holder(self.path, self.name)
+        return holder is not None and holder["token"] == self.token
+
+    def check(self) -> None:
+        if not self.held():
+            holder, _ = _holder(self.path, self.name)
+            by = f" by {describe(holder)}" if holder is not None else ""
+            raise PathBusy(f"{self.path} was taken over{by} while this save wrote (it stalled past {STALE_S:g} s); "
+                           "this save did not complete")
+
+    def release(self) -> None:
+        """Stops refreshing and removes the marker if it is still this save's."""
+        self._stop.set()
+        self._refresher.join()
+        if self.held():
+            snapshot_files.remove(self.path, self.name)
+
+
+def _body(token: str) -> bytes:
+    return json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid(),
+                       "started": time.time()}).encode()
+
+
+def take(path: str, name: str) -> Claim:
+    """Claims ``path`` (an existing directory or URL) for one save: raises :class:`PathBusy` naming the save that
+    writes there now; takes over an interrupted save's marker."""
+    token = uuid.uuid4().hex
+    body = _body(token)
+    if snapshot_files.is_url(path):
+        holder, age = _holder(path, name)
+        if age is not None and _alive(holder, age):
+            raise PathBusy(f"another save is writing a snapshot to {path} ({describe(holder)})")
+        snapshot_files.write_atomically(path, name, body)
+    else:
+        _create_local(path, name, body)
+    claim = Claim(path, name, token)
+    if not claim.held():  # a store without exclusive creation: another save wrote its marker after ours
+        claim._stop.set()
+        holder, _ = _holder(path, name)
+        raise PathBusy(f"another save is writing a snapshot to {path}"
+                       f"{f' ({describe(holder)})' if holder is not None else ''}")
+    return claim
+
+
+def _create_local(path: str, name: str, body: bytes) -> None:
+    """The marker made exclusively: written whole beside it, then linked to its name (EEXIST: a marker is
+    there); a marker whose holder is gone is first moved aside (only one save moves it: the one that finds in
+    what it moved the marker it judged gone)."""
+    marker = os.path.join(path, name)
+    tmp = os.path.join(path, f".{name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(body)
+        snapshot_files.durable(f)
+    try:
+        for _ in range(3):
+            try:
+                os.link(tmp, marker)
+                snapshot_files.sync_directory(path)
+                return
+            except FileExistsError:
+                pass
+            holder, age = _holder(path, name)
+            if age is None:
+                continue  # let go of meanwhile: try again
+            if _alive(holder, age):
+                raise PathBusy(f"another save is writing a snapshot to {path} ({describe(holder)}); wait for it "
+                               "to end or choose another path")
+            aside = os.path.join(path, f".{name}.{uuid.uuid4().hex}.gone")
+            try:
+                os.rename(marker, aside)
+            except FileNotFoundError:
+                continue
+            moved, _ = _holder(path, os.path.basename(aside))
+            if (moved or {}).get("token") != (holder or {}).get("token"):
+                # another save took the stale marker over first: what was moved is its fresh one, put back
+                try:
+                    os.link(aside, marker)
+                except OSError as exc:
+                    if exc.errno != errno.EEXIST:
+                        raise
+                os.unlink(aside)
+                raise PathBusy(f"another save is writing a snapshot to {path}"
+                               f"{f' ({describe(moved)})' if moved else ''}; wait for it to end or choose another path")
+            os.unlink(aside)
+        raise PathBusy(f"another save is writing a snapshot to {path}: its marker came and went three times")
+    finally:
+        os.unlink(tmp)

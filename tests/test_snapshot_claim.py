@@ -1,0 +1,103 @@
+"""One save at a time to a snapshot path (``ecrec.snapshot.claim``): the in-progress marker names its holder,
+a second save is refused while the holder lives, a marker whose holder is gone is taken over.  Real files,
+real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ecrec.snapshot import claim
+from ecrec.snapshot.cluster import WRITING
+
+HOLD = ("import sys, time; from ecrec.snapshot import claim; claim.take(sys.argv[1], sys.argv[2]); "
+        "print('held', flush=True); time.sleep(600)")
+
+
+def _hold(path) -> subprocess.Popen:
+    """Another process holding ``path``'s claim until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), WRITING], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_claim_is_refused_while_its_holder_lives_and_taken_once_it_is_gone(tmp_path):
+    holder = _hold(tmp_path)
+    try:
+        marker = json.loads((tmp_path / WRITING).read_text())
+        assert marker["pid"] == holder.pid
+        with pytest.raises(claim.PathBusy, match=f"another save is writing a snapshot to .*pid {holder.pid}"):
+            claim.take(str(tmp_path), WRITING)
+        assert json.loads((tmp_path / WRITING).read_text()) == marker  # the holder's marker untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    mine = claim.take(str(tmp_path), WRITING)  # a dead process's marker: an interrupted save, taken over
+    assert json.loads((tmp_path / WRITING).read_text())["pid"] == os.getpid() and mine.held()
+    mine.release()
+    assert not (tmp_path / WRITING).exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temporary file left either
+
+
+def test_a_claim_of_this_process_refuses_another_thread_and_is_kept_fresh(tmp_path, monkeypatch):
+    monkeypatch.setattr(claim, "REFRESH_S", 0.05)
+    first = claim.take(str(tmp_path), WRITING)
+    try:
+        old = time.time() - 3600
+        os.utime(tmp_path / WRITING, (old, old))
+        time.sleep(0.3)
+        assert time.time() - (tmp_path / WRITING).stat().st_mtime < 5  # refreshed while held
+        with pytest.raises(claim.PathBusy, match=f"pid {os.getpid()}"):
+            claim.take(str(tmp_path), WRITING)
+    finally:
+        first.release()
+
+
+def test_a_stale_marker_of_another_host_or_of_nobody_is_taken_over(tmp_path):
+    body = {"token": "t", "host": "some-other-host", "pid": 1, "started": time.time()}
+    (tmp_path / WRITING).write_text(json.dumps(body))
+    with pytest.raises(claim.PathBusy, match="some-other-host"):  # fresh: its holder may be writing
+        claim.take(str(tmp_path), WRITING)
+    old = time.time() - claim.STALE_S - 5
+    os.utime(tmp_path / WRITING, (old, old))
+    claim.take(str(tmp_path), WRITING).release()  # not refreshed for STALE_S: gone
+    (tmp_path / WRITING).write_bytes(b"")  # an earlier release's marker names nobody
+    taken = claim.take(str(tmp_path), WRITING)
+    assert taken.held()
+    taken.release()
+
+
+def test_a_save_whose_path_was_taken_over_does_not_complete_nor_remove_the_new_holders_marker(tmp_path):
+    mine = claim.take(str(tmp_path), WRITING)
+    mine._stop.set()  # frozen: no refresh
+    (tmp_path / WRITING).write_text(json.dumps({"token": "other", "host": "h", "pid": 7, "started": 0}))
+    with pytest.raises(claim.PathBusy, match="taken over by pid 7 on h"):
+        mine.check()
+    mine.release()
+    assert json.loads((tmp_path / WRITING).read_text())["token"] == "other"
+
+
+def test_many_claims_at_once_one_wins(tmp_path):
+    outcomes, barrier = [], threading.Barrier(8)
+
+    def race():
+        barrier.wait()
+        try:
+            outcomes.append(claim.take(str(tmp_path), WRITING))
+        except claim.PathBusy:
+            outcomes.append(None)
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [c for c in outcomes if c is not None]
+    assert len(won) == 1 and len(outcomes) == 8
+    won[0].release()
