@@ -94,6 +94,88 @@ def test_training_resumes_exactly_from_the_model_and_optimizer_state_on_another_
     assert np.array_equal(a.read_table("t", "payload").view(np.uint32), b.read_table("t", "payload").view(np.uint32))
 
 
+def _dlrm(cluster: Cluster, dense_optimizer: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.emb = EmbeddingBag(cluster, "t")
+    model.mlp = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    cluster.register_dense(model.mlp, optimizer=dense_optimizer, lr=0.05, initial_accumulator_value=0.1,
+                           prefix="mlp.")
+    return model
+
+
+def _train_dlrm(cluster: Cluster, model, batches) -> None:
+    for ids, offsets in batches:
+        model.mlp(model.emb(ids, offsets)).square().sum().backward()
+        cluster.step()
+
+
+def _dense_payloads(cluster: Cluster) -> dict[str, np.ndarray]:
+    return {n: cluster.read_dense_payload(n).view(np.uint32) for n in ("mlp.0.weight", "mlp.0.bias", "mlp.2.weight")}
+
+
+@pytest.mark.parametrize("dense_optimizer", ["adagrad", "sgd"])
+def test_a_registered_mlp_resumes_exactly_from_the_model_and_optimizer_state(make_cluster, dense_optimizer):
+    """``model.load_state_dict`` loaded a registered MLP's saved values into the local parameters only: the next
+    step applied its gradient to the servers' newer values and loaded those over them (the load silently undone),
+    and the MLP's Adagrad accumulators were in no state dict.  Now the load reaches the servers and
+    ``EmbeddingOptimizer`` carries the dense state: resumed from step 4 on this cluster and on another shape
+    (a plain ``torch.save`` round trip, the load with ``assign=True`` too), training ends bit for bit as the run
+    that never stopped."""
+    batches = _batches(600, 8, seed=4)
+    a = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    a.create_table("t", 600, 8, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=7)
+    model_a = _dlrm(a, dense_optimizer)
+    _train_dlrm(a, model_a, batches[:4])
+    saved_model = {k: v.clone() for k, v in model_a.state_dict().items()}
+    saved_opt = EmbeddingOptimizer(model_a).state_dict()
+    assert "mlp.0.weight" in saved_opt["state"] and saved_opt["param_groups"][-1]["optimizer"] == dense_optimizer
+    if dense_optimizer == "adagrad":
+        assert saved_opt["state"]["mlp.0.weight"]["sum"].shape == (4, 8)
+    before = _dense_payloads(a)
+    _train_dlrm(a, model_a, batches[4:])
+    final_table, final_dense = a.read_table("t", "payload").view(np.uint32), _dense_payloads(a)
+
+    model_a.load_state_dict(saved_model)  # back to step 4 on the same cluster
+    EmbeddingOptimizer(model_a).load_state_dict(saved_opt)
+    assert all(np.array_equal(before[n], p) for n, p in _dense_payloads(a).items())
+    _train_dlrm(a, model_a, batches[4:])
+    assert np.array_equal(a.read_table("t", "payload").view(np.uint32), final_table)
+    assert all(np.array_equal(final_dense[n], p) for n, p in _dense_payloads(a).items())
+
+    b = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    b.create_table("t", 600, 8, optimizer="adagrad", lr=0.05, initial_accumulator_value=0.1, seed=99)
+    model_b = _dlrm(b, dense_optimizer)
+    model_b.load_state_dict(saved_model, assign=True)  # new Parameter objects: still the servers' tensors
+    EmbeddingOptimizer(model_b).load_state_dict(saved_opt)
+    _train_dlrm(b, model_b, batches[4:])
+    assert np.array_equal(b.read_table("t", "payload").view(np.uint32), final_table)
+    assert all(np.array_equal(final_dense[n], p) for n, p in _dense_payloads(b).items())
+    assert torch.equal(model_b.mlp[0].weight, model_a.mlp[0].weight)
+
+
+def test_bad_loads_into_a_registered_mlp_change_nothing_on_the_servers(make_cluster):
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    cluster.create_table("t", 600, 8, optimizer="adagrad", lr=0.05, seed=7)
+    model = _dlrm(cluster, "adagrad")
+    before = _dense_payloads(cluster)
+    state = model.state_dict()
+    state["mlp.0.bias"] = torch.full((4,), float("nan"))
+    with pytest.raises(ValueError, match="'0.bias' \\(dense tensor 'mlp.0.bias'.*NaN"):
+        model.load_state_dict(state)
+    opt = EmbeddingOptimizer(model).state_dict()
+    opt["state"]["mlp.2.weight"]["sum"] = -torch.ones(1, 4)
+    with pytest.raises(ValueError, match="'mlp.2.weight'.*negative"):
+        EmbeddingOptimizer(model).load_state_dict(opt)
+    opt["state"]["mlp.2.weight"]["sum"] = torch.ones(4)
+    with pytest.raises(ValueError, match="'mlp.2.weight'.*shape \\(1, 4\\)"):
+        EmbeddingOptimizer(model).load_state_dict(opt)
+    assert all(np.array_equal(before[n], p) for n, p in _dense_payloads(cluster).items())
+    dense_only = torch.nn.Sequential(torch.nn.Linear(2, 1))
+    cluster.register_dense(dense_only, prefix="other.")
+    assert set(EmbeddingOptimizer(dense_only).state_dict()["state"]) == {"0.weight", "0.bias"}
+
+
 def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(shared_cluster, tmp_path):
     local = shared_cluster(servers=3, strategy="ecrec", k=2, m=1)  # tables of its own: from_*
     cluster = Cluster.connect(local.coordinator_address)

@@ -36,6 +36,7 @@ from ecrec import errors
 from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import ClientConfig
+from ecrec.client import dense_state
 from ecrec.client.courier import Courier
 from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
@@ -504,7 +505,9 @@ class Cluster:
                        initial_accumulator_value: float = 0.0, prefix: str = "") -> list[str]:
         """Moves ``module``'s parameters to the servers: the first worker's values win, every worker loads them.
 
-        Afterwards ``step()`` pushes their gradients and loads the updated values.
+        Afterwards ``step()`` pushes their gradients and loads the updated values; a value loaded into them with
+        ``load_state_dict`` (``module``'s or a model's holding it) is written to the servers as it is loaded (their
+        optimizer state is ``EmbeddingOptimizer``'s).
         """
         planned = []  # every parameter checked before the first is registered: all of them, or none
         for pname, param in module.named_parameters():
@@ -519,12 +522,15 @@ class Cluster:
             value = param.detach().to(torch.float32).cpu().numpy()
             if not np.isfinite(value).all():
                 raise ValueError(f"register_dense: parameter {name!r} holds NaN or Inf; nothing registered")
-            planned.append((name, spec, value, param))
-        for name, spec, value, param in planned:
+            planned.append((name, spec, value, param, pname))
+        for name, spec, value, param, _ in planned:
             self._register_dense(spec, value, "register_dense")
             self._dense[name] = param
+            dense_state.tag(param, self, name)
         names = [name for name, *_ in planned]
         self.pull_dense(names)
+        # a value loaded into them later (model.load_state_dict) goes to the servers (ecrec.client.dense_state)
+        dense_state.watch_loads(self, module, [(pname, name) for name, *_, pname in planned])
         return names
 
     @_open

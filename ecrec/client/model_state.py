@@ -20,7 +20,8 @@ import logging
 import numpy as np
 import torch
 
-from ecrec.tables.values import check_values
+from ecrec.client import dense_state
+from ecrec.tables.values import check_dense_values, check_values
 
 log = logging.getLogger("ecrec.client")
 
@@ -40,15 +41,19 @@ class EmbeddingOptimizer:
     """The servers' optimizer of a model's cluster tables, as an object with ``state_dict()`` and
     ``load_state_dict()`` (``torch.optim.Adagrad``'s shape: ``state[key] = {"step", "sum"}``, one param group
     per table with its ``lr``, ``eps`` and optimizer), and ``step()``/``zero_grad()`` (the cluster's), so it
-    can stand where an optimizer stood.  Tables trained with SGD keep no state (``state[key] = {}``)."""
+    can stand where an optimizer stood.  Tables trained with SGD keep no state (``state[key] = {}``).  The
+    model's parameters registered with ``Cluster.register_dense`` are in it too, keyed by their state-dict keys
+    (an optimizer state saved without them loads, the servers' kept, said)."""
 
     def __init__(self, model: torch.nn.Module):
         self.tables = cluster_tables(model)
-        if not self.tables:
-            raise ValueError("the model holds no cluster table (ecrec.client.EmbeddingBag or EmbeddingBagCollection)")
+        self.dense = dense_state.registered(model)  # its parameters on the servers (Cluster.register_dense)
+        if not self.tables and not self.dense:
+            raise ValueError("the model holds no cluster table (ecrec.client.EmbeddingBag or EmbeddingBagCollection) "
+                             "and no parameter registered with Cluster.register_dense")
 
     def _clusters(self):
-        return list({id(c): c for c, _ in self.tables.values()}.values())
+        return list({id(c): c for c, _ in [*self.tables.values(), *self.dense.values()]}.values())
 
     def step(self) -> list[dict]:
         return [cluster.step() for cluster in self._clusters()]
@@ -64,6 +69,13 @@ class EmbeddingOptimizer:
             state[key] = {} if spec.state_width == 0 else {
                 "step": torch.tensor(0.0), "sum": torch.from_numpy(cluster.read_table(table, "state"))}
             groups.append({"params": [key], "table": table, "optimizer": spec.optimizer, "lr": spec.lr,
+                           "eps": spec.eps, "initial_accumulator_value": spec.initial_accumulator_value})
+        for key, (cluster, name) in self.dense.items():
+            spec = cluster.dense_spec(name)
+            state[key] = {} if spec.state_width == 0 else {
+                "step": torch.tensor(0.0),
+                "sum": torch.from_numpy(cluster.read_dense_payload(name)[spec.numel:].reshape(_dense_state_shape(spec)))}
+            groups.append({"params": [key], "dense": name, "optimizer": spec.optimizer, "lr": spec.lr,
                            "eps": spec.eps, "initial_accumulator_value": spec.initial_accumulator_value})
         return {"state": state, "param_groups": groups}
 
@@ -102,8 +114,48 @@ class EmbeddingOptimizer:
             except ValueError as exc:
                 raise ValueError(f"{key!r}: {exc}") from None
             todo.append((cluster, table, value))
-        extra = set(state_dict["state"]) - set(self.tables)
+        dense_todo = []
+        for key, (cluster, name) in self.dense.items():
+            spec = cluster.dense_spec(name)
+            if key not in state_dict["state"] or key not in groups:
+                # saved before dense tensors' state was (or by hand without it): the servers' stays, said
+                log.warning("the optimizer state has no entry for %r (dense tensor %r): its optimizer state on the "
+                            "servers is kept", key, name)
+                continue
+            if groups[key].get("optimizer") != spec.optimizer:
+                raise ValueError(f"{key!r} (dense tensor {name!r}): saved for optimizer "
+                                 f"{groups[key].get('optimizer')!r}, the tensor trains with {spec.optimizer!r}")
+            if spec.state_width == 0:
+                continue
+            entry = state_dict["state"][key]
+            value = entry.get("sum") if isinstance(entry, dict) else None
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu()
+                value = (value.to(torch.float32) if value.is_floating_point() else value).numpy()
+            shape = _dense_state_shape(spec)
+            if value is None or tuple(getattr(value, "shape", ())) != shape:
+                raise ValueError(f"{key!r} (dense tensor {name!r}): the saved state must have shape {shape}, "
+                                 f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
+            payload = cluster.read_dense_payload(name)
+            with np.errstate(over="ignore", invalid="ignore"):
+                payload[spec.numel:] = np.asarray(value, dtype=np.float32).reshape(-1)
+            try:
+                check_dense_values(spec, payload)  # finite, accumulators >= 0: before any write
+            except ValueError as exc:
+                raise ValueError(f"{key!r}: {exc}") from None
+            dense_todo.append((cluster, name, payload))
+        extra = set(state_dict["state"]) - set(self.tables) - set(self.dense)
         if extra:
-            raise ValueError(f"the optimizer state has entries for tables this model does not hold: {sorted(extra)}")
+            raise ValueError(f"the optimizer state has entries for tables or dense parameters this model does not "
+                             f"hold: {sorted(extra)}")
         for cluster, table, value in todo:
             cluster.write_rows(table, np.arange(value.shape[0]), value, what="state", checked=True)
+        for cluster, name, payload in dense_todo:
+            cluster.write_dense(name, payload)
+
+
+def _dense_state_shape(spec) -> tuple[int, ...]:
+    """A dense tensor's optimizer state as ``torch.optim.Adagrad`` keeps it: the parameter's shape (one value per
+    weight; several: a leading axis)."""
+    shape = tuple(spec.shape)
+    return shape if spec.state_width == 1 else (spec.state_width, *shape)

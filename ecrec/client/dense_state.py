@@ -1,0 +1,72 @@
+"""Registered dense parameters in and out of state dicts.
+
+``Cluster.register_dense`` keeps a module's parameters on the servers: every step applies the gradient there and
+loads the result back.  A value loaded into such a parameter (``model.load_state_dict``, DCP's
+``set_model_state_dict``) is therefore written to the servers as it is loaded (:func:`watch_loads`), else the
+next step would apply its gradient to the servers' old value and load that over it.  Their optimizer state
+(Adagrad's accumulators) is in :class:`~ecrec.client.model_state.EmbeddingOptimizer` beside the tables'
+(:func:`registered`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+#: the attribute a registered parameter carries: ``(weak reference to its cluster, dense tensor name)``
+TAG = "_ecrec_dense"
+
+
+def tag(param: torch.nn.Parameter, cluster, name: str) -> None:
+    setattr(param, TAG, (weakref.ref(cluster), name))
+
+
+def registered(model: torch.nn.Module) -> dict[str, tuple]:
+    """``{state-dict key: (cluster, dense tensor name)}`` of every parameter of ``model`` registered with
+    ``register_dense`` on a client still open."""
+    out = {}
+    for key, param in model.named_parameters():
+        entry = getattr(param, TAG, None)
+        cluster = entry[0]() if entry is not None else None
+        if cluster is not None and not cluster._closed:
+            out[key] = (cluster, entry[1])
+    return out
+
+
+def watch_loads(cluster, module: torch.nn.Module, names: list[tuple[str, str]]) -> None:
+    """After each ``load_state_dict`` reaching ``module`` (itself or a model holding it), the values of its
+    registered parameters (``names``: ``(parameter name in module, dense tensor name)``) that differ from the
+    servers' are written there (their optimizer state kept), all checked before the first is written."""
+    ref = weakref.ref(cluster)
+
+    def after_load(mod, incompatible_keys) -> None:
+        client = ref()
+        if client is None or client._closed:
+            return  # a model kept for serving after its client closed loads as a plain module
+        write_loaded(client, mod, names)
+
+    module.register_load_state_dict_post_hook(after_load)
+
+
+def write_loaded(cluster, module: torch.nn.Module, names: list[tuple[str, str]]) -> None:
+    todo = []
+    for pname, name in names:
+        try:
+            param = module.get_parameter(pname)
+        except AttributeError:
+            continue  # removed from the module since: nothing of it is loaded
+        if param is not cluster._dense.get(name):  # load_state_dict(assign=True) put a new Parameter there
+            tag(param, cluster, name)
+            cluster._dense[name] = param
+        value = param.detach().to(torch.float32).cpu().numpy().reshape(-1)
+        if not np.isfinite(value).all():
+            raise ValueError(f"load_state_dict: parameter {pname!r} (dense tensor {name!r} on the cluster) was given "
+                             "NaN or Inf; nothing was written to the servers")
+        payload = cluster.read_dense_payload(name)
+        if not np.array_equal(payload[:value.size].view(np.uint32), value.view(np.uint32)):
+            payload[:value.size] = value
+            todo.append((name, payload))
+    for name, payload in todo:
+        cluster.write_dense(name, payload)
