@@ -439,7 +439,8 @@ def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_clu
     read back through an fsspec ``file://`` URL equal to the cluster after step 6."""
     from ecrec import snapshot
 
-    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
     _tables(cluster)
     url = f"file://{tmp_path / 'periodic'}"
     cluster.snapshot_every(2, url, keep=2)
@@ -454,6 +455,15 @@ def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_clu
     assert {k: np.array_equal(v, at_six[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
     with pytest.raises(ValueError, match="at least 1"):
         cluster.snapshot_every(2, url, keep=0)
+    # the schedule set again in the same client: its 6 steps were counted twice (step-14 after step 8)
+    cluster.snapshot_every(2, url, keep=2)
+    _train(cluster, _batches(2))
+    assert sorted(p.name for p in (tmp_path / "periodic").iterdir()) == ["step-000000006", "step-000000008"]
+    # a new client (a job restarted) numbers on from the directory's newest
+    again = Cluster.connect(local.coordinator_address)
+    again.snapshot_every(2, url, keep=2)
+    _train(again, _batches(2))
+    assert sorted(p.name for p in (tmp_path / "periodic").iterdir()) == ["step-000000008", "step-000000010"]
 
 
 def test_a_coordinator_restores_a_snapshot_when_its_servers_are_up(make_cluster, tmp_path):

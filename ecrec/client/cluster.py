@@ -650,7 +650,7 @@ class Cluster:
         failures than the code tolerates: :func:`ecrec.snapshot.latest` and :meth:`load`."""
         from ecrec.snapshot.cluster import Periodic
 
-        self._periodic = Periodic(steps, str(directory), keep, on_progress) if steps else None
+        self._periodic = Periodic(steps, str(directory), keep, on_progress, self.steps_done) if steps else None
 
     def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries
