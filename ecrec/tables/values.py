@@ -41,11 +41,24 @@ def check_values(spec: TableSpec, values, what: str = "weights") -> None:
             raise ValueError(f"table {spec.name!r}: {what} must be numbers, got {piece.dtype}")
         with np.errstate(over="ignore"):
             piece = piece.astype(np.float32, copy=False)  # as sent: 1e39 is Inf in float32
-        if not np.isfinite(piece).all():
-            raise ValueError(f"table {spec.name!r}: {what} must be finite float32 numbers (rows {start}.."
-                             f"{min(start + chunk, len(values)) - 1} are not)")
-        if state_from is not None and (piece[:, state_from:] < 0).any():
-            raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative (rows from {start})")
+        finite = np.isfinite(piece)
+        if not finite.all():
+            bad = start + np.flatnonzero(~finite.reshape(len(piece), -1).all(axis=1))
+            raise ValueError(f"table {spec.name!r}: {what} must be finite float32 numbers ({_rows(bad)} "
+                             f"{'is' if len(bad) == 1 else 'are'} not)")
+        if state_from is not None:
+            negative = (piece.reshape(len(piece), -1)[:, state_from:] < 0).any(axis=1)
+            if negative.any():
+                raise ValueError(f"table {spec.name!r}: an Adagrad accumulator is negative "
+                                 f"({_rows(start + np.flatnonzero(negative))})")
+
+
+def _rows(rows: np.ndarray) -> str:
+    """``row 5``, ``rows 5, 9, 12``, ``rows 5, 9, 12, ... (40 rows)``: the rows a check found, by position."""
+    shown = ", ".join(str(int(r)) for r in rows[:3])
+    if len(rows) == 1:
+        return f"row {shown}"
+    return f"rows {shown}" + (f", ... ({len(rows)} rows)" if len(rows) > 3 else "")
 
 
 def check_dense_values(spec: DenseSpec, payload: np.ndarray) -> None:
