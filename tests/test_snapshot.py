@@ -727,6 +727,32 @@ def test_a_snapshot_right_after_a_kill_follows_the_map_to_the_replacement(make_c
     np.testing.assert_array_equal(_snapshot_rows(tmp_path / "snap"), np.full((60, 4), -3, np.float32))
 
 
+def test_a_save_while_an_index_has_no_server_says_why_once(make_cluster, tmp_path, monkeypatch, caplog):
+    """No standby left, a server killed: each of the cut's ~120 attempts logged "ending an attempt at a cut: no
+    live server holds index 2" (it asked the index nobody serves to end a hold it never had); now the reason is
+    said once, the save fails at its deadline naming it, nothing written."""
+    import logging
+
+    from ecrec.snapshot import cluster as snapshot_cluster
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    _tables(client)
+    local.kill(local.pid_of_index(2))
+    deadline = time.monotonic() + 30
+    while client.peers.address_of(2) is not None:  # until the map says nobody serves it
+        assert time.monotonic() < deadline, "the coordinator never declared the killed server failed"
+        client.refresh_map()
+        time.sleep(0.1)
+    monkeypatch.setattr(snapshot_cluster, "CUT_TIMEOUT_S", 4.0)
+    with caplog.at_level(logging.WARNING, logger="ecrec.snapshot"):
+        with pytest.raises(SnapshotError, match="no consistent cut within 4 s .*no live server holds index 2"):
+            client.save(str(tmp_path / "snap"))
+    said = [r.getMessage() for r in caplog.records if "index 2" in r.getMessage()]
+    assert len(said) == 1 and "no cut yet" in said[0], said
+    assert not (tmp_path / "snap").exists()
+
+
 @pytest.mark.cluster
 def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make_cluster, tmp_path):
     """Six workers push without pause against servers of four handler threads: a held push no longer waits in a

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from ecrec.net.peers import warn_level
 from ecrec.wire import embedding_pb2
 
 log = logging.getLogger("ecrec.snapshot")
@@ -81,13 +82,17 @@ class Cut:
         self.abandoned: list[dict] = []
         self.held_s = 0.0  # the longest the servers held pushes for an attempt (seconds)
 
-    def _call_all(self, **fields) -> dict[int, embedding_pb2.HoldPushesReply]:
+    def _call_all(self, ending: bool = False, **fields) -> dict[int, embedding_pb2.HoldPushesReply]:
+        """``HoldPushes`` with ``fields`` on every server at once; ``ending`` (holds ended, a cut dropped): an
+        index no live server holds has nothing to end and is skipped."""
         peers = self.cluster.peers
         request = embedding_pb2.HoldPushesRequest(holder=self.holder, max_age_s=2 * ABANDONED_S, **fields)
 
         def call(index: int):
             address = peers.address_of(index)
             if address is None:
+                if ending:
+                    return None
                 raise CutError(f"no live server holds index {index}")
             try:
                 return peers.stub(address).HoldPushes(request, timeout=self.cluster.config.rpc_timeout_s,
@@ -126,6 +131,9 @@ class Cut:
                 self.held_s = max(self.held_s, time.monotonic() - t0)
                 return
             except CutError as exc:
+                if str(exc) != last:  # what keeps the cut from being taken, said once (it may take the deadline)
+                    log.warning("snapshot: no cut yet: %s; trying again for up to %.0f s", exc,
+                                max(0.0, deadline - time.monotonic()))
                 last = str(exc)
                 self._end_quietly()
                 try:  # the next attempt asks the servers of the map as it is now (a replacement, not the dead)
@@ -166,7 +174,7 @@ class Cut:
     def drop(self) -> None:
         """Forgets the cut on every server (the snapshot ended); one that cannot be reached lets it expire."""
         try:
-            self._call_all(drop_cut=True)
+            self._call_all(ending=True, drop_cut=True)
         except CutError as exc:
             log.warning("snapshot: dropping its cut: %s (it expires by itself)", exc)
 
@@ -174,6 +182,7 @@ class Cut:
         """Ends the holds and drops any cut marked (a failed attempt)."""
         for fields in ({"hold_s": 0.0}, {"drop_cut": True}):
             try:
-                self._call_all(**fields)
+                self._call_all(ending=True, **fields)
             except CutError as exc:  # the holds and cuts expire by themselves
-                log.warning("snapshot: ending an attempt at a cut: %s (it expires by itself)", exc)
+                log.log(warn_level(("cut-end", str(exc))), "snapshot: ending an attempt at a cut: %s (it expires by "
+                        "itself)", exc)
