@@ -157,6 +157,18 @@ def _command_of(argv: list[str] | None) -> str | None:
     return rest[0] if rest and not rest[0].startswith("-") else None
 
 
+class _Interrupted(BaseException):
+    """SIGTERM during ``snapshot``/``restore``: raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum, frame) -> None:
+    raise _Interrupted(signum)
+
+
 def _snapshot_command(args) -> int:
     """``ecrec-server snapshot`` / ``restore``: progress on stderr, the manifest's summary on stdout."""
     import grpc
@@ -173,6 +185,12 @@ def _snapshot_command(args) -> int:
             print(f"ecrec-server {args.command}: {flag} must be a positive number of seconds (at most "
                   f"{MAX_SECONDS:g}), got {value}", file=sys.stderr)
             return 2
+    # SIGTERM (an orchestrator's stop, `timeout`) ends the command as Ctrl-C does: through the save's own
+    # failure path, which takes back what it wrote once the servers' writes returned (it killed the process and
+    # left the files and the in-progress marker)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),
@@ -184,6 +202,12 @@ def _snapshot_command(args) -> int:
                 manifest = cluster.load(args.path, on_progress=progress)
         finally:
             cluster.close(confirm_timeout_s=30.0)
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
+        what = ("the snapshot was not taken: what it wrote is taken back" if args.command == "snapshot" else
+                "the restore did not complete: run it again (a table not reached yet may be refused until then)")
+        print(f"ecrec-server {args.command}: interrupted ({signal.Signals(signum).name}); {what}", file=sys.stderr)
+        return 128 + signum
     except (SnapshotError, ClusterError, ValueError, OSError) as exc:
         print(f"ecrec-server {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -191,6 +215,9 @@ def _snapshot_command(args) -> int:
         print(f"ecrec-server {args.command}: the cluster at {args.coordinator}: {exc.code().name}: {exc.details()}",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     verb = "wrote" if args.command == "snapshot" else "restored"
     print(f"{verb} {len(manifest['tables'])} table(s), {len(manifest['dense'])} dense tensor(s) "
           f"({'to' if verb == 'wrote' else 'from'} {args.path})")

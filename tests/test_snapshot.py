@@ -753,6 +753,44 @@ def test_a_save_while_an_index_has_no_server_says_why_once(make_cluster, tmp_pat
     assert not (tmp_path / "snap").exists()
 
 
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_an_interrupted_snapshot_command_takes_back_what_it_wrote(make_cluster, tmp_path, signum):
+    """``ecrec-server snapshot`` stopped by SIGTERM (an orchestrator, ``timeout``) died where it stood: exit -15,
+    its files and its in-progress marker left; Ctrl-C printed a traceback.  Now both go through the save's
+    failure path: what it wrote is taken back once the servers' writes returned, a line says so, the exit status
+    is 128 + the signal's number, and the path takes a snapshot afterwards."""
+    import signal
+    import subprocess
+    import sys
+
+    from ecrec.snapshot.cluster import WRITING
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    client.create_table("big", 1_500_000, 32, optimizer="adagrad", lr=0.1, seed=3)  # ~400 MB: a save of seconds
+    path = tmp_path / "snap"
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "snapshot", "--coordinator",
+                             local.coordinator_address, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (path / WRITING).exists():  # the save holds the path: it is writing
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.001)
+        proc.send_signal(getattr(signal, signum))
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    number = int(getattr(signal, signum))
+    assert proc.returncode == 128 + number, (proc.returncode, err)
+    assert f"interrupted ({signum}); the snapshot was not taken" in err and "Traceback" not in err, err
+    assert not path.exists() or sorted(p.name for p in path.iterdir()) == [], sorted(p.name for p in path.iterdir())
+    client.save(str(path))  # nothing in the way: no overwrite needed, nothing taken for another program's
+    assert (path / "manifest.json").exists()
+
+
 @pytest.mark.cluster
 def test_a_cut_is_found_with_more_pushing_workers_than_a_server_has_threads(make_cluster, tmp_path):
     """Six workers push without pause against servers of four handler threads: a held push no longer waits in a

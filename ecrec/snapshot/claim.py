@@ -130,20 +130,28 @@ def take(path: str, name: str) -> Claim:
     writes there now; takes over an interrupted save's marker."""
     token = uuid.uuid4().hex
     body = _body(token)
-    if snapshot_files.is_url(path):
-        holder, age = _holder(path, name)
-        if age is not None and _alive(holder, age):
-            raise PathBusy(f"another save is writing a snapshot to {path} ({describe(holder)})")
-        snapshot_files.write_atomically(path, name, body)
-    else:
-        _create_local(path, name, body)
-    claim = Claim(path, name, token)
-    if not claim.held():  # a store without exclusive creation: another save wrote its marker after ours
-        claim._stop.set()
+    claim = None
+    try:
+        if snapshot_files.is_url(path):
+            holder, age = _holder(path, name)
+            if age is not None and _alive(holder, age):
+                raise PathBusy(f"another save is writing a snapshot to {path} ({describe(holder)})")
+            snapshot_files.write_atomically(path, name, body)
+        else:
+            _create_local(path, name, body)
+        claim = Claim(path, name, token)
+        if not claim.held():  # a store without exclusive creation: another save wrote its marker after ours
+            holder, _ = _holder(path, name)
+            raise PathBusy(f"another save is writing a snapshot to {path}"
+                           f"{f' ({describe(holder)})' if holder is not None else ''}")
+        return claim
+    except BaseException:  # refused, or interrupted (Ctrl-C, SIGTERM) after the marker was made: not left behind
+        if claim is not None:
+            claim._stop.set()
         holder, _ = _holder(path, name)
-        raise PathBusy(f"another save is writing a snapshot to {path}"
-                       f"{f' ({describe(holder)})' if holder is not None else ''}")
-    return claim
+        if holder is not None and holder["token"] == token:
+            snapshot_files.remove(path, name)
+        raise
 
 
 def _create_local(path: str, name: str, body: bytes) -> None:

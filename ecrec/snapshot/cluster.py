@@ -86,6 +86,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
     made_dir = not snapshot_files.is_url(path) and not os.path.isdir(path)  # removed again if the save fails
+    claim = None
     try:
         if snapshot_files.exists(path, MANIFEST) and not overwrite:
             raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
@@ -97,23 +98,27 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                                 "nothing was changed: choose another path")
         snapshot_files.makedirs(path)
         claim = save_claim.take(path, WRITING)  # one save at a time to a path (ecrec.snapshot.claim)
-    except OSError as exc:  # a file where the directory would be, a place that cannot be written or reached
-        raise SnapshotError(f"snapshot to {path}: {_os_error(exc)}; nothing was written") from None
-    except save_claim.PathBusy as exc:
-        raise SnapshotError(f"{exc}; nothing was written") from None
-    try:  # what another save finished while this one waited for the path is looked at again, now it is held
+        # what another save finished while this one waited for the path is looked at again, now it is held
         if snapshot_files.exists(path, MANIFEST) and not overwrite:
             raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
                                 "(ecrec-server snapshot --overwrite)")
         present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
-    except BaseException:
-        claim.release()
+    except BaseException as exc:
+        if claim is not None:
+            try:
+                claim.release()
+            except OSError as again:
+                log.warning("snapshot to %s refused; removing %s: %s", path, WRITING, _os_error(again))
+        if isinstance(exc, OSError):  # a file where the directory would be, a place that cannot be written or reached
+            raise SnapshotError(f"snapshot to {path}: {_os_error(exc)}; nothing was written") from None
+        if isinstance(exc, save_claim.PathBusy):
+            raise SnapshotError(f"{exc}; nothing was written") from None
         raise
-    # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
-    # complete-looking snapshot is ever without its files
-    for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
-        snapshot_files.remove(path, name)
     try:
+        # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
+        # complete-looking snapshot is ever without its files
+        for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
+            snapshot_files.remove(path, name)
         return _save(cluster, path, on_progress, chunk_bytes, t0, importer, claim)
     except BaseException:
         if not claim.held():
