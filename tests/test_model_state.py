@@ -176,6 +176,37 @@ def test_bad_loads_into_a_registered_mlp_change_nothing_on_the_servers(make_clus
     assert set(EmbeddingOptimizer(dense_only).state_dict()["state"]) == {"0.weight", "0.bias"}
 
 
+def test_dcp_get_and_set_model_state_dict_round_trip_a_model_of_cluster_modules(make_cluster, tmp_path):
+    """``torch.distributed.checkpoint.state_dict.get_model_state_dict`` raised ``AttributeError: 'EmbeddingBag'
+    object has no attribute 'weight'`` (it walks every key as attributes); it now gives ``state_dict()``'s keys and
+    values, and ``dcp.save``, training on, ``dcp.load`` and ``set_model_state_dict`` bring every table back.  A
+    table is still no attribute: a ``weight`` that took writes into a copy would lose them silently."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    cluster = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    cluster.create_table("user", 700, 8, optimizer="adagrad", lr=0.1, seed=1)
+    cluster.create_table("item", 300, 8, optimizer="sgd", lr=0.1, seed=2)
+    model = torch.nn.Module()
+    model.towers = torch.nn.Module()
+    model.towers.user = EmbeddingBag(cluster, "user")
+    model.both = EmbeddingBagCollection(cluster, ["item", "user"])
+    model.head = torch.nn.Linear(8, 1)
+    got = get_model_state_dict(model)
+    plain = model.state_dict()
+    assert list(got) == list(plain) and all(torch.equal(got[k], plain[k]) for k in plain)
+    assert "both.embedding_bags.item.weight" in got and "towers.user.weight" in got
+    dcp.save(got, checkpoint_id=str(tmp_path / "dcp"))
+    _train(cluster, [model.towers.user, EmbeddingBag(cluster, "item")], _batches(700, 3))
+    assert not torch.equal(cluster.pull("item", np.arange(300)), plain["both.embedding_bags.item.weight"])
+    into = get_model_state_dict(model)
+    dcp.load(into, checkpoint_id=str(tmp_path / "dcp"))
+    set_model_state_dict(model, into)
+    assert torch.equal(cluster.pull("item", np.arange(300)), plain["both.embedding_bags.item.weight"])
+    assert torch.equal(cluster.pull("user", np.arange(700)), plain["towers.user.weight"])
+    assert not hasattr(model.towers.user, "weight") and not hasattr(model.both, "embedding_bags")
+
+
 def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(shared_cluster, tmp_path):
     local = shared_cluster(servers=3, strategy="ecrec", k=2, m=1)  # tables of its own: from_*
     cluster = Cluster.connect(local.coordinator_address)

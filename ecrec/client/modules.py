@@ -33,6 +33,28 @@ class _Placed(torch.nn.Module):
             return out.to(device=place.device, dtype=place.dtype)
         return out
 
+    # --- the state dict's keys as DCP's get_model_state_dict walks them ------------------------------------
+    def _fqn_modifiers(self) -> dict[str, str]:
+        """``torch.distributed.checkpoint.state_dict`` resolves each state-dict key as a path of attributes
+        (``ebc.embedding_bags.t.weight``); a cluster table is no attribute (its rows are on the servers, and a
+        ``weight`` attribute would be a copy that writes went to silently).  DCP's hook for keys that are not
+        attributes sends its walk through :attr:`_state_dict_names` instead: the keys' names, nothing else."""
+        return {key.split(".", 1)[0]: "_state_dict_names" for key in self.state_dict_keys("")}
+
+    @property
+    def _state_dict_names(self):
+        """The module's state-dict keys as nested namespaces (``.weight``, ``.embedding_bags.<table>.weight``)."""
+        from types import SimpleNamespace
+
+        root = SimpleNamespace()
+        for key in self.state_dict_keys(""):
+            node = root
+            for part in key.split("."):
+                if not hasattr(node, part):
+                    setattr(node, part, SimpleNamespace())
+                node = getattr(node, part)
+        return root
+
 
 class EmbeddingBag(_Placed):
     """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
