@@ -141,3 +141,25 @@ def test_a_server_that_does_not_answer_makes_the_cluster_not_ready_before_the_co
     row = next(s for s in report["servers"] if s["index"] == 1)
     assert row["health"] == "UNREACHABLE" and row["state"] == "ACTIVE", row
     assert report["ready"] is False and report["fully_redundant"] is False
+
+
+@pytest.mark.cluster
+def test_a_named_coordinator_that_does_not_answer_is_said(make_cluster):
+    """``--coordinator a,b`` with ``b`` dead (a follower killed, or never started): the live coordinators were
+    listed and ``b`` was simply absent, a dead one and one never started alike; now it is named as not answering,
+    in the table and the JSON, the cluster's status otherwise as it is."""
+    local = make_cluster(servers=2, strategy="none")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = f"127.0.0.1:{port}"
+    for named in (f"{local.coordinator_address},{dead}", f"{dead},{local.coordinator_address}"):
+        r = status("--coordinator", named, "--timeout", "2")
+        assert r.returncode == 0, r.stderr
+        assert f"not answering: {dead} (UNAVAILABLE)" in r.stdout, r.stdout
+        report = json.loads(status("--coordinator", named, "--timeout", "2", "--json").stdout)
+        assert report["coordinators_not_answering"] == [{"address": dead, "error": "UNAVAILABLE"}]
+        assert [c["address"] for c in report["coordinators"]] == [local.coordinator_address]
+    report = json.loads(status("--coordinator", local.coordinator_address, "--json").stdout)
+    assert report["coordinators_not_answering"] == []
+    assert "not answering" not in status("--coordinator", local.coordinator_address).stdout

@@ -78,6 +78,8 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
         raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}") from None
     finally:
         stub.close()
+    if not control.get("coordinators_error"):
+        control["coordinators_not_answering"] = _named_not_listed(address, control, timeout_s, security)
     probed = [s for s in cluster_map.servers if s.state != cluster_pb2.FAILED]
     with futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(probed)))) as pool:
         probes = dict(zip((s.server_id for s in probed),
@@ -114,12 +116,39 @@ def _coordinators(stub, timeout_s: float) -> dict:
             "coordinators": [{"address": c.address, "leads": c.leads} for c in reply.coordinators]}
 
 
+def _named_not_listed(address: str, control: dict, timeout_s: float, security) -> list[dict]:
+    """The coordinators ``address`` names that are not among the live ones the cluster lists (a follower that died
+    and one never started alike are simply absent there), each asked itself: ``[{"address", "error"}]`` for
+    those that do not answer (one that answers is listed under another name)."""
+    from ecrec.net.peers import coordinator_stub
+
+    live = {c["address"] for c in control["coordinators"]}
+    absent = [a for a in dict.fromkeys(part.strip() for part in address.split(",")) if a and a not in live]
+
+    def ask(named: str) -> dict | None:
+        stub = coordinator_stub(named, security=security)
+        try:
+            stub.GetCoordinators(coordinator_pb2.GetCoordinatorsRequest(), timeout=min(timeout_s, 2.0))
+            return None
+        except grpc.RpcError as exc:
+            return {"address": named, "error": exc.code().name}
+        finally:
+            stub.close()
+
+    if not absent:
+        return []
+    with futures.ThreadPoolExecutor(max_workers=min(8, len(absent))) as pool:
+        return [r for r in pool.map(ask, absent) if r is not None]
+
+
 def _coordinators_text(status: dict) -> str:
     if status.get("coordinators_error"):
         return f"coordinators: unknown ({status['coordinators_error']})"
     listed = ", ".join(c["address"] + (" (leads)" if c["leads"] else "") for c in status["coordinators"])
     leader = "" if status["leader"] else "; none leads now (being elected)"
-    return f"coordinators: {listed or '-'}{leader}; map kept in {status['store']}"
+    silent = status.get("coordinators_not_answering") or []
+    missing = ("; not answering: " + ", ".join(f"{c['address']} ({c['error']})" for c in silent)) if silent else ""
+    return f"coordinators: {listed or '-'}{missing}{leader}; map kept in {status['store']}"
 
 
 def _server_row(info, probe: dict | None, cluster_map, now: float) -> dict:
