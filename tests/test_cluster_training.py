@@ -206,3 +206,68 @@ def test_collection_lookup_equals_per_table_bags(make_cluster):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="distinct"):
         EmbeddingBagCollection(Cluster.connect(local.coordinator_address), ["user", "user"])
+
+
+def _reference(rows: int, dim: int, seed: int = 0):
+    weights = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+    plain = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weights.clone(), sparse=True)
+    return weights, plain, torch.optim.SGD(plain.parameters(), lr=0.1)
+
+
+def test_gradients_reach_the_servers_in_every_order_torch_allows(make_cluster):
+    """The orders of a torch loop in which the cluster lost embedding updates silently (the dense ones applied):
+    ``zero_grad()`` between the forward and its backward (torch's own tutorial order) dropped the lookup, so the
+    backward's gradient was never pushed; a ``step()`` before the backward did the same.  Each now ends where
+    ``torch.optim.SGD`` on a plain ``torch.nn.EmbeddingBag`` ends, over several steps."""
+    cluster = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1).coordinator_address)
+    weights, plain, sgd = _reference(100, 4)
+    cluster.create_table("t", 100, 4, optimizer="sgd", lr=0.1, init=weights.clone())
+    bag = EmbeddingBag(cluster, "t")
+    generator = torch.Generator().manual_seed(5)
+    for step in range(6):
+        ids = torch.randint(0, 100, (12,), generator=generator)
+        offsets = torch.arange(0, 12, 3)
+        out, ref = bag(ids, offsets), plain(ids, offsets)
+        if step % 2 == 0:  # forward, zero_grad, backward, step
+            cluster.zero_grad()
+            sgd.zero_grad()
+            out.square().sum().backward()
+            ref.square().sum().backward()
+            assert cluster.step()["rows"] > 0
+            sgd.step()
+            sgd.zero_grad()  # (a cluster step takes the gradients it pushes; torch's stay until zeroed)
+        else:  # forward, a step with nothing to push yet, backward, step
+            assert cluster.step()["rows"] == 0
+            sgd.step()
+            sgd.zero_grad()
+            out.square().sum().backward()
+            ref.square().sum().backward()
+            assert cluster.step()["rows"] > 0
+            sgd.step()
+            sgd.zero_grad()
+        np.testing.assert_allclose(cluster.read_table("t"), plain.weight.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_lookups_whose_output_was_dropped_are_not_kept(make_cluster):
+    """An evaluation loop with autograd on (``model.eval()`` without ``torch.no_grad()``): every lookup's rows
+    were kept until the next step or zero_grad -- memory grew with every batch; torch frees them with the output.
+    Now the cluster keeps only the rows a gradient can still reach, and a gradient recorded before them is still
+    pushed."""
+    import gc
+
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    weights, plain, sgd = _reference(2000, 16)
+    cluster.create_table("t", 2000, 16, optimizer="sgd", lr=0.1, init=weights.clone())
+    bag = EmbeddingBag(cluster, "t").eval()
+    ids, offsets = torch.arange(0, 2000, 7), torch.arange(0, 286, 11)
+    bag(ids, offsets).sum().backward()  # a gradient recorded first
+    plain(ids, offsets).sum().backward()
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        bag(torch.randint(0, 2000, (512,), generator=generator), torch.arange(0, 512, 8)).sum().item()
+    gc.collect()
+    held = [p for p in cluster._pending if (p.tensor() if hasattr(p, "tensor") else p.rows) is not None]
+    assert len(held) <= 2, f"{len(held)} lookups' rows held"
+    cluster.step()
+    sgd.step()
+    np.testing.assert_allclose(cluster.read_table("t"), plain.weight.detach().numpy(), rtol=1e-6, atol=1e-6)

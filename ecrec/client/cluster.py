@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 
 import grpc
@@ -57,12 +58,25 @@ WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
 POLL_RETRY_S = 10.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
+    """A lookup's pulled rows, waiting for their gradient: held weakly (a lookup whose output was dropped, an
+    evaluation loop with autograd on, frees them as torch does), strongly once a backward accumulated a gradient
+    into them (``rows``), until a step pushes it or ``zero_grad`` drops it."""
+
     table: str
     ids: np.ndarray
-    rows: torch.Tensor
+    rows: torch.Tensor | None  # the rows, once they hold a gradient
     lookups: np.ndarray | None = None  # per id: how many times the batch looked it up
+    ref: weakref.ref | None = None  # the rows, while no gradient reached them
+    done: bool = False  # pushed: a later backward (retain_graph) is not this lookup's any more
+
+    def tensor(self) -> torch.Tensor | None:
+        return self.rows if self.rows is not None else (self.ref() if self.ref is not None else None)
+
+    def got_gradient(self, rows: torch.Tensor) -> None:
+        if not self.done:
+            self.rows = rows
 
 
 @dataclass(frozen=True)
@@ -572,13 +586,27 @@ class Cluster:
 
     # --- training --------------------------------------------------------------------------------
     def _record(self, table: str, ids: np.ndarray, rows: torch.Tensor, lookups: np.ndarray | None = None) -> None:
+        entry = _Pending(table, ids, None, lookups, weakref.ref(rows))
+        rows.register_post_accumulate_grad_hook(entry.got_gradient)
         with self._lock:
-            self._pending.append(_Pending(table, ids, rows, lookups))
+            # lookups whose rows are gone (their output dropped, no gradient) go; the rest wait for their backward
+            self._pending = [p for p in self._pending if p.tensor() is not None]
+            self._pending.append(entry)
 
     def zero_grad(self) -> None:
-        """Drops recorded row gradients and dense gradients without pushing."""
+        """Drops the row gradients and dense gradients recorded so far without pushing.  A lookup whose backward
+        has not run yet stays recorded: its gradient, when it comes, is pushed by the next step (as
+        ``torch.optim``'s ``zero_grad`` between a forward and its backward)."""
         with self._lock:
-            self._pending.clear()
+            kept = []
+            for p in self._pending:
+                rows = p.tensor()
+                if rows is None:
+                    continue
+                rows.grad = None
+                p.rows = None  # held weakly again: its graph decides how long it lives
+                kept.append(p)
+            self._pending = kept
         for p in self._dense.values():
             p.grad = None
 
@@ -593,17 +621,28 @@ class Cluster:
         there while the other parts apply: :class:`~ecrec.client.steps.StepPartlyApplied` names both."""
         with self._lock:
             pending, self._pending = self._pending, []
-        per_table, lookups = collect(pending)
+        ready, waiting = [], []  # lookups whose gradient came; those whose backward has not run yet
+        for p in pending:
+            rows = p.tensor()
+            if rows is not None and rows.grad is not None:
+                p.rows = rows
+                ready.append(p)
+            elif rows is not None:
+                waiting.append(p)
+        per_table, lookups = collect(ready)
         with self._lock:
             m = self.map
         bad = bad_step(m, per_table, self._dense)
         with self._lock:
             if bad:
-                self._pending[:0] = pending  # kept, in order, ahead of anything recorded since
+                self._pending[:0] = ready + waiting  # kept, ahead of anything recorded since
                 raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
                                    "part of it (the gradients are kept: zero_grad() drops them)")
             self._sequence += 1
             push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
+            self._pending[:0] = waiting  # their backward comes later: the next step pushes it
+            for p in ready:  # pushed by this step (a later backward into them is not pushed again)
+                p.done, p.rows = True, None
         requests: dict[int, embedding_pb2.PushRequest] = {}
 
         def request_for(index: int) -> embedding_pb2.PushRequest:
