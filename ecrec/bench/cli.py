@@ -64,8 +64,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_arguments(args) -> str | None:
+    """What every sub-command refuses before it starts (exit 2), or None: a number that is not finite (NaN
+    passed every ``<= 0`` check -- a profile of 0 steps exited 0 -- and inf ran for ever or failed at the end),
+    and a file to write whose directory is missing or that is a directory (it failed after the whole run, the
+    figures lost)."""
+    import math
+    import os
+
+    for name, value in sorted(vars(args).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"--{name.replace('_', '-')} must be a finite number, got {value}"
+    files = [("--json", getattr(args, "json", None)), ("--plot", getattr(args, "plot", None))]
+    if getattr(args, "_module", None) is not None and args._module.__name__.endswith("results_page"):
+        files.append(("--out", getattr(args, "out", None)))
+    for flag, path in files:
+        if not isinstance(path, str) or not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            return f"{flag} {path}: is a directory; name a file to write"
+        if not os.path.isdir(folder):
+            return f"{flag} {path}: no directory {folder} to write it in (nothing was run)"
+        if not os.access(folder, os.W_OK):
+            return f"{flag} {path}: the directory {folder} cannot be written (nothing was run)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = check_arguments(args)
+    if problem is not None:
+        parser.exit(2, f"ecrec-bench {args.command if hasattr(args, 'command') else ''}: error: {problem}\n")
     from ecrec.net.transport import tune_allocator
 
     tune_allocator()  # the benchmark's client side gets what the servers get

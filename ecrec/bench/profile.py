@@ -299,12 +299,42 @@ def run(args) -> int:
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ecrec-profile-"))
     out.mkdir(parents=True, exist_ok=True)
+    kept: set[Path] = set()
+    try:
+        return _run(args, out, spy, kept)
+    finally:
+        if not args.out:  # a temporary directory: the clusters' files (checkpoints of a model's size) go
+            _remove_except(out, kept)
+
+
+def _remove_except(folder: Path, kept: set[Path]) -> None:
+    """Removes everything under ``folder`` but the files in ``kept`` (and ``folder`` itself when nothing is)."""
+    import shutil
+
+    kept = {p.resolve() for p in kept}
+    if not kept:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.resolve() in kept:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _run(args, out: Path, spy: str, kept: set[Path]) -> int:
+    from ecrec.bench import profile_runs
+
     runs = profile_runs.clusters(args)
     base = runs[0][0] if args.against else None
     reports, per_round = profile(runs, args, out, spy)
     for report in reports.values():
         print_summary(report)
     report = reports[args.strategy]
+    kept.update(Path(p) for r in reports.values() for p in r.get("sampled_files", {}).values() if p)
     for name, lines in report["sampled"].items():
         print(f"\n{name} ({report.get('sampled_files', {}).get(name, '')}):")
         print("\n".join(lines))
