@@ -161,7 +161,7 @@ def test_bad_loads_into_a_registered_mlp_change_nothing_on_the_servers(make_clus
     before = _dense_payloads(cluster)
     state = model.state_dict()
     state["mlp.0.bias"] = torch.full((4,), float("nan"))
-    with pytest.raises(ValueError, match="'0.bias' \\(dense tensor 'mlp.0.bias'.*NaN"):
+    with pytest.raises(ValueError, match="'bias' \\(dense tensor 'mlp.0.bias'.*NaN"):
         model.load_state_dict(state)
     opt = EmbeddingOptimizer(model).state_dict()
     opt["state"]["mlp.2.weight"]["sum"] = -torch.ones(1, 4)
@@ -205,6 +205,33 @@ def test_dcp_get_and_set_model_state_dict_round_trip_a_model_of_cluster_modules(
     assert torch.equal(cluster.pull("item", np.arange(300)), plain["both.embedding_bags.item.weight"])
     assert torch.equal(cluster.pull("user", np.arange(700)), plain["towers.user.weight"])
     assert not hasattr(model.towers.user, "weight") and not hasattr(model.both, "embedding_bags")
+
+
+def test_a_load_writes_only_the_registered_parameters_it_holds_and_a_copy_writes_nothing(make_cluster):
+    """What a load reaching a registered MLP writes (review of the change above): only the parameters whose keys
+    the state dict held -- a partial load (``strict=False``) wrote this worker's stale copy over another worker's
+    newer update; a load into a submodule of the registered module reaches the servers (it was undone by the next
+    step); a ``copy.deepcopy`` of the module (an EMA, a serving copy) loads locally only, and the original still
+    trains."""
+    import copy
+
+    local = make_cluster(servers=2, strategy="none")
+    a, b = Cluster.connect(local.coordinator_address), Cluster.connect(local.coordinator_address)
+    a.create_table("t", 600, 8, optimizer="sgd", lr=0.05, seed=7)
+    model_a, model_b = _dlrm(a, "sgd"), _dlrm(b, "sgd")
+    _train_dlrm(b, model_b, _batches(600, 1, seed=1))  # worker b moves the MLP on; a's copy is stale
+    newer = a.read_dense_payload("mlp.2.bias")
+    assert newer[0] != model_a.mlp[2].bias.item()  # a's copy is older
+    model_a.load_state_dict({"emb.weight": model_a.state_dict()["emb.weight"]}, strict=False)  # the table only
+    assert np.array_equal(a.read_dense_payload("mlp.2.bias"), newer)
+    five = torch.full((1,), 5.0)
+    model_a.mlp[2].load_state_dict({"weight": model_a.mlp[2].weight.detach().clone(), "bias": five})
+    assert a.read_dense_payload("mlp.2.bias")[0] == 5.0
+    ema = copy.deepcopy(model_a.mlp)
+    ema.load_state_dict({k: v + 1 for k, v in ema.state_dict().items()})
+    assert a.read_dense_payload("mlp.2.bias")[0] == 5.0 and a._dense["mlp.2.bias"] is model_a.mlp[2].bias
+    _train_dlrm(a, model_a, _batches(600, 1, seed=2))
+    assert a.read_dense_payload("mlp.2.bias")[0] != 5.0 and model_a.mlp[2].bias.grad is None  # it trains on
 
 
 def test_warm_start_from_a_tensor_an_npy_file_and_a_torch_file(shared_cluster, tmp_path):

@@ -36,33 +36,55 @@ def registered(model: torch.nn.Module) -> dict[str, tuple]:
 
 
 def watch_loads(cluster, module: torch.nn.Module, names: list[tuple[str, str]]) -> None:
-    """After each ``load_state_dict`` reaching ``module`` (itself or a model holding it), the values of its
-    registered parameters (``names``: ``(parameter name in module, dense tensor name)``) that differ from the
-    servers' are written there (their optimizer state kept), all checked before the first is written."""
+    """After each ``load_state_dict`` that reaches a registered parameter's own module (that module's, ``module``'s
+    or any model's holding it), the parameters whose keys the state dict held are written to the servers (their
+    optimizer state kept), all checked before the first is written.  ``names``: ``(parameter name in module,
+    dense tensor name)``.  A parameter the state dict did not hold is not written (the servers' value may be
+    newer than this worker's copy); a copy of the module (``copy.deepcopy``: an EMA, a serving copy) writes
+    nothing."""
     ref = weakref.ref(cluster)
+    by_owner: dict[str, list[tuple[str, str]]] = {}
+    for pname, name in names:
+        owner, _, local = pname.rpartition(".")
+        by_owner.setdefault(owner, []).append((local, name))
+    for owner_name, owned in by_owner.items():
+        owner = module.get_submodule(owner_name) if owner_name else module
+        _watch(ref, weakref.ref(owner), owned)
+
+
+def _watch(cluster_ref, owner_ref, owned: list[tuple[str, str]]) -> None:
+    loading: dict[int, list[tuple[str, str]]] = {}  # id(module) -> what the load in progress holds for it
+
+    def before_load(mod, state_dict, prefix, *_) -> None:
+        if mod is owner_ref():
+            loading[id(mod)] = [(local, name) for local, name in owned if prefix + local in state_dict]
 
     def after_load(mod, incompatible_keys) -> None:
-        client = ref()
-        if client is None or client._closed:
-            return  # a model kept for serving after its client closed loads as a plain module
-        write_loaded(client, mod, names)
+        present = loading.pop(id(mod), None)
+        client = cluster_ref()
+        if mod is not owner_ref() or not present or client is None or client._closed:
+            return  # a copy, nothing of its parameters loaded, or a model kept for serving after its client closed
+        write_loaded(client, mod, present)
 
-    module.register_load_state_dict_post_hook(after_load)
+    owner = owner_ref()
+    owner._register_load_state_dict_pre_hook(before_load, with_module=True)
+    owner.register_load_state_dict_post_hook(after_load)
 
 
 def write_loaded(cluster, module: torch.nn.Module, names: list[tuple[str, str]]) -> None:
+    """Writes the loaded values of ``module``'s parameters ``names`` (``(attribute, dense tensor)``) that differ
+    from the servers' there, every one checked first."""
     todo = []
-    for pname, name in names:
-        try:
-            param = module.get_parameter(pname)
-        except AttributeError:
+    for local, name in names:
+        param = module._parameters.get(local)
+        if param is None:
             continue  # removed from the module since: nothing of it is loaded
         if param is not cluster._dense.get(name):  # load_state_dict(assign=True) put a new Parameter there
             tag(param, cluster, name)
             cluster._dense[name] = param
         value = param.detach().to(torch.float32).cpu().numpy().reshape(-1)
         if not np.isfinite(value).all():
-            raise ValueError(f"load_state_dict: parameter {pname!r} (dense tensor {name!r} on the cluster) was given "
+            raise ValueError(f"load_state_dict: parameter {local!r} (dense tensor {name!r} on the cluster) was given "
                              "NaN or Inf; nothing was written to the servers")
         payload = cluster.read_dense_payload(name)
         if not np.array_equal(payload[:value.size].view(np.uint32), value.view(np.uint32)):

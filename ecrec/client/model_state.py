@@ -145,6 +145,11 @@ class EmbeddingOptimizer:
                 raise ValueError(f"{key!r}: {exc}") from None
             dense_todo.append((cluster, name, payload))
         extra = set(state_dict["state"]) - set(self.tables) - set(self.dense)
+        dense_extra = {key for key in extra if "dense" in groups.get(key, {})}
+        if dense_extra:  # a registered parameter's state, this model's parameter not registered: its optimizer's
+            log.warning("the optimizer state holds dense parameters this model has not registered with the cluster "
+                        "(%s): not loaded", ", ".join(sorted(dense_extra)))
+            extra -= dense_extra
         if extra:
             raise ValueError(f"the optimizer state has entries for tables or dense parameters this model does not "
                              f"hold: {sorted(extra)}")
