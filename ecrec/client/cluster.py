@@ -58,6 +58,10 @@ WARM_START_SUFFIXES = (".npy", ".pt", ".pth")
 POLL_RETRY_S = 10.0
 
 
+#: recorded lookups are looked through for dead ones (outputs dropped, no gradient) once this many are pending
+PRUNE_PENDING_AT = 64
+
+
 @dataclass(eq=False)
 class _Pending:
     """A lookup's pulled rows, waiting for their gradient: held weakly (a lookup whose output was dropped, an
@@ -145,6 +149,7 @@ class Cluster:
         self.last_lookups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.count_lookups = False
         self._pending: list[_Pending] = []
+        self._prune_at = PRUNE_PENDING_AT  # the length of _pending at which dead lookups are dropped next
         self._dense: dict[str, torch.nn.Parameter] = {}
         self._sequence = 0
         self.map: cluster_pb2.ClusterMap | None = None
@@ -589,9 +594,12 @@ class Cluster:
         entry = _Pending(table, ids, None, lookups, weakref.ref(rows))
         rows.register_post_accumulate_grad_hook(entry.got_gradient)
         with self._lock:
-            # lookups whose rows are gone (their output dropped, no gradient) go; the rest wait for their backward
-            self._pending = [p for p in self._pending if p.tensor() is not None]
             self._pending.append(entry)
+            if len(self._pending) >= self._prune_at:
+                # lookups whose rows are gone (their output dropped, no gradient) go; the rest wait for their
+                # backward.  Pruned when the list doubled: O(1) a record, however many are alive
+                self._pending = [p for p in self._pending if p.tensor() is not None]
+                self._prune_at = max(PRUNE_PENDING_AT, 2 * len(self._pending))
 
     def zero_grad(self) -> None:
         """Drops the row gradients and dense gradients recorded so far without pushing.  A lookup whose backward
