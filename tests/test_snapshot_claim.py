@@ -49,10 +49,10 @@ def test_a_claim_of_this_process_refuses_another_thread_and_is_kept_fresh(tmp_pa
     monkeypatch.setattr(claim, "REFRESH_S", 0.05)
     first = claim.take(str(tmp_path), WRITING)
     try:
-        old = time.time() - 3600
-        os.utime(tmp_path / WRITING, (old, old))
+        began = json.loads((tmp_path / WRITING).read_text())["started"]
         time.sleep(0.3)
-        assert time.time() - (tmp_path / WRITING).stat().st_mtime < 5  # refreshed while held
+        marker = json.loads((tmp_path / WRITING).read_text())
+        assert marker["refreshed"] > began and marker["started"] == began  # refreshed while held, by its clock
         with pytest.raises(claim.PathBusy, match=f"pid {os.getpid()}"):
             claim.take(str(tmp_path), WRITING)
     finally:
@@ -60,27 +60,40 @@ def test_a_claim_of_this_process_refuses_another_thread_and_is_kept_fresh(tmp_pa
 
 
 def test_a_stale_marker_of_another_host_or_of_nobody_is_taken_over(tmp_path):
-    body = {"token": "t", "host": "some-other-host", "pid": 1, "started": time.time()}
+    now = time.time()
+    body = {"token": "t", "host": "some-other-host", "pid": 1, "started": now, "refreshed": now}
     (tmp_path / WRITING).write_text(json.dumps(body))
     with pytest.raises(claim.PathBusy, match="some-other-host"):  # fresh: its holder may be writing
         claim.take(str(tmp_path), WRITING)
-    old = time.time() - claim.STALE_S - 5
-    os.utime(tmp_path / WRITING, (old, old))
+    body["refreshed"] = now - claim.STALE_S - 5
+    (tmp_path / WRITING).write_text(json.dumps(body))
     claim.take(str(tmp_path), WRITING).release()  # not refreshed for STALE_S: gone
+    body = {"token": "t", "host": claim.socket.gethostname(), "pidns": "pid:[another container]", "pid": 1,
+            "started": now, "refreshed": time.time()}
+    (tmp_path / WRITING).write_text(json.dumps(body))
+    with pytest.raises(claim.PathBusy):  # a pid of another pid namespace is not asked here: fresh, alive
+        claim.take(str(tmp_path), WRITING)
     (tmp_path / WRITING).write_bytes(b"")  # an earlier release's marker names nobody
     taken = claim.take(str(tmp_path), WRITING)
     assert taken.held()
     taken.release()
 
 
-def test_a_save_whose_path_was_taken_over_does_not_complete_nor_remove_the_new_holders_marker(tmp_path):
+def test_a_save_whose_path_was_taken_over_does_not_complete_nor_remove_the_new_holders_marker(tmp_path,
+                                                                                          monkeypatch):
+    """... nor keeps the new holder's marker fresh (its refresher touched whatever marker was there, so a new
+    holder that died was never stale while this process lived)."""
+    monkeypatch.setattr(claim, "REFRESH_S", 0.05)
     mine = claim.take(str(tmp_path), WRITING)
-    mine._stop.set()  # frozen: no refresh
-    (tmp_path / WRITING).write_text(json.dumps({"token": "other", "host": "h", "pid": 7, "started": 0}))
+    other = {"token": "other", "host": "h", "pid": 7, "started": 0, "refreshed": time.time() - 100}
+    (tmp_path / WRITING).write_text(json.dumps(other))
     with pytest.raises(claim.PathBusy, match="taken over by pid 7 on h"):
         mine.check()
+    time.sleep(0.3)
+    assert json.loads((tmp_path / WRITING).read_text()) == other  # not refreshed from here
+    assert not mine._refresher.is_alive()
     mine.release()
-    assert json.loads((tmp_path / WRITING).read_text())["token"] == "other"
+    assert json.loads((tmp_path / WRITING).read_text()) == other
 
 
 def test_many_claims_at_once_one_wins(tmp_path):

@@ -2,11 +2,14 @@
 
 A save puts its marker beside the files before it writes any (created exclusively: a hard link of a file
 already written whole, so that no other save ever reads it half written), naming who holds it -- a token, the
-host, the pid, when it began -- and keeps it fresh (its modification time) every :data:`REFRESH_S` while it
-writes.  A second save to the path is refused while the marker's holder lives.  A holder is gone when the
-marker names a process of this host that no longer runs, when it was not refreshed for :data:`STALE_S`, or when
-it names nobody (an empty marker, as earlier releases wrote): that is an interrupted save, taken over, its files
-written over.  Before its manifest, and when it lets go, a save checks the marker is still its own.
+host and its pid namespace, the pid, when it began -- and keeps it fresh (the time of its last refresh, by its
+own clock) every :data:`REFRESH_S` while it writes.  A second save to the path is refused while the marker's
+holder lives.  A holder is gone when the marker names a process of this host (and pid namespace) that no longer
+runs, when it was not refreshed for :data:`STALE_S` (hosts' clocks must agree within that), or when it names
+nobody (an empty marker, as earlier releases wrote): that is an interrupted save, taken over, its files written
+over.  Before its manifest, and when it lets go, a save checks the marker is still its own.  On a URL (an object
+store without exclusive creation) the marker is written, then read back: two saves starting within one write of
+each other may both go on, and are told at their manifests.
 """
 
 from __future__ import annotations
@@ -39,16 +42,10 @@ def _holder(path: str, name: str) -> tuple[dict | None, float | None]:
             import fsspec
 
             fs, target = fsspec.core.url_to_fs(snapshot_files.join(path, name))
-            info = fs.info(target)
-            mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
-            age = time.time() - mtime.timestamp() if hasattr(mtime, "timestamp") else (
-                time.time() - float(mtime) if mtime is not None else 0.0)
             with fs.open(target, "rb") as f:
                 data = f.read()
         else:
-            target = os.path.join(path, name)
-            age = time.time() - os.stat(target).st_mtime
-            with open(target, "rb") as f:
+            with open(os.path.join(path, name), "rb") as f:
                 data = f.read()
     except FileNotFoundError:
         return None, None
@@ -56,14 +53,21 @@ def _holder(path: str, name: str) -> tuple[dict | None, float | None]:
         holder = json.loads(data.decode()) if data else None
     except (UnicodeDecodeError, ValueError):
         holder = None
-    return (holder if isinstance(holder, dict) and isinstance(holder.get("token"), str) else None), max(age, 0.0)
+    if not (isinstance(holder, dict) and isinstance(holder.get("token"), str)):
+        return None, 0.0  # names nobody: an earlier release's empty marker, or not a marker
+    # the holder's own clock, written into the marker at each refresh: no file system's modification time (an
+    # NFS client caches them for up to a minute; object stores name them differently, or not at all)
+    refreshed = holder.get("refreshed", holder.get("started"))
+    age = time.time() - refreshed if isinstance(refreshed, (int, float)) else STALE_S + 1.0
+    return holder, max(age, 0.0)
 
 
 def _alive(holder: dict | None, age: float) -> bool:
     """Whether the save a marker names may still be writing."""
     if holder is None or age > STALE_S:
         return False
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+    if (holder.get("host") == socket.gethostname() and holder.get("pidns") == _pid_namespace()
+            and isinstance(holder.get("pid"), int)):  # a pid of this host's, in this pid namespace: asked
         try:
             os.kill(holder["pid"], 0)
         except ProcessLookupError:
@@ -91,19 +95,26 @@ class Claim:
     def _refresh(self) -> None:
         while not self._stop.wait(REFRESH_S):
             try:
-                if snapshot_files.is_url(self.path):
-                    holder, _ = _holder(self.path, self.name)
-                    if holder is not None and holder["token"] == self.token:
-                        snapshot_files.write_atomically(self.path, self.name, _body(self.token))
-                else:
-                    os.utime(os.path.join(self.path, self.name))
+                holder, _ = _holder(self.path, self.name)
+                if holder is None or holder["token"] != self.token:
+                    return  # taken over (this save stalled): the new holder's marker is not refreshed from here
+                snapshot_files.write_atomically(self.path, self.name,
+                                                _body(self.token, holder.get("started")))
             except OSError:
                 pass  # a store that cannot be reached now: held checks the marker before the manifest
 
     def held(self) -> bool:
-        """Whether the marker still names this save (no other save took the path over meanwhile)."""
-        holder, _ = _holder(self.path, self.name)
+        """Whether the marker still names this save (no other save took the path over meanwhile); False when it
+        cannot be read (this save cannot tell: it writes no manifest, removes nothing)."""
+        try:
+            holder, _ = _holder(self.path, self.name)
+        except OSError:
+            return False
         return holder is not None and holder["token"] == self.token
+
+    def abandon(self) -> None:
+        """Stops refreshing, leaving the marker as it is (another save's now, or out of reach)."""
+        self._stop.set()
 
     def check(self) -> None:
         if not self.held():
@@ -120,9 +131,18 @@ class Claim:
             snapshot_files.remove(self.path, self.name)
 
 
-def _body(token: str) -> bytes:
-    return json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid(),
-                       "started": time.time()}).encode()
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[4026531836]``): two containers of one host name do not share pids."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _body(token: str, started: float | None = None) -> bytes:
+    now = time.time()
+    return json.dumps({"token": token, "host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid(),
+                       "started": now if started is None else started, "refreshed": now}).encode()
 
 
 def take(path: str, name: str) -> Claim:

@@ -122,9 +122,17 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         return _save(cluster, path, on_progress, chunk_bytes, t0, importer, claim)
     except BaseException:
         if not claim.held():
+            claim.abandon()
             raise  # another save holds the path now (this one stalled): its files are not this save's to take
-        if snapshot_files.exists(path, MANIFEST):
-            claim.release()
+        try:
+            whole = snapshot_files.exists(path, MANIFEST)
+        except OSError:
+            whole = False  # out of reach: what failed is said, not this
+        if whole:
+            try:
+                claim.release()
+            except OSError:
+                claim.abandon()
             raise  # written whole (what failed came after): a snapshot, kept
         # a save that failed (refused, a server gone, a full disk) takes back what it wrote: its servers' files,
         # its marker, the directory it made (nothing it did not write; a server still writing ends by its deadline)
@@ -230,7 +238,10 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
     manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
     snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
-    claim.release()
+    try:
+        claim.release()
+    except OSError as exc:  # the snapshot is whole: a marker left is taken over by the next save
+        log.warning("snapshot to %s written; removing %s: %s", path, WRITING, _os_error(exc))
     if on_progress is not None:
         on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
