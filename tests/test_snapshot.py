@@ -464,6 +464,12 @@ def test_periodic_snapshots_keep_the_newest_and_restore_from_a_file_url(make_clu
     again.snapshot_every(2, url, keep=2)
     _train(again, _batches(2))
     assert sorted(p.name for p in (tmp_path / "periodic").iterdir()) == ["step-000000008", "step-000000010"]
+    # a job restored from step-10 that trains a step before it sets its schedule: its steps count from step-10
+    third = Cluster.connect(local.coordinator_address)
+    _train(third, _batches(1))
+    third.snapshot_every(2, url, keep=2)
+    _train(third, _batches(1))
+    assert sorted(p.name for p in (tmp_path / "periodic").iterdir()) == ["step-000000010", "step-000000012"]
 
 
 def test_a_coordinator_restores_a_snapshot_when_its_servers_are_up(make_cluster, tmp_path):

@@ -140,6 +140,7 @@ class Cluster:
         self._keeper = IdleKeeper(self, self.config.idle_poll_s)
         self.steps_done = 0  # step() calls that returned
         self._periodic = None  # snapshot_every's schedule
+        self._snapshot_bases: dict[str, int] = {}  # snapshot_every's numbering, per directory (set again: goes on)
         #: the gradient (float32, flattened) the last acknowledged step() pushed to each dense tensor: a checkpoint
         #: driver keeps the dense parameters from these (CPR keeps them on its trainers)
         self.last_dense_grads: dict[str, np.ndarray] = {}
@@ -697,7 +698,12 @@ class Cluster:
         failures than the code tolerates: :func:`ecrec.snapshot.latest` and :meth:`load`."""
         from ecrec.snapshot.cluster import Periodic
 
-        self._periodic = Periodic(steps, str(directory), keep, on_progress, self.steps_done) if steps else None
+        if not steps:
+            self._periodic = None
+            return
+        # the same directory again: its numbering goes on (this client's steps are in its snapshots' names already)
+        self._periodic = Periodic(steps, str(directory), keep, on_progress, self._snapshot_bases.get(str(directory)))
+        self._snapshot_bases[str(directory)] = self._periodic.base
 
     def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries

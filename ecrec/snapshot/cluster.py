@@ -818,7 +818,7 @@ class Periodic:
     """``Cluster.snapshot_every``: a snapshot every ``steps`` steps into ``directory/step-<n>``, the newest
     ``keep`` complete ones kept (an incomplete one, a save cut short, is removed with the old)."""
 
-    def __init__(self, steps: int, directory: str, keep: int = 2, on_progress=None, steps_done: int = 0):
+    def __init__(self, steps: int, directory: str, keep: int = 2, on_progress=None, base: int | None = None):
         for name, value in (("steps", steps), ("keep", keep)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"snapshot_every: {name} must be a whole number, at least 1, got {value!r}")
@@ -833,10 +833,11 @@ class Periodic:
                         _os_error(exc))
             names = []
         # numbered on from what the directory holds: a job restored from step-40 and training on writes
-        # step-50, step-60 (never below an older run's snapshots, which pruning would keep instead); the steps
-        # this client already made (``steps_done``, a schedule set again) are not counted twice
+        # step-50, step-60 (never below an older run's snapshots, which pruning would keep instead); a schedule
+        # this client set again on the same directory goes on with its numbering (``base``: its steps are not
+        # counted twice)
         newest = max((_step_of(n) for n in names if _step_of(n) is not None), default=0)
-        self.base = max(0, newest - int(steps_done))
+        self.base = newest if base is None else int(base)
 
     def after_step(self, cluster, step: int) -> dict | None:
         if step % self.steps:
