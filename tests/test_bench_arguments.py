@@ -30,6 +30,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
     (["profile", "--strategy", "full", "--rows", "3", "--no-py-spy"], "needs an interval"),
     (["recovery", "--rows", "10", "--failures", "2"], "--failures needs --during-training"),
     (["codec", "--k", "0", "--size-mib", "1"], "--k and --m must be at least 1"),
+    (["compare", "--strategies", "none,ecrec,none"], "--strategies lists a strategy twice"),
 ])
 def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
     assert cli.main(argv) == 2
@@ -59,6 +60,14 @@ def test_numbers_that_are_not_finite_and_files_that_cannot_be_written_are_refuse
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert says.replace("{tmp}", str(tmp_path)) in err and "Traceback" not in err, err
+
+
+@pytest.mark.cluster
+def test_a_snapshot_bench_whose_servers_cannot_write_says_so_in_one_line(capsys):
+    """``snapshot --dir /proc``: a traceback of the SDK's SnapshotError; now its message, exit 1."""
+    assert cli.main(["snapshot", "--rows", "200", "--dim", "4", "--dir", "/proc"]) == 1
+    err = capsys.readouterr().err
+    assert "ecrec-bench snapshot: snapshot to /proc/snapshot" in err and "Traceback" not in err, err
 
 
 @pytest.mark.cluster

@@ -303,6 +303,9 @@ def run(args) -> int:
     if unknown:
         print(f"ecrec-bench compare: unknown strategies {unknown}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
+    if len(set(strategies)) < len(strategies):  # one run printed twice, as if two
+        print("ecrec-bench compare: --strategies lists a strategy twice", file=sys.stderr)
+        return 2
     erasure = [s for s in strategies if _kind(s) == "erasure"]
     if erasure and (cfg["k"] < 1 or cfg["m"] < 1):
         print(f"ecrec-bench compare: --k and --m must be at least 1 for {', '.join(erasure)} (got k={cfg['k']}, "

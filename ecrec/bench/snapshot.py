@@ -182,6 +182,7 @@ def print_summary(out: dict) -> None:
 def run(args) -> int:
     from ecrec.client import Cluster
     from ecrec.config import ClientConfig
+    from ecrec.snapshot import SnapshotError
 
     if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
         print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
@@ -265,6 +266,9 @@ def run(args) -> int:
             out["parity_mismatched"] = int(sum(r["mismatched"] for r in checked.values()))
         out["failures_declared"] = sum(1 for e in target.refresh_map().events if e.kind == "failed")
         target.close()
+    except SnapshotError as exc:  # a place the servers cannot write (--dir /proc), or read back: said, no traceback
+        print(f"ecrec-bench snapshot: {exc}", file=sys.stderr)
+        return 1
     finally:
         for local in (source_local, target_local):
             if local is not None:
