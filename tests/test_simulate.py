@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -203,6 +204,11 @@ def test_sources_prefer_driver_and_stats_and_clamp():
 def test_not_a_compare_report():
     with pytest.raises(ValueError, match="strategies"):
         simulate.inputs_from_compare({"config": {}})
+    # a recovery report has strategies too: it was read, its target PLS taken as the compare run's
+    recovery = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" / "recovery-default.json")
+                          .read_text())
+    with pytest.raises(ValueError, match="no 'reference' run"):
+        simulate.inputs_from_compare(recovery)
 
 
 # --- CLI end to end ------------------------------------------------------------------------------------

@@ -518,6 +518,9 @@ def inputs_from_compare(report: dict) -> tuple[dict[str, Input], list[str]]:
     """
     if not isinstance(report, dict) or not isinstance(report.get("strategies"), dict):
         raise ValueError("not a compare report: no 'strategies' object")
+    if not isinstance(report.get("reference"), dict):  # a recovery report has strategies too, and no reference run
+        raise ValueError("not a compare report: no 'reference' run (a recovery or other report? simulate reads "
+                         "ecrec-bench compare's JSON)")
     cfg = report.get("config") or {}
     st = {k: v for k, v in report["strategies"].items() if isinstance(v, dict)}
     ref = report.get("reference") or {}
