@@ -33,7 +33,8 @@ bytes / bandwidth over the measured persisted saves of different sizes (:func:`f
 the fit and its points are printed and written to the JSON); loads and ECRec's rebuild are fitted the
 same way.  ``cpr``, ``cpr-mfu`` and ``cpr-ssu`` each report CPR's plan, the lower of their partial and
 full recovery overheads (``plan``).  ECRec's parity overhead is ``parity_s_per_update x
-updates_per_server_s`` (a pooled median over every paired round of the current runs), and it pays for
+updates_per_server_s`` (a pooled median over every paired round of the current runs, at their m = 1; scaled by
+``m``: a delta to each parity row), and it pays for
 data loss: ``m + 1`` failures in one stripe during a rebuild (:func:`data_loss_probability`, from the
 per-server MTBF, the rebuild time and the layout of ``ecrec/coding/layout.py``), bounded by periodic snapshots
 at Daly's interval for the loss rate (:func:`snapshot_fallback`, rates of ``ecrec-bench snapshot``).
@@ -324,7 +325,8 @@ def simulate_row_fit(servers: int, mtbf_hours: float, model_bytes: float, inputs
     (a save costs its whole persisted write: on the measured runs that write competes with training);
     ``o_load = load_latency_s + shard / load_bytes_per_s``.  ``cpr``, ``cpr-mfu`` and ``cpr-ssu`` each report
     CPR's plan: the lower of their partial-recovery overhead and full recovery's (``plan``).  ECRec:
-    ``parity = parity_s_per_update x updates_per_server_s``; per failure the reschedule and the part of the
+    ``parity = parity_s_per_update x updates_per_server_s x m / PARITY_MEASURED_M`` (a delta to each of m parity
+    rows); per failure the reschedule and the part of the
     rebuild (``rebuild_latency_s + shard (1 + m/k) / rebuild_bytes_per_s``) training does not overlap; plus the
     data loss of ``m + 1`` failures in a stripe during the rebuild (:func:`data_loss_probability`) and the
     periodic snapshots that bound its cost (:func:`snapshot_fallback`).
@@ -374,7 +376,9 @@ def simulate_row_fit(servers: int, mtbf_hours: float, model_bytes: float, inputs
                      "o_save_stall_s": o_stall}
 
     rebuild_s = v["rebuild_latency_s"] + shard * (1.0 + m / k) / v["rebuild_bytes_per_s"]
-    parity = v["parity_s_per_update"] * v["updates_per_server_s"]
+    # each row update sends its delta to m parity rows and is applied there: the measured cost (its runs kept
+    # RS(k, PARITY_MEASURED_M)) scales with m, none with m = 0 (and every failure then loses data)
+    parity = v["parity_s_per_update"] * v["updates_per_server_s"] * m / PARITY_MEASURED_M
     base = ecrec_overhead(parity, o_res, rebuild_s, v["recovery_throughput_ratio"], mtbf)
     p_loss = data_loss_probability(rebuild_s, server_mtbf, k, m, n)
     o_snap = capped(shard / v["snapshot_bytes_per_s"], model_bytes)
@@ -387,6 +391,11 @@ def simulate_row_fit(servers: int, mtbf_hours: float, model_bytes: float, inputs
                    "note": "every failure loses the failed shard's state"}
     return {"servers": n, "job_mtbf_s": mtbf, "shard_bytes": shard, "failures_per_day": 86400.0 / mtbf,
             "basis": "fit", "strategies": out}
+
+
+#: the m of the runs ``parity_s_per_update`` was measured on (every recorded compare, recovery and profile run
+#: keeps RS(2, 1)); the fit basis scales ECRec's parity cost by ``m / PARITY_MEASURED_M``
+PARITY_MEASURED_M = 1
 
 
 # --- ECRec's data loss (m + 1 failures in one stripe during a rebuild) and its snapshot fallback -------------
@@ -1180,7 +1189,8 @@ def print_report(config: dict, inputs: dict[str, Input], notes: list[str], rows:
     if basis == "fit":
         print("\ncost basis 'fit': every checkpointing strategy saves at o_save = save_latency_s + shard / "
               "save_fit_bytes_per_s (its whole persisted write); ECRec's parity = parity_s_per_update x "
-              "updates_per_server_s; cpr, cpr-mfu, cpr-ssu each take CPR's plan (min of partial and full recovery)")
+              f"updates_per_server_s x m / {PARITY_MEASURED_M} (the measured runs' m); cpr, cpr-mfu, cpr-ssu each "
+              "take CPR's plan (min of partial and full recovery)")
     for key, fit in (fits or {}).items():
         if isinstance(fit, dict) and "latency_s" in fit:
             print(f"  fit {key:<8} {fit['latency_s'] * 1e3:8.1f} ms + bytes / {fit['bytes_per_s'] / MB:7.1f} MB/s over "
