@@ -31,6 +31,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
     (["recovery", "--rows", "10", "--failures", "2"], "--failures needs --during-training"),
     (["codec", "--k", "0", "--size-mib", "1"], "--k and --m must be at least 1"),
     (["compare", "--strategies", "none,ecrec,none"], "--strategies lists a strategy twice"),
+    (["simulate", "--from-results", str(RESULTS / "compare-quick.json")], "a file, not a directory of result files"),
 ])
 def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
     assert cli.main(argv) == 2
@@ -68,6 +69,20 @@ def test_a_snapshot_bench_whose_servers_cannot_write_says_so_in_one_line(capsys)
     assert cli.main(["snapshot", "--rows", "200", "--dim", "4", "--dir", "/proc"]) == 1
     err = capsys.readouterr().err
     assert "ecrec-bench snapshot: snapshot to /proc/snapshot" in err and "Traceback" not in err, err
+
+
+@pytest.mark.cluster
+def test_recovery_removes_the_checkpoints_it_wrote_under_a_work_dir_unless_kept(tmp_path):
+    """``recovery --work-dir DIR`` left ``DIR/ckpt-full/...`` (a model's size) although only ``--keep`` keeps
+    what a run writes; now they go, and what DIR held before stays."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.txt").write_text("kept")
+    argv = ["recovery", "--rows", "2000", "--dim", "4", "--strategies", "full", "--work-dir", str(work)]
+    assert cli.main(argv) == 0
+    assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]
+    assert cli.main([*argv, "--keep"]) == 0
+    assert "mine.txt" in {p.name for p in work.iterdir()} and len(list(work.iterdir())) > 1
 
 
 @pytest.mark.cluster

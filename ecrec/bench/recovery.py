@@ -116,7 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG: restore rates, and with --during-training the "
                                                   "throughput around the failure")
     p.add_argument("--work-dir", help="where checkpoints go (default: a temporary directory)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--keep", action="store_true",
+                   help="keep what the run wrote: the temporary work directory, or the checkpoints under --work-dir "
+                        "(removed by default; the --work-dir itself and what it held before always stay)")
 
 
 # --- checks ---------------------------------------------------------------------------------------------------------
@@ -419,6 +421,7 @@ def run(args) -> int:
     model = args.tables * args.rows * row_bytes
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-recovery-"))
     work.mkdir(parents=True, exist_ok=True)
+    there_before = {p.name for p in work.iterdir()}  # a --work-dir's own files are never removed
     print(f"ecrec-bench recovery: {args.tables} table(s) x {args.rows:,} rows x {args.dim} ({args.optimizer}, "
           f"{row_bytes} B per row, {model / 1e6:,.0f} MB; {model / args.servers / 1e6:,.0f} MB per server), "
           f"{args.servers} servers + 1 standby, kill server {args.fail_server}"
@@ -437,6 +440,10 @@ def run(args) -> int:
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
+        elif not args.keep:  # --work-dir: what this run wrote there (the checkpoints) goes, the directory stays
+            for path in work.iterdir():
+                if path.name not in there_before:
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     _memory_over_none(rows)
     costs = _costs(rows, args, model) if args.during_training else {}
     print_report(rows, args.during_training, costs)

@@ -1109,6 +1109,9 @@ def resolve_inputs(args) -> tuple[dict[str, Input], list[str]]:
     if getattr(args, "from_results", None):
         import os
 
+        if os.path.exists(args.from_results) and not os.path.isdir(args.from_results):
+            raise ValueError(f"--from-results {args.from_results}: a file, not a directory of result files (a "
+                             "compare report goes to --from-compare)")
         if not os.path.isdir(args.from_results):
             raise FileNotFoundError(args.from_results)
         found, _ = measured_results(args.from_results)
