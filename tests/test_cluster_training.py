@@ -271,3 +271,29 @@ def test_lookups_whose_output_was_dropped_are_not_kept(make_cluster):
     cluster.step()
     sgd.step()
     np.testing.assert_allclose(cluster.read_table("t"), plain.weight.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_step_whose_check_fails_keeps_every_gradient(make_cluster, monkeypatch):
+    """An exception out of judging a step's gradients (before anything is sent) dropped every recorded lookup:
+    the next step pushed nothing.  Now they are kept, and the next step pushes them."""
+    from ecrec.client import cluster as cluster_module
+
+    cluster = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    weights, plain, sgd = _reference(100, 4)
+    cluster.create_table("t", 100, 4, optimizer="sgd", lr=0.1, init=weights.clone())
+    bag = EmbeddingBag(cluster, "t")
+    ids, offsets = torch.arange(0, 40, 3), torch.arange(0, 14, 7)
+    bag(ids, offsets).square().sum().backward()
+    plain(ids, offsets).square().sum().backward()
+    real = cluster_module.bad_step
+
+    def failing(*args):
+        raise RuntimeError("the check failed")
+
+    monkeypatch.setattr(cluster_module, "bad_step", failing)
+    with pytest.raises(RuntimeError, match="the check failed"):
+        cluster.step()
+    monkeypatch.setattr(cluster_module, "bad_step", real)
+    assert cluster.step()["rows"] > 0
+    sgd.step()
+    np.testing.assert_allclose(cluster.read_table("t"), plain.weight.detach().numpy(), rtol=1e-6, atol=1e-6)

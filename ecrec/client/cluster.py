@@ -638,10 +638,15 @@ class Cluster:
                 ready.append(p)
             elif rows is not None:
                 waiting.append(p)
-        per_table, lookups = collect(ready)
-        with self._lock:
-            m = self.map
-        bad = bad_step(m, per_table, self._dense)
+        try:
+            per_table, lookups = collect(ready)
+            with self._lock:
+                m = self.map
+            bad = bad_step(m, per_table, self._dense)
+        except BaseException:  # judging the gradients failed: nothing was sent, every lookup is kept
+            with self._lock:
+                self._pending[:0] = ready + waiting
+            raise
         with self._lock:
             if bad:
                 self._pending[:0] = ready + waiting  # kept, ahead of anything recorded since
@@ -669,7 +674,7 @@ class Cluster:
         for name, param in self._dense.items():
             if param.grad is None:
                 continue
-            dense_grads[name] = param.grad.detach().to(torch.float32).numpy().reshape(-1)  # grad is dropped below
+            dense_grads[name] = param.grad.detach().to(torch.float32).cpu().numpy().reshape(-1)  # dropped below
             request_for(self.layout.dense_servers(name)[0]).dense.add(
                 name=name, value=transport.floats_to_bytes(dense_grads[name]))
             param.grad = None

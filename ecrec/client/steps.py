@@ -83,7 +83,7 @@ def collect(pending) -> tuple[dict[str, tuple[list, list]], dict[str, list]]:
 def bad_step(cluster_map, per_table: dict, dense_params: dict) -> list[str]:
     """:func:`bad_gradients` of a step: its tables' gradients (:func:`collect`) and its dense parameters', judged
     by the specs of ``cluster_map``."""
-    dense = {name: param.grad.detach().to(torch.float32).numpy() for name, param in dense_params.items()
+    dense = {name: param.grad.detach().to(torch.float32).cpu().numpy() for name, param in dense_params.items()
              if param.grad is not None}
     specs = {t.name: t for t in cluster_map.tables} if cluster_map else {}
     dense_specs = {d.name: d for d in cluster_map.dense} if cluster_map else {}
