@@ -170,3 +170,14 @@ def test_a_snapshot_path_every_server_cannot_reach_alike_is_refused_and_nothing_
         assert list(tmp_path.iterdir()) == []
     finally:
         client.close()
+
+
+def test_recoverys_cost_table_says_why_it_is_empty_without_none(capsys):
+    """Without ``none`` in the run every cost cell is ``-`` and nothing said why (only ``--help`` did)."""
+    from ecrec.bench import recovery
+
+    report = json.loads((RESULTS / "recovery-4m-through-1.json").read_text())
+    rows = list(report["strategies"].values())
+    assert [r["strategy"] for r in rows] == ["ecrec"]
+    recovery.print_report(rows, True, report["cost_per_day"])
+    assert "no 'none' run here: no overhead, so no cost (add none to --strategies)" in capsys.readouterr().out

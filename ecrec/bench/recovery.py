@@ -503,7 +503,10 @@ def print_report(rows: list[dict], during_training: bool, costs: dict) -> None:
         print_rows(rows, TRAINING_COLUMNS)
     _print_ratios(rows, during_training)
     if during_training:
-        print_cost_tables(costs, COST_NOTE)
+        note = COST_NOTE
+        if not any(r["strategy"] == "none" for r in rows):  # every overhead is a '-': say why
+            note += "; no 'none' run here: no overhead, so no cost (add none to --strategies)"
+        print_cost_tables(costs, note)
 
 
 def _how_much_sooner(ours: float, theirs: float) -> str:
