@@ -442,8 +442,12 @@ def run(args) -> int:
             shutil.rmtree(work, ignore_errors=True)
         elif not args.keep:  # --work-dir: what this run wrote there (the checkpoints) goes, the directory stays
             for path in work.iterdir():
-                if path.name not in there_before:
-                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                if path.name in there_before:
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
     _memory_over_none(rows)
     costs = _costs(rows, args, model) if args.during_training else {}
     print_report(rows, args.during_training, costs)

@@ -643,15 +643,14 @@ class Cluster:
             with self._lock:
                 m = self.map
             bad = bad_step(m, per_table, self._dense)
-        except BaseException:  # judging the gradients failed: nothing was sent, every lookup is kept
-            with self._lock:
-                self._pending[:0] = ready + waiting
-            raise
-        with self._lock:
             if bad:
-                self._pending[:0] = ready + waiting  # kept, ahead of anything recorded since
                 raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
                                    "part of it (the gradients are kept: zero_grad() drops them)")
+        except BaseException:  # refused, or judging the gradients failed: nothing was sent, every lookup is kept
+            with self._lock:
+                self._pending[:0] = ready + waiting  # ahead of anything recorded since
+            raise
+        with self._lock:
             self._sequence += 1
             push_id = embedding_pb2.PushId(worker=self.worker, sequence=self._sequence, incarnation=self.incarnation)
             self._pending[:0] = waiting  # their backward comes later: the next step pushes it

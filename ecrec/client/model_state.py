@@ -68,15 +68,13 @@ class EmbeddingOptimizer:
             spec = cluster.table_spec(table)
             state[key] = {} if spec.state_width == 0 else {
                 "step": torch.tensor(0.0), "sum": torch.from_numpy(cluster.read_table(table, "state"))}
-            groups.append({"params": [key], "table": table, "optimizer": spec.optimizer, "lr": spec.lr,
-                           "eps": spec.eps, "initial_accumulator_value": spec.initial_accumulator_value})
+            groups.append(_group(key, spec, table=table))
         for key, (cluster, name) in self.dense.items():
             spec = cluster.dense_spec(name)
             state[key] = {} if spec.state_width == 0 else {
                 "step": torch.tensor(0.0),
                 "sum": torch.from_numpy(cluster.read_dense_payload(name)[spec.numel:].reshape(_dense_state_shape(spec)))}
-            groups.append({"params": [key], "dense": name, "optimizer": spec.optimizer, "lr": spec.lr,
-                           "eps": spec.eps, "initial_accumulator_value": spec.initial_accumulator_value})
+            groups.append(_group(key, spec, dense=name))
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -101,14 +99,8 @@ class EmbeddingOptimizer:
             entry = state_dict["state"][key]
             if spec.state_width == 0:
                 continue
-            value = entry.get("sum") if isinstance(entry, dict) else None
-            if isinstance(value, torch.Tensor):  # floating tensors as float32 (bfloat16 has no numpy form)
-                value = value.detach().cpu()
-                value = (value.to(torch.float32) if value.is_floating_point() else value).numpy()
-            shape = (spec.num_rows, spec.dim * spec.state_width)
-            if value is None or tuple(getattr(value, "shape", ())) != shape:
-                raise ValueError(f"{key!r} (cluster table {table!r}): the saved state must have shape {shape}, "
-                                 f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
+            value = _saved_sum(entry, (spec.num_rows, spec.dim * spec.state_width),
+                               f"{key!r} (cluster table {table!r})")
             try:
                 check_values(spec, value, "state")  # finite, accumulators >= 0: before any write
             except ValueError as exc:
@@ -127,15 +119,8 @@ class EmbeddingOptimizer:
                                  f"{groups[key].get('optimizer')!r}, the tensor trains with {spec.optimizer!r}")
             if spec.state_width == 0:
                 continue
-            entry = state_dict["state"][key]
-            value = entry.get("sum") if isinstance(entry, dict) else None
-            if isinstance(value, torch.Tensor):
-                value = value.detach().cpu()
-                value = (value.to(torch.float32) if value.is_floating_point() else value).numpy()
-            shape = _dense_state_shape(spec)
-            if value is None or tuple(getattr(value, "shape", ())) != shape:
-                raise ValueError(f"{key!r} (dense tensor {name!r}): the saved state must have shape {shape}, "
-                                 f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
+            value = _saved_sum(state_dict["state"][key], _dense_state_shape(spec),
+                               f"{key!r} (dense tensor {name!r})")
             payload = cluster.read_dense_payload(name)
             with np.errstate(over="ignore", invalid="ignore"):
                 payload[spec.numel:] = np.asarray(value, dtype=np.float32).reshape(-1)
@@ -157,6 +142,25 @@ class EmbeddingOptimizer:
             cluster.write_rows(table, np.arange(value.shape[0]), value, what="state", checked=True)
         for cluster, name, payload in dense_todo:
             cluster.write_dense(name, payload)
+
+
+def _group(key: str, spec, **holder) -> dict:
+    """A param group of the state dict: one table's or dense tensor's key and its optimizer settings."""
+    return {"params": [key], **holder, "optimizer": spec.optimizer, "lr": spec.lr, "eps": spec.eps,
+            "initial_accumulator_value": spec.initial_accumulator_value}
+
+
+def _saved_sum(entry, shape: tuple[int, ...], what: str):
+    """The accumulators a state entry saved (``entry["sum"]``), floating tensors as float32 (bfloat16 has no numpy
+    form); ``ValueError`` naming ``what`` when they are missing or not of ``shape``."""
+    value = entry.get("sum") if isinstance(entry, dict) else None
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        value = (value.to(torch.float32) if value.is_floating_point() else value).numpy()
+    if value is None or tuple(getattr(value, "shape", ())) != shape:
+        raise ValueError(f"{what}: the saved state must have shape {shape}, "
+                         f"got {None if value is None else tuple(getattr(value, 'shape', ()))}")
+    return value
 
 
 def _dense_state_shape(spec) -> tuple[int, ...]:

@@ -20,7 +20,6 @@ from google.protobuf.message import DecodeError
 from ecrec.control.etcd import (EtcdClient, EtcdError, EtcdTLS, Election, etcd_url, get_op, modified_at, parse_etcd_url, put_op,
                         value_is)
 from ecrec.control.etcd_lease import servers_prefix
-
 from ecrec.wire import coordinator_pb2
 
 log = logging.getLogger("ecrec.state_store")

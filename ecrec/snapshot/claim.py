@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import socket
 import threading
@@ -23,6 +24,8 @@ import time
 import uuid
 
 from ecrec.snapshot import files as snapshot_files
+
+log = logging.getLogger("ecrec.snapshot")
 
 #: a marker not refreshed for this long is an interrupted save's (its holder on another host, or frozen) (s)
 STALE_S = 30.0
@@ -124,11 +127,16 @@ class Claim:
                            "this save did not complete")
 
     def release(self) -> None:
-        """Stops refreshing and removes the marker if it is still this save's."""
+        """Stops refreshing and removes the marker if it is still this save's; a marker that cannot be removed (the
+        store out of reach) is logged and left: the next save takes it over once it is stale."""
         self._stop.set()
         self._refresher.join()
         if self.held():
-            snapshot_files.remove(self.path, self.name)
+            try:
+                snapshot_files.remove(self.path, self.name)
+            except OSError as exc:
+                log.warning("%s: the in-progress marker %s could not be removed (%s); the next save takes it over",
+                            self.path, self.name, exc.strerror or exc)
 
 
 def _pid_namespace() -> str | None:

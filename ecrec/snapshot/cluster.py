@@ -88,9 +88,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     made_dir = not snapshot_files.is_url(path) and not os.path.isdir(path)  # removed again if the save fails
     claim = None
     try:
-        if snapshot_files.exists(path, MANIFEST) and not overwrite:
-            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
-                                "(ecrec-server snapshot --overwrite)")
+        _refuse_a_snapshot_there(path, overwrite)
         present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
         if present and not (snapshot_files.exists(path, MANIFEST) or snapshot_files.exists(path, WRITING)):
             raise SnapshotError(f"{path} holds checkpoint files no save of ECRec wrote ({', '.join(present[:4])}"
@@ -98,17 +96,11 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                                 "nothing was changed: choose another path")
         snapshot_files.makedirs(path)
         claim = save_claim.take(path, WRITING)  # one save at a time to a path (ecrec.snapshot.claim)
-        # what another save finished while this one waited for the path is looked at again, now it is held
-        if snapshot_files.exists(path, MANIFEST) and not overwrite:
-            raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
-                                "(ecrec-server snapshot --overwrite)")
+        _refuse_a_snapshot_there(path, overwrite)  # again, now the path is held: another save may have ended
         present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
     except BaseException as exc:
         if claim is not None:
-            try:
-                claim.release()
-            except OSError as again:
-                log.warning("snapshot to %s refused; removing %s: %s", path, WRITING, _os_error(again))
+            claim.release()
         if isinstance(exc, OSError):  # a file where the directory would be, a place that cannot be written or reached
             raise SnapshotError(f"snapshot to {path}: {_os_error(exc)}; nothing was written") from None
         if isinstance(exc, save_claim.PathBusy):
@@ -129,10 +121,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         except OSError:
             whole = False  # out of reach: what failed is said, not this
         if whole:
-            try:
-                claim.release()
-            except OSError:
-                claim.abandon()
+            claim.release()
             raise  # written whole (what failed came after): a snapshot, kept
         # a save that failed (refused, a server gone, a full disk) takes back what it wrote: its servers' files,
         # its marker, the directory it made (nothing it did not write; a server still writing ends by its deadline)
@@ -141,16 +130,19 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                 snapshot_files.remove(path, name)
             except OSError as exc:
                 log.warning("snapshot to %s failed; removing %s: %s", path, name, _os_error(exc))
-        try:
-            claim.release()
-        except OSError as exc:
-            log.warning("snapshot to %s failed; removing %s: %s", path, WRITING, _os_error(exc))
+        claim.release()
         if made_dir:
             try:
                 os.rmdir(path)
             except OSError:
                 pass  # not empty: a file someone else put there stays
         raise
+
+
+def _refuse_a_snapshot_there(path: str, overwrite: bool) -> None:
+    if snapshot_files.exists(path, MANIFEST) and not overwrite:
+        raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
+                            "(ecrec-server snapshot --overwrite)")
 
 
 def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer: threading.Thread,
@@ -238,10 +230,7 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
     manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
     snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
-    try:
-        claim.release()
-    except OSError as exc:  # the snapshot is whole: a marker left is taken over by the next save
-        log.warning("snapshot to %s written; removing %s: %s", path, WRITING, _os_error(exc))
+    claim.release()  # (a marker it cannot remove is logged: the snapshot is whole, the next save takes it over)
     if on_progress is not None:
         on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
