@@ -351,3 +351,39 @@ def test_a_failover_is_a_few_warnings_not_one_per_retry(make_cluster, caplog):
     warned = [r for r in retried if r.levelname == "WARNING"]
     assert retried and 1 <= len(warned) <= 2, [(r.levelname, r.getMessage()) for r in retried][:10]
     assert sum(r.levelname == "WARNING" for r in caplog.records if "to the coordinator failed" in r.getMessage()) <= 2
+
+
+def test_a_create_while_an_index_has_no_server_waits_for_its_replacement(make_cluster):
+    """A create made while an index has no live holder (failed, its standby not promoted yet) was refused at once
+    (FAILED_PRECONDITION "cluster not ready": seen by a register_dense right after a failover in CI); the client now
+    retries it as it retries calls to servers through a failover, and it is made once the index is served again."""
+    import torch
+
+    from ecrec.client import Cluster
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    client = Cluster.connect(local.coordinator_address)
+    local.kill(local.pid_of_index(0))
+    deadline = time.monotonic() + 30
+    while client.refresh_map().ready:  # declared failed, nobody to promote
+        assert time.monotonic() < deadline, "the killed server was never declared failed"
+        time.sleep(0.1)
+    outcome: dict = {}
+
+    def create() -> None:
+        try:
+            client.create_table("t", 300, 4, optimizer="sgd", lr=0.1, seed=1)
+            client.register_dense(torch.nn.Linear(2, 1))
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=create, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    assert worker.is_alive() and not outcome, outcome  # waiting, not refused
+    local.start_server(standby=True)  # the replacement comes
+    worker.join(90)
+    assert outcome == {"ok": True}, outcome
+    m = client.refresh_map()
+    assert [t.name for t in m.tables] == ["t"] and len(m.dense) == 2 and m.ready

@@ -111,6 +111,10 @@ COORDINATOR_AWAY = ("retry", "failed to connect", "Connection refused", "Socket 
                     "no coordinator leads")
 
 
+#: how the coordinator starts refusing a change while a server index has no live holder (a failover under way)
+NOT_READY = "cluster not ready"
+
+
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers).
 
@@ -366,8 +370,9 @@ class Cluster:
 
     def _coordinator_call(self, method: str, request, what: str):
         """A change the coordinator makes (create a table, register a dense tensor: both idempotent), retried for
-        up to ``retry_deadline_s`` while no coordinator can make it now -- the leader died and the next is being
-        elected, or the one coordinator is restarting -- as calls to servers are retried through their failover."""
+        up to ``retry_deadline_s`` while it cannot be made now -- the leader died and the next is being elected,
+        the one coordinator is restarting, or a server index has no live holder until its standby is promoted
+        ("cluster not ready") -- as calls to servers are retried through their failover."""
         deadline = time.monotonic() + self.config.retry_deadline_s
         warned = False
         while True:
@@ -375,11 +380,12 @@ class Cluster:
                 return getattr(self._coordinator, method)(request, timeout=self.config.create_timeout_s)
             except grpc.RpcError as exc:
                 details = exc.details() or ""
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline or \
-                        not any(s in details for s in COORDINATOR_AWAY):
+                away = exc.code() == grpc.StatusCode.UNAVAILABLE and any(s in details for s in COORDINATOR_AWAY)
+                failing_over = exc.code() == grpc.StatusCode.FAILED_PRECONDITION and NOT_READY in details
+                if not (away or failing_over) or time.monotonic() > deadline:
                     raise ClusterError(f"{what}: {exc.code().name}: {details}") from None
                 if not warned:
-                    log.warning("%s: no coordinator can make the change now (%s); retrying for up to %.0f s", what,
+                    log.warning("%s: the change cannot be made now (%s); retrying for up to %.0f s", what,
                                 details.splitlines()[0][:200], deadline - time.monotonic())
                     warned = True
                 time.sleep(0.2)
