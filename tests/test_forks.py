@@ -103,3 +103,45 @@ def test_an_environment_the_warm_parent_cannot_give_is_left_to_a_process_of_its_
         assert spawner(["status", "--help"], dict(_env(), ECREC_ISAL_LIBRARY="/elsewhere.so"), True) is None
     finally:
         spawner._server.close()
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def _spawn_with_pid(server: forks.ForkServer, pid: int, tries: int = 200) -> forks.Forked | None:
+    """A child of ``server`` given ``pid`` (the kernel hands out ``ns_last_pid + 1`` next: another process may fork
+    between the write and the warm parent's fork, so it is tried again); None when it never came."""
+    for _ in range(tries):
+        with open(NS_LAST_PID, "w") as f:
+            f.write(str(pid - 1))
+        child = server.spawn(["--log-level", "WARNING", "serve", "--coordinator", "127.0.0.1:9",
+                              "--register-timeout-s", "60"], _env())
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait(timeout=30)
+    return None
+
+
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="choosing the next pid needs root")
+def test_a_child_given_the_pid_of_one_that_exited_is_not_read_as_exited():
+    """A pid is reused once its child is reaped, and a test run forks thousands: a later child with an earlier
+    one's pid was read as that one's exit -- taken for dead, so a test never found the server it started serving
+    and a cluster's teardown left it running, an orphan logging failed lease renewals."""
+    server = forks.ForkServer(_env())
+    try:
+        first = server.spawn(["status", "--help"], _env(), stdout=True)
+        assert first.wait(timeout=30) == 0
+        second = _spawn_with_pid(server, first.pid)
+        assert second is not None, f"no child was given pid {first.pid} again in 200 tries"
+        assert second.poll() is None, "the new child was read as the exit of the one that had its pid before"
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=0.2)
+        first.kill()  # the exited one's handle signals nothing (its pid is the new child's now)
+        assert second.poll() is None
+        os.kill(second.pid, 0)
+        second.kill()
+        assert second.wait(timeout=30) == -signal.SIGKILL
+        assert first.poll() == 0
+    finally:
+        server.close()

@@ -123,14 +123,15 @@ def _child(request: dict, fds: list[int], parent: int) -> None:
 def serve(control_fd: int) -> None:
     """The warm parent: preloads, says ``ready``, then forks a child per request arriving on ``control_fd``
     (JSON ``{"id", "args", "env", "streams"}`` with the streams as passed descriptors) and answers
-    ``{"id", "pid"}``; each child's end goes back as ``{"exit": pid, "code": returncode, "cpu_s": its CPU}``.  One
+    ``{"id", "pid"}``; each child's end goes back as ``{"exit": pid, "id": its request's, "code": returncode,
+    "cpu_s": its CPU}`` (the id says which child: once reaped, its pid may be a later child's).  One
     thread (a child forks from a process with no other), woken by the control socket or SIGCHLD; ends, killing its
     children, when the other end closes (whatever ended the process that started it)."""
     import select
 
     _preload()
     control = socket.socket(fileno=control_fd)
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> the id of the request that forked it
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -147,8 +148,7 @@ def serve(control_fd: int) -> None:
                 return
             if not pid:
                 return
-            children.discard(pid)
-            send({"exit": pid, "code": os.waitstatus_to_exitcode(status),
+            send({"exit": pid, "id": children.pop(pid, -1), "code": os.waitstatus_to_exitcode(status),
                   "cpu_s": usage.ru_utime + usage.ru_stime})
 
     def end() -> None:
@@ -192,7 +192,7 @@ def serve(control_fd: int) -> None:
                 _child(request, mine, parent)
             for fd in mine:
                 os.close(fd)
-            children.add(pid)
+            children[pid] = request["id"]
             send({"id": request["id"], "pid": pid})
 
 
@@ -200,18 +200,19 @@ class Forked:
     """A forked child seen as a ``subprocess.Popen``: ``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``,
     ``terminate``, ``kill``, and the read ends of its ``stdout`` and ``stderr`` (text) when asked for."""
 
-    def __init__(self, server: "ForkServer", pid: int, stdout, stderr):
+    def __init__(self, server: "ForkServer", pid: int, request_id: int, stdout, stderr):
         self._server, self.pid, self.stdout, self.stderr = server, pid, stdout, stderr
+        self._id = request_id  # which child this is: its pid is another's once it has exited and been reaped
         self.returncode: int | None = None
         self.args = ["<forked>"]
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid)
+            self.returncode = self._server.exit_code(self._id)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self._server.wait_exit(self.pid, timeout)
+        code = self._server.wait_exit(self._id, timeout)
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         self.returncode = code
@@ -245,8 +246,10 @@ class ForkServer:
         self._control = ours
         self._lock = threading.Lock()  # one request at a time
         self._next_id = 0
+        # by request id, not pid: a pid is reused once its child is reaped (a long test run forks thousands), and
+        # a later child read by its pid as the earlier one's exit was taken for dead -- never stopped, never found
         self._exits: dict[int, int] = {}
-        self._live: set[int] = set()  # children spawned and not yet known to have exited
+        self._live: set[int] = set()  # request ids of children spawned and not yet known to have exited
         self._cpu_s = 0.0  # CPU of the children that exited
         self._answers: dict[int, dict] = {}
         self._closed = False
@@ -266,8 +269,8 @@ class ForkServer:
             if not data:
                 with self._changed:
                     self._closed = True
-                    for pid in self._live:  # died with their warm parent
-                        self._exits.setdefault(pid, -signal.SIGKILL)
+                    for request_id in self._live:  # died with their warm parent
+                        self._exits.setdefault(request_id, -signal.SIGKILL)
                     self._live.clear()
                     self._changed.notify_all()
                 return
@@ -277,8 +280,8 @@ class ForkServer:
                 message = json.loads(line)
                 with self._changed:
                     if "exit" in message:
-                        self._exits[message["exit"]] = message["code"]
-                        self._live.discard(message["exit"])
+                        self._exits[message["id"]] = message["code"]
+                        self._live.discard(message["id"])
                         self._cpu_s += message.get("cpu_s", 0.0)
                     else:
                         self._answers[message.get("id", -1)] = message
@@ -303,7 +306,7 @@ class ForkServer:
                     self._changed.wait_for(lambda: request_id in self._answers or self._closed, SPAWN_TIMEOUT_S)
                     answer = self._answers.pop(request_id, None)
                     if answer is not None:
-                        self._live.add(answer["pid"])
+                        self._live.add(request_id)
         finally:
             for end in ends:
                 if end is not None:
@@ -314,16 +317,17 @@ class ForkServer:
             raise RuntimeError(f"the fork server did not start {args} within {SPAWN_TIMEOUT_S} s")
         stdout_f, stderr_f = (open(e[0], "r", encoding="utf-8", errors="replace") if e is not None else None
                               for e in ends)
-        return Forked(self, answer["pid"], stdout_f, stderr_f)
+        return Forked(self, answer["pid"], request_id, stdout_f, stderr_f)
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, request_id: int) -> int | None:
+        """The exit status of the child that request forked, None while it runs."""
         with self._changed:
-            return self._exits.get(pid)
+            return self._exits.get(request_id)
 
-    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+    def wait_exit(self, request_id: int, timeout: float | None) -> int | None:
         with self._changed:
-            self._changed.wait_for(lambda: pid in self._exits, timeout)
-            return self._exits.get(pid)
+            self._changed.wait_for(lambda: request_id in self._exits, timeout)
+            return self._exits.get(request_id)
 
     def children_cpu_s(self) -> float:
         """CPU seconds (user and system) the children that exited so far used."""
