@@ -114,3 +114,65 @@ def test_many_claims_at_once_one_wins(tmp_path):
     won = [c for c in outcomes if c is not None]
     assert len(won) == 1 and len(outcomes) == 8
     won[0].release()
+
+
+def _race(path: str, n: int = 8) -> list:
+    outcomes, barrier = [], threading.Barrier(n)
+
+    def race():
+        barrier.wait()
+        try:
+            outcomes.append(claim.take(path, WRITING))
+        except claim.PathBusy:
+            outcomes.append(None)
+
+    threads = [threading.Thread(target=race) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_on_a_url_many_claims_at_once_one_wins(tmp_path, scheme):
+    """On an fsspec URL the marker was written and read back: two saves that both found no marker before either
+    wrote both went on, writing over each other's files.  A store that creates exclusively (memory, s3fs, gcsfs)
+    does so now, and ``file://`` is its local directory."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads interleave between a store's calls, as processes would
+    try:
+        _race_rounds(tmp_path, scheme)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_rounds(tmp_path, scheme: str) -> None:
+    for attempt in range(20):
+        base = f"memory://claim-race-{os.getpid()}-{attempt}" if scheme == "memory" else f"file://{tmp_path}/{attempt}"
+        from ecrec.snapshot import files as snapshot_files
+
+        snapshot_files.makedirs(base)
+        outcomes = _race(base)
+        won = [c for c in outcomes if c is not None]
+        assert len(outcomes) == 8 and len(won) == 1, f"attempt {attempt}: {len(won)} of 8 saves took {base}"
+        won[0].release()
+
+
+def test_on_a_url_an_interrupted_saves_marker_is_taken_over_and_a_live_one_refused():
+    import fsspec
+
+    base = f"memory://claim-takeover-{os.getpid()}"
+    fs, root = fsspec.core.url_to_fs(base)
+    fs.makedirs(root, exist_ok=True)
+    now = time.time()
+    live = {"token": "t", "host": "some-other-host", "pid": 1, "started": now, "refreshed": now}
+    fs.pipe(f"{root}/{WRITING}", json.dumps(live).encode())
+    with pytest.raises(claim.PathBusy, match="some-other-host"):
+        claim.take(base, WRITING)
+    assert json.loads(fs.cat(f"{root}/{WRITING}")) == live  # untouched
+    fs.pipe(f"{root}/{WRITING}", json.dumps({**live, "refreshed": now - claim.STALE_S - 5}).encode())
+    taken = claim.take(base, WRITING)
+    assert json.loads(fs.cat(f"{root}/{WRITING}"))["pid"] == os.getpid() and taken.held()
+    taken.release()
+    assert not fs.exists(f"{root}/{WRITING}")

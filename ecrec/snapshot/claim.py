@@ -7,9 +7,10 @@ own clock) every :data:`REFRESH_S` while it writes.  A second save to the path i
 holder lives.  A holder is gone when the marker names a process of this host (and pid namespace) that no longer
 runs, when it was not refreshed for :data:`STALE_S` (hosts' clocks must agree within that), or when it names
 nobody (an empty marker, as earlier releases wrote): that is an interrupted save, taken over, its files written
-over.  Before its manifest, and when it lets go, a save checks the marker is still its own.  On a URL (an object
-store without exclusive creation) the marker is written, then read back: two saves starting within one write of
-each other may both go on, and are told at their manifests.
+over.  Before its manifest, and when it lets go, a save checks the marker is still its own.  A ``file://`` URL is
+the local directory it names; on another store the marker is created exclusively where the store can (fsspec's
+``"xb"`` mode: memory, s3fs, gcsfs), else written, then read back: two saves starting within one write of each
+other may then both go on, and are told at their manifests.
 """
 
 from __future__ import annotations
@@ -161,10 +162,7 @@ def take(path: str, name: str) -> Claim:
     claim = None
     try:
         if snapshot_files.is_url(path):
-            holder, age = _holder(path, name)
-            if age is not None and _alive(holder, age):
-                raise PathBusy(f"another save is writing a snapshot to {path} ({describe(holder)})")
-            snapshot_files.write_atomically(path, name, body)
+            _create_url(path, name, body)
         else:
             _create_local(path, name, body)
         claim = Claim(path, name, token)
@@ -180,6 +178,65 @@ def take(path: str, name: str) -> Claim:
         if holder is not None and holder["token"] == token:
             snapshot_files.remove(path, name)
         raise
+
+
+#: a marker that names nobody is read again this often, this far apart: one being created exclusively on a store
+#: is empty until its write ends (an earlier release's empty marker stays empty)
+SETTLE_READS, SETTLE_S = 5, 0.1
+
+
+def _settled_holder(path: str, name: str) -> tuple[dict | None, float | None]:
+    holder, age = _holder(path, name)
+    for _ in range(SETTLE_READS):
+        if holder is not None or age is None:
+            break
+        time.sleep(SETTLE_S)
+        holder, age = _holder(path, name)
+    return holder, age
+
+
+def _busy(path: str, holder: dict | None) -> PathBusy:
+    return PathBusy(f"another save is writing a snapshot to {path}{f' ({describe(holder)})' if holder else ''}; "
+                    "wait for it to end or choose another path")
+
+
+def _create_url(path: str, name: str, body: bytes) -> None:
+    """The marker on an fsspec URL: a local directory's way on ``file://``; elsewhere created exclusively
+    (``"xb"``) where the store can, an interrupted save's marker removed first (unless another save replaced it
+    meanwhile); on a store that cannot, written (:func:`take` reads it back)."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, target = fsspec.core.url_to_fs(snapshot_files.join(path, name))
+    if isinstance(fs, LocalFileSystem):
+        _create_local(os.path.dirname(target), name, body)
+        return
+    for _ in range(3):
+        try:
+            with fs.open(target, "xb") as f:
+                f.write(body)
+            return
+        except FileExistsError:
+            pass
+        except (ValueError, NotImplementedError, TypeError):  # a store without exclusive creation
+            holder, age = _settled_holder(path, name)
+            if age is not None and _alive(holder, age):
+                raise _busy(path, holder) from None
+            snapshot_files.write_atomically(path, name, body)
+            return
+        holder, age = _settled_holder(path, name)
+        if age is None:
+            continue  # let go of meanwhile: try again
+        if _alive(holder, age):
+            raise _busy(path, holder)
+        again, _ = _holder(path, name)
+        if (again or {}).get("token") != (holder or {}).get("token"):
+            raise _busy(path, again)  # another save took the interrupted one's marker over first
+        try:
+            fs.rm(target)
+        except FileNotFoundError:
+            pass
+    raise PathBusy(f"another save is writing a snapshot to {path}: its marker came and went three times")
 
 
 def _create_local(path: str, name: str, body: bytes) -> None:
