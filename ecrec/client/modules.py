@@ -46,13 +46,18 @@ class _Placed(torch.nn.Module):
         """The module's state-dict keys as nested namespaces (``.weight``, ``.embedding_bags.<table>.weight``)."""
         from types import SimpleNamespace
 
+        keys = tuple(self.state_dict_keys(""))
+        cached = self.__dict__.get("_names_of_keys")
+        if cached is not None and cached[0] == keys:  # DCP reads it once per key: built once per set of keys
+            return cached[1]
         root = SimpleNamespace()
-        for key in self.state_dict_keys(""):
+        for key in keys:
             node = root
             for part in key.split("."):
                 if not hasattr(node, part):
                     setattr(node, part, SimpleNamespace())
                 node = getattr(node, part)
+        self.__dict__["_names_of_keys"] = (keys, root)
         return root
 
 
