@@ -122,6 +122,8 @@ def check_ports(**ports: int | None) -> None:
 
 #: settings that hold a size in bytes, and the least each can be (a smaller one cannot carry a control message)
 LEAST_BYTES = {"max_message_bytes": 64 * 1024}
+#: ... and the most (gRPC takes a message size as a C int)
+MOST_BYTES = {"max_message_bytes": 2**31 - 1}
 #: the longest deadline or interval in seconds a setting may be (about three years: gRPC takes no deadline much
 #: beyond it -- 1e10 s fails every call at once with DEADLINE_EXCEEDED)
 MAX_SECONDS = 1e8
@@ -141,14 +143,22 @@ def check_numbers(config, zero_allowed: tuple[str, ...] = (), skip: tuple[str, .
         if f.name in skip:
             continue
         value = getattr(config, f.name)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = _field_type(type(config), f)
+        if value is None and _optional(type(config), f):
             continue
-        least = LEAST_BYTES.get(f.name)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (kind is int and isinstance(value, float) and not value.is_integer()):
+            # a None, a string or a bool failed later, far from here (a TypeError at the first call), or passed
+            raise ValueError(f"{f.name} ({flag_of(f)}) {value!r}: must be {'a whole number' if kind is int else 'a number'}")
+        least, most = LEAST_BYTES.get(f.name), MOST_BYTES.get(f.name)
         seconds = f.name.endswith("_s")
         if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_allowed) or \
-                (least is not None and value < least) or (seconds and value > MAX_SECONDS):
+                (least is not None and value < least) or (seconds and value > MAX_SECONDS) or \
+                (most is not None and value > most):
             want = f"at least {least}" if least is not None else \
                 "a finite number >= 0" if f.name in zero_allowed else "a finite number > 0"
+            if most is not None:
+                want += f" and at most {most} (gRPC's limit)"
             if seconds:
                 want += f" and at most {MAX_SECONDS:g} (seconds)"
             raise ValueError(f"{f.name} ({flag_of(f)}) {value}: must be {want}")
@@ -297,6 +307,11 @@ def flag_of(f: dataclasses.Field) -> str:
 def cli_fields(cls: type) -> list[dataclasses.Field]:
     """The fields of ``cls`` that appear on the command line."""
     return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
+
+
+def _optional(cls: type, f: dataclasses.Field) -> bool:
+    """Whether the field takes None (``X | None``)."""
+    return type(None) in typing.get_args(typing.get_type_hints(cls)[f.name])
 
 
 def _field_type(cls: type, f: dataclasses.Field):

@@ -36,7 +36,7 @@ import torch
 from ecrec import errors
 from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
-from ecrec.config import ClientConfig
+from ecrec.config import MAX_SECONDS, ClientConfig
 from ecrec.client import dense_state
 from ecrec.client.courier import Courier
 from ecrec.client.keeper import IdleKeeper
@@ -115,6 +115,22 @@ COORDINATOR_AWAY = ("retry", "failed to connect", "Connection refused", "Socket 
 NOT_READY = "cluster not ready"
 
 
+def _whole(value, table: str, what: str) -> int:
+    """A size or seed given to create_table as an int: 10.9 rows made a table of 10 before, "12" one of 12."""
+    if not isinstance(value, (bool, np.bool_)):
+        if hasattr(type(value), "__index__"):  # int, a numpy integer, a 0-d integer tensor
+            return int(value.__index__())
+        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+            return int(value)
+    raise ValueError(f"create_table {table!r}: {what} must be a whole number, got {value!r}")
+
+
+def _real(value, table: str, what: str) -> float:
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise ValueError(f"create_table {table!r}: {what} must be a number, got {value!r}")
+    return float(value)
+
+
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers).
 
@@ -124,6 +140,13 @@ class Cluster:
     (``ecrec.client.rows``), the checks of written values (``ecrec.tables.values``)."""
 
     def __init__(self, address: str, config: ClientConfig | None = None, worker: str | None = None):
+        if isinstance(address, (list, tuple)):  # the coordinators' addresses, as a list or comma-separated
+            address = ",".join(address)
+        if not isinstance(address, str) or not address.strip():
+            raise TypeError(f"Cluster: address must be a coordinator's host:port (or several, a list or "
+                            f"comma-separated), not {address!r}")
+        if worker is not None and not isinstance(worker, str):
+            raise TypeError(f"Cluster: worker must be a name (str), not {type(worker).__name__}")
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
@@ -179,7 +202,12 @@ class Cluster:
         server index is served; ``on_wait(text)``, if given, hears what it waits for every few seconds (else it is
         logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what
         it opened."""
+        if isinstance(wait_ready_s, bool) or not isinstance(wait_ready_s, (int, float)) or \
+                not 0 <= wait_ready_s <= MAX_SECONDS:  # NaN waited for ever
+            raise ValueError(f"Cluster.connect: wait_ready_s must be a number of seconds from 0 to {MAX_SECONDS:g}, "
+                             f"not {wait_ready_s!r}")
         cluster = cls(address, config, worker)
+        address = cluster.address  # a list joined
         start = time.monotonic()
         deadline, next_word = start + wait_ready_s, start + 5.0
         warn_at = None if on_wait is not None else start + min(5.0, wait_ready_s / 2)  # said once, logged
@@ -350,16 +378,19 @@ class Cluster:
         if not isinstance(init, str) or (init not in INITS and ("/" in init or init.endswith(WARM_START_SUFFIXES))):
             from ecrec.client.warm_start import load_values
 
-            shape_only = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer,
+            shape_only = TableSpec(name=name, num_rows=_whole(num_rows, name, "num_rows"),
+                                   dim=_whole(dim, name, "dim"), optimizer=optimizer,
                                    initial_accumulator_value=float(initial_accumulator_value)).validate()
             values = load_values(init, shape_only)
             if any(t.name == name for t in self.refresh_map().tables):
                 raise ClusterError(f"create_table {name!r}: the table exists; a warm start creates a new table "
                                    "(load into an existing one with load_state_dict or Cluster.write_rows)")
             init = "zeros"
-        spec = TableSpec(name=name, num_rows=int(num_rows), dim=int(dim), optimizer=optimizer, lr=float(lr), eps=float(eps),
-                         initial_accumulator_value=float(initial_accumulator_value), init=init,
-                         init_scale=float(init_scale), seed=int(seed)).validate()
+        spec = TableSpec(name=name, num_rows=_whole(num_rows, name, "num_rows"), dim=_whole(dim, name, "dim"),
+                         optimizer=optimizer, lr=_real(lr, name, "lr"), eps=_real(eps, name, "eps"),
+                         initial_accumulator_value=_real(initial_accumulator_value, name, "initial_accumulator_value"),
+                         init=init, init_scale=_real(init_scale, name, "init_scale"),
+                         seed=_whole(seed, name, "seed")).validate()
         if values is not None:  # every value checked before the table exists
             check_values(spec, values)
         m = self._coordinator_call("CreateTable", spec.to_proto(), f"create_table {name!r}")
@@ -536,10 +567,22 @@ class Cluster:
         optimizer state is ``EmbeddingOptimizer``'s).
         """
         planned = []  # every parameter checked before the first is registered: all of them, or none
+        registered_as = {id(p): n for n, p in self._dense.items()}
         for pname, param in module.named_parameters():
             if not param.requires_grad:
                 continue
             name = prefix + pname
+            # one name, one parameter: a second module whose parameters have the same names (two MLPs, no prefix)
+            # took over the first one's tensors -- its own values replaced, the first one never trained again --
+            # and one parameter under two names trained only one of them
+            held = self._dense.get(name)
+            if held is not None and held is not param:
+                raise ValueError(f"register_dense: {name!r} is registered already, by another parameter of this "
+                                 "worker (two modules with the same parameter names? give each its own prefix=); "
+                                 "nothing registered")
+            if registered_as.get(id(param), name) != name:
+                raise ValueError(f"register_dense: parameter {name!r} is registered already as "
+                                 f"{registered_as[id(param)]!r} (a parameter is registered once); nothing registered")
             try:
                 spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr),
                                  eps=float(eps), initial_accumulator_value=float(initial_accumulator_value)).validate()
@@ -776,6 +819,20 @@ class Cluster:
                 continue
             time.sleep(0.02)
         return self.courier.unconfirmed()
+
+    # --- copies: a connection is shared, never copied or pickled ------------------------------------------
+    def __copy__(self) -> "Cluster":
+        return self
+
+    def __deepcopy__(self, memo) -> "Cluster":
+        """A copy of a model holding this cluster's modules (an EMA, an evaluation copy) shares this connection:
+        the tables are on the servers, one copy of them (a frozen copy of their values: ``model.state_dict()``)."""
+        return self
+
+    def __reduce__(self):
+        raise TypeError(f"a Cluster (worker {self.worker}, coordinator {self.address}) is a connection and cannot be "
+                        "pickled: save the model's state_dict(), or a snapshot of the cluster (Cluster.save), and "
+                        "connect again where it is loaded")
 
     def close(self, confirm_timeout_s: float = 10.0) -> None:
         """Waits (up to ``confirm_timeout_s``) for this worker's pushes to be confirmed, then closes the channels.

@@ -65,7 +65,8 @@ class EmbeddingBag(_Placed):
     """``torch.nn.EmbeddingBag`` whose table lives on an ECRec cluster.
 
     Call it like ``torch.nn.EmbeddingBag`` (``indices`` 1-D with ``offsets``, or
-    2-D fixed-length bags). The rows it touches are pulled from their servers;
+    2-D fixed-length bags); its ``mode`` is ``"sum"`` by default, as TorchRec's
+    pooling (``torch.nn.EmbeddingBag``'s is ``"mean"``). The rows it touches are pulled from their servers;
     backward records their gradients, which ``cluster.step()`` pushes.
     """
 

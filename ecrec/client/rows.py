@@ -81,7 +81,7 @@ class RowIO:
             out = np.empty((spec.num_rows, width), dtype=np.float32)
         elif out.shape != (spec.num_rows, width) or out.dtype != np.float32:
             raise ValueError(f"table {name!r}: out must be float32 {(spec.num_rows, width)}, got {out.dtype} {out.shape}")
-        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
+        per_message = self._rows_per_message(spec)
         owned = {i: self._cluster.layout.rows_of(i, spec.num_rows)[0] for i in range(self._cluster.layout.num_servers)}
         done = 0
         for start in range(0, max(len(v) for v in owned.values()), per_message):
@@ -96,6 +96,12 @@ class RowIO:
                 on_progress(done, spec.num_rows)
         return out
 
+    def _rows_per_message(self, spec) -> int:
+        """Rows one ReadPayload reply carries: at most :data:`READ_PAYLOAD_BYTES`, and half this client's
+        ``max_message_bytes`` (a client with a smaller limit could not read a table at all)."""
+        budget = min(READ_PAYLOAD_BYTES, self._cluster.config.max_message_bytes // 2)
+        return max(1, min(budget // (spec.row_bytes + 8), READ_PAYLOAD_IDS))
+
     def read_rows(self, name: str, ids, what: str = "weights") -> np.ndarray:
         """Rows ``ids`` of table ``name`` (float32 ``(len(ids), width)``, in the order given): their ``weights``,
         optimizer ``state`` or whole ``payload``, read from their owners at once, a message of at most
@@ -103,7 +109,7 @@ class RowIO:
         spec, ids = self._cluster._check_ids(name, ids)
         columns = columns_of(spec, what)
         out = np.empty((len(ids), columns.stop - columns.start), dtype=np.float32)
-        per_message = max(1, min(READ_PAYLOAD_BYTES // spec.row_bytes, READ_PAYLOAD_IDS))
+        per_message = self._rows_per_message(spec)
         groups = self._cluster._group_by_server(ids) if len(ids) else {}
         for start in range(0, max((len(pos) for pos in groups.values()), default=0), per_message):
             parts = {i: pos[start:start + per_message] for i, pos in groups.items() if len(pos) > start}
@@ -133,7 +139,8 @@ class RowIO:
                              f"{tuple(getattr(values, 'shape', ()))}")
         if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
             raise ValueError(f"table {name!r}: row ids repeat")
-        chunk = max(1, min(WRITE_ROWS_BYTES // (4 * width), 65536))
+        chunk = max(1, min(min(WRITE_ROWS_BYTES, self._cluster.config.max_message_bytes // 2) // (4 * width + 8),
+                           65536))
         if not checked:  # ``checked``: the caller ran check_values on these very values
             check_values(spec, values, what)  # checked whole before anything is sent
         kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]

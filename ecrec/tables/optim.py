@@ -25,20 +25,23 @@ def state_width(name: str) -> int:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}") from None
 
 
-def check_params(name: str, lr: float, eps: float, initial_accumulator_value: float, what: str) -> None:
-    state_width(name)
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"{what}: lr must be finite and > 0, got {lr}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{what}: eps must be finite and >= 0, got {eps}")
-    if not (math.isfinite(initial_accumulator_value) and initial_accumulator_value >= 0):
-        raise ValueError(f"{what}: initial_accumulator_value must be finite and >= 0")
-    if name == "adagrad" and eps == 0 and initial_accumulator_value == 0:
-        raise ValueError(f"{what}: adagrad needs eps > 0 or initial_accumulator_value > 0 (division by zero)")
-
-
 #: the largest float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_params(name: str, lr: float, eps: float, initial_accumulator_value: float, what: str) -> None:
+    state_width(name)
+    # stored and applied in float32: a value past its largest is infinite there (rows of inf, every update refused)
+    if not (math.isfinite(lr) and 0 < lr <= FLOAT32_MAX):
+        raise ValueError(f"{what}: lr must be finite in float32 and > 0, got {lr}")
+    if not (math.isfinite(eps) and 0 <= eps <= FLOAT32_MAX):
+        raise ValueError(f"{what}: eps must be finite in float32 and >= 0, got {eps}")
+    if not (math.isfinite(initial_accumulator_value) and 0 <= initial_accumulator_value <= FLOAT32_MAX):
+        raise ValueError(f"{what}: initial_accumulator_value must be finite in float32 and >= 0, got "
+                         f"{initial_accumulator_value}")
+    if name == "adagrad" and np.float32(eps) == 0 and np.float32(initial_accumulator_value) == 0:
+        raise ValueError(f"{what}: adagrad needs eps > 0 or initial_accumulator_value > 0 (division by zero)")
+
 
 
 def gradient_limit(name: str, lr: float) -> float:

@@ -50,6 +50,22 @@ class OptimizerSpec:
         return {name: getattr(spec, name) for name in ("optimizer", "lr", "eps", "initial_accumulator_value")}
 
 
+#: the longest name of a table or dense tensor, in UTF-8 bytes (every name is in the map every process fetches)
+MAX_NAME_BYTES = 1024
+
+
+def check_name(name, what: str) -> None:
+    """ValueError unless ``name`` is a non-empty string of at most :data:`MAX_NAME_BYTES` in UTF-8."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty string, got {name!r}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} name {name!r} is not valid text ({exc.reason} at position {exc.start})") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{what} name {name[:40]!r}... is {size} bytes in UTF-8; at most {MAX_NAME_BYTES}")
+
+
 @dataclass(frozen=True)
 class TableSpec(OptimizerSpec):
     name: str
@@ -60,8 +76,11 @@ class TableSpec(OptimizerSpec):
     seed: int = 0
 
     def validate(self) -> "TableSpec":
-        if not self.name or not isinstance(self.name, str):
-            raise ValueError("table name must be a non-empty string")
+        check_name(self.name, "table")
+        for field in ("num_rows", "dim", "seed"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"table {self.name!r}: {field} must be a whole number, got {value!r}")
         if self.num_rows < 1:
             raise ValueError(f"table {self.name!r}: num_rows must be >= 1, got {self.num_rows}")
         if not 1 <= self.dim <= MAX_DIM:
@@ -69,8 +88,9 @@ class TableSpec(OptimizerSpec):
         self._check_optimizer(f"table {self.name!r}")
         if self.init not in INITS:
             raise ValueError(f"table {self.name!r}: init must be one of {INITS}, got {self.init!r}")
-        if not math.isfinite(self.init_scale) or self.init_scale < 0:
-            raise ValueError(f"table {self.name!r}: init_scale must be finite and >= 0")
+        if not math.isfinite(self.init_scale) or not 0 <= self.init_scale <= optim.FLOAT32_MAX:
+            raise ValueError(f"table {self.name!r}: init_scale must be finite in float32 and >= 0, got "
+                             f"{self.init_scale}")
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"table {self.name!r}: seed must be in [0, 2**64)")
         return self
@@ -108,8 +128,7 @@ class DenseSpec(OptimizerSpec):
     shape: tuple
 
     def validate(self) -> "DenseSpec":
-        if not self.name or not isinstance(self.name, str):
-            raise ValueError("dense tensor name must be a non-empty string")
+        check_name(self.name, "dense tensor")
         if any(int(d) < 1 for d in self.shape) or len(self.shape) == 0:
             raise ValueError(f"dense tensor {self.name!r}: shape must be non-empty with positive dims, got {self.shape}")
         self._check_optimizer(f"dense tensor {self.name!r}")

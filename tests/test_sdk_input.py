@@ -1,0 +1,161 @@
+"""What the SDK takes from a user and what it refuses, before anything reaches a server: arguments that used to
+be taken and then failed far away (or never), copies and pickles of a model holding the cluster, a client whose
+message limit is small.  Real servers: each refusal is checked to have changed nothing there."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from ecrec.client import Cluster, EmbeddingBag
+from ecrec.config import ClientConfig
+
+
+def test_a_client_setting_of_the_wrong_kind_is_refused_naming_it():
+    # each of these was taken and failed at the first call (a TypeError far from the setting), or was taken as 1
+    for settings, said in [({"retry_deadline_s": None}, "retry_deadline_s (--retry-deadline-s) None: must be a number"),
+                           ({"rpc_timeout_s": "5"}, "rpc_timeout_s (--rpc-timeout-s) '5': must be a number"),
+                           ({"rpc_timeout_s": True}, "rpc_timeout_s (--rpc-timeout-s) True: must be a number"),
+                           ({"max_message_bytes": 70000.5}, "must be a whole number"),
+                           ({"max_message_bytes": 2**40}, "at most 2147483647")]:
+        with pytest.raises(ValueError) as caught:
+            ClientConfig(**settings)
+        assert said in str(caught.value), (settings, str(caught.value))
+    assert ClientConfig(rpc_timeout_s=5, max_message_bytes=70000.0).rpc_timeout_s == 5
+
+
+def test_connect_refuses_a_wait_that_is_not_a_number_of_seconds_and_an_address_that_is_none():
+    outcome = []
+
+    def connect():  # a NaN wait never ended against a coordinator that does not answer
+        try:
+            Cluster.connect("127.0.0.1:1", wait_ready_s=math.nan)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "Cluster.connect(wait_ready_s=nan) was still waiting after 20 s"
+    assert isinstance(outcome[0], ValueError) and "wait_ready_s must be a number of seconds" in str(outcome[0])
+    for wait in (-1, "5", math.inf):
+        with pytest.raises(ValueError, match="wait_ready_s"):
+            Cluster.connect("127.0.0.1:1", wait_ready_s=wait)
+    with pytest.raises(TypeError, match="address must be a coordinator's host:port"):
+        Cluster.connect(None)
+
+
+@pytest.mark.cluster
+def test_connect_takes_the_coordinators_as_a_list(shared_cluster):
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect([local.coordinator_address])  # sdk.md: "one coordinator address or a list"
+    try:
+        assert cluster.address == local.coordinator_address and cluster.map.ready
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_create_table_refuses_values_past_float32_sizes_that_are_not_whole_and_names_that_are_no_text(
+        shared_cluster):
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        bad = [
+            # taken before: a table of +-inf rows (and a snapshot holding it refused whole at its load), inf
+            # accumulators, every update refused; a 10 x 3 table for 10.9 x 3.7; a name the map cannot carry
+            (("inf_rows", 10, 4), {"init_scale": 1e39}, "init_scale must be finite in float32"),
+            (("inf_acc", 10, 4), {"optimizer": "adagrad", "initial_accumulator_value": 1e39},
+             "initial_accumulator_value must be finite in float32"),
+            (("inf_lr", 10, 4), {"lr": 1e39}, "lr must be finite in float32"),
+            (("tiny_eps", 10, 4), {"optimizer": "adagrad", "eps": 1e-50}, "division by zero"),
+            (("fraction", 10.9, 3), {}, "num_rows must be a whole number, got 10.9"),
+            (("text", "12", 3), {}, "num_rows must be a whole number, got '12'"),
+            (("flag", 10, True), {}, "dim must be a whole number, got True"),
+            (("lr_text", 10, 3), {"lr": "0.1"}, "lr must be a number"),
+            (("a\udc80", 10, 3), {}, "is not valid text"),
+            (("x" * 2000, 10, 3), {}, "is 2000 bytes in UTF-8; at most 1024"),
+        ]
+        for args, kwargs, said in bad:
+            with pytest.raises(ValueError) as caught:
+                cluster.create_table(*args, **kwargs)
+            assert said in str(caught.value), (args[0][:20], str(caught.value))
+        assert [t.name for t in cluster.refresh_map().tables] == []  # nothing was created
+        spec = cluster.create_table("whole", np.int64(10), 4.0, seed=torch.tensor(3), lr=np.float32(0.5))
+        assert (spec.num_rows, spec.dim, spec.seed) == (10, 4, 3)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_register_dense_refuses_a_name_another_parameter_holds_and_a_parameter_under_a_second_name(shared_cluster):
+    """Two MLPs registered without prefixes (both ``0.weight``, ``0.bias``): the second took the first one's
+    tensors over -- its own initial values replaced, the first never trained again, its gradient piling up.  One
+    module under two prefixes trained one name only (the other stayed at its initial value in every snapshot)."""
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        bottom = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        top = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        top_values = [p.detach().clone() for p in top.parameters()]
+        assert cluster.register_dense(bottom, lr=0.1) == ["0.weight", "0.bias"]
+        assert cluster.register_dense(bottom, lr=0.1) == ["0.weight", "0.bias"]  # the same module again: harmless
+        with pytest.raises(ValueError, match="'0.weight' is registered already, by another parameter.*prefix="):
+            cluster.register_dense(top, lr=0.1)
+        assert all(torch.equal(p, v) for p, v in zip(top.parameters(), top_values))  # untouched
+        assert cluster.register_dense(top, lr=0.1, prefix="top.") == ["top.0.weight", "top.0.bias"]
+        with pytest.raises(ValueError, match="'again.0.weight' is registered already as '0.weight'"):
+            cluster.register_dense(bottom, lr=0.1, prefix="again.")
+        assert sorted(d.name for d in cluster.refresh_map().dense) == ["0.bias", "0.weight", "top.0.bias",
+                                                                        "top.0.weight"]
+        before = bottom[0].weight.detach().clone()
+        top(bottom(torch.randn(8, 4))).pow(2).sum().backward()
+        cluster.step()
+        assert not torch.equal(bottom[0].weight, before), "the first module no longer trains"
+        assert bottom[0].weight.grad is None or not bottom[0].weight.grad.any()
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_a_copy_of_a_model_shares_its_cluster_and_a_pickle_says_why_it_cannot_be(shared_cluster):
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        cluster.create_table("copied", 10, 3, init="normal")
+        model = torch.nn.Sequential(EmbeddingBag(cluster, "copied"), torch.nn.Linear(3, 1))
+        twin = copy.deepcopy(model)  # was: TypeError: cannot pickle '_thread.RLock' object
+        assert twin[0].cluster is cluster and twin[1].weight is not model[1].weight
+        ids = torch.tensor([[1, 2], [3, 4]])
+        with torch.no_grad():
+            assert torch.equal(twin(ids), model(ids))
+        assert copy.copy(cluster) is cluster
+        with pytest.raises(TypeError, match="a Cluster .* is a connection and cannot be pickled: save the model's "
+                                            "state_dict"):
+            pickle.dumps(model)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_a_client_with_a_small_message_limit_reads_and_writes_a_table_larger_than_it(shared_cluster):
+    """``read_table`` asked for replies of 64 MiB whatever the client's ``max_message_bytes``: a client with a
+    smaller limit (any from 64 KiB) could not read, ``state_dict()`` or save a table larger than it."""
+    local = shared_cluster(servers=2, strategy="none")
+    writer = Cluster.connect(local.coordinator_address)
+    small = Cluster.connect(local.coordinator_address, ClientConfig(max_message_bytes=1 << 17))
+    try:
+        values = np.random.default_rng(0).standard_normal((4000, 16)).astype(np.float32)
+        writer.create_table("wide", 4000, 16)
+        small.write_rows("wide", np.arange(4000), values)  # ~260 KB of values, pushes under the limit
+        assert np.array_equal(small.read_table("wide"), values)
+        assert np.array_equal(small.read_rows("wide", np.arange(3999, -1, -1)), values[::-1])
+    finally:
+        small.close()
+        writer.close()
