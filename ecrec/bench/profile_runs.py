@@ -14,7 +14,6 @@ carrying relayed bytes, the direct senders, bookkeeping outside the parts), and 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -127,10 +126,7 @@ class RowsWorkload:
 
     def close(self) -> None:
         if self.client is not None:
-            # closed on the way out of an error or an interruption (Ctrl-C; SIGTERM, maybe to the whole process
-            # group, servers included): its cluster is stopped next, so no confirmation is worth waiting for
-            unwinding = sys.exc_info()[0] is not None
-            self.client.close(confirm_timeout_s=0 if unwinding else 30.0)
+            self.client.close(confirm_timeout_s=30.0)
         self.local.close()
 
 
