@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ecrec-server serve: {exc}", file=sys.stderr)
             return 2
         _wait_for_signal(_stop_all(server.stop, endpoint and endpoint.close), server.stopped)
-        return 0
+        return 1 if server.fenced else 0  # declared failed: a supervisor restarting on failure restarts it
 
     # local
     from ecrec.ops.local import LocalCluster, LocalClusterSpec

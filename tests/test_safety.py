@@ -79,6 +79,8 @@ def test_paused_server_that_resumes_after_its_replacement_serves_and_acknowledge
                for code in refused), refused
     proc = next(p for p in local.server_procs if p.pid == pid)
     wait_for(lambda: proc.poll() is not None, 20, "the replaced process to exit")
+    # declared failed, it exits 1 (it exited 0: a supervisor restarting failed processes left it down)
+    assert proc.returncode == 1, (proc.returncode, local.stderr_tail(pid))
     for _ in range(5):
         push_some()
     assert_counts(client, initial, counts)

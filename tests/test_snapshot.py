@@ -925,3 +925,62 @@ def test_a_cut_keeps_the_rows_a_push_changes_after_it():
     shard.reset_to_initial()
     with pytest.raises(Exception, match="reset to their initial values"):
         shard.read_payload_bytes_at(slots, again)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop_after_first_file(text: str) -> None:
+    """A save's progress that fails it once a server has written its file (as a signal, a full disk or a server
+    refusing midway would)."""
+    if text.startswith("server "):
+        raise _Stopped(text)
+
+
+@pytest.mark.parametrize("scheme", ["path", "file"])
+def test_an_overwrite_that_fails_leaves_the_old_snapshot_whole_and_one_that_succeeds_replaces_it(make_cluster,
+                                                                                                tmp_path, scheme):
+    """``snapshot --overwrite`` removed the old snapshot before it wrote: stopped or failed midway (SIGTERM, a
+    server refusing the path), it took back what it wrote and left nothing -- the last good snapshot gone.  It is
+    written beside the old one now and swapped in whole."""
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1)
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    _train(cluster, _batches(2))
+    path = tmp_path / "snap"
+    where = str(path) if scheme == "path" else f"file://{path}"
+    cluster.save(where)
+    old = _state(cluster)
+    files = sorted((p.name, p.read_bytes()) for p in path.iterdir())
+    _train(cluster, _batches(2, seed=1))
+    with pytest.raises(_Stopped):
+        cluster.save(where, overwrite=True, on_progress=_stop_after_first_file)
+    assert sorted((p.name, p.read_bytes()) for p in path.iterdir()) == files  # the old one, as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # nothing of the failed save beside it
+    new = _state(cluster)
+    messages = []
+    manifest = cluster.save(where, overwrite=True, on_progress=messages.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+    assert set(manifest["files"]) <= {p.name for p in path.iterdir()} and (path / "manifest.json").exists()
+    assert any(f"to {where} in" in m for m in messages), messages  # the progress names the path asked for
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target.load(where)
+    assert all(np.array_equal(a, b) for a, b in zip(_state(target).values(), new.values()))
+    assert not all(np.array_equal(a, b) for a, b in zip(old.values(), new.values()))
+
+
+def test_a_failed_save_takes_back_every_directory_it_made(make_cluster, tmp_path):
+    """A save into ``out/deep/er`` (none of them there) that failed removed ``er`` only; through a ``file://`` URL
+    it removed none."""
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    for where in (str(tmp_path / "out" / "deep" / "er"), f"file://{tmp_path}/url/deep/er"):
+        with pytest.raises(_Stopped):
+            cluster.save(where, on_progress=_stop_after_first_file)
+        assert [p.name for p in tmp_path.iterdir()] == [], where
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(_Stopped):
+        cluster.save(str(tmp_path / "kept" / "new"), on_progress=_stop_after_first_file)
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not any((tmp_path / "kept").iterdir())

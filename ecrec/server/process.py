@@ -82,6 +82,7 @@ class EmbeddingServer:
         self.etcd_lease: EtcdLease | None = None
         self._keeper: LeaseKeeper | None = None  # renews the lease (either backend) until it is lost or we stop
         self._registered = threading.Event()  # renewals grant the serving lease only once registered
+        self.fenced: str | None = None  # why the lease was lost (declared failed): the process exits 1
         self._lost_registering = ""  # why the lease was lost before the registration ended
         self._seen_revision = 0  # etcd's revision at the last map fetch a renewal asked for
         # renewals that could not reach the coordinator (or etcd) since the last one that did: when the first
@@ -245,7 +246,9 @@ class EmbeddingServer:
         if not self._registered.is_set():
             self._lost_registering = reason  # the registration raises it
             return
-        log.error("this server's lease is gone (%s): it was replaced; stopping", reason)
+        log.error("this server's lease is gone (%s): it was declared failed (a standby takes its index, if one is "
+                  "free); stopping, exit status 1 (started again, it joins as a new server)", reason)
+        self.fenced = reason
         self.state.lease.revoke(reason)
         # no grace worth waiting for: every call in flight is refused at its reply (the lease is revoked)
         threading.Thread(target=self.stop, args=(REPLACED_GRACE_S,), name="ecrec-stop", daemon=True).start()

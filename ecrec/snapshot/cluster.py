@@ -35,8 +35,10 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -85,7 +87,8 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
-    made_dir = not snapshot_files.is_url(path) and not os.path.isdir(path)  # removed again if the save fails
+    local = _local_dir(path)
+    made = _missing_dirs(local) if local is not None else []  # removed again if the save fails, deepest first
     claim = None
     try:
         _refuse_a_snapshot_there(path, overwrite)
@@ -106,13 +109,34 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         if isinstance(exc, save_claim.PathBusy):
             raise SnapshotError(f"{exc}; nothing was written") from None
         raise
+    staging = None
     try:
-        # an old snapshot (overwrite) or what an interrupted save left: its manifest goes first, so that no
-        # complete-looking snapshot is ever without its files
+        if overwrite and local is not None and snapshot_files.exists(path, MANIFEST):
+            # a snapshot over a whole one: written beside it, then swapped in, so that a save that fails (or is
+            # stopped) leaves the old one as it was -- removing it first lost it with the new one
+            staging = _staging(path, local)
+            snapshot_files.makedirs(staging[0])
+            manifest = _save(cluster, staging[0], on_progress, chunk_bytes, t0, importer, claim, shown=path,
+                             release=False)
+            try:
+                claim.check()
+            except save_claim.PathBusy as exc:
+                raise SnapshotError(str(exc)) from None
+            _exchange(local, staging[1])  # the old snapshot (and this save's marker) now where the new one was
+            snapshot_files.sync_directory(os.path.dirname(local))
+            claim.abandon()
+            shutil.rmtree(staging[1], ignore_errors=True)
+            return manifest
+        # what an interrupted save left, or an old snapshot on a store with no directory to swap: its manifest
+        # goes first, so that no complete-looking snapshot is ever without its files
         for name in [MANIFEST, METADATA] + [n for n in present if n.endswith(".distcp")]:
             snapshot_files.remove(path, name)
         return _save(cluster, path, on_progress, chunk_bytes, t0, importer, claim)
     except BaseException:
+        if staging is not None:  # the new files, or the old snapshot once swapped out: the path holds a whole one
+            shutil.rmtree(staging[1], ignore_errors=True)
+            claim.release()
+            raise
         if not claim.held():
             claim.abandon()
             raise  # another save holds the path now (this one stalled): its files are not this save's to take
@@ -131,12 +155,68 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
             except OSError as exc:
                 log.warning("snapshot to %s failed; removing %s: %s", path, name, _os_error(exc))
         claim.release()
-        if made_dir:
+        for directory in made:
             try:
-                os.rmdir(path)
+                os.rmdir(directory)
             except OSError:
-                pass  # not empty: a file someone else put there stays
+                break  # not empty: a file someone else put there stays
         raise
+
+
+def _local_dir(path: str) -> str | None:
+    """The local directory ``path`` names (a path, or a ``file://`` URL), None on another store."""
+    if not snapshot_files.is_url(path):
+        return path
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, target = fsspec.core.url_to_fs(path)
+    return target if isinstance(fs, LocalFileSystem) else None
+
+
+def _missing_dirs(local: str) -> list[str]:
+    """The directories a save to ``local`` makes (it and every missing parent), deepest first."""
+    missing, d = [], os.path.abspath(local)
+    while not os.path.exists(d) and d != os.path.dirname(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    return missing
+
+
+def _staging(path: str, local: str) -> tuple[str, str]:
+    """Where an overwriting save writes (as the servers are told, as a local path): beside the old snapshot, in
+    its directory's parent (under the same ``--snapshot-root``)."""
+    name = f".{os.path.basename(local.rstrip(os.sep))}.overwrite-{uuid.uuid4().hex[:12]}"
+    staged = os.path.join(os.path.dirname(local.rstrip(os.sep)), name)
+    return (f"file://{staged}" if snapshot_files.is_url(path) else staged), staged
+
+
+#: renameat2's flag that swaps two paths in one step (Linux 3.15)
+RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swaps directories ``a`` and ``b``: in one step where the kernel and the file system can
+    (``renameat2(RENAME_EXCHANGE)``), else ``a`` moved aside, ``b`` moved in, the old ``a`` moved to ``b``."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_cwd = -100
+        if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+            return
+    aside = f"{b}.old"
+    os.rename(a, aside)
+    try:
+        os.rename(b, a)
+    except OSError:
+        os.rename(aside, a)
+        raise
+    os.rename(aside, b)
 
 
 def _refuse_a_snapshot_there(path: str, overwrite: bool) -> None:
@@ -146,8 +226,9 @@ def _refuse_a_snapshot_there(path: str, overwrite: bool) -> None:
 
 
 def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer: threading.Thread,
-          claim: save_claim.Claim) -> dict:
-    """:func:`save` once the directory is ready: the cut, every server's write, the metadata and the manifest."""
+          claim: save_claim.Claim, shown: str | None = None, release: bool = True) -> dict:
+    """:func:`save` once the directory is ready: the cut, every server's write, the metadata and the manifest
+    (``shown``: the path the progress names; ``release``: let go of the claim at the end)."""
     import grpc
 
     from ecrec.tables.spec import DenseSpec, TableSpec
@@ -230,9 +311,10 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
     manifest["bytes"] = int(sum(manifest["files"].values()))
     manifest["seconds"] = time.perf_counter() - t0
     snapshot_files.write_atomically(path, MANIFEST, json.dumps(manifest, indent=1).encode())
-    claim.release()  # (a marker it cannot remove is logged: the snapshot is whole, the next save takes it over)
+    if release:
+        claim.release()  # (a marker it cannot remove is logged: the snapshot is whole, the next save takes it over)
     if on_progress is not None:
-        on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {path} in {manifest['seconds']:.2f} s "
+        on_progress(f"wrote {manifest['bytes'] / 1e6:,.1f} MB to {shown or path} in {manifest['seconds']:.2f} s "
                     f"({manifest['bytes'] / 1e6 / max(manifest['seconds'], 1e-9):,.0f} MB/s)")
     return manifest
 
