@@ -390,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"coordinator at {cluster.coordinator_address} ({args.num_servers} servers, {args.standby} standby, "
           f"strategy {args.strategy}); Ctrl-C stops them all", flush=True)
+    if args.restore:  # the restore's writes replace what a worker writes meanwhile
+        print(f"restoring {args.restore}: start training once the coordinator logs 'restored' (at log level "
+              "INFO; a restore that fails stops the cluster)", flush=True)
     print(ready_message(cluster.coordinator_address, cluster.metrics_addresses(), args.token_file), flush=True)
     done, gone = threading.Event(), []
 

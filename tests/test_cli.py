@@ -84,6 +84,9 @@ def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
         # 1: it exited once the cluster was up; 2: before `local` saw it ready (a fast failure on a loaded machine)
         assert (proc.returncode, "the coordinator exited" in err) == (1, True) or \
             (proc.returncode == 2 and "exited with code" in err), (proc.returncode, err[-2000:])
+        if proc.returncode == 1:  # it was ready: its banner said a restore was under way, not to start training yet
+            out = proc.stdout.read()
+            assert f"restoring {tmp_path / 'nowhere'}: start training once the coordinator logs 'restored'" in out, out
         deadline = time.monotonic() + 10
         while ours() and time.monotonic() < deadline:
             time.sleep(0.1)

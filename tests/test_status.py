@@ -163,3 +163,20 @@ def test_a_named_coordinator_that_does_not_answer_is_said(make_cluster):
     report = json.loads(status("--coordinator", local.coordinator_address, "--json").stdout)
     assert report["coordinators_not_answering"] == []
     assert "not answering" not in status("--coordinator", local.coordinator_address).stdout
+
+
+@pytest.mark.cluster
+def test_status_names_an_index_no_server_holds_and_says_strategy_none_keeps_no_redundancy(make_cluster):
+    """A coordinator for 2 indices with one server: the header said 'NOT fully redundant' and the table listed
+    index 0 only, nothing of index 1.  And a ``none`` cluster was 'fully redundant' though a failed server's rows
+    start over."""
+    local = make_cluster(servers=2, strategy="none")
+    r = status("--coordinator", local.coordinator_address)
+    assert r.returncode == 0 and "every index served (strategy none keeps no redundancy)" in r.stdout, r.stdout
+    local.kill(local.pid_of_index(1))
+    r = wait_for(lambda: (lambda r: r if "FAILED" in r.stdout else None)(
+        status("--coordinator", local.coordinator_address)), what="index 1 FAILED")
+    assert r.returncode == 1 and "NOT fully redundant (strategy none keeps no redundancy)" in r.stdout
+    assert "no server holds index 1" in r.stdout.splitlines()[0], r.stdout
+    report = json.loads(status("--coordinator", local.coordinator_address, "--json").stdout)
+    assert report["unserved_indices"] == [1] and report["standbys"] == 0

@@ -92,7 +92,10 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     # (killed or paused a moment ago, before the coordinator declared it failed) serves nothing now
     ready = cluster_map.ready and not any(s["health"] == "UNREACHABLE" for s in servers
                                           if s["index"] >= 0 and s["state"] in ("ACTIVE", "RECOVERING"))
+    held = {s["index"] for s in servers if s["index"] >= 0 and s["state"] != "FAILED"}
     return {
+        "unserved_indices": [i for i in range(cluster_map.num_servers) if i not in held],
+        "standbys": sum(1 for s in servers if s["state"] == "STANDBY"),
         "coordinator": address, "epoch": cluster_map.epoch, "num_servers": cluster_map.num_servers,
         "strategy": cluster_map.strategy, "k": cluster_map.k, "m": cluster_map.m, "ready": ready,
         "fully_redundant": redundant, "tables": [t.name for t in cluster_map.tables],
@@ -190,12 +193,21 @@ def _events_text(row: dict) -> str:
     return ", ".join(f"{e['kind']} {e['seconds_ago']:.0f}s ago" for e in row["last_events"]) or "-"
 
 
+def _redundancy_text(status: dict) -> str:
+    if status["strategy"] == "none":  # nothing kept but the rows themselves: a failed server's rows start over
+        return "every index served (strategy none keeps no redundancy)" if status["fully_redundant"] else \
+            "NOT fully redundant (strategy none keeps no redundancy)"
+    return "fully redundant" if status["fully_redundant"] else "NOT fully redundant"
+
+
 def render(status: dict, stream=None) -> None:
     """Prints ``status`` (from :func:`collect`) as a summary line and a table of servers."""
     summary = (f"cluster at {status['coordinator']}: epoch {status['epoch']}, {status['num_servers']} indices, "
                f"strategy {status['strategy']}" + (f" (k={status['k']}, m={status['m']})" if status['m'] else "")
                + f", {len(status['tables'])} tables; "
-               + ("fully redundant" if status["fully_redundant"] else "NOT fully redundant")
+               + _redundancy_text(status)
+               + (f"; no server holds index {', '.join(map(str, status['unserved_indices']))}"
+                  if status.get("unserved_indices") else "")
                + "".join(f"; DATA LOSS: {d['stripe_count']} stripes of {d['table']!r}" for d in status["data_loss"]))
     headers = ["index", "address", "state", "incarnation", "epoch", "rows held", "rebuild", "health", "last events"]
     rows = []
