@@ -374,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.standby < 0:
         print(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0", file=sys.stderr)
         return 2
+    if args.state_path and os.path.exists(args.state_path) and os.path.getsize(args.state_path) > 0:
+        # the map of a cluster whose servers are gone: its tables with new, empty servers are all lost stripes
+        print(f"ecrec-server local: --state-path {args.state_path} holds the map of an earlier cluster, and local "
+              "starts new, empty servers: its tables could not be rebuilt (DATA LOSS at once). Remove the file or "
+              "choose another path (to bring the model back: --restore a snapshot)", file=sys.stderr)
+        return 2
     try:
         cluster = LocalCluster(LocalClusterSpec(
             servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,

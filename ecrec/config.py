@@ -146,10 +146,19 @@ def check_numbers(config, zero_allowed: tuple[str, ...] = (), skip: tuple[str, .
         kind = _field_type(type(config), f)
         if value is None and _optional(type(config), f):
             continue
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                (kind is int and isinstance(value, float) and not value.is_integer()):
-            # a None, a string or a bool failed later, far from here (a TypeError at the first call), or passed
+        # a None, a string or a bool failed later, far from here (a TypeError at the first call), or passed; a
+        # numpy or torch scalar is a number (kept as the field's own type: sizes and counts are ints)
+        if value is None or isinstance(value, (bool, str, bytes)) or type(value).__name__ in ("bool", "bool_") or \
+                not hasattr(type(value), "__float__"):
             raise ValueError(f"{f.name} ({flag_of(f)}) {value!r}: must be {'a whole number' if kind is int else 'a number'}")
+        number = float(value)
+        if kind is int and math.isfinite(number):
+            if not number.is_integer():
+                raise ValueError(f"{f.name} ({flag_of(f)}) {value!r}: must be a whole number")
+            value = value if type(value) is int else int(number)
+        elif kind is float or not math.isfinite(number):
+            value = number
+        setattr(config, f.name, value)
         least, most = LEAST_BYTES.get(f.name), MOST_BYTES.get(f.name)
         seconds = f.name.endswith("_s")
         if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_allowed) or \

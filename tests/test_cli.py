@@ -227,3 +227,15 @@ def test_status_piped_into_a_reader_that_leaves_ends_without_a_traceback(make_cl
     run = subprocess.run(f"{sys.executable} -m ecrec.cli status --coordinator {local.coordinator_address} | true",
                          shell=True, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
+
+
+def test_local_refuses_a_state_path_holding_an_earlier_clusters_map(tmp_path):
+    """``local --state-path`` reused after a run brought that cluster's map back with new, empty servers: DATA LOSS
+    of every table at once, under a banner saying the cluster was ready."""
+    state = tmp_path / "map.pb"
+    state.write_bytes(b"\x08\x01")  # any map an earlier coordinator left
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "local", "--servers", "2", "--state-path", str(state)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert f"--state-path {state} holds the map of an earlier cluster" in r.stderr and "--restore" in r.stderr
+    assert state.read_bytes() == b"\x08\x01"

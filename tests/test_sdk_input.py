@@ -27,7 +27,10 @@ def test_a_client_setting_of_the_wrong_kind_is_refused_naming_it():
         with pytest.raises(ValueError) as caught:
             ClientConfig(**settings)
         assert said in str(caught.value), (settings, str(caught.value))
-    assert ClientConfig(rpc_timeout_s=5, max_message_bytes=70000.0).rpc_timeout_s == 5
+    config = ClientConfig(rpc_timeout_s=np.float32(5), max_message_bytes=70000.0, retry_deadline_s=torch.tensor(9.0))
+    # a number of any kind is one (numpy, torch), kept as the setting's own type: a whole float as an int size
+    assert (config.rpc_timeout_s, config.max_message_bytes, config.retry_deadline_s) == (5.0, 70000, 9.0)
+    assert type(config.max_message_bytes) is int and type(config.retry_deadline_s) is float
 
 
 def test_connect_refuses_a_wait_that_is_not_a_number_of_seconds_and_an_address_that_is_none():
@@ -44,7 +47,7 @@ def test_connect_refuses_a_wait_that_is_not_a_number_of_seconds_and_an_address_t
     t.join(20)
     assert not t.is_alive(), "Cluster.connect(wait_ready_s=nan) was still waiting after 20 s"
     assert isinstance(outcome[0], ValueError) and "wait_ready_s must be a number of seconds" in str(outcome[0])
-    for wait in (-1, "5", math.inf):
+    for wait in (-1, "5", -math.inf):
         with pytest.raises(ValueError, match="wait_ready_s"):
             Cluster.connect("127.0.0.1:1", wait_ready_s=wait)
     with pytest.raises(TypeError, match="address must be a coordinator's host:port"):
@@ -89,6 +92,7 @@ def test_create_table_refuses_values_past_float32_sizes_that_are_not_whole_and_n
         assert [t.name for t in cluster.refresh_map().tables] == []  # nothing was created
         spec = cluster.create_table("whole", np.int64(10), 4.0, seed=torch.tensor(3), lr=np.float32(0.5))
         assert (spec.num_rows, spec.dim, spec.seed) == (10, 4, 3)
+        assert cluster.create_table("tensors", torch.tensor(12.0), np.array(2.0)).num_rows == 12
     finally:
         cluster.close()
 
@@ -149,7 +153,7 @@ def test_a_client_with_a_small_message_limit_reads_and_writes_a_table_larger_tha
     smaller limit (any from 64 KiB) could not read, ``state_dict()`` or save a table larger than it."""
     local = shared_cluster(servers=2, strategy="none")
     writer = Cluster.connect(local.coordinator_address)
-    small = Cluster.connect(local.coordinator_address, ClientConfig(max_message_bytes=1 << 17))
+    small = Cluster.connect(local.coordinator_address, ClientConfig(max_message_bytes=float(1 << 17)))
     try:
         values = np.random.default_rng(0).standard_normal((4000, 16)).astype(np.float32)
         writer.create_table("wide", 4000, 16)

@@ -134,11 +134,12 @@ def _race(path: str, n: int = 8) -> list:
     return outcomes
 
 
-@pytest.mark.parametrize("scheme", ["memory", "file"])
+@pytest.mark.parametrize("scheme", ["file"])
 def test_on_a_url_many_claims_at_once_one_wins(tmp_path, scheme):
     """On an fsspec URL the marker was written and read back: two saves that both found no marker before either
-    wrote both went on, writing over each other's files.  A store that creates exclusively (memory, s3fs, gcsfs)
-    does so now, and ``file://`` is its local directory."""
+    wrote both went on, writing over each other's files.  ``file://`` is its local directory now (a store that
+    creates exclusively, s3fs or gcsfs, does so at the store: fsspec's in-process memory store checks and
+    creates in two steps, no model of one)."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # the threads interleave between a store's calls, as processes would
     try:
@@ -149,7 +150,7 @@ def test_on_a_url_many_claims_at_once_one_wins(tmp_path, scheme):
 
 def _race_rounds(tmp_path, scheme: str) -> None:
     for attempt in range(20):
-        base = f"memory://claim-race-{os.getpid()}-{attempt}" if scheme == "memory" else f"file://{tmp_path}/{attempt}"
+        base = f"{scheme}://{tmp_path}/{attempt}"
         from ecrec.snapshot import files as snapshot_files
 
         snapshot_files.makedirs(base)
@@ -176,3 +177,50 @@ def test_on_a_url_an_interrupted_saves_marker_is_taken_over_and_a_live_one_refus
     assert json.loads(fs.cat(f"{root}/{WRITING}"))["pid"] == os.getpid() and taken.held()
     taken.release()
     assert not fs.exists(f"{root}/{WRITING}")
+
+
+def test_a_store_that_takes_xb_without_enforcing_it_still_refuses_a_second_save():
+    """fsspec's ftp and webhdfs take mode "xb" and write over what is there: a save trusting the exclusive
+    create took the path from a live save.  The marker is asked first."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Lax(MemoryFileSystem):  # "xb" taken as "wb", as those stores do
+        protocol = "laxclaim"
+        store, pseudo_dirs = {}, [""]
+
+        def _open(self, path, mode="rb", **kwargs):
+            return super()._open(path, mode.replace("x", "w"), **kwargs)
+
+    fsspec.register_implementation("laxclaim", Lax, clobber=True)
+    base = f"laxclaim://claim-lax-{os.getpid()}"
+    fs, root = fsspec.core.url_to_fs(base)
+    fs.makedirs(root, exist_ok=True)
+    first = claim.take(base, WRITING)
+    try:
+        with pytest.raises(claim.PathBusy, match=f"pid {os.getpid()}"):
+            claim.take(base, WRITING)
+        assert first.held()
+    finally:
+        first.release()
+
+
+def test_a_file_url_claim_is_refreshed_as_a_local_file_never_read_empty(tmp_path, monkeypatch):
+    """Through a ``file://`` URL the refresh rewrote the marker with fsspec's "wb" (truncated in place): a second
+    save reading it meanwhile found it empty -- an interrupted save's, taken over from a live one."""
+    monkeypatch.setattr(claim, "REFRESH_S", 0.001)
+    held = claim.take(f"file://{tmp_path}", WRITING)
+    seen, deadline = set(), time.monotonic() + 1.5
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = (tmp_path / WRITING).read_bytes()
+            except FileNotFoundError:
+                data = b"<missing>"
+            seen.add("ok" if data.startswith(b"{") and data.endswith(b"}") else repr(data[:20]))
+        assert seen == {"ok"}, seen
+        with pytest.raises(claim.PathBusy):
+            claim.take(f"file://{tmp_path}", WRITING)
+    finally:
+        held.release()
+    assert not (tmp_path / WRITING).exists()

@@ -23,6 +23,8 @@ import functools
 
 import json
 import logging
+import math
+import operator
 import threading
 import time
 import uuid
@@ -117,11 +119,17 @@ NOT_READY = "cluster not ready"
 
 def _whole(value, table: str, what: str) -> int:
     """A size or seed given to create_table as an int: 10.9 rows made a table of 10 before, "12" one of 12."""
-    if not isinstance(value, (bool, np.bool_)):
-        if hasattr(type(value), "__index__"):  # int, a numpy integer, a 0-d integer tensor
-            return int(value.__index__())
-        if isinstance(value, (float, np.floating)) and float(value).is_integer():
-            return int(value)
+    if not isinstance(value, (bool, np.bool_, str, bytes)):
+        try:
+            return operator.index(value)  # int, a numpy integer, a 0-d integer tensor or array
+        except TypeError:
+            pass
+        try:
+            number = float(value)  # a float, or a 0-d float tensor or array, that is whole
+        except (TypeError, ValueError):
+            number = math.nan
+        if number.is_integer():
+            return int(number)
     raise ValueError(f"create_table {table!r}: {what} must be a whole number, got {value!r}")
 
 
@@ -203,9 +211,9 @@ class Cluster:
         logged once, as a warning), and the error at the deadline says it too.  A client that gives up closes what
         it opened."""
         if isinstance(wait_ready_s, bool) or not isinstance(wait_ready_s, (int, float)) or \
-                not 0 <= wait_ready_s <= MAX_SECONDS:  # NaN waited for ever
-            raise ValueError(f"Cluster.connect: wait_ready_s must be a number of seconds from 0 to {MAX_SECONDS:g}, "
-                             f"not {wait_ready_s!r}")
+                not (0 <= wait_ready_s <= MAX_SECONDS or wait_ready_s == math.inf):  # NaN waited for ever unasked
+            raise ValueError(f"Cluster.connect: wait_ready_s must be a number of seconds from 0 to {MAX_SECONDS:g} "
+                             f"(or math.inf: for ever), not {wait_ready_s!r}")
         cluster = cls(address, config, worker)
         address = cluster.address  # a list joined
         start = time.monotonic()

@@ -46,18 +46,19 @@ class _Placed(torch.nn.Module):
         """The module's state-dict keys as nested namespaces (``.weight``, ``.embedding_bags.<table>.weight``)."""
         from types import SimpleNamespace
 
-        keys = tuple(self.state_dict_keys(""))
+        # DCP reads it once per key: built once per set of tables (what the keys are made of), not per read
+        signature = (getattr(self, "name", None), tuple(getattr(self, "names", ())))
         cached = self.__dict__.get("_names_of_keys")
-        if cached is not None and cached[0] == keys:  # DCP reads it once per key: built once per set of keys
+        if cached is not None and cached[0] == signature:
             return cached[1]
         root = SimpleNamespace()
-        for key in keys:
+        for key in self.state_dict_keys(""):
             node = root
             for part in key.split("."):
                 if not hasattr(node, part):
                     setattr(node, part, SimpleNamespace())
                 node = getattr(node, part)
-        self.__dict__["_names_of_keys"] = (keys, root)
+        self.__dict__["_names_of_keys"] = (signature, root)
         return root
 
 

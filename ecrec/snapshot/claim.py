@@ -10,7 +10,8 @@ nobody (an empty marker, as earlier releases wrote): that is an interrupted save
 over.  Before its manifest, and when it lets go, a save checks the marker is still its own.  A ``file://`` URL is
 the local directory it names; on another store the marker is created exclusively where the store can (fsspec's
 ``"xb"`` mode: memory, s3fs, gcsfs), else written, then read back: two saves starting within one write of each
-other may then both go on, and are told at their manifests.
+other may then both go on, and are told at their manifests.  On such a store the takeover of an interrupted save's
+marker (read, removed, created again) is not exclusive either: two saves taking one over at once may both go on.
 """
 
 from __future__ import annotations
@@ -154,9 +155,23 @@ def _body(token: str, started: float | None = None) -> bytes:
                        "started": now if started is None else started, "refreshed": now}).encode()
 
 
+def _local_path(path: str) -> str:
+    """A ``file://`` URL as the local path it names (its marker then written and refreshed as a local file's:
+    beside it and renamed, never truncated in place where another save could read it empty); else ``path``."""
+    if snapshot_files.is_url(path) and str(path).startswith("file://"):
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        fs, target = fsspec.core.url_to_fs(path)
+        if isinstance(fs, LocalFileSystem):
+            return target
+    return path
+
+
 def take(path: str, name: str) -> Claim:
     """Claims ``path`` (an existing directory or URL) for one save: raises :class:`PathBusy` naming the save that
     writes there now; takes over an interrupted save's marker."""
+    path = _local_path(path)
     token = uuid.uuid4().hex
     body = _body(token)
     claim = None
@@ -182,7 +197,7 @@ def take(path: str, name: str) -> Claim:
 
 #: a marker that names nobody is read again this often, this far apart: one being created exclusively on a store
 #: is empty until its write ends (an earlier release's empty marker stays empty)
-SETTLE_READS, SETTLE_S = 5, 0.1
+SETTLE_READS, SETTLE_S = 10, 0.2
 
 
 def _settled_holder(path: str, name: str) -> tuple[dict | None, float | None]:
@@ -212,6 +227,10 @@ def _create_url(path: str, name: str, body: bytes) -> None:
         _create_local(os.path.dirname(target), name, body)
         return
     for _ in range(3):
+        # asked first: a store may take "xb" and not enforce it (fsspec's ftp and webhdfs write over)
+        holder, age = _settled_holder(path, name)
+        if age is not None and _alive(holder, age):
+            raise _busy(path, holder)
         try:
             with fs.open(target, "xb") as f:
                 f.write(body)
