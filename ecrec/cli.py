@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "Debian's etcd-server, or $ECREC_ETCD) and keep the map there")
     lo.add_argument("--coordinators", type=int, default=1,
                     help="coordinators on the etcd store (one leads, the others take over; default 1)")
-    lo.add_argument("--etcd-members", type=int, default=1, help="etcd members with --store etcd (default 1; 3 "
+    lo.add_argument("--etcd-members", type=int, default=None, help="etcd members with --store etcd (default 1; 3 "
                                                                 "survive the loss of one)")
     lo.add_argument("--token-file", default=None,
                     help="shared secret every process checks on every call (ecrec.net.security); clients pass the same "
@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.standby < 0:
         print(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0", file=sys.stderr)
         return 2
+    if args.store != "etcd" and args.etcd_members is not None:
+        print("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)", file=sys.stderr)
+        return 2
     if args.state_path and os.path.exists(args.state_path) and os.path.getsize(args.state_path) > 0:
         # the map of a cluster whose servers are gone: its tables with new, empty servers are all lost stripes
         print(f"ecrec-server local: --state-path {args.state_path} holds the map of an earlier cluster, and local "
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             log_level=args.log_level, log_format=args.log_format, metrics_port=args.metrics_port,
             server_security={"token_file": args.token_file} if args.token_file else {},
             coordinator_options={"restore": args.restore} if args.restore else {},
-            store=args.store, coordinators=args.coordinators, etcd_members=args.etcd_members,
+            store=args.store, coordinators=args.coordinators, etcd_members=1 if args.etcd_members is None else args.etcd_members,
             die_with_parent=True,  # a kill -9 of this process stops them too (this thread starts them all)
         ))
         cluster.start()

@@ -239,3 +239,33 @@ def test_local_refuses_a_state_path_holding_an_earlier_clusters_map(tmp_path):
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert f"--state-path {state} holds the map of an earlier cluster" in r.stderr and "--restore" in r.stderr
     assert state.read_bytes() == b"\x08\x01"
+
+
+def test_serve_with_an_index_another_server_holds_says_it_waits_as_a_standby_for_it(make_cluster):
+    """``serve --index N`` with N held became a standby saying only 'registered as standby'."""
+    from ecrec.client import Cluster
+    from helpers import wait_for
+
+    local = make_cluster(servers=2, strategy="none")
+    proc = local.start_server(index=0)
+    said = wait_for(lambda: [line for line in local.stderr_tail(proc.pid) if "index 0 is held by another server" in line],
+                    60, "the warning of a taken --index")
+    assert "this server is a standby, promoted into index 0 first should it fail" in said[0]
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        standbys = [s for s in cluster.refresh_map().servers if s.index < 0]
+        assert len(standbys) == 1
+    finally:
+        cluster.close()
+
+
+def test_local_refuses_coordinator_and_etcd_counts_that_cannot_be():
+    """``--coordinators 0`` said 'more than one needs store=etcd'; ``--etcd-members`` with the file store was
+    silently ignored; ``--etcd-members 0`` with etcd failed later."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ecrec.cli", "local", "--servers", "2", *a],
+                                    capture_output=True, text=True, timeout=60)
+    for args, said in [(["--coordinators", "0"], "0 coordinators: a cluster needs at least 1"),
+                       (["--etcd-members", "3"], "--etcd-members is for --store etcd"),
+                       (["--store", "etcd", "--etcd-members", "0"], "0 etcd members: an etcd store needs at least 1")]:
+        r = run(*args)
+        assert r.returncode == 2 and said in r.stderr and r.stdout == "", (args, r.returncode, r.stderr[-500:])

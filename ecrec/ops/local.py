@@ -101,9 +101,13 @@ class LocalCluster:
                              f"consecutive ports in 1..65535, got {port}")
         if self.spec.store not in ("file", "etcd"):
             raise ValueError(f"store {self.spec.store!r}: choose file or etcd")
-        if self.spec.coordinators < 1 or (self.spec.coordinators > 1 and self.spec.store != "etcd"):
+        if self.spec.coordinators < 1:
+            raise ValueError(f"{self.spec.coordinators} coordinators: a cluster needs at least 1")
+        if self.spec.coordinators > 1 and self.spec.store != "etcd":
             raise ValueError(f"{self.spec.coordinators} coordinators: more than one needs store='etcd' (they share "
                              "the map through it)")
+        if self.spec.store == "etcd" and self.spec.etcd_members < 1:
+            raise ValueError(f"{self.spec.etcd_members} etcd members: an etcd store needs at least 1")
         self.coordinator_address: str | None = None
         self.coordinator_proc: subprocess.Popen | None = None
         #: with an etcd store: every coordinator's address and process (coordinator_address names them all)

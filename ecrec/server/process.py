@@ -211,6 +211,10 @@ class EmbeddingServer:
             self.state.adopt_map(reply.map)  # ignored when a broadcast brought a newer map first
         log.info("registered at %s as %s (epoch %d)", self.state.address,
                  f"index {reply.index}" if reply.index >= 0 else "standby", reply.map.epoch)
+        if self.config.want_index >= 0 and reply.index != self.config.want_index:
+            # --index N taken (or the cluster formed already): it waits as a spare, first in line for N
+            log.warning("index %d is held by another server (or the cluster has formed): this server is a standby, "
+                        "promoted into index %d first should it fail", self.config.want_index, self.config.want_index)
         return sent, reply
 
     # --- the lease: one keeper, either backend (ecrec.control.lease) ------------------------------------------
