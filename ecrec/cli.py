@@ -278,6 +278,16 @@ def _stop_all(*stops):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``ecrec-server``: a Ctrl-C no command handles itself (during its imports, while ``local`` starts its
+    cluster) ends it with status 130 and a line, not a traceback (what it started is stopped on the way out)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("ecrec-server: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from ecrec.ops import parent
 
     parent.follow()  # a child of `ecrec-server local`: it ends when local does, even by kill -9
@@ -383,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
               "starts new, empty servers: its tables could not be rebuilt (DATA LOSS at once). Remove the file or "
               "choose another path (to bring the model back: --restore a snapshot)", file=sys.stderr)
         return 2
+    cluster = None
     try:
         cluster = LocalCluster(LocalClusterSpec(
             servers=args.num_servers, standby=args.standby, strategy=args.strategy, k=args.k, m=args.m,
@@ -397,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
         print(f"ecrec-server local: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while the cluster starts: what started is stopped
+        if cluster is not None:
+            cluster.close()
+        raise
     print(f"coordinator at {cluster.coordinator_address} ({args.num_servers} servers, {args.standby} standby, "
           f"strategy {args.strategy}); Ctrl-C stops them all", flush=True)
     if args.restore:  # the restore's writes replace what a worker writes meanwhile

@@ -269,3 +269,26 @@ def test_local_refuses_coordinator_and_etcd_counts_that_cannot_be():
                        (["--store", "etcd", "--etcd-members", "0"], "0 etcd members: an etcd store needs at least 1")]:
         r = run(*args)
         assert r.returncode == 2 and said in r.stderr and r.stdout == "", (args, r.returncode, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("after_s", [0.2, 1.0])
+def test_ctrl_c_while_local_starts_ends_it_with_a_line_and_no_process_left(after_s):
+    """Ctrl-C during ``local``'s imports or while its cluster started printed a KeyboardInterrupt traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "local", "--servers", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    children: set[int] = set()
+    try:
+        time.sleep(after_s)
+        children = children_of(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err[-3000:]
+        assert proc.returncode == 130 and "interrupted" in err or proc.returncode == 0, (proc.returncode, err[-2000:])
+        deadline = time.monotonic() + 10
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(c) for c in children)
+    finally:
+        for pid in [proc.pid, *children]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
