@@ -271,7 +271,9 @@ class EmbeddingServer:
         if not self._registered.is_set():
             log.warning("renewing the etcd lease while registering: %s%s", exc, many)
         elif self.state.index >= 0:
-            log.warning("%s; serving until %.1f s from now%s", exc, self.state.lease.remaining_s(), many)
+            left = self.state.lease.remaining_s()
+            log.warning("%s; %s%s", exc, f"serving until {left:.1f} s from now" if left > 0 else
+                        "its lease has run out: serving nothing until the coordinator answers", many)
         else:
             log.warning("%s; a standby, it waits to be reachable again%s", exc, many)
         return False  # keep trying: the serving lease runs out by itself

@@ -320,8 +320,13 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
 
 
 def _import_dcp() -> None:
-    import torch.distributed.checkpoint.filesystem  # noqa: F401
-    import torch.distributed.checkpoint.metadata  # noqa: F401
+    """Imports DCP's metadata classes ahead of need (a second), while the servers write.  Only a head start: an
+    import that fails here (the process interrupted and exiting under it) is left to the real one, which says it."""
+    try:
+        import torch.distributed.checkpoint.filesystem  # noqa: F401
+        import torch.distributed.checkpoint.metadata  # noqa: F401
+    except BaseException:  # noqa: BLE001 - see above: an interrupted save printed this thread's traceback
+        pass
 
 
 def _dcp_metadata(manifest: dict):
