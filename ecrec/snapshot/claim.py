@@ -118,8 +118,11 @@ class Claim:
         return holder is not None and holder["token"] == self.token
 
     def abandon(self) -> None:
-        """Stops refreshing, leaving the marker as it is (another save's now, or out of reach)."""
+        """Stops refreshing (a refresh under way ends first), leaving the marker as it is (another save's now, out
+        of reach, or moved away with the directory it was in)."""
         self._stop.set()
+        if self._refresher is not threading.current_thread():
+            self._refresher.join()
 
     def check(self) -> None:
         if not self.held():

@@ -122,9 +122,9 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
                 claim.check()
             except save_claim.PathBusy as exc:
                 raise SnapshotError(str(exc)) from None
+            claim.abandon()  # no refresh may write a marker into the new snapshot once it is swapped in
             _exchange(local, staging[1])  # the old snapshot (and this save's marker) now where the new one was
             snapshot_files.sync_directory(os.path.dirname(local))
-            claim.abandon()
             shutil.rmtree(staging[1], ignore_errors=True)
             return manifest
         # what an interrupted save left, or an old snapshot on a store with no directory to swap: its manifest
