@@ -275,3 +275,82 @@ def test_the_documented_snippet_runs(make_cluster):
     registered = {name for name, _ in model.named_parameters()}
     assert registered and all(not name.startswith("sparse_arch") for name in registered)
     cluster.close()
+
+
+@pytest.mark.cluster
+@needs_torchrec
+def test_kjts_torchrec_takes_are_taken_alike_or_refused_never_read_wrong(make_cluster):
+    """A KJT carrying features of another collection was refused (TorchRec takes the ones it has: one KJT feeds
+    several collections); one with a batch size per feature or inverse_indices was read as one batch for all --
+    bags pooled into other features' samples, silently; an init_fn was ignored; torch.compile failed in Dynamo."""
+    import torchrec
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    local = make_cluster(servers=2)
+    cluster = Cluster.connect(local.coordinator_address)
+    configs = [torchrec.EmbeddingBagConfig(name="ta", embedding_dim=2, num_embeddings=10, feature_names=["a"]),
+               torchrec.EmbeddingBagConfig(name="tb", embedding_dim=2, num_embeddings=10, feature_names=["b"])]
+    ours = EmbeddingBagCollection.from_configs(cluster, configs, seed=2)
+    theirs = _torchrec_twin(cluster, configs)
+    mixed = KeyedJaggedTensor.from_lengths_sync(keys=["a", "x", "b"], values=torch.tensor([1, 2, 3, 4, 5, 6]),
+                                                lengths=torch.tensor([2, 1, 1, 0, 1, 1]))
+    with torch.no_grad():
+        expected = theirs(mixed)
+        assert ours(mixed).keys() == expected.keys() == ["a", "b"]
+        torch.testing.assert_close(ours(mixed).values(), expected.values(), rtol=0, atol=0)
+    variable = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3, 4, 5]),
+                                 lengths=torch.tensor([2, 1, 1, 1]), stride_per_key_per_rank=[[1], [3]])
+    inverse = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1, 0]),
+                                inverse_indices=(["a", "b"], torch.tensor([[0, 1, 1], [0, 1, 1]])))
+    for kjt in (variable, inverse):
+        with pytest.raises(ValueError, match="batch size per feature .* or inverse_indices is not supported"):
+            ours(kjt)
+    with pytest.raises(ValueError, match="table 'tc': init_fn is not supported"):
+        EmbeddingBagCollection.from_configs(cluster, [torchrec.EmbeddingBagConfig(
+            name="tc", embedding_dim=2, num_embeddings=10, feature_names=["c"],
+            init_fn=lambda w: torch.nn.init.constant_(w, 0.5))])
+    assert "tc" not in {t.name for t in cluster.refresh_map().tables}
+    compiled = torch.compile(ours, backend="eager")  # Dynamo traces the model, the pull is a graph break
+    out = compiled(mixed)
+    torch.testing.assert_close(out.values(), expected.values(), rtol=0, atol=0)
+    out.values().sum().backward()
+    cluster.step()
+    assert not torch.equal(cluster.pull("ta", [1]), theirs.embedding_bags["ta"].weight[1:2].detach())
+
+
+@pytest.mark.cluster
+@needs_torchrec
+def test_embedding_optimizer_loads_a_torch_adagrad_state_dict_keyed_by_the_state_dicts_keys(make_cluster):
+    """torch.optim puts every parameter in one group: only the first of each group was found ('no entry for' the
+    others, which were there), and a group without ECRec's own 'optimizer' entry was 'saved for optimizer None'."""
+    import torchrec
+
+    from ecrec.client.model_state import EmbeddingOptimizer
+
+    local = make_cluster(servers=2)
+    cluster = Cluster.connect(local.coordinator_address)
+    configs = [torchrec.EmbeddingBagConfig(name=n, embedding_dim=2, num_embeddings=8, feature_names=[f])
+               for n, f in (("m1", "f1"), ("m2", "f2"))]
+    ours = EmbeddingBagCollection.from_configs(cluster, configs, optimizer="adagrad", lr=0.2, seed=3)
+    theirs = _torchrec_twin(cluster, configs)
+    optimizer = torch.optim.Adagrad(theirs.parameters(), lr=0.2, eps=1e-10)
+    for p in theirs.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    names = [n for n, _ in theirs.named_parameters()]
+    saved = optimizer.state_dict()
+    saved = {"state": {names[i]: v for i, v in saved["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    assert len(saved["param_groups"]) == 1
+    EmbeddingOptimizer(ours).load_state_dict(saved)
+    for config, name in zip(configs, names):
+        np.testing.assert_array_equal(cluster.read_table(config.name, "state"), saved["state"][name]["sum"].numpy())
+    momentum = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+    for p in theirs.parameters():
+        p.grad = torch.randn_like(p)
+    momentum.step()
+    other = momentum.state_dict()
+    other = {"state": {names[i]: v for i, v in other["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in other["param_groups"]]}
+    with pytest.raises(ValueError, match="saved for optimizer \"one keeping \\['momentum_buffer'\\]\""):
+        EmbeddingOptimizer(ours).load_state_dict(other)

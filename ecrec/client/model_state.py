@@ -82,15 +82,17 @@ class EmbeddingOptimizer:
         a mismatch raises ``ValueError`` naming the table, and nothing is written)."""
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("not an optimizer state dict: it needs 'state' and 'param_groups'")
-        groups = {g["params"][0]: g for g in state_dict["param_groups"] if g.get("params")}
+        # every parameter's group (torch.optim puts them all in one; this class, one each)
+        groups = {p: g for g in state_dict["param_groups"] for p in (g.get("params") or [])}
         todo = []
         for key, (cluster, table) in self.tables.items():
             spec = cluster.table_spec(table)
             if key not in state_dict["state"] or key not in groups:
                 raise ValueError(f"the optimizer state has no entry for {key!r} (cluster table {table!r})")
-            if groups[key].get("optimizer") != spec.optimizer:
-                raise ValueError(f"{key!r} (cluster table {table!r}): saved for optimizer "
-                                 f"{groups[key].get('optimizer')!r}, the table trains with {spec.optimizer!r}")
+            saved = _saved_optimizer(groups[key], state_dict["state"][key])
+            if saved != spec.optimizer:
+                raise ValueError(f"{key!r} (cluster table {table!r}): saved for optimizer {saved!r}, the table "
+                                 f"trains with {spec.optimizer!r}")
             differ = [f"{n} {groups[key][n]!r} -> {getattr(spec, n)!r}" for n in ("lr", "eps", "initial_accumulator_value")
                       if n in groups[key] and groups[key][n] != getattr(spec, n)]
             if differ:  # torch.optim would take them; a table's settings are the cluster's, for every worker
@@ -114,9 +116,10 @@ class EmbeddingOptimizer:
                 log.warning("the optimizer state has no entry for %r (dense tensor %r): its optimizer state on the "
                             "servers is kept", key, name)
                 continue
-            if groups[key].get("optimizer") != spec.optimizer:
-                raise ValueError(f"{key!r} (dense tensor {name!r}): saved for optimizer "
-                                 f"{groups[key].get('optimizer')!r}, the tensor trains with {spec.optimizer!r}")
+            saved = _saved_optimizer(groups[key], state_dict["state"][key])
+            if saved != spec.optimizer:
+                raise ValueError(f"{key!r} (dense tensor {name!r}): saved for optimizer {saved!r}, the tensor "
+                                 f"trains with {spec.optimizer!r}")
             if spec.state_width == 0:
                 continue
             value = _saved_sum(state_dict["state"][key], _dense_state_shape(spec),
@@ -148,6 +151,18 @@ def _group(key: str, spec, **holder) -> dict:
     """A param group of the state dict: one table's or dense tensor's key and its optimizer settings."""
     return {"params": [key], **holder, "optimizer": spec.optimizer, "lr": spec.lr, "eps": spec.eps,
             "initial_accumulator_value": spec.initial_accumulator_value}
+
+
+def _saved_optimizer(group: dict, entry) -> str:
+    """The optimizer a saved entry is for: its group's ``optimizer`` (this class writes it); in a
+    ``torch.optim`` state dict (with the state dict's keys for parameter ids), read off the entry: Adagrad's
+    ``sum``, or plain SGD's nothing (a momentum buffer is SGD with momentum, which no table trains with)."""
+    if group.get("optimizer") is not None:
+        return group["optimizer"]
+    fields = set(entry) - {"step"} if isinstance(entry, dict) else set()
+    if fields == {"sum"}:
+        return "adagrad"
+    return "sgd" if not fields else f"one keeping {sorted(fields)}"
 
 
 def _saved_sum(entry, shape: tuple[int, ...], what: str):

@@ -5,6 +5,8 @@ their tables so a model saves and loads as a plain PyTorch model would."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -173,6 +175,13 @@ class EmbeddingBagCollection(_Placed):
                 if feature in seen_features:
                     raise ValueError(f"feature {feature!r} is in tables {seen_features[feature]!r} and {name!r}")
                 seen_features[feature] = name
+            for option, default in (("need_pos", False), ("num_embeddings_post_pruning", None)):
+                if getattr(config, option, default) != default:  # was taken and ignored, silently
+                    raise ValueError(f"table {name!r}: {option} is not supported")
+            if not _default_init_fn(config):
+                raise ValueError(f"table {name!r}: init_fn is not supported (it was ignored): the rows are drawn on "
+                                 "the servers, uniform in [weight_init_min, weight_init_max] from seed; to start from "
+                                 "given rows, Cluster.create_table(name, ..., init=tensor)")
             low, high = getattr(config, "weight_init_min", None), getattr(config, "weight_init_max", None)
             if low is None and high is None:
                 scale = 0.0  # the cluster default: 1/sqrt(num_rows), TorchRec's default range
@@ -225,9 +234,24 @@ class EmbeddingBagCollection(_Placed):
         if _is_keyed_jagged(inputs):
             if inputs.weights_or_none() is not None:
                 raise ValueError("weighted features (per-sample weights) are not supported")
+            variable = getattr(inputs, "variable_stride_per_key", None)
+            inverse = getattr(inputs, "inverse_indices_or_none", None)
+            if (callable(variable) and variable()) or (callable(inverse) and inverse() is not None):
+                # read as one batch size for all, its bags went to other features' samples, silently
+                raise ValueError("a KeyedJaggedTensor with a batch size per feature (stride_per_key_per_rank) or "
+                                 "inverse_indices is not supported: give every feature the same batch")
             from torchrec.sparse.jagged_tensor import KeyedTensor
 
-            pooled = self.lookup_jagged(inputs.keys(), inputs.values(), inputs.lengths())
+            ours = {feature for feature, _ in self.features}
+            keys = list(inputs.keys())
+            if any(k not in ours for k in keys):  # as TorchRec: one KJT may feed several collections
+                split = inputs.to_dict()
+                keys = [k for k in keys if k in ours]
+                values = torch.cat([split[k].values() for k in keys]) if keys else inputs.values()[:0]
+                lengths = torch.cat([split[k].lengths() for k in keys]) if keys else inputs.lengths()[:0]
+            else:
+                values, lengths = inputs.values(), inputs.lengths()
+            pooled = self.lookup_jagged(keys, values, lengths)
             keys = [feature for feature, _ in self.features]
             return KeyedTensor(keys=keys, length_per_key=[self.specs[t].dim for _, t in self.features],
                                values=torch.cat([pooled[k] for k in keys], dim=1))
@@ -235,6 +259,7 @@ class EmbeddingBagCollection(_Placed):
             raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
         return [self._placed(out) for out in _lookup(self.cluster, self.names, inputs, self.modes)]
 
+    @torch.compiler.disable  # its checks read the lengths (a graph break each): one break for all, quietly
     def lookup_jagged(self, keys, values, lengths) -> dict[str, torch.Tensor]:
         """TorchRec's jagged layout without TorchRec: ``values`` holds, feature after feature (in ``keys``
         order), the ids of ``B`` bags, bag ``b`` of feature ``f`` having ``lengths[f * B + b]`` ids.  Returns
@@ -351,6 +376,24 @@ def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str]
         unexpected_keys.extend(key for key in state_dict if key.startswith(prefix) and key not in keys)
 
 
+def _default_init_fn(config) -> bool:
+    """Whether an ``EmbeddingBagConfig``'s ``init_fn`` is TorchRec's own default (unset, or the uniform in
+    ``[weight_init_min, weight_init_max]`` it fills in): what the servers draw."""
+    import functools
+
+    fn = getattr(config, "init_fn", None)
+    if fn is None:
+        return True
+    if not (isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "uniform_" and not fn.args
+            and set(fn.keywords) == {"a", "b"}):
+        return False
+    low, high = getattr(config, "weight_init_min", None), getattr(config, "weight_init_max", None)
+    if low is None and high is None:  # TorchRec's default range, as the servers draw it (init_scale 0)
+        high = math.sqrt(1.0 / int(config.num_embeddings))
+        low = -high
+    return math.isclose(fn.keywords["a"], low, rel_tol=1e-9) and math.isclose(fn.keywords["b"], high, rel_tol=1e-9)
+
+
 def _is_keyed_jagged(x) -> bool:
     """A ``torchrec.KeyedJaggedTensor`` (duck-typed: TorchRec is imported only when one is passed)."""
     return all(callable(getattr(x, name, None)) for name in ("keys", "values", "lengths", "weights_or_none"))
@@ -360,6 +403,7 @@ def _on_cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x
 
 
+@torch.compiler.disable  # torch.compile: the pull runs as Python (a graph break), the model around it compiles
 def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
             per_sample_weights=None) -> list[torch.Tensor]:
     """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
