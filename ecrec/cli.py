@@ -402,7 +402,7 @@ def _main(argv: list[str] | None) -> int:
             server_security={"token_file": args.token_file} if args.token_file else {},
             coordinator_options={"restore": args.restore} if args.restore else {},
             store=args.store, coordinators=args.coordinators, etcd_members=1 if args.etcd_members is None else args.etcd_members,
-            die_with_parent=True,  # a kill -9 of this process stops them too (this thread starts them all)
+            die_with_parent=True, own_process_groups=True,  # a kill -9 of this process stops them too (this thread starts them all)
         ))
         cluster.start()
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:

@@ -85,6 +85,9 @@ class LocalClusterSpec:
     #: holds this object (``ecrec-server local``) leaves none running (Linux: ``ecrec.ops.parent``); start and
     #: restart from one long-lived thread when set
     die_with_parent: bool = False
+    #: each process in a process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches
+    #: the process that started them, which stops them, not processes still starting Python (their tracebacks)
+    own_process_groups: bool = False
 
     def security_of(self, role: str) -> dict:
         """The security options of ``role`` (``server``, ``coordinator`` or ``client``)."""
@@ -323,7 +326,8 @@ class LocalCluster:
         if self.spec.die_with_parent:
             env = {**env, **parent.env()}
         return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=env, text=True)
+                                stderr=subprocess.PIPE, env=env, text=True,
+                                process_group=0 if self.spec.own_process_groups else None)
 
     def _follow_stderr(self, proc: subprocess.Popen) -> None:
         self._stderr[proc.pid] = follow_stderr(proc)
