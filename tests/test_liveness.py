@@ -387,3 +387,40 @@ def test_a_create_while_an_index_has_no_server_waits_for_its_replacement(make_cl
     assert outcome == {"ok": True}, outcome
     m = client.refresh_map()
     assert [t.name for t in m.tables] == ["t"] and len(m.dense) == 2 and m.ready
+
+
+def test_a_step_waiting_on_a_paused_server_follows_its_replacement_while_it_is_still_paused(make_cluster):
+    """A call already sent to a server that is then paused waited its whole deadline (30 s by default; then the
+    fallback called the same server again: 60 s), though the coordinator declared it failed and its standby served
+    within seconds.  Now a call that has waited 2 s has the map checked; once its server is declared failed its
+    calls are cancelled and follow the map.  The step ends while the server is still paused, exactly once."""
+    from ecrec.client import Cluster
+    from ecrec.config import ClientConfig
+    from helpers import ROWS, assert_counts, counting_push
+
+    local = make_cluster(servers=3, standby=1, strategy="ecrec", k=2, m=1)
+    setup = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=120.0))
+    setup.create_table("t", ROWS, 4, optimizer="sgd", lr=1.0, init="zeros")
+    setup.close()
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(rpc_timeout_s=90.0,
+                                                                             retry_deadline_s=180.0))
+    initial = client.read_payload("t")[1].copy()
+    counts = np.zeros(ROWS)
+    for _ in range(3):
+        counting_push(client, np.arange(ROWS))
+        counts += 1
+    pid = local.pid_of_index(0)
+    local.pause(pid)
+    done = threading.Event()
+    try:
+        worker = threading.Thread(target=lambda: (counting_push(client, np.arange(ROWS)), done.set()), daemon=True)
+        worker.start()
+        assert done.wait(60), "the step still waits on the paused server (its deadline is 90 s)"
+        counts += 1
+    finally:
+        local.resume(pid)
+    worker.join(60)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    assert_counts(client, initial, counts)
+    client.close()

@@ -168,7 +168,8 @@ class Cluster:
         self._coordinator = self.coordinator.stub
         self.peers = Peers(lambda: self.map, self.coordinator, timeout_s=self.config.rpc_timeout_s,
                            retry_deadline_s=self.config.retry_deadline_s,
-                           max_message_bytes=self.config.max_message_bytes, security=self.config.security)
+                           max_message_bytes=self.config.max_message_bytes, security=self.config.security,
+                           watch_stalls=True)
         self.courier = Courier()
         if self.config.idle_poll_s < 0:
             raise ValueError(f"idle_poll_s must be >= 0 (0: no background polls), not {self.config.idle_poll_s}")

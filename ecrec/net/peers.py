@@ -188,8 +188,11 @@ class CoordinatorClient:
             self.on_map(m)
             return m
         except grpc.RpcError as exc:
-            log.log(warn_level(("report", address)),
-                    "reporting %s to the coordinator failed: %s", address, exc.code().name)
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # no longer in the map: replaced already, nothing to say
+                log.debug("%s is no longer in the cluster map (replaced already)", address)
+            else:
+                log.log(warn_level(("report", address)),
+                        "reporting %s to the coordinator failed: %s", address, exc.code().name)
         try:
             return self.get_map()
         except grpc.RpcError as exc:
@@ -203,16 +206,32 @@ class CoordinatorClient:
         self.on_map(m)
 
 
+#: a call to a server in flight this long has its server's place in the map checked, then every STALL_CHECK_S
+#: (``Peers(watch_stalls=True)``): a server declared failed meanwhile (paused, cut off) has its calls cancelled
+STALL_S = 2.0
+STALL_CHECK_S = 1.0
+
+
 class Peers:
     """Embedding servers by index (see the module docstring).
 
     ``current_map`` returns the newest map this process knows; ``coordinator`` receives failure
-    reports (and its replies update that map through its ``on_map``).
+    reports (and its replies update that map through its ``on_map``).  With ``watch_stalls``, a call that has
+    waited :data:`STALL_S` has the map fetched (every :data:`STALL_CHECK_S` while it waits): once its server is
+    no live holder there (declared failed: paused, cut off), its channel is closed, which cancels the calls on
+    it, and they follow the map to the replacement -- a paused server held a step for its whole ``timeout_s``
+    (twice: the fallback called it again), though its standby served within seconds.
     """
 
     def __init__(self, current_map: Callable[[], cluster_pb2.ClusterMap | None], coordinator: CoordinatorClient,
                  timeout_s: float, retry_deadline_s: float, max_message_bytes: int = 256 << 20,
-                 retry_pause_s: float = 0.05, identity: Callable[[], tuple] | None = None, security=None):
+                 retry_pause_s: float = 0.05, identity: Callable[[], tuple] | None = None, security=None,
+                 watch_stalls: bool = False):
+        self.watch_stalls = watch_stalls
+        self._inflight: dict[int, tuple[str, float]] = {}  # call token -> (address, when it was sent)
+        self._next_call = 0
+        self._watcher: threading.Thread | None = None
+        self._closed = threading.Event()
         self.current_map = current_map
         self.security = security
         self.identity = identity or (lambda: ())
@@ -279,7 +298,55 @@ class Peers:
     def report(self, address: str, detail: str) -> None:
         self.coordinator.report_failure(address, detail)
 
+    # --- calls whose server was declared failed while they wait ---------------------------------------------
+    def _tracked(self, address: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, a blocking call to ``address``, known to the stall watcher meanwhile."""
+        if not self.watch_stalls:
+            return fn(*args, **kwargs)
+        with self._lock:
+            self._next_call += 1
+            token = self._next_call
+            self._inflight[token] = (address, time.monotonic())
+            if self._watcher is None and not self._closed.is_set():
+                self._watcher = threading.Thread(target=self._watch, name="ecrec-peers-stalls", daemon=True)
+                self._watcher.start()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._inflight.pop(token, None)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(STALL_CHECK_S):
+            now = time.monotonic()
+            with self._lock:
+                stalled = {address for address, sent in self._inflight.values() if now - sent >= STALL_S}
+            if not stalled:
+                continue
+            try:
+                self.coordinator.get_map(timeout_s=min(self.timeout_s, 5.0))  # adopted through on_map
+            except grpc.RpcError:
+                continue  # the coordinator is away too: the calls wait out their deadline
+            m = self.current_map()
+            if m is None:
+                continue
+            live = {live_address(m, i) for i in range(m.num_servers)}
+            for address in sorted(stalled - live):
+                log.warning("server %s was declared failed while calls to it waited: they are cancelled and "
+                            "follow the cluster map", address)
+                self._drop_channel(address)
+
+    def _drop_channel(self, address: str) -> None:
+        """Closes the channel to ``address`` (its calls in flight end CANCELLED); a later call opens a new one."""
+        with self._lock:
+            channel = self._channels.pop(address, None)
+            for key in [k for k in self._stubs if k[0] == address]:
+                del self._stubs[key]
+        if channel is not None:
+            channel.close()
+
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             channels, self._channels, self._stubs = self._channels, {}, {}
             pool, self._pool = self._pool, None
@@ -304,8 +371,8 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 try:
-                    return getattr(self.stub(address, service), method)(request, timeout=timeout_s,
-                                                                        metadata=self.metadata())
+                    return self._tracked(address, getattr(self.stub(address, service), method), request,
+                                         timeout=timeout_s, metadata=self.metadata())
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.ABORTED:  # busy for a moment (a snapshot's cut): not gone
                         if time.monotonic() > deadline:
@@ -348,7 +415,7 @@ class Peers:
             address = self.address_of(index)
             pending.append((index, address, method))
             if address is not None:
-                work.append((getattr(self.stub(address, service), method), (request,),
+                work.append((self._tracked, (address, getattr(self.stub(address, service), method), request),
                              {"timeout": self.timeout_s, "metadata": self.metadata()}))
         results = iter(self._parallel(work))
         replies = []
@@ -385,7 +452,7 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 sent.append((index, address))
-                work.append((getattr(self.stub(address, service), method), (request,),
+                work.append((self._tracked, (address, getattr(self.stub(address, service), method), request),
                              {"timeout": self.timeout_s, "metadata": self.metadata()}))
         outcome = {index: (address, *result) for (index, address), result in zip(sent, self._parallel(work))}
         replies = {}
