@@ -14,7 +14,8 @@ Points (where the server calls :func:`hit`):
   per push the batch carries);
 - ``during_rebuild``: a replacement dies in the middle of its background rebuild;
 - ``during_replay``: a replacement dies after applying a push a worker replayed to it (the worker's
-  replay of its unconfirmed pushes then continues at the next replacement).
+  replay of its unconfirmed pushes then continues at the next replacement);
+- ``during_create``: a server dies while it creates a table's shard (the coordinator waits for its answer).
 
 ``point@n:hold=PATH`` pauses the thread at the n-th passage until the file ``PATH`` exists, instead of
 killing the process (a test holds a replacement's background rebuild while it fails another server, then
@@ -37,7 +38,7 @@ import threading
 import time
 
 POINTS = ("before_local_commit", "after_partial_parity", "after_parity_before_ack", "before_parity_apply", "during_rebuild",
-          "during_replay")
+          "during_replay", "during_create")
 ENV = "ECREC_FAULT"
 COORDINATOR_POINTS = ("record_map", "record_promotion")
 COORDINATOR_ENV = "ECREC_COORDINATOR_FAULT"

@@ -46,6 +46,10 @@ def default_server_bytes() -> int:
         return 1 << 62
 
 
+#: a create call's error that says its server went away under it, not that it refused
+_GONE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+
+
 class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     """The coordinator's RPCs over its parts (see the module); :meth:`start` serves them."""
 
@@ -272,14 +276,21 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             left = max(1.0, deadline - time.monotonic())  # the whole create within --create-timeout-s
             answers = self.links.call_each(list(ids), lambda stub: create(stub, left), still_wanted=still_wanted,
                                            poll_s=min(self.config.health_interval_s, 0.5))
-            refused = []
+            refused, gone = [], []
             for address, error in answers.items():
                 if error is None:
                     created.add(ids[address])
                 elif error != "replaced" and still_wanted(address):
-                    refused.append(error)
+                    # a holder that dropped the call (killed under it, before it was declared failed) is checked,
+                    # not taken for a refusal: declared failed, its replacement gets the shard; alive, asked again
+                    (gone if any(f": {code}:" in error for code in _GONE_CODES) else refused).append(address)
             if refused:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"creating {what}: {'; '.join(refused)}")
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              f"creating {what}: {'; '.join(answers[a] for a in refused)}")
+            for address in gone:
+                self.detector.check_server(address)
+            if gone:
+                time.sleep(min(self.config.health_interval_s, 0.1))
 
     def _table_bytes(self, spec: TableSpec) -> int:
         """What table ``spec`` asks of one server: its shard of rows (weights and optimizer state) and the parity

@@ -399,6 +399,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             spec = TableSpec.from_proto(request).validate()
         except ValueError as exc:
             raise errors.InvalidRequest(str(exc)) from None
+        self.state.faults.hit("during_create")
         self.state.create_table(spec)
         return embedding_pb2.Ack(epoch=self.state.epoch)
 
