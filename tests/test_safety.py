@@ -110,9 +110,13 @@ def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
     # a read of a lost row fails at once with DATA_LOSS naming the table, not after the retry deadline
     lost_rows = np.flatnonzero(client.layout.locate(np.arange(ROWS))[0] != 0)[:4]
     t0 = time.monotonic()
-    with pytest.raises(ClusterError, match=r"DATA_LOSS.*'?t'?"):
+    with pytest.raises(ClusterError, match=r"DATA_LOSS.*'?t'?") as lost:
         client.pull("t", lost_rows)
     assert time.monotonic() - t0 < FAST["retry_deadline_s"] / 2
+    # and says what to do (it was a plain ClusterError that named no way back)
+    from ecrec.client.cluster import ClusterDataLoss
+
+    assert isinstance(lost.value, ClusterDataLoss) and "restore the last snapshot" in str(lost.value)
     print(f"data loss in the map {took:.2f} s after the kills")
 
 

@@ -3,7 +3,7 @@
 collection), and :mod:`.model_state` (the servers' optimizer state in ``torch.optim``'s shape)."""
 
 from ecrec import forwarding
-from ecrec.client.cluster import Cluster, ClusterError, Replacement  # noqa: F401  (the public names)
+from ecrec.client.cluster import Cluster, ClusterDataLoss, ClusterError, Replacement  # noqa: F401  (the public names)
 from ecrec.client.steps import StepPartlyApplied  # noqa: F401
 from ecrec.client.modules import EmbeddingBag, EmbeddingBagCollection  # noqa: F401
 

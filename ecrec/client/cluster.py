@@ -117,6 +117,20 @@ COORDINATOR_AWAY = ("retry", "failed to connect", "Connection refused", "Socket 
 NOT_READY = "cluster not ready"
 
 
+class ClusterDataLoss(ClusterError):
+    """A server answered DATA_LOSS: more than m servers of some stripe failed, and rows (or pushes this worker
+    holds for them) cannot be rebuilt.  Training on this cluster cannot go on whole: restore the last snapshot."""
+
+
+def _cluster_error(exc: Exception) -> ClusterError:
+    """What a failed call raises to the training loop: a DATA_LOSS says what to do about it."""
+    if isinstance(exc, PeerError) and exc.code == grpc.StatusCode.DATA_LOSS:
+        return ClusterDataLoss(f"{exc}. The cluster lost data (more than m servers of a stripe failed): restore the "
+                               "last snapshot -- onto a new cluster: ecrec-server local/coordinator --restore PATH, "
+                               "or Cluster.load(ecrec.snapshot.latest(DIR)) -- and train on from it")
+    return ClusterError(str(exc))
+
+
 def _whole(value, table: str, what: str) -> int:
     """A size or seed given to create_table as an int: 10.9 rows made a table of 10 before, "12" one of 12."""
     if not isinstance(value, (bool, np.bool_, str, bytes)):
@@ -272,7 +286,7 @@ class Cluster:
         try:
             return self.peers.call(index, method, request, prepare=self._replay_if_replaced)
         except (PeerError, PeerUnreachable) as exc:
-            raise ClusterError(str(exc)) from None
+            raise _cluster_error(exc) from None
 
     def _fan_out(self, method: str, requests: dict[int, object], collect: bool = False) -> dict[int, object]:
         """One request per server index in parallel; a call whose server is gone follows the map to the
@@ -282,7 +296,7 @@ class Cluster:
         try:
             return self.peers.fan_out(method, requests, prepare=self._replay_if_replaced, collect=collect)
         except (PeerError, PeerUnreachable) as exc:
-            raise ClusterError(str(exc)) from None
+            raise _cluster_error(exc) from None
 
     @_open
     def poll_indices(self, indices, give_up=None) -> int:
@@ -325,7 +339,7 @@ class Cluster:
                 reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s, give_up=give_up,
                                         prepare=functools.partial(self._replay_if_replaced, retry_deadline_s=retry_s))
             except (PeerError, PeerUnreachable) as exc:
-                raise ClusterError(str(exc)) from exc  # the cause says which (wait_confirmed retries one)
+                raise _cluster_error(exc) from exc  # the cause says which (wait_confirmed retries one)
             self.courier.received(i, reply)
 
     def _replay_if_replaced(self, index: int, retry_deadline_s: float | None = None) -> None:
