@@ -16,6 +16,7 @@ import types
 import grpc
 import numpy as np
 import pytest
+import torch
 
 from ecrec.wire import cluster_pb2, embedding_pb2, embedding_pb2_grpc
 from helpers import assert_same, baseline, final_state, kill_index, train, wait_redundant
@@ -461,3 +462,29 @@ def test_a_create_whose_server_dies_under_it_is_made_on_the_replacement(make_clu
         assert all(v["mismatched"] == 0 for v in verify.values()) and sum(v["checked"] for v in verify.values())
     finally:
         cluster.close()
+
+
+def test_a_call_whose_channel_the_stall_watcher_closes_under_it_follows_the_map(make_cluster):
+    """The watcher closes the channel of a server declared failed; a call that had taken its stub just before
+    raised a bare ValueError ('Cannot invoke RPC on closed channel!') to the training loop -- after the other
+    parts of a step were applied and before the courier recorded them.  It reads as CANCELLED now: followed."""
+    from ecrec.client import Cluster
+
+    local = make_cluster(servers=2, strategy="none")
+    client = Cluster.connect(local.coordinator_address)
+    try:
+        client.create_table("t", 20, 4, seed=1)
+        expected = client.pull("t", [0, 1, 2, 3]).clone()
+        peers, real_stub, dropped = client.peers, client.peers.stub, []
+
+        def stub_then_drop(address, service="embedding"):
+            stub = real_stub(address, service)
+            if not dropped:  # the watcher closes it right after this call took it
+                dropped.append(address)
+                peers._drop_channel(address)
+            return stub
+
+        peers.stub = stub_then_drop
+        assert torch.equal(client.pull("t", [0, 1, 2, 3]), expected) and dropped
+    finally:
+        client.close()

@@ -143,6 +143,8 @@ def test_from_configs_refuses_what_it_cannot_do(make_cluster):
         EmbeddingBagCollection.from_configs(cluster, [config(pooling=torchrec.PoolingType.NONE)])
     with pytest.raises(ValueError, match="must be unset or symmetric"):
         EmbeddingBagCollection.from_configs(cluster, [config(weight_init_min=0.0, weight_init_max=0.1)])
+    with pytest.raises(ValueError, match="must be unset or symmetric"):  # one side set: TorchRec fills the other
+        EmbeddingBagCollection.from_configs(cluster, [config(weight_init_max=0.5)])
     with pytest.raises(ValueError, match="feature 'f' is in tables 't' and 'u'"):
         EmbeddingBagCollection.from_configs(cluster, [config(), config(name="u")])
     with pytest.raises(ValueError, match="at least one EmbeddingBagConfig"):

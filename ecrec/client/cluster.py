@@ -122,12 +122,25 @@ class ClusterDataLoss(ClusterError):
     holds for them) cannot be rebuilt.  Training on this cluster cannot go on whole: restore the last snapshot."""
 
 
+#: what a DATA_LOSS tells the training loop to do
+DATA_LOSS_REMEDY = (". The cluster lost data (more than m servers of a stripe failed): restore the last snapshot -- "
+                    "onto a new cluster: ecrec-server local/coordinator --restore PATH, or "
+                    "Cluster.load(ecrec.snapshot.latest(DIR)) -- and train on from it")
+
+
+class StepDataLoss(StepPartlyApplied, ClusterDataLoss):
+    """A step some of whose parts met DATA_LOSS (servers failed between its pull and its push): partly applied,
+    and the cluster lost data."""
+
+    def __init__(self, step: int, applied: dict[int, int], refused: dict[int, str]):
+        super().__init__(step, applied, refused)
+        self.args = (self.args[0] + DATA_LOSS_REMEDY,)
+
+
 def _cluster_error(exc: Exception) -> ClusterError:
     """What a failed call raises to the training loop: a DATA_LOSS says what to do about it."""
     if isinstance(exc, PeerError) and exc.code == grpc.StatusCode.DATA_LOSS:
-        return ClusterDataLoss(f"{exc}. The cluster lost data (more than m servers of a stripe failed): restore the "
-                               "last snapshot -- onto a new cluster: ecrec-server local/coordinator --restore PATH, "
-                               "or Cluster.load(ecrec.snapshot.latest(DIR)) -- and train on from it")
+        return ClusterDataLoss(f"{exc}{DATA_LOSS_REMEDY}")
     return ClusterError(str(exc))
 
 
@@ -810,8 +823,10 @@ class Cluster:
             self._keeper.holding()
         if refused:
             self._stats["steps_partly_applied"] += 1
-            raise StepPartlyApplied(self.steps_done + 1, {i: r.rows_updated for i, r in replies.items()},
-                                    {i: f"{e.code.name}: {e.details}" for i, e in refused.items()})
+            lost = any(e.code == grpc.StatusCode.DATA_LOSS for e in refused.values())
+            raise (StepDataLoss if lost else StepPartlyApplied)(
+                self.steps_done + 1, {i: r.rows_updated for i, r in replies.items()},
+                {i: f"{e.code.name}: {e.details}" for i, e in refused.items()})
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}

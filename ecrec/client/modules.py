@@ -387,10 +387,9 @@ def _default_init_fn(config) -> bool:
     if not (isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "uniform_" and not fn.args
             and set(fn.keywords) == {"a", "b"}):
         return False
+    default = math.sqrt(1.0 / int(config.num_embeddings))  # TorchRec's default bound, each side filled alone
     low, high = getattr(config, "weight_init_min", None), getattr(config, "weight_init_max", None)
-    if low is None and high is None:  # TorchRec's default range, as the servers draw it (init_scale 0)
-        high = math.sqrt(1.0 / int(config.num_embeddings))
-        low = -high
+    low, high = -default if low is None else low, default if high is None else high
     return math.isclose(fn.keywords["a"], low, rel_tol=1e-9) and math.isclose(fn.keywords["b"], high, rel_tol=1e-9)
 
 

@@ -35,7 +35,8 @@ class LocalEtcd:
     certificate the CA signed (``--client-cert-auth``)."""
 
     def __init__(self, members: int = 1, host: str = "127.0.0.1", tls: EtcdTLS | None = None,
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, own_session: bool = False):
+        self.own_session = own_session  # each member in a session of its own (LocalClusterSpec.own_process_groups)
         if members < 1:
             raise ValueError(f"etcd members must be >= 1, got {members}")
         self.host = host
@@ -83,7 +84,8 @@ class LocalEtcd:
                 raise RuntimeError(f"etcd member {self.names[i]} (pid {old.pid}) is still running")
             self.old_procs.append(old)
         log = open(os.path.join(self.root, f"{self.names[i]}.log"), "ab")
-        self.procs[i] = subprocess.Popen([*self.prefix, *self._args(i)], stdout=log, stderr=log)
+        self.procs[i] = subprocess.Popen([*self.prefix, *self._args(i)], stdout=log, stderr=log,
+                                         start_new_session=self.own_session)
         log.close()
         return self.procs[i]
 

@@ -51,6 +51,21 @@ class PeerUnreachable(errors.Unavailable):
     """A server index stayed unreachable (and unreplaced) until the retry deadline."""
 
 
+class ChannelDropped(grpc.RpcError):
+    """A call on a channel the stall watcher closed (its server was declared failed): CANCELLED, as the calls it
+    cancelled in flight -- gone, the caller follows the map."""
+
+    def __init__(self, address: str):
+        super().__init__(f"the channel to {address} was closed: its server was declared failed")
+        self.address = address
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return str(self)
+
+
 #: one warning per subject (a server's address, the coordinator) this often while the same thing keeps failing; the
 #: rest go to DEBUG (a failover retried every few milliseconds logged ~170 lines in 3 s)
 WARN_EVERY_S = 10.0
@@ -299,22 +314,29 @@ class Peers:
         self.coordinator.report_failure(address, detail)
 
     # --- calls whose server was declared failed while they wait ---------------------------------------------
-    def _tracked(self, address: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)``, a blocking call to ``address``, known to the stall watcher meanwhile."""
-        if not self.watch_stalls:
-            return fn(*args, **kwargs)
-        with self._lock:
-            self._next_call += 1
-            token = self._next_call
-            self._inflight[token] = (address, time.monotonic())
-            if self._watcher is None and not self._closed.is_set():
-                self._watcher = threading.Thread(target=self._watch, name="ecrec-peers-stalls", daemon=True)
-                self._watcher.start()
-        try:
-            return fn(*args, **kwargs)
-        finally:
+    def _tracked(self, address: str, service: str, method: str, request, **kwargs):
+        """``method`` of ``service`` at ``address`` (a blocking call), known to the stall watcher meanwhile.  Its
+        stub is taken here, in the call: a channel the watcher closed between taking a stub and calling it raised
+        a ``ValueError``; it reads as CANCELLED (gone: the caller follows the map), as a call it cancelled does."""
+        token = None
+        if self.watch_stalls:
             with self._lock:
-                self._inflight.pop(token, None)
+                self._next_call += 1
+                token = self._next_call
+                self._inflight[token] = (address, time.monotonic())
+                if self._watcher is None and not self._closed.is_set():
+                    self._watcher = threading.Thread(target=self._watch, name="ecrec-peers-stalls", daemon=True)
+                    self._watcher.start()
+        try:
+            return getattr(self.stub(address, service), method)(request, **kwargs)
+        except ValueError as exc:
+            if self._closed.is_set() or "closed channel" not in str(exc):
+                raise
+            raise ChannelDropped(address) from None
+        finally:
+            if token is not None:
+                with self._lock:
+                    self._inflight.pop(token, None)
 
     def _watch(self) -> None:
         while not self._closed.wait(STALL_CHECK_S):
@@ -327,6 +349,8 @@ class Peers:
                 self.coordinator.get_map(timeout_s=min(self.timeout_s, 5.0))  # adopted through on_map
             except grpc.RpcError:
                 continue  # the coordinator is away too: the calls wait out their deadline
+            except ValueError:  # its channel closed under it: this client is closing
+                return
             m = self.current_map()
             if m is None:
                 continue
@@ -371,8 +395,8 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 try:
-                    return self._tracked(address, getattr(self.stub(address, service), method), request,
-                                         timeout=timeout_s, metadata=self.metadata())
+                    return self._tracked(address, service, method, request, timeout=timeout_s,
+                                         metadata=self.metadata())
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.ABORTED:  # busy for a moment (a snapshot's cut): not gone
                         if time.monotonic() > deadline:
@@ -415,7 +439,7 @@ class Peers:
             address = self.address_of(index)
             pending.append((index, address, method))
             if address is not None:
-                work.append((self._tracked, (address, getattr(self.stub(address, service), method), request),
+                work.append((self._tracked, (address, service, method, request),
                              {"timeout": self.timeout_s, "metadata": self.metadata()}))
         results = iter(self._parallel(work))
         replies = []
@@ -452,7 +476,7 @@ class Peers:
             address = self.address_of(index)
             if address is not None:
                 sent.append((index, address))
-                work.append((self._tracked, (address, getattr(self.stub(address, service), method), request),
+                work.append((self._tracked, (address, service, method, request),
                              {"timeout": self.timeout_s, "metadata": self.metadata()}))
         outcome = {index: (address, *result) for (index, address), result in zip(sent, self._parallel(work))}
         replies = {}

@@ -212,7 +212,8 @@ class LocalCluster:
         s = self.spec
         from ecrec.control.etcd import EtcdTLS
         tls = EtcdTLS(s.etcd_tls["tls_ca"], s.etcd_tls["tls_cert"], s.etcd_tls["tls_key"]) if s.etcd_tls else None
-        self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls, prefix=parent.prefix() if s.die_with_parent else [])
+        self.etcd = LocalEtcd(s.etcd_members, s.host, tls=tls, prefix=parent.prefix() if s.die_with_parent else [],
+                              own_session=s.own_process_groups)
         try:
             self.etcd.start(timeout_s)
         except Exception:
@@ -327,7 +328,7 @@ class LocalCluster:
             env = {**env, **parent.env()}
         return subprocess.Popen([*prefix, *self._cmd(*args)], stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, text=True,
-                                process_group=0 if self.spec.own_process_groups else None)
+                                start_new_session=self.spec.own_process_groups)  # (process_group: 3.11 only)
 
     def _follow_stderr(self, proc: subprocess.Popen) -> None:
         self._stderr[proc.pid] = follow_stderr(proc)
