@@ -401,8 +401,10 @@ def _main(argv: list[str] | None) -> int:
             log_level=args.log_level, log_format=args.log_format, metrics_port=args.metrics_port,
             server_security={"token_file": args.token_file} if args.token_file else {},
             coordinator_options={"restore": args.restore} if args.restore else {},
-            store=args.store, coordinators=args.coordinators, etcd_members=1 if args.etcd_members is None else args.etcd_members,
-            die_with_parent=True, own_process_groups=True,  # a kill -9 of this process stops them too (this thread starts them all)
+            store=args.store, coordinators=args.coordinators,
+            etcd_members=1 if args.etcd_members is None else args.etcd_members,
+            # a kill -9 of this process stops them too (this thread starts them all); a Ctrl-C reaches this one only
+            die_with_parent=True, own_process_groups=True,
         ))
         cluster.start()
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
