@@ -44,14 +44,23 @@ def test_local_cluster_serves_and_stops_every_process(sig):
         assert len(children) == 4  # coordinator, 2 servers, 1 standby
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 0
-        deadline = time.monotonic() + 10
-        while any(alive(c) for c in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(c) for c in children)
+        assert _all_end(children, within_s=10)
     finally:
-        for pid in [proc.pid, *children]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_alive([proc.pid, *children])
+
+
+def _all_end(pids, within_s: float) -> bool:
+    """Whether every process of ``pids`` has ended within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(alive(p) for p in pids)
+
+
+def _kill_alive(pids) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _started(pid: int) -> str | None:
@@ -288,11 +297,6 @@ def test_ctrl_c_while_local_starts_ends_it_with_a_line_and_no_process_left(start
         out, err = proc.communicate(timeout=60)
         assert "Traceback" not in err, err[-3000:]
         assert proc.returncode == 130 and "interrupted" in err or proc.returncode == 0, (proc.returncode, err[-2000:])
-        deadline = time.monotonic() + 10
-        while any(alive(c) for c in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(c) for c in children)
+        assert _all_end(children, within_s=10)
     finally:
-        for pid in [proc.pid, *children]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_alive([proc.pid, *children])
