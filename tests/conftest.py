@@ -26,10 +26,7 @@ def _stop(clusters) -> None:
                               *cluster.coordinator_procs, *etcd] if p is not None]
     for p in procs:
         if p.poll() is None:
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            p.kill()  # through the handle: never a later process given a reaped child's pid
     for p in procs:
         try:
             p.wait(timeout=10)

@@ -197,6 +197,11 @@ def test_table_spec_conflicts(env):
     expect_error(lambda: stub.CreateTable(cluster_pb2.TableSpec(name="z", num_rows=5, dim=4, optimizer="adamw", lr=0.1,
                                                                 init="uniform"), timeout=10),
                  grpc.StatusCode.INVALID_ARGUMENT, ["adamw"])
+    # a name that writes a line of its own into the coordinator's log (any worker could), or a NUL
+    for name in ("a\nb", "a\x00b"):
+        expect_error(lambda: stub.CreateTable(cluster_pb2.TableSpec(name=name, num_rows=5, dim=4, optimizer="sgd",
+                                                                    lr=0.1, init="uniform"), timeout=10),
+                     grpc.StatusCode.INVALID_ARGUMENT, ["control or format character"])
     names = [t.name for t in stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=10).tables]
     assert names == ["t"]
 

@@ -30,7 +30,7 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 def test_local_cluster_serves_and_stops_every_process(sig):
     proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "2",
                              "--standby", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    children: set[int] = set()
+    children: dict[int, str] = {}
     try:
         line = _read_line(proc, timeout_s=120)  # a start that hangs fails here, not at CI's limit
         assert line.startswith("coordinator at 127.0.0.1:"), line
@@ -40,26 +40,36 @@ def test_local_cluster_serves_and_stops_every_process(sig):
         assert all(s.address.startswith("127.0.0.1:") for s in cluster.map.servers)
         cluster.create_table("t", 10, 4)
         assert cluster.pull("t", [1, 2]).shape == (2, 4)
-        children = children_of(proc.pid)
+        children = _born(children_of(proc.pid))
         assert len(children) == 4  # coordinator, 2 servers, 1 standby
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 0
         assert _all_end(children, within_s=10)
     finally:
-        _kill_alive([proc.pid, *children])
+        _kill_alive(proc, children)
 
 
-def _all_end(pids, within_s: float) -> bool:
-    """Whether every process of ``pids`` has ended within ``within_s``."""
+def _born(pids) -> dict[int, str]:
+    """``pids`` with their start times: who they are (a pid is reused once its process is gone)."""
+    return {pid: started for pid in pids if (started := _started(pid)) is not None}
+
+
+def _all_end(born: dict[int, str], within_s: float) -> bool:
+    """Whether every process of ``born`` (:func:`_born`) has ended within ``within_s``."""
     deadline = time.monotonic() + within_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(_started(p) == t for p, t in born.items()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not any(alive(p) for p in pids)
+    return not any(_started(p) == t for p, t in born.items())
 
 
-def _kill_alive(pids) -> None:
-    for pid in pids:
-        if alive(pid):
+def _kill_alive(proc: subprocess.Popen, born: dict[int, str]) -> None:
+    """Kills ``proc`` (our child: its pid is its own until we reap it) and what of ``born`` still runs (never a
+    later process given one of their pids)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid, started in born.items():
+        if _started(pid) == started:
             os.kill(pid, signal.SIGKILL)
 
 
@@ -286,12 +296,12 @@ def test_ctrl_c_while_local_starts_ends_it_with_a_line_and_no_process_left(start
     KeyboardInterrupt traceback.  (One during Python's own imports, before any of its code runs, is Python's.)"""
     proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "local", "--servers", "2"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    children: set[int] = set()
+    children: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 60
         while len(children_of(proc.pid)) < started and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        children = children_of(proc.pid)
+        children = _born(children_of(proc.pid))
         assert len(children) >= started, children
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
         out, err = proc.communicate(timeout=60)
@@ -299,4 +309,4 @@ def test_ctrl_c_while_local_starts_ends_it_with_a_line_and_no_process_left(start
         assert proc.returncode == 130 and "interrupted" in err or proc.returncode == 0, (proc.returncode, err[-2000:])
         assert _all_end(children, within_s=10)
     finally:
-        _kill_alive([proc.pid, *children])
+        _kill_alive(proc, children)

@@ -84,6 +84,10 @@ def test_create_table_refuses_values_past_float32_sizes_that_are_not_whole_and_n
             (("lr_text", 10, 3), {"lr": "0.1"}, "lr must be a number"),
             (("a\udc80", 10, 3), {}, "is not valid text"),
             (("x" * 2000, 10, 3), {}, "is 2000 bytes in UTF-8; at most 1024"),
+            # a newline forged a line of the coordinator's log, a NUL made it binary, a bidi override hid the name
+            (("a\nINFO created table b", 10, 3), {}, "holds a control or format character ('\\n')"),
+            (("a\x00b", 10, 3), {}, "holds a control or format character"),
+            (("\u202etxt", 10, 3), {}, "holds a control or format character"),
         ]
         for args, kwargs, said in bad:
             with pytest.raises(ValueError) as caught:

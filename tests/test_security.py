@@ -6,6 +6,8 @@ Certificates are made at run time with ``trustme`` (one CA; common names ``ecrec
 
 from __future__ import annotations
 
+import os
+
 import grpc
 import numpy as np
 import pytest
@@ -313,3 +315,71 @@ def test_binding_a_non_loopback_address_without_tls_or_token_warns_once(tmp_path
         for s in servers:
             s.stop(0)
         lab.close()
+
+
+def _issue_with_names(ca, directory, names: list[str], stem: str) -> dict:
+    """A certificate of ``ca`` whose subject holds every one of ``names`` as a CN, in that order."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, n) for n in names]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / f"{stem}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                              serialization.PrivateFormat.TraditionalOpenSSL,
+                                                              serialization.NoEncryption()))
+    os.chmod(directory / f"{stem}.key", 0o600)
+    return {"tls_cert": str(directory / f"{stem}.pem"), "tls_key": str(directory / f"{stem}.key"),
+            "tls_ca": str(directory / "ca.pem")}
+
+
+@pytest.mark.cluster
+def test_a_certificate_with_two_common_names_gets_no_privileged_role(make_cluster, pki):
+    """gRPC names one CN of a subject, the first: a certificate 'CN=ecrec-coordinator, CN=worker' (a CA that
+    checks the last CN issues it to a worker) sent maps and promoted standbys as the coordinator."""
+    ca, d = pki
+    srv, coord, alice = issue(ca, d, "ecrec-server"), issue(ca, d, "ecrec-coordinator"), issue(ca, d, "alice")
+    local = make_cluster(servers=2, strategy="none", server_security=srv, coordinator_security=coord,
+                         client_security=alice)
+    client = Cluster.connect(local.coordinator_address, config=ClientConfig(**alice))
+    try:
+        for names in (["ecrec-coordinator", "worker"], ["ecrec-server", "worker"]):
+            two = ClientConfig(**_issue_with_names(ca, d, names, "-".join(names))).security
+            server = client.map.servers[0]
+            emb = embedding_pb2_grpc.EmbeddingServerStub(transport.make_channel(server.address, security=two))
+            code, details = code_of(lambda: emb.UpdateClusterMap(client.map, timeout=5))
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "the caller is client" in details, (names, details)
+            coo = coordinator_pb2_grpc.CoordinatorStub(transport.make_channel(local.coordinator_address, security=two))
+            code, details = code_of(lambda: coo.Register(coordinator_pb2.RegisterRequest(
+                address=server.address, server_id="evil"), timeout=5))
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "the caller is client" in details, (names, details)
+            # as a worker it works: a table read
+            assert coo.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=5).epoch > 0
+    finally:
+        client.close()
+
+
+def test_a_token_or_key_others_can_read_is_named_in_a_warning(tmp_path, caplog):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-the-cluster")
+    os.chmod(token, 0o644)
+    with caplog.at_level("WARNING", logger="ecrec.security"):
+        security.Security(token_file=str(token))
+    assert f"--token-file {token} can be read by group or others (mode 644): chmod 600 it" in caplog.text
+    caplog.clear()
+    os.chmod(token, 0o600)
+    with caplog.at_level("WARNING", logger="ecrec.security"):
+        security.Security(token_file=str(token))
+    assert "can be read" not in caplog.text

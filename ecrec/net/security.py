@@ -23,6 +23,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 
 import grpc
@@ -79,8 +81,12 @@ class Security:
                 try:
                     with open(path, "rb") as f:
                         self._loaded[name] = f.read()
+                        mode = os.fstat(f.fileno()).st_mode
                 except OSError as exc:
                     raise SecurityError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
+                if name in ("tls_key", "token_file") and mode & 0o077:  # a secret others on the host can read
+                    log.warning("--%s %s can be read by group or others (mode %o): chmod 600 it", name.replace("_", "-"),
+                                path, mode & 0o777)
         if self.tls_cert:
             self._check_tls_files()
         if self.token_file:
@@ -218,12 +224,24 @@ def role_of(context) -> str | None:
     names = auth.get("x509_common_name") or []
     if not names:
         return None
+    if _common_names_in_subject(auth) > 1:
+        # gRPC names one of them (the first): a subject "CN=ecrec-coordinator, CN=worker" that a CA checking the
+        # last CN issued to a worker acted as the coordinator.  Ambiguous: no privileged role
+        return "client"
     name = names[0].decode() if isinstance(names[0], bytes) else str(names[0])
     if name == COORDINATOR_ROLE:
         return COORDINATOR_ROLE
     if name == SERVER_ROLE or name.startswith(SERVER_ROLE + "-"):
         return SERVER_ROLE
     return "client"
+
+
+def _common_names_in_subject(auth) -> int:
+    """How many CN attributes the peer certificate's subject holds (``x509_subject``, RFC 2253: attributes apart
+    by ``,`` or ``+``, escaped ones inside values)."""
+    subject = (auth.get("x509_subject") or [b""])[0]
+    subject = subject.decode("utf-8", "replace") if isinstance(subject, bytes) else str(subject)
+    return sum(1 for part in re.split(r"(?<!\\)[,+]", subject) if part.strip().upper().startswith("CN="))
 
 
 def caller_identity(context) -> str:

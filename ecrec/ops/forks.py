@@ -183,6 +183,18 @@ def serve(control_fd: int) -> None:
         while b"\n" in buffer:
             line, _, buffer = buffer.partition(b"\n")
             request = json.loads(line)
+            if "signal" in request:  # sent here, where children are reaped: a child listed is not reaped, so its
+                # pid is still its own (a signal by pid from the other end could reach a later process given it)
+                sent = False
+                for pid, request_id in children.items():
+                    if request_id == request["signal"]:
+                        try:
+                            os.kill(pid, request["sig"])
+                            sent = True
+                        except ProcessLookupError:
+                            pass
+                send({"id": request["id"], "signalled": sent})
+                continue
             mine, fds = fds[:len(request["streams"])], fds[len(request["streams"]):]
             pid = os.fork()
             if pid == 0:
@@ -219,11 +231,9 @@ class Forked:
         return code
 
     def send_signal(self, sig: int) -> None:
+        """Signals the child through its warm parent, which reaps it: never a later process given its pid."""
         if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+            self._server.signal(self._id, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -318,6 +328,24 @@ class ForkServer:
         stdout_f, stderr_f = (open(e[0], "r", encoding="utf-8", errors="replace") if e is not None else None
                               for e in ends)
         return Forked(self, answer["pid"], request_id, stdout_f, stderr_f)
+
+    def signal(self, request_id: int, sig: int) -> None:
+        """Has the warm parent send ``sig`` to the child that request forked, if it has not reaped it (nothing once
+        the warm parent has ended)."""
+        with self._lock:
+            self._next_id += 1
+            asked = self._next_id
+            with self._changed:
+                if self._closed:
+                    return
+            try:
+                self._control.sendall(json.dumps({"id": asked, "signal": request_id, "sig": int(sig)}).encode()
+                                      + b"\n")
+            except OSError:
+                return  # the warm parent is gone: so are its children
+            with self._changed:  # sent when this returns (a SIGSTOP: the child is stopped, as os.kill would leave it)
+                self._changed.wait_for(lambda: asked in self._answers or self._closed, SPAWN_TIMEOUT_S)
+                self._answers.pop(asked, None)
 
     def exit_code(self, request_id: int) -> int | None:
         """The exit status of the child that request forked, None while it runs."""

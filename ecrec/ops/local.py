@@ -384,12 +384,17 @@ class LocalCluster:
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         """Sends ``sig`` to one of this cluster's processes; waits for it to end when ``sig`` ends it."""
-        os.kill(pid, sig)
-        if sig in (signal.SIGSTOP, signal.SIGCONT):
+        # through its handle (which signals only a child not reaped yet: a reaped child's pid may be another
+        # process's by now); by pid only for a process this cluster did not start
+        handles = [p for p in [*self.server_procs, self.coordinator_proc, *self.coordinator_procs]
+                   if p is not None and p.pid == pid]
+        handle = next((p for p in handles if p.poll() is None), handles[-1] if handles else None)
+        if handle is None:
+            os.kill(pid, sig)
             return
-        for p in [*self.server_procs, self.coordinator_proc, *self.coordinator_procs]:
-            if p is not None and p.pid == pid:
-                p.wait(timeout=10)
+        handle.send_signal(sig)
+        if sig not in (signal.SIGSTOP, signal.SIGCONT):
+            handle.wait(timeout=10)
 
     def pause(self, pid: int) -> None:
         """Freezes a process (SIGSTOP): it keeps its sockets but answers nothing, like a long GC pause."""

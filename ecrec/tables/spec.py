@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import unicodedata
 import zlib
 from dataclasses import dataclass
 
@@ -64,6 +65,9 @@ def check_name(name, what: str) -> None:
         raise ValueError(f"{what} name {name!r} is not valid text ({exc.reason} at position {exc.start})") from None
     if size > MAX_NAME_BYTES:
         raise ValueError(f"{what} name {name[:40]!r}... is {size} bytes in UTF-8; at most {MAX_NAME_BYTES}")
+    odd = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf")), None)
+    if odd is not None:  # a newline forged log lines, a NUL made logs binary, a bidi override hid what a name says
+        raise ValueError(f"{what} name {name!r} holds a control or format character ({odd!r}); names are text")
 
 
 @dataclass(frozen=True)
