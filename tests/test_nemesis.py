@@ -259,9 +259,23 @@ class Nemesis:
         self._back(s, pid, "partitioned")
 
     def _back(self, s, pid: int, how: str) -> None:
-        """A server that was cut off is back: if it was replaced meanwhile it must stop (through its lease)."""
+        """A server that was cut off is back: if it was replaced meanwhile it must stop (through its lease).  The
+        coordinator may declare it failed only now, a moment after it is back (its checks and its lease ran out
+        while it was away: CI saw one declared 80 ms after the heal), and a map read before that names it active:
+        the next fault then took a second server of its stripes, more than m at once.  So the fault ends only once
+        the coordinator has made up its mind: the server replaced, or alive and still holding its index a lease
+        and a failure timeout after it is back."""
         proc = next(p for p in self.local.server_procs if p.pid == pid)
-        replaced = any(x.index == s.index and x.server_id != s.server_id for x in self.map().servers)
+        settled = time.monotonic() + TIMING["lease_s"] + TIMING["failure_timeout_s"] + 1.0
+        replaced = False
+        while time.monotonic() < settled:
+            try:
+                replaced = any(x.index == s.index and x.server_id != s.server_id for x in self.map().servers)
+            except Exception:  # noqa: BLE001 - the coordinator may be restarting
+                replaced = False
+            if replaced:
+                break
+            time.sleep(0.05)
         if replaced:
             self.ended.add(pid)
             try:
