@@ -158,23 +158,13 @@ def _body(token: str, started: float | None = None) -> bytes:
                        "started": now if started is None else started, "refreshed": now}).encode()
 
 
-def _local_path(path: str) -> str:
-    """A ``file://`` URL as the local path it names (its marker then written and refreshed as a local file's:
-    beside it and renamed, never truncated in place where another save could read it empty); else ``path``."""
-    if snapshot_files.is_url(path) and str(path).startswith("file://"):
-        import fsspec
-        from fsspec.implementations.local import LocalFileSystem
-
-        fs, target = fsspec.core.url_to_fs(path)
-        if isinstance(fs, LocalFileSystem):
-            return target
-    return path
-
-
 def take(path: str, name: str) -> Claim:
     """Claims ``path`` (an existing directory or URL) for one save: raises :class:`PathBusy` naming the save that
     writes there now; takes over an interrupted save's marker."""
-    path = _local_path(path)
+    # a file:// URL as the local path it names: its marker then written and refreshed as a local file's (beside
+    # it and renamed, never truncated in place where another save could read it empty)
+    if str(path).startswith("file://"):
+        path = snapshot_files.local_dir(path) or path
     token = uuid.uuid4().hex
     body = _body(token)
     claim = None
@@ -223,12 +213,12 @@ def _create_url(path: str, name: str, body: bytes) -> None:
     (``"xb"``) where the store can, an interrupted save's marker removed first (unless another save replaced it
     meanwhile); on a store that cannot, written (:func:`take` reads it back)."""
     import fsspec
-    from fsspec.implementations.local import LocalFileSystem
 
-    fs, target = fsspec.core.url_to_fs(snapshot_files.join(path, name))
-    if isinstance(fs, LocalFileSystem):
-        _create_local(os.path.dirname(target), name, body)
+    local = snapshot_files.local_dir(path)
+    if local is not None:
+        _create_local(local, name, body)
         return
+    fs, target = fsspec.core.url_to_fs(snapshot_files.join(path, name))
     for _ in range(3):
         # asked first: a store may take "xb" and not enforce it (fsspec's ftp and webhdfs write over)
         holder, age = _settled_holder(path, name)

@@ -87,7 +87,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
-    local = _local_dir(path)
+    local = snapshot_files.local_dir(path)
     made = _missing_dirs(local) if local is not None else []  # removed again if the save fails, deepest first
     claim = None
     try:
@@ -161,17 +161,6 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
             except OSError:
                 break  # not empty: a file someone else put there stays
         raise
-
-
-def _local_dir(path: str) -> str | None:
-    """The local directory ``path`` names (a path, or a ``file://`` URL), None on another store."""
-    if not snapshot_files.is_url(path):
-        return path
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
-    fs, target = fsspec.core.url_to_fs(path)
-    return target if isinstance(fs, LocalFileSystem) else None
 
 
 def _missing_dirs(local: str) -> list[str]:

@@ -38,6 +38,17 @@ def is_url(path: str) -> bool:
     return "://" in str(path)
 
 
+def local_dir(path: str) -> str | None:
+    """The local directory ``path`` names (a path, or a ``file://`` URL), None on another store."""
+    if not is_url(path):
+        return str(path)
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, target = fsspec.core.url_to_fs(str(path))
+    return target if isinstance(fs, LocalFileSystem) else None
+
+
 def join(path: str, name: str) -> str:
     return f"{str(path).rstrip('/')}/{name}" if is_url(path) else str(Path(path) / name)
 
