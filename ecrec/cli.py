@@ -224,6 +224,18 @@ def _snapshot_command(args) -> int:
     return 0
 
 
+def _check_snapshot(path: str) -> None:
+    """``--restore PATH`` read before anything starts: a path holding no snapshot is said at once (a
+    ``SnapshotError``, a ``ValueError``), not once every server has registered and the cluster looks up."""
+    from ecrec.snapshot import SnapshotError
+    from ecrec.snapshot.cluster import read_manifest
+
+    try:
+        read_manifest(path)
+    except SnapshotError as exc:
+        raise SnapshotError(f"--restore {path}: {exc}") from None
+
+
 def _restore_when_ready(coordinator, address: str, path: str, config, done: threading.Event, outcome: dict) -> None:
     """``ecrec-server coordinator --restore PATH``: waits until every index has a server, then restores the
     snapshot as a client of this coordinator; a failure stops the coordinator (exit status 1)."""
@@ -336,6 +348,8 @@ def _main(argv: list[str] | None) -> int:
         try:
             spec = from_arguments(ClusterSpec, args)
             config = from_arguments(CoordinatorConfig, args, cluster=spec)
+            if config.restore:
+                _check_snapshot(config.restore)
             coordinator = Coordinator(config)
             endpoint = None
             if config.metrics_port is not None:  # before the gRPC service starts: a port in use stops nothing
@@ -393,6 +407,12 @@ def _main(argv: list[str] | None) -> int:
               "starts new, empty servers: its tables could not be rebuilt (DATA LOSS at once). Remove the file or "
               "choose another path (to bring the model back: --restore a snapshot)", file=sys.stderr)
         return 2
+    if args.restore:
+        try:
+            _check_snapshot(args.restore)
+        except ValueError as exc:
+            print(f"ecrec-server local: {exc}", file=sys.stderr)
+            return 2
     cluster = None
     try:
         cluster = LocalCluster(LocalClusterSpec(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -84,8 +85,12 @@ def _started(pid: int) -> str | None:
 
 
 def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
-    """A coordinator that stops (here: its restore finds no snapshot) leaves servers serving nobody; ``local`` used
-    to keep them running, logging failed lease renewals three times a second, until someone noticed."""
+    """A coordinator that stops (here: its restore finds a snapshot whose table has no valid spec) leaves servers
+    serving nobody; ``local`` used to keep them running, logging failed lease renewals three times a second, until
+    someone noticed."""
+    from ecrec import snapshot
+    (tmp_path / "nowhere").mkdir()  # a manifest read at start, whose table is refused once the cluster is up
+    (tmp_path / "nowhere" / "manifest.json").write_text(json.dumps({"format": snapshot.FORMAT, "tables": {"a": {}}}))
     proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers", "3",
                              "--strategy", "ecrec", "--k", "2", "--m", "1", "--restore", str(tmp_path / "nowhere")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -258,6 +263,20 @@ def test_local_refuses_a_state_path_holding_an_earlier_clusters_map(tmp_path):
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert f"--state-path {state} holds the map of an earlier cluster" in r.stderr and "--restore" in r.stderr
     assert state.read_bytes() == b"\x08\x01"
+
+
+def test_restore_of_a_path_holding_no_snapshot_is_refused_before_anything_starts(tmp_path):
+    """``local --restore`` and ``coordinator --restore`` of a path with no snapshot started the whole cluster,
+    printed its banner, and stopped it once every server had registered (seconds later, on a cluster of hosts:
+    whenever the last one came up)."""
+    for command in (["local", "--servers", "3"], ["coordinator", "--servers", "3", "--port", "0"]):
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "ecrec.cli", *command, "--strategy", "ecrec", "--k", "2", "--m", "1",
+                            "--restore", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stdout == "", (command, r.returncode, r.stdout, r.stderr[-1000:])
+        assert f"--restore {tmp_path / 'nowhere'}: " in r.stderr and "no manifest.json" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_serve_with_an_index_another_server_holds_says_it_waits_as_a_standby_for_it(make_cluster):
