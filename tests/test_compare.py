@@ -294,6 +294,28 @@ def test_unknown_or_missing_dataset_is_refused(tmp_path, monkeypatch, capsys):
         cli.main(["compare", "--strategies", "none", "--dataset", "imagenet"])
 
 
+
+def test_a_criteo_file_compare_cannot_train_on_is_refused_naming_why(tmp_path, monkeypatch):
+    """A directory, a broken ``.gz``, a file of malformed lines or too few samples ended in a traceback (an
+    IsADirectoryError, a gzip error, 'ValueError: 0 samples are too few to split off 10%') after the banner."""
+    from ecrec.workload.data import write_synthetic_criteo
+
+    monkeypatch.setattr(compare, "run_strategy", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("started")))
+    (tmp_path / "bad.tsv").write_text("1\t2\t3\n")
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    write_synthetic_criteo(tmp_path / "few.tsv", 283, num_tables=26, rows_per_table=30, seed=1)
+    for name, said in [(".", "is a directory; name a Criteo TSV file"),
+                       ("bad.gz", "cannot be read: Not a gzipped file"),
+                       ("bad.tsv", "holds 0 sample(s), fewer than the 284 a batch of 256 and its test split need"),
+                       ("few.tsv", "holds 283 sample(s), fewer than the 284")]:
+        path = tmp_path / name
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["compare", "--strategies", "none", "--fail-at", "-1", "--batch-size", "256",
+                      "--dataset", f"criteo:{path}"])
+        assert said in str(raised.value), (name, str(raised.value))
+        if name == "bad.tsv":  # what was wrong with the lines it skipped
+            assert "skipped 1 malformed line(s) of 1: 1 (wrong column count: 3 columns, expected 40)" in str(raised.value)
+
 # --- the fair comparison (issue 13) ---------------------------------------------------------------------------
 @pytest.mark.benchmark
 @pytest.mark.cluster

@@ -147,6 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # --- data -----------------------------------------------------------------------------------------
 def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
     """Writes the dataset as .npz (dense, ids, labels, table_sizes) and returns its description."""
+    from ecrec.bench.trainer import TrainConfig
+    from ecrec.workload.criteo import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE
     from ecrec.workload.data import InMemoryDataset
     from ecrec.workload.synthetic import write_synthetic_criteo
 
@@ -163,7 +165,23 @@ def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
         path = dataset.split(":", 1)[1]
         if not os.path.exists(path):
             raise SystemExit(f"ecrec-bench compare: no such Criteo file {path!r}")
-        ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"] or 100_000)
+        if os.path.isdir(path):
+            raise SystemExit(f"ecrec-bench compare: --dataset criteo:{path} is a directory; name a Criteo TSV file "
+                             "(plain or .gz)")
+        try:
+            ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"] or 100_000)
+        except (OSError, EOFError, ValueError) as exc:  # unreadable, a broken .gz, a line refused
+            raise SystemExit(f"ecrec-bench compare: the Criteo file {path!r} cannot be read: {exc}") from None
+        # the trainer holds out a tenth for its test AUC and trains on whole batches of the rest
+        needed = cfg["batch_size"] + 1
+        while needed - max(1, round(needed * TrainConfig.test_fraction)) < cfg["batch_size"]:  # InMemoryDataset.split
+            needed += 1
+        if len(ds) < needed:
+            skipped = f"; {ds.read_stats.summary(path)}" if ds.read_stats.malformed else ""
+            raise SystemExit(f"ecrec-bench compare: the Criteo file {path!r} holds {len(ds)} sample(s), fewer than "
+                             f"the {needed} a batch of {cfg['batch_size']} and its test split need (a Criteo line: "
+                             f"label, {CRITEO_NUM_DENSE} integer and {CRITEO_NUM_SPARSE} categorical fields, "
+                             f"tab-separated){skipped}")
         desc = {"name": "criteo", "path": path, "samples": len(ds), "tables": ds.num_tables,
                 "rows_per_table": cfg["rows_per_table"]}
     elif dataset == "movielens":
@@ -319,7 +337,9 @@ def run(args) -> int:
         return 2
     fail_at = cfg["fail_at"] if cfg["fail_at"] is not None and cfg["fail_at"] >= 0 else None
     if fail_at is not None and fail_at >= cfg["steps"]:
-        print("ecrec-bench compare: --fail-at must be below --steps", file=sys.stderr)
+        first = "--fail-at" if args.fail_at is not None else f"the {args.preset} preset's first failure at step"
+        print(f"ecrec-bench compare: --fail-at must be below --steps ({first} {fail_at}, --steps {cfg['steps']}); "
+              "lower --fail-at, or --fail-at -1 for no failure", file=sys.stderr)
         return 2
     if args.workers < 1:
         print("ecrec-bench compare: --workers must be >= 1", file=sys.stderr)
@@ -355,9 +375,10 @@ def run(args) -> int:
     tune_allocator()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ecrec-compare-"))
     work.mkdir(parents=True, exist_ok=True)
+    kills = ("no kill" if fail_at is None else
+             f"{cfg['failures']} kill(s) of server {cfg['fail_server']} from step {fail_at}")
     print(f"ecrec-bench compare: preset {args.preset}, {cfg['servers']} servers, {cfg['steps']} steps x "
-          f"{cfg['batch_size']} samples, {args.workers} worker(s), {cfg['failures'] if fail_at is not None else 0} "
-          f"kill(s) of server {cfg['fail_server']} from step {fail_at}, "
+          f"{cfg['batch_size']} samples, {args.workers} worker(s), {kills}, "
           f"{'TorchRec' if args.model == 'torchrec' else 'our'} DLRM", file=sys.stderr)
     side_by_side = args.workers == 1 and fail_at is not None and fail_at >= 100
     plan = None
