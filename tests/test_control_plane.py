@@ -464,6 +464,38 @@ def test_two_of_three_etcd_members_killed_the_data_plane_serves_within_a_lease_a
 
 @pytest.mark.cluster
 @needs_etcd
+def test_a_failure_declared_while_etcd_loses_its_quorum_is_declared_again_once_it_is_back(make_cluster):
+    """The health monitor read the store's refusal of its declaration (``StoreUnavailable``, a ``RuntimeError``)
+    as its pool shut down and ended, silently: once etcd had its quorum back and the coordinator led again, a
+    server killed as the quorum went was never declared failed, its standby never promoted (only a client's
+    report would have), and no later failure would have been either."""
+    lease_s = 8.0  # the servers ride out the outage
+    local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=1, etcd_members=3,
+                                   coordinator_options={"lease_s": lease_s})
+    standby_id = next(s.server_id for s in local.cluster_map().servers if s.index < 0)
+    victim = local.pid_of_index(2)
+    local.etcd.kill_member(1)
+    local.etcd.kill_member(2)
+    local.kill(victim)  # found by the next health round, while the coordinator still holds its leadership
+    said = lambda: any("was not recorded" in line for line in local.stderr_tail(local.coordinator_proc.pid))
+    deadline = time.monotonic() + 20
+    while not said() and time.monotonic() < deadline:  # (the code before said nothing)
+        time.sleep(0.2)
+    time.sleep(1.0)
+    local.etcd.start_member(1)
+    local.etcd.start_member(2)
+    wait_for(lambda: (h := holder(local, 2)) is not None and h.server_id == standby_id
+             and h.state in (cluster_pb2.ACTIVE, cluster_pb2.RECOVERING), 60,
+             "index 2 promoted by the coordinator alone (no client reported it)")
+    assert said(), local.stderr_tail(local.coordinator_proc.pid)
+    counts = np.zeros(ROWS)
+    counting_push(client, np.arange(ROWS))
+    counts += 1
+    assert_counts(client, initial, counts)
+
+
+@pytest.mark.cluster
+@needs_etcd
 def test_every_coordinator_restarted_keeps_the_map(make_cluster):
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
     counts = np.zeros(ROWS)

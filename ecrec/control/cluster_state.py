@@ -277,11 +277,19 @@ class ClusterState:
 def rounds_while_leading(state: ClusterState, stop: threading.Event, wake: threading.Event, interval_s: float,
                          one_round) -> None:
     """Runs ``one_round()`` every ``interval_s``, or at once when ``wake`` is set, while this coordinator leads,
-    until ``stop`` (or until a round returns False)."""
+    until ``stop`` (or until a round returns False).  A round that raises is logged and the next one runs: the
+    thread is started once, and a monitor or promoter that ended would leave every later failure undeclared or
+    unreplaced while this coordinator leads."""
     while not stop.is_set():
         wake.wait(interval_s)
         wake.clear()
         if stop.is_set():
             return
-        if state.leading.is_set() and one_round() is False:
-            return
+        if not state.leading.is_set():
+            continue
+        try:
+            if one_round() is False:
+                return
+        except Exception:  # noqa: BLE001 - reported, never swallowed; the next round tries again
+            log.exception("a round of %s failed; the next one runs in %.1f s",
+                          threading.current_thread().name, interval_s)

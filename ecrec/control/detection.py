@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2
 
 from ecrec.control.cluster_state import FAILED, RECOVERING, STANDBY, ClusterState, rounds_while_leading
 from ecrec.control.links import ServerLinks
-from ecrec.control.stores import StoreUnavailable
+from ecrec.control.stores import NotLeader, StoreUnavailable
 from ecrec.wire import cluster_pb2
 
 log = logging.getLogger("ecrec.coordinator")
@@ -173,9 +173,14 @@ class FailureDetector:
         with self.state.lock:
             addresses = [s.address for s in self.state.map.servers if s.state != FAILED]
         try:
-            list(self._check_pool.map(self.check_server, addresses))
-        except RuntimeError:  # the pool was shut down (the coordinator stops)
+            checks = self._check_pool.map(self.check_server, addresses)
+        except RuntimeError:  # the pool was shut down (the coordinator stops): nothing was submitted
             return False
+        try:
+            list(checks)
+        except (NotLeader, StoreUnavailable) as exc:  # RuntimeErrors too: a declaration the store did not record
+            log.warning("a failure found by the health checks was not recorded (%s); the next round, here or at the "
+                        "next leader, checks again", exc)
         except Exception:  # noqa: BLE001 - reported, never swallowed
             log.exception("health checks failed")
         if self.state.map.lease_store:
