@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "file as ClientConfig(token_file=...)")
     lo.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics: the coordinator on this port, server i on port+1+i, "
-                         "standbys after them (default off)")
+                         "standbys after them, then further coordinators (--coordinators) (default off)")
     lo.add_argument("--restore", default=None, metavar="PATH",
                     help="restore this snapshot once the servers are up (the coordinator's --restore)")
     _add_strategy_args(lo, defaults={"num_servers": 4})
@@ -224,6 +224,18 @@ def _snapshot_command(args) -> int:
     return 0
 
 
+def _served_map(coordinator):
+    """The map this coordinator serves, for its metrics; None when it knows none (etcd cannot be read)."""
+    from ecrec.control import leadership
+    from ecrec.control.stores import StoreUnavailable
+
+    try:
+        return leadership.served_map(coordinator)
+    except StoreUnavailable as exc:
+        logging.getLogger("ecrec.coordinator").debug("metrics: the cluster map cannot be read: %s", exc)
+        return None
+
+
 def _check_snapshot(path: str) -> None:
     """``--restore PATH`` read before anything starts: a path holding no snapshot is said at once (a
     ``SnapshotError``, a ``ValueError``), not once every server has registered and the cluster looks up."""
@@ -343,6 +355,7 @@ def _main(argv: list[str] | None) -> int:
     faulthandler.enable()
     if args.command == "coordinator":
         from ecrec.ops import metrics
+        from ecrec.control import leadership
         from ecrec.control.coordinator import Coordinator
 
         try:
@@ -353,7 +366,8 @@ def _main(argv: list[str] | None) -> int:
             coordinator = Coordinator(config)
             endpoint = None
             if config.metrics_port is not None:  # before the gRPC service starts: a port in use stops nothing
-                endpoint = metrics.serve(metrics.CoordinatorCollector(lambda: coordinator.GetClusterMap(None, None)),
+                endpoint = metrics.serve(metrics.CoordinatorCollector(lambda: _served_map(coordinator),
+                                                                      lambda: leadership.leads(coordinator.state)),
                                          config.host, config.metrics_port)
             running = coordinator.start()
         except (ValueError, OSError, TypeError) as exc:

@@ -197,6 +197,47 @@ def test_refused_requests_are_counted_by_method_and_status(make_cluster):
     assert value(scraped, "ecrec_requests_refused_total", method="Pull", code="NOT_FOUND") == 1
 
 
+@pytest.mark.cluster
+def test_every_coordinator_exports_the_map_it_serves_and_counts_what_it_refuses(make_cluster):
+    """A follower coordinator's endpoint exported its own stale map (ready 0, epoch 1, no server) while ``status``
+    through it said fully redundant; ``local`` gave only its first coordinator a metrics port; a coordinator's
+    refusals were never exported; ``/metrics?name[]=...`` answered nothing for every name."""
+    import grpc
+
+    import shutil
+
+    from helpers import wait_for
+    from ecrec.net.peers import coordinator_stub
+    from ecrec.wire import cluster_pb2
+
+    if shutil.which("etcd") is None:
+        pytest.skip("needs the etcd binary (apt-get install etcd-server)")
+    base = free_port_range(5)
+    local = make_cluster(servers=2, strategy="ecrec", k=1, m=1, store="etcd", coordinators=2, metrics_port=base)
+    addresses = local.metrics_addresses()
+    assert addresses["coordinator 1"] == f"127.0.0.1:{base + 3}", addresses
+    leader = local.leading_coordinator()[1]
+    epoch = local.cluster_map().epoch
+    by_address = dict(zip(local.coordinator_addresses, [addresses["coordinator"], addresses["coordinator 1"]]))
+    for address, endpoint in by_address.items():
+        scraped = wait_for(lambda: (got := scrape(endpoint)) and value(got, "ecrec_cluster_epoch") >= epoch and got,
+                           20, f"{address}'s metrics at epoch {epoch}")
+        assert value(scraped, "ecrec_coordinator_leading") == (1.0 if address == leader else 0.0), address
+        assert value(scraped, "ecrec_coordinator_map_known") == 1.0
+        assert value(scraped, "ecrec_cluster_ready") == 1.0 and value(scraped, "ecrec_cluster_fully_redundant") == 1.0
+        assert value(scraped, "ecrec_cluster_servers", state="active") == 2.0, address
+    stub = coordinator_stub(leader)
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CreateTable(cluster_pb2.TableSpec(name="bad\nname", num_rows=10, dim=2), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    scraped = scrape(by_address[leader])
+    assert value(scraped, "ecrec_requests_refused_total", method="CreateTable", code="INVALID_ARGUMENT") == 2
+    with urllib.request.urlopen(f"http://{by_address[leader]}/metrics?name[]=ecrec_cluster_epoch", timeout=10) as r:
+        only = [family.name for family in text_string_to_metric_families(r.read().decode())]
+    assert only == ["ecrec_cluster_epoch"], only
+
+
 def test_the_docs_list_every_metric():
     """Every metric a server's strategy or the coordinator exports is in the list of docs/operations.md."""
     from pathlib import Path
@@ -206,7 +247,8 @@ def test_the_docs_list_every_metric():
     readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     names = {name + ("_total" if kind == "counter" else "")
              for _, entries in metrics.STRATEGY_METRICS.values() for name, kind, _ in entries.values()}
-    names |= {family.name for family in metrics.CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect()}
+    names |= {family.name + ("_total" if family.type == "counter" else "")
+              for family in metrics.CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect()}
     names |= {"ecrec_rebuild_progress_ratio", "ecrec_server_requests_total", "ecrec_server_request_duration_seconds",
               "ecrec_server_rows_pulled_total", "ecrec_server_rows_pushed_total", "ecrec_server_epoch",
               "ecrec_server_lease_remaining_seconds", "ecrec_requests_refused_total"}

@@ -18,13 +18,58 @@ import grpc
 from ecrec.control.stores import NotLeader, StoreUnavailable
 from ecrec.net import transport
 from ecrec.net.peers import NOT_LEADER
+from ecrec.net.refusals import REFUSALS
 from ecrec.wire import coordinator_pb2_grpc
 
 log = logging.getLogger("ecrec.coordinator")
 
 
+def leads(state) -> bool:
+    """Whether this coordinator may change the map now (it leads, its lease surely current)."""
+    return state.leading.is_set() and state.store.holds()
+
+
+def follower_map(state):
+    """The map a coordinator that does not lead serves: the one etcd holds now (None with a file store, or while
+    etcd holds none yet); raises ``StoreUnavailable`` when etcd cannot be read."""
+    if state.store.kind == "file":
+        return None
+    saved = state.store.peek()
+    return None if saved is None else saved.map
+
+
+def served_map(coordinator):
+    """The map ``GetClusterMap`` answers here (the metrics read it too): the coordinator's own while it leads, a
+    follower's from etcd (:func:`follower_map`), None when it knows none; raises ``StoreUnavailable``."""
+    if leads(coordinator.state):
+        return coordinator.GetClusterMap(None, None)
+    return follower_map(coordinator.state)
+
+
+#: answered by the coordinator but not counted as refusals (``ecrec_requests_refused``): the caller is not at fault
+NOT_REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.INTERNAL)
+
+
+class _Counted:
+    """A servicer context whose ``abort`` counts the refusal (``ecrec.net.refusals``) before aborting, as the
+    servers' ``transport.service_method`` does for theirs."""
+
+    def __init__(self, context, method: str):
+        self._context, self._method = context, method
+
+    def abort(self, code, details):
+        if code not in NOT_REFUSALS:
+            REFUSALS.add(self._method, code)
+        self._context.abort(code, details)
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
 class Guarded:
-    """The coordinator's RPCs as served, behind the leadership check (see the module)."""
+    """The coordinator's RPCs as served, behind the leadership check (see the module); a request it refuses is
+    counted (``ecrec_requests_refused``)."""
 
     def __init__(self, coordinator):
         self._c = coordinator
@@ -34,21 +79,21 @@ class Guarded:
         state = self._c.state
 
         def guarded(request, context):
-            if not (state.leading.is_set() and state.store.holds()):
-                if name == "GetClusterMap" and state.store.kind != "file":
+            if not leads(state):
+                if name == "GetClusterMap":
                     try:
-                        saved = state.store.peek()
+                        saved = follower_map(state)
                     except StoreUnavailable as exc:
                         context.abort(grpc.StatusCode.UNAVAILABLE, f"no coordinator leads and etcd cannot be read: {exc}")
                     if saved is not None:
-                        return saved.map
+                        return saved
                 if name == "GetCoordinators":
                     return method(request, context)
                 leader = state.store.leader_address()
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               f"{NOT_LEADER}; the leader is {leader or 'being elected'}; retry there")
             try:
-                return method(request, context)
+                return method(request, _Counted(context, name) if context is not None else None)
             except (NotLeader, StoreUnavailable) as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"the change was not recorded: {exc}; retry")
         return guarded

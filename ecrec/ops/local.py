@@ -47,7 +47,7 @@ class LocalClusterSpec:
     log_level: str = "WARNING"
     log_format: str = "text"
     #: Prometheus metrics: the coordinator on this port, active server i on port + 1 + i, standby n after
-    #: them (port + 1 + servers + n); None: off
+    #: them (port + 1 + servers + n), further coordinators (etcd) after those; None: off
     metrics_port: int | None = None
     health_interval_s: float = 0.5
     extra_env: dict = field(default_factory=dict)
@@ -99,9 +99,9 @@ class LocalCluster:
     def __init__(self, spec: LocalClusterSpec | None = None, **kwargs):
         self.spec = spec or LocalClusterSpec(**kwargs)
         port = self.spec.metrics_port
-        if port is not None and not 1 <= port <= 65535 - 1 - self.spec.servers - self.spec.standby:
-            raise ValueError(f"metrics port must leave room for {1 + self.spec.servers + self.spec.standby} "
-                             f"consecutive ports in 1..65535, got {port}")
+        ports = self.spec.servers + self.spec.standby + max(self.spec.coordinators, 1)
+        if port is not None and not 1 <= port <= 65536 - ports:
+            raise ValueError(f"metrics port must leave room for {ports} consecutive ports in 1..65535, got {port}")
         if self.spec.store not in ("file", "etcd"):
             raise ValueError(f"store {self.spec.store!r}: choose file or etcd")
         if self.spec.coordinators < 1:
@@ -144,7 +144,8 @@ class LocalCluster:
         base, s = self.spec.metrics_port, self.spec
         if base is None:
             return {}
-        names = ["coordinator", *(f"server {i}" for i in range(s.servers)), *(f"standby {n}" for n in range(s.standby))]
+        names = ["coordinator", *(f"server {i}" for i in range(s.servers)), *(f"standby {n}" for n in range(s.standby)),
+                 *(f"coordinator {n}" for n in range(1, s.coordinators))]
         return {name: f"{s.host}:{base + offset}" for offset, name in enumerate(names)}
 
     @staticmethod
@@ -228,10 +229,8 @@ class LocalCluster:
             args = [*base, "--store", f"etcd://{','.join(endpoints)}{self.etcd_prefix}"]
             # a port picked now, after etcd took its own (a restarted coordinator gets it back)
             args[args.index("--port") + 1] = str(free_port_outside_ephemeral_range(s.host))
-            if n:
-                if "--metrics-port" in args:  # one metrics port: the first coordinator's
-                    i = args.index("--metrics-port")
-                    del args[i:i + 2]
+            if n and "--metrics-port" in args:  # the first coordinator's port, the others' after the standbys'
+                args[args.index("--metrics-port") + 1] = str(s.metrics_port + s.servers + s.standby + n)
             self.start_coordinator(args, timeout_s)
             self._coordinator_args_of[self.coordinator_address] = list(args)
             addresses.append(self.coordinator_address)

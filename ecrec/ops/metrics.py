@@ -90,7 +90,24 @@ class ServerCollector:
     def __init__(self, state):
         self.state = state
 
+    def describe(self) -> list[Metric]:
+        """Every family a scrape may hold, whatever the strategy (a scrape restricted by ``name[]`` finds them)."""
+        every = {marker: 0 for marker, _ in STRATEGY_METRICS.values()}
+        return [*self._own(), *strategy_metrics({**every, "rebuild_rows_total": 0})]
+
     def collect(self) -> Iterable[Metric]:
+        yield from self._own()
+        strategy = self.state.strategy
+        if strategy is None:
+            return
+        try:
+            stats = strategy.stats()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because a strategy's stats did; logged
+            log.exception("strategy %s: stats() failed during a metrics scrape", strategy.name)
+            return
+        yield from strategy_metrics(stats)
+
+    def _own(self) -> Iterable[Metric]:
         state = self.state
         handlers = state.handlers.snapshot()
         requests = CounterMetricFamily("ecrec_server_requests", "data-plane requests handled, by method",
@@ -116,15 +133,6 @@ class ServerCollector:
         yield GaugeMetricFamily("ecrec_server_lease_remaining_seconds",
                                 "seconds left of this server's lease from the coordinator (0: none; it stops serving)",
                                 value=status["lease_remaining_s"])
-        strategy = state.strategy
-        if strategy is None:
-            return
-        try:
-            stats = strategy.stats()
-        except Exception:  # noqa: BLE001 - a scrape must not fail because a strategy's stats did; logged
-            log.exception("strategy %s: stats() failed during a metrics scrape", strategy.name)
-            return
-        yield from strategy_metrics(stats)
 
 
 def refusals_metric() -> Metric:
@@ -157,18 +165,36 @@ def strategy_metrics(stats: dict) -> Iterable[Metric]:
 
 
 class CoordinatorCollector:
-    """Metrics of the coordinator, read from its cluster map at scrape time.
+    """Metrics of the coordinator, read from the cluster map it serves at scrape time.
 
-    ``read_map`` returns a copy of the map (``lambda: coordinator.GetClusterMap(None, None)``).
+    ``read_map`` returns a copy of the map ``GetClusterMap`` answers (``ecrec.control.leadership.served_map``:
+    a follower's is the one etcd holds), or None when it knows none (etcd unreachable, or holding no map yet);
+    ``leading`` says whether this coordinator leads (None: it always does).
     """
 
-    def __init__(self, read_map: Callable):
+    def __init__(self, read_map: Callable, leading: Callable[[], bool] | None = None):
         self.read_map = read_map
+        self.leading = leading
+
+    def describe(self) -> list[Metric]:
+        """Every family a scrape may hold (a scrape restricted by ``name[]`` finds them)."""
+        from ecrec.wire import cluster_pb2
+
+        return list(CoordinatorCollector(lambda: cluster_pb2.ClusterMap()).collect())
 
     def collect(self) -> Iterable[Metric]:
         from ecrec.wire import cluster_pb2
 
+        yield GaugeMetricFamily("ecrec_coordinator_leading", "1 when this coordinator leads (changes the map); 0: a "
+                                "follower, which serves the map etcd holds", value=int(self.leading is None
+                                                                                          or self.leading()))
+        yield refusals_metric()
         cluster_map = self.read_map()
+        yield GaugeMetricFamily("ecrec_coordinator_map_known", "1 when this coordinator could read the cluster map "
+                                "(0: a follower that cannot reach etcd, or etcd holds no map yet: no ecrec_cluster_* "
+                                "series then)", value=int(cluster_map is not None))
+        if cluster_map is None:
+            return
         yield GaugeMetricFamily("ecrec_cluster_epoch", "the cluster map's epoch", value=cluster_map.epoch)
         yield GaugeMetricFamily("ecrec_cluster_indices", "server indices of the cluster", value=cluster_map.num_servers)
         yield GaugeMetricFamily("ecrec_cluster_ready", "1 when every index has a live server",
@@ -219,7 +245,8 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     """Serves ``collector`` (and this process's CPU and memory) on ``host:port`` (0: any free port)."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--metrics-port must be 0..65535, got {port}")
-    registry = CollectorRegistry(auto_describe=False)
+    # auto_describe: a scrape restricted by name (``/metrics?name[]=...``) finds the collector's series
+    registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     ProcessCollector(registry=registry)
     try:
