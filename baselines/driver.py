@@ -140,6 +140,7 @@ class CheckpointDriver(SampleLoss):
         cluster.count_lookups = not self.full_only  # the client counts each id's lookups for the sample count
         #: partial recovery: the dense parameters are kept here and put back after a failure (None: not kept)
         self.dense_copy: DenseCopy | None = DenseCopy(cluster) if keep_dense and not self.full_only else None
+        self._dense_step = -1  # the cluster's steps_done the dense copy holds
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start(self, step: int = 0) -> dict:
@@ -174,6 +175,7 @@ class CheckpointDriver(SampleLoss):
             self.cluster.count_lookups = False
         if self.dense_copy is not None:
             self.dense_copy.reload()
+            self._dense_step = self.cluster.steps_done
         self._started = True
         return self.report()
 
@@ -230,7 +232,10 @@ class CheckpointDriver(SampleLoss):
             return None
         if result is not None:
             self._acked(result.get("rows", 0))
-        if self.dense_copy is not None:
+        if self.dense_copy is not None and self._dense_step != self.cluster.steps_done:
+            # once per step of the cluster: a second after_step for one step (with its result, or None) would
+            # apply its dense gradients to the copy twice, and a recovery would put that copy back
+            self._dense_step = self.cluster.steps_done
             self.dense_copy.advance(self.cluster.last_dense_grads)
         if result is not None and self.mode == "partial":
             self._remember(result)

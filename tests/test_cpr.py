@@ -544,10 +544,13 @@ def test_empty_chunks_are_written_and_hashed(tmp_path, memory_url):
 # --- issue 24: the baselines as CPR runs them -------------------------------------------------------------------
 
 @pytest.mark.cluster
-def test_partial_recovery_keeps_the_dense_parameters(make_cluster, tmp_path):
+@pytest.mark.parametrize("called_twice", [False, True])
+def test_partial_recovery_keeps_the_dense_parameters(make_cluster, tmp_path, called_twice):
     """CPR keeps the dense model on its trainers: a partial recovery loses embedding rows only.  The driver's copy
     of the dense payloads (weights and Adagrad state) puts the failed server's dense tensors back as they were, so
-    the servers' dense payloads end equal, bit for bit, to the initial ones advanced by every gradient pushed."""
+    the servers' dense payloads end equal, bit for bit, to the initial ones advanced by every gradient pushed.
+    ``called_twice``: a second ``after_step`` for one step (``result=None``, as the signature allows) applied that
+    step's dense gradients to the copy again, and the recovery put the wrong weights back."""
     lc = make_cluster(servers=2, standby=1, strategy="cpr", options={"dir": str(tmp_path / "ckpt"), "interval_s": 3600},
                       health_interval_s=0.2)
     c, bag = connect(lc)
@@ -570,6 +573,8 @@ def test_partial_recovery_keeps_the_dense_parameters(make_cluster, tmp_path):
         for n, g in grads.items():
             optim.apply("adagrad", expected[n], g, specs[n].numel, specs[n].lr, specs[n].eps)
         assert driver.after_step(step, result) is None
+        if called_twice and step == 3:
+            assert driver.after_step(step, None) is None
         if step == 5:
             lc.kill(lc.pid_of_index(failed))
     [event] = driver.events
