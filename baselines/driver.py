@@ -36,7 +36,8 @@ interval is Daly's (or Young's) optimum from the *measured* save stall and the u
 partial and full recovery is ``overhead.plan_recovery`` on the measured o_save and o_load.
 
 Exact loss counting: the driver adds up the rows every push it was given acknowledged
-(``cluster.step()``'s ``rows``) and, at a step boundary, asks every server for the row
+(``cluster.step()``'s ``rows``, and the rows this cluster wrote: ``write_rows``, a warm start) and, at a step
+boundary, asks every server for the row
 updates its state reflects (``stats.row_updates_total``; a replacement's counter restarts
 at its checkpoint's).  Their difference is exactly the row updates lost.  It is exact when
 every push of the job passes through :meth:`after_step` (one worker, or workers that hand
@@ -127,6 +128,7 @@ class CheckpointDriver(SampleLoss):
         self.steps_redone = 0
         self.events: list[FailureEvent] = []
         self._balance = 0  # acknowledged row updates the servers' state should reflect
+        self._assigned_seen = (cluster.rows_assigned, cluster.dense_assigned)  # (:meth:`_note_assignments`)
         self._seen = len(cluster.replacements)
         self._addresses: dict[int, str] = self._live()
         self._cut = 0
@@ -147,6 +149,7 @@ class CheckpointDriver(SampleLoss):
         """Initial checkpoint (durable before returning) at ``step``; measures costs; resolves the recovery mode."""
         self._counter_by_server = self._counters_by_server()
         self._balance = sum(self._counter_by_server.values())
+        self._assigned_seen = (self.cluster.rows_assigned, self.cluster.dense_assigned)
         self._history.append((time.monotonic(), dict(self._counter_by_server), {}))  # the initial cut's counters
         lists = self.cluster.strategy_call("list")
         self._cut = max((c for r in lists.values() for c in r["cuts"]), default=0)
@@ -223,6 +226,24 @@ class CheckpointDriver(SampleLoss):
         self.rows_acked_total += int(rows)
         self._balance += int(rows)
 
+    def _note_assignments(self) -> None:
+        """Rows and dense payloads this cluster wrote since the last hook (``write_rows``: a warm start, a load;
+        ``write_dense``): the servers count the rows as updates their state reflects, so they are acknowledged
+        updates here too (lost, and counted, when their shard rolls back); a row's written value is no step's
+        lookups (the sample-weighted count becomes None), and the dense copy reads the written payloads."""
+        rows, dense = self.cluster.rows_assigned, self.cluster.dense_assigned
+        seen_rows, seen_dense = self._assigned_seen
+        self._assigned_seen = (rows, dense)
+        if rows != seen_rows:
+            self._acked(rows - seen_rows)
+            if self.lost_samples is not None:
+                log.info("rows written (write_rows) while the driver counts: no sample-weighted loss count")
+                self.lost_samples = None
+                self._drop_history()
+        if dense != seen_dense and self.dense_copy is not None:
+            self.dense_copy.reload()  # the servers' payloads now: this step's gradients included
+            self._dense_step = self.cluster.steps_done
+
     def after_step(self, step: int, result: dict | None = None) -> int | None:
         """Call after batch ``step`` (0-based) was pushed; returns the step to resume from after a rollback."""
         if not self._started:  # the servers' counters already include this step's rows
@@ -232,6 +253,7 @@ class CheckpointDriver(SampleLoss):
             return None
         if result is not None:
             self._acked(result.get("rows", 0))
+        self._note_assignments()
         if self.dense_copy is not None and self._dense_step != self.cluster.steps_done:
             # once per step of the cluster: a second after_step for one step (with its result, or None) would
             # apply its dense gradients to the copy twice, and a recovery would put that copy back
@@ -412,6 +434,7 @@ class CheckpointDriver(SampleLoss):
         """Row updates lost so far, counted now (call at a step boundary)."""
         if self.mode != "partial":
             return self.lost_updates
+        self._note_assignments()
         return self.lost_updates + self._balance - self._server_counters()
 
     def pls(self) -> float:

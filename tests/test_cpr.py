@@ -227,6 +227,38 @@ def test_partial_recovery_exact(make_cluster, tmp_path, strategy):
 
 
 @pytest.mark.cluster
+def test_rows_written_and_warm_started_while_the_driver_counts_are_counted_as_updates(make_cluster, tmp_path):
+    """``write_rows`` or a warm start (``create_table(init=...)``) after ``driver.start``: the servers count their rows
+    as updates their state reflects, the driver did not (it counts steps' rows): the next failure raised 'servers
+    reflect more row updates than were acknowledged' (training stopped, pointing at the wrong cause), or, when
+    other losses hid the surplus, counted fewer lost updates than were lost.  They are acknowledged updates now,
+    lost and counted with their shard."""
+    root = str(tmp_path / "ckpt")
+    lc, c, bag, driver = start_partial(make_cluster, "cpr", root)
+    failed = 1
+    mine = owned_by(c, failed)
+    batches = make_batches(6, seed=5)
+    for step, (ids, w) in enumerate(batches[:3]):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    driver.save_now(3, wait=True)  # the base the failed shard comes back to
+    written = np.arange(0, ROWS, 3)  # rows of both shards
+    c.write_rows("t", written, np.full((len(written), DIM), 42.0, np.float32))
+    c.create_table("w", ROWS, DIM, optimizer="sgd", lr=0.1, init=torch.full((ROWS, DIM), 7.0))  # a warm start
+    for step, (ids, w) in enumerate(batches[3:5], start=3):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    lc.kill(lc.pid_of_index(failed))
+    ids, w = batches[5]
+    assert driver.after_step(5, train_step(c, bag, ids, w)) is None  # (raised CheckpointError before)
+    on_failed_w = int((c.layout.locate(np.arange(ROWS))[0] == failed).sum())  # "w" has the same rows as "t"
+    lost = (int(np.isin(written, mine).sum()) + on_failed_w
+            + sum(int(np.isin(ids, mine).sum()) for ids, _ in batches[3:5]))
+    [event] = driver.events
+    assert event.lost_updates == lost == driver.lost_updates, (event.lost_updates, lost)
+    assert driver.rows_acked_total == 6 * BATCH + len(written) + ROWS
+    assert driver.lost_now() == lost
+
+
+@pytest.mark.cluster
 @pytest.mark.parametrize("recovery", ["auto", "full"])
 def test_cpr_with_full_recovery_rolls_back_exactly(make_cluster, tmp_path, recovery):
     """``recovery=auto`` with target PLS 1e-9 (a save every ~14 us) makes the model pick full recovery at

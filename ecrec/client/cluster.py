@@ -207,6 +207,11 @@ class Cluster:
         #: the gradient (float32, flattened) the last acknowledged step() pushed to each dense tensor: a checkpoint
         #: driver keeps the dense parameters from these (CPR keeps them on its trainers)
         self.last_dense_grads: dict[str, np.ndarray] = {}
+        #: rows written by assignments (write_rows: warm starts, loads) and dense payloads written (write_dense),
+        #: acknowledged: not gradients, yet a checkpointing strategy counts their rows as updates its state
+        #: reflects (``baselines.driver`` adds them to what it was acknowledged)
+        self.rows_assigned = 0
+        self.dense_assigned = 0
         #: per table, the ids the last acknowledged step() updated and how many lookups of the batch each had
         #: (what a sample-weighted count of lost updates weighs them by); counted only while ``count_lookups``
         #: is set (a checkpoint driver sets it), so that the pull path pays nothing otherwise

@@ -66,6 +66,7 @@ class RowIO:
                                             return_dense=name in self._cluster._dense)
         request.dense.add(name=name, value=transport.floats_to_bytes(values), assign=embedding_pb2.PAYLOAD)
         self._cluster._send_push({self._cluster.layout.dense_servers(name)[0]: request})
+        self._cluster.dense_assigned += 1
 
     def read_table(self, name: str, what: str = "weights", out: np.ndarray | None = None,
                    on_progress=None) -> np.ndarray:
@@ -154,7 +155,7 @@ class RowIO:
                 request.tables.add(table=name, ids=transport.ids_to_bytes(part_ids[pos]),
                                    grads=transport.floats_to_bytes(part[pos]), assign=kind)
                 requests[i] = request
-            self._cluster._send_push(requests)
+            self._cluster.rows_assigned += self._cluster._send_push(requests)["rows"]
             if on_progress is not None:
                 on_progress(min(start + chunk, len(ids)), len(ids))
         return len(ids)
