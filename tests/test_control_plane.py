@@ -496,6 +496,24 @@ def test_a_failure_declared_while_etcd_loses_its_quorum_is_declared_again_once_i
 
 @pytest.mark.cluster
 @needs_etcd
+def test_a_coordinator_whose_flags_do_not_match_the_map_on_etcd_is_refused_at_its_start(make_cluster):
+    """A coordinator started for another shape than the map etcd holds joined as a follower without a word (status
+    listed it), and once elected logged a traceback and exited: the cluster was left without a coordinator."""
+    import subprocess
+    import sys
+
+    local = make_cluster(servers=2, strategy="ecrec", k=1, m=1, store="etcd")
+    store = f"etcd://{','.join(local.etcd.endpoints)}{local.etcd_prefix}"
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "coordinator", "--port", "0", "--servers", "3",
+                        "--strategy", "none", "--store", store], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "holds a map for 2 servers, strategy 'ecrec', k=1, m=1; this coordinator was started for 3, 'none'" \
+        in r.stderr and "ECREC_COORDINATOR" not in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert len(local.cluster_map().servers) == 2 and local.leading_coordinator()  # the cluster as it was
+
+
+@pytest.mark.cluster
+@needs_etcd
 def test_every_coordinator_restarted_keeps_the_map(make_cluster):
     local, client, initial = start(make_cluster, servers=3, standby=1, store="etcd", coordinators=2)
     counts = np.zeros(ROWS)

@@ -96,6 +96,15 @@ class ClusterState:
         self.saved = self.state_locked().SerializeToString()
 
     # --- persistence -----------------------------------------------------------------------------
+    def check_shape(self, saved: cluster_pb2.ClusterMap, path: str) -> None:
+        """Raises ValueError when the saved map is of another shape (servers, strategy, k, m) than this
+        coordinator's: another cluster's, or flags that do not match it."""
+        if (saved.num_servers, saved.strategy, saved.k, saved.m) != (self.map.num_servers, self.map.strategy, self.map.k, self.map.m):
+            raise ValueError(
+                f"{path} holds a map for {saved.num_servers} servers, strategy {saved.strategy!r}, k={saved.k}, m={saved.m}; "
+                f"this coordinator was started for {self.map.num_servers}, {self.map.strategy!r}, k={self.map.k}, m={self.map.m}"
+            )
+
     def load(self, state: coordinator_pb2.CoordinatorState, path: str) -> None:
         saved = state.map
         if saved.servers and not state.server_key:
@@ -104,11 +113,7 @@ class ClusterState:
             raise ValueError(f"{path} holds a map of {len(saved.servers)} servers (epoch {saved.epoch}) but no "
                              "server key: the file is damaged (cut short?); restore it, or move it away to start a "
                              "new cluster")
-        if (saved.num_servers, saved.strategy, saved.k, saved.m) != (self.map.num_servers, self.map.strategy, self.map.k, self.map.m):
-            raise ValueError(
-                f"{path} holds a map for {saved.num_servers} servers, strategy {saved.strategy!r}, k={saved.k}, m={saved.m}; "
-                f"this coordinator was started for {self.map.num_servers}, {self.map.strategy!r}, k={self.map.k}, m={self.map.m}"
-            )
+        self.check_shape(saved, path)
         self.map.CopyFrom(saved)
         self.map.epoch = saved.epoch + 1
         if self.map.lease_store and saved.lease_s > self.own_lease_wait_s:

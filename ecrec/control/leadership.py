@@ -116,6 +116,7 @@ class CoordinatorServer:
         self._leadership = None
         if store_factory is not None:
             state.store = store_factory(self.address)
+            self._check_saved_shape(state)
             self._grpc.start()
             self._leadership = threading.Thread(target=self._lead, name="ecrec-leadership", daemon=True)
             self._leadership.start()
@@ -129,6 +130,25 @@ class CoordinatorServer:
         self._monitor.start()
         self._promoter = threading.Thread(target=coordinator.promoter.run, name="ecrec-promoter", daemon=True)
         self._promoter.start()
+
+    def _check_saved_shape(self, state) -> None:
+        """A coordinator whose flags do not match the map etcd holds is refused at its start (a ValueError), not
+        once it is elected, when it could only stop and leave the cluster without a coordinator.  With etcd
+        unreachable now, the check is left to its election."""
+        try:
+            saved = state.store.peek()
+        except StoreUnavailable as exc:
+            log.warning("etcd cannot be read at start (%s): the map it holds is checked against this "
+                        "coordinator's flags once it is elected", exc)
+            return
+        if saved is None:
+            return
+        try:
+            state.check_shape(saved.map, state.store.describe())
+        except ValueError:
+            self._grpc.stop(None)
+            state.store.close()
+            raise
 
     def _lead(self) -> None:
         """Campaign, take over, lead until the lease is lost; again, until the coordinator stops."""
@@ -145,7 +165,12 @@ class CoordinatorServer:
                 store.resign()
                 stop.wait(0.5)
                 continue
-            except Exception:  # noqa: BLE001 - e.g. etcd holds another cluster's map: no coordinator can lead
+            except ValueError as exc:  # e.g. etcd holds another cluster's map: this coordinator cannot lead it
+                log.critical("elected, but the state in %s cannot be used: %s; stopping this coordinator",
+                             store.describe(), exc)
+                store.resign()
+                os._exit(2)
+            except Exception:  # noqa: BLE001 - reported, never swallowed
                 log.critical("elected, but the state in %s cannot be used; stopping this coordinator",
                              store.describe(), exc_info=True)
                 store.resign()
