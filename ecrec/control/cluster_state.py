@@ -251,12 +251,15 @@ class ClusterState:
     def merge_data_loss_locked(self, report: cluster_pb2.DataLoss) -> cluster_pb2.DataLoss | None:
         """Folds one report into the map's single entry for its table (every replacement of a lost stripe's
         members reports it, some more than once): the union of the stripes (the first
-        ``DATA_LOSS_LISTED`` listed, all counted), of the indices, the first report's time.  Returns the
-        entry when the report added something, else None."""
+        ``DATA_LOSS_LISTED`` listed, all counted), of the indices, the first report's time.  Returns
+        ``(entry, news)``: the entry when the report added something (else None), and whether it is news -- the
+        table's first report, or one from an index not named yet -- rather than more stripes of a loss known
+        (a rebuild reports its lost stripes round by round: one incident is one event, not one per round)."""
         if not (report.stripes or report.stripe_count):
-            return None  # reports no stripe: nothing to record
+            return None, False  # reports no stripe: nothing to record
         lost = self.lost_stripes.setdefault(report.table, set())
         entry = next((d for d in self.map.data_loss if d.table == report.table), None)
+        news = entry is None or not set(report.indices) <= set(entry.indices)
         if entry is None:
             entry = self.map.data_loss.add(table=report.table, wall_time=report.wall_time or time.time())
         elif not lost:  # a restarted coordinator: only the listed stripes are known
@@ -266,7 +269,8 @@ class ClusterState:
         entry.stripe_count = max(len(lost), entry.stripe_count, report.stripe_count)
         entry.stripes[:] = heapq.nsmallest(DATA_LOSS_LISTED, lost)
         entry.indices[:] = sorted(set(entry.indices) | set(report.indices))
-        return entry if (len(lost), entry.stripe_count, len(entry.indices)) != before else None
+        changed = (len(lost), entry.stripe_count, len(entry.indices)) != before
+        return (entry if changed else None), news and changed
 
     def mark_redundant_locked(self, index: int, server_id: str) -> cluster_pb2.ClusterMap | None:
         """A ``RECOVERING`` server finished its rebuild: ``ACTIVE``, recorded; None when it is not recovering."""

@@ -191,13 +191,15 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         """A replacement cannot rebuild some stripes: recorded in the map (and its events) for every client."""
         with self.state.lock:
             info = self._holder(request, context)
-            changed = [entry for entry in (self.state.merge_data_loss_locked(d) for d in request.lost) if entry is not None]
-            for _ in changed:
+            merged = [self.state.merge_data_loss_locked(d) for d in request.lost]
+            changed = [entry for entry, _ in merged if entry is not None]
+            news = [entry for entry, new in merged if new]
+            for _ in news:  # one event per table and set of members lost: not one per round of a rebuild's reports
                 self.state.event_locked("data_loss", request.index, info.address)
             snapshot = self.state.bump_locked() if changed else None
         if snapshot is not None:
-            log.error("index %d reports data loss: %s", request.index,
-                      "; ".join(f"table {d.table!r}: {d.stripe_count} stripes lost in all" for d in changed))
+            log.log(logging.ERROR if news else logging.INFO, "index %d reports data loss: %s", request.index,
+                    "; ".join(f"table {d.table!r}: {d.stripe_count} stripes lost in all" for d in changed))
             self.links.broadcast(snapshot)
         return self.state.snapshot()
 
