@@ -376,6 +376,7 @@ class Snapshot:
     step: int | None = None  # the worker's next step at that cut
     wall_time: float = 0.0
     snapshot_s: float = 0.0
+    cluster: str = ""  # the cluster it was saved by (``StrategyHost.cluster_id``): no other cluster restores it
 
     @property
     def dirname(self) -> str:
@@ -467,7 +468,7 @@ def _write_packed(storage: Storage, snap: Snapshot) -> dict:
 def _commit(storage: Storage, snap: Snapshot, tables: list, dense: list, total: int, fmt: str = FORMAT) -> dict:
     manifest = {
         "format": fmt, "kind": snap.kind, "server_index": snap.server_index, "seq": snap.seq,
-        "delta": snap.delta, "cut": snap.cut, "step": snap.step, "strategy": snap.strategy,
+        "delta": snap.delta, "cut": snap.cut, "step": snap.step, "strategy": snap.strategy, "cluster": snap.cluster,
         "wall_time": snap.wall_time, "snapshot_s": snap.snapshot_s, "written_at": time.time(),
         "tables": tables, "dense": dense,
     }
@@ -581,10 +582,23 @@ def scan(storage: Storage, index: int) -> list[Entry]:
     return out
 
 
-def latest_chain(storage: Storage, index: int) -> tuple[Entry | None, list[Entry], list[Entry]]:
-    """``(base, deltas, skipped)``: the newest complete full checkpoint, its complete deltas in order,
-    and the incomplete (torn) directories newer than it, which are skipped and must be reported."""
-    entries = scan(storage, index)
+def saved_by(storage: Storage, entry: Entry, cluster: str | None) -> bool:
+    """Whether complete checkpoint ``entry`` was saved by ``cluster`` (None: any cluster's will do).  A manifest
+    that names no cluster, or another, is another cluster's: a job that reuses a directory never restores the
+    rows of an earlier one (a failure before its own first save starts the shard from initial values)."""
+    if cluster is None:
+        return True
+    try:
+        return read_manifest(storage, entry.dirname).get("cluster") == cluster
+    except CheckpointError:  # a manifest that cannot be read is kept: loading it says what is wrong with it
+        return True
+
+
+def latest_chain(storage: Storage, index: int, cluster: str | None = None) -> tuple[Entry | None, list[Entry], list[Entry]]:
+    """``(base, deltas, skipped)``: the newest complete full checkpoint (of ``cluster``: :func:`saved_by`), its
+    complete deltas in order, and the incomplete (torn) directories newer than it, which are skipped and must be
+    reported."""
+    entries = [e for e in scan(storage, index) if not e.complete or saved_by(storage, e, cluster)]
     fulls = [e for e in entries if e.delta is None and e.complete]
     if not fulls:
         return None, [], [e for e in entries if not e.complete]

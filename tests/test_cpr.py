@@ -259,6 +259,35 @@ def test_rows_written_and_warm_started_while_the_driver_counts_are_counted_as_up
 
 
 @pytest.mark.cluster
+def test_a_new_cluster_reusing_a_checkpoint_directory_never_restores_an_earlier_ones_rows(make_cluster, tmp_path):
+    """The newest complete checkpoint was chosen by sequence number alone: a new job on the directory of an earlier
+    one (same table) that lost a server before its own first save restored the earlier job's rows, silently.  A
+    checkpoint names the cluster that saved it now; another cluster's is never restored (and is named in the log)."""
+    root = str(tmp_path / "ckpt")
+    lc, c, bag, driver = start_partial(make_cluster, "cpr", root)
+    for step, (ids, w) in enumerate(make_batches(4, seed=6)):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    driver.save_now(4, wait=True)
+    c.close()
+    lc.close()
+
+    lc = make_cluster(servers=2, standby=1, strategy="cpr", options={"dir": root, "interval_s": 3600},
+                      health_interval_s=0.2)
+    c, bag = connect(lc)  # the same table, at the same initial values; no driver, no save of its own yet
+    failed = 1
+    mine = owned_by(c, failed)
+    before = c.read_payload("t")[1].copy()
+    lc.kill(lc.pid_of_index(failed))
+    c.pull("t", mine)  # waits for the replacement
+    after = c.read_payload("t")[1]
+    init = initial_payload(spec(), np.arange(ROWS))
+    np.testing.assert_array_equal(after[mine].view(np.uint32), init[mine].view(np.uint32))
+    np.testing.assert_array_equal(after.view(np.uint32), before.view(np.uint32))  # nothing of the earlier job
+    assert any("holds checkpoints of another cluster" in line for p in lc.server_procs
+               for line in lc.stderr_tail(p.pid)), "the earlier job's checkpoints named in the log"
+
+
+@pytest.mark.cluster
 @pytest.mark.parametrize("recovery", ["auto", "full"])
 def test_cpr_with_full_recovery_rolls_back_exactly(make_cluster, tmp_path, recovery):
     """``recovery=auto`` with target PLS 1e-9 (a save every ~14 us) makes the model pick full recovery at

@@ -83,7 +83,7 @@ class CheckpointCommands:
         index = self._index()
         with self._lock:
             self._wait_pending()
-        base, deltas, _ = latest_chain(self.storage, index)
+        base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id or None)
         if base is None:
             return {"seq": None, "load_s": 0.0, "bytes": 0}
         t0 = time.perf_counter()

@@ -147,7 +147,8 @@ class CheckpointSaving:
 
     def _snapshot_full(self, index: int, cut, step) -> Snapshot:
         seq = self._alloc_seq()
-        snap = Snapshot(index, seq, "full", self.name, cut=cut, step=step, wall_time=time.time())
+        snap = Snapshot(index, seq, "full", self.name, cut=cut, step=step, wall_time=time.time(),
+                        cluster=self.host.cluster_id)
         for name, shard in self._tables():
             acct = self._account(shard)
             payload = shard.read_payload(shard.owned_slots)  # a copy (fancy indexing)
@@ -177,7 +178,7 @@ class CheckpointSaving:
     def _snapshot_delta(self, index: int, cut, step) -> Snapshot:
         base = self._base_seq
         snap = Snapshot(index, base, "delta", self.name, delta=self._alloc_delta(base), cut=cut, step=step,
-                        wall_time=time.time())
+                        wall_time=time.time(), cluster=self.host.cluster_id)
         for name, shard in self._tables():
             acct = self._account(shard)
             candidates = self._select(acct, shard)

@@ -8,6 +8,7 @@ applied, its lease, its strategy) and every change to it (a new map, a table, a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -76,6 +77,7 @@ class ServerState:
                            retry_deadline_s=config.rpc_timeout_s, max_message_bytes=config.max_message_bytes,
                            identity=self._identity, security=config.security)
         self._proof = ""  # this server's ecrec-caller-proof (set with the server key)
+        self.cluster_id = ""  # (set with the server key)
         self._refresh_lock = threading.Lock()
         self._refreshed_at = float("-inf")  # when a caller's newer epoch last made this server fetch the map
         self._fetched_at = float("-inf")  # ... and when the last such fetch that succeeded began
@@ -85,6 +87,9 @@ class ServerState:
         watermarks with, and proves its identity to peers with."""
         self.sealer = Sealer(key)
         self._proof = self.sealer.caller_proof(self._server_id)
+        # the cluster this server belongs to, named without its secret: a new cluster has a new key, a
+        # restarted coordinator keeps its own (files a strategy writes carry it: ``StrategyHost.cluster_id``)
+        self.cluster_id = hashlib.sha256(b"ecrec-cluster-id\0" + bytes(key)).hexdigest()[:16]
 
     def _identity(self) -> tuple:
         """Metadata of every call this server makes: its id, a proof of it (the server key's), its map epoch."""

@@ -151,6 +151,9 @@ class StrategyHost(Protocol):
     def server_id(self) -> str: ...  # this process's incarnation
 
     @property
+    def cluster_id(self) -> str: ...  # the cluster's (a new cluster, a new id; "" before registering)
+
+    @property
     def layout(self) -> "Layout | None": ...
 
     @property
