@@ -343,7 +343,7 @@ def _main(argv: list[str] | None) -> int:
             os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
             return 1
         except (status.CoordinatorUnreachable, ValueError) as exc:
-            print(f"ecrec-server status: {exc}", file=sys.stderr)
+            logs.fatal(f"ecrec-server status: {exc}")
             return status.EXIT_UNREACHABLE
 
     if args.command in ("snapshot", "restore"):
@@ -371,7 +371,7 @@ def _main(argv: list[str] | None) -> int:
                                          config.host, config.metrics_port)
             running = coordinator.start()
         except (ValueError, OSError, TypeError) as exc:
-            print(f"ecrec-server coordinator: {exc}", file=sys.stderr)
+            logs.fatal(f"ecrec-server coordinator: {exc}")
             return 2
         print(f"ECREC_COORDINATOR {running.address}", flush=True)
         done, outcome = threading.Event(), {}
@@ -396,7 +396,7 @@ def _main(argv: list[str] | None) -> int:
                 server.state.metrics_address = endpoint.address
             server.start()
         except (OSError, RuntimeError, ValueError) as exc:
-            print(f"ecrec-server serve: {exc}", file=sys.stderr)
+            logs.fatal(f"ecrec-server serve: {exc}")
             return 2
         _wait_for_signal(_stop_all(server.stop, endpoint and endpoint.close), server.stopped)
         return 1 if server.fenced else 0  # declared failed: a supervisor restarting on failure restarts it
@@ -407,25 +407,25 @@ def _main(argv: list[str] | None) -> int:
     try:
         options = parse_key_values(args.strategy_options)
     except ValueError as exc:
-        print(f"ecrec-server local: {exc}", file=sys.stderr)
+        logs.fatal(f"ecrec-server local: {exc}")
         return 2
     if args.standby < 0:
-        print(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0", file=sys.stderr)
+        logs.fatal(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0")
         return 2
     if args.store != "etcd" and args.etcd_members is not None:
-        print("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)", file=sys.stderr)
+        logs.fatal("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)")
         return 2
     if args.state_path and os.path.exists(args.state_path) and os.path.getsize(args.state_path) > 0:
         # the map of a cluster whose servers are gone: its tables with new, empty servers are all lost stripes
-        print(f"ecrec-server local: --state-path {args.state_path} holds the map of an earlier cluster, and local "
-              "starts new, empty servers: its tables could not be rebuilt (DATA LOSS at once). Remove the file or "
-              "choose another path (to bring the model back: --restore a snapshot)", file=sys.stderr)
+        logs.fatal(f"ecrec-server local: --state-path {args.state_path} holds the map of an earlier cluster, and "
+                   "local starts new, empty servers: its tables could not be rebuilt (DATA LOSS at once). Remove the "
+                   "file or choose another path (to bring the model back: --restore a snapshot)")
         return 2
     if args.restore:
         try:
             _check_snapshot(args.restore)
         except ValueError as exc:
-            print(f"ecrec-server local: {exc}", file=sys.stderr)
+            logs.fatal(f"ecrec-server local: {exc}")
             return 2
     cluster = None
     try:
@@ -442,7 +442,7 @@ def _main(argv: list[str] | None) -> int:
         ))
         cluster.start()
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
-        print(f"ecrec-server local: {exc}", file=sys.stderr)
+        logs.fatal(f"ecrec-server local: {exc}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C while the cluster starts: what started is stopped
         if cluster is not None:
@@ -468,8 +468,7 @@ def _main(argv: list[str] | None) -> int:
     threading.Thread(target=watch, name="ecrec-local-watch", daemon=True).start()
     _wait_for_signal(cluster.close, done)
     if gone:
-        print(f"ecrec-server local: the coordinator exited (status {gone[0]}); the cluster was stopped",
-              file=sys.stderr)
+        logs.fatal(f"ecrec-server local: the coordinator exited (status {gone[0]}); the cluster was stopped")
         return 1
     return 0
 

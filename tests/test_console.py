@@ -81,6 +81,41 @@ def test_json_log_lines():
         logs.configure("LOUD", "text")
 
 
+def test_json_logs_hold_warnings_uncaught_errors_bad_arguments_stacks_and_a_commands_last_word():
+    """Under ``--log-format json`` a library's warning, a thread's uncaught exception, a record whose arguments do
+    not fit its format and a command's last word (a port in use: exit status 2) were plain text among the JSON
+    lines; a record's stack_info was dropped."""
+    code = """if 1:
+        import logging, sys, threading, warnings
+        from ecrec.ops import logs
+        logs.configure("INFO", "json", "serve")
+        warnings.warn("a library's warning")
+        t = threading.Thread(target=lambda: 1 / 0, name="worker"); t.start(); t.join()
+        logging.getLogger("x").warning("%d rows", "many")
+        logging.getLogger("x").info("here", stack_info=True)
+        logs.fatal("ecrec-server serve: it stops")
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    entries = [json.loads(line) for line in r.stderr.splitlines()]  # every line an object
+    assert "a library's warning" in entries[0]["message"] and entries[0]["logger"] == "py.warnings"
+    assert entries[1]["message"] == "uncaught exception in thread worker"
+    assert "ZeroDivisionError" in entries[1]["exception"]
+    assert "the arguments do not fit" in entries[2]["message"] and "'many'" in entries[2]["message"]
+    assert entries[3]["message"] == "here" and "stack" in entries[3]
+    assert entries[4] == {**entries[4], "level": "CRITICAL", "message": "ecrec-server serve: it stops"}
+    import socket
+
+    with socket.socket() as taken:  # a command's last word, as a user meets it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "ecrec.cli", "--log-format", "json", "coordinator", "--port", "0",
+                            "--servers", "2", "--metrics-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    last = [json.loads(line) for line in r.stderr.splitlines()][-1]
+    assert last["level"] == "CRITICAL" and f"--metrics-port {port}: cannot serve metrics" in last["message"]
+
+
 def _subparsers(parser):
     import argparse
 
