@@ -336,12 +336,14 @@ def _main(argv: list[str] | None) -> int:
 
         try:
             security = from_arguments(SecurityOptions, args).security
+            outcome: dict = {}
             return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait,
-                              security=security)
+                              security=security, outcome=outcome)
         except BrokenPipeError:  # `status | head`: the reader left; end quietly, as any Unix filter does
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
-            return 1
+            # the cluster's state decides the exit status, not the reader (`set -o pipefail` scripts read it)
+            return outcome.get("exit", 1)
         except (status.CoordinatorUnreachable, ValueError) as exc:
             logs.fatal(f"ecrec-server status: {exc}")
             return status.EXIT_UNREACHABLE

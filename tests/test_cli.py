@@ -247,10 +247,32 @@ def test_a_server_whose_coordinator_is_gone_warns_now_and_then_not_at_every_try(
 
 def test_status_piped_into_a_reader_that_leaves_ends_without_a_traceback(make_cluster):
     """``ecrec-server status | head`` ended in a BrokenPipeError traceback."""
-    local = make_cluster(servers=2, strategy="none")
+    local = make_cluster(servers=2, strategy="ecrec", k=1, m=1)
     run = subprocess.run(f"{sys.executable} -m ecrec.cli status --coordinator {local.coordinator_address} | true",
                          shell=True, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
+    # and its exit status is the cluster's (it was 1, "not redundant", whatever the cluster; a `set -o pipefail`
+    # script read a healthy cluster as degraded)
+    for command in ("status", "status --json"):
+        run = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m ecrec.cli {command} --coordinator "
+                              f"{local.coordinator_address} | true"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (command, run.returncode, run.stderr)
+
+
+def test_status_json_of_a_coordinator_that_does_not_answer_is_an_object_too():
+    """``status --json`` printed nothing on stdout when the coordinator did not answer (exit status 2): a script
+    parsing stdout failed on empty input."""
+    import json
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "status", "--json", "--timeout", "1", "--coordinator",
+                        f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r
+    answer = json.loads(r.stdout)
+    assert answer["reachable"] is False and answer["coordinator"] == f"127.0.0.1:{port}" and answer["error"]
 
 
 def test_local_refuses_a_state_path_holding_an_earlier_clusters_map(tmp_path):

@@ -118,6 +118,15 @@ def test_more_failures_than_m_end_in_data_loss_within_seconds(make_cluster):
 
     assert isinstance(lost.value, ClusterDataLoss) and "restore the last snapshot" in str(lost.value)
     print(f"data loss in the map {took:.2f} s after the kills")
+    # `status --wait` polled its whole wait (a bar stuck at 0 %) for a redundancy no rebuild can bring back
+    import subprocess
+    import sys
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "status", "--coordinator", local.coordinator_address,
+                        "--wait", "120"], capture_output=True, text=True, timeout=150)
+    assert r.returncode == 1 and "DATA LOSS" in r.stdout and "no rebuild brings it back" in r.stderr, r
+    assert time.monotonic() - t0 < 60
 
 
 def test_a_restarted_worker_with_the_same_name_is_applied(make_cluster):

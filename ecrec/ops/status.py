@@ -241,9 +241,10 @@ def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
 
 
 def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None,
-        security=None) -> int:
-    """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, with
-    a progress bar of each rebuild on stderr meanwhile); returns the exit status."""
+        security=None, outcome: dict | None = None) -> int:
+    """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, or data
+    was lost, with a progress bar of each rebuild on stderr meanwhile); returns the exit status (also put in
+    ``outcome["exit"]`` before printing: a reader that left does not change it)."""
     if not wait_s >= 0:  # NaN too
         raise ValueError(f"--wait must be >= 0 seconds, got {wait_s}")
     deadline = time.monotonic() + wait_s
@@ -254,16 +255,27 @@ def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: flo
         except CoordinatorUnreachable as exc:
             status = None
             error = str(exc)
-        finished = (status is not None and status["fully_redundant"]) or time.monotonic() >= deadline
+        # lost stripes stay lost (only a restore brings their rows back): no wait makes the cluster redundant
+        lost = status is not None and bool(status["data_loss"])
+        finished = (status is not None and status["fully_redundant"]) or lost or time.monotonic() >= deadline
         if wait_s > 0 and status is not None:
             _show_rebuilds(status, bars, finished)
         if finished:
             break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if status is None:
+        if as_json:  # a script reading stdout gets an object whatever happened
+            print(json.dumps({"coordinator": address, "reachable": False, "error": error}, indent=2), file=stream,
+                  flush=True)
         raise CoordinatorUnreachable(error)
+    if wait_s > 0 and lost and not status["fully_redundant"]:
+        print("  data was lost: no rebuild brings it back, so status stops waiting (restore the last snapshot)",
+              file=sys.stderr)
+    code = EXIT_REDUNDANT if status["fully_redundant"] else EXIT_NOT_REDUNDANT
+    if outcome is not None:
+        outcome["exit"] = code
     if as_json:
         print(json.dumps(status, indent=2), file=stream, flush=True)
     else:
         render(status, stream)
-    return EXIT_REDUNDANT if status["fully_redundant"] else EXIT_NOT_REDUNDANT
+    return code
