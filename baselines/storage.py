@@ -594,11 +594,13 @@ def saved_by(storage: Storage, entry: Entry, cluster: str | None) -> bool:
         return True
 
 
-def latest_chain(storage: Storage, index: int, cluster: str | None = None) -> tuple[Entry | None, list[Entry], list[Entry]]:
-    """``(base, deltas, skipped)``: the newest complete full checkpoint (of ``cluster``: :func:`saved_by`), its
-    complete deltas in order, and the incomplete (torn) directories newer than it, which are skipped and must be
-    reported."""
-    entries = [e for e in scan(storage, index) if not e.complete or saved_by(storage, e, cluster)]
+def latest_chain(storage: Storage, index: int, cluster: str | None = None,
+                 before: int | None = None) -> tuple[Entry | None, list[Entry], list[Entry]]:
+    """``(base, deltas, skipped)``: the newest complete full checkpoint (of ``cluster``: :func:`saved_by`; older
+    than sequence ``before`` if given), its complete deltas in order, and the incomplete (torn) directories newer
+    than it, which are skipped and must be reported."""
+    entries = [e for e in scan(storage, index) if (before is None or e.seq < before)
+               and (not e.complete or saved_by(storage, e, cluster))]
     fulls = [e for e in entries if e.delta is None and e.complete]
     if not fulls:
         return None, [], [e for e in entries if not e.complete]

@@ -471,6 +471,41 @@ def test_corrupted_checkpoint_is_refused(make_cluster, tmp_path):
     np.testing.assert_array_equal(restored.view(np.uint32), initial_payload(spec(), np.arange(ROWS)).view(np.uint32))
 
 
+@pytest.mark.cluster
+def test_a_replacement_whose_newest_checkpoint_is_corrupt_restores_the_next_older_one(make_cluster, tmp_path):
+    """A corrupt newest checkpoint (one flipped byte) refused every standby promoted into the index, the coordinator
+    retrying twice a second without end and the training step hanging until its deadline, while an intact older
+    checkpoint sat beside it.  The replacement restores that one, names the corrupt one, and the loss is counted
+    exactly from what it applied."""
+    root = str(tmp_path / "ckpt")
+    lc, c, bag, driver = start_partial(make_cluster, "cpr", root)  # the initial save: seq 1
+    failed = 1
+    mine = owned_by(c, failed)
+    batches = make_batches(6, seed=7)
+    for step, (ids, w) in enumerate(batches[:3]):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    driver.save_now(3, wait=True)  # seq 2, corrupted below
+    for step, (ids, w) in enumerate(batches[3:5], start=3):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    path = os.path.join(root, f"server-{failed}", "ckpt-00000002", "table-000.bin")
+    with open(path, "r+b") as f:
+        f.seek(20)
+        b = f.read(1)
+        f.seek(20)
+        f.write(bytes([b[0] ^ 0xFF]))
+    lc.kill(lc.pid_of_index(failed))
+    ids, w = batches[5]
+    assert driver.after_step(5, train_step(c, bag, ids, w)) is None  # (hung until the retry deadline before)
+    [event] = driver.events
+    assert event.restored[failed]["seq"] == 1 and event.restored[failed]["corrupt"] == [
+        f"server-{failed}/ckpt-00000002"]
+    lost = sum(int(np.isin(ids, mine).sum()) for ids, _ in batches[:5])  # back to the initial save
+    assert event.lost_updates == lost == driver.lost_updates
+    init = initial_payload(spec(), np.arange(ROWS))
+    expected = simulate(init, batches[5:], only=mine)
+    np.testing.assert_array_equal(c.read_payload("t")[1][mine].view(np.uint32), expected[mine].view(np.uint32))
+
+
 # --- storage, unit level ---------------------------------------------------------------------------------------------
 
 def _snapshot(seq=1, delta=None):

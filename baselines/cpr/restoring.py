@@ -66,11 +66,15 @@ class CheckpointRestoring:
                 log.warning("skipping incomplete (torn) checkpoints %s", names)
                 with self._stats_lock:
                     self._s["incomplete_skipped"] = names
+            t0 = time.perf_counter()
+            base, deltas, loaded, corrupt = self._load_chain(index, base, deltas, newest=cut is None and seq is None)
+            if corrupt:
+                with self._stats_lock:
+                    self._s["corrupt_skipped"] = corrupt
             if base is None:
                 self.needs_restore = False
-                return {"seq": None, "deltas": [], "load_s": 0.0, "skipped": [e.dirname for e in skipped]}
-            t0 = time.perf_counter()
-            loaded = [load_checkpoint(self.storage, base.dirname)] + [load_checkpoint(self.storage, d.dirname) for d in deltas]
+                return {"seq": None, "deltas": [], "load_s": 0.0, "skipped": [e.dirname for e in skipped],
+                        "corrupt": corrupt}
             with self.host.pushes_paused():
                 self._apply(index, loaded)
             load_s = time.perf_counter() - t0
@@ -83,6 +87,7 @@ class CheckpointRestoring:
             info = {
                 "seq": base.seq, "cut": manifest.get("cut"), "step": manifest.get("step"),
                 "deltas": [d.delta for d in deltas], "skipped": [e.dirname for e in skipped], "load_s": load_s,
+                "corrupt": corrupt,
                 "bytes": sum(x.bytes_read for x in loaded),
                 "row_updates": {name: a.updates for name, a in self._acct.items()},
             }
@@ -92,6 +97,37 @@ class CheckpointRestoring:
                 self._s["load_bytes_last"] = info["bytes"]
                 self._s["restored"] = info
             return info
+
+    def _load_chain(self, index: int, base, deltas, newest: bool):
+        """Reads and verifies ``base`` and its ``deltas``: ``(base, deltas, loaded, corrupt)``.  A checkpoint asked
+        for (a cut, a sequence number) that is corrupt is refused (``CheckpointCorrupt``).  The newest one, which a
+        replacement restores, is not worth an index that can never be replaced: a corrupt delta ends the chain
+        before it, a corrupt base gives way to the next older complete one (none left: initial values), each named
+        in ``corrupt`` and logged; the loss count stays exact (the counters come from what is applied)."""
+        corrupt: list[str] = []
+        while base is not None:
+            try:
+                loaded = [load_checkpoint(self.storage, base.dirname)]
+            except CheckpointCorrupt as exc:
+                if not newest:
+                    raise
+                log.error("%s; restoring the next older checkpoint instead", exc)
+                corrupt.append(base.dirname)
+                base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id or None, before=base.seq)
+                continue
+            kept = []
+            for d in deltas:
+                try:
+                    loaded.append(load_checkpoint(self.storage, d.dirname))
+                except CheckpointCorrupt as exc:
+                    if not newest:
+                        raise
+                    log.error("%s; restoring without it and the deltas after it", exc)
+                    corrupt.append(d.dirname)
+                    break
+                kept.append(d)
+            return base, kept, loaded, corrupt
+        return None, [], [], corrupt
 
     def _apply(self, index: int, loaded) -> None:
         """Checks every table of every checkpoint against this server, then writes base + deltas in order."""

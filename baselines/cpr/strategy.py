@@ -77,7 +77,7 @@ class _CheckpointStrategy(CheckpointCommands, CheckpointRestoring, CheckpointSav
             "bytes_written": 0, "snapshot_s_total": 0.0, "snapshot_s_last": 0.0, "persist_s_total": 0.0,
             "persist_s_last": 0.0, "rows_saved_full": 0, "rows_saved_partial": 0, "loads": 0, "load_s_last": 0.0,
             "load_bytes_last": 0, "restored": None, "write_errors": 0, "last_error": None, "incomplete_skipped": [],
-            "last_seq": None, "last_committed_seq": None, "last_committed_cut": None, "pruned": 0,
+            "corrupt_skipped": [], "last_seq": None, "last_committed_seq": None, "last_committed_cut": None, "pruned": 0,
         }
 
     # --- intervals ---------------------------------------------------------------------------------------
