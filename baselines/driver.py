@@ -55,6 +55,8 @@ timeout and follows failures to the replacement; errors are raised, never swallo
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -93,6 +95,13 @@ class CheckpointDriver(SampleLoss):
     def __init__(self, cluster: Cluster, interval_steps: int | None = None, interval_s: float | None = None,
                  mtbf_s: float | None = None, recovery: str | None = None, keep_dense: bool = True,
                  sample_history_s: float = 60.0):
+        if interval_steps is not None and (isinstance(interval_steps, bool)
+                                           or not isinstance(interval_steps, numbers.Integral) or interval_steps < 1):
+            raise ValueError(f"interval_steps must be an integer >= 1, got {interval_steps!r}")
+        for name, v in (("interval_s", interval_s), ("mtbf_s", mtbf_s)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
+                                  or not v > 0):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {v!r}")
         if cluster.map is None:
             cluster.refresh_map()
         self.cluster = cluster

@@ -506,6 +506,19 @@ def test_a_replacement_whose_newest_checkpoint_is_corrupt_restores_the_next_olde
     np.testing.assert_array_equal(c.read_payload("t")[1][mine].view(np.uint32), expected[mine].view(np.uint32))
 
 
+@pytest.mark.cluster
+def test_a_checkpoint_directory_that_cannot_be_written_is_a_failed_precondition_naming_it(make_cluster, tmp_path):
+    """A ``dir`` under a regular file was answered INTERNAL, each server logging a traceback."""
+    (tmp_path / "afile").write_text("not a directory")
+    root = str(tmp_path / "afile" / "ck")
+    lc = make_cluster(servers=2, strategy="cpr", options={"dir": root, "interval_s": 3600})
+    c, _ = connect(lc)
+    with pytest.raises(ClusterError, match=r"FAILED_PRECONDITION: [a-z]+: the checkpoint storage .*afile/ck: "
+                                           r"NotADirectoryError"):
+        CheckpointDriver(c).start(0)
+    assert not any("Traceback" in line for p in lc.server_procs for line in lc.stderr_tail(p.pid))
+
+
 # --- storage, unit level ---------------------------------------------------------------------------------------------
 
 def _snapshot(seq=1, delta=None):
@@ -608,6 +621,19 @@ def test_options_are_validated(tmp_path):
     # the partial interval follows from the PLS target: 2 * 0.01 * 4 * 3600
     opts = PartialRecovery.options_from({"dir": d, "target_pls": "0.01", "mtbf_s": "3600"})
     assert opts.recovery == "auto"
+
+
+def test_the_drivers_own_intervals_are_checked_before_anything_runs():
+    """``CheckpointDriver(interval_s=inf)`` (a save never due), ``interval_steps=2.5`` or ``True`` (which
+    ``set_interval_steps`` refuses) were taken; ``interval_steps="5"`` was a TypeError comparing str and int."""
+    for kwargs, said in [({"interval_s": float("inf")}, "interval_s must be a finite number of seconds > 0"),
+                         ({"interval_s": float("nan")}, "interval_s must be"), ({"interval_s": "60"}, "interval_s"),
+                         ({"mtbf_s": -1.0}, "mtbf_s must be"), ({"interval_steps": 2.5}, "interval_steps must be an "
+                                                                                         "integer >= 1, got 2.5"),
+                         ({"interval_steps": True}, "got True"), ({"interval_steps": "5"}, "got '5'"),
+                         ({"interval_steps": 0}, "got 0")]:
+        with pytest.raises(ValueError, match=said):
+            CheckpointDriver(None, **kwargs)  # refused before the cluster is asked anything
 
 
 def test_manifest_is_json_with_checksums(tmp_path):

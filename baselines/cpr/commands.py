@@ -12,6 +12,7 @@ import time
 from baselines.cpr.restoring import refusal
 from baselines.options import _float
 from baselines.storage import CheckpointError, latest_chain, load_checkpoint, read_manifest, scan
+from ecrec import errors
 
 
 class CheckpointCommands:
@@ -30,6 +31,9 @@ class CheckpointCommands:
             return h(args)
         except CheckpointError as exc:
             raise refusal(exc) from None
+        except OSError as exc:  # the storage: a directory that is a file, no permission, a full disk
+            raise errors.FailedPrecondition(f"{command}: the checkpoint storage {self.storage.url}: "
+                                            f"{type(exc).__name__}: {exc}") from None
 
     @staticmethod
     def _known_args(command: str, args: dict, allowed: set) -> None:
