@@ -458,8 +458,17 @@ def _main(argv: list[str] | None) -> int:
     print(ready_message(cluster.coordinator_address, cluster.metrics_addresses(), args.token_file), flush=True)
     done, gone = threading.Event(), []
 
+    reported: set[int] = set()
+
     def watch() -> None:  # a cluster whose every coordinator exited serves nobody: it stops, and says why
         while not done.wait(0.5):
+            for p in list(cluster.server_procs):  # a server that exited is reaped (no zombie) and said
+                if p.pid not in reported and p.poll() is not None:
+                    reported.add(p.pid)
+                    logging.getLogger("ecrec").warning(
+                        "server process %d exited (status %s); the coordinator replaces it with a standby, if any "
+                        "(ecrec-server serve --coordinator %s adds one)", p.pid, p.returncode,
+                        cluster.coordinator_address)
             procs = [p for p in (cluster.coordinator_procs or [cluster.coordinator_proc]) if p is not None]
             if procs and all(p.poll() is not None for p in procs):
                 gone.append(procs[-1].returncode)

@@ -84,6 +84,49 @@ def _started(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
+def test_local_reaps_a_server_that_exits_and_says_so(tmp_path):
+    """A server of ``local`` killed by a signal stayed a zombie until local exited, and local said nothing of it."""
+    err_path = tmp_path / "local.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "WARNING", "local", "--servers",
+                                 "2", "--standby", "1", "--strategy", "ecrec", "--k", "1", "--m", "1"],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    children: dict[int, str] = {}
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("coordinator at "), line
+        for pid in children_of(proc.pid):
+            started = _started(pid)
+            if started is not None:
+                children[pid] = started
+        servers = [p for p in children if "serve" in open(f"/proc/{p}/cmdline").read().split("\0")]
+        assert len(servers) == 3, servers  # two and a standby
+        pid = servers[0]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (_state(pid) == "Z" or f"server process {pid} exited" not in
+                                               err_path.read_text()):
+            time.sleep(0.2)
+        assert _state(pid) != "Z", "a zombie"
+        assert f"server process {pid} exited (status -9)" in err_path.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "server process" not in err_path.read_text().split(f"server process {pid} exited", 1)[1]  # stopping: none
+    finally:
+        proc.kill()
+        for pid, started in children.items():
+            if _started(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def test_local_stops_its_cluster_and_fails_when_its_coordinator_exits(tmp_path):
     """A coordinator that stops (here: its restore finds a snapshot whose table has no valid spec) leaves servers
     serving nobody; ``local`` used to keep them running, logging failed lease renewals three times a second, until
