@@ -395,7 +395,8 @@ def _main(argv: list[str] | None) -> int:
             endpoint = None
             if config.metrics_port is not None:
                 endpoint = metrics.serve(metrics.ServerCollector(server.state), config.host, config.metrics_port)
-                server.state.metrics_address = endpoint.address
+                # where a scraper reaches it (the map's host: --advertise-host for a server bound to every interface)
+                server.state.metrics_address = f"{config.public_host}:{endpoint.address.rsplit(':', 1)[1]}"
             server.start()
         except (OSError, RuntimeError, ValueError) as exc:
             logs.fatal(f"ecrec-server serve: {exc}")

@@ -238,6 +238,34 @@ def test_every_coordinator_exports_the_map_it_serves_and_counts_what_it_refuses(
     assert only == ["ecrec_cluster_epoch"], only
 
 
+@pytest.mark.cluster
+def test_a_servers_metrics_address_is_the_one_scrapers_reach(make_cluster):
+    """A server's metrics address (in ``status``) was its bind address: ``0.0.0.0:P`` for a server bound to every
+    interface, not the ``--advertise-host`` the map names it by."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import wait_for
+
+    local = make_cluster(servers=1, strategy="none")
+    proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "serve", "--coordinator", local.coordinator_address,
+                             "--standby", "--host", "127.0.0.1", "--advertise-host", "localhost", "--port", "0",
+                             "--metrics-port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def standby():
+            r = subprocess.run([sys.executable, "-m", "ecrec.cli", "status", "--json", "--coordinator",
+                                local.coordinator_address], capture_output=True, text=True, timeout=60)
+            return next((s for s in json.loads(r.stdout)["servers"] if s["state"] == "STANDBY" and s["metrics"]), None)
+        row = wait_for(standby, 60, "the standby in status with its metrics address")
+        host, port = row["metrics"].rsplit(":", 1)
+        assert host == "localhost" and row["address"].startswith("localhost:"), row
+        assert "ecrec_server_index" in {k[0] for k in scrape(f"127.0.0.1:{port}")}
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_the_docs_list_every_metric():
     """Every metric a server's strategy or the coordinator exports is in the list of docs/operations.md."""
     from pathlib import Path

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ecrec.net.cluster_map import fully_redundant
@@ -241,6 +241,28 @@ class MetricsEndpoint:
         self._server.server_close()
 
 
+#: connections the metrics port queues while its threads answer others (prometheus_client's server keeps 5: a
+#: hundred scrapers at once met SYN retries of 1, 3 and 7 s)
+LISTEN_BACKLOG = 128
+
+
+def _start_http_server(port: int, host: str, registry):
+    """prometheus_client's ``start_http_server`` with a listen backlog of :data:`LISTEN_BACKLOG`."""
+    from wsgiref.simple_server import make_server
+
+    from prometheus_client import exposition
+
+    class Server(exposition.ThreadingWSGIServer):
+        request_queue_size = LISTEN_BACKLOG
+
+    Server.address_family, addr = exposition._get_best_family(host, port)
+    server = make_server(addr, port, exposition.make_wsgi_app(registry), Server,
+                         handler_class=exposition._SilentHandler)
+    thread = threading.Thread(target=server.serve_forever, name="ecrec-metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
 def serve(collector, host: str, port: int) -> MetricsEndpoint:
     """Serves ``collector`` (and this process's CPU and memory) on ``host:port`` (0: any free port)."""
     if not 0 <= port <= 65535:
@@ -250,7 +272,7 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     registry.register(collector)
     ProcessCollector(registry=registry)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, thread = _start_http_server(port, host, registry)
     except OSError as exc:
         raise OSError(f"--metrics-port {port}: cannot serve metrics on {host}:{port}: "
                       f"{exc.strerror or exc}") from None
