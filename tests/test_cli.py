@@ -394,3 +394,14 @@ def test_ctrl_c_while_local_starts_ends_it_with_a_line_and_no_process_left(start
         assert _all_end(children, within_s=10)
     finally:
         _kill_alive(proc, children)
+
+
+def test_local_with_an_etcd_binary_path_that_holds_none_names_it(tmp_path):
+    """``ECREC_ETCD=/nonexistent local --store etcd`` printed a fragment of a child's traceback
+    ('FileNotFoundError: [Errno 2] No such file or directory') naming no path."""
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "local", "--servers", "2", "--store", "etcd"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "ECREC_ETCD": str(tmp_path / "nonexistent")})
+    assert r.returncode == 2, (r.returncode, r.stderr[-1000:])
+    assert f"ECREC_ETCD={tmp_path / 'nonexistent'}: no executable file there" in r.stderr
+    assert "Traceback" not in r.stderr

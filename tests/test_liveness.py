@@ -488,3 +488,26 @@ def test_a_call_whose_channel_the_stall_watcher_closes_under_it_follows_the_map(
         assert torch.equal(client.pull("t", [0, 1, 2, 3]), expected) and dropped
     finally:
         client.close()
+
+
+@pytest.mark.cluster
+def test_an_index_left_unreplaced_says_why(make_cluster):
+    """A call to an index nobody replaced ended 'not replaced within N s (is a standby available?)' -- also when a
+    standby was there and the coordinator could not promote it (etcd without quorum)."""
+    from ecrec.client import Cluster, ClusterError
+    from ecrec.config import ClientConfig
+
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address, ClientConfig(retry_deadline_s=3.0))
+    try:
+        cluster.create_table("t", 20, 2, optimizer="sgd", lr=0.1)
+        ids = np.flatnonzero(cluster.layout.locate(np.arange(20))[0] == 1)[:2]
+        local.kill(local.pid_of_index(1))
+        with pytest.raises(ClusterError, match="not replaced within 3 s \\(no standby is registered: start one "
+                                               "with ecrec-server serve --standby\\)"):
+            cluster.pull("t", ids)
+        local.kill(local.coordinator_proc.pid)
+        with pytest.raises(ClusterError, match="not replaced within 3 s \\(the coordinator did not answer"):
+            cluster.pull("t", ids)
+    finally:
+        cluster.close(confirm_timeout_s=1.0)

@@ -20,8 +20,13 @@ from ecrec.net.transport import free_port_outside_ephemeral_range
 def etcd_binary() -> str:
     """The etcd executable: ``$ECREC_ETCD``, else ``etcd`` on PATH, else ``/usr/bin/etcd``; raises naming how to
     install it."""
-    found = os.environ.get("ECREC_ETCD") or shutil.which("etcd") or (
-        "/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+    given = os.environ.get("ECREC_ETCD")
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise FileNotFoundError(f"ECREC_ETCD={given}: no executable file there (it names the etcd binary; "
+                                    "unset it to use etcd on PATH)")
+        return given
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
     if not found:
         raise FileNotFoundError("no etcd binary: install etcd 3.4+ (Debian/Ubuntu: apt-get install etcd-server) or "
                                 "set ECREC_ETCD to its path")

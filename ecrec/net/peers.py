@@ -389,6 +389,7 @@ class Peers:
         every attempt (the client replays unconfirmed pushes to a replacement there)."""
         deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        coordinator_failed = None  # the last map fetch's error (a coordinator that does not answer)
         while True:
             if prepare is not None:
                 prepare(index)
@@ -416,13 +417,26 @@ class Peers:
             if time.monotonic() > deadline or (give_up is not None and give_up()):
                 raise PeerUnreachable(f"server index {index} unreachable and not replaced within "
                                       f"{self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s:.0f} s"
-                                      " (is a standby available?)")
+                                      f" ({self._why_not_replaced(coordinator_failed)})")
             time.sleep(self.retry_pause_s)
             try:
                 self.coordinator.get_map()
+                coordinator_failed = None
             except grpc.RpcError as exc:
+                coordinator_failed = exc.code().name
                 log.log(warn_level("coordinator"),
                         "coordinator unreachable (%s); retrying", exc.code().name)
+
+    def _why_not_replaced(self, coordinator_failed: str | None) -> str:
+        """What the map says of why an index was not replaced: the words of :class:`PeerUnreachable`."""
+        if coordinator_failed:
+            return (f"the coordinator did not answer ({coordinator_failed}): none leads, or its etcd has no quorum; "
+                    "its log says which")
+        m = self.current_map()
+        if m is not None and not any(s.state == cluster_pb2.STANDBY for s in m.servers):
+            return "no standby is registered: start one with ecrec-server serve --standby"
+        return ("a standby is registered but was not promoted: the coordinator could not record the promotion "
+                "(its etcd without quorum?) or has not declared the server failed yet; its log says which")
 
     def call_once(self, index: int, method: str, request, service: str = EMBEDDING):
         """One attempt at ``index``: the reply, or None when no live server holds it or it is gone (then
