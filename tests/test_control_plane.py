@@ -876,3 +876,20 @@ def test_a_data_loss_reported_round_by_round_is_one_event_per_table_and_index():
     c.ReportDataLoss(pb.ReportDataLossRequest(index=0, server_id="s0", lost=[
         cluster_pb2.DataLoss(table="other", stripes=[3], stripe_count=1, indices=[0])]), None)
     assert [e.kind for e in c.state.snapshot().events].count("data_loss") == 2  # another table: news
+
+
+@pytest.mark.cluster
+@needs_etcd
+def test_status_does_not_name_a_dead_leader_as_leading(make_cluster):
+    """Right after the leading coordinator died, ``status`` listed it as live and leading (etcd keeps its key until
+    its election lease ends) and exited 0: the listed coordinators were not asked, only named ones missing from
+    the list."""
+    from ecrec.ops import status
+
+    local = make_cluster(servers=2, strategy="none", store="etcd", coordinators=2)
+    pid, leader = local.leading_coordinator()
+    local.kill(pid)
+    report = status.collect(local.coordinator_address, timeout_s=2.0)
+    assert leader in {c["address"] for c in report["coordinators_not_answering"]}, report
+    text = status._coordinators_text(report)
+    assert f"{leader} (leads)" not in text, text

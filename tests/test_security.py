@@ -198,6 +198,11 @@ def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
     flags = [a for k, v in alice.items() for a in ("--" + k.replace("_", "-"), v)]
     assert main(["status", "--coordinator", local.coordinator_address, "--json", *flags]) == 0
     assert main(["status", "--coordinator", local.coordinator_address, "--json", "--timeout", "3"]) == 2  # no TLS
+    from ecrec.ops import status
+
+    with pytest.raises(status.CoordinatorUnreachable, match="a cluster with TLS closes plain connections: pass "
+                                                            "--tls-ca, --tls-cert and --tls-key"):
+        status.collect(local.coordinator_address, timeout_s=3)  # (said only 'Socket closed' before)
 
 
 # --- token ------------------------------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
         cluster_map = stub.GetClusterMap(coordinator_pb2.GetClusterMapRequest(), timeout=timeout_s)
         control = _coordinators(stub, timeout_s)
     except grpc.RpcError as exc:
-        raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}") from None
+        raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}"
+                                     f"{_tls_hint(exc, security)}") from None
     finally:
         stub.close()
     if not control.get("coordinators_error"):
@@ -107,6 +108,20 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     }
 
 
+def _tls_hint(exc: grpc.RpcError, security) -> str:
+    """A word on TLS when the connection ended in its handshake: a plain client at a TLS port sees its socket
+    closed, a TLS client at a plain port a handshake error."""
+    details = (exc.details() or "").lower()
+    tls = security is not None and getattr(security, "tls", False)
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if not tls and "socket closed" in details:
+        return " (a cluster with TLS closes plain connections: pass --tls-ca, --tls-cert and --tls-key)"
+    if tls and ("handshake" in details or "ssl" in details or "tls" in details):
+        return " (the TLS handshake failed: a cluster without TLS, or a CA or certificate it does not take)"
+    return ""
+
+
 def _coordinators(stub, timeout_s: float) -> dict:
     """``{"leader", "coordinators": [{"address", "leads"}], "store"}`` as the coordinator answers it (an error in
     ``coordinators_error`` when it cannot: the map alone still makes a status)."""
@@ -120,13 +135,13 @@ def _coordinators(stub, timeout_s: float) -> dict:
 
 
 def _named_not_listed(address: str, control: dict, timeout_s: float, security) -> list[dict]:
-    """The coordinators ``address`` names that are not among the live ones the cluster lists (a follower that died
-    and one never started alike are simply absent there), each asked itself: ``[{"address", "error"}]`` for
-    those that do not answer (one that answers is listed under another name)."""
+    """The coordinators ``address`` names or the cluster lists that do not answer, each asked itself:
+    ``[{"address", "error"}]``.  Named but not listed: a follower that died, one never started.  Listed but silent:
+    one that died or hangs within its election lease, the leader included (etcd lists it until the lease ends)."""
     from ecrec.net.peers import coordinator_stub
 
-    live = {c["address"] for c in control["coordinators"]}
-    absent = [a for a in dict.fromkeys(part.strip() for part in address.split(",")) if a and a not in live]
+    listed = [c["address"] for c in control["coordinators"]]
+    absent = [a for a in dict.fromkeys([*(part.strip() for part in address.split(",")), *listed]) if a]
 
     def ask(named: str) -> dict | None:
         stub = coordinator_stub(named, security=security)
@@ -147,9 +162,13 @@ def _named_not_listed(address: str, control: dict, timeout_s: float, security) -
 def _coordinators_text(status: dict) -> str:
     if status.get("coordinators_error"):
         return f"coordinators: unknown ({status['coordinators_error']})"
-    listed = ", ".join(c["address"] + (" (leads)" if c["leads"] else "") for c in status["coordinators"])
-    leader = "" if status["leader"] else "; none leads now (being elected)"
     silent = status.get("coordinators_not_answering") or []
+    quiet = {c["address"] for c in silent}
+    listed = ", ".join(c["address"] + (" (leads)" if c["leads"] else "") for c in status["coordinators"]
+                       if c["address"] not in quiet)
+    leader = "" if status["leader"] else "; none leads now (being elected)"
+    if status["leader"] and status["leader"] in quiet:
+        leader = f"; the leader {status['leader']} does not answer (a follower takes over once its lease ends)"
     missing = ("; not answering: " + ", ".join(f"{c['address']} ({c['error']})" for c in silent)) if silent else ""
     return f"coordinators: {listed or '-'}{missing}{leader}; map kept in {status['store']}"
 
