@@ -893,3 +893,26 @@ def test_status_does_not_name_a_dead_leader_as_leading(make_cluster):
     assert leader in {c["address"] for c in report["coordinators_not_answering"]}, report
     text = status._coordinators_text(report)
     assert f"{leader} (leads)" not in text, text
+
+
+def test_a_candidate_that_cannot_reach_etcd_keeps_saying_so(monkeypatch, caplog):
+    """A coordinator pointed at an etcd it cannot reach (a wrong port, TLS it does not speak) warned once and then
+    said nothing while it waited, for ever."""
+    import logging
+    import socket
+
+    from ecrec.control import etcd
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(etcd, "ELECTION_REMIND_S", 0.4, raising=False)
+    election = etcd.Election(etcd.EtcdClient([f"127.0.0.1:{port}"], timeout_s=0.2), b"/x/leader", b"me", ttl_s=2)
+    stop = threading.Event()
+    timer = threading.Timer(1.5, stop.set)
+    timer.start()
+    with caplog.at_level(logging.WARNING, logger="ecrec"):
+        assert election.campaign(stop, poll_s=0.05) is False
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("election: ")]
+    assert len(said) >= 2, said
+    assert any("etcd unreachable for" in m and "--store endpoints" in m for m in said), said

@@ -299,6 +299,10 @@ def get_op(key: bytes) -> etcd_pb2.RequestOp:
     return etcd_pb2.RequestOp(request_range=etcd_pb2.RangeRequest(key=key))
 
 
+#: how often a candidate that cannot reach etcd says so again
+ELECTION_REMIND_S = 10.0
+
+
 class Election:
     """Leadership among coordinators through one lease-bound key (``key`` = this candidate's ``value`` while
     it leads).  :meth:`campaign` blocks until this candidate leads; a :class:`~ecrec.control.lease.LeaseKeeper`
@@ -333,7 +337,7 @@ class Election:
 
     def campaign(self, stop: threading.Event, poll_s: float = 0.25) -> bool:
         """Waits until this candidate holds the key (True) or ``stop`` is set (False)."""
-        last_error = ""
+        last_error, said_at, failing_since = "", 0.0, None
         if self._keeper is not None:  # the keeper of an earlier term ends
             self._keeper.stop(join_s=self.ttl_s)
             self._keeper = None
@@ -362,10 +366,18 @@ class Election:
                 else:
                     self._lease_granted_at = sent
             except EtcdError as exc:
-                if str(exc) != last_error:  # once per distinct error, not every poll
-                    log.warning("election: %s", exc)
-                    last_error = str(exc)
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                # once per distinct error, and every ELECTION_REMIND_S while it lasts (not every poll)
+                if str(exc) != last_error or now - said_at >= ELECTION_REMIND_S:
+                    log.warning("election: %s%s", exc, f" (etcd unreachable for {now - failing_since:.0f} s: check "
+                                "the --store endpoints and, with TLS, the --etcd-* or --tls-* files)"
+                                if now - failing_since >= ELECTION_REMIND_S else "")
+                    last_error, said_at = str(exc), now
                 self.lease = 0
+                stop.wait(poll_s)
+                continue
+            failing_since = None
             stop.wait(poll_s)
         return False
 
