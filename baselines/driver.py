@@ -202,7 +202,8 @@ class CheckpointDriver(SampleLoss):
         return replies
 
     def _configure_args(self) -> dict:
-        args = {"mode": self.mode}
+        # interval_s None: the strategy's own option, whatever an earlier driver of this cluster configured
+        args = {"mode": self.mode, "interval_s": None}
         if self.mode == "partial" and self.plan is not None and self.opts.interval_s is None:
             args["interval_s"] = self.plan.partial_interval_s
         args.update(self._configured)

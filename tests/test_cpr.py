@@ -519,6 +519,20 @@ def test_a_checkpoint_directory_that_cannot_be_written_is_a_failed_precondition_
     assert not any("Traceback" in line for p in lc.server_procs for line in lc.stderr_tail(p.pid))
 
 
+@pytest.mark.cluster
+def test_a_new_driver_does_not_inherit_an_earlier_drivers_interval(make_cluster, tmp_path):
+    """``configure(interval_s=...)`` of one driver outlived it: a later driver on the same cluster ran with the
+    servers still on the earlier interval (and a replacement on the option's)."""
+    lc = make_cluster(servers=2, strategy="cpr", options={"dir": str(tmp_path / "ckpt"), "interval_s": 2})
+    c, _ = connect(lc)
+    first = CheckpointDriver(c, recovery="partial")
+    first.start(0)
+    first.configure(interval_s=3600)
+    assert {r["interval_s"] for r in c.strategy_call("configure", {}).values()} == {3600.0}
+    CheckpointDriver(c, recovery="partial").start(0)
+    assert {r["interval_s"] for r in c.strategy_call("configure", {}).values()} == {2.0}
+
+
 # --- storage, unit level ---------------------------------------------------------------------------------------------
 
 def _snapshot(seq=1, delta=None):
