@@ -146,6 +146,7 @@ class CheckpointDriver(SampleLoss):
         self._last_save_step: int | None = None
         self._last_save_time = 0.0
         self._started = False
+        self._last_step: int | None = None  # the last step after_step saw (a failure found by report() is after it)
         self._configured: dict = {}  # what configure() set on the servers: a replacement gets it too
         self._init_samples(sample_history_s)
         cluster.count_lookups = not self.full_only  # the client counts each id's lookups for the sample count
@@ -256,6 +257,7 @@ class CheckpointDriver(SampleLoss):
 
     def after_step(self, step: int, result: dict | None = None) -> int | None:
         """Call after batch ``step`` (0-based) was pushed; returns the step to resume from after a rollback."""
+        self._last_step = step
         if not self._started:  # the servers' counters already include this step's rows
             self.start(step + 1)
             self.rows_acked_total += int(result.get("rows", 0)) if result else 0
@@ -459,6 +461,13 @@ class CheckpointDriver(SampleLoss):
         return overhead.pls(self.lost_samples, self.samples_acked)
 
     def report(self) -> dict:
+        """What the run cost and lost.  A failure no push has met yet (the failed index not touched since: the
+        client's map still names the dead server) is found here and counted, in partial recovery, as
+        ``after_step`` would (a full recovery's rollback needs a step boundary: the next ``after_step``)."""
+        if self._started and self.mode == "partial" and self._last_step is not None:
+            self.cluster.refresh_map()
+            if self._failures_pending():
+                self._on_failure(self._last_step)
         self.settle()
         return {
             "strategy": self.strategy, "mode": self.mode, "plan": self.plan.to_dict() if self.plan else None,

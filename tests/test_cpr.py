@@ -26,6 +26,7 @@ from baselines.driver import CheckpointDriver
 from ecrec.tables import optim
 from ecrec.client import Cluster, ClusterError, EmbeddingBag
 from ecrec.tables.spec import TableSpec, initial_payload
+from ecrec.wire import cluster_pb2
 
 ROWS, DIM, BATCH = 90, 4, 10
 TABLE = dict(optimizer="adagrad", lr=0.1, eps=1e-8, initial_accumulator_value=0.1, seed=3)
@@ -531,6 +532,32 @@ def test_a_new_driver_does_not_inherit_an_earlier_drivers_interval(make_cluster,
     assert {r["interval_s"] for r in c.strategy_call("configure", {}).values()} == {3600.0}
     CheckpointDriver(c, recovery="partial").start(0)
     assert {r["interval_s"] for r in c.strategy_call("configure", {}).values()} == {2.0}
+
+
+@pytest.mark.cluster
+def test_a_failure_no_push_met_is_counted_by_the_report(make_cluster, tmp_path):
+    """A server killed after the last step that touched it: ``after_step`` of steps that reach only the survivors
+    saw nothing (the client's map still named the dead server), and ``report()`` said 0 updates lost while
+    ``lost_now()`` said how many."""
+    from helpers import wait_for
+
+    lc, c, bag, driver = start_partial(make_cluster, "cpr", str(tmp_path / "ckpt"))
+    failed = 1
+    mine = owned_by(c, failed)
+    theirs = np.setdiff1d(np.arange(ROWS), mine)
+    batches = make_batches(3, seed=8)
+    for step, (ids, w) in enumerate(batches):
+        assert driver.after_step(step, train_step(c, bag, ids, w)) is None
+    holder = lambda: next(s for s in lc.cluster_map().servers if s.index == failed)
+    before = holder().server_id
+    lc.kill(lc.pid_of_index(failed))
+    wait_for(lambda: holder().server_id != before and holder().state == cluster_pb2.ACTIVE, 60, "the standby promoted")
+    ids = theirs[:BATCH]  # a step that reaches the survivor only
+    assert driver.after_step(3, train_step(c, bag, ids, np.ones((len(ids), DIM), np.float32))) is None
+    lost = sum(int(np.isin(ids, mine).sum()) for ids, _ in batches)
+    report = driver.report()
+    assert report["lost_updates"] == lost and len(report["failures"]) == 1, report
+    assert driver.lost_now() == lost
 
 
 # --- storage, unit level ---------------------------------------------------------------------------------------------
