@@ -238,21 +238,30 @@ class CheckpointDriver(SampleLoss):
         self._balance += int(rows)
 
     def _note_assignments(self) -> None:
-        """Rows and dense payloads this cluster wrote since the last hook (``write_rows``: a warm start, a load;
-        ``write_dense``): the servers count the rows as updates their state reflects, so they are acknowledged
-        updates here too (lost, and counted, when their shard rolls back); a row's written value is no step's
-        lookups (the sample-weighted count becomes None), and the dense copy reads the written payloads."""
-        rows, dense = self.cluster.rows_assigned, self.cluster.dense_assigned
-        seen_rows, seen_dense = self._assigned_seen
-        self._assigned_seen = (rows, dense)
-        if rows != seen_rows:
-            self._acked(rows - seen_rows)
+        """Rows this cluster wrote since the last hook (``write_rows``: a warm start, a load): the servers count
+        them as updates their state reflects, so they are acknowledged updates here too (lost, and counted, when
+        their shard rolls back); a row's written value is no step's lookups (the sample-weighted count becomes
+        None)."""
+        rows, seen = self.cluster.rows_assigned, self._assigned_seen[0]
+        self._assigned_seen = (rows, self._assigned_seen[1])
+        if rows != seen:
+            self._acked(rows - seen)
             if self.lost_samples is not None:
                 log.info("rows written (write_rows) while the driver counts: no sample-weighted loss count")
                 self.lost_samples = None
                 self._drop_history()
-        if dense != seen_dense and self.dense_copy is not None:
-            self.dense_copy.reload()  # the servers' payloads now: this step's gradients included
+
+    def _dense_written(self) -> bool:
+        """Whether this cluster wrote a dense payload (``write_dense``) since the last step: the dense copy then
+        reads the servers' payloads once any failure of this step is dealt with (read before, it could take a
+        replaced server's rolled-back payload and put that back)."""
+        dense, seen = self.cluster.dense_assigned, self._assigned_seen[1]
+        self._assigned_seen = (self._assigned_seen[0], dense)
+        return dense != seen and self.dense_copy is not None
+
+    def _reload_dense_copy(self) -> None:
+        if self.dense_copy is not None:
+            self.dense_copy.reload()  # the servers' payloads now: this step's gradients and the writes included
             self._dense_step = self.cluster.steps_done
 
     def after_step(self, step: int, result: dict | None = None) -> int | None:
@@ -266,6 +275,7 @@ class CheckpointDriver(SampleLoss):
         if result is not None:
             self._acked(result.get("rows", 0))
         self._note_assignments()
+        dense_written = self._dense_written()
         if self.dense_copy is not None and self._dense_step != self.cluster.steps_done:
             # once per step of the cluster: a second after_step for one step (with its result, or None) would
             # apply its dense gradients to the copy twice, and a recovery would put that copy back
@@ -274,7 +284,12 @@ class CheckpointDriver(SampleLoss):
         if result is not None and self.mode == "partial":
             self._remember(result)
         if self._failures_pending():
-            return self._on_failure(step)
+            resume = self._on_failure(step)
+            if dense_written:
+                self._reload_dense_copy()
+            return resume
+        if dense_written:
+            self._reload_dense_copy()
         if self._due(step):
             try:
                 self._save(step + 1)

@@ -315,6 +315,9 @@ def test_a_criteo_file_compare_cannot_train_on_is_refused_naming_why(tmp_path, m
         assert said in str(raised.value), (name, str(raised.value))
         if name == "bad.tsv":  # what was wrong with the lines it skipped
             assert "skipped 1 malformed line(s) of 1: 1 (wrong column count: 3 columns, expected 40)" in str(raised.value)
+    with pytest.raises(SystemExit, match="holds 283 sample.s., fewer than the 569 a batch of 256 for each of 2 workers"):
+        cli.main(["compare", "--strategies", "none", "--fail-at", "-1", "--batch-size", "256", "--workers", "2",
+                  "--dataset", f"criteo:{tmp_path / 'few.tsv'}"])  # each worker trains on a shard: a batch each
 
 # --- the fair comparison (issue 13) ---------------------------------------------------------------------------
 @pytest.mark.benchmark

@@ -204,13 +204,15 @@ def test_every_coordinator_exports_the_map_it_serves_and_counts_what_it_refuses(
     refusals were never exported; ``/metrics?name[]=...`` answered nothing for every name."""
     import grpc
 
-    import shutil
-
     from helpers import wait_for
     from ecrec.net.peers import coordinator_stub
     from ecrec.wire import cluster_pb2
 
-    if shutil.which("etcd") is None:
+    from ecrec.control.etcd_local import etcd_binary
+
+    try:
+        etcd_binary()
+    except FileNotFoundError:
         pytest.skip("needs the etcd binary (apt-get install etcd-server)")
     base = free_port_range(5)
     local = make_cluster(servers=2, strategy="ecrec", k=1, m=1, store="etcd", coordinators=2, metrics_port=base)

@@ -180,3 +180,27 @@ def test_status_names_an_index_no_server_holds_and_says_strategy_none_keeps_no_r
     assert "no server holds index 1" in r.stdout.splitlines()[0], r.stdout
     report = json.loads(status("--coordinator", local.coordinator_address, "--json").stdout)
     assert report["unserved_indices"] == [1] and report["standbys"] == 0
+
+
+def test_status_neither_dials_a_wildcard_listed_coordinator_nor_loses_its_exit_status_to_a_reader():
+    """A coordinator bound to every interface lists itself as 0.0.0.0:P: probed, it was named as not answering from
+    any other host.  An unreachable coordinator's ``--json`` object written to a reader that left ended the command
+    with 1 ("not redundant") instead of 2."""
+    import io
+
+    from ecrec.ops import status as status_mod
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    control = {"coordinators": [{"address": "0.0.0.0:7000", "leads": True}, {"address": "[::]:7001", "leads": False}]}
+    assert status_mod._named_not_listed(dead, control, 1.0, None) == [{"address": dead, "error": "UNAVAILABLE"}]
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError
+
+    outcome: dict = {}
+    with pytest.raises((BrokenPipeError, status_mod.CoordinatorUnreachable)):
+        status_mod.run(dead, as_json=True, timeout_s=1.0, stream=Gone(), outcome=outcome)
+    assert outcome["exit"] == status_mod.EXIT_UNREACHABLE

@@ -11,7 +11,7 @@ import time
 
 from baselines.cpr.restoring import refusal
 from baselines.options import _float
-from baselines.storage import CheckpointError, latest_chain, load_checkpoint, read_manifest, scan
+from baselines.storage import CheckpointError, latest_chain, load_checkpoint, read_manifest, saved_by, scan
 from ecrec import errors
 
 
@@ -31,6 +31,9 @@ class CheckpointCommands:
             return h(args)
         except CheckpointError as exc:
             raise refusal(exc) from None
+        except (ConnectionError, TimeoutError) as exc:  # a remote store that did not answer: try again
+            raise errors.Unavailable(f"{command}: the checkpoint storage {self.storage.url}: "
+                                     f"{type(exc).__name__}: {exc}") from None
         except OSError as exc:  # the storage: a directory that is a file, no permission, a full disk
             raise errors.FailedPrecondition(f"{command}: the checkpoint storage {self.storage.url}: "
                                             f"{type(exc).__name__}: {exc}") from None
@@ -64,10 +67,14 @@ class CheckpointCommands:
 
     def _cmd_list(self, args: dict) -> dict:
         index = self._index()
-        complete, incomplete, cuts = [], [], []
+        complete, incomplete, cuts, foreign = [], [], [], []
+        cluster = self.host.cluster_id or None
         for e in scan(self.storage, index):
             if not e.complete:
                 incomplete.append(e.dirname)
+                continue
+            if not saved_by(self.storage, e, cluster):  # another cluster's: never restored here, so no cut of ours
+                foreign.append(e.dirname)
                 continue
             if e.delta is None:
                 m = read_manifest(self.storage, e.dirname)
@@ -76,7 +83,7 @@ class CheckpointCommands:
                     cuts.append(m["cut"])
             else:
                 complete.append({"seq": e.seq, "delta": e.delta})
-        return {"complete": complete, "incomplete": incomplete, "cuts": sorted(cuts)}
+        return {"complete": complete, "incomplete": incomplete, "cuts": sorted(cuts), "foreign": foreign}
 
     def _cmd_restore(self, args: dict) -> dict:
         self._known_args("restore", args, {"cut", "seq"})

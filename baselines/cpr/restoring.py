@@ -79,7 +79,9 @@ class CheckpointRestoring:
                 self._apply(index, loaded)
             load_s = time.perf_counter() - t0
             manifest = loaded[0].manifest
-            self._base_seq = base.seq
+            # a chain cut short (a corrupt delta) stays on disk: deltas numbered after it would be restored by no
+            # later failure (the chain stops there again), so the next save is a full one
+            self._base_seq = None if corrupt else base.seq
             self._next_seq = max((e.seq for e in scan(self.storage, index)), default=0) + 1
             self._next_delta.pop(base.seq, None)
             self._next_full_at = None

@@ -172,14 +172,18 @@ def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
             ds = InMemoryDataset.from_tsv(path, cfg["rows_per_table"] or 100_000)
         except (OSError, EOFError, ValueError) as exc:  # unreadable, a broken .gz, a line refused
             raise SystemExit(f"ecrec-bench compare: the Criteo file {path!r} cannot be read: {exc}") from None
-        # the trainer holds out a tenth for its test AUC and trains on whole batches of the rest
-        needed = cfg["batch_size"] + 1
-        while needed - max(1, round(needed * TrainConfig.test_fraction)) < cfg["batch_size"]:  # InMemoryDataset.split
+        # the trainer holds out a tenth for its test AUC and trains on whole batches of the rest, each worker on a
+        # shard of it (InMemoryDataset.split and .shard)
+        train_needed = cfg["batch_size"] * args.workers
+        needed = train_needed + 1
+        while needed - max(1, round(needed * TrainConfig.test_fraction)) < train_needed:
             needed += 1
         if len(ds) < needed:
             skipped = f"; {ds.read_stats.summary(path)}" if ds.read_stats.malformed else ""
+            batches = f"a batch of {cfg['batch_size']}" + (f" for each of {args.workers} workers"
+                                                            if args.workers > 1 else "")
             raise SystemExit(f"ecrec-bench compare: the Criteo file {path!r} holds {len(ds)} sample(s), fewer than "
-                             f"the {needed} a batch of {cfg['batch_size']} and its test split need (a Criteo line: "
+                             f"the {needed} {batches} and its test split need (a Criteo line: "
                              f"label, {CRITEO_NUM_DENSE} integer and {CRITEO_NUM_SPARSE} categorical fields, "
                              f"tab-separated){skipped}")
         desc = {"name": "criteo", "path": path, "samples": len(ds), "tables": ds.num_tables,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ecrec.client.steps import StepPartlyApplied
 from ecrec.net import transport
 from ecrec.tables.values import check_dense_values, check_values, columns_of
 from ecrec.wire import embedding_pb2
@@ -155,7 +156,11 @@ class RowIO:
                 request.tables.add(table=name, ids=transport.ids_to_bytes(part_ids[pos]),
                                    grads=transport.floats_to_bytes(part[pos]), assign=kind)
                 requests[i] = request
-            self._cluster.rows_assigned += self._cluster._send_push(requests)["rows"]
+            try:
+                self._cluster.rows_assigned += self._cluster._send_push(requests)["rows"]
+            except StepPartlyApplied as exc:  # what some servers applied stays applied: counted all the same
+                self._cluster.rows_assigned += sum(exc.applied.values())
+                raise
             if on_progress is not None:
                 on_progress(min(start + chunk, len(ids)), len(ids))
         return len(ids)

@@ -248,7 +248,7 @@ class ClusterState:
         live = sum(1 for s in self.map.servers if s.index >= 0 and s.state in (ACTIVE, RECOVERING))
         return f"cluster not ready: {live} of {self.map.num_servers} servers hold their index"
 
-    def merge_data_loss_locked(self, report: cluster_pb2.DataLoss) -> cluster_pb2.DataLoss | None:
+    def merge_data_loss_locked(self, report: cluster_pb2.DataLoss) -> tuple[cluster_pb2.DataLoss | None, bool]:
         """Folds one report into the map's single entry for its table (every replacement of a lost stripe's
         members reports it, some more than once): the union of the stripes (the first
         ``DATA_LOSS_LISTED`` listed, all counted), of the indices, the first report's time.  Returns
@@ -283,12 +283,17 @@ class ClusterState:
         return self.bump_locked()
 
 
+#: a round that keeps failing the same way is logged again this often (each round would be a traceback a second)
+ROUND_FAILURE_REPEAT_S = 30.0
+
+
 def rounds_while_leading(state: ClusterState, stop: threading.Event, wake: threading.Event, interval_s: float,
                          one_round) -> None:
     """Runs ``one_round()`` every ``interval_s``, or at once when ``wake`` is set, while this coordinator leads,
     until ``stop`` (or until a round returns False).  A round that raises is logged and the next one runs: the
     thread is started once, and a monitor or promoter that ended would leave every later failure undeclared or
     unreplaced while this coordinator leads."""
+    said, said_at = "", 0.0  # the last failure logged in full, and when: a failure that repeats is not a flood
     while not stop.is_set():
         wake.wait(interval_s)
         wake.clear()
@@ -299,6 +304,10 @@ def rounds_while_leading(state: ClusterState, stop: threading.Event, wake: threa
         try:
             if one_round() is False:
                 return
-        except Exception:  # noqa: BLE001 - reported, never swallowed; the next round tries again
-            log.exception("a round of %s failed; the next one runs in %.1f s",
-                          threading.current_thread().name, interval_s)
+            said = ""
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed; the next round tries again
+            now, text = time.monotonic(), f"{type(exc).__name__}: {exc}"
+            if text != said or now - said_at >= ROUND_FAILURE_REPEAT_S:
+                log.exception("a round of %s failed; the next one runs in %.1f s%s", threading.current_thread().name,
+                              interval_s, " (failing again)" if text == said else "")
+                said, said_at = text, now

@@ -22,6 +22,7 @@ def etcd_binary() -> str:
     install it."""
     given = os.environ.get("ECREC_ETCD")
     if given:
+        given = shutil.which(given) or given  # a command name on PATH, or a path
         if not (os.path.isfile(given) and os.access(given, os.X_OK)):
             raise FileNotFoundError(f"ECREC_ETCD={given}: no executable file there (it names the etcd binary; "
                                     "unset it to use etcd on PATH)")

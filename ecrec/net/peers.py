@@ -433,7 +433,12 @@ class Peers:
             return (f"the coordinator did not answer ({coordinator_failed}): none leads, or its etcd has no quorum; "
                     "its log says which")
         m = self.current_map()
-        if m is not None and not any(s.state == cluster_pb2.STANDBY for s in m.servers):
+        if m is None:
+            return "no cluster map known: the coordinator's log says why"
+        if any(s.state == cluster_pb2.PROMOTING for s in m.servers):
+            return ("a standby is being promoted (it restores or rebuilds first; a longer retry deadline, "
+                    "ClientConfig.retry_deadline_s, waits for it)")
+        if not any(s.state == cluster_pb2.STANDBY for s in m.servers):
             return "no standby is registered: start one with ecrec-server serve --standby"
         return ("a standby is registered but was not promoted: the coordinator could not record the promotion "
                 "(its etcd without quorum?) or has not declared the server failed yet; its log says which")

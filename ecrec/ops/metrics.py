@@ -250,14 +250,18 @@ def _start_http_server(port: int, host: str, registry):
     """prometheus_client's ``start_http_server`` with a listen backlog of :data:`LISTEN_BACKLOG`."""
     from wsgiref.simple_server import make_server
 
-    from prometheus_client import exposition
+    from prometheus_client import exposition, start_http_server
+
+    best_family = getattr(exposition, "_get_best_family", None)
+    handler = getattr(exposition, "_SilentHandler", None)
+    if best_family is None or handler is None:  # a prometheus_client without them: its own server, backlog and all
+        return start_http_server(port, addr=host, registry=registry)
 
     class Server(exposition.ThreadingWSGIServer):
         request_queue_size = LISTEN_BACKLOG
 
-    Server.address_family, addr = exposition._get_best_family(host, port)
-    server = make_server(addr, port, exposition.make_wsgi_app(registry), Server,
-                         handler_class=exposition._SilentHandler)
+    Server.address_family, addr = best_family(host, port)
+    server = make_server(addr, port, exposition.make_wsgi_app(registry), Server, handler_class=handler)
     thread = threading.Thread(target=server.serve_forever, name="ecrec-metrics", daemon=True)
     thread.start()
     return server, thread

@@ -108,6 +108,10 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
     }
 
 
+def _wildcard(address: str) -> bool:
+    return address.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", "")
+
+
 def _tls_hint(exc: grpc.RpcError, security) -> str:
     """A word on TLS when the connection ended in its handshake: a plain client at a TLS port sees its socket
     closed, a TLS client at a plain port a handshake error."""
@@ -116,7 +120,7 @@ def _tls_hint(exc: grpc.RpcError, security) -> str:
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return ""
     if not tls and "socket closed" in details:
-        return " (a cluster with TLS closes plain connections: pass --tls-ca, --tls-cert and --tls-key)"
+        return " (a cluster with TLS closes plain connections: if it uses TLS, pass --tls-ca, --tls-cert and --tls-key)"
     if tls and ("handshake" in details or "ssl" in details or "tls" in details):
         return " (the TLS handshake failed: a cluster without TLS, or a CA or certificate it does not take)"
     return ""
@@ -140,7 +144,8 @@ def _named_not_listed(address: str, control: dict, timeout_s: float, security) -
     one that died or hangs within its election lease, the leader included (etcd lists it until the lease ends)."""
     from ecrec.net.peers import coordinator_stub
 
-    listed = [c["address"] for c in control["coordinators"]]
+    # a coordinator lists itself by its bind address: one bound to every interface is no address to dial from here
+    listed = [c["address"] for c in control["coordinators"] if not _wildcard(c["address"])]
     absent = [a for a in dict.fromkeys([*(part.strip() for part in address.split(",")), *listed]) if a]
 
     def ask(named: str) -> dict | None:
@@ -283,6 +288,8 @@ def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: flo
             break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if status is None:
+        if outcome is not None:
+            outcome["exit"] = EXIT_UNREACHABLE
         if as_json:  # a script reading stdout gets an object whatever happened
             print(json.dumps({"coordinator": address, "reachable": False, "error": error}, indent=2), file=stream,
                   flush=True)
