@@ -261,6 +261,10 @@ def _restore_when_ready(coordinator, address: str, path: str, config, done: thre
         time.sleep(0.2)
     if done.is_set():
         return
+    if coordinator.state.restored_from:  # this coordinator leads a cluster restored once: never over its training
+        log.info("this cluster was restored from %s already (its state records it): not restoring %s again",
+                 coordinator.state.restored_from, path)
+        return
     try:
         security = {f.name: getattr(config, f.name) for f in dataclasses.fields(SecurityOptions)}
         cluster = Cluster.connect(address, ClientConfig(**security, rpc_timeout_s=600.0), worker="coordinator-restore")
@@ -274,6 +278,11 @@ def _restore_when_ready(coordinator, address: str, path: str, config, done: thre
         outcome["exit"] = 1
         done.set()
         return
+    try:
+        coordinator.mark_restored(path)
+    except Exception as exc:  # noqa: BLE001 - the restore is whole; only its record is missing: said, not fatal
+        log.warning("restored %s, but the record of it was not kept (%s): a coordinator that leads next restores it "
+                    "again", path, exc)
     log.info("restored %d table(s) and %d dense tensor(s) from %s", len(manifest["tables"]), len(manifest["dense"]),
              path)
 

@@ -488,6 +488,47 @@ def test_a_coordinator_restores_a_snapshot_when_its_servers_are_up(make_cluster,
     assert {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
 
 
+def test_a_restored_cluster_is_not_restored_again_by_its_next_leader(make_cluster, tmp_path):
+    """On etcd with two coordinators started with ``--restore`` (as ``local`` and the docs start them), the one
+    that led next restored the snapshot again: every step trained since the first restore silently undone (and,
+    with the snapshot pruned meanwhile, the whole cluster stopped).  The restore is recorded with the map."""
+    from ecrec.control.etcd_local import etcd_binary
+    from helpers import wait_for
+
+    try:
+        etcd_binary()
+    except FileNotFoundError:
+        pytest.skip("needs the etcd binary (apt-get install etcd-server)")
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    _tables(source)
+    _train(source, _batches(2))
+    source.save(str(tmp_path / "snap"))
+    saved = _state(source)
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, store="etcd", coordinators=2,
+                         coordinator_options={"restore": str(tmp_path / "snap")})
+    target = Cluster.connect(local.coordinator_address)
+    wait_for(lambda: {t.name for t in target.refresh_map().tables} == {"a", "b"} and
+             {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}, 60,
+             "the snapshot restored")
+    time.sleep(1.0)  # the restore's record is written after its last row
+    _train(target, _batches(3, seed=9))
+    trained = _state(target)
+    assert all(not np.array_equal(trained[k], saved[k]) for k in trained)
+    pid, _ = local.leading_coordinator()
+    local.kill(pid)
+    def new_leader():
+        try:
+            return local.leading_coordinator()[0] != pid
+        except LookupError:  # (etcd names the dead one until its lease ends)
+            return False
+    wait_for(new_leader, 60, "a new leader")
+    time.sleep(3.0)  # (the code before restored again within a second of the new leader's first map)
+    after = _state(target)
+    assert all(np.array_equal(after[k], trained[k]) for k in after), "the training since the restore undone"
+    _train(target, _batches(1, seed=11))  # and it serves on
+    assert all(p.poll() is None for p in local.coordinator_procs if p.pid != pid)
+
+
 def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster, tmp_path):
     """``--snapshot-root``: a path outside it is refused by every server (nothing written), a path inside it
     saves; a file already there is never overwritten; a relative path is refused; a malformed manifest is

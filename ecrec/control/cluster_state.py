@@ -66,6 +66,9 @@ class ClusterState:
         self.map = cluster_pb2.ClusterMap(epoch=1, num_servers=spec.num_servers, strategy=spec.strategy, k=k, m=m)
         self.map.strategy_options.update({str(a): str(b) for a, b in options.items()})
         self.server_key = seal.new_key()  # servers seal what workers carry with it (ecrec.net.seal); never in the map
+        #: the snapshot a coordinator's --restore put in this cluster (recorded with the map): a later leader, or a
+        #: coordinator restarted with the same command line, restores nothing over what training did since
+        self.restored_from = ""
         self.initial = cluster_pb2.ClusterMap()
         self.initial.CopyFrom(self.map)
         self.saved = b""  # the state the store holds (serialized): a change it refused is rolled back to this
@@ -130,6 +133,7 @@ class ClusterState:
             self.promoting[p.server_id] = p
         if state.server_key:  # the servers registered with it hold it: a restarted coordinator keeps it
             self.server_key = seal.check_key(state.server_key)
+        self.restored_from = state.restored_from
         # every server's lease is unknown: wait a whole lease before promoting over any of them
         now = time.monotonic()
         for s in self.map.servers:
@@ -148,6 +152,7 @@ class ClusterState:
                           self.untimed, self.dropped):
                 known.clear()
             self.lease_wait_s = self.own_lease_wait_s
+            self.restored_from = ""
             if state is not None:
                 self.load(state, store.describe())
                 self.saved = state.SerializeToString()
@@ -179,7 +184,8 @@ class ClusterState:
 
     def state_locked(self) -> coordinator_pb2.CoordinatorState:
         return coordinator_pb2.CoordinatorState(map=self.map, dense=list(self.dense.values()),
-                                                promoting=list(self.promoting.values()), server_key=self.server_key)
+                                                promoting=list(self.promoting.values()), server_key=self.server_key,
+                                                restored_from=self.restored_from)
 
     def save_locked(self) -> None:
         """Records the state in the store; when the store refuses it (not the leader, or unreachable) every change
@@ -207,6 +213,7 @@ class ClusterState:
         self.promoting.clear()
         for p in saved.promoting:
             self.promoting[p.server_id] = p
+        self.restored_from = saved.restored_from
 
     # --- reading and changing the map (call the *_locked ones with the lock held) --------------------------------
     def snapshot(self) -> cluster_pb2.ClusterMap:

@@ -206,6 +206,14 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def GetClusterMap(self, request, context):
         return self.state.snapshot()
 
+    def mark_restored(self, path: str) -> None:
+        """Records that ``--restore`` put snapshot ``path`` in this cluster (with the map, in its store): a later
+        leader or a restarted coordinator does not restore it again over training.  Raises when the store did not
+        record it (``NotLeader``, ``StoreUnavailable``)."""
+        with self.state.lock:
+            self.state.restored_from = str(path)
+            self.state.save_locked()  # (a refusal rolls it back and is raised)
+
     def CreateTable(self, request, context):
         try:
             spec = TableSpec.from_proto(request).validate()

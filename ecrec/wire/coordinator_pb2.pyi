@@ -124,16 +124,18 @@ class ReportFailureRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
-    __slots__ = ("map", "dense", "promoting", "server_key")
+    __slots__ = ("map", "dense", "promoting", "server_key", "restored_from")
     MAP_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     PROMOTING_FIELD_NUMBER: _ClassVar[int]
     SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     map: _cluster_pb2.ClusterMap
     dense: _containers.RepeatedCompositeFieldContainer[RegisterDenseRequest]
     promoting: _containers.RepeatedCompositeFieldContainer[PendingPromotion]
     server_key: bytes
-    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ..., promoting: _Optional[_Iterable[_Union[PendingPromotion, _Mapping]]] = ..., server_key: _Optional[bytes] = ...) -> None: ...
+    restored_from: str
+    def __init__(self, map: _Optional[_Union[_cluster_pb2.ClusterMap, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[RegisterDenseRequest, _Mapping]]] = ..., promoting: _Optional[_Iterable[_Union[PendingPromotion, _Mapping]]] = ..., server_key: _Optional[bytes] = ..., restored_from: _Optional[str] = ...) -> None: ...
 
 class PendingPromotion(_message.Message):
     __slots__ = ("server_id", "address", "index")
