@@ -511,3 +511,29 @@ def test_an_index_left_unreplaced_says_why(make_cluster):
             cluster.pull("t", ids)
     finally:
         cluster.close(confirm_timeout_s=1.0)
+
+
+@pytest.mark.cluster
+def test_close_waits_for_confirmations_no_longer_than_it_was_told(make_cluster):
+    """``close(confirm_timeout_s=2)`` with a server paused took 5-10 s (20 s and more with the default 10 s): the
+    polls it makes for confirmations retried for 10 s each and waited out a call's own deadline."""
+    from ecrec.client import Cluster, EmbeddingBag
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, options={"coalesce_s": 60, "coalesce_pushes": 1000,
+                                                                       "coalesce_bytes": 1 << 30})
+    cluster = Cluster.connect(local.coordinator_address)
+    cluster.create_table("t", 300, 4, optimizer="sgd", lr=0.1)
+    bag = EmbeddingBag(cluster, "t")
+    for _ in range(5):
+        bag(torch.arange(0, 300, 7), torch.arange(0, 43, 1)).sum().backward()
+        cluster.step()
+    assert cluster.courier.unconfirmed() > 0  # their groups stay open
+    paused = local.pid_of_index(0)
+    local.pause(paused)
+    try:
+        t0 = time.monotonic()
+        cluster.close(confirm_timeout_s=2.0)
+        took = time.monotonic() - t0
+    finally:
+        local.resume(paused)
+    assert took < 6.0, took  # (10 s and more before; the bound is the contract, with room for a loaded machine)

@@ -317,11 +317,12 @@ class Cluster:
             raise _cluster_error(exc) from None
 
     @_open
-    def poll_indices(self, indices, give_up=None) -> int:
+    def poll_indices(self, indices, give_up=None, deadline: float | None = None) -> int:
         """Pulls, from each server index of ``indices``, one thing it serves -- the first row it owns of any table,
         else a dense tensor it holds -- for the courier's sake only (relays out, confirmations back, held pushes
         replayed to an owner's replacement; the idle keeper and :meth:`wait_confirmed`).  Returns how many
-        indices it reached (an index that serves nothing yet cannot be asked)."""
+        indices it reached (an index that serves nothing yet cannot be asked).  ``deadline`` (``time.monotonic()``):
+        no call or retry outlasts it."""
         with self._lock:
             m, layout = self.map, self.layout
         if m is None or layout is None:
@@ -346,15 +347,20 @@ class Cluster:
                     left.discard(index)
         requests_by_server = {i: embedding_pb2.PullRequest(tables=tables.get(i, []), dense=dense.get(i, []),
                                                            epoch=m.epoch) for i in set(tables) | set(dense)}
-        self._poll(requests_by_server, give_up)
+        self._poll(requests_by_server, give_up, deadline)
         return len(requests_by_server)
 
-    def _poll(self, requests_by_server: dict, give_up=None) -> None:
+    def _poll(self, requests_by_server: dict, give_up=None, deadline: float | None = None) -> None:
         for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:
             self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
             retry_s = min(self.config.retry_deadline_s, POLL_RETRY_S)
+            timeout_s = None
+            if deadline is not None:  # a caller's own bound (close's confirm_timeout_s): no call outlasts it
+                left = max(0.05, deadline - time.monotonic())
+                retry_s, timeout_s = min(retry_s, left), min(self.config.rpc_timeout_s, left)
             try:
                 reply = self.peers.call(i, "Pull", request, retry_deadline_s=retry_s, give_up=give_up,
+                                        timeout_s=timeout_s,
                                         prepare=functools.partial(self._replay_if_replaced, retry_deadline_s=retry_s))
             except (PeerError, PeerUnreachable) as exc:
                 raise _cluster_error(exc) from exc  # the cause says which (wait_confirmed retries one)
@@ -853,7 +859,7 @@ class Cluster:
             # every index that holds this worker's pushes, asked for something it serves (a tiny first table has
             # rows on a few indices only; a worker that pushed dense gradients only asks for them)
             try:
-                if not self.poll_indices(self.courier.held_indices()):
+                if not self.poll_indices(self.courier.held_indices(), deadline=deadline):
                     break  # nothing to ask any of them for
             except ClusterError as exc:  # an index between two incarnations: asked again while time is left; an
                 if not isinstance(exc.__cause__, PeerUnreachable) or time.monotonic() > deadline:  # error status
