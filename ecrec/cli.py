@@ -124,8 +124,8 @@ def build_client_parser() -> argparse.ArgumentParser:
     sub = _commands(parser)
     for name, text, example in (
             ("snapshot", "write every table's weights and optimizer state (and the dense tensors) to PATH in "
-                         "torch.distributed.checkpoint format, with a manifest of checksums; consistent when no "
-                         "worker pushes meanwhile",
+                         "torch.distributed.checkpoint format, with a manifest of checksums; a consistent cut between "
+                         "steps, also while workers train",
              "ecrec-server snapshot --coordinator 127.0.0.1:7000 /backups/step-120000"),
             ("restore", "restore a snapshot onto this cluster, whatever its shape (servers, k and m, strategy): "
                         "missing tables are created, every tensor is checked before anything is written",

@@ -1025,3 +1025,19 @@ def test_a_failed_save_takes_back_every_directory_it_made(make_cluster, tmp_path
     with pytest.raises(_Stopped):
         cluster.save(str(tmp_path / "kept" / "new"), on_progress=_stop_after_first_file)
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not any((tmp_path / "kept").iterdir())
+
+
+def test_a_server_full_of_cuts_says_when_the_first_is_freed():
+    """Two snapshot clients killed during their saves left their cuts for their whole TTL (11 minutes by default):
+    every later save was refused '2 snapshots are being written here at once: retry when one ends', though
+    nothing was written and none would end.  It says when the first cut expires."""
+    from ecrec import errors
+    from ecrec.server.cut import ServerCuts
+
+    cuts = ServerCuts(max_cuts=2)
+    cuts.mark("killed-1", 5, 300.0, [], [])
+    cuts.mark("killed-2", 6, 600.0, [], [])
+    with pytest.raises(errors.ResourceExhausted, match=r"2 snapshots hold cuts here \(at most 2\): retry when one ends "
+                                                       r"\(a cut whose snapshot was killed is freed when it expires, "
+                                                       r"the first in (299|300) s\)"):
+        cuts.mark("third", 7, 300.0, [], [])

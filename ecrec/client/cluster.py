@@ -580,8 +580,8 @@ class Cluster:
         """A snapshot of every table (weights and optimizer state) and dense tensor, in
         ``torch.distributed.checkpoint`` format, to ``path`` (a directory or an fsspec URL every server can
         reach), written by every server at once; returns its manifest.  A path holding a snapshot is refused
-        unless ``overwrite``.  Consistent when no push runs meanwhile (call it between steps).  See
-        :mod:`ecrec.snapshot`."""
+        unless ``overwrite``.  A consistent cut: the servers hold pushes at a moment no worker's step is half
+        applied, also while workers train (``ecrec.snapshot.cut``).  See :mod:`ecrec.snapshot`."""
         from ecrec import snapshot
 
         return snapshot.save(self, path, on_progress, overwrite=overwrite)

@@ -194,8 +194,10 @@ class ServerCuts:
         self.expire()
         with self._lock:
             if len(self._cuts) >= self.max_cuts and holder not in self._cuts:
-                raise errors.ResourceExhausted(f"{len(self._cuts)} snapshots are being written here at once (at "
-                                               f"most {self.max_cuts}): retry when one ends")
+                soonest = max(0.0, min(expires for expires, _ in self._cuts.values()) - time.monotonic())
+                raise errors.ResourceExhausted(
+                    f"{len(self._cuts)} snapshots hold cuts here (at most {self.max_cuts}): retry when one ends (a cut "
+                    f"whose snapshot was killed is freed when it expires, the first in {soonest:.0f} s)")
             self._mark_locked(holder, seq, ttl_s, tables, dense)
 
     def _mark_locked(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
