@@ -200,8 +200,8 @@ def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
     assert main(["status", "--coordinator", local.coordinator_address, "--json", "--timeout", "3"]) == 2  # no TLS
     from ecrec.ops import status
 
-    with pytest.raises(status.CoordinatorUnreachable, match="a cluster with TLS closes plain connections: pass "
-                                                            "--tls-ca, --tls-cert and --tls-key"):
+    with pytest.raises(status.CoordinatorUnreachable, match="a cluster with TLS closes plain connections: if it "
+                                                            "uses TLS, pass --tls-ca, --tls-cert and --tls-key"):
         status.collect(local.coordinator_address, timeout_s=3)  # (said only 'Socket closed' before)
 
 
