@@ -137,7 +137,8 @@ class CheckpointDriver(SampleLoss):
         self.steps_redone = 0
         self.events: list[FailureEvent] = []
         self._balance = 0  # acknowledged row updates the servers' state should reflect
-        self._assigned_seen = (cluster.rows_assigned, cluster.dense_assigned)  # (:meth:`_note_assignments`)
+        # what of the cluster's writes was counted (:meth:`_note_assignments`) and seen (:meth:`_dense_written`)
+        self._rows_seen, self._dense_seen = cluster.rows_assigned, cluster.dense_assigned
         self._seen = len(cluster.replacements)
         self._addresses: dict[int, str] = self._live()
         self._cut = 0
@@ -159,7 +160,7 @@ class CheckpointDriver(SampleLoss):
         """Initial checkpoint (durable before returning) at ``step``; measures costs; resolves the recovery mode."""
         self._counter_by_server = self._counters_by_server()
         self._balance = sum(self._counter_by_server.values())
-        self._assigned_seen = (self.cluster.rows_assigned, self.cluster.dense_assigned)
+        self._rows_seen, self._dense_seen = self.cluster.rows_assigned, self.cluster.dense_assigned
         self._history.append((time.monotonic(), dict(self._counter_by_server), {}))  # the initial cut's counters
         lists = self.cluster.strategy_call("list")
         self._cut = max((c for r in lists.values() for c in r["cuts"]), default=0)
@@ -242,8 +243,8 @@ class CheckpointDriver(SampleLoss):
         them as updates their state reflects, so they are acknowledged updates here too (lost, and counted, when
         their shard rolls back); a row's written value is no step's lookups (the sample-weighted count becomes
         None)."""
-        rows, seen = self.cluster.rows_assigned, self._assigned_seen[0]
-        self._assigned_seen = (rows, self._assigned_seen[1])
+        rows, seen = self.cluster.rows_assigned, self._rows_seen
+        self._rows_seen = rows
         if rows != seen:
             self._acked(rows - seen)
             if self.lost_samples is not None:
@@ -255,9 +256,8 @@ class CheckpointDriver(SampleLoss):
         """Whether this cluster wrote a dense payload (``write_dense``) since the last step: the dense copy then
         reads the servers' payloads once any failure of this step is dealt with (read before, it could take a
         replaced server's rolled-back payload and put that back)."""
-        dense, seen = self.cluster.dense_assigned, self._assigned_seen[1]
-        self._assigned_seen = (self._assigned_seen[0], dense)
-        return dense != seen and self.dense_copy is not None
+        seen, self._dense_seen = self._dense_seen, self.cluster.dense_assigned
+        return self._dense_seen != seen and self.dense_copy is not None
 
     def _reload_dense_copy(self) -> None:
         if self.dense_copy is not None:

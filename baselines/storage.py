@@ -582,11 +582,11 @@ def scan(storage: Storage, index: int) -> list[Entry]:
     return out
 
 
-def saved_by(storage: Storage, entry: Entry, cluster: str | None) -> bool:
-    """Whether complete checkpoint ``entry`` was saved by ``cluster`` (None: any cluster's will do).  A manifest
+def saved_by(storage: Storage, entry: Entry, cluster: str) -> bool:
+    """Whether complete checkpoint ``entry`` was saved by ``cluster`` ("": any cluster's will do).  A manifest
     that names no cluster, or another, is another cluster's: a job that reuses a directory never restores the
     rows of an earlier one (a failure before its own first save starts the shard from initial values)."""
-    if cluster is None:
+    if not cluster:
         return True
     try:
         return read_manifest(storage, entry.dirname).get("cluster") == cluster
@@ -594,13 +594,17 @@ def saved_by(storage: Storage, entry: Entry, cluster: str | None) -> bool:
         return True
 
 
-def latest_chain(storage: Storage, index: int, cluster: str | None = None,
+def latest_chain(storage: Storage, index: int, cluster: str = "",
                  before: int | None = None) -> tuple[Entry | None, list[Entry], list[Entry]]:
     """``(base, deltas, skipped)``: the newest complete full checkpoint (of ``cluster``: :func:`saved_by`; older
     than sequence ``before`` if given), its complete deltas in order, and the incomplete (torn) directories newer
     than it, which are skipped and must be reported."""
-    entries = [e for e in scan(storage, index) if (before is None or e.seq < before)
-               and (not e.complete or saved_by(storage, e, cluster))]
+    return chain_of([e for e in scan(storage, index) if (before is None or e.seq < before)
+                     and (not e.complete or saved_by(storage, e, cluster))])
+
+
+def chain_of(entries: list[Entry]) -> tuple[Entry | None, list[Entry], list[Entry]]:
+    """:func:`latest_chain` of entries already listed (and filtered)."""
     fulls = [e for e in entries if e.delta is None and e.complete]
     if not fulls:
         return None, [], [e for e in entries if not e.complete]

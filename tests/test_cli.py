@@ -95,10 +95,7 @@ def test_local_reaps_a_server_that_exits_and_says_so(tmp_path):
     try:
         line = proc.stdout.readline()
         assert line.startswith("coordinator at "), line
-        for pid in children_of(proc.pid):
-            started = _started(pid)
-            if started is not None:
-                children[pid] = started
+        children = _born(children_of(proc.pid))
         servers = [p for p in children if "serve" in open(f"/proc/{p}/cmdline").read().split("\0")]
         assert len(servers) == 3, servers  # two and a standby
         pid = servers[0]
@@ -113,10 +110,7 @@ def test_local_reaps_a_server_that_exits_and_says_so(tmp_path):
         assert proc.wait(timeout=60) == 0
         assert "server process" not in err_path.read_text().split(f"server process {pid} exited", 1)[1]  # stopping: none
     finally:
-        proc.kill()
-        for pid, started in children.items():
-            if _started(pid) == started:
-                os.kill(pid, signal.SIGKILL)
+        _kill_alive(proc, children)
 
 
 def _state(pid: int) -> str | None:

@@ -68,12 +68,11 @@ class CheckpointCommands:
     def _cmd_list(self, args: dict) -> dict:
         index = self._index()
         complete, incomplete, cuts, foreign = [], [], [], []
-        cluster = self.host.cluster_id or None
         for e in scan(self.storage, index):
             if not e.complete:
                 incomplete.append(e.dirname)
                 continue
-            if not saved_by(self.storage, e, cluster):  # another cluster's: never restored here, so no cut of ours
+            if not saved_by(self.storage, e, self.host.cluster_id):  # another cluster's: never restored, no cut of ours
                 foreign.append(e.dirname)
                 continue
             if e.delta is None:
@@ -94,7 +93,7 @@ class CheckpointCommands:
         index = self._index()
         with self._lock:
             self._wait_pending()
-        base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id or None)
+        base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id)
         if base is None:
             return {"seq": None, "load_s": 0.0, "bytes": 0}
         t0 = time.perf_counter()

@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from baselines.cpr.saving import spec_dict
-from baselines.storage import (CheckpointCorrupt, CheckpointError, latest_chain, load_checkpoint, read_manifest,
-                               saved_by, scan)
+from baselines.storage import (CheckpointCorrupt, CheckpointError, chain_of, latest_chain, load_checkpoint,
+                               read_manifest, saved_by, scan)
 from ecrec import errors
 
 log = logging.getLogger("baselines.cpr")
@@ -31,15 +31,13 @@ class CheckpointRestoring:
     """Find, verify and apply a checkpoint (see the module docstring)."""
 
     def _find(self, index: int, cut: int | None, seq: int | None):
-        cluster = self.host.cluster_id or None
-        ours = lambda e: saved_by(self.storage, e, cluster)  # a directory reused by a new job holds another's
-        entries = scan(self.storage, index)
-        foreign = [e.dirname for e in entries if e.complete and not ours(e)]
+        entries, foreign = [], []  # a directory reused by a new job holds another cluster's checkpoints
+        for e in scan(self.storage, index):
+            (entries if not e.complete or saved_by(self.storage, e, self.host.cluster_id) else foreign).append(e)
         if foreign:
             log.warning("%s holds checkpoints of another cluster (%s%s): never restored here",
-                        self.storage.describe(f"server-{index}"), ", ".join(foreign[-3:]),
+                        self.storage.describe(f"server-{index}"), ", ".join(e.dirname for e in foreign[-3:]),
                         f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        entries = [e for e in entries if not e.complete or ours(e)]
         if cut is not None:
             for e in reversed(entries):
                 if e.delta is None and e.complete and read_manifest(self.storage, e.dirname).get("cut") == cut:
@@ -53,7 +51,7 @@ class CheckpointRestoring:
             read_manifest(self.storage, base.dirname)  # raises if torn
             deltas = [e for e in entries if e.seq == seq and e.delta is not None and e.complete]
             return base, deltas, [e for e in entries if e.seq == seq and e.delta is not None and not e.complete]
-        return latest_chain(self.storage, index, cluster)
+        return chain_of(entries)
 
     def restore(self, cut: int | None = None, seq: int | None = None) -> dict:
         """Loads (and verifies) a checkpoint into this server's tables and dense tensors."""
@@ -115,7 +113,7 @@ class CheckpointRestoring:
                     raise
                 log.error("%s; restoring the next older checkpoint instead", exc)
                 corrupt.append(base.dirname)
-                base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id or None, before=base.seq)
+                base, deltas, _ = latest_chain(self.storage, index, self.host.cluster_id, before=base.seq)
                 continue
             kept = []
             for d in deltas:

@@ -271,7 +271,8 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     """Serves ``collector`` (and this process's CPU and memory) on ``host:port`` (0: any free port)."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--metrics-port must be 0..65535, got {port}")
-    # auto_describe: a scrape restricted by name (``/metrics?name[]=...``) finds the collector's series
+    # a scrape restricted by name (``/metrics?name[]=...``) finds only series the registry knows by name: ours
+    # describe theirs, auto_describe asks ProcessCollector's collect
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     ProcessCollector(registry=registry)
