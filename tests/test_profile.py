@@ -112,7 +112,7 @@ def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path
         assert 0 < report["servers_per_step"]["rows:pushed"] <= 64 * 4  # at most the ids of a step
     assert not any(k.startswith("strategy:part_") for k in none["servers_per_step"])
     per_group = ecrec["servers_per_step"]["strategy:group_pushes"] / ecrec["servers_per_step"]["strategy:groups_closed"]
-    assert 1 <= per_group <= 2  # the option reached the servers (by default a group holds up to 16 pushes)
+    assert 1 <= per_group <= 2  # the option reached the servers (by default a group holds up to 64 pushes)
     added = doc["added"]
     parts = added["parts_us_per_row_update"]
     for name in ("delta", "merge", "build", "serialize", "seal", "verify", "parse", "apply", "watermarks"):

@@ -54,7 +54,8 @@ class ErasureOptions:
     heartbeat_s: float = option(2.0, "an owner idle this long confirms its acknowledged batches to its parity servers, "
                                      "which then trim their logs (s; while it trains, its batches carry that)")
     relay_timeout_s: float = option(0.25, "a batch the workers did not relay within this is sent directly by its owner (s)")
-    coalesce_pushes: int = option(16, "consecutive pushes an owner coalesces into one batch per parity server")
+    coalesce_pushes: int = option(64, "consecutive pushes an owner coalesces into one batch per parity server (where "
+                                      "steps are short, coalesce_s closes a group first)")
     coalesce_bytes: int = option(4 << 20, "... until the pushes hold this many bytes of deltas")
     coalesce_stagger: bool = option(True, "a server's first group (and its first after a pause or one-push "
                                           "groups) closes at (i + 1) / S of coalesce_bytes (index i of S servers), "
