@@ -66,7 +66,8 @@ def test_a_worker_cannot_cancel_anothers_pushes_with_ids_read_from_relayed_batch
     "already applied" to everything the victim sent below that: acknowledged, never applied).  Now the batches
     hold only the servers' hashes, the victim's secret appears nowhere, and each of the victim's next pushes is
     applied, once."""
-    local, client, initial = start(make_cluster, servers=3, options={"relay": "on"})  # batches ride the worker
+    # batches ride the worker; a group closes every 16 pushes (by default 64, or its age: more than this loop's)
+    local, client, initial = start(make_cluster, servers=3, options={"relay": "on", "coalesce_pushes": "16"})
     counts = np.zeros(ROWS)
     counting_push(client, np.arange(ROWS))
     counts += 1

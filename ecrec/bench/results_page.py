@@ -526,6 +526,8 @@ def _channel_ab(doc: dict) -> list[str]:
 QUICK_PROFILES = ("profile-quick.json", "profile-quick-2.json", "profile-quick-3.json")
 #: the quick preset's direct path over parity channels against the relay through the worker, side by side, three runs
 RELAY_AB = ("profile-quick-relay-1.json", "profile-quick-relay-2.json", "profile-quick-relay-3.json")
+#: the default group of up to 64 pushes against the former 16, side by side in the quick preset, three runs
+COALESCE_AB = ("profile-quick-coalesce-1.json", "profile-quick-coalesce-2.json", "profile-quick-coalesce-3.json")
 #: groups closing at staggered sizes (coalesce_stagger) against all servers' groups closing in one step, side by
 #: side, three runs at 4M x 64 and three in the quick preset
 STAGGER_AB = {"4M x 64": ("profile-4m-stagger-1.json", "profile-4m-stagger-2.json", "profile-4m-stagger-3.json"),
@@ -586,6 +588,10 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
         "Small groups sent directly over parity channels (`relay=off`, what `relay=auto` does without TLS) against "
         f"the relay through the worker (`relay=on`, the default before), side by side in the quick preset, {n} runs "
         "(direct minus relay per row update; the rest ratios, direct over relay):"))
+    out += _ab_runs(files, COALESCE_AB, lambda n: (
+        "Groups of up to 64 pushes (`coalesce_pushes=64`, the default) against up to 16 (the default before), side "
+        f"by side in the quick preset, {n} runs (steps of ~15 ms: a group now closes by `coalesce_s`, 0.5 s, at "
+        "about 35 pushes; 64 minus 16 per row update, the rest ratios, 64 over 16):"))
     return out, quick
 
 
