@@ -590,9 +590,23 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
         "(direct minus relay per row update; the rest ratios, direct over relay):"))
     out += _ab_runs(files, COALESCE_AB, lambda n: (
         "Groups of up to 64 pushes (`coalesce_pushes=64`, the default) against up to 16 (the default before), side "
-        f"by side in the quick preset, {n} runs (steps of ~15 ms: a group now closes by `coalesce_s`, 0.5 s, at "
-        "about 35 pushes; 64 minus 16 per row update, the rest ratios, 64 over 16):"))
+        f"by side in the quick preset, {n} runs (median steps of "
+        f"{_range_over(files, COALESCE_AB, lambda r: r['step_times']['median_ms'])} ms: a group of the default closes "
+        f"by `coalesce_s`, at {_range_over(files, COALESCE_AB, _pushes_per_group)} pushes; 64 minus 16 per row "
+        "update, the rest ratios, 64 over 16):"))
     return out, quick
+
+
+def _pushes_per_group(report: dict) -> float:
+    s = report["servers_per_step"]
+    return s["strategy:group_pushes"] / s["strategy:groups_closed"]
+
+
+def _range_over(files: _Files, names: tuple[str, ...], figure) -> str:
+    """``figure(report)`` of each side-by-side file's strategy run, rounded, as a range ("37-40")."""
+    values = [figure(files[n]["runs"][files[n]["strategy"]]) for n in names if files.has(n)]
+    low, high = f"{min(values):.0f}", f"{max(values):.0f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def _ab_runs(files: _Files, names: tuple[str, ...], intro) -> list[str]:
