@@ -98,62 +98,6 @@ def test_merge_equals_the_xor_of_each_rows_deltas_grouped_by_position_and_table(
     assert not expected
 
 
-def _random_group(rng, pushes, ntables, rows_per_segment, width):
-    segments = []
-    for push in range(pushes):
-        for table in range(ntables):
-            slots = rng.choice(4 * rows_per_segment, rows_per_segment, replace=False).astype(np.int64)
-            delta = rng.integers(0, 256, (rows_per_segment, width), dtype=np.uint8)
-            segments.append((slots, table, 100 + push, delta, rng.integers(0, 99, rows_per_segment)))
-    return segments
-
-
-def _merged(segments, k, ntables):
-    return merge_rows([s[0] for s in segments], [s[1] for s in segments], [s[2] for s in segments],
-                      [s[3] for s in segments], [s[4] for s in segments], k, ntables)
-
-
-def _as_reference(result, k, ntables):
-    counts, slots, deltas, old_versions, versions = result
-    out, r = {}, 0
-    for p in range(k):
-        for t in range(ntables):
-            for _ in range(int(counts[p, t])):
-                out[(t, int(slots[r]))] = [deltas[r].copy(), int(old_versions[r]), int(versions[r])]
-                r += 1
-    return out
-
-
-def test_groups_merged_one_after_another_and_at_once_keep_their_own_results():
-    """Many small segments are joined in one buffer the merge keeps for the next group (fresh pages for every
-    group cost as much as the merge's compiled pass): a group's merged deltas are its own, whatever the next merge
-    writes there, and a merge while another holds the buffer (another thread) joins them in a fresh array."""
-    from ecrec.strategies.erasure import merge
-
-    rng = np.random.default_rng(7)
-    k, ntables = 2, 8
-    first, second = _random_group(rng, 16, ntables, 38, 128), _random_group(rng, 41, ntables, 38, 128)
-    assert sum(len(s[0]) for s in second) * 128 < IN_PLACE_MIN_BYTES * len(second)  # the joined path
-    one = _merged(first, k, ntables)
-    kept = [a.copy() for a in one[1:]]
-    two = _merged(second, k, ntables)
-    for before, after in zip(kept, one[1:]):
-        np.testing.assert_array_equal(before, after)  # the second merge wrote nothing the first returned
-    for segments, result in ((first, one), (second, two)):
-        got, want = _as_reference(result, k, ntables), reference_merge(segments, k, ntables)
-        assert got.keys() == want.keys()
-        for key, (delta, old_version, version) in want.items():
-            np.testing.assert_array_equal(got[key][0], delta)
-            assert got[key][1:] == [old_version, version]
-    with merge._scratch_lock:  # held elsewhere: this merge uses an array of its own, and the same result
-        again = _as_reference(_merged(first, k, ntables), k, ntables)
-    want = reference_merge(first, k, ntables)
-    assert all(np.array_equal(again[key][0], want[key][0]) for key in want) and again.keys() == want.keys()
-    with pytest.raises(ValueError):  # rows of two widths are refused, as before
-        merge_rows([np.arange(3), np.arange(3)], [0, 1], [1, 1], [np.zeros((3, 8), np.uint8), np.zeros((3, 4), np.uint8)],
-                   [np.zeros(3, np.int64)] * 2, 2, 2)
-
-
 def test_a_batch_of_dense_deltas_only_is_built_as_a_frame():
     """A group sent directly is built for frames (``sections``): a destination that only backs up a dense tensor
     gets an (empty) entry too, so its batch goes as a frame like the others, not as a protobuf call."""

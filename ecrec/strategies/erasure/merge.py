@@ -8,48 +8,16 @@ the first and the last push's sequence.  :func:`merge_rows` finds each row's cha
 writes the merged deltas grouped by stripe position, then table -- so the rows of one destination are one run
 -- in one compiled pass.  Large segments (at scale: a few
 pushes of many rows) are read in place, not concatenated: those payloads are cold by then, and every pass
-over them costs memory bandwidth; many small ones (a hot, skewed workload) are concatenated first, into a buffer
-kept for the next group (fresh pages cost as much as the pass).
+over them costs memory bandwidth; many small ones (a hot, skewed workload) are concatenated first.
 """
 
 from __future__ import annotations
-
-import contextlib
-import threading
 
 import numpy as np
 
 #: segments of at least this many payload bytes on average are read in place (fetching an array's address costs
 #: a few microseconds in Python; concatenating small ones is cheaper)
 IN_PLACE_MIN_BYTES = 64 << 10
-#: concatenated deltas up to this many bytes go into one buffer kept for the next group (a fresh array of a few
-#: megabytes is fresh pages from the kernel, each faulted in: that cost the merge as much as its compiled pass)
-SCRATCH_MAX_BYTES = 16 << 20
-
-_scratch_lock = threading.Lock()
-_scratch = np.empty(0, dtype=np.uint8)
-
-
-@contextlib.contextmanager
-def _concatenated(deltas: list[np.ndarray], n: int, width: int):
-    """The deltas as one ``(n, width)`` array, in the kept buffer while the caller reads it (when it is free and
-    large enough to keep; else a fresh array)."""
-    global _scratch
-    nbytes = n * width
-    if nbytes > SCRATCH_MAX_BYTES or not _scratch_lock.acquire(blocking=False):
-        yield np.concatenate(deltas)
-        return
-    try:
-        if len(_scratch) < nbytes:
-            _scratch = np.empty(max(nbytes, 2 * len(_scratch)), dtype=np.uint8)
-        out = _scratch[:nbytes].reshape(n, width)
-        try:
-            np.concatenate(deltas, out=out, casting="no")
-        except (TypeError, ValueError):  # not uint8 rows of this width: as before, checked by the caller
-            out = np.concatenate(deltas)
-        yield out
-    finally:
-        _scratch_lock.release()
 
 
 def _merge_kernel():
@@ -71,22 +39,17 @@ def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], delt
     change), each delta the XOR of the row's deltas in the group (its payload before the first XOR after the
     last), its version before the first and the last one's sequence."""
     width = deltas[0].shape[1]
+    word = "uint64" if width % 8 == 0 else "uint8"
     lengths = np.array([len(a) for a in slots], dtype=np.int64)
     n = int(lengths.sum())
     if n * width < IN_PLACE_MIN_BYTES * len(slots):
         # many small segments: one concatenation is cheaper than fetching every array's address here
-        with _concatenated(deltas, n, width) as joined:
-            return _merge(slots, tables, seqs, [joined], old_versions, k, ntables, lengths,
-                          np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.array([n], np.int64))
-    segment = np.repeat(np.arange(len(slots), dtype=np.int64), lengths)
-    offset = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return _merge(slots, tables, seqs, deltas, old_versions, k, ntables, lengths, segment, offset, lengths)
-
-
-def _merge(slots, tables, seqs, deltas, old_versions, k, ntables, lengths, segment, offset, seg_rows):
-    """:func:`merge_rows` once its deltas are in place: ``deltas`` read at ``segment``/``offset`` per change."""
-    width = deltas[0].shape[1]
-    word = "uint64" if width % 8 == 0 else "uint8"
+        deltas = [np.concatenate(deltas)]
+        segment, offset, seg_rows = np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.array([n], np.int64)
+    else:
+        segment = np.repeat(np.arange(len(slots), dtype=np.int64), lengths)
+        offset = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        seg_rows = lengths
     for a in deltas:
         if not a.flags.c_contiguous or a.dtype != np.uint8 or a.shape[1] != width:
             raise ValueError("merge_rows needs C-contiguous uint8 deltas of one width")
