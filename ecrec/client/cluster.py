@@ -27,7 +27,6 @@ import math
 import operator
 import threading
 import time
-import unicodedata
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -167,21 +166,6 @@ def _real(value, table: str, what: str) -> float:
     return float(value)
 
 
-def _check_worker_name(worker: str) -> None:
-    """Refuses a worker name no push could carry, before anything is opened: one that is not UTF-8 text (a lone
-    surrogate: protobuf refused it at the first push, after the step's pulls) or holds a control character (a
-    newline or an escape in every server's log lines and in ``status``)."""
-    try:
-        worker.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"Cluster: worker name {worker!r} is not UTF-8 text ({exc.reason} at character "
-                         f"{exc.start})") from None
-    bad = next((i for i, c in enumerate(worker) if unicodedata.category(c) == "Cc"), None)
-    if bad is not None:
-        raise ValueError(f"Cluster: worker name {worker!r} holds a control character ({worker[bad]!r} at "
-                         f"character {bad}): name workers with printable text")
-
-
 class Cluster:
     """A connection to one ECRec cluster (coordinator plus embedding servers).
 
@@ -198,8 +182,8 @@ class Cluster:
                             f"comma-separated), not {address!r}")
         if worker is not None and not isinstance(worker, str):
             raise TypeError(f"Cluster: worker must be a name (str), not {type(worker).__name__}")
-        if worker is not None:
-            _check_worker_name(worker)
+        if worker is not None and transport.worker_name_problem(worker):  # refused here, not at the first push
+            raise ValueError(f"Cluster: worker name {worker!r} {transport.worker_name_problem(worker)}")
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"

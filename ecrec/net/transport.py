@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import re
 from concurrent import futures
 
 import grpc
@@ -16,6 +17,20 @@ import numpy as np
 
 from ecrec import errors
 from ecrec.net.refusals import REFUSALS
+
+#: what a worker name may not hold: control characters (C0, DEL, C1), line and paragraph separators (each splits a
+#: log line), lone surrogates (no UTF-8)
+_NOT_IN_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def worker_name_problem(name: str) -> str | None:
+    """What keeps ``name`` from being a worker's name in push ids, logs and ``status`` (None: nothing)."""
+    found = _NOT_IN_A_NAME.search(name)
+    if found is None:
+        return None
+    what = "a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else "a control character"
+    return f"holds {what} ({found.group()!r} at character {found.start()}): name workers with printable text"
+
 
 INT64 = np.dtype("<i8")
 FLOAT32 = np.dtype("<f4")

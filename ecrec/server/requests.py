@@ -142,6 +142,9 @@ def check_push_id(push_id, config: ServerConfig) -> None:
     if name < 0 or name > config.max_worker_name_bytes:
         raise errors.InvalidRequest(f"push_id.worker is longer than {config.max_worker_name_bytes} bytes "
                                     "(--max-worker-name-bytes); push refused")
+    problem = transport.worker_name_problem(push_id.worker)
+    if problem:
+        raise errors.InvalidRequest(f"push_id.worker {push_id.worker!r} {problem}; push refused")
     if len(push_id.incarnation) > config.max_incarnation_bytes or (
             utf8_bytes(push_id.incarnation) > config.max_incarnation_bytes):
         raise errors.InvalidRequest(f"push_id.incarnation is longer than {config.max_incarnation_bytes} bytes "
