@@ -312,7 +312,7 @@ def test_a_step_that_meets_more_failures_than_parity_covers_says_what_was_applie
     client.create_table("t", 600, 4, optimizer="sgd", lr=0.1, init="zeros")
     bag = EmbeddingBag(client, "t")
     every_server = torch.arange(0, 600, 7)
-    for _ in range(3):  # held, not yet confirmed (groups close every 16 pushes)
+    for _ in range(3):  # held, not yet confirmed (groups close every 64 pushes, or 0.5 s)
         bag(every_server[None, :]).sum().backward()
         client.step()
     assert client.courier.unconfirmed()

@@ -208,3 +208,21 @@ def test_the_runs_at_scale_are_judged_on_the_steps_before_the_kill(results_copy)
     assert "samples/s before the kill 0.96x none's (target >= 0.95x: **met**)" in text
     assert "p99 step 1.04x none's (target <= 1.5x: **met**)" in text  # the median run's: 10.4 ms
     assert "4.8% of ecrec's time in steps over 30 ms (target <= 1%: **not met**)" in text
+
+
+def test_the_group_size_runs_say_the_group_sizes_and_steps_their_files_measured(results_copy):
+    """64-push groups against 16, side by side: the intro's pushes per group and median steps are the files'
+    (a run whose groups held 50 pushes widens the range), and without the files the section says nothing."""
+    section = "The parity path per row update"
+    text = dict(results_page.sections(results_copy))[section]
+    assert "profile-quick-coalesce-3.json" in text and "64 minus 16 per row update" in text
+    path = results_copy / "profile-quick-coalesce-2.json"
+    doc = json.loads(path.read_text())
+    servers = doc["runs"][doc["strategy"]]["servers_per_step"]
+    servers["strategy:group_pushes"] = 50 * servers["strategy:groups_closed"]
+    path.write_text(json.dumps(doc))
+    text = dict(results_page.sections(results_copy))[section]
+    assert "closes by `coalesce_s`, at 3" in text and "-50 pushes" in text
+    for n in (1, 2, 3):
+        (results_copy / f"profile-quick-coalesce-{n}.json").unlink()
+    assert "64 minus 16" not in dict(results_page.sections(results_copy))[section]

@@ -599,7 +599,7 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
 
 def _pushes_per_group(report: dict) -> float:
     s = report["servers_per_step"]
-    return s["strategy:group_pushes"] / s["strategy:groups_closed"]
+    return s["strategy:group_pushes"] / max(s["strategy:groups_closed"], 1e-12)
 
 
 def _range_over(files: _Files, names: tuple[str, ...], figure) -> str:
