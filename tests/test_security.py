@@ -203,6 +203,17 @@ def test_mutual_tls_cluster_trains_and_enforces_roles(make_cluster, pki):
     with pytest.raises(status.CoordinatorUnreachable, match="a cluster with TLS closes plain connections: if it "
                                                             "uses TLS, pass --tls-ca, --tls-cert and --tls-key"):
         status.collect(local.coordinator_address, timeout_s=3)  # (said only 'Socket closed' before)
+    # so do snapshot and restore (and the SDK's Cluster.connect they use): they said "the coordinator does not
+    # answer (Socket closed)" after their whole wait
+    import contextlib
+    import io
+
+    for command in ("snapshot", "restore"):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main([command, "--coordinator", local.coordinator_address, "--wait", "2", "--timeout", "3",
+                         str(d / "snap")])
+        assert code == 1 and "if it uses TLS, pass --tls-ca, --tls-cert and --tls-key" in err.getvalue(), err.getvalue()
 
 
 # --- token ------------------------------------------------------------------------------------------------------------

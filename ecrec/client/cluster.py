@@ -45,6 +45,7 @@ from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
 from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_step, collect, merge_lookups
 from ecrec.coding.layout import Layout
+from ecrec.net.security import tls_hint
 from ecrec.net.peers import BUSY_RETRY_S, CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
 from ecrec.tables.values import check_values
@@ -265,7 +266,8 @@ class Cluster:
                 except grpc.RpcError as exc:
                     if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         raise ClusterError(f"coordinator {address}: {exc.details()}") from None
-                    why = f"the coordinator does not answer ({exc.details()})"
+                    why = (f"the coordinator does not answer ({exc.details()})"
+                           f"{tls_hint(exc, cluster.config.security)}")
                 now = time.monotonic()
                 if now >= deadline:
                     raise ClusterError(f"cluster at {address} not ready after {wait_ready_s:g} s: {why}")

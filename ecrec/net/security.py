@@ -332,3 +332,16 @@ def interceptors(security: Security | None) -> tuple:
     """The server interceptors for ``security`` (none when it is off)."""
     return (AuthInterceptor(security),) if security is not None and security.enabled else ()
 
+
+def tls_hint(exc: grpc.RpcError, security) -> str:
+    """A word on TLS when the connection ended in its handshake: a plain client at a TLS port sees its socket
+    closed, a TLS client at a plain port a handshake error."""
+    details = (exc.details() or "").lower()
+    tls = security is not None and getattr(security, "tls", False)
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if not tls and "socket closed" in details:
+        return " (a cluster with TLS closes plain connections: if it uses TLS, pass --tls-ca, --tls-cert and --tls-key)"
+    if tls and ("handshake" in details or "ssl" in details or "tls" in details):
+        return " (the TLS handshake failed: a cluster without TLS, or a CA or certificate it does not take)"
+    return ""

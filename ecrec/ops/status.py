@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ecrec.config import MAX_SECONDS
 from ecrec.ops import console
+from ecrec.net import security as security_mod
 from ecrec.net import transport
 from ecrec.net.cluster_map import fully_redundant
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
@@ -76,7 +77,7 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
         control = _coordinators(stub, timeout_s)
     except grpc.RpcError as exc:
         raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}"
-                                     f"{_tls_hint(exc, security)}") from None
+                                     f"{security_mod.tls_hint(exc, security)}") from None
     finally:
         stub.close()
     if not control.get("coordinators_error"):
@@ -110,20 +111,6 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
 
 def _wildcard(address: str) -> bool:
     return address.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", "")
-
-
-def _tls_hint(exc: grpc.RpcError, security) -> str:
-    """A word on TLS when the connection ended in its handshake: a plain client at a TLS port sees its socket
-    closed, a TLS client at a plain port a handshake error."""
-    details = (exc.details() or "").lower()
-    tls = security is not None and getattr(security, "tls", False)
-    if exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return ""
-    if not tls and "socket closed" in details:
-        return " (a cluster with TLS closes plain connections: if it uses TLS, pass --tls-ca, --tls-cert and --tls-key)"
-    if tls and ("handshake" in details or "ssl" in details or "tls" in details):
-        return " (the TLS handshake failed: a cluster without TLS, or a CA or certificate it does not take)"
-    return ""
 
 
 def _coordinators(stub, timeout_s: float) -> dict:
