@@ -200,6 +200,9 @@ def _snapshot_command(args) -> int:
                 manifest = cluster.save(args.path, on_progress=progress, overwrite=args.overwrite)
             else:
                 manifest = cluster.load(args.path, on_progress=progress)
+                kept = _not_restored(cluster.refresh_map(), manifest)
+                if kept:  # the snapshot does not hold them: they are as training left them, not as it was saved
+                    print(f"ecrec-server restore: {kept}, not in the snapshot: left as they were", file=sys.stderr)
         finally:
             cluster.close(confirm_timeout_s=30.0)
     except (KeyboardInterrupt, _Interrupted) as exc:
@@ -222,6 +225,15 @@ def _snapshot_command(args) -> int:
     print(f"{verb} {len(manifest['tables'])} table(s), {len(manifest['dense'])} dense tensor(s) "
           f"({'to' if verb == 'wrote' else 'from'} {args.path})")
     return 0
+
+
+def _not_restored(cluster_map, manifest: dict) -> str:
+    """The tables and dense tensors of the cluster a restore of ``manifest`` did not write ("" when none)."""
+    tables = sorted({t.name for t in cluster_map.tables} - set(manifest["tables"]))
+    dense = sorted({d.name for d in cluster_map.dense} - set(manifest.get("dense", {})))
+    parts = [f"{len(names)} {what}{'s' if len(names) > 1 else ''} of this cluster ({', '.join(names)})"
+             for names, what in ((tables, "table"), (dense, "dense tensor")) if names]
+    return " and ".join(parts)
 
 
 def _served_map(coordinator):
