@@ -200,7 +200,11 @@ def _snapshot_command(args) -> int:
                 manifest = cluster.save(args.path, on_progress=progress, overwrite=args.overwrite)
             else:
                 manifest = cluster.load(args.path, on_progress=progress)
-                kept = _not_restored(cluster.refresh_map(), manifest)
+                try:
+                    now = cluster.refresh_map()
+                except (ClusterError, grpc.RpcError):  # restored: the newest map this client knows says it
+                    now = cluster.map
+                kept = _not_restored(now, manifest)
                 if kept:  # the snapshot does not hold them: they are as training left them, not as it was saved
                     print(f"ecrec-server restore: {kept}, not in the snapshot: left as they were", file=sys.stderr)
         finally:

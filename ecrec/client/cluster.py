@@ -183,8 +183,9 @@ class Cluster:
                             f"comma-separated), not {address!r}")
         if worker is not None and not isinstance(worker, str):
             raise TypeError(f"Cluster: worker must be a name (str), not {type(worker).__name__}")
-        if worker is not None and transport.worker_name_problem(worker):  # refused here, not at the first push
-            raise ValueError(f"Cluster: worker name {worker!r} {transport.worker_name_problem(worker)}")
+        problem = transport.worker_name_problem(worker) if worker is not None else None
+        if problem:  # refused here, not at the first push
+            raise ValueError(f"Cluster: worker name {worker!r} {problem}")
         self.config = config or ClientConfig()
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"

@@ -25,9 +25,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ecrec.config import MAX_SECONDS
 from ecrec.ops import console
-from ecrec.net import security as security_mod
 from ecrec.net import transport
 from ecrec.net.cluster_map import fully_redundant
+from ecrec.net.security import tls_hint
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc, embedding_pb2, embedding_pb2_grpc
 
 EXIT_REDUNDANT, EXIT_NOT_REDUNDANT, EXIT_UNREACHABLE = 0, 1, 2
@@ -77,7 +77,7 @@ def collect(address: str, timeout_s: float = 5.0, security=None) -> dict:
         control = _coordinators(stub, timeout_s)
     except grpc.RpcError as exc:
         raise CoordinatorUnreachable(f"coordinator {address}: {exc.code().name}: {exc.details()}"
-                                     f"{security_mod.tls_hint(exc, security)}") from None
+                                     f"{tls_hint(exc, security)}") from None
     finally:
         stub.close()
     if not control.get("coordinators_error"):
