@@ -1006,8 +1006,15 @@ def test_an_overwrite_that_fails_leaves_the_old_snapshot_whole_and_one_that_succ
     assert sorted((p.name, p.read_bytes()) for p in path.iterdir()) == files  # the old one, as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # nothing of the failed save beside it
     new = _state(cluster)
+    # what an overwrite killed by SIGKILL left (its failure path never ran): the next save of the path removes it,
+    # not what belongs to another path (it stayed for good)
+    (tmp_path / ".snap.overwrite-0123456789ab").mkdir()
+    (tmp_path / ".snap.overwrite-0123456789ab" / "__0_0.distcp").write_bytes(b"x" * 100)
+    (tmp_path / ".snapshots.overwrite-0123456789ab").mkdir()
     messages = []
     manifest = cluster.save(where, overwrite=True, on_progress=messages.append)
+    assert (tmp_path / ".snapshots.overwrite-0123456789ab").is_dir()
+    (tmp_path / ".snapshots.overwrite-0123456789ab").rmdir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
     assert set(manifest["files"]) <= {p.name for p in path.iterdir()} and (path / "manifest.json").exists()
     assert any(f"to {where} in" in m for m in messages), messages  # the progress names the path asked for

@@ -109,6 +109,8 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         if isinstance(exc, save_claim.PathBusy):
             raise SnapshotError(f"{exc}; nothing was written") from None
         raise
+    if local is not None:
+        _remove_interrupted_overwrites(local)
     staging = None
     try:
         if overwrite and local is not None and snapshot_files.exists(path, MANIFEST):
@@ -170,6 +172,27 @@ def _missing_dirs(local: str) -> list[str]:
         missing.append(d)
         d = os.path.dirname(d)
     return missing
+
+
+def _remove_interrupted_overwrites(local: str) -> None:
+    """Removes what overwriting saves of ``local`` that were killed (SIGKILL: no failure path ran) left beside it:
+    their staging directories (:func:`_staging`, and one's ``.old``).  Called by a save that holds the path's
+    claim: no other save of it is running, so none of them is being written."""
+    parent = os.path.dirname(local.rstrip(os.sep))
+    prefix = f".{os.path.basename(local.rstrip(os.sep))}.overwrite-"
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        where = os.path.join(parent, name)
+        try:
+            shutil.rmtree(where)
+        except OSError as exc:
+            log.warning("could not remove %s, left by an interrupted overwrite of %s: %s", where, local,
+                        _os_error(exc))
+        else:
+            log.info("removed %s, left by an interrupted overwrite of %s", where, local)
 
 
 def _staging(path: str, local: str) -> tuple[str, str]:
