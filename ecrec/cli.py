@@ -200,13 +200,9 @@ def _snapshot_command(args) -> int:
                 manifest = cluster.save(args.path, on_progress=progress, overwrite=args.overwrite)
             else:
                 manifest = cluster.load(args.path, on_progress=progress)
-                try:
-                    now = cluster.refresh_map()
-                except (ClusterError, grpc.RpcError):  # restored: the newest map this client knows says it
-                    now = cluster.map
-                kept = _not_restored(now, manifest)
+                kept = _not_restored(cluster.map, manifest)  # the newest map this client knows: no call
                 if kept:  # the snapshot does not hold them: they are as training left them, not as it was saved
-                    print(f"ecrec-server restore: {kept}, not in the snapshot: left as they were", file=sys.stderr)
+                    print(f"ecrec-server restore: not in the snapshot, left unchanged: {kept}", file=sys.stderr)
         finally:
             cluster.close(confirm_timeout_s=30.0)
     except (KeyboardInterrupt, _Interrupted) as exc:

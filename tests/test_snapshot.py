@@ -157,7 +157,7 @@ def test_the_snapshot_and_restore_commands(make_cluster, tmp_path, capsys):
     # "restored 2 table(s)", as if the whole model were the snapshot's)
     restored.create_table("c", 50, 4)
     assert server_cli.main(["restore", "--coordinator", target.coordinator_address, path]) == 0
-    assert "1 table of this cluster (c), not in the snapshot: left as they were" in capsys.readouterr().err
+    assert "not in the snapshot, left unchanged: 1 table of this cluster (c)" in capsys.readouterr().err
     assert server_cli.main(["restore", "--coordinator", target.coordinator_address, str(tmp_path / "none")]) == 1
     assert "no manifest.json" in capsys.readouterr().err
 
@@ -1006,16 +1006,28 @@ def test_an_overwrite_that_fails_leaves_the_old_snapshot_whole_and_one_that_succ
     assert sorted((p.name, p.read_bytes()) for p in path.iterdir()) == files  # the old one, as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # nothing of the failed save beside it
     new = _state(cluster)
-    # what an overwrite killed by SIGKILL left (its failure path never ran): the next save of the path removes it,
-    # not what belongs to another path (it stayed for good)
-    (tmp_path / ".snap.overwrite-0123456789ab").mkdir()
-    (tmp_path / ".snap.overwrite-0123456789ab" / "__0_0.distcp").write_bytes(b"x" * 100)
-    (tmp_path / ".snapshots.overwrite-0123456789ab").mkdir()
+    # what an overwrite killed by SIGKILL left (its failure path never ran; it stayed for good): the next save of the
+    # path removes it -- its staging directory and one's .old, named exactly so -- and nothing else
+    for name in (".snap.overwrite-0123456789ab", ".snap.overwrite-0123456789ab.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"x" * 100)
+    others = [".snapshots.overwrite-0123456789ab", ".snap.overwrite-notes", ".snap.overwrite-2.overwrite-0123456789ab"]
+    for name in others:
+        (tmp_path / name).mkdir()
     messages = []
     manifest = cluster.save(where, overwrite=True, on_progress=messages.append)
-    assert (tmp_path / ".snapshots.overwrite-0123456789ab").is_dir()
-    (tmp_path / ".snapshots.overwrite-0123456789ab").rmdir()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name in others) == sorted(others)
+    for name in others:
+        (tmp_path / name).rmdir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+    assert any("left by an overwrite" in m and "killed" in m for m in messages), messages
+    # a path holding no snapshot: a killed overwrite's directories may be the only copies (killed between the two
+    # renames of the swap's fallback): kept
+    fresh = tmp_path / "fresh"
+    (tmp_path / ".fresh.overwrite-0123456789ab").mkdir()
+    (tmp_path / ".fresh.overwrite-0123456789ab" / "manifest.json").write_text("{}")
+    cluster.save(str(fresh) if scheme == "path" else f"file://{fresh}")
+    assert (tmp_path / ".fresh.overwrite-0123456789ab" / "manifest.json").exists()
     assert set(manifest["files"]) <= {p.name for p in path.iterdir()} and (path / "manifest.json").exists()
     assert any(f"to {where} in" in m for m in messages), messages  # the progress names the path asked for
     target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)

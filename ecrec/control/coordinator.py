@@ -357,7 +357,8 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             known = any(s.address == request.address for s in self.state.map.servers)
         if not known:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server at {request.address!r} in the map")
-        log.info("client reports %s: %s", request.address, request.detail or "(no detail)")
+        # the detail is the client's text: quoted and cut, so that it cannot write lines of its own into this log
+        log.info("client reports %s: %r", request.address, request.detail[:200] or "(no detail)")
         if not self.detector.check_server(request.address):
             # promote a standby now when it is safe, so the reply names the replacement; never longer than a
             # promotion deadline (the promoter runs on its own thread; the client follows the map meanwhile)

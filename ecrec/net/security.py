@@ -341,7 +341,8 @@ def tls_hint(exc: grpc.RpcError, security) -> str:
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return ""
     if not tls and "socket closed" in details:
-        return " (a cluster with TLS closes plain connections: if it uses TLS, pass --tls-ca, --tls-cert and --tls-key)"
+        return (" (a cluster with TLS closes plain connections: if it uses TLS, pass --tls-ca, --tls-cert and --tls-key;"
+                " in the SDK, ClientConfig's tls_ca, tls_cert and tls_key)")
     if tls and ("handshake" in details or "ssl" in details or "tls" in details):
         return " (the TLS handshake failed: a cluster without TLS, or a CA or certificate it does not take)"
     return ""

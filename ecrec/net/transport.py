@@ -28,7 +28,8 @@ def worker_name_problem(name: str) -> str | None:
     found = _NOT_IN_A_NAME.search(name)
     if found is None:
         return None
-    what = "a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else "a control character"
+    what = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
+            "a control character or line separator")
     return f"holds {what} ({found.group()!r} at character {found.start()}): name workers with printable text"
 
 

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import threading
 import time
@@ -109,10 +110,10 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         if isinstance(exc, save_claim.PathBusy):
             raise SnapshotError(f"{exc}; nothing was written") from None
         raise
-    if local is not None:
-        _remove_interrupted_overwrites(local)
     staging = None
     try:
+        if local is not None:
+            _remove_interrupted_overwrites(local, on_progress)
         if overwrite and local is not None and snapshot_files.exists(path, MANIFEST):
             # a snapshot over a whole one: written beside it, then swapped in, so that a save that fails (or is
             # stopped) leaves the old one as it was -- removing it first lost it with the new one
@@ -174,25 +175,36 @@ def _missing_dirs(local: str) -> list[str]:
     return missing
 
 
-def _remove_interrupted_overwrites(local: str) -> None:
+def _remove_interrupted_overwrites(local: str, on_progress=None) -> None:
     """Removes what overwriting saves of ``local`` that were killed (SIGKILL: no failure path ran) left beside it:
-    their staging directories (:func:`_staging`, and one's ``.old``).  Called by a save that holds the path's
-    claim: no other save of it is running, so none of them is being written."""
-    parent = os.path.dirname(local.rstrip(os.sep))
-    prefix = f".{os.path.basename(local.rstrip(os.sep))}.overwrite-"
+    their staging directories (:func:`_staging`: ``.<name>.overwrite-<12 hex>``, and one's ``.old``), named exactly
+    so, and only while ``local`` holds a whole snapshot (a save killed between the two renames of
+    :func:`_exchange`'s fallback leaves the path empty and the old and new snapshots in exactly those directories:
+    then they are the only copies, kept and named).  Called by a save that holds the path's claim."""
+    parent, base = os.path.split(local.rstrip(os.sep))
+    pattern = re.compile(rf"\.{re.escape(base)}\.overwrite-[0-9a-f]{{12}}(\.old)?")
     try:
-        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+        names = sorted(n for n in os.listdir(parent or os.sep) if pattern.fullmatch(n))
     except OSError:
         return
-    for name in names:
-        where = os.path.join(parent, name)
+    if not names:
+        return
+    wheres = [os.path.join(parent, n) for n in names]
+    if not os.path.exists(os.path.join(local, MANIFEST)):
+        log.warning("%s holds no snapshot, and %s, left by an overwrite of it that was killed, may hold the only "
+                    "copies: kept (move the one with a manifest.json back to the path, or remove them)", local,
+                    ", ".join(wheres))
+        return
+    for where in wheres:
+        if on_progress is not None:
+            on_progress(f"removing {where}, left by an overwrite of {local} that was killed")
         try:
             shutil.rmtree(where)
+        except FileNotFoundError:
+            pass  # removed meanwhile (the save that made it, ending)
         except OSError as exc:
-            log.warning("could not remove %s, left by an interrupted overwrite of %s: %s", where, local,
+            log.warning("could not remove %s, left by an overwrite of %s that was killed: %s", where, local,
                         _os_error(exc))
-        else:
-            log.info("removed %s, left by an interrupted overwrite of %s", where, local)
 
 
 def _staging(path: str, local: str) -> tuple[str, str]:
