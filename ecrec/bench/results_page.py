@@ -440,7 +440,7 @@ def section_parity_cost(files: _Files) -> list[str]:
                f"{s.get('strategy:channel_batches', 0.0):.2f} of them over parity channels")
     out.append(
         f"In all, `ecrec` adds {total(ec) / total(none) - 1:+.1%} CPU per step. Per step {carried}; a group holds "
-        f"{s['strategy:group_pushes'] / s['strategy:groups_closed']:.0f} pushes) and the "
+        f"{_pushes_per_group(s):.0f} pushes) and the "
         f"parity servers apply {s['strategy:delta_bytes_applied'] / 1e3:.0f} KB of deltas. The cost is memory-bound: "
         "every delta byte is copied a few times (the merge and the socket on each side; with the relay the batch, "
         "the reply, the worker's next pull and the receiver's parse) and XORed into a parity row scattered in "
@@ -592,14 +592,16 @@ def _quick_runs(files: _Files) -> tuple[list[str], dict | None]:
         "Groups of up to 64 pushes (`coalesce_pushes=64`, the default) against up to 16 (the default before), side "
         f"by side in the quick preset, {n} runs (median steps of "
         f"{_range_over(files, COALESCE_AB, lambda r: r['step_times']['median_ms'])} ms: a group of the default closes "
-        f"by `coalesce_s`, at {_range_over(files, COALESCE_AB, _pushes_per_group)} pushes; 64 minus 16 per row "
+        f"by `coalesce_s`, at {_range_over(files, COALESCE_AB, lambda r: _pushes_per_group(r['servers_per_step']))} "
+        "pushes; 64 minus 16 per row "
         "update, the rest ratios, 64 over 16):"))
     return out, quick
 
 
-def _pushes_per_group(report: dict) -> float:
-    s = report["servers_per_step"]
-    return s["strategy:group_pushes"] / max(s["strategy:groups_closed"], 1e-12)
+def _pushes_per_group(servers_per_step: dict) -> float:
+    """Pushes per group closed, from a run's servers' counters per step (0 when no group closed)."""
+    closed = servers_per_step["strategy:groups_closed"]
+    return servers_per_step["strategy:group_pushes"] / closed if closed else 0.0
 
 
 def _range_over(files: _Files, names: tuple[str, ...], figure) -> str:

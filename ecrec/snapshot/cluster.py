@@ -181,8 +181,8 @@ def _remove_interrupted_overwrites(local: str, on_progress=None) -> None:
     so, and only while ``local`` holds a whole snapshot (a save killed between the two renames of
     :func:`_exchange`'s fallback leaves the path empty and the old and new snapshots in exactly those directories:
     then they are the only copies, kept and named).  Called by a save that holds the path's claim."""
-    parent, base = os.path.split(local.rstrip(os.sep))
-    pattern = re.compile(rf"\.{re.escape(base)}\.overwrite-[0-9a-f]{{12}}(\.old)?")
+    parent, prefix = _staging_prefix(local)
+    pattern = re.compile(rf"{re.escape(prefix)}[0-9a-f]{{{STAGING_HEX}}}(\.old)?")
     try:
         names = sorted(n for n in os.listdir(parent or os.sep) if pattern.fullmatch(n))
     except OSError:
@@ -190,7 +190,7 @@ def _remove_interrupted_overwrites(local: str, on_progress=None) -> None:
     if not names:
         return
     wheres = [os.path.join(parent, n) for n in names]
-    if not os.path.exists(os.path.join(local, MANIFEST)):
+    if not snapshot_files.exists(local, MANIFEST):
         log.warning("%s holds no snapshot, and %s, left by an overwrite of it that was killed, may hold the only "
                     "copies: kept (move the one with a manifest.json back to the path, or remove them)", local,
                     ", ".join(wheres))
@@ -207,11 +207,21 @@ def _remove_interrupted_overwrites(local: str, on_progress=None) -> None:
                         _os_error(exc))
 
 
+#: hex digits that tell one overwriting save's staging directory from another's
+STAGING_HEX = 12
+
+
+def _staging_prefix(local: str) -> tuple[str, str]:
+    """``(parent, prefix)``: the directory an overwrite of ``local`` stages in, and its staging names' start."""
+    parent, base = os.path.split(local.rstrip(os.sep))
+    return parent, f".{base}.overwrite-"
+
+
 def _staging(path: str, local: str) -> tuple[str, str]:
     """Where an overwriting save writes (as the servers are told, as a local path): beside the old snapshot, in
     its directory's parent (under the same ``--snapshot-root``)."""
-    name = f".{os.path.basename(local.rstrip(os.sep))}.overwrite-{uuid.uuid4().hex[:12]}"
-    staged = os.path.join(os.path.dirname(local.rstrip(os.sep)), name)
+    parent, prefix = _staging_prefix(local)
+    staged = os.path.join(parent, f"{prefix}{uuid.uuid4().hex[:STAGING_HEX]}")
     return (f"file://{staged}" if snapshot_files.is_url(path) else staged), staged
 
 
