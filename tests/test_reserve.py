@@ -55,15 +55,19 @@ def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_tol
         reserve.prepare({f"a{n}": [((1000,), "uint8")], f"b{n}": [((2000,), "uint8")]})
         _prepared(reserve)
         assert reserve.nbytes == 3000, n
-    reserve.prepare({"big": [((16 << 20,), "uint8")] * 16})  # 256 MB: tens of milliseconds to make
-    taken = reserve.take("big", (16 << 20,), np.uint8)  # likely before the filler made one: a new one then
-    assert taken.shape == (16 << 20,) and not taken.any()
+    # 2 GB asked, 128 MB arrays: ~16 ms each to make here, so the bound below (4 arrays) leaves the test's own
+    # steps to the stop ~60 ms even on a loaded machine (with 16 MB arrays, ~1 ms each, a take read before the
+    # stop let the filler make 5 on CI of ebe9ee6)
+    big = 128 << 20
+    reserve.prepare({"big": [((big,), "uint8")] * 16})
+    taken = reserve.take("big", (big,), np.uint8)  # likely before the filler made one: a new one then
     reserve.stop_preparing()  # a promotion starts
+    assert taken.shape == (big,) and not taken.any()
     _prepared(reserve)
     held = reserve.nbytes
     time.sleep(0.2)
-    assert reserve.nbytes == held <= 4 * (16 << 20)  # nothing made after the stop (not the 16 asked for)
-    assert reserve.take("big", (16 << 20,), np.uint8).shape == (16 << 20,)  # what is held is still handed out
+    assert reserve.nbytes == held <= 4 * big  # nothing made after the stop (not the 16 asked for)
+    assert reserve.take("big", (big,), np.uint8).shape == (big,)  # what is held is still handed out
 
 
 @pytest.mark.cluster
