@@ -7,6 +7,7 @@ Real servers on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -93,7 +94,7 @@ def test_a_trained_table_is_restored_by_pushes_and_a_none_cluster_in_bulk(make_c
     assert np.array_equal(_payload(plain, "t", ROWS), t.view(np.uint32))
 
 
-def test_a_restore_killed_after_one_table_leaves_the_next_refused_not_blank(make_cluster, tmp_path):
+def test_a_restore_killed_after_one_table_leaves_the_next_refused_not_blank(make_cluster, tmp_path, caplog):
     """The client killed as the first table's restore in bulk finished: the next table, created blank by the
     restore, served its zeros (pushes applied to them, ``status`` fully redundant) with nothing to tell an operator
     that a restore was cut short.  Now every table to restore in bulk is refused from its creation until its
@@ -116,6 +117,12 @@ def test_a_restore_killed_after_one_table_leaves_the_next_refused_not_blank(make
     assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))
     with pytest.raises(Exception, match="being restored"):
         target.pull("s", [0, 1])  # refused: not the zeros of a blank table
+    # a longer deadline waits, and says why: the server's reason, logged once the wait outlasts a moment
+    waiting = Cluster.connect(local.coordinator_address, config=ClientConfig(retry_deadline_s=3.5))
+    with caplog.at_level(logging.WARNING, logger="ecrec.peers"), pytest.raises(Exception, match="being restored"):
+        waiting.pull("s", [0, 1])
+    said = [r.getMessage() for r in caplog.records if "busy for" in r.getMessage()]
+    assert said and "loading the snapshot again" in said[0], caplog.text[-2000:]
     assert Cluster.connect(local.coordinator_address).load(path)["restored_in_bulk"] == ["t", "s"]
     assert np.array_equal(_payload(target, "s", 777), s.view(np.uint32))
     assert np.array_equal(_payload(target, "t", ROWS), t.view(np.uint32))

@@ -87,6 +87,9 @@ def warn_level(subject) -> int:
 
 #: the pause before a call answered ABORTED (the server is busy for a moment) is sent again to the same server
 BUSY_RETRY_S = 0.01
+#: a call answered busy for this long is logged with the server's reason (a table whose restore was cut short
+#: stays busy until the snapshot is loaded again: the call would otherwise wait out its deadline in silence)
+BUSY_WARN_S = 2.0
 
 #: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
 #: (``...; the leader is HOST:PORT; retry there``, ``ecrec.control.leadership``)
@@ -390,6 +393,7 @@ class Peers:
         deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         coordinator_failed = None  # the last map fetch's error (a coordinator that does not answer)
+        busy_since = None  # when the server first answered busy (ABORTED) to this call
         while True:
             if prepare is not None:
                 prepare(index)
@@ -400,8 +404,14 @@ class Peers:
                                          metadata=self.metadata())
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.ABORTED:  # busy for a moment (a snapshot's cut): not gone
-                        if time.monotonic() > deadline:
+                        now = time.monotonic()
+                        if now > deadline:
                             raise PeerError(index, address, method, exc.code(), exc.details()) from None
+                        busy_since = now if busy_since is None else busy_since
+                        if now - busy_since >= BUSY_WARN_S:  # longer than a moment: say why the call waits
+                            log.log(warn_level(("busy", address, method)),
+                                    "server %d (%s) %s: busy for %.0f s (%s); retrying for up to %.0f s more",
+                                    index, address, method, now - busy_since, exc.details(), deadline - now)
                         time.sleep(BUSY_RETRY_S)
                         continue
                     if not transport.is_unavailable(exc):
