@@ -165,6 +165,38 @@ def test_bad_metrics_port_is_refused():
             metrics.serve(metrics.CoordinatorCollector(lambda: None), "127.0.0.1", port)
 
 
+def test_metrics_are_served_on_an_ipv6_host_in_either_form():
+    """``--host [::1]`` (the bracketed form gRPC addresses take) failed to serve metrics ("Name or service not
+    known"), and a bare ``::1`` was shown as ``::1:PORT``.  Both now serve, shown as ``[::1]:PORT``; scraped inside
+    a network namespace this test creates (its own loopback), removed at the end."""
+    import secrets
+    import subprocess
+    import sys
+
+    from netlab import NetLab
+
+    ok, why = NetLab.available()
+    if not ok:
+        pytest.skip(why)
+    ns = f"ecrec-v6-{secrets.token_hex(4)}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, timeout=10)
+        script = ("import urllib.request\n"
+                  "from ecrec.ops import metrics\n"
+                  "for host in ('[::1]', '::1'):\n"
+                  "    e = metrics.serve(metrics.CoordinatorCollector(lambda: None), host, 0)\n"
+                  "    body = urllib.request.urlopen(f'http://{e.address}/metrics', timeout=10).read().decode()\n"
+                  "    print(e.address, 'process_cpu_seconds_total' in body)\n")
+        run = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", script], capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines = run.stdout.split()
+        assert len(lines) == 4 and all(a.startswith("[::1]:") for a in lines[::2]) and lines[1::2] == ["True"] * 2
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], timeout=10)
+
+
 @pytest.mark.cluster
 def test_refused_requests_are_counted_by_method_and_status(make_cluster):
     """A server counts what it refuses -- a push with a NaN gradient, a pull of an unknown table -- by method and

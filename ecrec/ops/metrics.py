@@ -276,11 +276,15 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     ProcessCollector(registry=registry)
+    # an IPv6 host as the servers take it (``--host [::1]``, the form of a gRPC address) or bare (``::1``): bound
+    # bare, shown in brackets (``[::1]:9100``, a URL's and the cluster map's form)
+    bind = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    shown = f"[{bind}]" if ":" in bind else bind
     try:
-        server, thread = _start_http_server(port, host, registry)
+        server, thread = _start_http_server(port, bind, registry)
     except OSError as exc:
-        raise OSError(f"--metrics-port {port}: cannot serve metrics on {host}:{port}: "
+        raise OSError(f"--metrics-port {port}: cannot serve metrics on {shown}:{port}: "
                       f"{exc.strerror or exc}") from None
-    endpoint = MetricsEndpoint(f"{host}:{server.server_port}", server, thread)
+    endpoint = MetricsEndpoint(f"{shown}:{server.server_port}", server, thread)
     log.info("metrics at http://%s/metrics", endpoint.address)
     return endpoint
