@@ -122,6 +122,8 @@ def bad_pushes(client):
         ("worker name too long in UTF-8", 0, push(mine, worker="\u00e9" * 129), IA, ["--max-worker-name-bytes"]),
         ("worker name of 2 MiB", 0, push(mine, worker="w" * (2 << 20)), IA, ["--max-worker-name-bytes"]),
         ("worker name with a newline", 0, push(mine, worker="w\n1"), IA, ["control character", "push refused"]),
+        ("worker name reversed by a text-direction control", 0, push(mine, worker="w\u202e1"), IA,
+         ["text-direction formatting character", "U+202E", "push refused"]),
         ("incarnation too long", 0, embedding_pb2.PushRequest(tables=push(mine).tables, push_id=embedding_pb2.PushId(
             worker="w", sequence=1, incarnation="i" * 65)), IA, ["longer than 64 bytes", "--max-incarnation-bytes"]),
         ("valid table + invalid table in one push", 0, embedding_pb2.PushRequest(

@@ -170,11 +170,14 @@ def test_a_client_with_a_small_message_limit_reads_and_writes_a_table_larger_tha
 
 
 @pytest.mark.parametrize("name, why", [("w\n1", "control character"), ("w\x1b[2J", "control character"),
-                                       ("w\u2028x", "control character"), ("w\ud800", "not UTF-8")])
+                                       ("w\u2028x", "control character"), ("w\ud800", "not UTF-8"),
+                                       ("rank\u202e1", "text-direction"), ("w\u200b", "invisible")])
 def test_a_worker_name_no_push_could_carry_is_refused_at_connect(name, why):
     """A worker name with a lone surrogate was taken, and the first push failed in protobuf's encoder (after the
-    step's pulls); one with a newline, a line separator or an escape went into every server's logs and ``status``.
-    Refused when the client is made, before any connection, naming the character."""
+    step's pulls); one with a newline, a line separator or an escape went into every server's logs and ``status``,
+    one with a text-direction control or a zero-width space showed there as another name.  Refused when the client
+    is made, before any connection, naming the character."""
     with pytest.raises(ValueError, match=why):
         Cluster("127.0.0.1:1", worker=name)
     Cluster("127.0.0.1:1", worker="wörker-1 (rank 0)").close()  # printable text of any script is a name
+    Cluster("127.0.0.1:1", worker="\u0645\u06cc\u200c\u0631\u0648\u062f").close()  # a joiner the script needs too

@@ -21,16 +21,26 @@ from ecrec.net.refusals import REFUSALS
 #: what a worker name may not hold: control characters (C0, DEL, C1), line and paragraph separators (each splits a
 #: log line), lone surrogates (no UTF-8)
 _NOT_IN_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+#: ... nor formatting characters one cannot see: text-direction controls (a name with U+202E shows reversed in
+#: logs and ``status``: it can pass for another worker's), zero-width and invisible ones (two names that look the
+#: same), tags.  Zero-width (non-)joiners (U+200C, U+200D) stay: scripts and emoji need them
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+                        "\ufeff\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f]")
 
 
 def worker_name_problem(name: str) -> str | None:
     """What keeps ``name`` from being a worker's name in push ids, logs and ``status`` (None: nothing)."""
     found = _NOT_IN_A_NAME.search(name)
-    if found is None:
-        return None
-    what = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
-            "a control character or line separator")
-    return f"holds {what} ({found.group()!r} at character {found.start()}): name workers with printable text"
+    if found is not None:
+        what = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
+                "a control character or line separator")
+    else:
+        found = _INVISIBLE.search(name)
+        if found is None:
+            return None
+        what = "an invisible or text-direction formatting character"
+    return (f"holds {what} ({found.group()!r}, U+{ord(found.group()):04X}, at character {found.start()}): name "
+            "workers with printable text")
 
 
 INT64 = np.dtype("<i8")
