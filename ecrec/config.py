@@ -113,6 +113,16 @@ SHARED_CA_WARNING = ("etcd is dialed with the cluster's --tls-ca/--tls-cert: if 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
+def bracketed_host(host: str, flag: str = "--host") -> str:
+    """``host`` as it goes before ``:port`` in an address: an IPv6 address in brackets (``::1`` -> ``[::1]``, the
+    form gRPC and the cluster map take; the servers' own sockets and the metrics endpoint strip them); a ValueError
+    for brackets that do not enclose the whole host."""
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if "[" in inner or "]" in inner:
+        raise ValueError(f"{flag} {host!r}: brackets go around a whole IPv6 address ([::1]), or none at all")
+    return f"[{inner}]" if ":" in inner else inner
+
+
 def check_ports(**ports: int | None) -> None:
     """ValueError naming the first port outside 0-65535 (None: not asked for)."""
     for name, value in ports.items():
@@ -227,6 +237,9 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
         check_numbers(self, zero_allowed=("map_refresh_interval_s",), skip=("port", "metrics_port", "want_index"))
+        self.host = bracketed_host(self.host)
+        if self.advertise_host:
+            self.advertise_host = bracketed_host(self.advertise_host, "--advertise-host")
         if self.want_index < -1:
             raise ValueError(f"--index {self.want_index}: an index is >= 0 (-1, the default: whichever is free)")
 
@@ -288,6 +301,7 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
         check_numbers(self, zero_allowed=("max_server_bytes",), skip=("port", "metrics_port"))  # 0: the default
+        self.host = bracketed_host(self.host)
 
 
 @dataclass

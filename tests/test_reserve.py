@@ -4,11 +4,13 @@ dropped when no longer wanted or after the promotion.  Its use by a promoted sta
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from ecrec.server import reserve as reserve_module
 from ecrec.server.reserve import Reserve
 
 
@@ -48,26 +50,44 @@ def test_a_reserve_drops_tables_no_longer_wanted_and_everything_when_closed():
     assert reserve.take("b", (200,), np.uint8).shape == (200,)  # still answers, with new arrays
 
 
-def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_told():
+class _GatedNumpy:
+    """numpy for ``ecrec.server.reserve``, whose filler thread waits at its second array until ``gate`` is set:
+    what the filler makes before a stop is then one array, whatever the machine's speed (CI of ebe9ee6 met five
+    made between a prepare and a stop when the bound depended on it)."""
+
+    def __init__(self):
+        self.gate, self.started = threading.Event(), 0
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def zeros(self, *args, **kwargs):
+        if threading.current_thread().name == "ecrec-reserve":
+            self.started += 1
+            if self.started > 1:
+                assert self.gate.wait(30), "the test never let the filler go on"
+        return np.zeros(*args, **kwargs)
+
+
+def test_a_reserve_prepares_what_is_asked_while_it_is_filling_and_stops_when_told(monkeypatch):
     reserve = Reserve()
     for n in range(30):  # the second prepare often meets the filler finishing the first
         reserve.prepare({f"a{n}": [((1000,), "uint8")]})
         reserve.prepare({f"a{n}": [((1000,), "uint8")], f"b{n}": [((2000,), "uint8")]})
         _prepared(reserve)
         assert reserve.nbytes == 3000, n
-    # 2 GB asked, 128 MB arrays: ~16 ms each to make here, so the bound below (4 arrays) leaves the test's own
-    # steps to the stop ~60 ms even on a loaded machine (with 16 MB arrays, ~1 ms each, a take read before the
-    # stop let the filler make 5 on CI of ebe9ee6)
-    big = 128 << 20
-    reserve.prepare({"big": [((big,), "uint8")] * 16})
-    taken = reserve.take("big", (big,), np.uint8)  # likely before the filler made one: a new one then
+    gated = _GatedNumpy()
+    monkeypatch.setattr(reserve_module, "np", gated)
+    reserve.prepare({"big": [((16 << 20,), "uint8")] * 16})  # 256 MB: tens of milliseconds to make
+    taken = reserve.take("big", (16 << 20,), np.uint8)  # likely before the filler made one: a new one then
+    assert taken.shape == (16 << 20,) and not taken.any()
     reserve.stop_preparing()  # a promotion starts
-    assert taken.shape == (big,) and not taken.any()
+    gated.gate.set()  # the filler finishes the array it was making: dropped, nothing after it
     _prepared(reserve)
     held = reserve.nbytes
     time.sleep(0.2)
-    assert reserve.nbytes == held <= 4 * big  # nothing made after the stop (not the 16 asked for)
-    assert reserve.take("big", (big,), np.uint8).shape == (big,)  # what is held is still handed out
+    assert reserve.nbytes == held <= 4 * (16 << 20)  # nothing made after the stop (not the 16 asked for)
+    assert reserve.take("big", (16 << 20,), np.uint8).shape == (16 << 20,)  # what is held is still handed out
 
 
 @pytest.mark.cluster

@@ -171,7 +171,8 @@ def test_a_client_with_a_small_message_limit_reads_and_writes_a_table_larger_tha
 
 @pytest.mark.parametrize("name, why", [("w\n1", "control character"), ("w\x1b[2J", "control character"),
                                        ("w\u2028x", "control character"), ("w\ud800", "not UTF-8"),
-                                       ("rank\u202e1", "text-direction"), ("w\u200b", "invisible")])
+                                       ("rank\u202e1", "text-direction"), ("w\u200b", "invisible"),
+                                       ("rank1\ufe00", "invisible"), ("\u3164", "invisible")])
 def test_a_worker_name_no_push_could_carry_is_refused_at_connect(name, why):
     """A worker name with a lone surrogate was taken, and the first push failed in protobuf's encoder (after the
     step's pulls); one with a newline, a line separator or an escape went into every server's logs and ``status``,
@@ -181,3 +182,17 @@ def test_a_worker_name_no_push_could_carry_is_refused_at_connect(name, why):
         Cluster("127.0.0.1:1", worker=name)
     Cluster("127.0.0.1:1", worker="wörker-1 (rank 0)").close()  # printable text of any script is a name
     Cluster("127.0.0.1:1", worker="\u0645\u06cc\u200c\u0631\u0648\u062f").close()  # a joiner the script needs too
+    Cluster("127.0.0.1:1", worker="rank \u2764\ufe0f").close()  # an emoji with its presentation selector
+
+
+def test_every_format_character_is_refused_in_a_worker_name_or_named_as_visible():
+    """Format characters (Unicode category Cf) are invisible but for a few: every one this Python knows is either
+    refused in a worker name or listed as one a name may hold (a newer Unicode's new ones fail here first)."""
+    import unicodedata
+
+    from ecrec.net import transport
+
+    unlisted = [f"U+{c:04X}" for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"
+                and chr(c) not in transport.VISIBLE_FORMAT and transport.worker_name_problem(chr(c)) is None]
+    assert not unlisted, unlisted
+    assert all(transport.worker_name_problem(f"w{c}1") is None for c in transport.VISIBLE_FORMAT)

@@ -91,6 +91,15 @@ BUSY_RETRY_S = 0.01
 #: stays busy until the snapshot is loaded again: the call would otherwise wait out its deadline in silence)
 BUSY_WARN_S = 2.0
 
+def note_busy(index: int, address: str, method: str, busy_s: float, details: str | None, left_s: float) -> None:
+    """Logs a call a server has answered busy for :data:`BUSY_WARN_S` or more, with the server's reason (at most
+    every ``WARN_EVERY_S`` per address and method; nothing in between, not even at DEBUG: retries come every
+    :data:`BUSY_RETRY_S`)."""
+    if busy_s >= BUSY_WARN_S and warn_level(("busy", address, method)) == logging.WARNING:
+        log.warning("server %d (%s) %s: busy for %.0f s (%s); retrying for up to %.0f s more", index, address,
+                    method, busy_s, details, max(0.0, left_s))
+
+
 #: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
 #: (``...; the leader is HOST:PORT; retry there``, ``ecrec.control.leadership``)
 NOT_LEADER = "this coordinator does not lead"
@@ -393,7 +402,7 @@ class Peers:
         deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         coordinator_failed = None  # the last map fetch's error (a coordinator that does not answer)
-        busy_since = None  # when the server first answered busy (ABORTED) to this call
+        busy_since = None  # (when, address): the server answering busy (ABORTED) to this call since then
         while True:
             if prepare is not None:
                 prepare(index)
@@ -407,13 +416,11 @@ class Peers:
                         now = time.monotonic()
                         if now > deadline:
                             raise PeerError(index, address, method, exc.code(), exc.details()) from None
-                        busy_since = now if busy_since is None else busy_since
-                        if now - busy_since >= BUSY_WARN_S:  # longer than a moment: say why the call waits
-                            log.log(warn_level(("busy", address, method)),
-                                    "server %d (%s) %s: busy for %.0f s (%s); retrying for up to %.0f s more",
-                                    index, address, method, now - busy_since, exc.details(), deadline - now)
+                        busy_since = (now, address) if busy_since is None or busy_since[1] != address else busy_since
+                        note_busy(index, address, method, now - busy_since[0], exc.details(), deadline - now)
                         time.sleep(BUSY_RETRY_S)
                         continue
+                    busy_since = None
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
                     log.log(warn_level(("call", address)),

@@ -21,11 +21,19 @@ from ecrec.net.refusals import REFUSALS
 #: what a worker name may not hold: control characters (C0, DEL, C1), line and paragraph separators (each splits a
 #: log line), lone surrogates (no UTF-8)
 _NOT_IN_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-#: ... nor formatting characters one cannot see: text-direction controls (a name with U+202E shows reversed in
-#: logs and ``status``: it can pass for another worker's), zero-width and invisible ones (two names that look the
-#: same), tags.  Zero-width (non-)joiners (U+200C, U+200D) stay: scripts and emoji need them
-_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
-                        "\ufeff\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f]")
+#: ... nor characters one cannot see: text-direction controls (a name with U+202E shows reversed in logs and
+#: ``status``: it can pass for another worker's), zero-width and other invisible formatting characters (every
+#: Unicode format character, Cf, but those below), fillers that show as blanks, variation selectors (``rank1`` and
+#: ``rank1`` + U+FE00 look the same) and tags (so subdivision flag emoji too).  ``test_sdk_input`` checks every Cf
+#: character of Python's Unicode is here or in :data:`VISIBLE_FORMAT`
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
+                        "\u2066-\u206f\u3164\ufe00-\ufe0d\ufeff\uffa0\ufff9-\ufffb\U00013430-\U0001343f"
+                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+                        "\U000e0100-\U000e01ef]")
+#: format characters a name may hold: the zero-width (non-)joiners scripts and emoji need, the Mongolian vowel
+#: separator, and number signs drawn above the digits that follow them (Arabic, Syriac, Kaithi)
+VISIBLE_FORMAT = "\u0600\u0601\u0602\u0603\u0604\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200c\u200d" \
+                 "\U000110bd\U000110cd"
 
 
 def worker_name_problem(name: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ecrec.config import bracketed_host
 from ecrec.net.cluster_map import fully_redundant
 from ecrec.net.refusals import REFUSALS
 
@@ -278,8 +279,8 @@ def serve(collector, host: str, port: int) -> MetricsEndpoint:
     ProcessCollector(registry=registry)
     # an IPv6 host as the servers take it (``--host [::1]``, the form of a gRPC address) or bare (``::1``): bound
     # bare, shown in brackets (``[::1]:9100``, a URL's and the cluster map's form)
-    bind = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    shown = f"[{bind}]" if ":" in bind else bind
+    shown = bracketed_host(host)
+    bind = shown.strip("[]")
     try:
         server, thread = _start_http_server(port, bind, registry)
     except OSError as exc:
