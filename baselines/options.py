@@ -8,6 +8,7 @@ What each option means is in ``baselines.cpr``'s docstring; the rules between th
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -142,13 +143,18 @@ def parse_options(strategy: str, variant: str | None, full_only: bool, options: 
 
 def layout_params(strategy: str, variant: str | None, full_only: bool, num_servers: int, k: int, m: int,
                   options: dict) -> tuple[int, int, dict]:
-    """Checkpointing keeps no parity and spreads rows over every server; the options are kept as given."""
+    """Checkpointing keeps no parity and spreads rows over every server; the options are kept as given, but a
+    relative checkpoint directory, made absolute here (on the coordinator, in its working directory): every
+    server, a replacement included, then reads and writes the same one, whatever its own working directory."""
     if m:
         raise ValueError(f"strategy {strategy!r} keeps no parity (it checkpoints): do not pass --m")
     if k not in (0, num_servers):
         raise ValueError(f"strategy {strategy!r} spreads rows over all {num_servers} servers: do not pass --k")
     parse_options(strategy, variant, full_only, options)
-    return num_servers, 0, {str(a): str(b) for a, b in options.items()}
+    stored = {str(a): str(b) for a, b in options.items()}
+    if "://" not in stored["dir"] and not os.path.isabs(stored["dir"]):
+        stored["dir"] = os.path.abspath(stored["dir"])
+    return num_servers, 0, stored
 
 
 def _spec(name: str, variant: str | None, full_only: bool, cls: str, summary: str, rank: int) -> StrategySpec:

@@ -631,6 +631,20 @@ def test_storage_round_trip_and_verification(tmp_path, url, memory_url):
 
 # --- options ---------------------------------------------------------------------------------------------------------
 
+def test_a_relative_checkpoint_directory_is_stored_absolute_one_for_every_server(tmp_path, monkeypatch):
+    """``dir=ckpt`` went into the map as given, and each server resolved it in its own working directory: servers
+    started from different directories (or hosts sharing a mount at different places) checkpointed apart, and a
+    replacement looked for the failed server's files where it had none.  The coordinator stores it absolute (in its
+    own working directory); an absolute path or a URL is kept as given."""
+    monkeypatch.chdir(tmp_path)
+    for cls in (FullCheckpoint, PartialRecovery):
+        stored = cls.layout_params(3, 0, 0, {"dir": "ckpt/run1", "interval_s": "30", "mtbf_s": "3600"})[2]
+        assert stored["dir"] == str(tmp_path / "ckpt" / "run1") and stored["interval_s"] == "30"
+    assert FullCheckpoint.layout_params(3, 0, 0, {"dir": "file:///x/y", "mtbf_s": "9"})[2]["dir"] == "file:///x/y"
+    monkeypatch.chdir("/")  # a second reading of the stored options (a restarted coordinator elsewhere) keeps it
+    assert FullCheckpoint.layout_params(3, 0, 0, stored)[2]["dir"] == str(tmp_path / "ckpt" / "run1")
+
+
 def test_options_are_validated(tmp_path):
     d = str(tmp_path)
     assert PartialRecovery.layout_params(4, 0, 0, {"dir": d, "interval_s": "30"}) == (4, 0, {"dir": d, "interval_s": "30"})
