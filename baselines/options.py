@@ -145,16 +145,28 @@ def layout_params(strategy: str, variant: str | None, full_only: bool, num_serve
                   options: dict) -> tuple[int, int, dict]:
     """Checkpointing keeps no parity and spreads rows over every server; the options are kept as given, but a
     relative checkpoint directory, made absolute here (on the coordinator, in its working directory): every
-    server, a replacement included, then reads and writes the same one, whatever its own working directory."""
+    server, a replacement included, then reads and writes the same one, whatever its own working directory
+    (:func:`_absolute_dir`; a map saved before keeps what it holds)."""
     if m:
         raise ValueError(f"strategy {strategy!r} keeps no parity (it checkpoints): do not pass --m")
     if k not in (0, num_servers):
         raise ValueError(f"strategy {strategy!r} spreads rows over all {num_servers} servers: do not pass --k")
     parse_options(strategy, variant, full_only, options)
     stored = {str(a): str(b) for a, b in options.items()}
-    if "://" not in stored["dir"] and not os.path.isabs(stored["dir"]):
-        stored["dir"] = os.path.abspath(stored["dir"])
+    stored["dir"] = _absolute_dir(stored["dir"])
     return num_servers, 0, stored
+
+
+def _absolute_dir(url: str) -> str:
+    """A checkpoint directory every process reads the same: a local path (``~`` expanded), or a ``file://`` or
+    ``local://`` URL's path, made absolute in this process's working directory; other URLs as given."""
+    for scheme in ("file://", "local://"):
+        if url.startswith(scheme):
+            rest = url[len(scheme):]
+            return url if rest.startswith("/") else scheme + os.path.abspath(os.path.expanduser(rest))
+    if "://" in url:
+        return url
+    return os.path.abspath(os.path.expanduser(url))
 
 
 def _spec(name: str, variant: str | None, full_only: bool, cls: str, summary: str, rank: int) -> StrategySpec:

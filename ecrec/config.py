@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import ipaddress
 import math
 import typing
 from dataclasses import dataclass, field
@@ -120,7 +121,14 @@ def bracketed_host(host: str, flag: str = "--host") -> str:
     inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if "[" in inner or "]" in inner:
         raise ValueError(f"{flag} {host!r}: brackets go around a whole IPv6 address ([::1]), or none at all")
-    return f"[{inner}]" if ":" in inner else inner
+    if ":" not in inner:
+        return inner
+    try:
+        ipaddress.IPv6Address(inner.split("%", 1)[0])  # a zone (fe80::1%eth0) is the interface's
+    except ValueError:
+        raise ValueError(f"{flag} {host!r} is neither a host name nor an IPv4 or IPv6 address (a port goes in its "
+                         "own flag)") from None
+    return f"[{inner}]"
 
 
 def check_ports(**ports: int | None) -> None:

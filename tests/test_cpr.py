@@ -633,14 +633,20 @@ def test_storage_round_trip_and_verification(tmp_path, url, memory_url):
 
 def test_a_relative_checkpoint_directory_is_stored_absolute_one_for_every_server(tmp_path, monkeypatch):
     """``dir=ckpt`` went into the map as given, and each server resolved it in its own working directory: servers
-    started from different directories (or hosts sharing a mount at different places) checkpointed apart, and a
-    replacement looked for the failed server's files where it had none.  The coordinator stores it absolute (in its
-    own working directory); an absolute path or a URL is kept as given."""
+    started from different directories checkpointed apart, and a replacement looked for the failed server's files
+    where it had none.  The coordinator stores it absolute (in its own working directory), ``file://`` and
+    ``local://`` URLs' relative paths too, ``~`` expanded; an absolute path or another URL is kept as given."""
     monkeypatch.chdir(tmp_path)
     for cls in (FullCheckpoint, PartialRecovery):
         stored = cls.layout_params(3, 0, 0, {"dir": "ckpt/run1", "interval_s": "30", "mtbf_s": "3600"})[2]
         assert stored["dir"] == str(tmp_path / "ckpt" / "run1") and stored["interval_s"] == "30"
-    assert FullCheckpoint.layout_params(3, 0, 0, {"dir": "file:///x/y", "mtbf_s": "9"})[2]["dir"] == "file:///x/y"
+    for given, want in (("file:///x/y", "file:///x/y"),
+                        ("file://ckpt", f"file://{tmp_path}/ckpt"), ("local://./ckpt", f"local://{tmp_path}/ckpt"),
+                        ("~/ckpt", os.path.expanduser("~/ckpt"))):
+        assert FullCheckpoint.layout_params(3, 0, 0, {"dir": given, "mtbf_s": "9"})[2]["dir"] == want, given
+    from baselines.options import _absolute_dir
+
+    assert _absolute_dir("s3://bucket/ckpt") == "s3://bucket/ckpt"  # another store: as given
     monkeypatch.chdir("/")  # a second reading of the stored options (a restarted coordinator elsewhere) keeps it
     assert FullCheckpoint.layout_params(3, 0, 0, stored)[2]["dir"] == str(tmp_path / "ckpt" / "run1")
 

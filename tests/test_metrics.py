@@ -184,6 +184,9 @@ def test_an_ipv6_host_is_taken_bare_or_in_brackets_and_malformed_brackets_are_re
             metrics.serve(metrics.CoordinatorCollector(lambda: None), bad, 0)
     with pytest.raises(ValueError, match="--advertise-host"):
         ServerConfig(coordinator="127.0.0.1:1", advertise_host="[::1")
+    with pytest.raises(ValueError, match="a port goes in its own flag"):
+        ServerConfig(coordinator="127.0.0.1:1", host="myhost:7000")  # not taken for an IPv6 address
+    assert ServerConfig(coordinator="127.0.0.1:1", host="fe80::1%lo").host == "[fe80::1%lo]"
     from ecrec.config import ClusterSpec
 
     assert CoordinatorConfig(cluster=ClusterSpec(num_servers=3), host="::1").host == "[::1]"

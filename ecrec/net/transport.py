@@ -23,32 +23,40 @@ from ecrec.net.refusals import REFUSALS
 _NOT_IN_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 #: ... nor characters one cannot see: text-direction controls (a name with U+202E shows reversed in logs and
 #: ``status``: it can pass for another worker's), zero-width and other invisible formatting characters (every
-#: Unicode format character, Cf, but those below), fillers that show as blanks, variation selectors (``rank1`` and
-#: ``rank1`` + U+FE00 look the same) and tags (so subdivision flag emoji too).  ``test_sdk_input`` checks every Cf
-#: character of Python's Unicode is here or in :data:`VISIBLE_FORMAT`
-_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
-                        "\u2066-\u206f\u3164\ufe00-\ufe0d\ufeff\uffa0\ufff9-\ufffb\U00013430-\U0001343f"
-                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
-                        "\U000e0100-\U000e01ef]")
+#: Unicode format character, Cf, but those below; Unicode's other default-ignorable ones), fillers that show as
+#: blanks, variation selectors (``rank1`` and ``rank1`` + U+FE00 look the same) and tags (so subdivision flag
+#: emoji too).  ``test_sdk_input`` checks every Cf character of Python's Unicode is here or in
+#: :data:`VISIBLE_FORMAT`
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180d\u180f\u200b\u200e"
+                        "\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\u2800\u3164\ufe00-\ufe0d\ufeff"
+                        "\uffa0\ufff0-\ufffb\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+                        "\U000e0000-\U000e0fff]")
 #: format characters a name may hold: the zero-width (non-)joiners scripts and emoji need, the Mongolian vowel
 #: separator, and number signs drawn above the digits that follow them (Arabic, Syriac, Kaithi)
 VISIBLE_FORMAT = "\u0600\u0601\u0602\u0603\u0604\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200c\u200d" \
                  "\U000110bd\U000110cd"
+#: ... but the joiners and the Mongolian separator only between two characters of other scripts, and the emoji
+#: presentation selectors only after one (``rank1`` + U+200D, or + U+FE0F, looks like ``rank1``)
+_LONE_JOINER = re.compile("(?:^|[\x00-\x7f])[\u180e\u200c\u200d\ufe0e\ufe0f]|[\u180e\u200c\u200d](?:$|[\x00-\x7f])")
 
 
 def worker_name_problem(name: str) -> str | None:
     """What keeps ``name`` from being a worker's name in push ids, logs and ``status`` (None: nothing)."""
     found = _NOT_IN_A_NAME.search(name)
     if found is not None:
-        what = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
-                "a control character or line separator")
+        what, at = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
+                    "a control character or line separator"), found.start()
+    elif (found := _INVISIBLE.search(name)) is not None:
+        what, at = "an invisible or text-direction formatting character", found.start()
+    elif (found := _LONE_JOINER.search(name)) is not None:
+        at = found.start() + (1 if found.group()[0] < "\x80" and len(found.group()) > 1 else 0)
+        what = "a joiner or presentation selector beside nothing it could join (it would not show)"
+    elif name != name.strip():
+        return "begins or ends with white space (the name would look like one without it): name workers with printable text"
     else:
-        found = _INVISIBLE.search(name)
-        if found is None:
-            return None
-        what = "an invisible or text-direction formatting character"
-    return (f"holds {what} ({found.group()!r}, U+{ord(found.group()):04X}, at character {found.start()}): name "
-            "workers with printable text")
+        return None
+    char = name[at]
+    return f"holds {what} ({char!r}, U+{ord(char):04X}, at character {at}): name workers with printable text"
 
 
 INT64 = np.dtype("<i8")
