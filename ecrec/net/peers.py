@@ -91,6 +91,7 @@ BUSY_RETRY_S = 0.01
 #: stays busy until the snapshot is loaded again: the call would otherwise wait out its deadline in silence)
 BUSY_WARN_S = 2.0
 
+
 def note_busy(index: int, address: str, method: str, busy_s: float, details: str | None, left_s: float) -> None:
     """Logs a call a server has answered busy for :data:`BUSY_WARN_S` or more, with the server's reason (at most
     every ``WARN_EVERY_S`` per address and method; nothing in between, not even at DEBUG: retries come every

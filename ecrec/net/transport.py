@@ -52,7 +52,8 @@ def worker_name_problem(name: str) -> str | None:
         at = found.start() + (1 if found.group()[0] < "\x80" and len(found.group()) > 1 else 0)
         what = "a joiner or presentation selector beside nothing it could join (it would not show)"
     elif name != name.strip():
-        return "begins or ends with white space (the name would look like one without it): name workers with printable text"
+        return ("begins or ends with white space (the name would look like one without it): name workers with "
+                "printable text")
     else:
         return None
     char = name[at]
