@@ -174,7 +174,8 @@ def test_a_client_with_a_small_message_limit_reads_and_writes_a_table_larger_tha
                                        ("rank\u202e1", "text-direction"), ("w\u200b", "invisible"),
                                        ("rank1\ufe00", "invisible"), ("\u3164", "invisible"),
                                        ("rank1\u200d", "joiner"), ("\u200crank1", "joiner"),
-                                       ("rank1\ufe0f", "presentation selector"), ("rank1\u00a0", "white space")])
+                                       ("rank1\ufe0f", "presentation selector"), ("rank1\u00a0", "white space"),
+                                       ("rank1 ", "white space"), ("w\x7f", "control character")])
 def test_a_worker_name_no_push_could_carry_is_refused_at_connect(name, why):
     """A worker name with a lone surrogate was taken, and the first push failed in protobuf's encoder (after the
     step's pulls); one with a newline, a line separator or an escape went into every server's logs and ``status``,

@@ -46,7 +46,7 @@ from ecrec.client.rows import RowIO
 from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_step, collect, merge_lookups
 from ecrec.coding.layout import Layout
 from ecrec.net.security import tls_hint
-from ecrec.net.peers import BUSY_RETRY_S, CoordinatorClient, PeerError, Peers, PeerUnreachable, note_busy
+from ecrec.net.peers import BUSY_RETRY_S, BusyWait, CoordinatorClient, PeerError, Peers, PeerUnreachable
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
 from ecrec.tables.values import check_values
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
@@ -379,7 +379,7 @@ class Cluster:
             return
         retry_s = self.config.retry_deadline_s if retry_deadline_s is None else retry_deadline_s
         deadline = time.monotonic() + retry_s
-        said, busy_since = None, None  # what was last logged; (when, address) a server answers busy since
+        said, busy = None, BusyWait()  # what was last logged; a server's busy answers
         while True:
             with self._lock:
                 live = live_servers(self.map).get(index) if self.map is not None else None
@@ -402,12 +402,10 @@ class Cluster:
             except grpc.RpcError as exc:
                 now = time.monotonic()
                 if exc.code() == grpc.StatusCode.ABORTED and now < deadline:  # busy for a moment
-                    if busy_since is None or busy_since[1] != live.address:
-                        busy_since = (now, live.address)
-                    note_busy(index, live.address, "Replay", now - busy_since[0], exc.details(), deadline - now)
+                    busy.note(index, live.address, "Replay", exc.details(), deadline - now)
                     time.sleep(BUSY_RETRY_S)
                     continue
-                busy_since = None
+                busy.reset()
                 if not transport.is_unavailable(exc):  # that index's answer (a step's other parts may be applied)
                     raise PeerError(index, live.address, "Replay", exc.code(),
                                     f"replaying {len(todo)} pushes: {exc.details()}") from None

@@ -92,13 +92,26 @@ BUSY_RETRY_S = 0.01
 BUSY_WARN_S = 2.0
 
 
-def note_busy(index: int, address: str, method: str, busy_s: float, details: str | None, left_s: float) -> None:
-    """Logs a call a server has answered busy for :data:`BUSY_WARN_S` or more, with the server's reason (at most
-    every ``WARN_EVERY_S`` per address and method; nothing in between, not even at DEBUG: retries come every
-    :data:`BUSY_RETRY_S`)."""
-    if busy_s >= BUSY_WARN_S and warn_level(("busy", address, method)) == logging.WARNING:
-        log.warning("server %d (%s) %s: busy for %.0f s (%s); retrying for up to %.0f s more", index, address,
-                    method, busy_s, details, max(0.0, left_s))
+class BusyWait:
+    """One call's wait on a server that answers it busy (ABORTED): logged with the server's reason once it has lasted
+    :data:`BUSY_WARN_S` at one address, then at most every ``WARN_EVERY_S`` per address and method, with nothing in
+    between (not even at DEBUG: retries come every :data:`BUSY_RETRY_S`)."""
+
+    def __init__(self):
+        self.since, self.address = 0.0, None
+
+    def note(self, index: int, address: str, method: str, details: str | None, left_s: float) -> None:
+        """The server at ``address`` answered busy again (``details``: its reason; ``left_s``: the call's time left)."""
+        now = time.monotonic()
+        if address != self.address:
+            self.since, self.address = now, address
+        if now - self.since >= BUSY_WARN_S and warn_level(("busy", address, method)) == logging.WARNING:
+            log.warning("server %d (%s) %s: busy for %.0f s (%s); retrying for up to %.0f s more", index, address,
+                        method, now - self.since, details, max(0.0, left_s))
+
+    def reset(self) -> None:
+        """The call met something other than busy: a later busy answer starts a new wait."""
+        self.address = None
 
 
 #: how a coordinator that does not lead starts its refusal; the leader's address follows "the leader is "
@@ -403,7 +416,7 @@ class Peers:
         deadline = time.monotonic() + (self.retry_deadline_s if retry_deadline_s is None else retry_deadline_s)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         coordinator_failed = None  # the last map fetch's error (a coordinator that does not answer)
-        busy_since = None  # (when, address): the server answering busy (ABORTED) to this call since then
+        busy = BusyWait()
         while True:
             if prepare is not None:
                 prepare(index)
@@ -417,11 +430,10 @@ class Peers:
                         now = time.monotonic()
                         if now > deadline:
                             raise PeerError(index, address, method, exc.code(), exc.details()) from None
-                        busy_since = (now, address) if busy_since is None or busy_since[1] != address else busy_since
-                        note_busy(index, address, method, now - busy_since[0], exc.details(), deadline - now)
+                        busy.note(index, address, method, exc.details(), deadline - now)
                         time.sleep(BUSY_RETRY_S)
                         continue
-                    busy_since = None
+                    busy.reset()
                     if not transport.is_unavailable(exc):
                         raise PeerError(index, address, method, exc.code(), exc.details()) from None
                     log.log(warn_level(("call", address)),

@@ -41,7 +41,10 @@ _LONE_JOINER = re.compile("(?:^|[\x00-\x7f])[\u180e\u200c\u200d\ufe0e\ufe0f]|[\u
 
 
 def worker_name_problem(name: str) -> str | None:
-    """What keeps ``name`` from being a worker's name in push ids, logs and ``status`` (None: nothing)."""
+    """What keeps ``name`` from being a worker's name in push ids, logs and ``status`` (None: nothing).  Servers
+    ask it of every push: a printable ASCII name, the usual one, is answered without the searches below."""
+    if name.isascii() and name.isprintable() and name == name.strip():
+        return None
     found = _NOT_IN_A_NAME.search(name)
     if found is not None:
         what, at = ("a lone surrogate (not UTF-8 text)" if "\ud800" <= found.group() <= "\udfff" else
