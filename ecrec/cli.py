@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
-from ecrec.config import (MAX_SECONDS, ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig, add_arguments,
-                          from_arguments, parse_key_values)
+from ecrec.config import (MAX_SECONDS, WILDCARD_HOSTS, ClusterSpec, CoordinatorConfig, SecurityOptions, ServerConfig,
+                          add_arguments, from_arguments, parse_key_values, state_path_problem)
 from ecrec.ops.logs import FORMATS
 
 
@@ -175,15 +175,17 @@ def _snapshot_command(args) -> int:
 
     from ecrec.client import Cluster, ClusterError
     from ecrec.config import ClientConfig
+    from ecrec.ops import logs
     from ecrec.snapshot import SnapshotError
+    from ecrec.snapshot.cluster import check_path
 
     def progress(text: str) -> None:
         print(f"  {text}", file=sys.stderr)
 
     for flag, value in (("--timeout", args.timeout), ("--wait", args.wait)):
         if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-            print(f"ecrec-server {args.command}: {flag} must be a positive number of seconds (at most "
-                  f"{MAX_SECONDS:g}), got {value}", file=sys.stderr)
+            logs.fatal(f"ecrec-server {args.command}: {flag} must be a positive number of seconds (at most "
+                       f"{MAX_SECONDS:g}), got {value}")
             return 2
     # SIGTERM (an orchestrator's stop, `timeout`) ends the command as Ctrl-C does: through the save's own
     # failure path, which takes back what it wrote once the servers' writes returned (it killed the process and
@@ -191,6 +193,11 @@ def _snapshot_command(args) -> int:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        check_path(args.path)  # before the cluster is waited for
+    except SnapshotError as exc:
+        logs.fatal(f"ecrec-server {args.command}: {exc}")
+        return 2
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),
@@ -209,14 +216,17 @@ def _snapshot_command(args) -> int:
         signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
         what = ("the snapshot was not taken: what it wrote is taken back" if args.command == "snapshot" else
                 "the restore did not complete: run it again (a table not reached yet may be refused until then)")
-        print(f"ecrec-server {args.command}: interrupted ({signal.Signals(signum).name}); {what}", file=sys.stderr)
+        logs.fatal(f"ecrec-server {args.command}: interrupted ({signal.Signals(signum).name}); {what}")
         return 128 + signum
-    except (SnapshotError, ClusterError, ValueError, OSError) as exc:
-        print(f"ecrec-server {args.command}: {exc}", file=sys.stderr)
+    except (SnapshotError, ClusterError, OSError) as exc:  # (before ValueError: a SnapshotError is one)
+        logs.fatal(f"ecrec-server {args.command}: {exc}")
         return 1
+    except ValueError as exc:  # what was asked cannot be (an address with no port)
+        logs.fatal(f"ecrec-server {args.command}: {exc}")
+        return 2
     except grpc.RpcError as exc:  # a call with no retry of its own (the map's first read) ran out of time
-        print(f"ecrec-server {args.command}: the cluster at {args.coordinator}: {exc.code().name}: {exc.details()}",
-              file=sys.stderr)
+        logs.fatal(f"ecrec-server {args.command}: the cluster at {args.coordinator}: {exc.code().name}: "
+                   f"{exc.details()}")
         return 1
     finally:
         if previous is not None:
@@ -279,7 +289,9 @@ def _restore_when_ready(coordinator, address: str, path: str, config, done: thre
         return
     try:
         security = {f.name: getattr(config, f.name) for f in dataclasses.fields(SecurityOptions)}
-        cluster = Cluster.connect(address, ClientConfig(**security, rpc_timeout_s=600.0), worker="coordinator-restore")
+        # (a coordinator stopped during the restore does not wait at exit for its pushes: the restore is cut short)
+        cluster = Cluster.connect(address, ClientConfig(**security, rpc_timeout_s=600.0, confirm_at_exit_s=0),
+                                  worker="coordinator-restore")
         try:
             manifest = cluster.load(path, on_progress=lambda text: log.info("restore: %s", text))
         finally:
@@ -329,7 +341,25 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:
         print("ecrec-server: interrupted", file=sys.stderr)
+        if argv is None:  # this process's own command line: its status is 130, whatever Python would make of it
+            exit_now(130)
         return 130
+
+
+def exit_now(code: int) -> None:
+    """Ends this process with status ``code`` after its exit handlers, its logs and its streams are done.  After a
+    Ctrl-C that was handled, Python itself may still end the process by SIGINT (status -2 instead of 130: seen
+    about once in 40 Ctrl-Cs while ``local`` started, the interpreter raising SIGINT against itself 0.1 s after
+    the line was printed); leaving through ``os._exit`` keeps the status a caller reads."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -438,6 +468,14 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if args.store != "etcd" and args.etcd_members is not None:
         logs.fatal("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)")
+        return 2
+    if args.host.strip("[]") in WILDCARD_HOSTS:  # (serve's advice, --advertise-host, is no flag of local's)
+        logs.fatal(f"ecrec-server local: --host {args.host} binds every interface, so it is no address local's "
+                   "processes reach each other at: give one (127.0.0.1, the default, or this host's IP)")
+        return 2
+    problem = state_path_problem(args.state_path)
+    if problem:
+        logs.fatal(f"ecrec-server local: {problem}")
         return 2
     if args.state_path and os.path.exists(args.state_path) and os.path.getsize(args.state_path) > 0:
         # the map of a cluster whose servers are gone: its tables with new, empty servers are all lost stripes

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import ipaddress
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,8 +41,9 @@ class ClusterSpec:
 
     num_servers: int = option(REQUIRED, "number of active embedding servers in the cluster", flag="--servers")
     strategy: str = option("none", "fault-tolerance strategy by name (entry-point group ecrec.strategies)")
-    k: int = option(0, "data rows per stripe (erasure-coding strategies; 0: the strategy decides)")
-    m: int = option(0, "parity rows per stripe = failures survived (erasure-coding strategies; 0: no parity)")
+    k: int = option(0, "data rows per stripe (erasure-coding strategies need it >= 1; 0: no stripes)")
+    m: int = option(0, "parity rows per stripe = failures survived (erasure-coding strategies need it >= 1; 0: no "
+                       "parity)")
     strategy_options: dict = option(None, "strategy options as KEY=VALUE strings", flag="--option",
                                     default_factory=dict)
 
@@ -310,6 +312,19 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
         check_ports(port=self.port, metrics_port=self.metrics_port)
         check_numbers(self, zero_allowed=("max_server_bytes",), skip=("port", "metrics_port"))  # 0: the default
         self.host = bracketed_host(self.host)
+        problem = state_path_problem(self.state_path)  # (found at the first save before)
+        if problem:
+            raise ValueError(problem)
+
+
+def state_path_problem(path: str | None) -> str | None:
+    """Why a coordinator cannot keep its map in the file ``path`` (``--state-path``), or None."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return f"--state-path {path} is a directory: name the file the map is kept in (it is made if missing)"
+    folder = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(folder) else f"--state-path {path}: no directory {folder} to keep it in"
 
 
 @dataclass
@@ -321,13 +336,26 @@ class ClientConfig(SecurityOptions):
                                             "the shards on every server)")
     retry_deadline_s: float = option(120.0, "how long a call keeps retrying through failures")
     max_message_bytes: int = option(256 * 1024 * 1024, "largest gRPC message sent or received")
+    max_ids_per_request: int = option(1 << 22, "most row ids one request names, as the servers' "
+                                               "--max-ids-per-request: a step that would send more to a server is "
+                                               "refused before anything is sent, a pull is sent in pieces")
     idle_poll_s: float = option(0.25, "while this worker holds unconfirmed pushes and makes no call, a background "
                                       "thread pulls a row of each of their owners this often: confirmations come "
                                       "back, and an owner's replacement gets them replayed (0: only at the "
                                       "worker's next call)")
+    confirm_at_exit_s: float = option(10.0, "a worker whose process ends without close() waits at exit this long "
+                                            "for its pushes to be confirmed, as close() does (an owner failing "
+                                            "after it is gone would lose those still unconfirmed; 0: no wait)")
+    exit_on_sigterm: bool = option(True, "where SIGTERM has no handler (torchrun, SLURM and Kubernetes stop workers "
+                                         "with it), a client made in the main thread makes it wait as above for "
+                                         "this process's unconfirmed pushes, then end the process as the signal "
+                                         "would have (a program's own handler is left alone; "
+                                         "ecrec.client.termination)")
 
     def __post_init__(self) -> None:
-        check_numbers(self, zero_allowed=("idle_poll_s",))
+        check_numbers(self, zero_allowed=("idle_poll_s", "confirm_at_exit_s"))
+        if not isinstance(self.exit_on_sigterm, bool):  # "no" was taken, and turned it on
+            raise ValueError(f"exit_on_sigterm {self.exit_on_sigterm!r}: must be True or False")
 
 
 # --- the command line, built from the fields ------------------------------------------------------------------

@@ -13,8 +13,9 @@ Points (where the server calls :func:`hit`):
 - ``before_parity_apply``: a parity server received a batch and dies before applying it (counted once
   per push the batch carries);
 - ``during_rebuild``: a replacement dies in the middle of its background rebuild;
-- ``during_replay``: a replacement dies after applying a push a worker replayed to it (the worker's
-  replay of its unconfirmed pushes then continues at the next replacement);
+- ``during_replay``: a replacement dies after a push a worker replayed to it is applied, or found applied
+  already (its parity reached the survivors before the owner died, so the rebuild brought it back); the
+  worker's replay of its unconfirmed pushes then continues at the next replacement;
 - ``during_create``: a server dies while it creates a table's shard (the coordinator waits for its answer).
 
 ``point@n:hold=PATH`` pauses the thread at the n-th passage until the file ``PATH`` exists, instead of

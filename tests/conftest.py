@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -104,6 +105,27 @@ def pytest_collection_modifyitems(config, items):
     """Benchmark runs first (``benchmark`` marker: an ``ecrec-bench`` command end to end, tens of seconds): the
     workers (pytest-xdist) take tests in this order, so the longest ones do not start last."""
     items.sort(key=lambda item: item.get_closest_marker("benchmark") is None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Clients tests left open are closed here, quietly and without waiting for confirmations from clusters the
+    teardowns killed (``ClientConfig.confirm_at_exit_s``; the tests of that wait run their workers as processes of
+    their own).  Left to the exit handler, each logged its unconfirmed pushes after pytest had closed the streams
+    its logging wrote to ("I/O operation on closed file")."""
+    from ecrec.client import cluster
+
+    clients = list(cluster._OPEN_CLIENTS)
+    for client in clients:
+        client.config.confirm_at_exit_s = 0
+    logging.disable(logging.WARNING)
+    try:
+        for client in clients:
+            try:
+                client.close(confirm_timeout_s=0)
+            except Exception:  # noqa: BLE001 - a client of a cluster already gone; the others are still closed
+                pass
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def pytest_addoption(parser):

@@ -376,12 +376,17 @@ def test_connecting_to_an_address_nobody_serves_says_so_while_it_waits(caplog):
 
 def test_a_closed_client_refuses_every_call_naming_why_and_changes_nothing(make_cluster):
     """After ``close()`` some calls failed with gRPC's raw ``ValueError`` and others quietly reopened a channel --
-    a step even pushed; now each raises ``ClusterError`` saying the client is closed, and closing again is harmless."""
+    a step even pushed; now each raises ``ClusterError`` saying the client is closed, and closing again is harmless.
+    A client used as a context manager is closed at the end of its block."""
     from ecrec.client import EmbeddingBag
 
     local = make_cluster(servers=2)
     client = Cluster.connect(local.coordinator_address)
     client.create_table("t", 10, 2, optimizer="sgd", lr=1.0)
+    with Cluster.connect(local.coordinator_address) as scoped:
+        assert scoped.pull("t", [1]).shape == (1, 2)
+    with pytest.raises(ClusterError, match="is closed: connect again"):
+        scoped.pull("t", [1])
     bag = EmbeddingBag(client, "t")
     watcher = Cluster.connect(local.coordinator_address)
     try:

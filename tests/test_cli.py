@@ -229,6 +229,11 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "max_message_bytes (--max-message-bytes) 0: must be at least 65536" in r.stderr
     r = run("serve", "--coordinator", "127.0.0.1:1", "--rpc-timeout-s", "nan")
     assert r.returncode == 2 and "rpc_timeout_s (--rpc-timeout-s) nan: must be a finite number > 0" in r.stderr
+    # a --state-path the coordinator cannot keep its map in: said at its first save before, naming a temporary file
+    r = run("coordinator", "--port", "0", "--servers", "2", "--state-path", "/nonexistent/dir/map.pb")
+    assert r.returncode == 2 and "--state-path /nonexistent/dir/map.pb: no directory /nonexistent/dir" in r.stderr
+    r = run("coordinator", "--port", "0", "--servers", "2", "--state-path", "/tmp")
+    assert r.returncode == 2 and "--state-path /tmp is a directory: name the file" in r.stderr
     r = run("coordinator", "--port", "0", "--servers", "2", "--health-interval", "0")
     assert r.returncode == 2 and "health_interval_s (--health-interval) 0.0: must be a finite number > 0" in r.stderr
     r = run("status", "--coordinator", "127.0.0.1:1", "--timeout", "nan")  # DEADLINE_EXCEEDED before
@@ -239,6 +244,16 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "must be a finite number > 0 and at most 1e+08 (seconds)" in r.stderr
     r = run("snapshot", "--coordinator", "127.0.0.1:1", "--timeout", "1e10", "/tmp/x")  # a traceback before
     assert r.returncode == 2 and "--timeout must be a positive number of seconds (at most 1e+08)" in r.stderr
+    # usage errors of snapshot/restore are usage errors (status 1 before), found before the cluster is waited for
+    r = run("snapshot", "--coordinator", "foo", "/tmp/x")
+    assert r.returncode == 2 and "coordinator address 'foo': not host:port" in r.stderr, r.stderr
+    for command, path in (("snapshot", "memory://x"), ("restore", "memory://x"), ("snapshot", "")):
+        r = run(command, "--coordinator", "127.0.0.1:1", "--wait", "30", path)
+        assert r.returncode == 2 and ("memory filesystem lives inside one process" in r.stderr or
+                                      "the snapshot path is empty" in r.stderr), r.stderr
+    r = run("--log-format", "json", "snapshot", "--coordinator", "127.0.0.1:1", "--timeout", "-1", "/tmp/x")
+    last = json.loads(r.stderr.strip().splitlines()[-1])  # a command's last word is a JSON object (plain text before)
+    assert r.returncode == 2 and "--timeout must be a positive number" in last["message"], r.stderr
     r = run("status", "--coordinator", "127.0.0.1:1", "--wait", "nan")
     assert r.returncode == 2 and "--wait must be >= 0 seconds, got nan" in r.stderr
     r = run("local", "--servers", "2", "--standby", "-1")
@@ -363,7 +378,13 @@ def test_local_refuses_coordinator_and_etcd_counts_that_cannot_be():
                                     capture_output=True, text=True, timeout=60)
     for args, said in [(["--coordinators", "0"], "0 coordinators: a cluster needs at least 1"),
                        (["--etcd-members", "3"], "--etcd-members is for --store etcd"),
-                       (["--store", "etcd", "--etcd-members", "0"], "0 etcd members: an etcd store needs at least 1")]:
+                       (["--store", "etcd", "--etcd-members", "0"], "0 etcd members: an etcd store needs at least 1"),
+                       # serve's advice (--advertise-host) was given, a flag local does not take
+                       (["--host", "0.0.0.0"], "--host 0.0.0.0 binds every interface, so it is no address local's"),
+                       # a directory was said to hold 'the map of an earlier cluster ... DATA LOSS'
+                       (["--state-path", "/tmp"], "--state-path /tmp is a directory: name the file"),
+                       # failed after the start naming a temporary file
+                       (["--state-path", "/nonexistent/dir/map.pb"], "no directory /nonexistent/dir to keep it in")]:
         r = run(*args)
         assert r.returncode == 2 and said in r.stderr and r.stdout == "", (args, r.returncode, r.stderr[-500:])
 

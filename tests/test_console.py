@@ -205,6 +205,12 @@ def test_a_client_config_refuses_a_deadline_or_bound_that_is_no_positive_number(
     with pytest.raises(ValueError, match=r"idle_poll_s .* must be a finite number >= 0"):
         ClientConfig(idle_poll_s=-0.5)
     assert ClientConfig(idle_poll_s=0).idle_poll_s == 0  # 0: off, as documented
+    with pytest.raises(ValueError, match=r"confirm_at_exit_s .* must be a finite number >= 0"):
+        ClientConfig(confirm_at_exit_s=float("nan"))
+    assert ClientConfig(confirm_at_exit_s=0).confirm_at_exit_s == 0  # 0: no wait at exit
+    for bad in ("no", 0, None):  # "no" was taken, and turned the handler on
+        with pytest.raises(ValueError, match=r"exit_on_sigterm .*: must be True or False"):
+            ClientConfig(exit_on_sigterm=bad)
     with pytest.raises(ValueError, match="max_message_bytes .* 1000: must be at least 65536"):
         ServerConfig(coordinator="127.0.0.1:1", max_message_bytes=1000)
     assert ServerConfig(coordinator="127.0.0.1:1", map_refresh_interval_s=0.0).map_refresh_interval_s == 0.0

@@ -98,6 +98,24 @@ def test_a_replayed_push_is_released_or_held_by_the_incarnation_that_answered(al
     assert courier.held_elsewhere(0, "old") == (not already_applied)
 
 
+def test_batches_ride_along_within_the_room_a_request_has_and_the_rest_wait_in_order():
+    """The courier put every batch it held for a server into the worker's next request there, whatever its size:
+    a step's part could grow past the message limit and be refused while the other parts were applied."""
+    courier = Courier()
+    batches = [embedding_pb2.RelayBatch(destination=2, destination_id="d", batch=bytes([n]) * 1000) for n in range(5)]
+    reply = embedding_pb2.PushReply(relay=batches)
+    courier.received(0, reply)
+    request = embedding_pb2.PushRequest()
+    added = courier.attach(2, request, budget=2500)
+    assert [r.batch[0] for r in request.relay] == [0, 1] and 2000 < added <= 2500
+    assert request.ByteSize() <= 2500
+    later = embedding_pb2.PushRequest()
+    courier.received(0, embedding_pb2.PushReply(relay=[embedding_pb2.RelayBatch(destination=2, batch=b"\x09")]))
+    courier.attach(2, later)  # no budget: everything, oldest first
+    assert [r.batch[0] for r in later.relay] == [2, 3, 4, 9]
+    assert courier.pending_relay() == 0
+
+
 @pytest.mark.cluster
 def test_a_worker_gets_its_confirmations_whatever_table_comes_first_and_with_dense_only_pushes(make_cluster):
     """``wait_confirmed`` (and ``close``) ask every index that holds the worker's pushes for something it serves:

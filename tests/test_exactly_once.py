@@ -11,6 +11,9 @@ of its push id, so ``d``'s rows came back with ``P`` and the replay applied it a
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -102,6 +105,181 @@ def test_an_idle_workers_acknowledged_push_is_back_in_its_rows_after_its_owner_f
     client.wait_confirmed()
     assert_counts(client, initial, counts)
     idle.close()
+
+
+_LEAVER = """
+    import gc
+    import sys
+    import torch
+    from ecrec.client import Cluster, EmbeddingBag
+    from ecrec.config import ClientConfig
+
+    def train():
+        cluster = Cluster.connect(sys.argv[1], config=ClientConfig(rpc_timeout_s=4.0, retry_deadline_s=60.0),
+                                  worker="leaver")
+        EmbeddingBag(cluster, "t")(torch.arange(int(sys.argv[2]))[None, :]).sum().backward()
+        cluster.step()
+        print("unconfirmed", cluster.courier.unconfirmed(), flush=True)
+        return cluster
+
+    kept = train()
+    if sys.argv[3:] == ["dropped"]:  # the client dropped without close(): nothing in the script refers to it
+        del kept
+        gc.collect()
+    # the script ends here, without close() (and without logging set up: the wait is said anyway)
+"""
+
+
+@pytest.mark.parametrize("client", ["kept", "dropped"])
+def test_a_worker_that_ends_without_close_leaves_no_acknowledged_push_to_its_owner_alone(make_cluster, tmp_path,
+                                                                                         client):
+    """A worker process pushes once to every row and ends without ``close()``; the owner of index 0 is killed right
+    after.  The push was acknowledged while its group stayed open at its owner (``coalesce_s``), and nothing was
+    left to replay it: the rebuilt rows came back without it.  At exit the client now waits for its pushes to be
+    confirmed, as ``close()`` does (``ClientConfig.confirm_at_exit_s``), so the rows keep it.  ``dropped``: the
+    script no longer refers to its client (a function connected, trained and returned); the client's own threads
+    keep it until it is closed, so the exit waits for it too (a client the collector could take would lose them)."""
+    kind = client
+    local, client, initial = start(make_cluster, servers=4, standby=1, options={"coalesce_s": "4"})
+    script = tmp_path / "leaver.py"
+    script.write_text(textwrap.dedent(_LEAVER))
+    ended = subprocess.run([sys.executable, str(script), local.coordinator_address, str(ROWS), kind],
+                           capture_output=True, text=True, timeout=120)
+    kill_index(local, 0)  # as soon as the worker's process is gone
+    assert ended.returncode == 0, ended.stderr
+    assert int(ended.stdout.split()[-1]) > 0, "the push was confirmed before the script ended: no window tested"
+    wait_for(lambda: _redundant(local, 0), 60, "index 0 fully redundant again")
+    assert_counts(client, initial, np.ones(ROWS, np.int64))
+    said = [line for line in ended.stderr.splitlines() if "exiting without close(): waiting up to" in line]
+    assert len(said) == 1 and "worker(s) leaver to be confirmed" in said[0], ended.stderr  # said once, by name
+    client.close()
+
+
+_TERMINATED = """
+    import multiprocessing
+    import select
+    import os
+    import signal
+    import sys
+    import time
+    import torch
+    from ecrec.client import Cluster, EmbeddingBag
+    from ecrec.config import ClientConfig
+
+    mode = sys.argv[3]
+    if mode == "own-handler":
+        signal.signal(signal.SIGTERM, lambda *a: print("mine", flush=True) or sys.exit(7))
+    cluster = Cluster.connect(sys.argv[1], config=ClientConfig(rpc_timeout_s=4.0, retry_deadline_s=60.0),
+                              worker="terminated")
+    bag = EmbeddingBag(cluster, "t")
+    everything = torch.arange(int(sys.argv[2]))[None, :]
+    bag(everything).sum().backward()
+    cluster.step()
+    if mode == "fork-child":  # a child forked from this process: SIGTERM's default action, not the parent's wait
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+        child.terminate()
+        child.join(30)
+        print("child", child.exitcode, flush=True)
+    if mode == "replaced":  # a SIGTERM comes just as the program installs a handler of its own
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda s, f: print("mine", flush=True))
+    if mode == "chained":  # a handler installed after the client's, calling the one it replaced
+        # (before the line the test waits for: a SIGTERM sent while it was being installed ran it before
+        # `replaced` was bound, a NameError; CI)
+        from ecrec.client import termination
+        termination.CHAINED_GRACE_S = 1.0  # (30 s by default)
+        replaced = signal.signal(signal.SIGTERM, lambda s, f: print("mine", flush=True) or
+                                 (replaced(s, f) if callable(replaced) else sys.exit(3)))
+    print("unconfirmed", cluster.courier.unconfirmed(), flush=True)
+    if mode == "blocked":  # the main thread blocked for good in a call that never comes back to the program
+        select.select([os.pipe()[0]], [], [])
+    if mode == "c-sleep":  # a call in C the signal interrupts, then the program's end
+        import ctypes
+        ctypes.CDLL(None).sleep(8)
+        sys.exit(0)
+    while True:  # a training loop, until its scheduler stops it with SIGTERM
+        if mode == "training":
+            bag(everything).sum().backward()
+            cluster.step()
+        else:
+            time.sleep(0.05)
+"""
+
+
+def _terminated(local, mode: str, tmp_path, after_s: float = 0.0, send: bool = True):
+    """Runs the script above; once it has pushed (and ``after_s`` more), SIGTERM (``send``); returns (its status,
+    its stdout, its stderr, seconds from the signal to its end)."""
+    import signal
+    import time
+
+    script = tmp_path / "terminated.py"
+    script.write_text(textwrap.dedent(_TERMINATED))
+    proc = subprocess.Popen([sys.executable, str(script), local.coordinator_address, str(ROWS), mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2 if mode == "fork-child" else 1)]
+        assert lines[-1].startswith("unconfirmed"), (lines, proc.stderr.read() if proc.poll() is not None else "")
+        time.sleep(after_s)
+        sent = time.monotonic()
+        if send:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120 if send else 60)
+        print(f"{mode}: ended {time.monotonic() - sent:.1f} s after SIGTERM, status {proc.returncode}")
+        return proc.returncode, "".join(lines) + out, err, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["idle", "blocked", "training"])
+def test_a_worker_stopped_with_sigterm_leaves_no_acknowledged_push_to_its_owner_alone(make_cluster, tmp_path, mode):
+    """torchrun, SLURM and Kubernetes stop a worker with SIGTERM: a script with no handler for it died at once, its
+    acknowledged pushes left to their owners (open groups, ``coalesce_s``), and the owner of index 0 killed right
+    after lost them (the rows came back without the push).  The client now waits for their confirmations first,
+    on a thread of its own (``ClientConfig.exit_on_sigterm``), then the process ends by the signal as before: idle,
+    with its main thread blocked in a call that never returns, or training (a push in flight is let finish and is
+    waited for; none starts after the signal, so no step is applied by some servers only)."""
+    local, client, initial = start(make_cluster, servers=4, standby=1, options={"coalesce_s": "4"})
+    status, out, err, took = _terminated(local, mode, tmp_path, after_s=1.0 if mode == "training" else 0.0)
+    kill_index(local, 0)  # as soon as the worker's process is gone
+    assert int(out.split()[-1]) > 0, "the push was confirmed before the signal: no window tested"
+    wait_for(lambda: _redundant(local, 0), 60, "index 0 fully redundant again")
+    if mode == "training":  # every step pushes 1 to every row: the rows agree on how many were applied
+        payload = client.read_payload("t")[1]
+        applied = np.unique((initial[:, :DIM] - payload[:, :DIM]).round().astype(np.int64))
+        assert len(applied) == 1 and applied[0] >= 1, applied
+    else:
+        assert_counts(client, initial, np.ones(ROWS, np.int64))
+    assert status == -15 and took < 30, (status, took, err)  # ended by the signal, as without the wait
+    assert "SIGTERM: waiting up to" in err and "SIGTERM: ending (every push confirmed)" in err, err
+    assert "Traceback" not in err, err
+    client.close()
+
+
+def test_sigterm_is_left_to_a_program_that_handles_it_and_to_forked_children(make_cluster, tmp_path):
+    """A program's own SIGTERM handler is left alone; a child forked from a worker has SIGTERM's default action
+    (the parent's handler printed its wait and exited 143 there); a worker holding no unconfirmed push ends at
+    once."""
+    local, client, initial = start(make_cluster, servers=4, standby=1)
+    status, out, err, _ = _terminated(local, "own-handler", tmp_path)
+    assert status == 7 and "mine" in out and "SIGTERM:" not in err, (status, out, err)
+    status, out, err, _ = _terminated(local, "fork-child", tmp_path, after_s=2.0)  # (its push confirmed by then)
+    assert "child -15" in out, (out, err)
+    assert status == -15 and "SIGTERM: waiting" not in err, (status, err)
+    # a handler installed later that calls the one it replaced gets what it expects of it, the signal's default
+    # action, after the wait and a grace for its own work (it lived on: ours did nothing then)
+    status, out, err, took = _terminated(local, "chained", tmp_path)
+    assert "mine" in out and status == -15 and took < 30, (status, took, out, err)
+    # a SIGTERM that came while the client's handler was installed, read from the pipe only after the program had
+    # installed its own: it was lost, and the process lived on (CI: the chained case above timed out)
+    status, out, err, took = _terminated(local, "replaced", tmp_path, send=False)
+    assert status == -15 and took < 30, (status, took, out, err)
+    # a call in C the signal interrupted returned early, and the program that then ended exited 0
+    status, out, err, took = _terminated(local, "c-sleep", tmp_path)
+    assert status == -15 and took < 30, (status, took, out, err)
+    client.close()
 
 
 def test_parity_verification_waits_for_a_rebuild_instead_of_reporting_unbuilt_rows(make_cluster, tmp_path):

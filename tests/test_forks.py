@@ -108,10 +108,13 @@ def test_an_environment_the_warm_parent_cannot_give_is_left_to_a_process_of_its_
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
 
-def _spawn_with_pid(server: forks.ForkServer, pid: int, tries: int = 200) -> forks.Forked | None:
-    """A child of ``server`` given ``pid`` (the kernel hands out ``ns_last_pid + 1`` next: another process may fork
-    between the write and the warm parent's fork, so it is tried again); None when it never came."""
-    for _ in range(tries):
+def _spawn_with_pid(server: forks.ForkServer, pid: int, timeout_s: float = 180.0) -> forks.Forked | None:
+    """A child of ``server`` given ``pid`` (the kernel hands out ``ns_last_pid + 1`` next: another process may fork,
+    or start a thread, between the write and the warm parent's fork, so it is tried again, for as long as
+    ``timeout_s``: beside a loaded test run's gRPC servers, 200 tries in a row once all lost that race); None when
+    it never came."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         with open(NS_LAST_PID, "w") as f:
             f.write(str(pid - 1))
         child = server.spawn(["--log-level", "WARNING", "serve", "--coordinator", "127.0.0.1:9",
@@ -133,7 +136,7 @@ def test_a_child_given_the_pid_of_one_that_exited_is_not_read_as_exited():
         first = server.spawn(["status", "--help"], _env(), stdout=True)
         assert first.wait(timeout=30) == 0
         second = _spawn_with_pid(server, first.pid)
-        assert second is not None, f"no child was given pid {first.pid} again in 200 tries"
+        assert second is not None, f"no child was given pid {first.pid} again in 180 s of tries"
         assert second.poll() is None, "the new child was read as the exit of the one that had its pid before"
         with pytest.raises(subprocess.TimeoutExpired):
             second.wait(timeout=0.2)

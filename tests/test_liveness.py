@@ -537,3 +537,70 @@ def test_close_waits_for_confirmations_no_longer_than_it_was_told(make_cluster):
     finally:
         local.resume(paused)
     assert took < 6.0, took  # (10 s and more before; the bound is the contract, with room for a loaded machine)
+
+
+_EXITER = """
+    import sys
+    import torch
+    from ecrec.client import Cluster, EmbeddingBag
+    from ecrec.config import ClientConfig
+
+    cluster = Cluster.connect(sys.argv[1], config=ClientConfig(rpc_timeout_s=20.0, retry_deadline_s=60.0,
+                                                               confirm_at_exit_s=float(sys.argv[2])), worker="exiter")
+    EmbeddingBag(cluster, "t")(torch.arange(0, 300, 7)[None, :]).sum().backward()
+    cluster.step()
+    print("unconfirmed", cluster.courier.unconfirmed(), flush=True)
+    sys.stdin.readline()  # the test pauses the cluster meanwhile; the script then ends without close()
+"""
+
+
+@pytest.mark.cluster
+def test_a_process_that_ends_without_close_waits_for_confirmations_no_longer_than_told(make_cluster, tmp_path):
+    """A worker that ends without ``close()`` waits at exit for its pushes to be confirmed, up to
+    ``confirm_at_exit_s``: with its whole cluster paused, no call's own deadline (20 s here) or failure report
+    stretches that wait, and a Ctrl-C ends a longer one at once, saying so, with no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from ecrec.client import Cluster
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, options={"coalesce_s": 60, "coalesce_pushes": 1000,
+                                                                       "coalesce_bytes": 1 << 30})
+    setup = Cluster.connect(local.coordinator_address)
+    setup.create_table("t", 300, 4, optimizer="sgd", lr=0.1)
+    setup.close()
+    script = tmp_path / "exiter.py"
+    script.write_text(textwrap.dedent(_EXITER))
+    frozen = [p.pid for p in [*local.server_procs, local.coordinator_proc] if p.poll() is None]
+
+    def run(wait_s: str, interrupt: bool):
+        proc = subprocess.Popen([sys.executable, str(script), local.coordinator_address, wait_s], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert int(proc.stdout.readline().split()[-1]) > 0  # the group stays open: the wait has work to do
+            for pid in frozen:
+                local.pause(pid)
+            t0 = time.monotonic()
+            proc.stdin.write("end\n")
+            proc.stdin.flush()
+            if interrupt:
+                line = proc.stderr.readline()  # said after a second of waiting
+                assert "exiting without close(): waiting up to" in line and "worker(s) exiter" in line, line
+                proc.send_signal(signal.SIGINT)
+            err = proc.communicate(timeout=60)[1]
+            return time.monotonic() - t0, proc.returncode, err
+        finally:
+            for pid in frozen:
+                local.resume(pid)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    took, code, err = run("2", interrupt=False)
+    assert took < 6.0 and code == 0, (took, code, err[-2000:])  # 2 s and the interpreter's own exit
+    assert "closing worker exiter with" in err and "Traceback" not in err, err[-2000:]
+    took, code, err = run("600", interrupt=True)
+    assert took < 6.0 and code == 0, (took, code, err[-2000:])
+    assert "stopped waiting for confirmations (interrupted)" in err and "Traceback" not in err, err[-2000:]

@@ -160,9 +160,12 @@ def test_bad_loads_into_a_registered_mlp_change_nothing_on_the_servers(make_clus
     model = _dlrm(cluster, "adagrad")
     before = _dense_payloads(cluster)
     state = model.state_dict()
+    local_bias = model.state_dict()["mlp.0.bias"].clone()
     state["mlp.0.bias"] = torch.full((4,), float("nan"))
     with pytest.raises(ValueError, match="'bias' \\(dense tensor 'mlp.0.bias'.*NaN"):
         model.load_state_dict(state)
+    # nor loaded into the module (a NaN left in the local copy made every next step refuse its gradient)
+    assert torch.equal(model.state_dict()["mlp.0.bias"], local_bias)
     opt = EmbeddingOptimizer(model).state_dict()
     opt["state"]["mlp.2.weight"]["sum"] = -torch.ones(1, 4)
     with pytest.raises(ValueError, match="'mlp.2.weight'.*negative"):

@@ -200,3 +200,127 @@ def test_every_format_character_is_refused_in_a_worker_name_or_named_as_visible(
                 and chr(c) not in transport.VISIBLE_FORMAT and transport.worker_name_problem(chr(c)) is None]
     assert not unlisted, unlisted
     assert all(transport.worker_name_problem(f"\u0645{c}\u0645") is None for c in transport.VISIBLE_FORMAT)
+
+
+def _child_leaves_a_client_open(marker: str) -> None:
+    import ecrec.client.cluster as module
+
+    original = module.Cluster.close
+
+    def close(self, *args, **kwargs):
+        with open(marker, "w") as f:
+            f.write(repr(kwargs))
+        return original(self, *args, **kwargs)
+
+    module.Cluster.close = close
+    Cluster("127.0.0.1:1")  # (connects to nothing until called) left open; the child then ends
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_multiprocessing_child_closes_the_clients_it_leaves_open_when_it_ends(tmp_path, method):
+    """A client a process leaves open is closed at its exit, waiting for confirmations as ``close()`` does
+    (``ClientConfig.confirm_at_exit_s``): a ``multiprocessing`` child started by fork ends without running exit
+    handlers, so it is closed among the child's finalizers."""
+    import multiprocessing
+
+    marker = tmp_path / "closed"
+    child = multiprocessing.get_context(method).Process(target=_child_leaves_a_client_open, args=(str(marker),))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert marker.read_text() == "{'confirm_timeout_s': 0}"  # nothing held: nothing waited for
+
+
+@pytest.mark.cluster
+def test_large_lookups_go_in_pieces_and_a_step_too_large_for_one_push_is_refused_whole(make_cluster):
+    """A lookup whose rows did not fit in one reply (or named more ids than a server takes in one request) failed:
+    it is pulled in pieces now.  Gradients accumulated over several lookups of the same rows went to each server
+    with every repeat, and a step larger than a server takes was applied by some servers and refused by others
+    (``StepPartlyApplied``, not to be retried): repeats are summed before sending, as the server sums them, and a
+    step still too large for one push is refused before anything is sent, its gradients kept."""
+    from ecrec.client.steps import ClusterError
+
+    local = make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_options={"max_ids_per_request": 1000})
+    client = Cluster.connect(local.coordinator_address, ClientConfig(max_message_bytes=65536, max_ids_per_request=1000))
+    try:
+        client.create_table("t", 4000, 16, optimizer="sgd", lr=1.0, init="zeros")
+        client.create_table("u", 4000, 4, optimizer="sgd", lr=1.0, seed=3)
+        expected = client.read_rows("u", np.arange(4000))
+        # 4000 rows of 4 floats: more ids than a server takes at once; 2000 rows of 16 floats: more than a reply holds
+        np.testing.assert_array_equal(client.pull("u", np.arange(4000)).numpy(), expected)
+        np.testing.assert_array_equal(client.pull("t", np.arange(2000)).numpy(), np.zeros((2000, 16), np.float32))
+        bag = EmbeddingBag(client, "t")
+        shared = torch.arange(0, 2400, 3)  # 800 rows, ~270 per server: a push each once summed, not 3 times over
+        for _ in range(3):
+            bag(shared[None, :]).sum().backward()
+        client.step()
+        rows = client.read_rows("t", np.arange(2400))
+        np.testing.assert_array_equal(rows[::3], np.full((800, 16), -3.0, np.float32))
+        np.testing.assert_array_equal(np.delete(rows, np.arange(0, 2400, 3), axis=0), 0.0)
+        before = client.read_payload("t")[1].copy()
+        for part in (torch.arange(0, 1800), torch.arange(1800, 3600)):  # 3600 distinct rows: ~1200 per server
+            bag(part[None, :]).sum().backward()
+        with pytest.raises(ClusterError, match=r"step refused before anything was sent: server \d's part would name "
+                                               r"\d+ row ids.*, more than one push may \(1000: "
+                                               r"ClientConfig.max_ids_per_request.*; look up fewer rows"):
+            client.step()
+        np.testing.assert_array_equal(client.read_payload("t")[1], before)  # nothing applied anywhere
+        client.zero_grad()
+        assert client.step()["rows"] == 0
+        # gradients finite each, their sum not: refused whole by the worker (each server refused its part before)
+        client.create_table("s", 12, 2, optimizer="sgd", lr=1.0, init="zeros")
+        small = EmbeddingBag(client, "s")
+        for _ in range(2):
+            (small(torch.arange(12)[None, :]).sum() * 3e38).backward()
+        with pytest.raises(ClusterError, match="step refused before anything was sent: the gradient of table 's' "
+                                               "holds NaN or Inf"):
+            client.step()
+        client.zero_grad()
+        np.testing.assert_array_equal(client.read_rows("s", np.arange(12)), 0.0)
+        # rows of one float: a request of 8 bytes per id is larger than its reply
+        client.create_table("narrow", 20000, 1, optimizer="sgd", lr=1.0, seed=5)
+        narrow = client.read_rows("narrow", np.arange(20000))
+        np.testing.assert_array_equal(client.pull("narrow", np.arange(20000)).numpy(), narrow)
+        # a dense tensor whose gradient fills most of a message still goes (the margin is counted, not guessed)
+        linear = torch.nn.Linear(15000, 1, bias=False)
+        client.register_dense(linear, optimizer="sgd", lr=0.5)
+        weight = linear.weight.detach().clone()
+        linear(torch.ones(1, 15000)).sum().backward()
+        client.step()
+        np.testing.assert_array_equal(linear.weight.detach().numpy(), (weight - 0.5).numpy())
+    finally:
+        client.close()
+
+
+@pytest.mark.cluster
+def test_inputs_that_failed_with_no_word_on_what_is_wrong_are_refused_naming_it_or_taken(shared_cluster):
+    """Each of these failed far from the cause (``Value out of range: 9223372036854775808``, ``got ()`` for rows
+    given as lists, ``too many values to unpack``, a bare ``NotImplementedError``) or, for bool ids of
+    ``lookup_jagged``, was read as rows 0 and 1 (``EmbeddingBag`` refuses them)."""
+    from ecrec.client import EmbeddingBagCollection
+
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        with pytest.raises(ValueError, match=r"table 'huge': num_rows must be in \[1, 2\*\*63\)"):
+            cluster.create_table("huge", 2**63, 2)
+        cluster.create_table("listed", 2, 2, init=[[1.0, 2.0], [3.0, 4.0]])  # rows as nested lists: taken
+        np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [3, 4]])
+        cluster.write_rows("listed", [1], [[5.0, 6.0]])
+        np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [5, 6]])
+        with pytest.raises(ValueError, match="table 'listed': weights given as a list must be rows of numbers"):
+            cluster.write_rows("listed", [0, 1], [[1.0], [2.0, 3.0]])
+        np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [5, 6]])  # nothing written
+        cluster.create_table("other", 4, 2)
+        ebc = EmbeddingBagCollection(cluster, ["listed", "other"])
+        with pytest.raises(TypeError, match=r"the input of table 'listed' must be a pair \(indices, offsets\), got "
+                                            "tuple of 3"):
+            ebc([(torch.tensor([1]), torch.tensor([0]), torch.tensor([1.0])), (torch.tensor([1]), torch.tensor([0]))])
+        with pytest.raises(TypeError, match="ids must be integers, got torch.bool"):
+            ebc.lookup_jagged(["listed", "other"], torch.tensor([True, False]), torch.tensor([1, 0, 0, 1]))
+        with pytest.raises(RuntimeError, match=r'"weight" \(cluster table .listed.\): a tensor on the meta device '
+                                               "holds no data"):
+            EmbeddingBag(cluster, "listed").load_state_dict({"weight": torch.ones(2, 2, device="meta")})
+        np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [5, 6]])
+    finally:
+        cluster.close()

@@ -104,8 +104,11 @@ def test_status_is_not_redundant_without_a_replacement(make_cluster):
         status("--coordinator", local.coordinator_address)), what="index 0 FAILED")
     assert r.returncode == 1
     assert "NOT fully redundant" in r.stdout
-    r = status("--coordinator", local.coordinator_address, "--wait", "1", "--json")
+    r = status("--coordinator", local.coordinator_address, "--wait", "6", "--json")
     assert r.returncode == 1
+    # a wait that shows no rebuild said nothing for all of it: now what it waits for, every 5 s
+    assert "waiting for the cluster to be fully redundant" in r.stderr and \
+        "no server holds index 0 and no standby is registered" in r.stderr, r.stderr
     report = json.loads(r.stdout)
     assert report["fully_redundant"] is False and report["ready"] is False
     assert {s["index"]: s["state"] for s in report["servers"]} == {0: "FAILED", 1: "ACTIVE"}
@@ -119,6 +122,11 @@ def test_status_of_an_unreachable_coordinator_and_bad_arguments():
     assert r.returncode == 2 and "coordinator 127.0.0.1:" in r.stderr and "UNAVAILABLE" in r.stderr
     r = status("--coordinator", f"127.0.0.1:{port}", "--wait", "-1")
     assert r.returncode == 2 and "--wait must be >= 0" in r.stderr
+    r = status("--coordinator", f"127.0.0.1:{port}", "--wait", "1e308")  # waited for ever, saying nothing
+    assert r.returncode == 2 and "--wait must be >= 0 seconds, got 1e+308 (at most 1e+08)" in r.stderr
+    r = status("--coordinator", f"127.0.0.1:{port}", "--timeout", "1", "--wait", "6")
+    assert r.returncode == 2 and "waiting for the cluster to be fully redundant" in r.stderr and \
+        "the coordinator does not answer" in r.stderr, r.stderr
     r = status("--coordinator", f"127.0.0.1:{port}", "--timeout", "0")
     assert r.returncode == 2 and "timeout must be > 0" in r.stderr
     r = status()

@@ -44,12 +44,13 @@ class TamperingCourier(Courier):
         self.last_seq: dict[int, int] = {}  # owner index -> the newest sequence it acknowledged
         self.genuine_marks: list[embedding_pb2.ParityWatermark] = []
 
-    def attach(self, index: int, request) -> None:
-        super().attach(index, request)
+    def attach(self, index: int, request, budget: int | None = None) -> int:
+        added = super().attach(index, request, budget)
         self.seen.extend(request.relay)
         if isinstance(request, embedding_pb2.PushRequest):
             self.genuine_marks.extend(request.acks)
         self.attack(self, index, request)
+        return added + 1  # (what an attack added is not counted: the request is measured again)
 
     def pushed(self, index, request, reply) -> None:
         self.last_seq[index] = max(self.last_seq.get(index, 0), reply.seq)

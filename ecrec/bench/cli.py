@@ -64,38 +64,95 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: flags that are spans of time (attribute -> seconds per unit), at most ``ecrec.config.MAX_SECONDS`` long: 1e308
+#: passed every other check and then never ended (``profile --seconds``) or overflowed
+DURATIONS = {"seconds": 1.0, "before_s": 1.0, "after_s": 1.0, "max_s": 1.0, "cpr_interval_s": 1.0,
+             "reschedule_s": 1.0, "mtbf_hours": 3600.0, "cost_mtbf_hours": 3600.0, "job_mtbf_hours": 3600.0}
+#: sub-command -> its durations bounded by their own type instead (a modelled server's MTBF may be decades)
+OWN_BOUNDS = {"simulate": ("mtbf_hours", "job_mtbf_hours")}
+#: sub-command -> the directories it writes in (attribute, flag), created and written to before anything runs
+DIRECTORIES = {"compare": (("work_dir", "--work-dir"),), "recovery": (("work_dir", "--work-dir"),),
+               "profile": (("out", "--out"),)}
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The attributes the command line ``argv`` set itself: parsed again with every default suppressed (a flag
+    given with its default value counts as given; an abbreviation counts as the flag)."""
+    saved = []
+
+    def suppress(p: argparse.ArgumentParser) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    suppress(sub)
+            elif action.dest is not argparse.SUPPRESS:
+                saved.append((action, action.default))
+                action.default = argparse.SUPPRESS
+
+    suppress(parser)
+    try:
+        return {name for name in vars(parser.parse_args(argv)) if not name.startswith("_")}
+    finally:
+        for action, default in saved:
+            action.default = default
+
+
+def ignored_flag(args) -> str | None:
+    """A flag the command line gave (``args._given``, set by :func:`main`) where its sub-command would ignore it
+    (``ONLY_WITH`` of the sub-command's module: ``(attributes, what they need, whether the arguments have it)``),
+    as a sentence, or None: ``profile --dim 128`` without ``--rows`` profiled the quick preset's DLRM and said
+    nothing.  Called by a sub-command's own checks, after those of the values."""
+    given = getattr(args, "_given", None) or set()
+    for names, needs, has in getattr(getattr(args, "_module", None), "ONLY_WITH", ()):
+        if not has(args):
+            for name in names:
+                if name in given:
+                    return f"--{name.replace('_', '-')} needs {needs}; without it, it would be ignored"
+    return None
+
+
 def check_arguments(args) -> str | None:
     """What every sub-command refuses before it starts (exit 2), or None: a number that is not finite (NaN
-    passed every ``<= 0`` check -- a profile of 0 steps exited 0 -- and inf ran for ever or failed at the end),
-    and a file to write whose directory is missing or that is a directory (it failed after the whole run, the
-    figures lost)."""
+    passed every ``<= 0`` check -- a profile of 0 steps exited 0 -- and inf ran for ever or failed at the end), a
+    duration past ``MAX_SECONDS``, a file to write or a directory to write in that cannot be (it failed after the
+    whole run, the figures lost)."""
     import math
-    import os
 
+    from ecrec.bench.checks import directory_problem, file_problem
+    from ecrec.config import MAX_SECONDS
+
+    command = getattr(args, "command", None)
     for name, value in sorted(vars(args).items()):
         if name.startswith("_"):
             continue
         if isinstance(value, float) and not math.isfinite(value):
             return f"--{name.replace('_', '-')} must be a finite number, got {value}"
+        unit = DURATIONS.get(name)
+        if isinstance(value, (int, float)) and unit and name not in OWN_BOUNDS.get(command, ()) \
+                and value * unit > MAX_SECONDS:
+            what = "seconds" if unit == 1.0 else f"hours ({MAX_SECONDS:g} s)"
+            return f"--{name.replace('_', '-')} must be at most {MAX_SECONDS / unit:.6g} {what}, got {value:g}"
     files = [("--json", getattr(args, "json", None)), ("--plot", getattr(args, "plot", None))]
-    if getattr(args, "_module", None) is not None and args._module.__name__.endswith("results_page"):
+    if command == "results" and not getattr(args, "check", False):  # --check writes nothing
         files.append(("--out", getattr(args, "out", None)))
     for flag, path in files:
-        if not isinstance(path, str) or not path:
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path):
-            return f"{flag} {path}: is a directory; name a file to write"
-        if not os.path.isdir(folder):
-            return f"{flag} {path}: no directory {folder} to write it in (nothing was run)"
-        if not os.access(folder, os.W_OK):
-            return f"{flag} {path}: the directory {folder} cannot be written (nothing was run)"
+        if isinstance(path, str):
+            problem = file_problem(flag, path)
+            if problem:
+                return problem
+    for name, flag in DIRECTORIES.get(command, ()):
+        path = getattr(args, name, None)
+        if isinstance(path, str):
+            problem = directory_problem(flag, path)
+            if problem:
+                return problem
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._given = given_flags(parser, argv)
     problem = check_arguments(args)
     if problem is not None:
         parser.exit(2, f"ecrec-bench {args.command if hasattr(args, 'command') else ''}: error: {problem}\n")
@@ -107,14 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     # caller's handling of SIGTERM stands)
     installed = argv is None and _main_thread()
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if installed else None
+    interrupted = False
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        interrupted = True
         return 130
     finally:
         if installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if interrupted and argv is None:  # this process's own command line: status 130, whatever Python makes of
+            from ecrec.cli import exit_now  # the Ctrl-C it caught (ecrec.cli.exit_now)
+
+            exit_now(130)
 
 
 def _main_thread() -> bool:

@@ -95,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
     n = max(1, total // k)  # one stripe of k rows of n bytes
     stripes = max(1, total // (k * row))  # stripes of row-sized rows
     rows = max(1, total // row)  # delta rows (and parity slots) in the batched form
+    from ecrec.bench.checks import machine_memory
+
+    # the buffers made below (data, stripes, parity, deltas, slots, positions, parity indexes), before any is made
+    needed = k * n + stripes * k * row + 2 * rows * row + 3 * 8 * rows
+    if needed > machine_memory():
+        print(f"error: --size-mib {args.size_mib:g} (--row-bytes {row}, --k {k}) needs {needed / 1e9:,.3g} GB for its "
+              f"buffers, more than this machine's {machine_memory() / 1e9:,.1f} GB of memory", file=sys.stderr)
+        return 2
     try:
         codec = Codec(k, m, args.backend, kernel="cpu")
     except (TypeError, ValueError, RuntimeError) as exc:

@@ -90,6 +90,35 @@ PRESETS = {
 ROUNDS = 12  # failure-free rounds; the quick preset: slices of about 50 steps (the reference: two of about 25)
 
 
+def _named(args) -> list[str]:
+    """The strategies --strategies names (default every installed one), as given."""
+    return [s.strip() for s in (",".join(strategy_names()) if args.strategies is None else args.strategies).split(",")
+            if s.strip()]
+
+
+def _listed(args) -> list[str]:
+    """The installed strategies of the run; unknown names are left to run()'s own check, which names the
+    installed ones."""
+    known = strategy_names()
+    return [s for s in _named(args) if s in known]
+
+
+def _has_kind(kind: str):
+    return lambda args: any(_kind(s) == kind for s in _listed(args))
+
+
+#: flags that apply only with another (``ecrec.bench.cli.ignored_flag``): given without it, they are refused
+ONLY_WITH = (
+    (("k", "m", "snapshot_every"), "an erasure-coded strategy (ecrec) in --strategies", _has_kind("erasure")),
+    (("checkpoint_files", "checkpoint_url", "checkpoint_bandwidth_mb_s"),
+     "a checkpointing strategy (full, cpr*) in --strategies", _has_kind("checkpoint")),
+    (("checkpoint_interval_steps",), "full in --strategies", lambda a: "full" in _listed(a)),
+    (("cpr_interval_s", "target_pls"), "a cpr strategy (cpr, cpr-mfu, cpr-ssu) in --strategies",
+     lambda a: any(s.startswith("cpr") for s in _listed(a))),
+    (("pls_basis",), "--equal-pls", lambda a: a.equal_pls),
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="workload size (default quick)")
     p.add_argument("--strategies", default=None,
@@ -315,8 +344,7 @@ def run(args) -> int:
             print(f"ecrec-bench compare: {flag} must be at least 1, got {cfg[key]}", file=sys.stderr)
             return 2
     known = strategy_names()
-    strategies = [s.strip() for s in (",".join(known) if args.strategies is None else args.strategies).split(",")
-                  if s.strip()]
+    strategies = _named(args)
     if not strategies:
         print(f"ecrec-bench compare: --strategies is empty; choose from {', '.join(known)} (or leave it out: all)",
               file=sys.stderr)
@@ -372,6 +400,12 @@ def run(args) -> int:
     if args.equal_pls and not any(s in ("cpr-mfu", "cpr-ssu") for s in strategies):
         print("ecrec-bench compare: --equal-pls tunes cpr-mfu and cpr-ssu to cpr's PLS: include one of them in "
               "--strategies", file=sys.stderr)
+        return 2
+    from ecrec.bench.cli import ignored_flag
+
+    ignored = ignored_flag(args)
+    if ignored:
+        print(f"ecrec-bench compare: {ignored}", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
     from ecrec.net.transport import tune_allocator

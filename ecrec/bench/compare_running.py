@@ -32,6 +32,7 @@ STANDBY_IDLE_CPU = 0.05  # CPU seconds per second below which a freshly started 
 STANDBY_IDLE_SAMPLE_S = 0.5  # over at least this long
 STANDBY_SETTLE_LIMIT_S = 60.0  # and at most this long after it was started
 REDUNDANT_WAIT_S = 120.0  # after the last step, how long the results wait for ecrec's last rebuild to finish
+CLOSE_CONFIRM_S = 5.0  # at close, how long a run waits for its last pushes to be confirmed (0 warned every run)
 
 
 
@@ -358,8 +359,8 @@ class StrategyRun:
         client = self._result.get("cluster") if isinstance(self._result, dict) else None
         if client is None and self.trainer is not None:  # not finished (a profile's slices, an interrupted run)
             client = getattr(self.trainer, "cluster", None)
-        if client is not None:  # its idle keeper would poll a cluster that is gone
-            client.close(confirm_timeout_s=0)
+        if client is not None:  # its idle keeper would poll a cluster that is gone; its last pushes confirmed first
+            client.close(confirm_timeout_s=CLOSE_CONFIRM_S)
         self.local.close()
         if not self.args.keep:
             shutil.rmtree(self.records_dir, ignore_errors=True)

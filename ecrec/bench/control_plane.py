@@ -100,6 +100,20 @@ def run(args) -> int:
     if error:  # before any process starts
         print(f"ecrec-bench control-plane: --servers {args.servers}: {error}", file=sys.stderr)
         return 2
+    from ecrec.bench.checks import tables_problem
+
+    problem = tables_problem(f"--rows {args.rows} x --dim {args.dim} (in each of two clusters)", 2, args.rows,
+                             args.dim, "adagrad", 2, 1)
+    if problem:
+        print(f"ecrec-bench control-plane: {problem}", file=sys.stderr)
+        return 2
+    from ecrec.control.etcd_local import etcd_binary
+
+    try:
+        etcd_binary()  # found before the file cluster starts, not after
+    except FileNotFoundError as exc:
+        print(f"ecrec-bench control-plane: {exc} (the etcd cluster needs it; nothing was started)", file=sys.stderr)
+        return 2
     load_before = os.getloadavg()
     clusters = {}
     try:

@@ -47,6 +47,22 @@ import time
 from pathlib import Path
 
 
+def _erasure(args) -> bool:
+    from ecrec.strategies import available, get_spec
+
+    # an unknown name is refused by its own check, with the names there are
+    return any(s in available() and get_spec(s).kind == "erasure" for s in (args.strategy, args.against) if s)
+
+
+#: flags that apply only with another (``ecrec.bench.cli.ignored_flag``): given without it, they are refused
+ONLY_WITH = (
+    (("dim", "tables", "optimizer", "batch_size", "ids_per_sample"), "--rows (the quick preset's DLRM has shapes "
+                                                                      "of its own)", lambda a: a.rows is not None),
+    (("k", "m"), "an erasure strategy as --strategy or --against", _erasure),
+    (("server", "rate", "top"), "py-spy's sampling, which --no-py-spy turns off", lambda a: not a.no_py_spy),
+)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--strategy", default="ecrec", help="strategy of the cluster (default ecrec)")
     p.add_argument("--servers", type=int, default=4, help="embedding servers (default 4)")
@@ -66,9 +82,9 @@ def add_arguments(p) -> None:
                         "train in alternate slices): the report adds what --strategy adds per row update, by part, "
                         "and the step times side by side")
     p.add_argument("--rounds", type=int, default=6,
-                   help="--against: both clusters run side by side, each training a slice of --seconds / ROUNDS per "
-                        "round, the order alternating; the report gives the median and spread over the rounds of "
-                        "what the strategy adds (default 6)")
+                   help="rounds, in each of which every cluster trains a slice of --seconds / ROUNDS; with --against "
+                        "the two run side by side, the order alternating, and the report gives the median and spread "
+                        "over the rounds of what the strategy adds (default 6)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy option of --strategy's cluster (repeatable; e.g. coalesce_bytes=1048576)")
     p.add_argument("--against-option", action="append", default=[], metavar="KEY=VALUE",
@@ -409,6 +425,15 @@ def _check(args) -> str:
                         ("--ids-per-sample", args.ids_per_sample)):
         if value < 1:
             return f"{flag} must be >= 1"
+    if args.rows is not None:  # the clusters run side by side, each with its tables
+        from ecrec.bench.checks import tables_problem
+
+        erasure = _erasure(args)
+        problem = tables_problem(f"--tables {args.tables} x --rows {args.rows} x --dim {args.dim}",
+                                 args.tables * (2 if args.against else 1), args.rows, args.dim, args.optimizer,
+                                 *((args.k, args.m) if erasure else (0, 0)))
+        if problem:
+            return problem
     from ecrec.strategies import get_spec
     from ecrec.strategies.registry import cluster_error
 
@@ -424,4 +449,6 @@ def _check(args) -> str:
         error = cluster_error(strategy, args.servers, args.k if erasure else 0, args.m if erasure else 0, options)
         if error:
             return f"{flag}: {error}"
-    return ""
+    from ecrec.bench.cli import ignored_flag
+
+    return ignored_flag(args) or ""

@@ -34,8 +34,9 @@ class QuickWorkload:
     def __init__(self, strategy: str, args, out: Path, options: dict[str, str]):
         from ecrec.bench import compare
 
+        # the keys compare's _config adds to a preset: none given (full: interval_steps, then the warm saves')
         cfg = dict(compare.PRESETS["quick"], servers=args.servers, k=args.k, m=args.m, steps=100_000,
-                   strategy_options={strategy: dict(options)})
+                   checkpoint_interval_steps=None, cpr_interval_s=None, strategy_options={strategy: dict(options)})
         cargs = Namespace(dataset="synthetic", seed=0, mtbf_hours=None, checkpoint_interval_steps=None, workers=1,
                           keep=False)
         data_path, _ = compare.prepare_data(cargs, cfg, out)

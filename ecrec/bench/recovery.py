@@ -74,6 +74,18 @@ COORDINATOR_OPTIONS = dict(health_timeout_s=5, failure_timeout_s=15, failures_be
 OPTIMIZERS = ("adagrad", "sgd")
 
 
+def _strategies(args) -> list[str]:
+    return [s.strip() for s in args.strategies.split(",") if s.strip()]
+
+
+#: flags that apply only with another (``ecrec.bench.cli.ignored_flag``): given without it, they are refused
+ONLY_WITH = (
+    (("batch_size", "ids_per_sample", "before_s", "after_s", "max_s", "mtbf_hours", "failures", "cost_mtbf_hours",
+      "target_pls"), "--during-training", lambda a: a.during_training),
+    (("k", "m", "option"), "ecrec among --strategies", lambda a: "ecrec" in _strategies(a)),
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=400_000, help="rows per table (default 400000)")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
@@ -125,7 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_args(args) -> str | None:
     """The first problem with the arguments, as a sentence, or None."""
     known = ("ecrec", "full", "cpr", "none")
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    strategies = _strategies(args)
     if not strategies:
         return "--strategies is empty"
     unknown = [s for s in strategies if s not in known]
@@ -152,6 +164,13 @@ def check_args(args) -> str | None:
             return "--k and --m must be >= 1"
         if args.k + args.m > args.servers:
             return f"k + m = {args.k + args.m} exceeds --servers {args.servers}"
+    from ecrec.bench.checks import tables_problem
+
+    k, m = (args.k, args.m) if "ecrec" in strategies else (0, 0)
+    problem = tables_problem(f"--tables {args.tables} x --rows {args.rows} x --dim {args.dim}", args.tables,
+                             args.rows, args.dim, args.optimizer, k, m)
+    if problem:
+        return problem
     for item in args.option:
         if "=" not in item:
             return f"--option {item!r} is not KEY=VALUE"
@@ -162,7 +181,9 @@ def check_args(args) -> str | None:
             parse(dict(item.split("=", 1) for item in args.option)).validate()
         except ValueError as exc:
             return f"--option: {exc}"
-    return None
+    from ecrec.bench.cli import ignored_flag
+
+    return ignored_flag(args)
 
 
 # --- one strategy ---------------------------------------------------------------------------------------------------
@@ -415,6 +436,7 @@ def run(args) -> int:
         print(f"ecrec-bench recovery: {problem}", file=sys.stderr)
         return 2
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    from ecrec.client import ClusterError
     from ecrec.tables.spec import TableSpec
 
     row_bytes = TableSpec("x", 1, args.dim, optimizer=args.optimizer).row_bytes
@@ -435,6 +457,9 @@ def run(args) -> int:
             except IntervalDoesNotFit as exc:
                 print(f"ecrec-bench recovery: {exc}", file=sys.stderr)
                 return 2
+            except ClusterError as exc:  # refused by the cluster (a table too large for its servers): one line
+                print(f"ecrec-bench recovery: {strategy}: {exc}", file=sys.stderr)
+                return 1
             rows.append(row)
             print_rows(rows, TRAINING_COLUMNS if args.during_training else COLUMNS, stream=sys.stderr)
     finally:

@@ -1415,6 +1415,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    if not os.path.isdir(args.dir):  # said by its flag, not as a file render() failed to read
+        what = "not a directory" if os.path.exists(args.dir) else "no such directory"
+        hint = "; the default is relative: run it in the repository's root" if args.dir == FILES_DIR else ""
+        print(f"ecrec-bench results: --dir {args.dir}: {what} (the result files{hint})", file=sys.stderr)
+        return 2
     try:
         page = render(args.dir)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -145,6 +145,12 @@ def run(args) -> int:
     if args.batch > args.rows:
         print(f"ecrec-bench server: --batch must not exceed --rows ({args.batch} > {args.rows})", file=sys.stderr)
         return 2
+    from ecrec.bench.checks import tables_problem
+
+    problem = tables_problem(f"--rows {args.rows} x --dim {args.dim}", 1, args.rows, args.dim, "sgd")
+    if problem:
+        print(f"ecrec-bench server: {problem}", file=sys.stderr)
+        return 2
     print(f"ecrec-bench server: {args.rows} rows x {args.dim} float32, {args.batch} rows per pull/push", file=sys.stderr)
     load_before = os.getloadavg()  # the JSON keeps it: a figure measured beside other jobs is read as such
     single = _single_server(args)

@@ -1007,23 +1007,41 @@ def parse_servers(text: str) -> list[int]:
                 p *= 2
             if hi != lo:
                 out.append(hi)
-            return out
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
+            values = out
+        else:
+            values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a range START..END or a comma list of integers") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: server counts must be integers >= 1")
+    if not values or values[0] < 1 or values[-1] > MAX_SERVERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: server counts must be integers from 1 to {MAX_SERVERS:,}")
     return values
 
 
-def _positive_float(text: str) -> float:
+def _positive_float(text: str, least: float = 0.0, most: float = math.inf) -> float:
     try:
         x = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (math.isfinite(x) and x > 0):
         raise argparse.ArgumentTypeError(f"{text!r} must be finite and > 0")
+    if not least <= x <= most:  # past them the model's figures overflow (or underflow) to inf or 0
+        raise argparse.ArgumentTypeError(f"{text!r} must be from {least:g} to {most:g}")
     return x
+
+
+def _bounded(least: float, most: float):
+    """A positive float from ``least`` to ``most`` (argparse names the flag of a value out of them)."""
+    def parse(text: str) -> float:
+        return _positive_float(text, least, most)
+
+    return parse
+
+
+#: the bounds of the model's inputs on the command line: an MTBF from 3.6 s to 1,100 years, a model from a byte to an
+#: exabyte, a store from a byte to an exabyte a second, up to a million servers
+HOURS = _bounded(1e-3, 1e7)
+GIGABYTES = _bounded(1e-9, 1e9)
+MAX_SERVERS = 1_000_000
 
 
 def _fraction(text: str) -> float:
@@ -1036,14 +1054,14 @@ def _fraction(text: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=parse_servers, default=parse_servers("8..1024"),
                    help="cluster sizes: START..END (powers of two between) or a comma list (default 8..1024)")
-    p.add_argument("--mtbf-hours", type=_positive_float, default=24.0,
+    p.add_argument("--mtbf-hours", type=HOURS, default=24.0,
                    help="MTBF of one server in hours; the job's is this / servers (default 24)")
-    p.add_argument("--model-gb", type=_positive_float, default=100.0,
+    p.add_argument("--model-gb", type=GIGABYTES, default=100.0,
                    help="embedding state (weights + optimizer state) in GB, spread over the servers (default 100)")
     p.add_argument("--from-compare", metavar="JSON", help="take the measured costs from an `ecrec-bench compare --json` report")
     p.add_argument("--target-pls", type=_fraction, help="cpr*: target portion of lost updates (default 0.01)")
     p.add_argument("--reschedule-s", type=float, help="reschedule cost per failure in seconds (overrides the measured one)")
-    p.add_argument("--storage-gbps", type=_positive_float,
+    p.add_argument("--storage-gbps", type=GIGABYTES,
                    help="aggregate bandwidth of the checkpoint store in GB/s (default: unlimited, servers in parallel)")
     p.add_argument("--set", metavar="NAME=VALUE", type=_setting, action="append",
                    help="override one input, e.g. mfu_save_fraction=0.05 or mfu_update_coverage=0.6 "
@@ -1056,7 +1074,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cost basis: fit (default: one save cost latency + bytes / bandwidth for every checkpointing "
                         "strategy, ECRec's parity per update, data loss and snapshots) or overhead (the earlier basis: "
                         "each strategy's measured failure-free overhead per save, a constant parity overhead)")
-    p.add_argument("--job-mtbf-hours", type=_positive_float,
+    p.add_argument("--job-mtbf-hours", type=HOURS,
                    help="MTBF of the whole job in hours (then a server's is this x servers); overrides --mtbf-hours")
     p.add_argument("--k", type=int, default=2, help="ECRec: data rows per stripe (default 2)")
     p.add_argument("--m", type=int, default=1, help="ECRec: parity rows per stripe (default 1)")
@@ -1297,6 +1315,11 @@ def run(args) -> int:
     except FileNotFoundError as exc:
         print(f"ecrec-bench simulate: no such file {exc.filename or exc.args[0]!r}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a directory, no permission: said by name
+        where = (f"--from-compare {args.from_compare}" if args.from_compare and exc.filename == args.from_compare
+                 else f"--from-results {getattr(args, 'from_results', None)}: {exc.filename}")
+        print(f"ecrec-bench simulate: {where}: cannot read it: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except json.JSONDecodeError as exc:
         print(f"ecrec-bench simulate: {args.from_compare!r} is not JSON: {exc}", file=sys.stderr)
         return 2
@@ -1313,15 +1336,19 @@ def run(args) -> int:
               "k": k, "m": m, "paper_check": bool(getattr(args, "paper_check", False)), "strategies": list(STRATEGIES)}
     storage = args.storage_gbps * GB if args.storage_gbps else None
     rows = []
-    for n in args.servers:
-        per_server_h = job * n if job else args.mtbf_hours
-        if basis == "fit":
-            row = simulate_row_fit(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage, k, m)
-        else:
-            row = simulate_row(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage)
-        if config["paper_check"]:
-            row["paper_check"] = paper_check(row)
-        rows.append(row)
+    try:
+        for n in args.servers:
+            per_server_h = job * n if job else args.mtbf_hours
+            if basis == "fit":
+                row = simulate_row_fit(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage, k, m)
+            else:
+                row = simulate_row(n, per_server_h, args.model_gb * GB, inputs, args.formula, storage)
+            if config["paper_check"]:
+                row["paper_check"] = paper_check(row)
+            rows.append(row)
+    except (ValueError, OverflowError, ZeroDivisionError) as exc:  # inputs (--set) whose figures overflow
+        print(f"ecrec-bench simulate: the model cannot be computed from these inputs: {exc}", file=sys.stderr)
+        return 2
     print_report(config, inputs, notes, rows, fits)
     if args.json:
         report = {"config": config, "inputs": {k_: v.to_dict() for k_, v in inputs.items()},

@@ -180,10 +180,6 @@ def print_summary(out: dict) -> None:
 
 
 def run(args) -> int:
-    from ecrec.client import Cluster
-    from ecrec.config import ClientConfig
-    from ecrec.snapshot import SnapshotError
-
     if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
         print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
         return 2
@@ -206,7 +202,28 @@ def run(args) -> int:
         if error:
             print(f"ecrec-bench snapshot: the {what} cluster: {error}", file=sys.stderr)
             return 2
+    from ecrec.bench.checks import tables_problem
+
+    for what, k, m in (("saving", args.k, args.m), ("restoring", args.restore_k, args.restore_m)):  # one at a time
+        problem = tables_problem(f"--tables {args.tables} x --rows {args.rows} x --dim {args.dim} (the {what} "
+                                 "cluster)", args.tables, args.rows, args.dim, args.optimizer,
+                                 *((k, m) if erasure else (0, 0)))
+        if problem:
+            print(f"ecrec-bench snapshot: {problem}", file=sys.stderr)
+            return 2
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ecrec-snapshot-bench-"))
+    try:
+        return _run(args, work)
+    finally:
+        if not args.dir and not args.keep:  # the temporary directory, on an error too
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args, work: Path) -> int:
+    from ecrec.client import Cluster, ClusterError
+    from ecrec.config import ClientConfig
+    from ecrec.snapshot import SnapshotError
+
     path = work / "snapshot"
     if path.exists():
         print(f"ecrec-bench snapshot: {path} exists; choose another --dir", file=sys.stderr)
@@ -266,7 +283,8 @@ def run(args) -> int:
             out["parity_mismatched"] = int(sum(r["mismatched"] for r in checked.values()))
         out["failures_declared"] = sum(1 for e in target.refresh_map().events if e.kind == "failed")
         target.close()
-    except SnapshotError as exc:  # a place the servers cannot write (--dir /proc), or read back: said, no traceback
+    # a place the servers cannot write (--dir /proc) or read back, a table they refuse: said, no traceback
+    except (SnapshotError, ClusterError) as exc:
         print(f"ecrec-bench snapshot: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -275,11 +293,7 @@ def run(args) -> int:
                 local.close()
         if not args.keep:
             shutil.rmtree(path, ignore_errors=True)
-    try:  # with no cluster running: the disk alone
-        out["disk_mb_per_s"] = disk_rate(work, out["save"]["bytes"])
-    finally:
-        if not args.dir and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    out["disk_mb_per_s"] = disk_rate(work, out["save"]["bytes"])  # with no cluster running: the disk alone
     out["load_average_after"] = list(os.getloadavg())
     print_summary(out)
     if args.keep:

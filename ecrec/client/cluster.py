@@ -19,12 +19,16 @@ same push id, so a push is applied exactly once and the loop sees no exception.
 
 from __future__ import annotations
 
+import atexit
 import functools
 
 import json
 import logging
 import math
+import multiprocessing
+import multiprocessing.util
 import operator
+import os
 import threading
 import time
 import uuid
@@ -39,14 +43,15 @@ from ecrec import errors
 from ecrec.net import transport
 from ecrec.net.cluster_map import live_address, live_servers
 from ecrec.config import MAX_SECONDS, ClientConfig
-from ecrec.client import dense_state
+from ecrec.client import dense_state, termination
 from ecrec.client.courier import Courier
 from ecrec.client.keeper import IdleKeeper
 from ecrec.client.rows import RowIO
-from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_step, collect, merge_lookups
+from ecrec.client.steps import ClusterError, StepPartlyApplied, bad_gradients, bad_step, collect, merge_lookups
 from ecrec.coding.layout import Layout
 from ecrec.net.security import tls_hint
 from ecrec.net.peers import BUSY_RETRY_S, BusyWait, CoordinatorClient, PeerError, Peers, PeerUnreachable
+from ecrec.tables import optim
 from ecrec.tables.spec import INITS, DenseSpec, TableSpec
 from ecrec.tables.values import check_values
 from ecrec.wire import cluster_pb2, coordinator_pb2, embedding_pb2
@@ -95,6 +100,127 @@ class Replacement:
     new_address: str
     epoch: int
     wall_time: float
+
+
+#: this process's clients not closed yet (weakly: a client dropped is not kept alive by it), closed at exit
+_OPEN_CLIENTS: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+#: how long the exit waits for confirmations before it says that it waits (s)
+EXIT_QUIET_S = 1.0
+
+
+def _open_clients() -> list["Cluster"]:
+    """This process's clients not closed yet (not those a forked child inherited from its parent)."""
+    return [c for c in list(_OPEN_CLIENTS) if not c._closed and c._pid == os.getpid()]
+
+
+def _close_at_exit() -> None:
+    """Closes every client this process leaves open.  Those holding unconfirmed pushes first wait, each on a thread
+    of its own and all until one deadline (the longest of their ``confirm_at_exit_s``), for their pushes to be
+    confirmed, as ``close()`` does: a script that ended after its last ``step()`` without ``close()`` left its
+    acknowledged pushes to their owners alone, and one failing in the next moments lost them, with no worker
+    left to replay them.  The deadline is kept whatever the calls do (a wait still going on is abandoned with
+    its daemon thread); a wait of more than :data:`EXIT_QUIET_S` is said, once; Ctrl-C ends it.  (Registered
+    again at each client's creation: it runs before the exit handlers registered earlier, such as the
+    ``LocalCluster`` a script started its cluster with.)"""
+    clients = _open_clients()
+    waiting = [c for c in clients if c.config.confirm_at_exit_s > 0 and c.courier.unconfirmed()]
+    try:
+        if waiting:
+            _wait_confirmed_at_exit(waiting)
+    except KeyboardInterrupt:
+        log.warning("exit: stopped waiting for confirmations (interrupted)")
+    finally:
+        for cluster in clients:
+            try:
+                cluster.close(confirm_timeout_s=0)  # a push still unconfirmed is logged by name
+            except BaseException as exc:  # noqa: BLE001 - one client's failure does not keep the others open
+                log.warning("worker %s: closing at exit failed: %s", cluster.worker, exc)
+        termination.end_if_terminating()  # a SIGTERM came meanwhile: the process ends by it, as it would have
+
+
+def _wait_confirmed_at_exit(clients: list["Cluster"], deadline: float | None = None, say: bool = True) -> None:
+    """Waits for the pushes of ``clients``, each on a thread of its own, until ``deadline`` (default: the longest
+    of their ``confirm_at_exit_s`` from now); ``say``: a wait of more than :data:`EXIT_QUIET_S` is logged."""
+    start = time.monotonic()
+    if deadline is None:
+        deadline = start + max(c.config.confirm_at_exit_s for c in clients)
+
+    def wait(cluster: "Cluster") -> None:
+        try:
+            cluster.wait_confirmed(cluster.config.confirm_at_exit_s)
+        except Exception as exc:  # noqa: BLE001 - what is left unconfirmed is logged when it is closed
+            log.debug("worker %s: waiting for confirmations at exit: %s", cluster.worker, exc)
+
+    threads = []
+    for cluster in clients:
+        t = threading.Thread(target=wait, args=(cluster,), name="ecrec-exit-confirm", daemon=True)
+        t.start()
+        threads.append(t)
+    said = False
+    for t in threads:
+        while t.is_alive() and time.monotonic() < deadline:
+            if say and not said and time.monotonic() >= start + EXIT_QUIET_S:
+                said = True
+                held = sum(c.courier.unconfirmed() for c in clients)
+                log.warning("exiting without close(): waiting up to %.0f s more for %d unconfirmed pushes of worker(s) "
+                            "%s to be confirmed (an owner failing after this process is gone would lose them; "
+                            "Ctrl-C stops the wait)", deadline - time.monotonic(), held,
+                            ", ".join(sorted(c.worker for c in clients)))
+            t.join(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _exit_handlers() -> None:
+    """(Re-)registers :func:`_close_at_exit`: last registered, it runs first.  In a child of ``multiprocessing``
+    started by fork, which ends without running exit handlers, it runs among the child's finalizers."""
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
+    if multiprocessing.parent_process() is not None and os.getpid() not in _FINALIZERS:
+        _FINALIZERS.add(os.getpid())
+        multiprocessing.util.Finalize(None, _close_at_exit, exitpriority=100)
+
+
+_FINALIZERS: set[int] = set()
+
+#: the most ids one ``Pull`` of :meth:`Cluster.pull_many` names (a server refuses more than
+#: ``--max-ids-per-request``, 1 << 22 by default)
+PULL_IDS = 1 << 21
+#: and the most bytes of rows its reply carries (the default message limit is 256 MiB)
+PULL_BYTES = 64 << 20
+#: an upper bound on the bytes of one field's tag and length in a push request (and of a number field)
+PUSH_FIELD_BYTES = 16
+
+
+def _pull_rounds(per_server: dict[int, list], max_ids: int, max_bytes: int) -> list[dict[int, list]]:
+    """``{server: [(table, spec, ids, positions)]}`` cut into rounds of requests that each fit: at most ``max_ids``
+    ids, ``max_bytes`` of rows in the reply and of ids in the request (8 bytes each) per request; round ``r`` holds
+    every server's ``r``-th piece.  One round when everything fits, as it does for a training batch."""
+    max_ids = max(1, min(max_ids, max_bytes // 8))
+    if all(sum(len(pos) for *_, pos in parts) <= max_ids and
+           sum(len(pos) * 4 * spec.dim for _, spec, _, pos in parts) <= max_bytes for parts in per_server.values()):
+        return [per_server] if per_server else []
+    pieces: dict[int, list[list]] = {}
+    for i, parts in per_server.items():
+        current, ids_in, bytes_in = [], 0, 0
+        out = pieces.setdefault(i, [])
+        for name, spec, ids, pos in parts:
+            row_bytes = 4 * spec.dim
+            start = 0
+            while start < len(pos):
+                fit = min(max_ids - ids_in, (max_bytes - bytes_in) // row_bytes, len(pos) - start)
+                if fit <= 0:
+                    if not current:  # a row larger than a message: one at a time (the server says what is wrong)
+                        fit = 1
+                    else:
+                        out.append(current)
+                        current, ids_in, bytes_in = [], 0, 0
+                        continue
+                current.append((name, spec, ids, pos[start:start + fit]))
+                ids_in, bytes_in = ids_in + fit, bytes_in + fit * row_bytes
+                start += fit
+        if current:
+            out.append(current)
+    return [{i: p[r] for i, p in pieces.items() if r < len(p)} for r in range(max((len(p) for p in pieces.values()),
+                                                                                   default=0))]
 
 
 def _open(method):
@@ -233,6 +359,19 @@ class Cluster:
         self._stats = {"pushes": 0, "push_bytes": 0, "pull_bytes": 0, "snapshot_failures": 0,
                        "steps_partly_applied": 0}
         self._rows = RowIO(self)
+        self._pid = os.getpid()
+        self._push_gate = termination.PushGate()  # closed by a SIGTERM's wait (ecrec.client.termination)
+        _OPEN_CLIENTS.add(self)
+        _exit_handlers()
+        if self.config.exit_on_sigterm and self.config.confirm_at_exit_s > 0:
+            termination.install(_open_clients, functools.partial(_wait_confirmed_at_exit, say=False))
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """``with Cluster.connect(...) as cluster:`` closes it at the end of the block, as ``close()`` does."""
+        self.close()
 
     @property
     def stats(self) -> dict:
@@ -520,7 +659,10 @@ class Cluster:
 
     @_open
     def pull_many(self, requests: dict) -> dict[str, torch.Tensor]:
-        """Rows of several tables at once (``{table: ids}``): one request per server for all of them."""
+        """Rows of several tables at once (``{table: ids}``): one request per server for all of them, or, where a
+        server's part would not fit in one request (:data:`PULL_IDS` ids or ``max_ids_per_request``,
+        :data:`PULL_BYTES` bytes of rows or half of ``max_message_bytes``), a few in turn, each server's pieces
+        alongside the others'."""
         checked = {name: self._check_ids(name, ids) for name, ids in requests.items()}
         out = {name: np.empty((len(ids), spec.dim), dtype=np.float32) for name, (spec, ids) in checked.items()}
         per_server: dict[int, list] = {}
@@ -528,18 +670,20 @@ class Cluster:
             if len(ids):
                 for i, pos in self._group_by_server(ids).items():
                     per_server.setdefault(i, []).append((name, spec, ids, pos))
-        if per_server:
+        rounds = _pull_rounds(per_server, min(PULL_IDS, self.config.max_ids_per_request),
+                              min(PULL_BYTES, self.config.max_message_bytes // 2))
+        for parts_by_server in rounds:
             requests_by_server = {
                 i: embedding_pb2.PullRequest(
                     tables=[embedding_pb2.TableIds(table=name, ids=transport.ids_to_bytes(ids[pos]))
                             for name, _, ids, pos in parts], epoch=self.map.epoch)
-                for i, parts in per_server.items()}
+                for i, parts in parts_by_server.items()}
             for i, request in requests_by_server.items():
                 self.courier.attach(i, request)
             replies = self._fan_out("Pull", requests_by_server)
             for i, reply in replies.items():
                 self.courier.received(i, reply)
-            for i, parts in per_server.items():
+            for i, parts in parts_by_server.items():
                 for (name, spec, _, pos), data in zip(parts, replies[i].values):
                     self._stats["pull_bytes"] += len(data)
                     out[name][pos] = transport.bytes_to_floats(data, (len(pos), spec.dim))
@@ -751,6 +895,10 @@ class Cluster:
             with self._lock:
                 m = self.map
             bad = bad_step(m, per_table, self._dense)
+            parts, summed = self._push_parts(per_table) if not bad else ({}, {})
+            if summed:  # a sum of gradients that each were finite may not be: judged as the server would
+                bad = bad_gradients(summed, {}, {t.name: t for t in m.tables} if m else {}, {})
+            bad += self._push_too_large(parts)
             if bad:
                 raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
                                    "part of it (the gradients are kept: zero_grad() drops them)")
@@ -771,12 +919,10 @@ class Cluster:
                 requests[index] = embedding_pb2.PushRequest(push_id=push_id, epoch=self.map.epoch, return_dense=True)
             return requests[index]
 
-        for table, (ids_list, grad_list) in per_table.items():
-            ids = np.concatenate(ids_list)
-            grads = np.concatenate(grad_list)
-            for i, pos in self._group_by_server(ids).items():
-                request_for(i).tables.add(table=table, ids=transport.ids_to_bytes(ids[pos]),
-                                          grads=transport.floats_to_bytes(grads[pos]))
+        for i, table_parts in parts.items():
+            for table, ids, grads in table_parts:
+                request_for(i).tables.add(table=table, ids=transport.ids_to_bytes(ids),
+                                          grads=transport.floats_to_bytes(grads))
         dense_grads: dict[str, np.ndarray] = {}
         for name, param in self._dense.items():
             if param.grad is None:
@@ -819,11 +965,20 @@ class Cluster:
 
     def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries
-        rides along, each reply's relay and confirmations go back to it."""
+        rides along, each reply's relay and confirmations go back to it.  Not started once a SIGTERM stops this
+        process's pushes (a push in flight then is let finish, and held)."""
+        with self._push_gate:
+            return self._send_push_now(requests)
+
+    def _send_push_now(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
+        nbytes = 0
         for i, request in requests.items():
             request.parts = len(requests)  # a snapshot's cut counts the parts of each worker's last push
-            self.courier.attach(i, request)
-        self._stats["push_bytes"] += sum(r.ByteSize() for r in requests.values())
+            size = request.ByteSize()
+            if self.courier.attach(i, request, budget=self.config.max_message_bytes - size):
+                size = request.ByteSize()  # (batches or watermarks rode along)
+            nbytes += size
+        self._stats["push_bytes"] += nbytes
         replies = self._fan_out("Push", requests, collect=True)
         forgotten = {i: requests[i] for i, r in replies.items()
                      if isinstance(r, PeerError) and errors.FORGOTTEN_INCARNATION in r.details}
@@ -853,6 +1008,65 @@ class Cluster:
         return {"servers": len(requests), "rows": sum(r.rows_updated for r in replies.values()),
                 "rows_by_server": {i: r.rows_updated for i, r in replies.items()},
                 "already_applied": sum(r.already_applied for r in replies.values())}
+
+    def _push_parts(self, per_table: dict) -> tuple[dict[int, list[tuple[str, np.ndarray, np.ndarray]]], dict]:
+        """A step's table gradients (:func:`~ecrec.client.steps.collect`) as each server's part: ``{index: [(table,
+        ids, gradients)]}``, and ``{table: [summed gradients]}`` of the parts summed here.  Where several lookups
+        of a table met in the step, the ids they share are summed here, as the server would sum them (the same
+        code: ``optim.sum_by_inverse``): gradient accumulation over micro-batches sends each row once.  A part
+        whose ids do not repeat goes as it is (so does every table looked up once: nothing to do)."""
+        parts: dict[int, list] = {}
+        summed: dict[str, list] = {}
+        for table, (ids_list, grad_list) in per_table.items():
+            ids = np.concatenate(ids_list) if len(ids_list) > 1 else ids_list[0]
+            grads = np.concatenate(grad_list) if len(grad_list) > 1 else grad_list[0]
+            for i, pos in self._group_by_server(ids).items():
+                part_ids, part_grads = ids[pos], grads[pos]
+                if len(ids_list) > 1 and len(part_ids) > 1:
+                    unique, inverse = np.unique(part_ids, return_inverse=True)
+                    if len(unique) < len(part_ids):
+                        with np.errstate(over="ignore", invalid="ignore"):  # a sum past float32: judged below
+                            part_ids, part_grads = unique, optim.sum_by_inverse(len(unique), inverse, part_grads)
+                        summed.setdefault(table, []).append(part_grads)
+                parts.setdefault(i, []).append((table, part_ids, part_grads))
+        return parts, summed
+
+    def _push_too_large(self, parts: dict) -> list[str]:
+        """What keeps a step's parts from going as one push per server (empty: nothing): more ids than a request
+        names, or more bytes than a message holds.  Judged before anything is sent: one server refusing its part
+        while the others applied theirs would leave the step half applied.  (What the courier carries along is
+        attached within what is left: :meth:`_send_push`.)"""
+        dense_bytes: dict[int, int] = {}
+        for name, param in self._dense.items():
+            if param.grad is not None:
+                index = self.layout.dense_servers(name)[0]
+                dense_bytes[index] = dense_bytes.get(index, 0) + 4 * param.grad.numel() + len(name) + PUSH_FIELD_BYTES
+        too_many, too_large = [], []
+        for i in sorted(set(parts) | set(dense_bytes)):
+            ids = sum(len(part_ids) for _, part_ids, _ in parts.get(i, ()))
+            nbytes = self._push_bytes(parts.get(i, ()), dense_bytes.get(i, 0))
+            if ids > self.config.max_ids_per_request:
+                too_many.append(f"server {i}'s part would name {ids} row ids")
+            if nbytes > self.config.max_message_bytes:
+                too_large.append(f"server {i}'s part would take {nbytes} bytes")
+        bad = []
+        if too_many:
+            bad.append(f"{', '.join(too_many)}, more than one push may ({self.config.max_ids_per_request}: "
+                       "ClientConfig.max_ids_per_request, as the servers' --max-ids-per-request)")
+        if too_large:
+            bad.append(f"{', '.join(too_large)}, more than one message holds ({self.config.max_message_bytes}: "
+                       "ClientConfig.max_message_bytes, as the servers' --max-message-bytes)")
+        if bad:
+            bad[-1] += ("; look up fewer rows between two steps (step more often, or smaller batches), or raise "
+                        "those bounds on the servers and in ClientConfig alike")
+        return bad
+
+    def _push_bytes(self, table_parts, dense_bytes: int) -> int:
+        """An upper bound on the bytes of a push request holding ``table_parts`` and ``dense_bytes`` (of dense
+        gradients with their names and fields), before the courier attaches anything."""
+        push_id = len(self.worker.encode()) + len(self.incarnation) + 4 * PUSH_FIELD_BYTES
+        return push_id + dense_bytes + sum(a.nbytes + g.nbytes + len(t.encode()) + PUSH_FIELD_BYTES
+                                           for t, a, g in table_parts)
 
     def _next_push_id(self) -> embedding_pb2.PushId:
         with self._lock:
@@ -911,5 +1125,6 @@ class Cluster:
             log.warning("closing worker %s with %d unconfirmed pushes: an owner that fails before it delivers their "
                         "parity loses them", self.worker, left)
         self._closed = True
+        _OPEN_CLIENTS.discard(self)
         self.peers.close()
         self.coordinator.stub.close()

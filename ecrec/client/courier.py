@@ -29,6 +29,9 @@ from ecrec.wire import embedding_pb2
 
 log = logging.getLogger("ecrec.courier")
 
+#: an upper bound on the bytes of a repeated field's tag and length around one message
+FIELD_BYTES = 6
+
 
 @dataclass
 class HeldPush:
@@ -51,18 +54,35 @@ class Courier:
         self.stats = {"relayed": 0, "replayed": 0, "replayed_already_applied": 0}
 
     # --- what goes out --------------------------------------------------------------------------------------
-    def attach(self, index: int, request) -> None:
+    def attach(self, index: int, request, budget: int | None = None) -> int:
         """Puts the batches for server ``index`` (and, on a push, the watermarks of its own batches) into
-        ``request``.  They leave the courier: a destination that is gone or replaced does not need them (its
-        owner sends the replacement everything it has not applied)."""
+        ``request``; returns the bytes added.  They leave the courier: a destination that is gone or replaced does
+        not need them (its owner sends the replacement everything it has not applied).  ``budget``: the bytes the
+        request may grow by; batches beyond it stay for a later request, oldest first (so a request never grows
+        past its message limit: a step's part refused for its size while others applied would be half a step)."""
         with self._lock:
             relay = self._outgoing.pop(index, None)
             acks = self._acks.pop(index, None) if isinstance(request, embedding_pb2.PushRequest) else None
+            added = sum(a.ByteSize() + FIELD_BYTES for a in acks.values()) if acks else 0
+            if relay and budget is not None:
+                taken = 0
+                for r in relay:
+                    size = r.ByteSize() + FIELD_BYTES
+                    if added + size > budget:
+                        break
+                    added += size
+                    taken += 1
+                if taken < len(relay):
+                    self._outgoing[index] = relay[taken:] + self._outgoing.get(index, [])
+                relay = relay[:taken]
+            elif relay:
+                added += sum(r.ByteSize() + FIELD_BYTES for r in relay)
         if relay:
             request.relay.extend(relay)
             self.stats["relayed"] += len(relay)
         if acks:
             request.acks.extend(acks.values())
+        return added
 
     # --- what comes back ----------------------------------------------------------------------------------------
     def received(self, index: int, reply) -> None:

@@ -57,7 +57,15 @@ def _watch(cluster_ref, owner_ref, owned: list[tuple[str, str]]) -> None:
 
     def before_load(mod, state_dict, prefix, *_) -> None:
         if mod is owner_ref():
-            loading[id(mod)] = [(local, name) for local, name in owned if prefix + local in state_dict]
+            present = [(local, name) for local, name in owned if prefix + local in state_dict]
+            for local, name in present:  # refused before torch copies it in: the local copy keeps its value too
+                value = state_dict[prefix + local]
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type != "meta" \
+                        and not bool(torch.isfinite(value).all()):
+                    raise ValueError(f"load_state_dict: parameter {local!r} (dense tensor {name!r} on the cluster) "
+                                     "was given NaN or Inf; its module's parameters were neither written to the "
+                                     "servers nor loaded (what the load reached before this module was)")
+            loading[id(mod)] = present
 
     def after_load(mod, incompatible_keys) -> None:
         present = loading.pop(id(mod), None)

@@ -257,6 +257,11 @@ class EmbeddingBagCollection(_Placed):
                                values=torch.cat([pooled[k] for k in keys], dim=1))
         if len(inputs) != len(self.names):
             raise ValueError(f"got {len(inputs)} inputs for {len(self.names)} tables")
+        for name, given in zip(self.names, inputs):
+            if not isinstance(given, (tuple, list)) or len(given) != 2:
+                size = f" of {len(given)}" if isinstance(given, (tuple, list)) else ""
+                raise TypeError(f"the input of table {name!r} must be a pair (indices, offsets), got "
+                                f"{type(given).__name__}{size}")
         return [self._placed(out) for out in _lookup(self.cluster, self.names, inputs, self.modes)]
 
     @torch.compiler.disable  # its checks read the lengths (a graph break each): one break for all, quietly
@@ -285,7 +290,7 @@ class EmbeddingBagCollection(_Placed):
             raise ValueError("lengths must be >= 0")
         if int(lengths.sum()) != values.numel():
             raise ValueError(f"lengths add up to {int(lengths.sum())}, but there are {values.numel()} values")
-        if values.numel() and (values.is_floating_point() or values.is_complex()):
+        if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
             raise TypeError(f"ids must be integers, got {values.dtype}")
         batch = lengths.numel() // len(keys)
         per_feature = lengths.view(len(keys), batch)
@@ -349,7 +354,12 @@ def _load_tables(module: torch.nn.Module, cluster: Cluster, keys: dict[str, str]
             continue
         spec = cluster.table_spec(table)
         shape = (spec.num_rows, spec.dim)
-        value = as_array(state_dict[key])
+        given = state_dict[key]
+        if isinstance(given, torch.Tensor) and given.device.type == "meta":
+            errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}): a tensor on the '
+                          "meta device holds no data.")
+            continue
+        value = as_array(given)
         if not isinstance(value, np.ndarray):
             errors.append(f'While copying the parameter named "{key}" (cluster table {table!r}), expected a '
                           f"tensor or array, got {type(state_dict[key]).__name__}.")

@@ -30,6 +30,20 @@ def as_array(value):
     return value
 
 
+def list_as_array(values, what: str):
+    """Nested lists (or tuples) of numbers as a float32 array; anything else unchanged.  Text, bools and numbers
+    past float64 are refused, naming ``what``."""
+    if not isinstance(values, (list, tuple)):
+        return values
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"{what} given as a list must be rows of numbers of one length: {exc}") from None
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{what} given as a list must be rows of numbers of one length, got {array.dtype} values")
+    return array.astype(np.float32)
+
+
 class RowIO:
     """Bulk reads and writes of one :class:`~ecrec.client.cluster.Cluster`'s rows and dense payloads (its calls,
     its push ids, its map)."""
@@ -102,7 +116,8 @@ class RowIO:
         """Rows one ReadPayload reply carries: at most :data:`READ_PAYLOAD_BYTES`, and half this client's
         ``max_message_bytes`` (a client with a smaller limit could not read a table at all)."""
         budget = min(READ_PAYLOAD_BYTES, self._cluster.config.max_message_bytes // 2)
-        return max(1, min(budget // (spec.row_bytes + 8), READ_PAYLOAD_IDS))
+        return max(1, min(budget // (spec.row_bytes + 8), READ_PAYLOAD_IDS,
+                          self._cluster.config.max_ids_per_request))
 
     def read_rows(self, name: str, ids, what: str = "weights") -> np.ndarray:
         """Rows ``ids`` of table ``name`` (float32 ``(len(ids), width)``, in the order given): their ``weights``,
@@ -135,14 +150,14 @@ class RowIO:
         spec, ids = self._cluster._check_ids(name, ids)
         columns = columns_of(spec, what)
         width = columns.stop - columns.start
-        values = as_array(values)
+        values = list_as_array(as_array(values), f"table {name!r}: {what}")
         if not hasattr(values, "shape") or tuple(values.shape) != (len(ids), width):
             raise ValueError(f"table {name!r}: {what} of {len(ids)} rows must have shape {(len(ids), width)}, got "
                              f"{tuple(getattr(values, 'shape', ()))}")
         if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
             raise ValueError(f"table {name!r}: row ids repeat")
         chunk = max(1, min(min(WRITE_ROWS_BYTES, self._cluster.config.max_message_bytes // 2) // (4 * width + 8),
-                           65536))
+                           65536, self._cluster.config.max_ids_per_request))
         if not checked:  # ``checked``: the caller ran check_values on these very values
             check_values(spec, values, what)  # checked whole before anything is sent
         kind = {"weights": embedding_pb2.WEIGHTS, "payload": embedding_pb2.PAYLOAD, "state": embedding_pb2.STATE}[what]

@@ -39,6 +39,10 @@ def load_values(source, spec) -> np.ndarray:
         values, where = source, "the values given"
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().to(torch.float32).numpy()
+    else:  # rows given as nested lists too
+        from ecrec.client.rows import list_as_array
+
+        values = list_as_array(values, f"table {spec.name!r}: {where}")
     if not hasattr(values, "shape") or tuple(values.shape) != (spec.num_rows, spec.dim):
         raise ValueError(f"table {spec.name!r}: {where} must have shape {(spec.num_rows, spec.dim)}, got "
                          f"{tuple(getattr(values, 'shape', ()))}")

@@ -251,15 +251,35 @@ def _show_rebuilds(status: dict, bars: dict, finished: bool) -> None:
         console.progress(label, done, total, done=True, plain_steps=10)
 
 
+#: how often a ``--wait`` that shows no rebuild's progress says what it waits for (s)
+WAIT_SAY_S = 5.0
+
+
+def _waiting_for(status: dict | None, error: str) -> str:
+    """What keeps the cluster from being fully redundant, in a few words, for a waiting ``status --wait``."""
+    if status is None:
+        return f"the coordinator does not answer ({error})"
+    if status.get("unserved_indices"):
+        standby = "" if status["standbys"] else " and no standby is registered (ecrec-server serve --standby adds one)"
+        return f"no server holds index {', '.join(map(str, status['unserved_indices']))}{standby}"
+    recovering = [str(s["index"]) for s in status["servers"] if s["index"] >= 0 and s["recovering"]]
+    unhealthy = [str(s["index"]) for s in status["servers"]
+                 if s["index"] >= 0 and s["state"] == "ACTIVE" and s["health"] != "SERVING"]
+    return "; ".join(([f"index {', '.join(recovering)} rebuilding"] if recovering else []) +
+                     ([f"index {', '.join(unhealthy)} not serving"] if unhealthy else [])) or "the map is changing"
+
+
 def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: float = 0.0, stream=None,
         security=None, outcome: dict | None = None) -> int:
     """``ecrec-server status``: prints the cluster (polling up to ``wait_s`` until it is fully redundant, or data
     was lost, with a progress bar of each rebuild on stderr meanwhile); returns the exit status (also put in
     ``outcome["exit"]`` before printing: a reader that left does not change it)."""
-    if not wait_s >= 0:  # NaN too
-        raise ValueError(f"--wait must be >= 0 seconds, got {wait_s}")
-    deadline = time.monotonic() + wait_s
+    if not 0 <= wait_s <= MAX_SECONDS:  # NaN too
+        raise ValueError(f"--wait must be >= 0 seconds, got {wait_s} (at most {MAX_SECONDS:g})")
+    start = time.monotonic()
+    deadline = start + wait_s
     bars: dict[str, tuple[int, int]] = {}  # rebuild progress shown while waiting: label -> (done, total)
+    said_at = start
     while True:
         try:
             status = collect(address, timeout_s, security)
@@ -273,6 +293,10 @@ def run(address: str, as_json: bool = False, timeout_s: float = 5.0, wait_s: flo
             _show_rebuilds(status, bars, finished)
         if finished:
             break
+        if not bars and time.monotonic() - said_at >= WAIT_SAY_S:  # a wait with no bar to show says why it waits
+            said_at = time.monotonic()
+            print(f"  waiting for the cluster to be fully redundant ({deadline - said_at:.0f} s left): "
+                  f"{_waiting_for(status, error if status is None else '')}", file=sys.stderr, flush=True)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if status is None:
         if outcome is not None:

@@ -11,6 +11,7 @@ import numpy as np
 from ecrec import errors
 from ecrec.config import ServerConfig
 from ecrec.net import transport
+from ecrec.tables import optim
 from ecrec.tables.spec import DenseSpec, TableSpec
 from ecrec.wire import cluster_pb2, embedding_pb2
 
@@ -117,9 +118,7 @@ def coalesce(ids: np.ndarray, slots: np.ndarray, grads: np.ndarray):
     if len(uniq) == len(ids):
         order = np.argsort(ids, kind="stable")
         return ids[order], slots[order], grads[order]
-    summed = np.zeros((len(uniq), grads.shape[1]), dtype=np.float32)
-    np.add.at(summed, inverse.reshape(-1), grads)
-    return uniq, slots[first], summed
+    return uniq, slots[first], optim.sum_by_inverse(len(uniq), inverse, grads)  # as the SDK sums them
 
 
 def caller_of(context, worker: str = "") -> str:
@@ -160,7 +159,9 @@ def check_ids(sections, config: ServerConfig, reply_row_bytes=None) -> None:
     count = sum(len(section.ids) // 8 for section in sections)
     if count > config.max_ids_per_request:
         raise errors.InvalidRequest(f"{count} row ids in one request (repeats included); the bound is "
-                                    f"{config.max_ids_per_request} (--max-ids-per-request): split the request")
+                                    f"{config.max_ids_per_request} (--max-ids-per-request): split the request "
+                                    "(the SDK keeps its requests within ClientConfig.max_ids_per_request: set it "
+                                    "to at most this)")
     if reply_row_bytes is not None:
         nbytes = sum(len(section.ids) // 8 * reply_row_bytes(section) for section in sections)
         if nbytes > config.max_message_bytes:

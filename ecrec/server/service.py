@@ -195,6 +195,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         key = push_key(request.push_id, identity)
         seq = st.applied.get(key)
         if seq is not None:  # a retry (or a replay) of a push applied here or kept by recovery
+            if replayed or request.replay:  # a replay's passage, whether or not its push was still to apply
+                st.faults.hit("during_replay")
             return self._push_reply(request, True, 0, strategy.on_retry(key, seq), watermarks)
         strategy.ensure_rows([(shard, slots) for shard, _, slots, _ in table_plans])
         strategy.admit_push()  # waits (or refuses) while too many pushes wait for their redundancy

@@ -83,7 +83,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     ``on_progress(text)`` as each server finishes.  A path that already holds a snapshot is refused unless
     ``overwrite``."""
     t0 = time.perf_counter()
-    _check_path(path)
+    check_path(path)
     path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
@@ -535,8 +535,9 @@ def _os_error(exc: OSError) -> str:
     return f"{text}: {exc.filename}" if getattr(exc, "filename", None) else text
 
 
-def _check_path(path) -> None:
-    """A snapshot's path must name a place every server and this client reach alike: not empty (an unset variable
+def check_path(path) -> None:
+    """``SnapshotError`` unless ``path`` can hold a snapshot (checked before anything is asked of the cluster).
+    A snapshot's path must name a place every server and this client reach alike: not empty (an unset variable
     would write into each process's working directory), not a filesystem that lives inside one process."""
     if path is None or not str(path).strip():
         raise SnapshotError("the snapshot path is empty: name a directory or an fsspec URL every server can reach")
@@ -575,7 +576,7 @@ def _load(cluster, path: str, on_progress=None) -> dict:
     lacks are created with the snapshot's specs, those it has must have the same shape and optimizer; every
     chunk is read and checked (checksum, finite values, Adagrad accumulators >= 0) before the first row is
     written.  The client holds a few chunks at a time.  Returns the manifest."""
-    _check_path(path)
+    check_path(path)
     path = str(path)
     manifest = read_manifest(path)
     lost = list(cluster.refresh_map().data_loss)
@@ -932,7 +933,7 @@ class Periodic:
         for name, value in (("steps", steps), ("keep", keep)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"snapshot_every: {name} must be a whole number, at least 1, got {value!r}")
-        _check_path(directory)
+        check_path(directory)
         self.steps, self.directory, self.keep, self.on_progress = int(steps), directory, int(keep), on_progress
         self.saved: list[dict] = []
         try:  # a directory every snapshot goes under: made now, so that a path that cannot be one is said now

@@ -25,6 +25,21 @@ def state_width(name: str) -> int:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}") from None
 
 
+def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sorted unique ids, where each first occurs, their gradients summed)``, like ``torch.sparse`` coalesce:
+    each id's gradients added in the order they come, from zero.  The one summation the servers and the SDK (a
+    step of several lookups of one table) both make, so a step's result does not depend on which made it."""
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    return uniq, first, sum_by_inverse(len(uniq), inverse, grads)
+
+
+def sum_by_inverse(n: int, inverse: np.ndarray, grads: np.ndarray) -> np.ndarray:
+    """Rows ``grads`` summed into ``n`` rows, row ``j`` into ``inverse[j]``, in order, from zero."""
+    summed = np.zeros((n, grads.shape[1]), dtype=np.float32)
+    np.add.at(summed, inverse.reshape(-1), grads)
+    return summed
+
+
 #: the largest float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 

@@ -85,8 +85,9 @@ class TableSpec(OptimizerSpec):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"table {self.name!r}: {field} must be a whole number, got {value!r}")
-        if self.num_rows < 1:
-            raise ValueError(f"table {self.name!r}: num_rows must be >= 1, got {self.num_rows}")
+        if not 1 <= self.num_rows < 2**63:
+            raise ValueError(f"table {self.name!r}: num_rows must be in [1, 2**63) (row ids are int64), got "
+                             f"{self.num_rows}")
         if not 1 <= self.dim <= MAX_DIM:
             raise ValueError(f"table {self.name!r}: dim must be in [1, {MAX_DIM}], got {self.dim}")
         self._check_optimizer(f"table {self.name!r}")

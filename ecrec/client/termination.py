@@ -1,0 +1,299 @@
+"""SIGTERM waits for a worker's unconfirmed pushes, then ends the process as it would have.
+
+torchrun, SLURM and Kubernetes stop a worker with SIGTERM.  Where the program has no handler for it, the process
+died at once: the exit's wait for confirmations (``ClientConfig.confirm_at_exit_s``) never ran, and an owner
+failing in the next moments lost the pushes it had acknowledged but not yet made redundant.
+
+The first client made in the main thread where SIGTERM still has its default action (``ClientConfig.
+exit_on_sigterm``, on by default; a program's own handler is left alone) installs a handler that does nothing in
+the program's own code -- no exception is raised in it, so no step is cut in half.  The signal reaches a thread of
+this module instead (through ``signal.set_wakeup_fd``, so it comes even while the main thread is blocked in C,
+in a collective or a long kernel): it stops the clients' pushes from starting (a push already sent is let finish
+and is held), waits up to the longest ``confirm_at_exit_s`` of the clients for their pushes to be confirmed,
+and then ends the process by SIGTERM's default action (the status a parent sees is the signal's, as before;
+no exit handler runs, as before).  A process whose clients hold nothing ends at once; a second SIGTERM ends it
+at once.  A program that installs its own SIGTERM handler later takes the signal over; if that handler calls
+this one (the one it replaced), this one waits as above, gives the program :data:`CHAINED_GRACE_S` more for its
+own work, and then takes the default action the program expected of it.  A child made by ``fork`` starts with
+SIGTERM's default action again.  If an event loop takes the wakeup fd, the wait starts when the main thread next
+runs Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+log = logging.getLogger("ecrec.client")
+
+_lock = threading.Lock()
+_begin_lock = threading.Lock()
+_installed = False
+_wakeup: tuple[int, int] | None = None  # (read, write) of the pipe the signal's number is written to, when ours
+_open_clients = None  # () -> the clients open in this process (set at install)
+_wait_confirmed = None  # (clients, deadline) -> None: waits for their pushes' confirmations until the deadline
+#: set when the wait of the first SIGTERM this module handles begins
+terminating = threading.Event()
+_claimed = threading.Event()  # a SIGTERM reached this module's own handler (not through the program's)
+_calls = 0  # calls of the handler for its own SIGTERMs, where no thread reads the pipe
+#: seconds a program whose own SIGTERM handler called this one is given for its own work after the wait
+CHAINED_GRACE_S = 30.0
+
+
+class PushGate:
+    """Lets pushes of one client start until a SIGTERM closes it; closing waits for the pushes in flight, so no
+    push is between sent and held by the courier when the wait for confirmations begins."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._closed:  # the process ends once the confirmations are waited for: this push never starts
+                self._cond.wait()
+            self._inflight += 1
+
+    def __exit__(self, *exc_info) -> None:
+        with self._cond:
+            self._inflight -= 1
+            self._cond.notify_all()
+
+    def close(self, deadline: float) -> bool:
+        """No push starts from now on; waits until those in flight are done or ``deadline``: True if none is left."""
+        with self._cond:
+            self._closed = True
+            while self._inflight and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return not self._inflight
+
+
+def install(open_clients, wait_confirmed) -> bool:
+    """Installs the handler (see the module) if this is the main thread and SIGTERM has its default action;
+    ``open_clients()`` lists this process's open clients, ``wait_confirmed(clients, deadline)`` waits for their
+    pushes.  True if the handler is in place."""
+    global _installed, _wakeup, _open_clients, _wait_confirmed
+    with _lock:
+        _open_clients, _wait_confirmed = open_clients, wait_confirmed
+        if _installed:
+            return signal.getsignal(signal.SIGTERM) is _on_sigterm
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return False
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            # a call in C that the signal interrupts goes on (SA_RESTART) instead of returning early: a program
+            # that then reached its end exited 0 where the signal used to end it
+            signal.siginterrupt(signal.SIGTERM, False)
+        except (ValueError, OSError):  # not the main interpreter, or no signals here
+            return False
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if previous != -1:  # the program's (an event loop's): kept; the handler then starts the wait itself
+            signal.set_wakeup_fd(previous)
+            os.close(read)
+            os.close(write)
+        else:
+            _wakeup = (read, write)
+            threading.Thread(target=_watch, args=(read,), name="ecrec-sigterm", daemon=True).start()
+        _installed = True
+        return True
+
+
+def _on_sigterm(signum, frame) -> None:
+    """The Python-level handler: nothing in the program's own code; the wait starts on a thread of its own.  A
+    handler the program installed after this one that calls it as the one it replaced gets what it expects of
+    that, SIGTERM's default action, after the wait and :data:`CHAINED_GRACE_S` for its own work."""
+    global _calls
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # called by the program's handler
+        _begin(signum, CHAINED_GRACE_S)
+        return
+    # this module's own: the signal came while it was installed (the thread reading the pipe may read it only
+    # after the program has replaced it -- signal.signal() runs the pending handlers first, this one)
+    _claimed.set()
+    if not _pipe_is_ours():  # no thread counts the signals: each call here is one
+        _calls += 1
+        if _calls > 1:
+            _die(signum, "a second SIGTERM")
+    _begin(signum, 0.0)
+
+
+def _begin(signum: int, grace_s: float) -> None:
+    """Starts the wait once (whoever sees the signal first: this handler or the thread reading the pipe).  Never
+    blocks: a handler running in the main thread while it holds the lock (between two of its lines) returns."""
+    if not _begin_lock.acquire(blocking=False):
+        return
+    try:
+        if terminating.is_set():
+            return
+        terminating.set()
+    finally:
+        _begin_lock.release()
+    _start(_terminate, signum, grace_s)
+
+
+def _pipe_is_ours() -> bool:
+    """Whether the wakeup fd is still this module's pipe (read, and put back as it was)."""
+    if _wakeup is None:
+        return False
+    try:
+        previous = signal.set_wakeup_fd(-1)
+        ours = previous == _wakeup[1]
+        if ours:
+            signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+        elif previous != -1:
+            signal.set_wakeup_fd(previous)  # an event loop's: put back
+        return ours
+    except ValueError:
+        return False
+
+
+def _start(target, *args) -> None:
+    try:
+        threading.Thread(target=target, args=args, name="ecrec-sigterm-wait", daemon=True).start()
+    except RuntimeError as exc:  # no thread can be started (the process's limit): the signal's default at once
+        _die(signal.SIGTERM, f"the wait cannot start: {exc}")
+
+
+def _watch(read: int) -> None:
+    """Reads the numbers of the signals Python caught (every signal delivered writes its own): a SIGTERM that
+    came while this module's handler was installed starts the wait (while the main thread is blocked in C, its
+    handler cannot run), a second one ends the process at once."""
+    seen = 0
+    while True:
+        try:
+            data = os.read(read, 512)
+        except OSError:
+            return
+        if not data:
+            return
+        count = data.count(signal.SIGTERM)
+        if count and (signal.getsignal(signal.SIGTERM) is _on_sigterm or _claimed.is_set()):
+            seen += count
+            if seen > 1:
+                _die(signal.SIGTERM, "a second SIGTERM")
+            _begin(signal.SIGTERM, 0.0)
+
+
+def _terminate(signum: int, grace_s: float) -> None:
+    """Stops the clients' pushes, waits for their confirmations (bounded), then, ``grace_s`` later, SIGTERM's
+    default action, whatever happens meanwhile (a process whose pushes cannot start any more must end).  (A second
+    SIGTERM is ended at once by whoever counts it: :func:`_watch`, or :func:`_on_sigterm` without the pipe.)"""
+    why = None
+    try:
+        clients = [c for c in (_open_clients() if _open_clients else [])
+                   if c.config.exit_on_sigterm and c.config.confirm_at_exit_s > 0]
+        if not clients:
+            return
+        wait_s = max(c.config.confirm_at_exit_s for c in clients)
+        deadline = time.monotonic() + wait_s
+        for c in clients:  # first: a push sent and not answered yet is not held yet, and would be missed
+            c._push_gate.close(deadline)
+        held = sum(c.courier.unconfirmed() for c in clients)
+        if not held:
+            return
+        log.warning("SIGTERM: waiting up to %.0f s for %d unconfirmed pushes of worker(s) %s to be confirmed, then "
+                    "ending (a second SIGTERM ends it at once)", max(0.0, deadline - time.monotonic()), held,
+                    ", ".join(sorted(c.worker for c in clients)))
+        _wait_confirmed(clients, deadline)
+        left = sum(c.courier.unconfirmed() for c in clients)
+        why = f"{left} pushes still unconfirmed" if left else "every push confirmed"
+    except BaseException as exc:  # noqa: BLE001 - reported; the process ends all the same
+        why = f"the wait failed: {type(exc).__name__}: {exc}"
+    finally:
+        if grace_s > 0:
+            time.sleep(grace_s)
+        _die(signum, why)
+
+
+def end_if_terminating() -> None:
+    """Called at the end of the exit's own wait: a process that a SIGTERM reached ends by the signal (its parent
+    sees what it saw before), not with the status of a program that ended meanwhile."""
+    if terminating.is_set():
+        _die(signal.SIGTERM, None)
+
+
+def _die(signum: int, why: str | None) -> None:
+    """SIGTERM's default action, from any thread: the process ends as the signal would have ended it."""
+    if why:
+        log.warning("SIGTERM: ending (%s)", why)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
+            pass
+    for handler in logging.getLogger().handlers + log.handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - a handler that cannot flush loses its last lines, nothing more
+            pass
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(ctypes.c_int(signum), ctypes.c_void_p(0))  # SIG_DFL, set from this thread (Python cannot)
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)  # the signal is delivered to some thread of the process; it ends
+    finally:
+        os._exit(128 + signum)  # no C library to call: the status a shell reports for the signal
+
+
+_fork_masks = threading.local()
+
+
+def _before_fork() -> None:
+    """SIGTERM is held in the forking thread across a fork: the child starts with it blocked, and a SIGTERM sent to
+    it before it has reset its handler (``terminate()`` right after ``start()``) waits for that reset instead of
+    reaching the parent's wait through the pipe the two share."""
+    if _installed:
+        _fork_masks.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _after_fork_in_parent() -> None:
+    previous = getattr(_fork_masks, "previous", None)
+    if previous is not None:
+        _fork_masks.previous = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _after_fork_in_child() -> None:
+    """A child made by fork starts with SIGTERM's default action (the parent's pipe and thread are not its)."""
+    try:
+        _reset_in_child()
+    finally:
+        _after_fork_in_parent()  # the mask as it was before the fork: a SIGTERM held meanwhile ends the child now
+
+
+def _reset_in_child() -> None:
+    global _installed, _wakeup, _calls
+    if not _installed:
+        return
+    _installed = False
+    _calls = 0
+    wakeup, _wakeup = _wakeup, None
+    terminating.clear()
+    _claimed.clear()
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if wakeup is not None:
+            previous = signal.set_wakeup_fd(-1)
+            if previous != wakeup[1]:  # the program's since: kept
+                signal.set_wakeup_fd(previous)
+            os.close(wakeup[0])
+            os.close(wakeup[1])
+    except (ValueError, OSError):
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
