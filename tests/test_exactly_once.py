@@ -167,6 +167,9 @@ _TERMINATED = """
     from ecrec.config import ClientConfig
 
     mode = sys.argv[3]
+    if mode == "chained-exit":  # an exit handler of the program's, registered before the client's
+        import atexit
+        atexit.register(print, "own exit handler", flush=True)
     if mode == "own-handler":
         signal.signal(signal.SIGTERM, lambda *a: print("mine", flush=True) or sys.exit(7))
     cluster = Cluster.connect(sys.argv[1], config=ClientConfig(rpc_timeout_s=4.0, retry_deadline_s=60.0),
@@ -184,13 +187,20 @@ _TERMINATED = """
     if mode == "replaced":  # a SIGTERM comes just as the program installs a handler of its own
         os.kill(os.getpid(), signal.SIGTERM)
         signal.signal(signal.SIGTERM, lambda s, f: print("mine", flush=True))
-    if mode == "chained":  # a handler installed after the client's, calling the one it replaced
-        # (before the line the test waits for: a SIGTERM sent while it was being installed ran it before
-        # `replaced` was bound, a NameError; CI)
+    if mode.startswith("chained"):  # a handler installed after the client's, calling the one it replaced (and
+        # then exiting, as Lightning's does); installed before the line the test waits for (a SIGTERM sent while
+        # it was being installed ran it before `replaced` was bound, a NameError in CI)
         from ecrec.client import termination
         termination.CHAINED_GRACE_S = 1.0  # (30 s by default)
-        replaced = signal.signal(signal.SIGTERM, lambda s, f: print("mine", flush=True) or
-                                 (replaced(s, f) if callable(replaced) else sys.exit(3)))
+
+        def mine(signum, frame):
+            print("mine", flush=True)
+            if callable(replaced):
+                replaced(signum, frame)
+            if mode == "chained-exit":
+                sys.exit(5)
+
+        replaced = signal.signal(signal.SIGTERM, mine)
     print("unconfirmed", cluster.courier.unconfirmed(), flush=True)
     if mode == "blocked":  # the main thread blocked for good in a call that never comes back to the program
         select.select([os.pipe()[0]], [], [])
@@ -272,6 +282,9 @@ def test_sigterm_is_left_to_a_program_that_handles_it_and_to_forked_children(mak
     # action, after the wait and a grace for its own work (it lived on: ours did nothing then)
     status, out, err, took = _terminated(local, "chained", tmp_path)
     assert "mine" in out and status == -15 and took < 30, (status, took, out, err)
+    # one that then exits ends as it chose, its exit handlers run (it ended by SIGTERM, 143, its handler unrun)
+    status, out, err, took = _terminated(local, "chained-exit", tmp_path)
+    assert status == 5 and "mine" in out and "own exit handler" in out and took < 30, (status, took, out, err)
     # a SIGTERM that came while the client's handler was installed, read from the pipe only after the program had
     # installed its own: it was lost, and the process lived on (CI: the chained case above timed out)
     status, out, err, took = _terminated(local, "replaced", tmp_path, send=False)

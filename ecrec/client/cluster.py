@@ -122,6 +122,7 @@ def _close_at_exit() -> None:
     its daemon thread); a wait of more than :data:`EXIT_QUIET_S` is said, once; Ctrl-C ends it.  (Registered
     again at each client's creation: it runs before the exit handlers registered earlier, such as the
     ``LocalCluster`` a script started its cluster with.)"""
+    termination.note_exiting()
     clients = _open_clients()
     waiting = [c for c in clients if c.config.confirm_at_exit_s > 0 and c.courier.unconfirmed()]
     try:
