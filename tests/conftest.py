@@ -71,6 +71,7 @@ def make_cluster(request):
     """
     _needs_the_cluster_marker(request)
     started: list[LocalCluster] = []
+    request.node.ecrec_clusters = started  # (named in the test's report when it fails: _processes_of)
 
     def factory(**kwargs) -> LocalCluster:
         kwargs.setdefault("host", "127.0.0.1")
@@ -99,6 +100,35 @@ def shared_cluster(request):
 
     yield factory
     _stop(list(started.values()))
+
+
+def _processes_of(clusters) -> str:
+    """Each process of ``clusters``: its pid, whether it still runs or how it ended (a server gone from a cluster
+    the test did not kill: its exit status tells a lease lost, 1, from a signal), its last stderr lines."""
+    out = []
+    for n, cluster in enumerate(clusters):
+        procs = [("coordinator", p) for p in [*cluster.old_coordinator_procs, cluster.coordinator_proc,
+                                              *cluster.coordinator_procs] if p is not None]
+        procs += [("server", p) for p in cluster.server_procs]
+        for role, p in dict((id(p), (role, p)) for role, p in procs).values():
+            code = p.poll()
+            out.append(f"cluster {n} {role} pid {p.pid}: {'running' if code is None else f'exited, status {code}'}")
+            out += [f"    {line}" for line in cluster.stderr_tail(p.pid)[-5:]]
+    return "\n".join(out)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that started clusters says what became of each of their processes (before the teardown kills
+    them): a server that refused connections had exited, or was still running."""
+    outcome = yield
+    report = outcome.get_result()
+    clusters = getattr(item, "ecrec_clusters", None)
+    if report.when == "call" and report.failed and clusters:
+        try:
+            report.sections.append(("ecrec processes", _processes_of(clusters)))
+        except Exception as exc:  # noqa: BLE001 - the failure is reported whatever this finds
+            report.sections.append(("ecrec processes", f"could not be listed: {exc!r}"))
 
 
 def pytest_collection_modifyitems(config, items):

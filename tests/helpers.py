@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -181,6 +182,32 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def started_at(pid: int) -> str | None:
+    """A process's start time (``/proc/PID/stat``), None when it is gone: with its pid, who it is (a pid is reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def born(pids) -> dict[int, str]:
+    """``pids`` with their start times: who they are (a pid is reused once its process is gone)."""
+    return {pid: started for pid in pids if (started := started_at(pid)) is not None}
+
+
+def kill_born(processes: dict[int, str]) -> None:
+    """SIGKILL to each of ``processes`` (:func:`born`) still running: never to a later process given its pid (a
+    test run forks thousands, pids wrap at 32768 here, and test_forks hands out a reaped pid again on purpose)."""
+    for pid, started in processes.items():
+        if started_at(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def free_port_range(count: int) -> int:

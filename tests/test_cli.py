@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ecrec.client import Cluster
-from helpers import alive, children as children_of
+from helpers import born as _born, children as children_of, kill_born, started_at as _started
 
 pytestmark = pytest.mark.cluster
 
@@ -50,11 +50,6 @@ def test_local_cluster_serves_and_stops_every_process(sig):
         _kill_alive(proc, children)
 
 
-def _born(pids) -> dict[int, str]:
-    """``pids`` with their start times: who they are (a pid is reused once its process is gone)."""
-    return {pid: started for pid in pids if (started := _started(pid)) is not None}
-
-
 def _all_end(born: dict[int, str], within_s: float) -> bool:
     """Whether every process of ``born`` (:func:`_born`) has ended within ``within_s``."""
     deadline = time.monotonic() + within_s
@@ -69,19 +64,7 @@ def _kill_alive(proc: subprocess.Popen, born: dict[int, str]) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    for pid, started in born.items():
-        if _started(pid) == started:
-            os.kill(pid, signal.SIGKILL)
-
-
-def _started(pid: int) -> str | None:
-    """A process's start time (``/proc/PID/stat``), None when it is gone: with its pid, who it is (a pid is reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else fields[19]
+    kill_born(born)
 
 
 def test_local_reaps_a_server_that_exits_and_says_so(tmp_path):

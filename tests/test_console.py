@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ecrec.ops import console, logs
-from helpers import alive as _alive, children as _children
+from helpers import born, children as _children, kill_born
 
 
 class FakeTerminal(io.StringIO):
@@ -163,13 +163,13 @@ def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "ecrec.cli", "--log-level", "INFO", "--log-format", "json",
                                  "local", "--servers", "2", "--metrics-port", str(base)],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
-    children: set[int] = set()
+    children: dict[int, str] = {}
     try:
         lines = [proc.stdout.readline()]
         while not lines[-1].startswith("Prometheus metrics:"):
             lines.append(proc.stdout.readline())
             assert lines[-1], "the local cluster stopped printing before its metrics line"
-        children = _children(proc.pid)
+        children = born(_children(proc.pid))
         address = lines[0].split()[2]
         assert lines[0].startswith("coordinator at 127.0.0.1:")
         snippet = "\n".join(line[4:].rstrip() for line in lines if line.startswith("    "))
@@ -184,10 +184,11 @@ def test_local_prints_a_snippet_that_connects_and_logs_json(tmp_path):
         namespace["cluster"].close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        for pid in [proc.pid, *children]:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    finally:  # (by handle, and by start time: a pid reaped already may be another process's by now)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_born(children)
     entries = [json.loads(line) for line in stderr_path.read_text().splitlines() if line.strip()]
     assert entries, "no log line"
     kinds = {e["process"] for e in entries}

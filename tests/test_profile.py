@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ecrec.bench import cli, profile_runs
+from helpers import born, kill_born, started_at
 
 
 def test_step_times_are_a_function_of_the_step_records():
@@ -168,31 +169,13 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _started_by_us(pid: int) -> bool:
-    """Whether ``pid`` runs this project's command line (an orphan of the benchmark, not a process that took a
-    reused pid)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"ecrec" in f.read()
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.cluster
 def test_a_benchmark_ended_by_sigterm_stops_its_clusters(tmp_path):
     """``kill`` (SIGTERM) ends a benchmark as Ctrl-C does: the clusters it started do not outlive it."""
     bench = subprocess.Popen([sys.executable, "-m", "ecrec.bench.cli", "profile", "--against", "none", "--rows", "2000",
                               "--dim", "8", "--servers", "3", "--batch-size", "32", "--no-py-spy", "--seconds", "120",
                               "--rounds", "1", "--out", str(tmp_path)], stderr=subprocess.PIPE, text=True)
-    below: set[int] = set()
+    below: dict[int, str] = {}
     started = threading.Event()
 
     def read():  # drained to the end: a full pipe would stall the benchmark
@@ -205,21 +188,19 @@ def test_a_benchmark_ended_by_sigterm_stops_its_clusters(tmp_path):
     try:
         assert started.wait(120), "the benchmark never started its second cluster"
         time.sleep(3)  # its warm steps under way
-        below = _descendants(bench.pid)
+        below = born(_descendants(bench.pid))
         assert len(below) >= 6, f"expected two clusters below the benchmark, found {sorted(below)}"
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=90) == 130
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p) for p in below):
+        while time.monotonic() < deadline and any(started_at(p) == t for p, t in below.items()):
             time.sleep(0.2)
-        assert not [p for p in below if _alive(p)], "processes of the benchmark's clusters outlived it"
+        assert not [p for p, t in below.items() if started_at(p) == t], "processes of the benchmark's clusters outlived it"
     finally:  # on a failure: whatever of it still runs (a pid reaped already may be another process's by now)
         if bench.poll() is None:
             bench.kill()
             bench.wait(timeout=30)
-        for pid in below:
-            if _alive(pid) and _started_by_us(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_born(below)
 
 
 @pytest.mark.benchmark

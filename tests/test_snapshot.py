@@ -552,7 +552,8 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
     assert not (tmp_path / "elsewhere").exists() or not list((tmp_path / "elsewhere").glob("*.distcp"))
     saved = _state(cluster)
     cluster.save(str(root / "ok"))
-    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target_local = make_cluster(servers=2, strategy="none")
+    target = Cluster.connect(target_local.coordinator_address)
     target.load(str(root / "ok"))
     assert {k: np.array_equal(v, saved[k]) for k, v in _state(target).items()} == {"a": True, "b": True}
     # a data file where a server would write: refused, the file kept
@@ -597,19 +598,28 @@ def test_where_servers_write_is_bounded_and_nothing_is_overwritten(make_cluster,
     # a restore in bulk reads only under the root: a snapshot elsewhere, or linked into the root from elsewhere,
     # goes by pushes (the progress says why); one under it in bulk; every row exact either way
     target.save(str(tmp_path / "out"))
+    # (the clusters done with are stopped, and these are slow to declare a server failed: five clusters at once
+    # on a loaded CI machine had a server of a new one declared failed, its lease gone, in the middle of a restore)
+    for client, done in ((cluster, local), (target, target_local)):
+        client.close()
+        done.close()
     linked = root / "linked"
     linked.mkdir()
     for f in (tmp_path / "out").iterdir():
         (linked / f.name).symlink_to(f)
     for path, why in ((tmp_path / "out", "outside this server's --snapshot-root"),
                       (linked, "leads outside this server's --snapshot-root"), (root / "ok", None)):
-        restored = Cluster.connect(make_cluster(servers=3, strategy="ecrec", k=2, m=1,
-                                                server_options={"snapshot_root": str(root)}).coordinator_address)
+        restored_local = make_cluster(servers=3, strategy="ecrec", k=2, m=1,
+                                      server_options={"snapshot_root": str(root)},
+                                      coordinator_options={"failure_timeout_s": 30})
+        restored = Cluster.connect(restored_local.coordinator_address)
         messages = []
         manifest = restored.load(str(path), on_progress=messages.append)
         assert manifest["restored_in_bulk"] == ([] if why else ["a", "b"]), messages
         assert why is None or any(why in m and "restored by pushes" in m for m in messages), messages
         assert {k: np.array_equal(v, saved[k]) for k, v in _state(restored).items()} == {"a": True, "b": True}
+        restored.close()
+        restored_local.close()
 
 
 def test_periodic_snapshots_number_on_from_what_the_directory_holds(make_cluster, tmp_path):
