@@ -339,6 +339,9 @@ class ClientConfig(SecurityOptions):
     max_ids_per_request: int = option(1 << 22, "most row ids one request names, as the servers' "
                                                "--max-ids-per-request: a step that would send more to a server is "
                                                "refused before anything is sent, a pull is sent in pieces")
+    max_worker_name_bytes: int = option(256, "longest worker name (bytes, UTF-8), as the servers' "
+                                             "--max-worker-name-bytes: a longer one is refused when the client is "
+                                             "made, not at its first push")
     idle_poll_s: float = option(0.25, "while this worker holds unconfirmed pushes and makes no call, a background "
                                       "thread pulls a row of each of their owners this often: confirmations come "
                                       "back, and an owner's replacement gets them replayed (0: only at the "

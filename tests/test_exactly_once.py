@@ -217,9 +217,10 @@ _TERMINATED = """
 """
 
 
-def _terminated(local, mode: str, tmp_path, after_s: float = 0.0, send: bool = True):
-    """Runs the script above; once it has pushed (and ``after_s`` more), SIGTERM (``send``); returns (its status,
-    its stdout, its stderr, seconds from the signal to its end)."""
+def _terminated(local, mode: str, tmp_path, after_s: float = 0.0, send: bool = True,
+                second_after_s: float | None = None):
+    """Runs the script above; once it has pushed (and ``after_s`` more), SIGTERM (``send``; a second one
+    ``second_after_s`` later); returns (its status, its stdout, its stderr, seconds from the signal to its end)."""
     import signal
     import time
 
@@ -233,6 +234,9 @@ def _terminated(local, mode: str, tmp_path, after_s: float = 0.0, send: bool = T
         time.sleep(after_s)
         sent = time.monotonic()
         if send:
+            proc.send_signal(signal.SIGTERM)
+        if second_after_s is not None:
+            time.sleep(second_after_s)
             proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120 if send else 60)
         print(f"{mode}: ended {time.monotonic() - sent:.1f} s after SIGTERM, status {proc.returncode}")
@@ -265,6 +269,17 @@ def test_a_worker_stopped_with_sigterm_leaves_no_acknowledged_push_to_its_owner_
     assert status == -15 and took < 30, (status, took, err)  # ended by the signal, as without the wait
     assert "SIGTERM: waiting up to" in err and "SIGTERM: ending (every push confirmed)" in err, err
     assert "Traceback" not in err, err
+    client.close()
+
+
+def test_a_second_sigterm_ends_the_wait_at_once_saying_nothing(make_cluster, tmp_path):
+    """The wait for confirmations (10 s here: groups close after 12 s) is cut short by a second SIGTERM, which ends
+    the process by the signal with no further line (a stream the main thread holds may be full)."""
+    local, client, initial = start(make_cluster, servers=4, standby=1, options={"coalesce_s": "12"})
+    status, out, err, took = _terminated(local, "idle", tmp_path, second_after_s=1.5)
+    assert int(out.split()[-1]) > 0, "the push was confirmed before the signal: no wait to cut short"
+    assert status == -15 and took < 6, (status, took, err)
+    assert "SIGTERM: waiting up to" in err and "SIGTERM: ending" not in err, err
     client.close()
 
 

@@ -189,6 +189,30 @@ def test_a_worker_name_no_push_could_carry_is_refused_at_connect(name, why):
     Cluster("127.0.0.1:1", worker="rank \u2764\ufe0f").close()  # an emoji with its presentation selector
 
 
+@pytest.mark.cluster
+def test_a_worker_name_longer_than_the_servers_take_is_refused_when_the_client_is_made(shared_cluster):
+    """A name past the servers' ``--max-worker-name-bytes`` (256) was taken, and every push refused (after the
+    step's pulls): refused when the client is made, counted in UTF-8 bytes; one the servers were told to take
+    (a larger bound on both sides) trains."""
+    with pytest.raises(ValueError, match=r"is 257 bytes \(UTF-8\), longer than 256 \(ClientConfig.max_worker_name_"):
+        Cluster("127.0.0.1:1", worker="w" * 257)
+    with pytest.raises(ValueError, match="is 258 bytes"):
+        Cluster("127.0.0.1:1", worker="\u00e9" * 129)  # 129 characters, 2 bytes each
+    Cluster("127.0.0.1:1", worker="w" * 256).close()
+    with pytest.raises(ValueError, match="max_worker_name_bytes"):
+        ClientConfig(max_worker_name_bytes=0)
+    local = shared_cluster(servers=2, strategy="none", server_options={"max_worker_name_bytes": 400})
+    cluster = Cluster.connect(local.coordinator_address, config=ClientConfig(max_worker_name_bytes=400),
+                              worker="w" * 300)
+    try:
+        cluster.create_table("long_named", 4, 2, optimizer="sgd", lr=1.0, init="zeros")
+        EmbeddingBag(cluster, "long_named")(torch.tensor([[1]])).sum().backward()
+        cluster.step()
+        np.testing.assert_array_equal(cluster.read_rows("long_named", [1]), [[-1.0, -1.0]])
+    finally:
+        cluster.close()
+
+
 def test_every_format_character_is_refused_in_a_worker_name_or_named_as_visible():
     """Format characters (Unicode category Cf) are invisible but for a few: every one this Python knows is either
     refused in a worker name or listed as one a name may hold (a newer Unicode's new ones fail here first)."""

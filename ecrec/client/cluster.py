@@ -314,6 +314,10 @@ class Cluster:
         if problem:  # refused here, not at the first push
             raise ValueError(f"Cluster: worker name {worker!r} {problem}")
         self.config = config or ClientConfig()
+        if worker is not None and len(worker.encode()) > self.config.max_worker_name_bytes:
+            raise ValueError(f"Cluster: worker name {worker[:40]!r}... is {len(worker.encode())} bytes (UTF-8), longer "
+                             f"than {self.config.max_worker_name_bytes} (ClientConfig.max_worker_name_bytes, as the "
+                             "servers' --max-worker-name-bytes): every push would be refused")
         self.address = address
         self.worker = worker or f"worker-{uuid.uuid4().hex[:12]}"
         # this process (a restarted worker with the same name is another); 128 random bits, a secret: it goes to

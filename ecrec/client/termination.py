@@ -45,7 +45,7 @@ terminating = threading.Event()
 _claimed = False
 _exiting = False  # the program's exit began (its exit handlers run): a chained wait no longer ends it
 _libc_signal = None  # the C library's signal(), loaded at install: nothing is imported on the way out
-_calls = 0  # calls of the handler for its own SIGTERMs, where no thread reads the pipe
+_calls = 0  # calls of the handler for its own SIGTERMs
 #: seconds a program whose own SIGTERM handler called this one is given for its own work after the wait
 CHAINED_GRACE_S = 30.0
 
@@ -139,10 +139,11 @@ def _on_sigterm(signum, frame) -> None:
     # this module's own: the signal came while it was installed (the thread reading the pipe may read it only
     # after the program has replaced it -- signal.signal() runs the pending handlers first, this one)
     _claimed = True
-    if not _pipe_is_ours():  # no thread counts the signals: each call here is one
-        _calls += 1
-        if _calls > 1:
-            _die(signum, None, quiet=True)
+    # each call is a signal of its own (two that come before the first call are one call, and are two bytes in the
+    # pipe :func:`_watch` counts, when it is there): a second call ends the process, whoever else counts
+    _calls += 1
+    if _calls > 1:
+        _die(signum, None, quiet=True)
     _begin(signum, 0.0)
 
 
@@ -158,22 +159,6 @@ def _begin(signum: int, grace_s: float) -> None:
     finally:
         _begin_lock.release()
     _start(_terminate, signum, grace_s)
-
-
-def _pipe_is_ours() -> bool:
-    """Whether the wakeup fd is still this module's pipe (read, and put back as it was)."""
-    if _wakeup is None:
-        return False
-    try:
-        previous = signal.set_wakeup_fd(-1)
-        ours = previous == _wakeup[1]
-        if ours:
-            signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
-        elif previous != -1:
-            signal.set_wakeup_fd(previous)  # an event loop's: put back
-        return ours
-    except ValueError:
-        return False
 
 
 def _start(target, *args) -> None:
