@@ -116,6 +116,32 @@ def test_batches_ride_along_within_the_room_a_request_has_and_the_rest_wait_in_o
     assert courier.pending_relay() == 0
 
 
+def test_what_a_push_had_no_room_for_rides_on_pulls_within_their_limit_and_a_step_keeps_room_for_watermarks():
+    """Batches a push left in the courier all went on the worker's next pull, past the message limit (refused, and
+    the forward failed); a step's size check did not count the watermarks every push carries."""
+    from ecrec.client import Cluster
+    from ecrec.config import ClientConfig
+
+    cluster = Cluster("127.0.0.1:1", ClientConfig(max_message_bytes=65536))  # (connects to nothing until called)
+    try:
+        batches = [embedding_pb2.RelayBatch(destination=2, destination_id="d", batch=bytes([n]) * 16000)
+                   for n in range(9)]
+        cluster.courier.received(0, embedding_pb2.PushReply(relay=batches))
+        sent = []
+        for _ in range(4):
+            request = embedding_pb2.PullRequest(tables=[embedding_pb2.TableIds(table="t", ids=b"\0" * 80)])
+            cluster._attach(2, request)
+            assert request.ByteSize() <= 65536
+            sent += [r.batch[0] for r in request.relay]
+        assert sent == list(range(9)) and cluster.courier.pending_relay() == 0  # all of them, in order, once
+        watermarks = [embedding_pb2.ParityWatermark(source=1, destination=d, destination_id="x" * 40)
+                      for d in range(5)]
+        cluster.courier.received(3, embedding_pb2.PullReply(watermarks=watermarks))
+        assert cluster.courier.ack_bytes(1) > 5 * 40 and cluster.courier.ack_bytes(0) == 0
+    finally:
+        cluster.close()
+
+
 @pytest.mark.cluster
 def test_a_worker_gets_its_confirmations_whatever_table_comes_first_and_with_dense_only_pushes(make_cluster):
     """``wait_confirmed`` (and ``close``) ask every index that holds the worker's pushes for something it serves:

@@ -310,6 +310,37 @@ def test_sigterm_is_left_to_a_program_that_handles_it_and_to_forked_children(mak
     client.close()
 
 
+def test_a_replay_larger_than_one_request_goes_in_rounds(make_cluster):
+    """A worker replayed every push its failed owner had acknowledged and not confirmed in one request: more ids
+    than a server takes at once (``--max-ids-per-request``) were refused, and every later call to that index
+    failed with it (each begins with the replay).  The pushes go in order, as many as one request holds."""
+    import torch
+
+    from ecrec.client import EmbeddingBag
+
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         options={"coalesce_s": "30", "coalesce_pushes": "1000", "coalesce_bytes": str(1 << 30)},
+                         server_options={"max_ids_per_request": 1000})
+    client = Cluster.connect(local.coordinator_address, worker="replayer",
+                             config=ClientConfig(rpc_timeout_s=10.0, retry_deadline_s=60.0, max_ids_per_request=1000))
+    try:
+        client.create_table("big", 4000, 4, optimizer="sgd", lr=1.0, init="zeros")
+        bag = EmbeddingBag(client, "big")
+        pushed = torch.arange(0, 4000, 2)  # 2000 rows, about 500 on each index
+        for _ in range(3):
+            bag(pushed[None, :]).sum().backward()
+            client.step()
+        held = client.courier.to_replay(0, "")
+        assert sum(len(t.ids) // 8 for _, push in held for t in push.tables) > 1000, "no more than one request"
+        kill_index(local, 0)
+        rows = client.read_rows("big", np.arange(4000))  # (the replay comes first)
+        np.testing.assert_array_equal(rows[::2], np.full((2000, 4), -3.0, np.float32))
+        np.testing.assert_array_equal(rows[1::2], 0.0)
+        assert client.courier.stats["replayed"] == len(held)
+    finally:
+        client.close(confirm_timeout_s=0)
+
+
 def test_parity_verification_waits_for_a_rebuild_instead_of_reporting_unbuilt_rows(make_cluster, tmp_path):
     """``verify_parity`` on a replacement still rebuilding compared the parity rows it had not built yet with a
     fresh encode and reported them mismatched (6 of 7 in CI, the tampering test under parallel load).  It waits

@@ -331,6 +331,7 @@ def test_inputs_that_failed_with_no_word_on_what_is_wrong_are_refused_naming_it_
         cluster.create_table("listed", 2, 2, init=[[1.0, 2.0], [3.0, 4.0]])  # rows as nested lists: taken
         np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [3, 4]])
         cluster.write_rows("listed", [1], [[5.0, 6.0]])
+        assert cluster.write_rows("listed", [], []) == 0  # nothing, as lists (it failed: shape (0,))
         np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [5, 6]])
         with pytest.raises(ValueError, match="table 'listed': weights given as a list must be rows of numbers"):
             cluster.write_rows("listed", [0, 1], [[1.0], [2.0, 3.0]])

@@ -187,8 +187,12 @@ _FINALIZERS: set[int] = set()
 PULL_IDS = 1 << 21
 #: and the most bytes of rows its reply carries (the default message limit is 256 MiB)
 PULL_BYTES = 64 << 20
-#: an upper bound on the bytes of one field's tag and length in a push request (and of a number field)
-PUSH_FIELD_BYTES = 16
+#: an upper bound on the bytes of one field's tag and length in a push request (and of a number field); a table's
+#: entry with megabytes of gradients measured 17-18 over its contents
+PUSH_FIELD_BYTES = 24
+#: room a push leaves for the watermarks that arrive between its check and its send (``Courier.ack_bytes``
+#: counts those already waiting), at most this share of the message limit
+ACK_ROOM_SHARE = 1 / 64
 
 
 def _pull_rounds(per_server: dict[int, list], max_ids: int, max_bytes: int) -> list[dict[int, list]]:
@@ -501,7 +505,7 @@ class Cluster:
 
     def _poll(self, requests_by_server: dict, give_up=None, deadline: float | None = None) -> None:
         for i, request in requests_by_server.items():  # one index at a time, each retried for a short while only:
-            self.courier.attach(i, request)            # a cluster that is gone must not hold a poll for minutes
+            self._attach(i, request)                   # a cluster that is gone must not hold a poll for minutes
             retry_s = min(self.config.retry_deadline_s, POLL_RETRY_S)
             timeout_s = None
             if deadline is not None:  # a caller's own bound (close's confirm_timeout_s): no call outlasts it
@@ -530,17 +534,27 @@ class Cluster:
             todo = self.courier.to_replay(index, live.server_id) if live is not None else []
             if not todo:
                 return
-            if said != (live.server_id, len(todo)):  # once, not at every retry of a busy server (every 10 ms)
-                said = (live.server_id, len(todo))
+            if said != live.server_id:  # once, not at every retry of a busy server (every 10 ms) or every round
+                said = live.server_id
                 log.warning("server index %d is served by a new process: replaying %d unconfirmed pushes", index,
                             len(todo))
-            request = embedding_pb2.ReplayRequest()
+            # in order, as many as one request holds (the server counts the ids of all of them against
+            # --max-ids-per-request, and the message limit is gRPC's): the rest go in the next rounds
+            request, ids, nbytes = embedding_pb2.ReplayRequest(), 0, 0
             for _, held in todo:
-                push = request.pushes.add()
+                push = embedding_pb2.PushRequest()
                 push.CopyFrom(held)
                 push.ClearField("relay")
                 push.ClearField("acks")
                 push.replay = True
+                more_ids = sum(len(t.ids) // 8 for t in push.tables)
+                more_bytes = push.ByteSize() + PUSH_FIELD_BYTES
+                if request.pushes and (ids + more_ids > self.config.max_ids_per_request
+                                       or nbytes + more_bytes > self.config.max_message_bytes):
+                    break
+                request.pushes.append(push)
+                ids, nbytes = ids + more_ids, nbytes + more_bytes
+            todo = todo[:len(request.pushes)]
             try:  # at this incarnation only: a replay must not continue at another one midway
                 reply = self.peers.stub(live.address).Replay(request, timeout=self.config.rpc_timeout_s)
             except grpc.RpcError as exc:
@@ -684,7 +698,7 @@ class Cluster:
                             for name, _, ids, pos in parts], epoch=self.map.epoch)
                 for i, parts in parts_by_server.items()}
             for i, request in requests_by_server.items():
-                self.courier.attach(i, request)
+                self._attach(i, request)
             replies = self._fan_out("Pull", requests_by_server)
             for i, reply in replies.items():
                 self.courier.received(i, reply)
@@ -835,7 +849,7 @@ class Cluster:
             by_primary.setdefault(self.layout.dense_servers(name)[0], []).append(name)
         requests = {i: embedding_pb2.PullRequest(dense=n, epoch=self.map.epoch) for i, n in by_primary.items()}
         for i, request in requests.items():
-            self.courier.attach(i, request)
+            self._attach(i, request)
         replies = self._fan_out("Pull", requests)
         for i, reply in replies.items():
             self.courier.received(i, reply)
@@ -968,6 +982,11 @@ class Cluster:
         self._periodic = Periodic(steps, str(directory), keep, on_progress, self._snapshot_bases.get(str(directory)))
         self._snapshot_bases[str(directory)] = self._periodic.base
 
+    def _attach(self, index: int, request) -> None:
+        """What the courier carries for server ``index`` rides along on a pull or poll, within the room its message
+        limit leaves (the batches a push had no room for all went on the next pull, past the limit: refused)."""
+        self.courier.attach(index, request, budget=self.config.max_message_bytes - request.ByteSize())
+
     def _send_push(self, requests: dict[int, embedding_pb2.PushRequest]) -> dict:
         """Sends one push (a request per server, one push id) as :meth:`step` does: what the courier carries
         rides along, each reply's relay and confirmations go back to it.  Not started once a SIGTERM stops this
@@ -1045,11 +1064,13 @@ class Cluster:
         for name, param in self._dense.items():
             if param.grad is not None:
                 index = self.layout.dense_servers(name)[0]
-                dense_bytes[index] = dense_bytes.get(index, 0) + 4 * param.grad.numel() + len(name) + PUSH_FIELD_BYTES
+                dense_bytes[index] = (dense_bytes.get(index, 0) + 4 * param.grad.numel() + len(name.encode())
+                                      + PUSH_FIELD_BYTES)
         too_many, too_large = [], []
         for i in sorted(set(parts) | set(dense_bytes)):
             ids = sum(len(part_ids) for _, part_ids, _ in parts.get(i, ()))
-            nbytes = self._push_bytes(parts.get(i, ()), dense_bytes.get(i, 0))
+            nbytes = (self._push_bytes(parts.get(i, ()), dense_bytes.get(i, 0)) + self.courier.ack_bytes(i)
+                      + int(self.config.max_message_bytes * ACK_ROOM_SHARE))
             if ids > self.config.max_ids_per_request:
                 too_many.append(f"server {i}'s part would name {ids} row ids")
             if nbytes > self.config.max_message_bytes:

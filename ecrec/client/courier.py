@@ -54,6 +54,12 @@ class Courier:
         self.stats = {"relayed": 0, "replayed": 0, "replayed_already_applied": 0}
 
     # --- what goes out --------------------------------------------------------------------------------------
+    def ack_bytes(self, index: int) -> int:
+        """The bytes the watermarks waiting for server ``index`` add to its next push (they always go with it)."""
+        with self._lock:
+            acks = self._acks.get(index)
+            return sum(a.ByteSize() + FIELD_BYTES for a in acks.values()) if acks else 0
+
     def attach(self, index: int, request, budget: int | None = None) -> int:
         """Puts the batches for server ``index`` (and, on a push, the watermarks of its own batches) into
         ``request``; returns the bytes added.  They leave the courier: a destination that is gone or replaced does

@@ -151,6 +151,8 @@ class RowIO:
         columns = columns_of(spec, what)
         width = columns.stop - columns.start
         values = list_as_array(as_array(values), f"table {name!r}: {what}")
+        if len(ids) == 0 and getattr(values, "size", None) == 0:  # nothing to write ([] has no second axis)
+            return 0
         if not hasattr(values, "shape") or tuple(values.shape) != (len(ids), width):
             raise ValueError(f"table {name!r}: {what} of {len(ids)} rows must have shape {(len(ids), width)}, got "
                              f"{tuple(getattr(values, 'shape', ()))}")
