@@ -32,11 +32,38 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
     (["codec", "--k", "0", "--size-mib", "1"], "--k and --m must be at least 1"),
     (["compare", "--strategies", "none,ecrec,none"], "--strategies lists a strategy twice"),
     (["simulate", "--from-results", str(RESULTS / "compare-quick.json")], "a file, not a directory of result files"),
+    # past what one machine runs: they passed every check and started (a review found each)
+    (["compare", "--servers", "100000", "--k", "2", "--m", "1"], "--servers 100,000: at most 64"),
+    (["compare", "--steps", "99999999999999999999999"], "--steps 99,999,999,999,999,999,999,999: at most"),
+    (["compare", "--batch-size", "1000000000000"], "--batch-size 1,000,000,000,000: at most 1,048,576"),
+    (["recovery", "--servers", "400", "--rows", "1000"], "--servers 400: at most 64"),
+    (["profile", "--servers", "100000", "--no-py-spy"], "--servers 100,000: at most 64"),
+    (["profile", "--servers", "0", "--no-py-spy"], "--servers must be >= 1"),  # (it said "--server must be ...")
+    (["recovery", "--rows", "1000", "--probe-rows", "1000000000"], "--probe-rows 1,000,000,000: at most "
+                                                                      "1,048,576"),
 ])
 def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("dataset, says", [
+    ("bogus", "unknown --dataset 'bogus'"), ("", "unknown --dataset ''"),
+    ("criteo:", "--dataset criteo: names no file"), ("criteo:/nonexistent/day_0", "no such Criteo file"),
+    ("criteo:/", "is a directory"),
+])
+def test_a_dataset_compare_cannot_read_is_refused_before_anything_is_made(dataset, says, monkeypatch, capsys):
+    """``--dataset bogus`` (or a Criteo path that is none) printed the run's banner, made its work directory, then
+    exited 1; ``--dataset ''`` ran the preset's dataset without a word.  A usage error now: exit 2, nothing made."""
+    from ecrec.bench import compare
+
+    monkeypatch.setattr(compare, "prepare_data", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("made")))
+    monkeypatch.setattr(compare.tempfile, "mkdtemp", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("made")))
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["compare", "--strategies", "none", "--dataset", dataset])
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and says in str(raised.value) and says in err, (raised.value.code, err)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -60,6 +87,14 @@ def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
                                                                                      "needs full"),
     (["compare", "--strategies", "none,full", "--target-pls", "0.05"], "--target-pls needs a cpr strategy"),
     (["compare", "--strategies", "cpr,cpr-mfu", "--pls-basis", "updates"], "--pls-basis needs --equal-pls"),
+    (["compare", "--strategies", "none", "--fail-at", "-1", "--failures", "5"], "--failures needs a failure"),
+    (["compare", "--strategies", "none", "--fail-at", "-1", "--fail-server", "2"], "--fail-server needs a failure"),
+    (["compare", "--strategies", "none", "--fail-at", "-1", "--rounds", "3"], "--rounds needs side-by-side rounds"),
+    (["compare", "--strategies", "none", "--workers", "2", "--rounds", "3"], "--rounds needs side-by-side rounds"),
+    (["compare", "--strategies", "none", "--work-dir", "/tmp", "--keep"], "--keep needs a temporary work directory"),
+    (["recovery", "--during-training", "--probe-rows", "7"], "--probe-rows needs an idle run"),
+    (["recovery", "--during-training", "--strategies", "ecrec,full", "--target-pls", "0.5"], "--target-pls needs "
+                                                                                             "cpr among"),
 ])
 def test_a_flag_its_command_would_ignore_is_refused_by_name(argv, says, monkeypatch, capsys):
     """``profile --dim 128`` without ``--rows`` profiled the quick preset's DLRM, ``recovery --before-s 3`` without
@@ -91,7 +126,10 @@ def test_flags_given_with_what_they_need_are_taken():
                         (["profile", "--server", "0", "--top", "5"], profile._check),
                         (["recovery", "--during-training", "--before-s", "3", "--failures", "1"], recovery.check_args),
                         (["recovery", "--strategies", "none,ecrec", "--k", "2", "--m", "1"], recovery.check_args),
-                        (["recovery", "--rows", "1000"], recovery.check_args)):
+                        (["recovery", "--rows", "1000"], recovery.check_args),
+                        (["recovery", "--rows", "1000", "--probe-rows", "7"], recovery.check_args),
+                        (["recovery", "--during-training", "--strategies", "cpr", "--target-pls", "0.05"],
+                         recovery.check_args)):
         args = parser.parse_args(argv)
         args._given = cli.given_flags(parser, argv)
         assert not check(args), (argv, check(args))
@@ -169,13 +207,15 @@ def test_simulate_refuses_a_results_directory_with_nothing_to_read(tmp_path, cap
     assert "no result file there gives any input" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["drop", "garble"])
+@pytest.mark.parametrize("damage", ["drop", "garble", "lists"])
 def test_report_of_a_compare_json_with_a_damaged_config_fails_cleanly(damage, tmp_path, capsys):
     report = json.loads((RESULTS / "compare-quick.json").read_text())
     if damage == "drop":
         del report["config"]["mtbf_s"]
-    else:
+    elif damage == "garble":
         report["config"]["mtbf_s"] = "abc"
+    else:  # (a traceback: AttributeError)
+        report = {"runs": [], "config": []}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(report))
     assert cli.main(["report", str(path)]) == 2

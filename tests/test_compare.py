@@ -190,7 +190,7 @@ def test_two_workers_under_torchrun_meet_the_failure(tmp_path, tiny_preset):
     once; every strategy's run (not only the first) meets the kill, and ``none`` keeps its pace through it."""
     report_path = tmp_path / "r.json"
     rc = cli.main(["compare", "--strategies", "none,ecrec", "--workers", "2", "--steps", "40", "--fail-at", "20",
-                   "--rounds", "1", "--json", str(report_path)])
+                   "--json", str(report_path)])  # (no side-by-side rounds with two workers: --rounds is refused)
     assert rc == 0
     report = json.loads(report_path.read_text())
     assert report["config"]["workers"] == 2
@@ -523,8 +523,8 @@ def test_ecrecs_periodic_snapshots_are_timed_inside_its_steps(tmp_path):
     the step it ends (so ECRec's overhead counts it), the newest kept; ``none`` takes none."""
     report_path = tmp_path / "r.json"
     assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "30", "--fail-at", "-1",
-                     "--snapshot-every", "10", "--work-dir", str(tmp_path / "work"), "--keep",
-                     "--json", str(report_path)]) == 0
+                     "--snapshot-every", "10", "--work-dir", str(tmp_path / "work"),
+                     "--json", str(report_path)]) == 0  # (a --work-dir given is kept: --keep is refused with it)
     report = json.loads(report_path.read_text())
     assert report["config"]["snapshot_every"] == 10
     runs = report["runs"]

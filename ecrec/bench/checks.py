@@ -7,6 +7,26 @@ import os
 import tempfile
 
 
+#: the most embedding servers a benchmark starts on this one machine (each a process of its own)
+MAX_LOCAL_SERVERS = 64
+#: the most steps, and samples per step, a benchmark is asked for (beyond them a run would never end or its batch
+#: never fit)
+MAX_STEPS = 10**9
+MAX_BATCH_SIZE = 1 << 20
+
+
+def count_problem(flag: str, value: int, most: int, why: str) -> str | None:
+    """Why ``value`` of ``flag`` is past ``most``, or None."""
+    if value > most:
+        return f"{flag} {value:,}: at most {most:,} ({why})"
+    return None
+
+
+def servers_problem(servers: int) -> str | None:
+    """Why a benchmark cannot start ``servers`` server processes here, or None."""
+    return count_problem("--servers", servers, MAX_LOCAL_SERVERS, "each is a process of its own on this machine")
+
+
 def file_problem(flag: str, path: str) -> str | None:
     """Why ``path`` cannot be written, or None.  Tried by opening it for writing (removed again when it did not
     exist): ``os.access`` says yes to root and knows nothing of read-only or virtual filesystems (``/proc``)."""

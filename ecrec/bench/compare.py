@@ -116,6 +116,12 @@ ONLY_WITH = (
     (("cpr_interval_s", "target_pls"), "a cpr strategy (cpr, cpr-mfu, cpr-ssu) in --strategies",
      lambda a: any(s.startswith("cpr") for s in _listed(a))),
     (("pls_basis",), "--equal-pls", lambda a: a.equal_pls),
+    # (--fail-at not given: the preset's, step 700 or later in every preset)
+    (("failures", "fail_server"), "a failure (--fail-at 0 or more)", lambda a: a.fail_at is None or a.fail_at >= 0),
+    (("rounds",), "side-by-side rounds (--workers 1 and the first failure at step 100 or later)",
+     lambda a: a.workers == 1 and (a.fail_at is None or a.fail_at >= 100)),
+    (("keep",), "a temporary work directory (one given with --work-dir is never removed)",
+     lambda a: a.work_dir is None),
 )
 
 
@@ -174,6 +180,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- data -----------------------------------------------------------------------------------------
+def _dataset_problem(dataset: str) -> str | None:
+    """What is wrong with ``--dataset`` (checked before anything is made), or None."""
+    if dataset in ("synthetic", "movielens"):
+        return None
+    if not dataset.startswith("criteo:"):
+        return f"unknown --dataset {dataset!r} (synthetic | criteo:PATH | movielens)"
+    path = dataset.split(":", 1)[1]
+    if not path:
+        return "--dataset criteo: names no file; give criteo:PATH (a Criteo TSV file, plain or .gz)"
+    if not os.path.exists(path):
+        return f"no such Criteo file {path!r}"
+    if os.path.isdir(path):
+        return f"--dataset criteo:{path} is a directory; name a Criteo TSV file (plain or .gz)"
+    return None
+
+
 def prepare_data(args, cfg: dict, work: Path) -> tuple[Path, dict]:
     """Writes the dataset as .npz (dense, ids, labels, table_sizes) and returns its description."""
     from ecrec.bench.trainer import TrainConfig
@@ -343,6 +365,19 @@ def run(args) -> int:
         if cfg.get(key) is not None and cfg[key] < 1:
             print(f"ecrec-bench compare: {flag} must be at least 1, got {cfg[key]}", file=sys.stderr)
             return 2
+    from ecrec.bench.checks import MAX_BATCH_SIZE, MAX_STEPS, count_problem, servers_problem
+
+    too_many = (servers_problem(cfg["servers"]) or count_problem("--steps", cfg["steps"], MAX_STEPS, "a run that ends")
+                or count_problem("--batch-size", cfg["batch_size"], MAX_BATCH_SIZE, "samples per step per worker"))
+    if too_many:
+        print(f"ecrec-bench compare: {too_many}", file=sys.stderr)
+        return 2
+    dataset = _dataset_problem(args.dataset if args.dataset is not None else cfg["dataset"])
+    if dataset:  # (the SystemExit carries the sentence too, as the dataset's later refusals do)
+        print(f"ecrec-bench compare: {dataset}", file=sys.stderr)
+        refused = SystemExit(f"ecrec-bench compare: {dataset}")
+        refused.code = 2
+        raise refused
     known = strategy_names()
     strategies = _named(args)
     if not strategies:

@@ -405,6 +405,12 @@ def _check(args) -> str:
     if args.against and args.against == args.strategy and sorted(args.against_option) == sorted(args.option):
         return ("--against names --strategy itself with the same options: give the baseline another setting "
                 "(--against-option KEY=VALUE) or name another strategy")
+    from ecrec.bench.checks import servers_problem
+
+    if args.servers < 1:
+        return "--servers must be >= 1"
+    if servers_problem(args.servers):
+        return servers_problem(args.servers)
     if not 0 <= args.server < args.servers:
         return f"--server must be in [0, {args.servers})"
     if args.seconds <= 0:

@@ -83,6 +83,9 @@ ONLY_WITH = (
     (("batch_size", "ids_per_sample", "before_s", "after_s", "max_s", "mtbf_hours", "failures", "cost_mtbf_hours",
       "target_pls"), "--during-training", lambda a: a.during_training),
     (("k", "m", "option"), "ecrec among --strategies", lambda a: "ecrec" in _strategies(a)),
+    (("target_pls",), "cpr among --strategies", lambda a: "cpr" in _strategies(a)),
+    (("probe_rows",), "an idle run (no --during-training: training reads its own rows)",
+     lambda a: not a.during_training),
 )
 
 
@@ -148,6 +151,12 @@ def check_args(args) -> str | None:
     for name in ("rows", "dim", "tables", "servers", "probe_rows", "batch_size", "ids_per_sample"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
+    from ecrec.bench.checks import count_problem, servers_problem
+
+    too_many = servers_problem(args.servers) or count_problem("--probe-rows", args.probe_rows, 1 << 20,
+                                                               "rows of one pull, drawn from 8 times as many ids")
+    if too_many:
+        return too_many
     if args.failures < 1:
         return "--failures must be >= 1"
     if args.failures > 1 and not args.during_training:
