@@ -198,6 +198,14 @@ def _snapshot_command(args) -> int:
     except SnapshotError as exc:
         logs.fatal(f"ecrec-server {args.command}: {exc}")
         return 2
+    if args.command == "restore":  # a path holding no snapshot: said at once (status 1, as a restore that fails),
+        from ecrec.snapshot.cluster import read_manifest  # not after --wait for the cluster
+
+        try:
+            read_manifest(args.path)
+        except SnapshotError as exc:
+            logs.fatal(f"ecrec-server restore: {exc}")
+            return 1
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),
@@ -334,6 +342,10 @@ def _stop_all(*stops):
     return stop
 
 
+#: the most coordinators, and etcd members, ``local`` starts on this host
+LOCAL_MEMBERS = 9
+
+
 def main(argv: list[str] | None = None) -> int:
     """``ecrec-server``: a Ctrl-C no command handles itself (during its imports, while ``local`` starts its
     cluster) ends it with status 130 and a line, not a traceback (what it started is stopped on the way out)."""
@@ -465,6 +477,19 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if args.standby < 0:
         logs.fatal(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0")
+        return 2
+    from ecrec.config import MAX_LOCAL_SERVERS
+
+    many = [f"--servers and --standby ({args.num_servers + args.standby:,} processes): at most {MAX_LOCAL_SERVERS}"
+            for _ in (0,) if args.num_servers + args.standby > MAX_LOCAL_SERVERS]
+    many += [f"{flag} {value}: at most {LOCAL_MEMBERS}" for flag, value in
+             (("--coordinators", args.coordinators), ("--etcd-members", args.etcd_members or 0)) if value > LOCAL_MEMBERS]
+    many += [f"{flag} is empty: name a file (leave the flag out for none; an unset shell variable gives an empty one)"
+             for flag, value in (("--restore", args.restore), ("--token-file", args.token_file), ("--state-path",
+                                                                                                  args.state_path))
+             if value is not None and not value.strip()]
+    if many:  # (each process of this host's cluster is started here: a typo must not start a thousand)
+        logs.fatal(f"ecrec-server local: {many[0]}")
         return 2
     if args.store != "etcd" and args.etcd_members is not None:
         logs.fatal("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)")

@@ -50,6 +50,9 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_servers < 1:
             raise ValueError(f"num_servers must be >= 1, got {self.num_servers}")
+        if self.num_servers > MAX_SERVERS:
+            raise ValueError(f"--servers {self.num_servers:,}: at most {MAX_SERVERS:,} (each registration and status "
+                             "walks every index)")
         if self.k < 0 or self.m < 0:
             raise ValueError(f"k and m must be >= 0, got k={self.k} m={self.m}")
         if self.k + self.m > self.num_servers:
@@ -144,6 +147,29 @@ def check_ports(**ports: int | None) -> None:
 LEAST_BYTES = {"max_message_bytes": 64 * 1024}
 #: ... and the most (gRPC takes a message size as a C int)
 MOST_BYTES = {"max_message_bytes": 2**31 - 1}
+#: the most active servers a cluster's map may hold (each registration and ``status`` walks every index)
+MAX_SERVERS = 4096
+#: the most server processes one machine is asked to start (``ecrec-server local``, the benchmarks)
+MAX_LOCAL_SERVERS = 64
+
+
+def empty_path_problem(config, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` (path settings of ``config``) given as an empty string, as a sentence, or None: an
+    unset shell variable (``--token-file "$TOKEN"``) turned security or a restore off without a word."""
+    for f in dataclasses.fields(config):
+        if f.name in names:
+            value = getattr(config, f.name)
+            if isinstance(value, str) and not value.strip():
+                return (f"{flag_of(f)} is empty: name a file or URL (leave the flag out for none; an unset shell "
+                        "variable gives an empty one)")
+    return None
+
+
+#: path settings that may not be given empty, each meaning something once set
+PATH_SETTINGS = ("tls_cert", "tls_key", "tls_ca", "token_file", "etcd_ca", "etcd_cert", "etcd_key", "state_path",
+                 "store", "restore", "snapshot_root")
+
+
 #: the longest deadline or interval in seconds a setting may be (about three years: gRPC takes no deadline much
 #: beyond it -- 1e10 s fails every call at once with DEADLINE_EXCEEDED)
 MAX_SECONDS = 1e8
@@ -247,6 +273,9 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
     def __post_init__(self) -> None:
         check_ports(port=self.port, metrics_port=self.metrics_port)
         check_numbers(self, zero_allowed=("map_refresh_interval_s",), skip=("port", "metrics_port", "want_index"))
+        problem = empty_path_problem(self, PATH_SETTINGS)
+        if problem:
+            raise ValueError(problem)
         self.host = bracketed_host(self.host)
         if self.advertise_host:
             self.advertise_host = bracketed_host(self.advertise_host, "--advertise-host")
@@ -312,7 +341,8 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
         check_ports(port=self.port, metrics_port=self.metrics_port)
         check_numbers(self, zero_allowed=("max_server_bytes",), skip=("port", "metrics_port"))  # 0: the default
         self.host = bracketed_host(self.host)
-        problem = state_path_problem(self.state_path)  # (found at the first save before)
+        problem = empty_path_problem(self, PATH_SETTINGS) or state_path_problem(self.state_path)  # (found at the
+        # first save before; an empty --restore or --token-file was no restore, no token)
         if problem:
             raise ValueError(problem)
 

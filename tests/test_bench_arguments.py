@@ -91,7 +91,6 @@ def test_a_dataset_compare_cannot_read_is_refused_before_anything_is_made(datase
     (["compare", "--strategies", "none", "--fail-at", "-1", "--fail-server", "2"], "--fail-server needs a failure"),
     (["compare", "--strategies", "none", "--fail-at", "-1", "--rounds", "3"], "--rounds needs side-by-side rounds"),
     (["compare", "--strategies", "none", "--workers", "2", "--rounds", "3"], "--rounds needs side-by-side rounds"),
-    (["compare", "--strategies", "none", "--work-dir", "/tmp", "--keep"], "--keep needs a temporary work directory"),
     (["recovery", "--during-training", "--probe-rows", "7"], "--probe-rows needs an idle run"),
     (["recovery", "--during-training", "--strategies", "ecrec,full", "--target-pls", "0.5"], "--target-pls needs "
                                                                                              "cpr among"),

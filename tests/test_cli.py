@@ -403,3 +403,42 @@ def test_local_with_an_etcd_binary_path_that_holds_none_names_it(tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-1000:])
     assert f"ECREC_ETCD={tmp_path / 'nonexistent'}: no executable file there" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_restore_command_says_a_path_holds_no_snapshot_without_waiting_for_the_cluster(tmp_path):
+    """It waited ``--wait`` (60 s) for a cluster first: with none there, it said only that the coordinator did not
+    answer."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ecrec.cli", "restore", "--coordinator", "127.0.0.1:9",
+                        str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no manifest.json" in r.stderr, (r.returncode, r.stderr[-800:])
+    assert time.monotonic() - t0 < 40  # (60 s and more before; the interpreter's start on a loaded machine aside)
+
+
+@pytest.mark.parametrize("argv, said", [
+    # an unset shell variable gave an empty flag: no token, no TLS CA, no restore, and no word of it
+    (["coordinator", "--port", "0", "--servers", "4", "--token-file", ""], "--token-file is empty"),
+    (["coordinator", "--port", "0", "--servers", "4", "--restore", ""], "--restore is empty"),
+    (["serve", "--coordinator", "127.0.0.1:9", "--port", "0", "--tls-ca", ""], "--tls-ca is empty"),
+    (["local", "--servers", "2", "--restore", ""], "--restore is empty"),
+    (["local", "--servers", "2", "--token-file", ""], "--token-file is empty"),
+    # past what one map or one host holds: accepted, then memory or processes ran out
+    (["coordinator", "--port", "0", "--servers", "1000000000"], "--servers 1,000,000,000: at most 4,096"),
+    (["local", "--servers", "100", "--standby", "1"], "--servers and --standby (101 processes): at most 64"),
+    (["local", "--servers", "2", "--store", "etcd", "--coordinators", "20"], "--coordinators 20: at most 9"),
+    # a wait past what a timer takes (a server's timer thread died of an OverflowError), a batch past a message
+    (["coordinator", "--port", "0", "--servers", "4", "--strategy", "ecrec", "--k", "2", "--m", "1", "--option",
+      "relay_timeout_s=2e10"], "relay_timeout_s 2e+10 must be at most 1e+08 (seconds)"),
+    (["coordinator", "--port", "0", "--servers", "4", "--strategy", "ecrec", "--k", "2", "--m", "1", "--option",
+      "max_batch_bytes=100000000000"], "max_batch_bytes 100,000,000,000 must be at most 2,147,483,647"),
+    # --k of a strategy with no stripes was ignored (--m was refused)
+    (["coordinator", "--port", "0", "--servers", "4", "--k", "2"], "keeps no stripes"),
+])
+def test_server_commands_refuse_what_they_would_run_wrongly_before_anything_serves(argv, said):
+    """Each of these was taken: it started serving (a coordinator, a server, a local cluster) without what was
+    asked, or with a bound it could not keep.  Each is a usage error now, exit 2, one line, nothing started."""
+    try:
+        r = subprocess.run([sys.executable, "-m", "ecrec.cli", *argv], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} was taken: it started and served")
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr[-800:])

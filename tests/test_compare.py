@@ -523,8 +523,8 @@ def test_ecrecs_periodic_snapshots_are_timed_inside_its_steps(tmp_path):
     the step it ends (so ECRec's overhead counts it), the newest kept; ``none`` takes none."""
     report_path = tmp_path / "r.json"
     assert cli.main(["compare", "--strategies", "none,ecrec", "--steps", "30", "--fail-at", "-1",
-                     "--snapshot-every", "10", "--work-dir", str(tmp_path / "work"),
-                     "--json", str(report_path)]) == 0  # (a --work-dir given is kept: --keep is refused with it)
+                     "--snapshot-every", "10", "--work-dir", str(tmp_path / "work"), "--keep",
+                     "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["config"]["snapshot_every"] == 10
     runs = report["runs"]

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from ecrec.config import MAX_LOCAL_SERVERS  # the most embedding servers a benchmark starts on one machine
 
-#: the most embedding servers a benchmark starts on this one machine (each a process of its own)
-MAX_LOCAL_SERVERS = 64
 #: the most steps, and samples per step, a benchmark is asked for (beyond them a run would never end or its batch
 #: never fit)
 MAX_STEPS = 10**9

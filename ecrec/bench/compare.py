@@ -120,8 +120,6 @@ ONLY_WITH = (
     (("failures", "fail_server"), "a failure (--fail-at 0 or more)", lambda a: a.fail_at is None or a.fail_at >= 0),
     (("rounds",), "side-by-side rounds (--workers 1 and the first failure at step 100 or later)",
      lambda a: a.workers == 1 and (a.fail_at is None or a.fail_at >= 100)),
-    (("keep",), "a temporary work directory (one given with --work-dir is never removed)",
-     lambda a: a.work_dir is None),
 )
 
 

@@ -67,6 +67,9 @@ class StrategySpec:
             return self.layout(num_servers, k, m, options)
         if m:
             raise ValueError(f"strategy {self.name!r} keeps no parity: do not pass --m")
+        if k not in (0, num_servers):  # (a map's own k, every server, is taken back as it is)
+            raise ValueError(f"strategy {self.name!r} keeps no stripes (its rows spread over every server): do not "
+                             "pass --k")
         self.parse_options(options)
         return num_servers, 0, {str(a): str(b) for a, b in options.items()}
 

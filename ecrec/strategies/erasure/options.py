@@ -7,15 +7,18 @@ options through the strategy's spec (``ecrec.strategies.builtin``) before any se
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 
 from ecrec.coding.codec import SUPPORTED_BACKENDS, check_code
-from ecrec.config import option
+from ecrec.config import MAX_SECONDS, option
 from ecrec.strategies.spec import options_to_strings, parse_options
 
 
 #: the largest frame of the fast rebuild's streams a survivor sends (a request asking for more is refused)
 MAX_FRAME_BYTES = 64 << 20
+#: the most a count or size option may be (gRPC's message limit: a batch or group past it is never one message)
+MOST_COUNT = 2**31 - 1
 #: how survivors send those frames and a replacement reads rows on demand (``rebuild_transport``), and owners send
 #: their direct parity frames (``parity_transport``)
 TRANSPORTS = ("socket", "grpc")
@@ -111,6 +114,12 @@ class ErasureOptions:
         for key in ("rebuild_duty", "rebuild_duty_training"):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"strategy {strategy!r}: {key} must be in (0, 1]")
+        for f in dataclasses.fields(self):  # past these a wait overflowed (a server's timer thread died of it) or
+            value = getattr(self, f.name)  # a size could never be one message
+            if f.name.endswith("_s") and value > MAX_SECONDS:
+                raise ValueError(f"strategy {strategy!r}: {f.name} {value:g} must be at most {MAX_SECONDS:g} (seconds)")
+            if isinstance(value, int) and not isinstance(value, bool) and value > MOST_COUNT:
+                raise ValueError(f"strategy {strategy!r}: {f.name} {value:,} must be at most {MOST_COUNT:,}")
         return self
 
 
