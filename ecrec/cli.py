@@ -198,14 +198,6 @@ def _snapshot_command(args) -> int:
     except SnapshotError as exc:
         logs.fatal(f"ecrec-server {args.command}: {exc}")
         return 2
-    if args.command == "restore":  # a path holding no snapshot: said at once (status 1, as a restore that fails),
-        from ecrec.snapshot.cluster import read_manifest  # not after --wait for the cluster
-
-        try:
-            read_manifest(args.path)
-        except SnapshotError as exc:
-            logs.fatal(f"ecrec-server restore: {exc}")
-            return 1
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
         cluster = Cluster.connect(args.coordinator, ClientConfig(**options, rpc_timeout_s=args.timeout),

@@ -130,8 +130,9 @@ def install(open_clients, wait_confirmed) -> bool:
 
 def _on_sigterm(signum, frame) -> None:
     """The Python-level handler: nothing in the program's own code; the wait starts on a thread of its own.  A
-    handler the program installed after this one that calls it as the one it replaced gets what it expects of
-    that, SIGTERM's default action, after the wait and :data:`CHAINED_GRACE_S` for its own work."""
+    handler the program installed after this one that calls it as the one it replaced gets the wait, then
+    :data:`CHAINED_GRACE_S` for its own work; a program still running after them gets what it expected of the
+    handler it called, SIGTERM's default action (one that exits meanwhile ends as it chose)."""
     global _calls, _claimed
     if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # called by the program's handler
         _begin(signum, CHAINED_GRACE_S)
@@ -193,7 +194,7 @@ def _terminate(signum: int, grace_s: float) -> None:
     the confirmations of the clients that ask for it (bounded), then, ``grace_s`` later, SIGTERM's default action,
     whatever happens meanwhile (a process whose pushes cannot start any more must end) -- unless the program's
     exit began meanwhile (a handler of its own that called this one, then ``sys.exit``).  (A second SIGTERM is
-    ended at once by whoever counts it: :func:`_watch`, or :func:`_on_sigterm` without the pipe.)"""
+    ended at once by whoever counts it first: :func:`_watch` or :func:`_on_sigterm`.)"""
     why = None
     try:
         every = _open_clients() if _open_clients else []
