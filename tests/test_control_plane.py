@@ -58,6 +58,15 @@ def test_store_urls_are_parsed_and_bad_ones_named():
     spec = ClusterSpec(num_servers=2)
     with pytest.raises(ValueError, match="choose one"):
         Coordinator(CoordinatorConfig(cluster=spec, store="etcd://127.0.0.1:2379", state_path="/tmp/x"))
+    # a file store named twice kept the --store path and ignored --state-path; one in no directory was refused only
+    # at the first save (every registration failed)
+    with pytest.raises(ValueError, match="--store file:///tmp/a and --state-path /tmp/b both name where the map is "
+                                         "kept: choose one"):
+        Coordinator(CoordinatorConfig(cluster=spec, store="file:///tmp/a", state_path="/tmp/b"))
+    with pytest.raises(ValueError, match="--store /nonexistent/dir/x.state: no directory /nonexistent/dir to keep"):
+        Coordinator(CoordinatorConfig(cluster=spec, store="/nonexistent/dir/x.state"))
+    with pytest.raises(ValueError, match="--store file:///tmp is a directory: name the file"):
+        Coordinator(CoordinatorConfig(cluster=spec, store="file:///tmp"))
     with pytest.raises(ValueError, match="at least 2"):
         Coordinator(CoordinatorConfig(cluster=spec, store="etcd://127.0.0.1:2379", election_ttl_s=1))
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from ecrec import faults
 from ecrec.coding.layout import Layout
-from ecrec.config import CoordinatorConfig
+from ecrec.config import CoordinatorConfig, state_path_problem
 from ecrec.control.etcd import etcd_url
 from ecrec.control.etcd_lease import lease_ttl_s
 from ecrec.control.stores import FileStore, NotLeader, parse_store
@@ -78,6 +78,12 @@ class ClusterState:
         kind, store_args = parse_store(config.store)  # raises ValueError naming a bad --store
         if kind == "etcd" and config.state_path:
             raise ValueError("--store etcd://... and --state-path both name where the map is kept: choose one")
+        if store_args.get("path") and config.state_path:  # (the --store path was taken, --state-path ignored)
+            raise ValueError(f"--store {config.store} and --state-path {config.state_path} both name where the map "
+                             "is kept: choose one")
+        problem = state_path_problem(store_args.get("path"))  # (found at the first save before)
+        if problem:
+            raise ValueError(problem.replace(f"--state-path {store_args['path']}", f"--store {config.store}", 1))
         if kind == "etcd" and config.election_ttl_s < 2:
             raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
         self.store_args = store_args if kind == "etcd" else None
