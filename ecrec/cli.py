@@ -472,16 +472,20 @@ def _main(argv: list[str] | None) -> int:
         return 2
     from ecrec.config import MAX_LOCAL_SERVERS
 
-    many = [f"--servers and --standby ({args.num_servers + args.standby:,} processes): at most {MAX_LOCAL_SERVERS}"
-            for _ in (0,) if args.num_servers + args.standby > MAX_LOCAL_SERVERS]
-    many += [f"{flag} {value}: at most {LOCAL_MEMBERS}" for flag, value in
-             (("--coordinators", args.coordinators), ("--etcd-members", args.etcd_members or 0)) if value > LOCAL_MEMBERS]
-    many += [f"{flag} is empty: name a file (leave the flag out for none; an unset shell variable gives an empty one)"
-             for flag, value in (("--restore", args.restore), ("--token-file", args.token_file), ("--state-path",
-                                                                                                  args.state_path))
-             if value is not None and not value.strip()]
-    if many:  # (each process of this host's cluster is started here: a typo must not start a thousand)
-        logs.fatal(f"ecrec-server local: {many[0]}")
+    problem = None  # (each process of this host's cluster is started here: a typo must not start a thousand)
+    if args.num_servers + args.standby > MAX_LOCAL_SERVERS:
+        problem = (f"--servers and --standby ({args.num_servers + args.standby:,} processes): at most "
+                   f"{MAX_LOCAL_SERVERS}")
+    for flag, value in (("--coordinators", args.coordinators), ("--etcd-members", args.etcd_members or 0)):
+        if problem is None and value > LOCAL_MEMBERS:
+            problem = f"{flag} {value}: at most {LOCAL_MEMBERS}"
+    for flag, value in (("--restore", args.restore), ("--token-file", args.token_file),
+                        ("--state-path", args.state_path)):
+        if problem is None and value is not None and not value.strip():
+            problem = (f"{flag} is empty: name a file (leave the flag out for none; an unset shell variable gives an "
+                       "empty one)")
+    if problem:
+        logs.fatal(f"ecrec-server local: {problem}")
         return 2
     if args.store != "etcd" and args.etcd_members is not None:
         logs.fatal("ecrec-server local: --etcd-members is for --store etcd (the file store runs no etcd)")

@@ -114,8 +114,9 @@ class ErasureOptions:
         for key in ("rebuild_duty", "rebuild_duty_training"):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"strategy {strategy!r}: {key} must be in (0, 1]")
-        for f in dataclasses.fields(self):  # past these a wait overflowed (a server's timer thread died of it) or
-            value = getattr(self, f.name)  # a size could never be one message
+        # past these a wait overflowed (a server's timer thread died of it) or a size could never be one message
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
             if f.name.endswith("_s") and value > MAX_SECONDS:
                 raise ValueError(f"strategy {strategy!r}: {f.name} {value:g} must be at most {MAX_SECONDS:g} (seconds)")
             if isinstance(value, int) and not isinstance(value, bool) and value > MOST_COUNT:
