@@ -207,6 +207,10 @@ def test_bad_command_lines_fail_clearly():
     assert r.returncode == 2 and "--host 0.0.0.0 binds every interface" in r.stderr and "--advertise-host" in r.stderr
     r = run("status", "--coordinator", "127.0.0.1:93241")  # gRPC would take it modulo 65536: another port
     assert r.returncode == 2 and "'127.0.0.1:93241': not host:port with a port in 1-65535" in r.stderr
+    # an IPv6 address without brackets: gRPC read ::1:50051 as ::0.1.0.1 on port 443 and timed out after seconds
+    r = run("status", "--coordinator", "::1:50051")
+    assert r.returncode == 2 and "'::1:50051': an IPv6 address goes in brackets before its port ([::1]:50051)" \
+        in r.stderr
     # a NaN, 0 or negative deadline, interval or bound made a process loop, wait forever or refuse every call
     r = run("serve", "--coordinator", "127.0.0.1:1", "--max-message-bytes", "0")  # looped on RESOURCE_EXHAUSTED
     assert r.returncode == 2 and "max_message_bytes (--max-message-bytes) 0: must be at least 65536" in r.stderr

@@ -200,6 +200,11 @@ def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=
         host, _, port = a.rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"coordinator address {a!r}: not host:port with a port in 1-65535")
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if (":" in inner and inner == host) or "[" in inner or "]" in inner:
+            # gRPC read ::1:50051 as the address ::0.1.0.1 on port 443, and timed out
+            raise ValueError(f"coordinator address {a!r}: an IPv6 address goes in brackets before its port "
+                             f"([{inner.strip('[]')}]:{port}), and brackets around a whole address only")
     return FailoverStub(addresses, max_message_bytes, security)
 
 
