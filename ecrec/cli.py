@@ -418,6 +418,12 @@ def _main(argv: list[str] | None) -> int:
         try:
             spec = from_arguments(ClusterSpec, args)
             config = from_arguments(CoordinatorConfig, args, cluster=spec)
+            etcd_only = [flag for flag, value in (("--etcd-ca", config.etcd_ca), ("--etcd-cert", config.etcd_cert),
+                                                  ("--etcd-key", config.etcd_key)) if value]
+            if etcd_only and not (config.store or "").startswith("etcd://"):  # (they were ignored without a word)
+                kept = config.store or config.state_path or "memory"
+                raise ValueError(f"{', '.join(etcd_only)}: how to dial etcd, and this coordinator keeps its map in "
+                                 f"{kept}, not in etcd (--store etcd://HOST:PORT)")
             if config.restore:
                 _check_snapshot(config.restore)
             coordinator = Coordinator(config)

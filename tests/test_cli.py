@@ -427,6 +427,11 @@ def test_local_with_an_etcd_binary_path_that_holds_none_names_it(tmp_path):
       "max_batch_bytes=100000000000"], "max_batch_bytes 100,000,000,000 must be at most 2,147,483,647"),
     # --k of a strategy with no stripes was ignored (--m was refused)
     (["coordinator", "--port", "0", "--servers", "4", "--k", "2"], "keeps no stripes"),
+    # how to dial etcd, given to a coordinator whose map is not in etcd: ignored without a word
+    (["coordinator", "--port", "0", "--servers", "2", "--etcd-ca", "ca.pem"],
+     "--etcd-ca: how to dial etcd, and this coordinator keeps its map in memory, not in etcd"),
+    (["coordinator", "--port", "0", "--servers", "2", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"],
+     "--etcd-cert, --etcd-key: how to dial etcd"),
 ])
 def test_server_commands_refuse_what_they_would_run_wrongly_before_anything_serves(argv, said):
     """Each of these was taken: it started serving (a coordinator, a server, a local cluster) without what was
