@@ -352,3 +352,14 @@ def test_the_docs_list_every_metric():
     assert "ecrec_server_standby_reserve_bytes" in names
     missing = sorted(name for name in names if f"`{name}`" not in readme)
     assert not missing, f"not in the metrics list of docs/operations.md: {missing}"
+
+
+def test_local_metrics_urls_bracket_an_ipv6_host():
+    """``local --host ::1 --metrics-port P`` printed ``http://::1:P/metrics``: no URL a browser or a scraper takes."""
+    from ecrec.cli import ready_message
+    from ecrec.ops.local import LocalCluster
+
+    addresses = LocalCluster(servers=2, host="::1", metrics_port=19100).metrics_addresses()
+    assert addresses == {"coordinator": "[::1]:19100", "server 0": "[::1]:19101", "server 1": "[::1]:19102"}
+    assert "coordinator http://[::1]:19100/metrics" in ready_message("[::1]:7000", addresses)
+    assert LocalCluster(servers=1, metrics_port=19100).metrics_addresses()["server 0"] == "127.0.0.1:19101"

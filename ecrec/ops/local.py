@@ -26,7 +26,7 @@ import grpc
 from ecrec.net import transport
 from ecrec.ops import parent
 from ecrec.net.transport import free_port_outside_ephemeral_range
-from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, cli_fields, flag_of
+from ecrec.config import CoordinatorConfig, SecurityOptions, ServerConfig, bracketed_host, cli_fields, flag_of
 from ecrec.wire import cluster_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 READY_PREFIX = "ECREC_COORDINATOR "
@@ -146,7 +146,8 @@ class LocalCluster:
             return {}
         names = ["coordinator", *(f"server {i}" for i in range(s.servers)), *(f"standby {n}" for n in range(s.standby)),
                  *(f"coordinator {n}" for n in range(1, s.coordinators))]
-        return {name: f"{s.host}:{base + offset}" for offset, name in enumerate(names)}
+        host = bracketed_host(s.host)  # ::1 -> [::1]: these go into URLs
+        return {name: f"{host}:{base + offset}" for offset, name in enumerate(names)}
 
     @staticmethod
     def _flags(config_class: type, options: dict) -> list[str]:
