@@ -37,31 +37,39 @@ def merge(slots, tables, seqs, old_versions, segment, offset, addresses, counts_
     size = 1 << bits
     mask = size - 1
     shift = np.uint64(64 - bits)
-    hkey = np.full(size, -1, dtype=np.int64)
-    hfirst = np.empty(size, dtype=np.int64)
-    hlast = np.empty(size, dtype=np.int64)
-    cell = np.empty(n, dtype=np.int64)  # each change's hash cell
-    unique = np.empty(n, dtype=np.int64)  # hash cells of the rows, in order of first change
+    # open addressing: a cell holds a key (-1: empty) and its row's number u, side by side (one cache line a
+    # probe); per row u, in order of first change: its key, first and last change, and place in the output
+    table = np.empty((size, 2), dtype=np.int64)
+    for h in range(size):
+        table[h, 0] = -1
+    cell = np.empty(n, dtype=np.int32)  # each change's row number u
+    keys = np.empty(n, dtype=np.int64)  # per row u: its key, first and last change
+    first = np.empty(n, dtype=np.int32)
+    last = np.empty(n, dtype=np.int32)
     found = 0
     for i in range(n):
         key = (tables[i] << TABLE_SHIFT) | slots[i]
         h = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
         while True:
-            if hkey[h] == key:
-                hlast[h] = i
+            kk = table[h, 0]
+            if kk == key:
+                u = table[h, 1]
+                last[u] = i
                 break
-            if hkey[h] == -1:
-                hkey[h] = key
-                hfirst[h] = i
-                hlast[h] = i
-                unique[found] = h
+            if kk == -1:
+                u = found
+                table[h, 0] = key
+                table[h, 1] = u
+                keys[u] = key
+                first[u] = i
+                last[u] = i
                 found += 1
                 break
             h = (h + 1) & mask
-        cell[i] = h
+        cell[i] = u
     counts = np.zeros(k * ntables, dtype=np.int64)
     for u in range(found):
-        key = hkey[unique[u]]
+        key = keys[u]
         counts[((key & SLOT_MASK) % k) * ntables + (key >> TABLE_SHIFT)] += 1
     fill = np.empty(k * ntables, dtype=np.int64)
     total = 0
@@ -72,25 +80,24 @@ def merge(slots, tables, seqs, old_versions, segment, offset, addresses, counts_
     out_old_versions = np.empty(found, dtype=np.int64)
     out_versions = np.empty(found, dtype=np.int64)
     out_deltas = np.empty((found, width), dtype=proto.dtype)
-    position = np.empty(size, dtype=np.int64)  # hash cell -> its row in the output
+    position = np.empty(found, dtype=np.int32)
     for u in range(found):
-        h = unique[u]
-        key = hkey[h]
+        key = keys[u]
         slot = key & SLOT_MASK
         b = (slot % k) * ntables + (key >> TABLE_SHIFT)
         j = fill[b]
         fill[b] = j + 1
-        position[h] = j
+        position[u] = j
         out_slots[j] = slot
-        out_old_versions[j] = old_versions[hfirst[h]]
-        out_versions[j] = seqs[hlast[h]]
-    for i in range(n):  # every change, in push order: the first copied, later ones XORed on
-        h = cell[i]
-        j = position[h]
+        out_old_versions[j] = old_versions[first[u]]
+        out_versions[j] = seqs[last[u]]
+    for i in range(n):
+        u = cell[i]
+        j = position[u]
         s = segment[i]
         rows = carray(_pointer_like(addresses[s], proto), (counts_in[s], width))
         r = offset[i]
-        if hfirst[h] == i:
+        if first[u] == i:
             for c in range(width):
                 out_deltas[j, c] = rows[r, c]
         else:
