@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from ecrec.client import Cluster, EmbeddingBag
+from ecrec.client import Cluster, ClusterError, EmbeddingBag
 from ecrec.config import ClientConfig
 
 
@@ -347,5 +347,92 @@ def test_inputs_that_failed_with_no_word_on_what_is_wrong_are_refused_naming_it_
                                                "holds no data"):
             EmbeddingBag(cluster, "listed").load_state_dict({"weight": torch.ones(2, 2, device="meta")})
         np.testing.assert_array_equal(cluster.read_rows("listed", [0, 1]), [[1, 2], [5, 6]])
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_register_dense_refused_by_the_coordinator_partway_leaves_nothing_registered_here(shared_cluster):
+    """A second model whose first layer matches a registered one and whose second does not: the coordinator
+    refused the second layer after the first was registered, and the first stayed this worker's -- never loaded
+    with the servers' values, its gradients pushed to tensors another model trained at the next step.  Its
+    learning rate as a string or a bool (lr=True was 1.0) was taken where create_table refuses them."""
+    from ecrec.client.dense_state import registered
+
+    local = shared_cluster(servers=2, strategy="none")
+    first, second = (Cluster.connect(local.coordinator_address) for _ in range(2))
+    try:
+        first.register_dense(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)), prefix="pd.", lr=0.1)
+        other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))  # layer 1: another shape
+        with pytest.raises(ClusterError, match="pd.1.weight.*ALREADY_EXISTS"):
+            second.register_dense(other, prefix="pd.", lr=0.1)
+        assert second._dense == {} and registered(other) == {}
+        other(torch.randn(2, 4)).sum().backward()
+        assert second.step()["rows"] == 0 and not second._dense  # nothing of it pushed
+        for lr in ("0.1", True):
+            with pytest.raises(ValueError, match=f"register_dense: lr must be a number, got {lr!r}"):
+                second.register_dense(torch.nn.Linear(2, 1), prefix="pl.", lr=lr)
+        assert not any(d.name.startswith("pl.") for d in second.refresh_map().dense)
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.cluster
+def test_a_frozen_module_records_no_gradient_and_its_own_zero_grad_drops_what_it_recorded(shared_cluster):
+    """An SDK module has no parameters, so requires_grad_(False) froze nothing: its lookups went on recording
+    gradients and the next step trained the table.  Its zero_grad() dropped nothing either."""
+    from ecrec.client import EmbeddingBagCollection
+
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        cluster.create_table("frozen_t", 50, 4, optimizer="sgd", lr=1.0)
+        emb = EmbeddingBag(cluster, "frozen_t")
+        before = cluster.read_table("frozen_t").copy()
+        assert emb.requires_grad_(False) is emb
+        out = emb(torch.tensor([1, 2]), torch.tensor([0]))
+        assert not out.requires_grad
+        torch.nn.Linear(4, 1)(out).sum().backward()
+        cluster.step()
+        assert np.array_equal(cluster.read_table("frozen_t"), before), "a frozen table trained"
+        emb.requires_grad_(True)
+        emb(torch.tensor([3]), torch.tensor([0])).sum().backward()
+        emb.zero_grad()  # as a torch module's: this batch's gradient is dropped
+        emb(torch.tensor([4]), torch.tensor([0])).sum().backward()
+        cluster.step()
+        after = cluster.read_table("frozen_t")
+        assert np.array_equal(after[3], before[3]) and np.allclose(after[4], before[4] - 1.0)
+        both = EmbeddingBagCollection(cluster, ["frozen_t"]).requires_grad_(False)
+        assert not both([(torch.tensor([5]), torch.tensor([0]))])[0].requires_grad
+    finally:
+        cluster.close()
+
+
+@pytest.mark.cluster
+def test_module_inputs_that_failed_far_from_their_cause_are_refused_naming_it(shared_cluster):
+    """An address where the Cluster belongs (an AttributeError), one string of feature names (list('f1') was two
+    features), an unsigned id past int64 (reported as id -1), a URL as the coordinator, an empty address."""
+    from ecrec.client import EmbeddingBagCollection
+
+    local = shared_cluster(servers=2, strategy="none")
+    with pytest.raises(TypeError, match="EmbeddingBag: cluster must be a connected ecrec.client.Cluster"):
+        EmbeddingBag(local.coordinator_address, "t")
+    with pytest.raises(ValueError, match="host:port, not a URL"):
+        Cluster.connect(f"http://{local.coordinator_address}")
+    with pytest.raises(ValueError, match="address must be a coordinator's host:port"):
+        Cluster.connect("  ")
+    cluster = Cluster.connect(local.coordinator_address)
+    try:
+        cluster.create_table("jag_t", 10, 4)
+        with pytest.raises(TypeError, match="names must be a list of table names, not one string"):
+            EmbeddingBagCollection(cluster, "jag_t")
+        ebc = EmbeddingBagCollection(cluster, ["jag_t"])
+        with pytest.raises(TypeError, match="keys must be a list of feature names, not one string"):
+            ebc.lookup_jagged("jag_t", torch.tensor([1]), torch.tensor([1]))
+        with pytest.raises(IndexError, match="row id 18446744073709551615 out of range"):
+            ebc.lookup_jagged(["jag_t"], torch.tensor([2**64 - 1], dtype=torch.uint64), torch.tensor([1]))
+        assert ebc.lookup_jagged(["jag_t"], torch.tensor([9], dtype=torch.uint64), torch.tensor([1]))["jag_t"].shape \
+            == (1, 4)
     finally:
         cluster.close()

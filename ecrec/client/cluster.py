@@ -292,8 +292,13 @@ def _whole(value, table: str, what: str) -> int:
     raise ValueError(f"create_table {table!r}: {what} must be a whole number, got {value!r}")
 
 
+def _not_a_number(value) -> bool:
+    """A string, a bool or anything float() does not take (a string or a bool is no learning rate)."""
+    return isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__")
+
+
 def _real(value, table: str, what: str) -> float:
-    if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
+    if _not_a_number(value):
         raise ValueError(f"create_table {table!r}: {what} must be a number, got {value!r}")
     return float(value)
 
@@ -310,8 +315,9 @@ class Cluster:
         if isinstance(address, (list, tuple)):  # the coordinators' addresses, as a list or comma-separated
             address = ",".join(address)
         if not isinstance(address, str) or not address.strip():
-            raise TypeError(f"Cluster: address must be a coordinator's host:port (or several, a list or "
-                            f"comma-separated), not {address!r}")
+            error = TypeError if not isinstance(address, str) else ValueError  # an empty string: a wrong value
+            raise error(f"Cluster: address must be a coordinator's host:port (or several, a list or "
+                        f"comma-separated), not {address!r}")
         if worker is not None and not isinstance(worker, str):
             raise TypeError(f"Cluster: worker must be a name (str), not {type(worker).__name__}")
         problem = transport.worker_name_problem(worker) if worker is not None else None
@@ -789,6 +795,11 @@ class Cluster:
         optimizer state is ``EmbeddingOptimizer``'s).
         """
         planned = []  # every parameter checked before the first is registered: all of them, or none
+        reals = {}
+        for what, value in (("lr", lr), ("eps", eps), ("initial_accumulator_value", initial_accumulator_value)):
+            if _not_a_number(value):  # lr=True was a learning rate of 1.0, lr="0.1" taken: create_table refuses them
+                raise ValueError(f"register_dense: {what} must be a number, got {value!r}; nothing registered")
+            reals[what] = float(value)
         registered_as = {id(p): n for n, p in self._dense.items()}
         for pname, param in module.named_parameters():
             if not param.requires_grad:
@@ -806,18 +817,26 @@ class Cluster:
                 raise ValueError(f"register_dense: parameter {name!r} is registered already as "
                                  f"{registered_as[id(param)]!r} (a parameter is registered once); nothing registered")
             try:
-                spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=float(lr),
-                                 eps=float(eps), initial_accumulator_value=float(initial_accumulator_value)).validate()
+                spec = DenseSpec(name=name, shape=tuple(param.shape), optimizer=optimizer, lr=reals["lr"],
+                                 eps=reals["eps"], initial_accumulator_value=reals["initial_accumulator_value"],
+                                 ).validate()
             except ValueError as exc:
                 raise ValueError(f"register_dense: parameter {name!r}: {exc}; nothing registered") from None
             value = param.detach().to(torch.float32).cpu().numpy()
             if not np.isfinite(value).all():
                 raise ValueError(f"register_dense: parameter {name!r} holds NaN or Inf; nothing registered")
             planned.append((name, spec, value, param, pname))
-        for name, spec, value, param, _ in planned:
-            self._register_dense(spec, value, "register_dense")
-            self._dense[name] = param
-            dense_state.tag(param, self, name)
+        done = []
+        try:
+            for name, spec, value, param, _ in planned:
+                self._register_dense(spec, value, "register_dense")
+                self._dense[name] = param
+                dense_state.tag(param, self, name)
+                done.append(name)
+        except BaseException:  # the coordinator refused one (another spec under that name): none of them is
+            for name in done:  # this worker's, so no step pushes a parameter that never loaded the servers' values
+                dense_state.untag(self._dense.pop(name))
+            raise
         names = [name for name, *_ in planned]
         self.pull_dense(names)
         # a value loaded into them later (model.load_state_dict) goes to the servers (ecrec.client.dense_state)
@@ -873,22 +892,26 @@ class Cluster:
                 self._pending = [p for p in self._pending if p.tensor() is not None]
                 self._prune_at = max(PRUNE_PENDING_AT, 2 * len(self._pending))
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, tables=None) -> None:
         """Drops the row gradients and dense gradients recorded so far without pushing.  A lookup whose backward
         has not run yet stays recorded: its gradient, when it comes, is pushed by the next step (as
-        ``torch.optim``'s ``zero_grad`` between a forward and its backward)."""
+        ``torch.optim``'s ``zero_grad`` between a forward and its backward).  ``tables`` (names): only those
+        tables' row gradients, no dense one (a module's ``zero_grad``: ``model.zero_grad()`` reaches its tables)."""
+        only = None if tables is None else set(tables)
         with self._lock:
             kept = []
             for p in self._pending:
                 rows = p.tensor()
                 if rows is None:
                     continue
-                rows.grad = None
-                p.rows = None  # held weakly again: its graph decides how long it lives
+                if only is None or p.table in only:
+                    rows.grad = None
+                    p.rows = None  # held weakly again: its graph decides how long it lives
                 kept.append(p)
             self._pending = kept
-        for p in self._dense.values():
-            p.grad = None
+        if only is None:
+            for p in self._dense.values():
+                p.grad = None
 
     @_open
     def step(self) -> dict:
@@ -920,7 +943,8 @@ class Cluster:
             bad += self._push_too_large(parts)
             if bad:
                 raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
-                                   "part of it (the gradients are kept: zero_grad() drops them)")
+                                   "part of it (the gradients are kept: cluster.zero_grad() or the model's "
+                                   "zero_grad() drops them)")
         except BaseException:  # refused, or judging the gradients failed: nothing was sent, every lookup is kept
             with self._lock:
                 self._pending[:0] = ready + waiting  # ahead of anything recorded since

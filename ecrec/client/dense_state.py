@@ -23,6 +23,11 @@ def tag(param: torch.nn.Parameter, cluster, name: str) -> None:
     setattr(param, TAG, (weakref.ref(cluster), name))
 
 
+def untag(param: torch.nn.Parameter) -> None:
+    if hasattr(param, TAG):
+        delattr(param, TAG)
+
+
 def registered(model: torch.nn.Module) -> dict[str, tuple]:
     """``{state-dict key: (cluster, dense tensor name)}`` of every parameter of ``model`` registered with
     ``register_dense`` on a client still open."""

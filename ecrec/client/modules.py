@@ -24,6 +24,23 @@ class _Placed(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("_place", torch.empty(0), persistent=False)
+        self.trains = True  # requires_grad_(False) freezes the tables: lookups then record no gradient
+
+    def requires_grad_(self, requires_grad: bool = True) -> "_Placed":
+        """As a ``torch.nn`` module's: ``False`` freezes its tables (its lookups' outputs need no gradient and
+        ``step`` pushes none for them; a frozen ``torch.nn.EmbeddingBag``'s weight gets no gradient either)."""
+        self.trains = bool(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As a ``torch.nn`` module's (``model.zero_grad()`` reaches it): drops the gradients recorded for its
+        tables and not pushed yet (``Cluster.zero_grad`` for these tables only; a lookup whose backward has not
+        run yet stays recorded)."""
+        super().zero_grad(set_to_none)
+        self.cluster.zero_grad(tables=self._tables())
+
+    def _tables(self) -> list[str]:
+        return [self.name] if isinstance(getattr(self, "name", None), str) else list(getattr(self, "names", ()))
 
     @property
     def device(self) -> torch.device:
@@ -75,6 +92,7 @@ class EmbeddingBag(_Placed):
 
     def __init__(self, cluster: Cluster, name: str, mode: str = "sum"):
         super().__init__()
+        _check_cluster(cluster, "EmbeddingBag")
         if mode not in ("sum", "mean"):
             raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
         self.cluster = cluster
@@ -88,7 +106,8 @@ class EmbeddingBag(_Placed):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        return self._placed(_lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights)[0])
+        return self._placed(_lookup(self.cluster, [self.name], [(input, offsets)], self.mode, per_sample_weights,
+                                    self.trains)[0])
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.spec.num_rows}, {self.spec.dim}, mode={self.mode!r}"
@@ -124,6 +143,9 @@ class EmbeddingBagCollection(_Placed):
 
     def __init__(self, cluster: Cluster, names: list[str], mode: str | list[str] = "sum"):
         super().__init__()
+        _check_cluster(cluster, "EmbeddingBagCollection")
+        if isinstance(names, (str, bytes)):  # list("ab") is two tables, 'a' and 'b'
+            raise TypeError(f"EmbeddingBagCollection: names must be a list of table names, not one string ({names!r})")
         modes = [mode] * len(names) if isinstance(mode, str) else list(mode)
         if len(modes) != len(names):
             raise ValueError(f"got {len(modes)} modes for {len(names)} tables")
@@ -262,13 +284,15 @@ class EmbeddingBagCollection(_Placed):
                 size = f" of {len(given)}" if isinstance(given, (tuple, list)) else ""
                 raise TypeError(f"the input of table {name!r} must be a pair (indices, offsets), got "
                                 f"{type(given).__name__}{size}")
-        return [self._placed(out) for out in _lookup(self.cluster, self.names, inputs, self.modes)]
+        return [self._placed(out) for out in _lookup(self.cluster, self.names, inputs, self.modes, record=self.trains)]
 
     @torch.compiler.disable  # its checks read the lengths (a graph break each): one break for all, quietly
     def lookup_jagged(self, keys, values, lengths) -> dict[str, torch.Tensor]:
         """TorchRec's jagged layout without TorchRec: ``values`` holds, feature after feature (in ``keys``
         order), the ids of ``B`` bags, bag ``b`` of feature ``f`` having ``lengths[f * B + b]`` ids.  Returns
         ``{feature: (B, dim)}`` pooled bags, every table in one pull per server."""
+        if isinstance(keys, (str, bytes)):  # list("f1") is two features, 'f' and '1'
+            raise TypeError(f"keys must be a list of feature names, not one string ({keys!r})")
         keys = list(keys)
         values = torch.as_tensor(values).reshape(-1)
         lengths = torch.as_tensor(lengths).reshape(-1)
@@ -306,11 +330,17 @@ class EmbeddingBagCollection(_Placed):
         for t in tables:
             base, all_values, all_offsets = 0, [], []
             for _, feature_values, offsets in parts[t]:
+                if feature_values.numel() and not feature_values.is_signed():  # before int64 wraps 2**64 - 1 to -1
+                    top = int(feature_values.detach().cpu().numpy().max())
+                    if top >= self.specs[t].num_rows:
+                        raise IndexError(f"table {self.names[t]!r}: row id {top} out of range "
+                                         f"[0, {self.specs[t].num_rows})")
                 all_values.append(feature_values)
                 all_offsets.append(offsets + base)
                 base += feature_values.numel()
             inputs.append((torch.cat(all_values).to(torch.int64), torch.cat(all_offsets)))
-        pooled = _lookup(self.cluster, [self.names[t] for t in tables], inputs, [self.modes[t] for t in tables])
+        pooled = _lookup(self.cluster, [self.names[t] for t in tables], inputs, [self.modes[t] for t in tables],
+                         record=self.trains)
         out = {}
         for t, bags in zip(tables, pooled):
             for n, (key, _, _) in enumerate(parts[t]):
@@ -413,10 +443,18 @@ def _on_cpu(x):
 
 
 @torch.compiler.disable  # torch.compile: the pull runs as Python (a graph break), the model around it compiles
+def _check_cluster(cluster, what: str) -> None:
+    """A module's tables are reached through a connected ``Cluster``: an address passed where it belongs failed
+    later with an AttributeError."""
+    if not hasattr(cluster, "table_spec") or isinstance(cluster, (str, bytes)):
+        raise TypeError(f"{what}: cluster must be a connected ecrec.client.Cluster (Cluster.connect(address)), got "
+                        f"{type(cluster).__name__} {cluster!r}")
+
+
 def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
-            per_sample_weights=None) -> list[torch.Tensor]:
+            per_sample_weights=None, record: bool = True) -> list[torch.Tensor]:
     """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd
-    on, records the rows' gradients."""
+    on (and ``record``: the module is not frozen), records the rows' gradients."""
     modes = [mode] * len(names) if isinstance(mode, str) else mode
     # ids from a CUDA model: looked up here, on the CPU, where the pulled rows are
     inputs = [(_on_cpu(indices), _on_cpu(offsets)) for indices, offsets in inputs]
@@ -425,7 +463,7 @@ def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
     outputs = []
     for name, (unique, inverse), (_, offsets), table_mode in zip(names, uniques, inputs, modes):
         r = rows[name]
-        if torch.is_grad_enabled():
+        if record and torch.is_grad_enabled():
             r.requires_grad_(True)
             lookups = (torch.bincount(inverse.reshape(-1), minlength=len(unique)).numpy()
                        if cluster.count_lookups else None)

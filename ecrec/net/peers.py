@@ -197,6 +197,8 @@ def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=
     if not addresses:
         raise ValueError("coordinator address: none given (host:port[,host:port...])")
     for a in addresses:  # gRPC takes a port number modulo 65536: 127.0.0.1:93241 would reach port 27705
+        if "://" in a:
+            raise ValueError(f"coordinator address {a!r}: host:port, not a URL (no scheme)")
         host, _, port = a.rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"coordinator address {a!r}: not host:port with a port in 1-65535")
