@@ -507,86 +507,38 @@ def test_the_engine_decodes_each_choice_of_members_to_the_lost_data_row(k, m):
     assert set(engine._coefficients) == {(i, j) for i in range(k) for j in range(m)}  # made once each
 
 
-def _applied(shards_by_table: dict, layout: Layout, seq: int, ids, grads_of, packed: bool) -> AppliedPush:
-    """One owner's push of ``ids`` to every table in ``shards_by_table`` (``{name: TableShard}``), applied as the
-    server's Push handler applies it: with its rows of every table packed in one set of arrays, or not."""
-    from ecrec.server import packing
+@pytest.mark.parametrize("width, k, seed", [(16, 2, 0), (24, 3, 1), (5, 2, 2), (512, 4, 3)])
+def test_the_merge_gives_each_row_the_xor_of_its_deltas_its_first_old_version_and_last_sequence(width, k, seed):
+    """``merge_rows`` (the compiled merge of a group's changes) against a dictionary built change by change: one
+    entry per row, grouped by stripe position then table, in order of first change within each; its delta the XOR
+    of the row's deltas, its old version that of its first change, its version the last change's sequence."""
+    from ecrec.strategies.erasure.merge import merge_rows
 
-    plans = []
-    for name, shard in shards_by_table.items():
-        slots = shard.slots_for(np.asarray(ids[name], dtype=np.int64))
-        plans.append((shard, ids[name], slots, grads_of(name, len(slots), shard.spec.dim)))
-    pack = packing.packed_for(plans) if packed else None
-    out = AppliedPush(("w", seq), seq, packed=pack.rows if pack is not None else None)
-    for i, (shard, tids, slots, g) in enumerate(plans):
-        prepared = shard.prepare_gradients(slots, g, True, True, pack.deltas_of(i) if pack is not None else None)
-        old, new, versions = shard.commit(prepared, seq, True, pack.versions_of(i) if pack is not None else None)
-        out.tables.append(TableUpdate(shard, tids, slots, None, new, versions, delta=old))
-    return out
-
-
-@pytest.mark.parametrize("servers,k,m", [(4, 2, 1), (5, 3, 2)])
-def test_a_push_packed_in_one_set_of_arrays_merges_to_exactly_the_deltas_of_one_set_per_table(servers, k, m):
-    """The server writes a push's rows of every table (one row width) into one delta buffer and two more arrays
-    (``ecrec.server.packing``) so that a group's merge takes one segment per push: the group's merged deltas,
-    versions and placement are those of the same pushes kept table by table, and each table's update holds views
-    of its part."""
-    from ecrec.strategies.erasure.groups import group_deltas
-
-    layout = Layout(servers, k, m)
-    specs = [TableSpec(name, 53, 4, optimizer="adagrad", lr=0.1, seed=i) for i, name in enumerate(("b", "c", "a"))]
-    owner = 1
-    worlds = [{s.name: TableShard(s, layout, owner) for s in specs} for _ in range(2)]
-    rng = np.random.default_rng(7)
-    mine = {s.name: np.flatnonzero(layout.locate(np.arange(s.num_rows))[0] == owner) for s in specs}
-    grads = {}
-
-    def grads_of(seq):
-        def make(name, n, dim):
-            return grads.setdefault((seq, name), rng.standard_normal((n, dim)).astype(np.float32))
-        return make
-
-    groups = [PushGroup(1, 1, 0.0), PushGroup(1, 1, 0.0)]
-    for seq in range(1, 7):
-        touched = [name for name in mine if rng.random() < 0.7] or ["a"]  # a push names some tables, each with rows
-        ids = {name: np.sort(rng.choice(mine[name], size=int(rng.integers(1, len(mine[name]))), replace=False))
-               for name in touched}
-        for world, group, packed in zip(worlds, groups, (True, False)):
-            p = _applied({name: world[name] for name in touched}, layout, seq, ids, grads_of(seq), packed)
-            assert (p.packed is not None) == packed
-            if p.packed is not None:
-                starts = p.packed.starts
-                for i, u in enumerate(p.tables):
-                    assert np.shares_memory(u.delta, p.packed.deltas) and np.array_equal(
-                        p.packed.slots[starts[i]:starts[i + 1]], u.slots)
-                    assert np.array_equal(p.packed.old_versions[starts[i]:starts[i + 1]], u.old_versions)
-            group.add(p)
-    for name in mine:
-        assert np.array_equal(worlds[0][name].read_payload(np.arange(worlds[0][name].num_slots)),
-                              worlds[1][name].read_payload(np.arange(worlds[1][name].num_slots)))
-    assert all(p.packed is None for p in groups[1].pushes)
-    [a], [b] = group_deltas(groups[0], k), group_deltas(groups[1], k)
-    assert a.names == b.names == ["a", "b", "c"]
-    for field in ("bounds", "counts", "slots", "deltas", "old_versions", "versions"):
-        assert np.array_equal(getattr(a, field), getattr(b, field)), field
-
-
-def test_packing_is_left_out_where_one_set_of_arrays_cannot_hold_a_push():
-    """Tables of two row widths, an assignment (a load), or no rows at all: each table keeps arrays of its own."""
-    from ecrec.server import packing
-    from ecrec.server.requests import Assignment
-
-    layout = Layout(3, 2, 1)
-    narrow, wide = (TableShard(TableSpec(n, 20, d, optimizer="adagrad"), layout, 0) for n, d in (("n", 4), ("w", 8)))
-    slots = np.array([0, 1], dtype=np.int64)
-    grads = np.zeros((2, 4), np.float32)
-    assert packing.packed_for([(narrow, slots, slots, grads), (wide, slots, slots, np.zeros((2, 8), np.float32))]) \
-        is None
-    assert packing.packed_for([(narrow, slots, slots, Assignment(grads, slice(0, 4)))]) is None
-    assert packing.packed_for([(narrow, slots[:0], slots[:0], grads[:0])]) is None
-    assert packing.packed_for([]) is None
-    both = packing.packed_for([(narrow, slots, slots, grads), (narrow, slots[:1], slots[:1], grads[:1])])
-    assert both is not None and both.rows.deltas.shape == (3, narrow.spec.row_bytes)
-    assert list(both.rows.starts) == [0, 2, 3] and both.deltas_of(1).shape == (1, narrow.spec.row_bytes)
-    with pytest.raises(ValueError, match="C-contiguous"):
-        narrow.prepare_gradients(slots, grads, True, True, np.zeros((3, narrow.spec.row_bytes), np.uint8))
+    rng = np.random.default_rng(seed)
+    ntables = 3
+    slots, tables, seqs, deltas, olds = [], [], [], [], []
+    for seq in range(1, 9):
+        for t in rng.permutation(ntables)[: int(rng.integers(1, ntables + 1))]:
+            s = rng.choice(40, size=int(rng.integers(1, 20)), replace=False).astype(np.int64)  # rows repeat across
+            slots.append(s), tables.append(int(t)), seqs.append(seq)
+            deltas.append(rng.integers(0, 256, (len(s), width), dtype=np.uint8))
+            olds.append(rng.integers(0, 1000, len(s)).astype(np.int64))
+    expected: dict = {}  # (table, slot) -> [delta, old version, last sequence, order of first change]
+    for s, t, q, d, o in zip(slots, tables, seqs, deltas, olds):
+        for slot, row, old in zip(s.tolist(), d, o.tolist()):
+            entry = expected.get((t, slot))
+            if entry is None:
+                expected[(t, slot)] = [row.copy(), old, q, len(expected)]
+            else:
+                entry[0] ^= row
+                entry[2] = q
+    counts, out_slots, merged, out_old, out_versions = merge_rows(slots, tables, seqs, deltas, olds, k, ntables)
+    order = sorted(expected, key=lambda key: ((key[1] % k), key[0], expected[key][3]))
+    assert counts.shape == (k, ntables) and counts.sum() == len(expected)
+    assert [int(x) for x in out_slots] == [slot for _, slot in order]
+    assert np.array_equal(merged, np.stack([expected[key][0] for key in order]))
+    assert out_old.tolist() == [expected[key][1] for key in order]
+    assert out_versions.tolist() == [expected[key][2] for key in order]
+    for p in range(k):
+        for t in range(ntables):
+            assert counts[p, t] == sum(1 for table, slot in expected if table == t and slot % k == p)

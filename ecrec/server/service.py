@@ -15,7 +15,6 @@ import numpy as np
 
 from ecrec import errors
 from ecrec.net import security, transport
-from ecrec.server import packing
 from ecrec.server.counters import threads_cpu_s
 from ecrec.server.requests import (
     Assignment, assignment, caller_of, check_ids, check_push_id, coalesce, dense_assignment, parse_dense_spec,
@@ -219,19 +218,15 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
             # every part computed and checked before anything is written: an update whose result would not be
             # finite is refused whole (InvalidRequest), here as on the parts of other tables
             keep = keep_old or want_delta
-            packed = packing.packed_for(table_plans) if want_delta and strategy.packs_rows else None
-            outs = packed.deltas_of if packed is not None else (lambda i: None)
             prepared_tables = [(shard, ids, shard.prepare_assignment(slots, g.values, g.columns, keep)
-                                if isinstance(g, Assignment) else shard.prepare_gradients(slots, g, keep, want_delta,
-                                                                                          outs(i)))
-                               for i, (shard, ids, slots, g) in enumerate(table_plans)]
+                                if isinstance(g, Assignment) else shard.prepare_gradients(slots, g, keep, want_delta))
+                               for shard, ids, slots, g in table_plans]
             prepared_dense = [(d, d.prepare_assignment(g.values, keep) if isinstance(g, Assignment)
                                else d.prepare_gradient(g, keep)) for d, g in dense_plans]
-            push = AppliedPush(key, st.sequencer.next(st.epoch), packed=packed.rows if packed is not None else None)
-            for i, (shard, ids, prepared) in enumerate(prepared_tables):
+            push = AppliedPush(key, st.sequencer.next(st.epoch))
+            for shard, ids, prepared in prepared_tables:
                 slots = prepared.slots
-                old, new, old_versions = shard.commit(prepared, push.seq, want_delta,
-                                                      packed.versions_of(i) if packed is not None else None)
+                old, new, old_versions = shard.commit(prepared, push.seq, want_delta)
                 push.tables.append(TableUpdate(shard, ids, slots, None, new, old_versions, delta=old) if want_delta
                                    else TableUpdate(shard, ids, slots, old, new, old_versions))
                 rows_updated += len(slots)

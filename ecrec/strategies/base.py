@@ -134,21 +134,6 @@ class AppliedPush:
     tables: list[TableUpdate] = field(default_factory=list)
     dense: list[DenseUpdate] = field(default_factory=list)
     nbytes: int = 0  # bytes of the payload copies it holds (old and new), when the server counted them
-    packed: "PackedRows | None" = None  # every table's rows in one set of arrays, where the server wrote them so
-
-
-@dataclass
-class PackedRows:
-    """A push's changed rows of every table, one after the other in one set of arrays: ``tables[i]``'s
-    :class:`TableUpdate` has rows ``starts[i]:starts[i + 1]`` of them (its ``slots``, ``delta`` and
-    ``old_versions`` are views of these).  The server writes them so (one delta buffer the compiled pass fills
-    table by table) where every table of the push has one row width, so that a strategy's work per push does not
-    grow with the number of tables (``ecrec.strategies.erasure.groups``)."""
-
-    slots: np.ndarray  # (rows,) int64
-    deltas: np.ndarray  # (rows, row_bytes) uint8: payload before XOR after
-    old_versions: np.ndarray  # (rows,) int64
-    starts: np.ndarray  # (tables + 1,) int64
 
 
 class StrategyHost(Protocol):
@@ -219,9 +204,6 @@ class FaultToleranceStrategy:
     needs_old_payload: ClassVar[bool] = False
     #: whether ``old XOR new`` of updated rows must be captured for ``on_push`` (``TableUpdate.delta``)
     needs_delta: ClassVar[bool] = False
-    #: with ``needs_delta``: whether a push's rows of every table go into one set of arrays (``AppliedPush.packed``,
-    #: ``ecrec.server.packing``) where they can
-    packs_rows: bool = False
     #: whether a promoted replacement rebuilds every row itself (then its tables skip initial values)
     rebuilds_rows: ClassVar[bool] = False
     #: whether a table no push changed may be restored in bulk (``ecrec.snapshot.bulk``): every server rewrites its

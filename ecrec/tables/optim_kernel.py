@@ -70,26 +70,19 @@ def usable(table: np.ndarray, optimizer: str) -> bool:
 
 
 def update_rows(table: np.ndarray, slots: np.ndarray, grads: np.ndarray, optimizer: str, dim: int, lr: float,
-                eps: float, keep_old: bool, delta: bool = False, out: np.ndarray | None = None
+                eps: float, keep_old: bool, delta: bool = False
                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Rows ``slots`` (unique, in range) of ``table`` (``(slots, row_floats)`` float32) after the optimizer with
     ``grads`` (``(n, dim)`` float32), on copies -- ``table`` is only read.  Returns ``(rows, old, bad)``: the new
     rows (``(n, row_floats)`` float32), their bytes before (``(n, row_bytes)`` uint8, when ``keep_old``) -- or,
     with ``delta``, their bytes before XOR after (the same array, no separate pass) --, and a mask of the rows whose
-    result is not finite (None when every one is).  A slot out of range raises ``IndexError`` (nothing is read).
-    ``out``: where to write the old bytes (or the delta), a C-contiguous ``(n, row_bytes)`` uint8 array (a push's
-    rows of every table in one buffer); by default a new one."""
+    result is not finite (None when every one is).  A slot out of range raises ``IndexError`` (nothing is read)."""
     n, width = len(slots), table.shape[1]
     keep_old = keep_old or delta
     slots = np.ascontiguousarray(slots, dtype=np.int64)
     grads = np.ascontiguousarray(grads, dtype=np.float32).reshape(n, dim)
     rows = np.empty((n, width), dtype=np.float32)
-    if out is not None and keep_old:
-        if out.shape != (n, width * 4) or out.dtype != np.uint8 or not out.flags.c_contiguous:
-            raise ValueError(f"out: a C-contiguous ({n}, {width * 4}) uint8 array, got {out.dtype} {out.shape}")
-        old = out
-    else:
-        old = np.empty((n, width * 4), dtype=np.uint8) if keep_old else np.empty((0, 0), dtype=np.uint8)
+    old = np.empty((n, width * 4), dtype=np.uint8) if keep_old else np.empty((0, 0), dtype=np.uint8)
     bad = np.empty(n, dtype=np.bool_)
     found = _update(table, table.view(np.uint32), slots, grads, dim, KINDS[optimizer], np.float32(-lr),
                     np.float32(eps), rows, rows.view(np.uint32), old.view(np.uint32),

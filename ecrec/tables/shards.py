@@ -156,11 +156,6 @@ class TableShard(_HoldsCuts):
         return slots
 
     # --- training --------------------------------------------------------------------------------------------
-    @property
-    def compiled(self) -> bool:
-        """Whether gradients go through the compiled pass (``optim_kernel``), which takes an ``out`` buffer."""
-        return self._compiled
-
     def apply_gradients(self, slots: np.ndarray, grads: np.ndarray, version: int,
                         keep_old: bool, delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Runs the table's optimizer on rows ``slots`` (unique) and stamps them with ``version``;
@@ -170,20 +165,18 @@ class TableShard(_HoldsCuts):
         return self.commit(self.prepare_gradients(slots, grads, keep_old or delta, delta), version, delta)
 
     def prepare_gradients(self, slots: np.ndarray, grads: np.ndarray, keep_old: bool,
-                          delta: bool = False, out: np.ndarray | None = None) -> PreparedRows:
+                          delta: bool = False) -> PreparedRows:
         """What the optimizer makes of rows ``slots`` (unique) with ``grads``, computed on copies: nothing here
         changes until :meth:`commit`.  With ``delta`` the old bytes kept are each row's delta (before XOR after),
         written by the compiled pass while the row is in cache (:meth:`commit` then makes no pass of its own).
         Raises ``InvalidRequest`` naming the rows when a result would not be
         finite (a finite gradient large enough to overflow the optimizer's state): such an update is refused
-        whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable.
-        ``out``: where the compiled pass writes the old bytes (see ``optim_kernel.update_rows``; a push's rows of
-        every table in one buffer), where it runs (:attr:`compiled`)."""
+        whole, as a NaN gradient is, because one ``inf`` accumulator makes every later snapshot unloadable."""
         spec = self.spec
         if self._compiled:  # one compiled pass: gather, old bytes, optimizer, check (optim_kernel), under the
             with self._lock:  # lock as it reads the table (a few microseconds per hundred rows)
                 rows, old, bad = optim_kernel.update_rows(self._floats, slots, grads, spec.optimizer, spec.dim,
-                                                          spec.lr, spec.eps, keep_old, delta, out)
+                                                          spec.lr, spec.eps, keep_old, delta)
             if bad is not None:
                 self._refuse_not_finite(slots, bad)
             return PreparedRows(slots, old, rows, delta=delta)
@@ -226,17 +219,15 @@ class TableShard(_HoldsCuts):
             f"or optimizer state (ids {', '.join(map(str, ids))}{', ...' if bad.sum() > 5 else ''}): the "
             "gradient is too large for the optimizer; push refused, nothing applied")
 
-    def commit(self, prepared: PreparedRows, version: int, delta: bool = False,
-               versions_out: np.ndarray | None = None) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    def commit(self, prepared: PreparedRows, version: int,
+               delta: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Writes prepared rows and stamps them with ``version`` (the caller holds the server's apply lock, so
-        nothing wrote them since they were prepared); returns what :meth:`apply_gradients` returns (the old
-        versions written into ``versions_out`` where given: int64, one per row)."""
+        nothing wrote them since they were prepared); returns what :meth:`apply_gradients` returns."""
         slots, old, rows = prepared.slots, prepared.old, prepared.rows
         if prepared.delta and not delta:
             raise ValueError("rows prepared with their delta, committed for their old bytes")
         with self._lock:
-            old_versions = self._versions[slots] if versions_out is None else \
-                np.take(self._versions, slots, out=versions_out)
+            old_versions = self._versions[slots]
             if self._cuts:  # rows changed for the first time since a snapshot's cut leave their bytes there first
                 for cut in list(self._cuts.values()):
                     first = old_versions <= cut.seq

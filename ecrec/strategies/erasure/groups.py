@@ -76,11 +76,7 @@ def _delta(u) -> np.ndarray:
 
 def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
     """The group's deltas, one per row it changed, per row width (see :class:`WidthDeltas`), merged in one compiled
-    pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`): one segment per push
-    where the server packed its tables' rows together (:func:`_packed_deltas`), else one per push and table."""
-    packed = _packed_deltas(group, k)
-    if packed is not None:
-        return packed
+    pass over the pushes' own arrays (:func:`~ecrec.strategies.erasure.merge.merge_rows`)."""
     segments = [(u, p.seq) for p in group.pushes for u in p.tables if len(u.slots)]
     by_width: dict[int, dict] = {}
     for u, _ in segments:
@@ -97,33 +93,6 @@ def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
         bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
         out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
     return out
-
-
-def _packed_deltas(group: PushGroup, k: int) -> list[WidthDeltas] | None:
-    """:func:`group_deltas` over the pushes' packed rows (``AppliedPush.packed``: every table's rows of a push in
-    one set of arrays), one segment per push; None unless every push with rows has them, in one row width."""
-    pushes = [p for p in group.pushes if p.tables]
-    if not pushes or any(p.packed is None for p in pushes):
-        return None
-    names: dict = {}  # shard -> its name (the merge ranks tables by name)
-    for p in pushes:
-        for u in p.tables:
-            names[u.shard] = u.shard.spec.name
-    widths = {shard.spec.row_bytes for shard in names}
-    if len(widths) != 1:
-        return None
-    order = sorted(names.values())
-    rank = {shard: order.index(name) for shard, name in names.items()}
-    tables = []
-    for p in pushes:
-        counts = np.diff(p.packed.starts)
-        tables.append(np.repeat(np.fromiter((rank[u.shard] for u in p.tables), dtype=np.int64,
-                                            count=len(p.tables)), counts))
-    counts, slots, deltas, old_versions, versions = merge_rows(
-        [p.packed.slots for p in pushes], tables, [p.seq for p in pushes], [p.packed.deltas for p in pushes],
-        [p.packed.old_versions for p in pushes], k, len(order))
-    bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
-    return [WidthDeltas(order, bounds, counts, slots, deltas, old_versions, versions)]
 
 
 def build_batches(group: PushGroup, layout, source: int, source_id: str, counters=None,

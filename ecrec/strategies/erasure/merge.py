@@ -28,12 +28,11 @@ def _merge_kernel():
     return merge_kernel.merge
 
 
-def merge_rows(slots: list[np.ndarray], tables: list, seqs: list[int], deltas: list[np.ndarray],
+def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], deltas: list[np.ndarray],
                old_versions: list[np.ndarray], k: int, ntables: int):
     """Merges the changes of a group, given segment by segment in push order (a segment: one push's rows of one
-    table, or of every table: ``slots``, the table's rank -- or, for a segment of several tables, an int64 array of
-    each row's --, the push's sequence, ``(rows, width)`` uint8 ``deltas`` (payload before XOR after),
-    ``old_versions``; every delta array the same width and C-contiguous).
+    table: ``slots``, the table's rank, the push's sequence, ``(rows, width)`` uint8 ``deltas`` (payload before
+    XOR after), ``old_versions``; every delta array the same width and C-contiguous).
 
     Returns ``(counts, slots, deltas, old_versions, versions)``: one entry per row changed, grouped by stripe
     position then table (``counts[p, t]`` rows of table ``t`` at position ``p``; within one, in order of first
@@ -54,14 +53,8 @@ def merge_rows(slots: list[np.ndarray], tables: list, seqs: list[int], deltas: l
     for a in deltas:
         if not a.flags.c_contiguous or a.dtype != np.uint8 or a.shape[1] != width:
             raise ValueError("merge_rows needs C-contiguous uint8 deltas of one width")
-    if tables and isinstance(tables[0], np.ndarray):  # a rank per row
-        table_rows = np.concatenate(tables).astype(np.int64, copy=False)
-        if len(table_rows) != n:
-            raise ValueError("merge_rows: a segment's table ranks do not match its rows")
-    else:
-        table_rows = np.repeat(np.asarray(tables, dtype=np.int64), lengths)
     counts, out_slots, merged, out_old, out_versions = _merge_kernel()(
-        np.concatenate(slots).astype(np.int64, copy=False), table_rows,
+        np.concatenate(slots).astype(np.int64, copy=False), np.repeat(np.asarray(tables, dtype=np.int64), lengths),
         np.repeat(np.asarray(seqs, dtype=np.int64), lengths),
         np.concatenate(old_versions).astype(np.int64, copy=False), segment, offset,
         np.array([a.ctypes.data for a in deltas], dtype=np.int64), seg_rows, width // np.dtype(word).itemsize, k,

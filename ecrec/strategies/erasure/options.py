@@ -64,9 +64,6 @@ class ErasureOptions:
                                           "groups) closes at (i + 1) / S of coalesce_bytes (index i of S servers), "
                                           "so that groups closed by size close in different steps on different "
                                           "servers, not all in one")
-    pack_rows: bool = option(True, "a push's deltas, slots and versions of every table (one row width) are written "
-                                   "into one set of arrays, so that a group's merge takes one segment per push, not "
-                                   "one per push and table")
     coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
                                     "A group no push came to for this long is sent directly")
     direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "

@@ -50,7 +50,6 @@ class ErasureCoding(FaultToleranceStrategy):
         self.resolver = Resolver(host, options, self.counters)
         self.rebuild = RebuildEngine(host, self.codec, self.receiver, options, self.closed, self.counters)
         self.servicer = ParityServicer(host, self.owner, self.receiver, options.rebuild_nice)
-        self.packs_rows = options.pack_rows
 
     @property
     def timer_interval_s(self) -> float:
