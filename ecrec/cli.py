@@ -208,6 +208,12 @@ def _snapshot_command(args) -> int:
             else:
                 manifest = cluster.load(args.path, on_progress=progress)
                 kept = _not_restored(cluster.map, manifest)  # the newest map this client knows: no call
+                stuck = _half_restored(cluster, set(t.name for t in cluster.map.tables) - set(manifest["tables"]))
+                if stuck:  # a restore cut short left them refusing every pull and push: not "unchanged"
+                    logs.fatal(f"ecrec-server restore: restored {args.path}, but {', '.join(map(repr, stuck))} "
+                               "(not in this snapshot) was left half restored by an earlier restore that was cut "
+                               "short: it refuses pulls and pushes until the snapshot it came from is restored again")
+                    return 1
                 if kept:  # the snapshot does not hold them: they are as training left them, not as it was saved
                     print(f"ecrec-server restore: not in the snapshot, left unchanged: {kept}", file=sys.stderr)
         finally:
@@ -235,6 +241,28 @@ def _snapshot_command(args) -> int:
     print(f"{verb} {len(manifest['tables'])} table(s), {len(manifest['dense'])} dense tensor(s) "
           f"({'to' if verb == 'wrote' else 'from'} {args.path})")
     return 0
+
+
+def _half_restored(cluster, names: set[str]) -> list[str]:
+    """Of tables ``names``, those a server holds in the middle of a restore in bulk (``RestoreTable`` STATUS of
+    every table, asked of each server): a restore killed midway leaves them so."""
+    import json
+
+    from ecrec.snapshot.bulk import Step
+    from ecrec.wire import embedding_pb2
+
+    stuck: set[str] = set()
+    if not names:
+        return []
+    for index in range(cluster.layout.num_servers):
+        address = cluster.peers.address_of(index)
+        if address is None:
+            continue
+        reply = cluster.peers.stub(address).RestoreTable(embedding_pb2.RestoreTableRequest(step=Step.STATUS),
+                                                         timeout=30.0, metadata=cluster.peers.metadata())
+        tables = json.loads(reply.parts_json or "{}").get("tables", {})
+        stuck |= {name for name, info in tables.items() if name in names and info.get("state") != "serving"}
+    return sorted(stuck)
 
 
 def _not_restored(cluster_map, manifest: dict) -> str:

@@ -1062,6 +1062,40 @@ def test_a_failed_save_takes_back_every_directory_it_made(make_cluster, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not any((tmp_path / "kept").iterdir())
 
 
+def test_a_cut_lives_while_it_is_read_and_expires_soon_after_its_reads_end(monkeypatch):
+    """A cut's TTL was the whole write deadline plus a minute (11 minutes by default): two snapshot clients killed
+    mid-save (SIGKILL, no drop) blocked every snapshot of the cluster that long.  Now the client asks for the time
+    to find the cut and start the writes; each read through it (a server's write, a peer's read of rows at the cut)
+    keeps it IDLE_S longer, never past max_ttl_s from its mark."""
+    from ecrec import errors
+    from ecrec.server import cut as server_cut
+    from ecrec.server.cut import ServerCuts
+    from ecrec.coding.layout import Layout
+    from ecrec.snapshot import cluster as snapshot_cluster
+    from ecrec.tables.shards import TableShard
+    from ecrec.tables.spec import TableSpec
+
+    assert snapshot_cluster.CUT_TIMEOUT_S + 60.0 <= 180.0  # what save asks (not its write deadline)
+    monkeypatch.setattr(server_cut, "IDLE_S", 0.6)
+    layout = Layout(3, 2, 1)
+    shard = TableShard(TableSpec("cut_t", 8, 2), layout, 0)
+    cuts = ServerCuts(max_cuts=2, max_ttl_s=2.0)
+    cuts.mark("reader", 3, 0.3, [shard], [])
+    for _ in range(4):  # read every 0.2 s: alive past its 0.3 s TTL
+        time.sleep(0.2)
+        assert cuts.get("reader", "table", "cut_t") is not None
+    time.sleep(0.9)  # no read for longer than IDLE_S: gone, its copies freed
+    with pytest.raises(errors.FailedPrecondition, match="no such snapshot cut"):
+        cuts.get("reader", "table", "cut_t")
+    assert len(cuts) == 0 and not shard._cuts
+    cuts.mark("long", 4, 0.3, [shard], [])
+    deadline = time.monotonic() + 3.0
+    with pytest.raises(errors.FailedPrecondition, match="no such snapshot cut"):
+        while time.monotonic() < deadline:  # read on and on: expires max_ttl_s (2 s) after its mark all the same
+            cuts.get("long", "table", "cut_t")
+            time.sleep(0.1)
+
+
 def test_a_server_full_of_cuts_says_when_the_first_is_freed():
     """Two snapshot clients killed during their saves left their cuts for their whole TTL (11 minutes by default):
     every later save was refused '2 snapshots are being written here at once: retry when one ends', though
@@ -1076,3 +1110,33 @@ def test_a_server_full_of_cuts_says_when_the_first_is_freed():
                                                        r"\(a cut whose snapshot was killed is freed when it expires, "
                                                        r"the first in (299|300) s\)"):
         cuts.mark("third", 7, 300.0, [], [])
+
+
+def test_a_relative_file_url_a_link_and_files_beside_a_snapshot_are_taken_as_the_client_means_them(
+        make_cluster, tmp_path, monkeypatch):
+    """``file://rel`` went to the servers as it was: each resolved it against its own working directory, the
+    snapshot in two places, reported written.  ``--overwrite`` of a directory holding a file no save wrote (a
+    README) removed it with the old snapshot; of a link to a snapshot, it replaced the link by a directory and left
+    the old snapshot, its marker and a staging link behind."""
+    import os
+
+    local = make_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address)
+    _tables(cluster)
+    monkeypatch.chdir(tmp_path)  # the servers' working directory is another
+    cluster.save("file://rel")
+    saved = {"manifest.json", ".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert {p.name for p in (tmp_path / "rel").iterdir()} == saved
+    assert cluster.load("file://rel")["tables"]
+    (tmp_path / "rel" / "README.txt").write_text("mine")
+    with pytest.raises(SnapshotError, match=r"holds files no snapshot wrote \(README.txt\).*nothing was changed"):
+        cluster.save(str(tmp_path / "rel"), overwrite=True)
+    assert (tmp_path / "rel" / "README.txt").read_text() == "mine"
+    assert {p.name for p in (tmp_path / "rel").iterdir()} == saved | {"README.txt"}
+    (tmp_path / "rel" / "README.txt").unlink()
+    os.symlink(tmp_path / "rel", tmp_path / "current")
+    cluster.save(str(tmp_path / "current"), overwrite=True)
+    assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == str(tmp_path / "rel")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "rel"]  # no staging debris beside them
+    assert {p.name for p in (tmp_path / "rel").iterdir()} == saved  # the new snapshot, no marker left
+    assert cluster.load(str(tmp_path / "current"))["tables"]

@@ -314,3 +314,28 @@ def test_a_server_that_does_not_answer_a_mark_is_reported_and_not_asked_for_ever
     for _ in range(4):
         snapshot_cluster._mark_for_bulk(fake, "/x", "t", chunks, {"f": [1, 2, 3, 4]}, unresponsive)
     assert calls == {0: 4, 1: 1, 2: 4} and reports == ["127.0.0.1:1"] and unresponsive == {1}
+
+
+def test_a_restore_of_another_snapshot_names_a_table_an_earlier_restore_left_half_restored(make_cluster, tmp_path,
+                                                                                            capsys):
+    """A restore killed while it filled table ``t`` in bulk leaves ``t`` refusing every pull and push until that
+    snapshot is restored again.  Restoring another snapshot, one without ``t``, exited 0 and called ``t`` "left
+    unchanged"; it exits 1 now and names ``t`` as half restored."""
+    from ecrec import cli as server_cli
+
+    path, _, _ = _saved(make_cluster, tmp_path)
+    local, target, source, call = _by_hand(make_cluster, tmp_path, path)
+    other = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    other.create_table("u", 50, 4, optimizer="sgd", seed=5)
+    other.save(str(tmp_path / "other"))
+    for index in range(3):  # what a restore killed after its first FILL leaves
+        assert call(index, Step.BEGIN).state == "begun"
+    assert call(0, Step.FILL).state == "filled"
+    capsys.readouterr()
+    assert server_cli.main(["restore", "--coordinator", local.coordinator_address, str(tmp_path / "other")]) == 1
+    err = capsys.readouterr().err
+    assert "'t' (not in this snapshot) was left half restored by an earlier restore that was cut short" in err, err
+    assert "left unchanged" not in err
+    assert [r.name for r in target.refresh_map().tables if r.name == "u"] == ["u"]  # the snapshot's own table
+    assert server_cli.main(["restore", "--coordinator", local.coordinator_address, path]) == 0  # the way back
+    assert _parity_ok(target)

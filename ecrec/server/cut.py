@@ -5,7 +5,11 @@ server's part, here: :class:`PushHold` holds the pushes that arrive (they wait, 
 snapshot admits to complete a step already half applied; at the cut, :class:`ServerCuts` notes the last push
 sequence and the hold ends -- milliseconds after it began.  From then on every row a push changes first leaves
 its bytes at the cut in the cut's copy (:class:`ShardCut`, only rows changed since), and the snapshot reads
-rows as they were at the cut while training goes on.  A cut is dropped when the snapshot ends, or expires.
+rows as they were at the cut while training goes on.  A cut is dropped when the snapshot ends, or expires: its
+TTL covers finding the cut and starting the writes, and every read through it (this server's write, another
+server's read of rows it holds) keeps it at least :data:`IDLE_S` longer, up to ``max_ttl_s`` from its mark.  A
+snapshot client killed mid-save (SIGKILL: no drop) leaves it until its writes end plus :data:`IDLE_S`, not for the
+whole write deadline it asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import numpy as np
 from ecrec import errors
 
 log = logging.getLogger("ecrec.server")
+
+#: a read through a cut keeps it at least this much longer (s)
+IDLE_S = 120.0
 
 
 class PushHold:
@@ -178,7 +185,8 @@ class ServerCuts:
 
     def __init__(self, max_cuts: int = 2, max_ttl_s: float = 3600.0):
         self.max_ttl_s = max_ttl_s
-        self._cuts: dict[str, tuple[float, dict]] = {}  # holder -> (expires_at, {(kind, name): (cut, its shard)})
+        # holder -> [expires_at, {(kind, name): (cut, its shard)}, the latest it may expire]
+        self._cuts: dict[str, list] = {}
         self.max_cuts = max_cuts
         self._lock = threading.RLock()
 
@@ -186,7 +194,7 @@ class ServerCuts:
     def nbytes(self) -> int:
         """Memory the cuts hold (their maps and the rows changed since)."""
         with self._lock:
-            return sum(cut.nbytes for _, parts in self._cuts.values() for cut, _ in parts.values())
+            return sum(cut.nbytes for _, parts, _ in self._cuts.values() for cut, _ in parts.values())
 
     def mark(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
         """Marks a cut at push sequence ``seq`` on every table shard and dense tensor (the apply lock is held, no
@@ -194,7 +202,7 @@ class ServerCuts:
         self.expire()
         with self._lock:
             if len(self._cuts) >= self.max_cuts and holder not in self._cuts:
-                soonest = max(0.0, min(expires for expires, _ in self._cuts.values()) - time.monotonic())
+                soonest = max(0.0, min(expires for expires, *_ in self._cuts.values()) - time.monotonic())
                 raise errors.ResourceExhausted(
                     f"{len(self._cuts)} snapshots hold cuts here (at most {self.max_cuts}): retry when one ends (a cut "
                     f"whose snapshot was killed is freed when it expires, the first in {soonest:.0f} s)")
@@ -210,12 +218,17 @@ class ServerCuts:
             cut = DenseCut(seq)
             parts[("dense", d.name)] = (cut, d)
             d.add_cut(holder, cut)
-        self._cuts[holder] = (time.monotonic() + min(ttl_s, self.max_ttl_s), parts)
+        now = time.monotonic()
+        self._cuts[holder] = [now + min(ttl_s, self.max_ttl_s), parts, now + self.max_ttl_s]
 
     def get(self, holder: str, kind: str, name: str):
+        """The cut of ``holder`` on table or dense tensor ``name`` (``kind``); a read through it keeps the cut at
+        least :data:`IDLE_S` longer."""
         self.expire()
         with self._lock:
             entry = self._cuts.get(holder)
+            if entry is not None:
+                entry[0] = min(entry[2], max(entry[0], time.monotonic() + IDLE_S))
         if entry is None:
             raise errors.FailedPrecondition("no such snapshot cut on this server (it expired, or the server was "
                                             "replaced since): take the snapshot again")
@@ -237,7 +250,7 @@ class ServerCuts:
     def expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            gone = [h for h, (expires_at, _) in self._cuts.items() if now >= expires_at]
+            gone = [h for h, (expires_at, *_) in self._cuts.items() if now >= expires_at]
         for holder in gone:
             log.warning("a snapshot's cut expired before the snapshot ended: its copies are freed")
             self.drop(holder)

@@ -85,14 +85,22 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     t0 = time.perf_counter()
     check_path(path)
     path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
+    local = snapshot_files.local_dir(path)
+    if local is not None:
+        # a link to the directory: the directory itself (an overwrite swaps it, and would replace the link by it)
+        local = os.path.realpath(local) if os.path.islink(local.rstrip(os.sep)) else os.path.abspath(local)
+        # file://relative: as this client resolves it (each server resolved it against its own working directory:
+        # the snapshot in two places, reported written)
+        path = f"file://{local}" if snapshot_files.is_url(path) else local
     # DCP's metadata classes take a second to import: meanwhile the servers write
     importer = threading.Thread(target=_import_dcp, name="ecrec-import-dcp", daemon=True)
     importer.start()
-    local = snapshot_files.local_dir(path)
     made = _missing_dirs(local) if local is not None else []  # removed again if the save fails, deepest first
     claim = None
     try:
         _refuse_a_snapshot_there(path, overwrite)
+        if overwrite and local is not None and snapshot_files.exists(path, MANIFEST):
+            _refuse_foreign_files(local)  # the overwrite replaces the whole directory
         present = [n for n in snapshot_files.listdir(path) if n == METADATA or n.endswith(".distcp")]
         if present and not (snapshot_files.exists(path, MANIFEST) or snapshot_files.exists(path, WRITING)):
             raise SnapshotError(f"{path} holds checkpoint files no save of ECRec wrote ({', '.join(present[:4])}"
@@ -164,6 +172,21 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
             except OSError:
                 break  # not empty: a file someone else put there stays
         raise
+
+
+#: the files a save writes in a snapshot's directory (its servers' parts, the DCP metadata, the manifest, the marker)
+SAVED_NAMES = re.compile(r"__\d+_\d+\.distcp")
+
+
+def _refuse_foreign_files(local: str) -> None:
+    """``SnapshotError`` naming the files in snapshot directory ``local`` that no save wrote: an overwrite swaps in a
+    new directory and removes the old one, so a README or a log kept beside the snapshot would go with it."""
+    foreign = sorted(n for n in os.listdir(local)
+                     if n not in (MANIFEST, METADATA, WRITING) and not SAVED_NAMES.fullmatch(n))
+    if foreign:
+        raise SnapshotError(f"{local} holds files no snapshot wrote ({', '.join(foreign[:4])}"
+                            f"{', ...' if len(foreign) > 4 else ''}); an overwrite replaces the whole directory, so "
+                            "nothing was changed: move them, or write the snapshot elsewhere")
 
 
 def _missing_dirs(local: str) -> list[str]:
@@ -304,7 +327,9 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
 
     # the cut: every server marks its rows at a moment no worker's step is half applied, then writes them as they
     # were at it while pushes go on (ecrec.snapshot.cut)
-    cut = Cut(cluster, list(range(servers)), ttl_s=timeout_s + 60.0)
+    # its TTL covers finding the cut and starting the writes; the writes' reads through it keep it (ecrec.server.cut),
+    # so that a save killed here leaves cuts for minutes, not for the whole write deadline
+    cut = Cut(cluster, list(range(servers)), ttl_s=CUT_TIMEOUT_S + 60.0)
     try:
         cut.take(CUT_TIMEOUT_S)
     except CutError as exc:
@@ -444,6 +469,8 @@ def _check_specs(cluster, path: str, manifest: dict):
         tables[name] = spec
     for name, fields in manifest.get("dense", {}).items():
         if "name" not in fields:  # version 1 kept only the shape and the optimizer: not restorable exactly
+            log.warning("%s: dense tensor %r is not restored: the snapshot keeps only its shape and optimizer (an "
+                        "earlier format), not its learning rate and state", path, name)
             continue
         try:
             spec = DenseSpec(**{f.name: fields[f.name] for f in dataclasses.fields(DenseSpec)}
