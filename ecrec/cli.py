@@ -212,7 +212,8 @@ def _snapshot_command(args) -> int:
                 if stuck:  # a restore cut short left them refusing every pull and push: not "unchanged"
                     logs.fatal(f"ecrec-server restore: restored {args.path}, but {', '.join(map(repr, stuck))} "
                                "(not in this snapshot) was left half restored by an earlier restore that was cut "
-                               "short: it refuses pulls and pushes until the snapshot it came from is restored again")
+                               "short (or is being restored by another now): it refuses pulls and pushes until the "
+                               "snapshot it came from is restored again")
                     return 1
                 if kept:  # the snapshot does not hold them: they are as training left them, not as it was saved
                     print(f"ecrec-server restore: not in the snapshot, left unchanged: {kept}", file=sys.stderr)
@@ -248,6 +249,8 @@ def _half_restored(cluster, names: set[str]) -> list[str]:
     every table, asked of each server): a restore killed midway leaves them so."""
     import json
 
+    import grpc
+
     from ecrec.snapshot.bulk import Step
     from ecrec.wire import embedding_pb2
 
@@ -258,8 +261,14 @@ def _half_restored(cluster, names: set[str]) -> list[str]:
         address = cluster.peers.address_of(index)
         if address is None:
             continue
-        reply = cluster.peers.stub(address).RestoreTable(embedding_pb2.RestoreTableRequest(step=Step.STATUS),
-                                                         timeout=30.0, metadata=cluster.peers.metadata())
+        try:
+            reply = cluster.peers.stub(address).RestoreTable(embedding_pb2.RestoreTableRequest(step=Step.STATUS),
+                                                             timeout=30.0, metadata=cluster.peers.metadata())
+        except grpc.RpcError as exc:  # the restore itself is done: said, not turned into its failure
+            logging.getLogger("ecrec").warning(
+                "restored; server %d (%s) could not say whether a table outside the snapshot is left half restored "
+                "(%s): `ecrec-server status`, or a pull of it, tells", index, address, exc.code().name)
+            continue
         tables = json.loads(reply.parts_json or "{}").get("tables", {})
         stuck |= {name for name, info in tables.items() if name in names and info.get("state") != "serving"}
     return sorted(stuck)

@@ -507,12 +507,19 @@ def test_the_engine_decodes_each_choice_of_members_to_the_lost_data_row(k, m):
     assert set(engine._coefficients) == {(i, j) for i in range(k) for j in range(m)}  # made once each
 
 
-@pytest.mark.parametrize("width, k, seed", [(16, 2, 0), (24, 3, 1), (5, 2, 2), (512, 4, 3)])
-def test_the_merge_gives_each_row_the_xor_of_its_deltas_its_first_old_version_and_last_sequence(width, k, seed):
+@pytest.mark.parametrize("width, k, seed, in_place", [(16, 2, 0, False), (24, 3, 1, True), (5, 2, 2, False),
+                                                       (512, 4, 3, False), (512, 2, 4, True)])
+def test_the_merge_gives_each_row_the_xor_of_its_deltas_its_first_old_version_and_last_sequence(width, k, seed,
+                                                                                                in_place, monkeypatch):
     """``merge_rows`` (the compiled merge of a group's changes) against a dictionary built change by change: one
     entry per row, grouped by stripe position then table, in order of first change within each; its delta the XOR
-    of the row's deltas, its old version that of its first change, its version the last change's sequence."""
+    of the row's deltas, its old version that of its first change, its version the last change's sequence.  Small
+    segments are concatenated first, large ones read in place (``in_place``: every one)."""
+    from ecrec.strategies.erasure import merge
     from ecrec.strategies.erasure.merge import merge_rows
+
+    if in_place:
+        monkeypatch.setattr(merge, "IN_PLACE_MIN_BYTES", 0)
 
     rng = np.random.default_rng(seed)
     ntables = 3

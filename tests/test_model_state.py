@@ -173,6 +173,10 @@ def test_bad_loads_into_a_registered_mlp_change_nothing_on_the_servers(make_clus
     opt["state"]["mlp.2.weight"]["sum"] = torch.ones(4)
     with pytest.raises(ValueError, match="'mlp.2.weight'.*shape \\(1, 4\\)"):
         EmbeddingOptimizer(model).load_state_dict(opt)
+    for malformed in ({"state": None, "param_groups": []}, {"state": {}, "param_groups": None},
+                      {"state": {}, "param_groups": ["mlp.0.bias"]}):  # each was a TypeError from inside
+        with pytest.raises(ValueError, match="not an optimizer state dict: 'state' must be a dict"):
+            EmbeddingOptimizer(model).load_state_dict(malformed)
     assert all(np.array_equal(before[n], p) for n, p in _dense_payloads(cluster).items())
     dense_only = torch.nn.Sequential(torch.nn.Linear(2, 1))
     cluster.register_dense(dense_only, prefix="other.")

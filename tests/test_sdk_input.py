@@ -373,6 +373,15 @@ def test_register_dense_refused_by_the_coordinator_partway_leaves_nothing_regist
             with pytest.raises(ValueError, match=f"register_dense: lr must be a number, got {lr!r}"):
                 second.register_dense(torch.nn.Linear(2, 1), prefix="pl.", lr=lr)
         assert not any(d.name.startswith("pl.") for d in second.refresh_map().dense)
+        # a module registered before and registered again in a call refused partway stays registered
+        mine = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        assert second.register_dense(mine, prefix="pk.", lr=0.1) == ["pk.0.weight", "pk.0.bias"]
+        first.register_dense(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)), prefix="pk.", lr=0.1)
+        grown = torch.nn.Sequential(mine[0], torch.nn.Linear(3, 2))  # pk.0.* again (harmless), pk.1.* refused
+        with pytest.raises(ClusterError, match="pk.1.weight.*ALREADY_EXISTS"):
+            second.register_dense(grown, prefix="pk.", lr=0.1)
+        assert sorted(second._dense) == ["pk.0.bias", "pk.0.weight"]  # the earlier call's stay this worker's
+        assert sorted(registered(mine)) == ["0.bias", "0.weight"]
     finally:
         first.close()
         second.close()
@@ -405,6 +414,8 @@ def test_a_frozen_module_records_no_gradient_and_its_own_zero_grad_drops_what_it
         assert np.array_equal(after[3], before[3]) and np.allclose(after[4], before[4] - 1.0)
         both = EmbeddingBagCollection(cluster, ["frozen_t"]).requires_grad_(False)
         assert not both([(torch.tensor([5]), torch.tensor([0]))])[0].requires_grad
+        from ecrec.client import modules  # the lookup stays a graph break under torch.compile
+        assert getattr(modules._lookup, "_torchdynamo_disable", False)
     finally:
         cluster.close()
 
@@ -422,6 +433,12 @@ def test_module_inputs_that_failed_far_from_their_cause_are_refused_naming_it(sh
         Cluster.connect(f"http://{local.coordinator_address}")
     with pytest.raises(ValueError, match="address must be a coordinator's host:port"):
         Cluster.connect("  ")
+    from ecrec.net.peers import coordinator_stub  # gRPC's own target names stay taken, as before
+
+    for target in ("dns:///127.0.0.1:7000", "ipv4:127.0.0.1:7000", "[::1]:7000"):
+        coordinator_stub(target)
+    with pytest.raises(ValueError, match=r"in brackets before its port \(\[ADDRESS\]:PORT, e.g. \[::1\]:7000\)"):
+        coordinator_stub("2001:db8::7000")  # no sure split into an address and a port
     cluster = Cluster.connect(local.coordinator_address)
     try:
         cluster.create_table("jag_t", 10, 4)

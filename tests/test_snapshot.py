@@ -1062,38 +1062,59 @@ def test_a_failed_save_takes_back_every_directory_it_made(make_cluster, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not any((tmp_path / "kept").iterdir())
 
 
-def test_a_cut_lives_while_it_is_read_and_expires_soon_after_its_reads_end(monkeypatch):
-    """A cut's TTL was the whole write deadline plus a minute (11 minutes by default): two snapshot clients killed
-    mid-save (SIGKILL, no drop) blocked every snapshot of the cluster that long.  Now the client asks for the time
-    to find the cut and start the writes; each read through it (a server's write, a peer's read of rows at the cut)
-    keeps it IDLE_S longer, never past max_ttl_s from its mark."""
+def test_a_cut_lives_while_it_is_used_and_expires_soon_after_its_last_use(monkeypatch):
+    """A cut lived for the TTL its snapshot asked (the write deadline plus a minute: 11 minutes by default) however
+    its snapshot ended: two snapshot clients killed mid-save (SIGKILL, no drop) blocked every snapshot of the
+    cluster that long.  Once used -- a read through it, a write of the server's part under way (``kept``) -- it
+    now expires IDLE_S after its last use, never past the TTL asked or max_ttl_s; unused, at the TTL asked."""
     from ecrec import errors
+    from ecrec.coding.layout import Layout
     from ecrec.server import cut as server_cut
     from ecrec.server.cut import ServerCuts
-    from ecrec.coding.layout import Layout
-    from ecrec.snapshot import cluster as snapshot_cluster
     from ecrec.tables.shards import TableShard
     from ecrec.tables.spec import TableSpec
 
-    assert snapshot_cluster.CUT_TIMEOUT_S + 60.0 <= 180.0  # what save asks (not its write deadline)
-    monkeypatch.setattr(server_cut, "IDLE_S", 0.6)
-    layout = Layout(3, 2, 1)
-    shard = TableShard(TableSpec("cut_t", 8, 2), layout, 0)
-    cuts = ServerCuts(max_cuts=2, max_ttl_s=2.0)
-    cuts.mark("reader", 3, 0.3, [shard], [])
-    for _ in range(4):  # read every 0.2 s: alive past its 0.3 s TTL
-        time.sleep(0.2)
-        assert cuts.get("reader", "table", "cut_t") is not None
-    time.sleep(0.9)  # no read for longer than IDLE_S: gone, its copies freed
-    with pytest.raises(errors.FailedPrecondition, match="no such snapshot cut"):
-        cuts.get("reader", "table", "cut_t")
-    assert len(cuts) == 0 and not shard._cuts
-    cuts.mark("long", 4, 0.3, [shard], [])
-    deadline = time.monotonic() + 3.0
-    with pytest.raises(errors.FailedPrecondition, match="no such snapshot cut"):
-        while time.monotonic() < deadline:  # read on and on: expires max_ttl_s (2 s) after its mark all the same
-            cuts.get("long", "table", "cut_t")
-            time.sleep(0.1)
+    def alive(cuts, holder) -> bool:
+        try:
+            cuts.get(holder, "table", "cut_t")  # (a use: keeps it IDLE_S from now)
+            return True
+        except errors.FailedPrecondition as exc:
+            assert "no such snapshot cut" in str(exc)
+            return False
+
+    monkeypatch.setattr(server_cut, "IDLE_S", 1.0)
+    shard = TableShard(TableSpec("cut_t", 8, 2), Layout(3, 2, 1), 0)
+    cuts = ServerCuts(max_cuts=2, max_ttl_s=100.0)
+    cuts.mark("read", 3, 600.0, [shard], [])  # the TTL a client asks: its write deadline
+    for _ in range(8):  # used every 0.25 s for 2 s: alive past IDLE_S
+        assert alive(cuts, "read")
+        time.sleep(0.25)
+    time.sleep(1.6)  # unused for longer than IDLE_S: gone, its copies freed, long before its TTL
+    assert not alive(cuts, "read") and len(cuts) == 0 and not shard._cuts
+    cuts.mark("write", 4, 600.0, [shard], [])
+    assert alive(cuts, "write")
+    with cuts.kept("write"):  # its part being written, no read through it for longer than IDLE_S
+        time.sleep(1.6)
+        cuts.expire()
+        assert len(cuts) == 1
+    time.sleep(0.5)
+    assert cuts.expire() is None and len(cuts) == 1  # IDLE_S from the write's end
+    time.sleep(1.1)
+    cuts.expire()
+    assert len(cuts) == 0
+    cuts.mark("unused", 5, 2.0, [shard], [])  # never used (a save killed before its writes): its TTL
+    time.sleep(1.5)
+    cuts.expire()
+    assert len(cuts) == 1
+    time.sleep(1.0)
+    cuts.expire()
+    assert len(cuts) == 0
+    cuts.mark("bounded", 6, 1.5, [shard], [])  # used on and on: expires at its TTL all the same
+    started = time.monotonic()
+    while alive(cuts, "bounded"):
+        time.sleep(0.1)
+        assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started >= 1.4
 
 
 def test_a_server_full_of_cuts_says_when_the_first_is_freed():
@@ -1134,9 +1155,32 @@ def test_a_relative_file_url_a_link_and_files_beside_a_snapshot_are_taken_as_the
     assert (tmp_path / "rel" / "README.txt").read_text() == "mine"
     assert {p.name for p in (tmp_path / "rel").iterdir()} == saved | {"README.txt"}
     (tmp_path / "rel" / "README.txt").unlink()
+    (tmp_path / "rel" / ".manifest.json.tmp").write_text("{")  # what a save killed writing its manifest left: ours
     os.symlink(tmp_path / "rel", tmp_path / "current")
     cluster.save(str(tmp_path / "current"), overwrite=True)
     assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == str(tmp_path / "rel")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "rel"]  # no staging debris beside them
     assert {p.name for p in (tmp_path / "rel").iterdir()} == saved  # the new snapshot, no marker left
     assert cluster.load(str(tmp_path / "current"))["tables"]
+    (tmp_path / "notes.txt").write_text("a file")  # the OS's message named the manifest inside it
+    for call in (lambda where: cluster.save(where, overwrite=True), cluster.load):
+        for where in (str(tmp_path / "notes.txt"), f"file://{tmp_path / 'notes.txt'}"):
+            with pytest.raises(SnapshotError, match=r"notes.txt: a file, not a directory \(a snapshot is a directory"):
+                call(where)
+    assert (tmp_path / "notes.txt").read_text() == "a file"
+
+
+def test_a_restore_names_every_table_shaped_otherwise_at_once(make_cluster, tmp_path):
+    """A snapshot whose tables the cluster holds in other shapes named only the first: one restore per table to
+    find them all.  Nothing is written."""
+    source = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    target = Cluster.connect(make_cluster(servers=2, strategy="none").coordinator_address)
+    for name, rows in (("a", 10), ("b", 20), ("c", 30)):
+        source.create_table(name, rows, 4, optimizer="sgd", seed=1)
+        target.create_table(name, rows + (name != "c"), 4, optimizer="sgd", seed=2)
+    source.save(str(tmp_path / "s"))
+    before = {name: target.read_table(name).copy() for name in "abc"}
+    with pytest.raises(SnapshotError, match=r"table 'a': the snapshot holds 10 x 4 \(sgd\); this cluster's table is "
+                                            r"11 x 4 \(sgd\); table 'b': the snapshot holds 20 x 4"):
+        target.load(str(tmp_path / "s"))
+    assert all(np.array_equal(target.read_table(name), before[name]) for name in "abc")

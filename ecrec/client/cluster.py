@@ -826,13 +826,14 @@ class Cluster:
             if not np.isfinite(value).all():
                 raise ValueError(f"register_dense: parameter {name!r} holds NaN or Inf; nothing registered")
             planned.append((name, spec, value, param, pname))
-        done = []
+        done = []  # registered by this call (not those an earlier call registered: registering again is harmless)
         try:
             for name, spec, value, param, _ in planned:
                 self._register_dense(spec, value, "register_dense")
-                self._dense[name] = param
-                dense_state.tag(param, self, name)
-                done.append(name)
+                if name not in self._dense:
+                    self._dense[name] = param
+                    dense_state.tag(param, self, name)
+                    done.append(name)
         except BaseException:  # the coordinator refused one (another spec under that name): none of them is
             for name in done:  # this worker's, so no step pushes a parameter that never loaded the servers' values
                 dense_state.untag(self._dense.pop(name))
@@ -897,7 +898,7 @@ class Cluster:
         has not run yet stays recorded: its gradient, when it comes, is pushed by the next step (as
         ``torch.optim``'s ``zero_grad`` between a forward and its backward).  ``tables`` (names): only those
         tables' row gradients, no dense one (a module's ``zero_grad``: ``model.zero_grad()`` reaches its tables)."""
-        only = None if tables is None else set(tables)
+        only = None if tables is None else {tables} if isinstance(tables, str) else set(tables)
         with self._lock:
             kept = []
             for p in self._pending:
@@ -943,8 +944,8 @@ class Cluster:
             bad += self._push_too_large(parts)
             if bad:
                 raise ClusterError(f"step refused before anything was sent: {'; '.join(bad)}; no server applied any "
-                                   "part of it (the gradients are kept: cluster.zero_grad() or the model's "
-                                   "zero_grad() drops them)")
+                                   "part of it (the gradients are kept: cluster.zero_grad() drops them, or a "
+                                   "cluster module's own zero_grad() its tables')")
         except BaseException:  # refused, or judging the gradients failed: nothing was sent, every lookup is kept
             with self._lock:
                 self._pending[:0] = ready + waiting  # ahead of anything recorded since

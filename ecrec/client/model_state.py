@@ -82,6 +82,11 @@ class EmbeddingOptimizer:
         a mismatch raises ``ValueError`` naming the table, and nothing is written)."""
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("not an optimizer state dict: it needs 'state' and 'param_groups'")
+        if not isinstance(state_dict["state"], dict) or not isinstance(state_dict["param_groups"], (list, tuple)) or \
+                not all(isinstance(g, dict) for g in state_dict["param_groups"]):
+            raise ValueError("not an optimizer state dict: 'state' must be a dict of entries and 'param_groups' a "
+                             f"list of dicts (got {type(state_dict['state']).__name__} and "
+                             f"{type(state_dict['param_groups']).__name__})")
         # every parameter's group (torch.optim puts them all in one; this class, one each)
         groups = {p: g for g in state_dict["param_groups"] for p in (g.get("params") or [])}
         todo = []

@@ -33,9 +33,10 @@ class _Placed(torch.nn.Module):
         return super().requires_grad_(requires_grad)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As a ``torch.nn`` module's (``model.zero_grad()`` reaches it): drops the gradients recorded for its
-        tables and not pushed yet (``Cluster.zero_grad`` for these tables only; a lookup whose backward has not
-        run yet stays recorded)."""
+        """As a ``torch.nn`` module's, called on this module (a parent's ``model.zero_grad()`` walks parameters
+        only, and this module has none: ``cluster.zero_grad()`` drops every table's): drops the gradients recorded
+        for its tables and not pushed yet (a lookup whose backward has not run yet stays recorded).  Dropped, not
+        zeroed, whatever ``set_to_none``."""
         super().zero_grad(set_to_none)
         self.cluster.zero_grad(tables=self._tables())
 
@@ -442,7 +443,6 @@ def _on_cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x
 
 
-@torch.compiler.disable  # torch.compile: the pull runs as Python (a graph break), the model around it compiles
 def _check_cluster(cluster, what: str) -> None:
     """A module's tables are reached through a connected ``Cluster``: an address passed where it belongs failed
     later with an AttributeError."""
@@ -451,6 +451,7 @@ def _check_cluster(cluster, what: str) -> None:
                         f"{type(cluster).__name__} {cluster!r}")
 
 
+@torch.compiler.disable  # torch.compile: the pull runs as Python (a graph break), the model around it compiles
 def _lookup(cluster: Cluster, names: list[str], inputs, mode: str | list[str],
             per_sample_weights=None, record: bool = True) -> list[torch.Tensor]:
     """Bags of several tables (``mode``: one for all, or one per table) from one pull per server; with autograd

@@ -11,6 +11,7 @@ server's own message.  :class:`CoordinatorClient` is the one place that calls th
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -191,22 +192,37 @@ class FailoverStub:
         return call
 
 
+#: the schemes of gRPC's own target names, taken as they are
+GRPC_SCHEMES = ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock")
+
+
+def _bracketed_example(host: str, port: str) -> str:
+    """``[host]:port`` where ``host`` is an IPv6 address (``::1:7000`` -> ``[::1]:7000``), else the form alone (in
+    ``2001:db8::7000`` no split into an address and a port is sure)."""
+    try:
+        ipaddress.IPv6Address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return "[ADDRESS]:PORT, e.g. [::1]:7000"
+    return f"[{host.strip('[]')}]:{port}"
+
+
 def coordinator_stub(address: str, max_message_bytes: int = 256 << 20, security=None) -> "FailoverStub":
     """A stub for the coordinator at ``address``, or for the coordinators at ``host:port,host:port``."""
     addresses = [a.strip() for a in address.split(",") if a.strip()]
     if not addresses:
         raise ValueError("coordinator address: none given (host:port[,host:port...])")
     for a in addresses:  # gRPC takes a port number modulo 65536: 127.0.0.1:93241 would reach port 27705
-        if "://" in a:
+        target = a.split(":", 1)[0] in GRPC_SCHEMES  # gRPC's own target names (dns:///host:port, ipv4:a.b.c.d:port)
+        if "://" in a and not target:
             raise ValueError(f"coordinator address {a!r}: host:port, not a URL (no scheme)")
         host, _, port = a.rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"coordinator address {a!r}: not host:port with a port in 1-65535")
         inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if (":" in inner and inner == host) or "[" in inner or "]" in inner:
+        if not target and ((":" in inner and inner == host) or "[" in inner or "]" in inner):
             # gRPC read ::1:50051 as the address ::0.1.0.1 on port 443, and timed out
             raise ValueError(f"coordinator address {a!r}: an IPv6 address goes in brackets before its port "
-                             f"([{inner.strip('[]')}]:{port}), and brackets around a whole address only")
+                             f"({_bracketed_example(inner, port)}), and brackets around a whole address only")
     return FailoverStub(addresses, max_message_bytes, security)
 
 

@@ -5,15 +5,16 @@ server's part, here: :class:`PushHold` holds the pushes that arrive (they wait, 
 snapshot admits to complete a step already half applied; at the cut, :class:`ServerCuts` notes the last push
 sequence and the hold ends -- milliseconds after it began.  From then on every row a push changes first leaves
 its bytes at the cut in the cut's copy (:class:`ShardCut`, only rows changed since), and the snapshot reads
-rows as they were at the cut while training goes on.  A cut is dropped when the snapshot ends, or expires: its
-TTL covers finding the cut and starting the writes, and every read through it (this server's write, another
-server's read of rows it holds) keeps it at least :data:`IDLE_S` longer, up to ``max_ttl_s`` from its mark.  A
-snapshot client killed mid-save (SIGKILL: no drop) leaves it until its writes end plus :data:`IDLE_S`, not for the
-whole write deadline it asked for.
+rows as they were at the cut while training goes on.  A cut is dropped when the snapshot ends, or expires: at the
+TTL its snapshot asked for (its write deadline) or ``max_ttl_s`` at the latest, and, once used, when it has gone
+:data:`IDLE_S` unused since -- no read through it (this server's or another's read of rows at the cut) and no write
+of this server's part under way (:meth:`ServerCuts.kept`).  A snapshot client killed mid-save (SIGKILL: no drop)
+leaves its cuts until the servers' writes end plus :data:`IDLE_S`, not for the whole write deadline it asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from ecrec import errors
 
 log = logging.getLogger("ecrec.server")
 
-#: a read through a cut keeps it at least this much longer (s)
+#: a cut unused this long (no read through it, no write of this server's part under way) expires (s)
 IDLE_S = 120.0
 
 
@@ -185,7 +186,8 @@ class ServerCuts:
 
     def __init__(self, max_cuts: int = 2, max_ttl_s: float = 3600.0):
         self.max_ttl_s = max_ttl_s
-        # holder -> [expires_at, {(kind, name): (cut, its shard)}, the latest it may expire]
+        # holder -> [expires_at unless in use, {(kind, name): (cut, its shard)}, the latest it may expire, writes
+        # of this server's part under way]
         self._cuts: dict[str, list] = {}
         self.max_cuts = max_cuts
         self._lock = threading.RLock()
@@ -194,7 +196,7 @@ class ServerCuts:
     def nbytes(self) -> int:
         """Memory the cuts hold (their maps and the rows changed since)."""
         with self._lock:
-            return sum(cut.nbytes for _, parts, _ in self._cuts.values() for cut, _ in parts.values())
+            return sum(cut.nbytes for _, parts, *_ in self._cuts.values() for cut, _ in parts.values())
 
     def mark(self, holder: str, seq: int, ttl_s: float, tables, dense) -> None:
         """Marks a cut at push sequence ``seq`` on every table shard and dense tensor (the apply lock is held, no
@@ -219,16 +221,36 @@ class ServerCuts:
             parts[("dense", d.name)] = (cut, d)
             d.add_cut(holder, cut)
         now = time.monotonic()
-        self._cuts[holder] = [now + min(ttl_s, self.max_ttl_s), parts, now + self.max_ttl_s]
+        latest = now + min(ttl_s, self.max_ttl_s)
+        self._cuts[holder] = [latest, parts, latest, 0]  # until its first use, the TTL asked for
+
+    def _used_locked(self, entry: list) -> None:
+        entry[0] = min(entry[2], time.monotonic() + IDLE_S)
+
+    @contextlib.contextmanager
+    def kept(self, holder: str):
+        """Keeps ``holder``'s cut (if it is here) while the block runs -- this server writing its part, which may
+        go minutes between reads through it (a slow disk) -- and :data:`IDLE_S` after (up to its latest expiry)."""
+        with self._lock:
+            entry = self._cuts.get(holder)
+            if entry is not None:
+                entry[3] += 1
+        try:
+            yield
+        finally:
+            if entry is not None:
+                with self._lock:
+                    entry[3] -= 1
+                    self._used_locked(entry)
 
     def get(self, holder: str, kind: str, name: str):
-        """The cut of ``holder`` on table or dense tensor ``name`` (``kind``); a read through it keeps the cut at
-        least :data:`IDLE_S` longer."""
+        """The cut of ``holder`` on table or dense tensor ``name`` (``kind``); a read through it keeps the cut
+        :data:`IDLE_S` from now (up to its latest expiry)."""
         self.expire()
         with self._lock:
             entry = self._cuts.get(holder)
             if entry is not None:
-                entry[0] = min(entry[2], max(entry[0], time.monotonic() + IDLE_S))
+                self._used_locked(entry)
         if entry is None:
             raise errors.FailedPrecondition("no such snapshot cut on this server (it expired, or the server was "
                                             "replaced since): take the snapshot again")
@@ -250,7 +272,8 @@ class ServerCuts:
     def expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            gone = [h for h, (expires_at, *_) in self._cuts.items() if now >= expires_at]
+            gone = [h for h, (expires_at, _, latest, writing) in self._cuts.items()
+                    if now >= latest or (now >= expires_at and not writing)]
         for holder in gone:
             log.warning("a snapshot's cut expired before the snapshot ended: its copies are freed")
             self.drop(holder)

@@ -358,7 +358,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServerServicer):
         st = self.state
         st.require_index()
         st.require_serving()
-        items, size, seconds, parts = snapshot_part.write(st, request)
+        with st.cuts.kept(request.cut):  # (no cut: nothing kept)
+            items, size, seconds, parts = snapshot_part.write(st, request)
         return embedding_pb2.WriteSnapshotReply(items_json=json.dumps(items), bytes=size, seconds=seconds,
                                                 parts_json=json.dumps(parts))
 

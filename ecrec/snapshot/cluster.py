@@ -87,8 +87,11 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     path = str(path) if snapshot_files.is_url(path) else os.path.abspath(path)  # every server resolves it alike
     local = snapshot_files.local_dir(path)
     if local is not None:
-        # a link to the directory: the directory itself (an overwrite swaps it, and would replace the link by it)
-        local = os.path.realpath(local) if os.path.islink(local.rstrip(os.sep)) else os.path.abspath(local)
+        # a link to the directory: the directory itself (an overwrite swaps it, and would replace the link by it);
+        # that link only -- links above it stay as named (a shared file system reached through a per-host link)
+        local = os.path.abspath(local)  # (no trailing separator)
+        if os.path.islink(local):
+            local = os.path.abspath(os.path.join(os.path.dirname(local), os.readlink(local)))
         # file://relative: as this client resolves it (each server resolved it against its own working directory:
         # the snapshot in two places, reported written)
         path = f"file://{local}" if snapshot_files.is_url(path) else local
@@ -97,6 +100,7 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
     importer.start()
     made = _missing_dirs(local) if local is not None else []  # removed again if the save fails, deepest first
     claim = None
+    _refuse_a_file(path, "snapshot to ", "nothing was written")
     try:
         _refuse_a_snapshot_there(path, overwrite)
         if overwrite and local is not None and snapshot_files.exists(path, MANIFEST):
@@ -174,8 +178,11 @@ def save(cluster, path: str, on_progress=None, overwrite: bool = False, chunk_by
         raise
 
 
-#: the files a save writes in a snapshot's directory (its servers' parts, the DCP metadata, the manifest, the marker)
-SAVED_NAMES = re.compile(r"__\d+_\d+\.distcp")
+#: the files a save writes in a snapshot's directory besides the manifest, the DCP metadata and the marker: its
+#: servers' parts, and what a save killed while it wrote one of the others leaves (``.NAME.tmp``, the marker's
+#: ``.NAME.<hex>.tmp`` and ``.NAME.<hex>.gone``)
+SAVED_NAMES = re.compile(r"__\d+_\d+\.distcp|\.(manifest\.json|\.metadata|\.ecrec-save-in-progress)(\.[0-9a-f]{32})?"
+                         r"\.(tmp|gone)")
 
 
 def _refuse_foreign_files(local: str) -> None:
@@ -276,6 +283,14 @@ def _exchange(a: str, b: str) -> None:
     os.rename(aside, b)
 
 
+def _refuse_a_file(path: str, what: str, outcome: str) -> None:
+    """``SnapshotError`` where ``path`` names a file of the local file system: a snapshot is a directory of files
+    (the OS's message named only the manifest inside it: 'Not a directory', or 'File exists')."""
+    local = snapshot_files.local_dir(path)
+    if local is not None and os.path.isfile(local):
+        raise SnapshotError(f"{what}{path}: a file, not a directory (a snapshot is a directory of files); {outcome}")
+
+
 def _refuse_a_snapshot_there(path: str, overwrite: bool) -> None:
     if snapshot_files.exists(path, MANIFEST) and not overwrite:
         raise SnapshotError(f"{path} already holds a snapshot; choose another path or pass overwrite=True "
@@ -327,9 +342,8 @@ def _save(cluster, path: str, on_progress, chunk_bytes: int, t0: float, importer
 
     # the cut: every server marks its rows at a moment no worker's step is half applied, then writes them as they
     # were at it while pushes go on (ecrec.snapshot.cut)
-    # its TTL covers finding the cut and starting the writes; the writes' reads through it keep it (ecrec.server.cut),
-    # so that a save killed here leaves cuts for minutes, not for the whole write deadline
-    cut = Cut(cluster, list(range(servers)), ttl_s=CUT_TIMEOUT_S + 60.0)
+    # (a server drops it sooner once it is unused: ecrec.server.cut)
+    cut = Cut(cluster, list(range(servers)), ttl_s=timeout_s + 60.0)
     try:
         cut.take(CUT_TIMEOUT_S)
     except CutError as exc:
@@ -413,6 +427,7 @@ def _dcp_metadata(manifest: dict):
 
 
 def read_manifest(path: str) -> dict:
+    _refuse_a_file(path, "", "nothing was read")
     try:
         with snapshot_files.open_file(str(path), MANIFEST, "rb") as f:
             manifest = json.loads(f.read())
@@ -453,6 +468,7 @@ def _check_specs(cluster, path: str, manifest: dict):
     existing = {t.name: TableSpec.from_proto(t) for t in cluster_map.tables}
     existing_dense = {d.name: DenseSpec.from_proto(d) for d in cluster_map.dense}
     tables, denses = {}, {}
+    mismatched = []  # every table shaped otherwise here, named at once (one at a time took a restore per table)
     for name, fields in manifest.get("tables", {}).items():
         try:
             spec = TableSpec(**fields).validate()
@@ -463,10 +479,13 @@ def _check_specs(cluster, path: str, manifest: dict):
             _check_tensor(path, manifest, key, [spec.num_rows, width])
         have = existing.get(name)
         if have is not None and (have.num_rows, have.dim, have.optimizer) != (spec.num_rows, spec.dim, spec.optimizer):
-            raise SnapshotError(f"table {name!r}: the snapshot holds {spec.num_rows:,} x {spec.dim} ({spec.optimizer}); "
-                                f"this cluster's table is {have.num_rows:,} x {have.dim} ({have.optimizer})")
+            mismatched.append(f"table {name!r}: the snapshot holds {spec.num_rows:,} x {spec.dim} ({spec.optimizer}); "
+                              f"this cluster's table is {have.num_rows:,} x {have.dim} ({have.optimizer})")
+            continue
         _warn_if_hyperparameters_differ(f"table {name!r}", have, spec)
         tables[name] = spec
+    if mismatched:
+        raise SnapshotError("; ".join(mismatched))
     for name, fields in manifest.get("dense", {}).items():
         if "name" not in fields:  # version 1 kept only the shape and the optimizer: not restorable exactly
             log.warning("%s: dense tensor %r is not restored: the snapshot keeps only its shape and optimizer (an "

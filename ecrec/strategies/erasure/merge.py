@@ -42,6 +42,8 @@ def merge_rows(slots: list[np.ndarray], tables: list[int], seqs: list[int], delt
     word = "uint64" if width % 8 == 0 else "uint8"
     lengths = np.array([len(a) for a in slots], dtype=np.int64)
     n = int(lengths.sum())
+    if n >= 2**31:  # the kernel numbers changes and rows in int32
+        raise ValueError(f"merge_rows: {n:,} changes in one group; at most 2**31 - 1")
     if n * width < IN_PLACE_MIN_BYTES * len(slots):
         # many small segments: one concatenation is cheaper than fetching every array's address here
         deltas = [np.concatenate(deltas)]
