@@ -896,8 +896,8 @@ class Cluster:
     def zero_grad(self, tables=None) -> None:
         """Drops the row gradients and dense gradients recorded so far without pushing.  A lookup whose backward
         has not run yet stays recorded: its gradient, when it comes, is pushed by the next step (as
-        ``torch.optim``'s ``zero_grad`` between a forward and its backward).  ``tables`` (names): only those
-        tables' row gradients, no dense one (a module's ``zero_grad``: ``model.zero_grad()`` reaches its tables)."""
+        ``torch.optim``'s ``zero_grad`` between a forward and its backward).  ``tables`` (a name or names): only
+        those tables' row gradients, no dense one (a cluster module's own ``zero_grad()``)."""
         only = None if tables is None else {tables} if isinstance(tables, str) else set(tables)
         with self._lock:
             kept = []
