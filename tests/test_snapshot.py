@@ -1184,3 +1184,29 @@ def test_a_restore_names_every_table_shaped_otherwise_at_once(make_cluster, tmp_
                                             r"11 x 4 \(sgd\); table 'b': the snapshot holds 20 x 4"):
         target.load(str(tmp_path / "s"))
     assert all(np.array_equal(target.read_table(name), before[name]) for name in "abc")
+
+
+def test_a_signal_after_the_snapshot_was_written_whole_leaves_it_and_exit_status_0(make_cluster, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """A SIGTERM that came after the save returned -- while the client closed (it waits for confirmations up to
+    30 s) -- said "the snapshot was not taken: what it wrote is taken back" and exit 143, with the snapshot whole on
+    disk: a script took it for no snapshot, and its retry was refused ("already holds a snapshot")."""
+    from ecrec.client import Cluster as ClientCluster
+
+    local = make_cluster(servers=2, strategy="none")
+    _tables(Cluster.connect(local.coordinator_address))
+    closing = ClientCluster.close
+    calls = []
+
+    def close_interrupted(self, *args, **kwargs):
+        calls.append(1)
+        closing(self, *args, **kwargs)
+        if len(calls) == 1:
+            raise server_cli._Interrupted(15)  # what the CLI's SIGTERM handler raises, here as the client closes
+
+    monkeypatch.setattr(ClientCluster, "close", close_interrupted)
+    capsys.readouterr()
+    assert server_cli.main(["snapshot", "--coordinator", local.coordinator_address, str(tmp_path / "s")]) == 0
+    out, err = capsys.readouterr()
+    assert "SIGTERM after the snapshot was written: it stands" in err and "not taken" not in err, err
+    assert out.startswith("wrote ") and (tmp_path / "s" / "manifest.json").exists()
