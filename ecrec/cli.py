@@ -386,12 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     """``ecrec-server``: a Ctrl-C no command handles itself (during its imports, while ``local`` starts its
     cluster) ends it with status 130 and a line, not a traceback (what it started is stopped on the way out)."""
     try:
-        code = _main(argv)
-        if argv is None and sys.argv[1:2] in (["snapshot"], ["restore"]):
-            # its work done (or refused) and said: no teardown of torch's and gRPC's modules (0.6 s) in which a
-            # SIGTERM would make the status 143 after a snapshot was written whole
-            exit_now(code)
-        return code
+        return _main(argv)
     except KeyboardInterrupt:
         print("ecrec-server: interrupted", file=sys.stderr)
         if argv is None:  # this process's own command line: its status is 130, whatever Python would make of it
@@ -453,7 +448,10 @@ def _main(argv: list[str] | None) -> int:
             return status.EXIT_UNREACHABLE
 
     if args.command in ("snapshot", "restore"):
-        return _snapshot_command(args)
+        code = _snapshot_command(args)
+        if argv is None:  # its work done (or refused) and said: no teardown of torch's and gRPC's modules (0.6 s)
+            exit_now(code)  # in which a SIGTERM would make the status 143 after a snapshot was written whole
+        return code
 
     tune_allocator()
     # a crash in native code (ISA-L, numba, gRPC core) prints the Python stacks of every thread on stderr
@@ -525,7 +523,7 @@ def _main(argv: list[str] | None) -> int:
     if args.standby < 0:
         logs.fatal(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0")
         return 2
-    from ecrec.config import MAX_LOCAL_SERVERS
+    from ecrec.config import MAX_LOCAL_SERVERS, empty_flag
 
     problem = None  # (each process of this host's cluster is started here: a typo must not start a thousand)
     if args.num_servers + args.standby > MAX_LOCAL_SERVERS:
@@ -537,8 +535,7 @@ def _main(argv: list[str] | None) -> int:
     for flag, value in (("--restore", args.restore), ("--token-file", args.token_file),
                         ("--state-path", args.state_path)):
         if problem is None and value is not None and not value.strip():
-            problem = (f"{flag} is empty: name a file (leave the flag out for none; an unset shell variable gives an "
-                       "empty one)")
+            problem = empty_flag(flag)
     if problem:
         logs.fatal(f"ecrec-server local: {problem}")
         return 2

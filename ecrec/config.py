@@ -160,9 +160,13 @@ def empty_path_problem(config, names: tuple[str, ...]) -> str | None:
         if f.name in names:
             value = getattr(config, f.name)
             if isinstance(value, str) and not value.strip():
-                return (f"{flag_of(f)} is empty: name a file or URL (leave the flag out for none; an unset shell "
-                        "variable gives an empty one)")
+                return empty_flag(flag_of(f), "a file or URL")
     return None
+
+
+def empty_flag(flag: str, what: str = "a file") -> str:
+    """The refusal of path flag ``flag`` given as an empty string."""
+    return f"{flag} is empty: name {what} (leave the flag out for none; an unset shell variable gives an empty one)"
 
 
 #: path settings that may not be given empty, each meaning something once set
@@ -347,14 +351,16 @@ class CoordinatorConfig(SecurityOptions, EtcdClientOptions):
             raise ValueError(problem)
 
 
-def state_path_problem(path: str | None) -> str | None:
-    """Why a coordinator cannot keep its map in the file ``path`` (``--state-path``), or None."""
+def state_path_problem(path: str | None, given: str | None = None) -> str | None:
+    """Why a coordinator cannot keep its map in the file ``path``, or None; the sentence names the flag as ``given``
+    (default ``--state-path PATH``)."""
     if not path:
         return None
+    given = given or f"--state-path {path}"
     if os.path.isdir(path):
-        return f"--state-path {path} is a directory: name the file the map is kept in (it is made if missing)"
+        return f"{given} is a directory: name the file the map is kept in (it is made if missing)"
     folder = os.path.dirname(os.path.abspath(path))
-    return None if os.path.isdir(folder) else f"--state-path {path}: no directory {folder} to keep it in"
+    return None if os.path.isdir(folder) else f"{given}: no directory {folder} to keep it in"
 
 
 @dataclass

@@ -527,7 +527,9 @@ def test_the_merge_gives_each_row_the_xor_of_its_deltas_its_first_old_version_an
     for seq in range(1, 9):
         for t in rng.permutation(ntables)[: int(rng.integers(1, ntables + 1))]:
             s = rng.choice(40, size=int(rng.integers(1, 20)), replace=False).astype(np.int64)  # rows repeat across
-            slots.append(s), tables.append(int(t)), seqs.append(seq)
+            slots.append(s)
+            tables.append(int(t))
+            seqs.append(seq)
             deltas.append(rng.integers(0, 256, (len(s), width), dtype=np.uint8))
             olds.append(rng.integers(0, 1000, len(s)).astype(np.int64))
     expected: dict = {}  # (table, slot) -> [delta, old version, last sequence, order of first change]

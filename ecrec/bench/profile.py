@@ -409,8 +409,9 @@ def _check(args) -> str:
 
     if args.servers < 1:
         return "--servers must be >= 1"
-    if servers_problem(args.servers):
-        return servers_problem(args.servers)
+    problem = servers_problem(args.servers)
+    if problem:
+        return problem
     if not 0 <= args.server < args.servers:
         return f"--server must be in [0, {args.servers})"
     if args.seconds <= 0:

@@ -81,9 +81,9 @@ class ClusterState:
         if store_args.get("path") and config.state_path:  # (the --store path was taken, --state-path ignored)
             raise ValueError(f"--store {config.store} and --state-path {config.state_path} both name where the map "
                              "is kept: choose one")
-        problem = state_path_problem(store_args.get("path"))  # (found at the first save before)
+        problem = state_path_problem(store_args.get("path"), f"--store {config.store}")  # (found at the first save)
         if problem:
-            raise ValueError(problem.replace(f"--state-path {store_args['path']}", f"--store {config.store}", 1))
+            raise ValueError(problem)
         if kind == "etcd" and config.election_ttl_s < 2:
             raise ValueError(f"--election-ttl-s must be at least 2 (etcd's shortest lease), got {config.election_ttl_s}")
         self.store_args = store_args if kind == "etcd" else None
