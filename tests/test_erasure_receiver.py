@@ -258,9 +258,184 @@ def test_every_arrival_order_of_three_groups_ends_the_same(servers):
     fresh_encode_matches(servers, d)
 
 
+def _rows_now(st: ServerState) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every slot of every table here: payload and versions, as they are now."""
+    out = {}
+    for shard in st.tables():
+        rows = shard.read(np.arange(shard.num_slots))
+        out[shard.spec.name] = (rows.payload, rows.versions)
+    return out
+
+
+def test_a_rebuild_reads_rows_as_they_were_at_the_last_closed_group(servers):
+    """A merged delta is all or nothing, so a rebuild must read a row at a group boundary: here, with a group of
+    two pushes still open (some rows changed by both), ``ReadRows`` and the fast path's frames give every row as it
+    was after the last closed group -- the open group's deltas taken back out, the versions before its first push
+    -- and leave the group open: the next push still closes it by count (its one delta per row then takes a parity
+    built from those rows from their version to its last push).  Once it closed, the same reads give the rows as
+    they are."""
+    from ecrec.net import transport
+    from ecrec.strategies.erasure import bulk, frames
+    from ecrec.wire import parity_pb2 as pb
+
+    owner, rng = servers[0], np.random.default_rng(11)
+    strategy = owner.strategy
+    relay_of(owner, [push(owner, q, rng) for q in range(1, 4)])  # a closed group of 3 (coalesce_pushes=3)
+    closed = _rows_now(owner)
+    open_pushes = [push(owner, q, rng) for q in range(4, 6)]
+    relay_of(owner, open_pushes)  # two pushes of the next group: open
+    twice = set(open_pushes[0].tables[0].slots.tolist()) & set(open_pushes[1].tables[0].slots.tolist())
+    assert twice, "the open group changes no row twice: the test would not show a partial delta"
+    now = _rows_now(owner)
+    assert any((now[n][1] != closed[n][1]).any() for n in now)  # the open group changed rows
+    groups = strategy.counters["groups_closed"]
+
+    def read_rows() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for shard in owner.tables():  # every row, in a shuffled order, some twice
+            ids = rng.permutation(np.concatenate([shard.owned_ids, shard.owned_ids[::3]]))
+            reply = strategy.servicer._read_rows(pb.ReadRowsRequest(table=shard.spec.name,
+                                                                    ids=transport.ids_to_bytes(ids)))
+            out[shard.spec.name] = (np.frombuffer(reply.payload, np.uint8).reshape(len(ids), -1),
+                                    transport.bytes_to_ids(reply.versions), shard.slots_for(ids))
+        return out
+
+    def read_frames() -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out = {}
+        for shard in owner.tables():
+            blocks = -(-owner.layout.num_stripes(shard.spec.num_rows) // S)
+            request = pb.StreamStripesRequest(table=shard.spec.name, first_block=0, end_block=blocks,
+                                              data_positions=list(range(K)), blocks_per_message=7)
+            payload, versions, slots = [], [], []
+            for buffer in bulk.read_blocks(owner, strategy.receiver, request, strategy.owner.settle_rows):
+                frame = frames.parse(buffer, K, 0, shard.spec.row_bytes, K)
+                b = np.arange(frame.first_block, frame.first_block + frame.blocks)
+                for t in range(K):
+                    payload.append(frame.data[t]), versions.append(frame.data_versions[t]), slots.append(t + b * K)
+            out[shard.spec.name] = (np.concatenate(payload), np.concatenate(versions), np.concatenate(slots))
+        return out
+
+    for reads in (read_rows(), read_frames()):
+        for name, (payload, versions, slots) in reads.items():
+            np.testing.assert_array_equal(payload, closed[name][0][slots], err_msg=name)
+            np.testing.assert_array_equal(versions, closed[name][1][slots], err_msg=name)
+    assert strategy.counters["groups_closed"] == groups, "a read closed the open group"
+    np.testing.assert_array_equal(_rows_now(owner)["a"][0], now["a"][0])  # the rows themselves unchanged
+    relay_of(owner, [push(owner, 6, rng)])  # the third push closes the group, by count
+    assert strategy.counters["groups_closed"] == groups + 1
+    now = _rows_now(owner)
+    for reads in (read_rows(), read_frames()):
+        for name, (payload, versions, slots) in reads.items():
+            np.testing.assert_array_equal(payload, now[name][0][slots], err_msg=name)
+            np.testing.assert_array_equal(versions, now[name][1][slots], err_msg=name)
+
+
+def test_a_frame_read_while_pushes_apply_is_settled_at_the_last_closed_group(servers):
+    """The fast path copies a frame's rows without pausing pushes; a push that lands between the copy and the
+    settling (pushes paused) changes rows' versions, and those rows are read again: the frame ends as the rows
+    were at the last closed group when it settled, never a mix."""
+    owner, rng = servers[1], np.random.default_rng(12)
+    shard = owner.table("a")
+    slots = np.arange(shard.num_slots)
+    payload = np.empty((len(slots), shard.spec.row_bytes), np.uint8)
+    versions, ready = np.empty(len(slots), np.int64), np.empty(len(slots), np.uint8)
+    rewrites = shard.read_into(slots, payload, versions, ready)
+    relay_of(owner, [push(owner, q, rng) for q in range(1, 4)])  # a closed group, after the copy
+    closed = _rows_now(owner)["a"]
+    relay_of(owner, [push(owner, q, rng) for q in range(4, 6)])  # and an open one
+    again = owner.strategy.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)])
+    assert again > 0
+    np.testing.assert_array_equal(payload, closed[0])
+    np.testing.assert_array_equal(versions, closed[1])
+    shard.write_payload(slots[:1], payload[:1] ^ 1)  # a rewrite outside pushes (a rollback): everything read again
+    rewrites = shard.read_into(slots, payload, versions, ready)
+    shard.write_payload(slots[:1], payload[:1] ^ 1)
+    assert owner.strategy.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)]) == len(slots)
+
+
+def test_a_read_meeting_a_push_under_way_waits_for_it_and_still_reads_at_the_last_closed_group(servers):
+    """A push numbered and written but not yet handed to the open group (it holds the apply lock between the two)
+    is why a read cannot always settle without pausing pushes: then it waits for the push, and the rows it gives are
+    still as they were at the last closed group (the push is in the open group by then, taken out with it)."""
+    import threading
+
+    owner, rng = servers[2], np.random.default_rng(14)
+    shard, strategy = owner.table("a"), owner.strategy
+    relay_of(owner, [push(owner, q, rng) for q in range(1, 4)])  # a closed group
+    closed = _rows_now(owner)["a"]
+    relay_of(owner, [push(owner, 4, rng)])  # the open group's first push
+    slots = np.arange(shard.num_slots)
+    payload = np.empty((len(slots), shard.spec.row_bytes), np.uint8)
+    versions, ready = np.empty(len(slots), np.int64), np.empty(len(slots), np.uint8)
+    rewrites = shard.read_into(slots, payload, versions, ready)
+    written, release = threading.Event(), threading.Event()
+
+    def push_under_way():
+        with owner.apply_lock:  # as the server's Push: number and write, then hand over, in one hold
+            p = push(owner, 5, rng)
+            written.set()
+            release.wait(5)
+            strategy.on_push(p)
+
+    thread = threading.Thread(target=push_under_way)
+    thread.start()
+    assert written.wait(5)
+    threading.Timer(0.05, release.set).start()
+    paused = strategy.counters["settled_paused"]
+    strategy.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)])
+    thread.join(5)
+    assert strategy.counters["settled_paused"] == paused + 1
+    np.testing.assert_array_equal(payload, closed[0])
+    np.testing.assert_array_equal(versions, closed[1])
+
+
+def test_a_dense_tensor_is_read_as_it_was_at_the_last_closed_group(servers):
+    """A dense tensor's primary gives it, to a rebuild's read, as it was after its last closed group: the open
+    group's deltas taken out, the version before its first push to it."""
+    from ecrec.strategies.base import DenseUpdate
+    from ecrec.tables.spec import DenseSpec
+    from ecrec.wire import parity_pb2 as pb
+
+    spec = DenseSpec("top", (3, 5), optimizer="sgd", lr=0.1)
+    primary, *backups = servers[0].layout.dense_servers("top")
+    for i in [primary, *backups]:
+        servers[i].create_dense(spec, np.arange(15, dtype=np.float32).reshape(3, 5))
+    owner, rng = servers[primary], np.random.default_rng(15)
+    dense = owner.dense("top")
+
+    def dense_push(q: int) -> AppliedPush:
+        p = AppliedPush(("w", q), owner.sequencer.next(owner.epoch))
+        old, new, old_version = dense.apply_gradient(rng.standard_normal(15).astype(np.float32), p.seq, keep_old=True)
+        p.dense.append(DenseUpdate(dense, old, new, old_version))
+        return p
+
+    relay_of(owner, [dense_push(q) for q in range(1, 4)])  # a closed group of three
+    closed_payload, closed_version, _ = dense.read()
+    relay_of(owner, [dense_push(q) for q in range(4, 6)])  # two pushes of an open group
+    assert dense.read()[1] != closed_version
+    reply = owner.strategy.servicer._read_rows(pb.ReadRowsRequest(dense="top"))
+    assert reply.payload == closed_payload.tobytes()
+    assert int(np.frombuffer(reply.versions, np.int64)[0]) == closed_version
+
+
+def test_while_a_server_recovers_groups_still_coalesce_and_go_directly(servers):
+    """A rebuild reads rows at the last closed group, so a recovery does not make every group one push (a batch
+    per push and destination cost training a third of its speed): groups close by count as before, and go to
+    their parity servers directly, not back through the worker."""
+    owner, rng = servers[0], np.random.default_rng(13)
+    recovering = cluster_map(epoch=4)
+    recovering.servers[1].state = cluster_pb2.RECOVERING
+    owner.adopt_map(recovering)
+    before = owner.strategy.counters["groups_closed"]
+    relay = relay_of(owner, [push(owner, q, rng) for q in range(1, 7)])
+    assert owner.strategy.counters["groups_closed"] - before == 2  # coalesce_pushes=3
+    assert not relay, "a group was relayed while a server recovers"
+
+
 def test_one_push_groups_of_a_rebuild_end_when_the_map_says_it_is_over(servers):
-    """A rebuild's read of data rows here makes every group one push (``seal_for_read``: it must read at a group
-    boundary), for ``READ_EAGER_S`` after the last read.  Once the map says every server is back and none recovers,
+    """A verification's read of data rows here makes every group one push (``seal_for_read``: it must read at a
+    group boundary), for ``READ_EAGER_S`` after the last read (a rebuild's read no longer does: it reads at the last
+    closed group).  Once the map says every server is back and none recovers,
     the rebuild is over: groups close by count again at once, not seconds later (a group per push costs training a
     third of its speed at small rows).  A later read opens the window again."""
     owner, rng = servers[0], np.random.default_rng(5)
@@ -274,7 +449,7 @@ def test_one_push_groups_of_a_rebuild_end_when_the_map_says_it_is_over(servers):
     recovering = cluster_map(epoch=4)
     recovering.servers[1].state = cluster_pb2.RECOVERING
     owner.adopt_map(recovering)
-    owner.strategy.owner.seal_for_read()  # the replacement's rebuild read rows here
+    owner.strategy.owner.seal_for_read()  # a verification read rows here while index 1 recovers
     assert closes(1, 2) == 2  # one push each while it recovers
     owner.adopt_map(cluster_map(epoch=5))  # redundant again: every server active
     assert closes(3, 3) == 1  # coalesce_pushes=3, at once (the read was a moment ago)
@@ -287,8 +462,8 @@ def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_i
     """Every server gets a push at every step; with groups closed by size alone, every server's first group --
     and so every later one -- would close at the same push, the whole cluster's builds in one step.  The first
     group of index ``i`` of ``S`` closes at ``(i + 1) / S`` of ``coalesce_bytes`` instead, later ones at the
-    whole size: the servers' closes fall in different steps -- again after one-push groups (a rebuild read data
-    rows) and after groups closed by the timer (training paused).  ``coalesce_stagger=false``: all in one step."""
+    whole size: the servers' closes fall in different steps -- again after one-push groups (a verification read
+    data rows) and after groups closed by the timer (training paused).  ``coalesce_stagger=false``: all in one step."""
     per_push = 4 * 16 * 2 * 4  # 4 rows of a 16-wide Adagrad table, weights and state: 512 bytes
     options = {"coalesce_pushes": "1000", "coalesce_bytes": str(8 * per_push), "coalesce_s": "100",
                "relay": "on", "coalesce_stagger": str(stagger).lower()}
@@ -331,7 +506,7 @@ def test_first_groups_close_at_sizes_staggered_by_server_so_later_groups_close_i
 
         train(range(1, 41))
         check(0)
-        # a rebuild read data rows everywhere: one-push groups (every server closes at every step) until the
+        # a verification read data rows everywhere: one-push groups (every server closes at every step) until the
         # read's window ends (ended here at once, not waited for)
         for st in states:
             st.strategy.owner.seal_for_read()

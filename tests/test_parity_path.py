@@ -208,8 +208,8 @@ def test_the_relay_option_is_checked():
 
 @pytest.mark.cluster
 def test_while_a_server_recovers_every_group_goes_directly_not_through_the_worker(make_cluster):
-    """While an index rebuilds, groups are one push each; they go to their parity servers directly (off the push
-    path, as frames), never relayed through the worker (which would carry every push's deltas twice, sealed, and
+    """While an index rebuilds, groups go to their parity servers directly (off the push path, as frames), never
+    relayed through the worker (which would carry every push's deltas twice, sealed, and
     delay them a step).  The rebuild is slowed so that training runs beside it throughout."""
     from helpers import kill_index, train
 

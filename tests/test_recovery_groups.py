@@ -1,10 +1,10 @@
 """After a rebuild, the survivors' parity groups return to their size at once (real processes).
 
-While a server recovers, and for a while after a rebuild read rows on a server, every group there is one push
-(``ParityOwner.seal_for_read``: a rebuild reads data rows at group boundaries).  One-push groups cost every
-destination a batch per push; they used to last 5 s past the rebuild on every survivor, training slower for those
-seconds.  Here a worker trains through a kill and on after the replacement is redundant: within a few steps of the
-all-clear (which reaches the survivors with the worker's next pushes), their groups close by count again.
+A rebuild reads data rows at group boundaries.  It used to make every group one push while a server recovered and
+for 5 s after each of its reads (``ParityOwner.seal_for_read``, now a verification's only); it now reads each row
+as it was after its owner's last closed group and groups keep coalescing.  One-push groups cost every destination a
+batch per push, training slower for as long as they last.  Here a worker trains through a kill and on after the
+replacement is redundant: within a few steps of the all-clear, the survivors' groups close by count.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def test_after_a_rebuild_the_survivors_groups_return_to_their_size_at_once(make_
         for i, (closed, pushes) in groups_and_pushes(12).items():  # before any failure: groups of 4 pushes
             assert pushes >= 8 and closed <= pushes / 2, (i, closed, pushes)
         local.kill(local.pid_of_index(1))
-        groups_and_pushes(10)  # through the failure: one-push groups while index 1 recovers
+        groups_and_pushes(10)  # through the failure (groups closed by count, or by the timer while index 1 recovers)
         wait_redundant(cluster, 1)
         groups_and_pushes(3)  # the all-clear reaches every survivor with these pushes (a newer epoch: a map refresh)
         for i, (closed, pushes) in groups_and_pushes(24).items():
-            # groups of 4 pushes: about 6 closed; one-push groups (the 5 s window of the rebuild's last read): 24
+            # groups of 4 pushes: about 6 closed; one-push groups (as in a 5 s window after a read): 24
             assert pushes >= 16 and closed <= pushes / 2, (i, closed, pushes)
     finally:
         cluster.close(confirm_timeout_s=0)  # open groups close by age only after 30 s here: no wait for them

@@ -29,8 +29,8 @@ what the replacement's rebuild took by part, from its own counters (the whole re
 for the survivors' streams, the requests that rebuilt their rows on demand and their time, the pacer's duty with
 ``--option rebuild_slowdown=S``: a line per failure, and ``rebuild_parts`` in the JSON), and, idle too, the fast
 path's CPU by part from the servers' own thread clocks -- the survivors gathering their frames' rows, sealing them
-(an open parity group closed, the confirmed bound read) and sending them; the replacement receiving, decoding,
-installing, and checking -- in CPU seconds and ms per MB rebuilt (``rebuild_cpu``).  ``full``'s
+(settled at the last closed parity group, the confirmed bound read) and sending them; the replacement receiving,
+decoding, installing, and checking -- in CPU seconds and ms per MB rebuilt (``rebuild_cpu``).  ``full``'s
 and ``cpr``'s kills fall at stratified phases of their interval ((i + 0.5) / n, measured from a save), so
 the mean loss is the expectation over the interval, measured rather than modelled; the run's MTBF must be
 short enough for the interval to fit in ``--max-s`` (a clear error says so otherwise).  A new standby is

@@ -280,8 +280,9 @@ def rebuild_parts(cluster, index: int) -> dict:
 
 
 #: a survivor's counters behind the fast path's CPU by part (:func:`rebuild_cpu`), from its threads' clocks: its
-#: delivery threads' CPU, the part of it gathering the frames' rows, the part closing an open group and reading
-#: the confirmed bound for them (``seal``), and the bytes streamed; the replacement's own are ``bulk_receive_cpu_s``,
+#: delivery threads' CPU, the part of it gathering the frames' rows, the part settling them at the last closed group
+#: (rows changed since the copy read again, the open group taken out) and reading the confirmed bound for them
+#: (``seal``), and the bytes streamed; the replacement's own are ``bulk_receive_cpu_s``,
 #: ``bulk_decode_cpu_s``, ``bulk_install_cpu_s`` and ``bulk_round_cpu_s`` (decode, install and the checks around them)
 STREAM_COUNTERS = ("stream_cpu_s", "stream_read_cpu_s", "stream_seal_cpu_s", "stream_bytes")
 #: a remainder (send, checks) below this (s) means the counters do not balance (a stream abandoned midway): said so

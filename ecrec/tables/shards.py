@@ -96,6 +96,9 @@ class TableShard(_HoldsCuts):
             fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
+        # rows rewritten outside pushes and rebuilds, which change no version (a restore, a rollback): a read outside
+        # the lock (read_into) compares it (reread_changed)
+        self._rewrites = 0
         self.row_updates = 0  # distinct rows updated, summed over pushes
         # CPU spent keeping rows' old bytes and XORing them into deltas (a strategy's); in the compiled pass the old
         # bytes are kept as the rows are gathered, at no cost of their own: only the XOR is counted there
@@ -126,6 +129,7 @@ class TableShard(_HoldsCuts):
             ids, slots = self.owned_ids[start:start + block], self.owned_slots[start:start + block]
             with self._lock:
                 self._break_cuts("rows were rewritten (a restore)")
+                self._rewrites += 1
                 gather(ids, self._floats, slots)
                 if check is not None:
                     run = _as_slice(slots)
@@ -293,27 +297,54 @@ class TableShard(_HoldsCuts):
         with self._lock:
             return RowsRead(self._payload[slots], self._versions[slots], self._ready[slots])
 
-    def read_into(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray, ready: np.ndarray) -> None:
+    def read_into(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray, ready: np.ndarray) -> int:
         """Like :meth:`read`, into the caller's arrays (a frame of the fast rebuild's streams): one copy, straight
-        from a strided view when the slots are evenly spaced."""
+        from a strided view when the slots are evenly spaced.  Returns the count of rewrites outside pushes so far,
+        for :meth:`reread_changed`."""
         run = _as_slice(slots)
         where = run if run is not None else slots
         with self._lock:
             payload[...] = self._payload[where]
             versions[...] = self._versions[where]
             ready[...] = self._ready[where]
+            return self._rewrites
+
+    def reread_changed(self, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray, ready: np.ndarray,
+                       rewrites: int) -> int:
+        """Rows read earlier by :meth:`read_into` (which returned ``rewrites``) made what they are now: those whose
+        version or ready flag changed since (a push stamps its own version on every row it writes; a rebuild's
+        install makes a row ready) are read again, and all of them when rows were rewritten outside pushes
+        meanwhile.  Returns how many were read again.  What this leaves is the rows as they were at the re-read
+        (each unchanged since its copy, or read again then), at the cost of reading only what changed."""
+        run = _as_slice(slots)
+        where = run if run is not None else slots
+        with self._lock:
+            if rewrites != self._rewrites:
+                payload[...] = self._payload[where]
+                versions[...] = self._versions[where]
+                ready[...] = self._ready[where]
+                return len(slots)
+            changed = np.flatnonzero((self._versions[where] != versions) | (self._ready[where] != (ready != 0)))
+            if len(changed):
+                again = slots[changed]
+                payload[changed] = self._payload[again]
+                versions[changed] = self._versions[again]
+                ready[changed] = self._ready[again]
+            return len(changed)
 
     def write_payload(self, slots: np.ndarray, payload: np.ndarray) -> None:
         """Rewrites rows outside any push (a checkpoint strategy's rollback): a snapshot's cut being written
         cannot keep their bytes, so it fails rather than mix states."""
         with self._lock:
             self._break_cuts("rows were rewritten (a rollback)")
+            self._rewrites += 1
             self._payload[slots] = payload
 
     def reset_to_initial(self) -> None:
         """Every owned row back to its initial value."""
         with self._lock:
             self._break_cuts("rows were reset to their initial values (a rollback)")
+            self._rewrites += 1
             fill_initial_payload(self.spec, self.owned_ids, self._floats, self.owned_slots)
 
     # --- rebuilding ------------------------------------------------------------------------------------------

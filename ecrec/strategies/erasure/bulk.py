@@ -150,13 +150,13 @@ def frame_step(spec, layout: Layout, request: parity_pb2.StreamStripesRequest) -
 
 
 def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb2.StreamStripesRequest,
-                seal=None, bound=None) -> Iterator[np.ndarray]:
+                settle=None, bound=None) -> Iterator[np.ndarray]:
     """This server's rows of ``request`` as frame buffers (:mod:`~ecrec.strategies.erasure.frames`) of
     ``blocks_per_message`` blocks (validated by :func:`check_request`), each row copied once into its frame.
     Ready flags mean what they mean for ``ReadRows``: a parity row touched by an unresolved failed owner is
-    not ready.  ``seal()`` runs before each frame's data rows are read (the owner's
-    :meth:`~ecrec.strategies.erasure.owner.ParityOwner.seal_for_read`: rows read at a group boundary);
-    ``bound(versions)``, after them, gives the frame's confirmed bound (no data positions: 0)."""
+    not ready.  ``settle(shard, reads)`` runs after each frame's data rows are copied (the owner's
+    :meth:`~ecrec.strategies.erasure.owner.ParityOwner.settle_rows`: the rows as they were at the last closed
+    group); ``bound(versions)``, after it, gives the frame's confirmed bound (no data positions: 0)."""
     layout = host.layout
     k, m, S = layout.k, layout.m, layout.num_servers
     shard = host.table(request.table)
@@ -168,14 +168,17 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
     counters = receiver.counters  # this stream's CPU by part: gathering rows, and sealing them (not the send)
     for b0 in range(request.first_block, request.end_block, step):
         b1 = min(request.end_block, b0 + step)
-        if positions and seal is not None:
-            with counters.cpu("stream_seal_cpu_s"):
-                seal()
         with counters.cpu("stream_read_cpu_s"):
             blocks = np.arange(b0, b1, dtype=np.int64)
             buffer, frame = frames.allocate(b0, b1 - b0, len(positions), len(pidx), shard.spec.row_bytes, k)
+            reads = []
             for c, t in enumerate(positions):  # each position's rows evenly spaced here, one contiguous run there
-                shard.read_into(t + blocks * k, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+                slots = t + blocks * k
+                rewrites = shard.read_into(slots, frame.data[c], frame.data_versions[c], frame.data_ready[c])
+                reads.append((slots, frame.data[c], frame.data_versions[c], frame.data_ready[c], rewrites))
+        if positions and settle is not None:
+            with counters.cpu("stream_seal_cpu_s"):
+                counters.add("stream_rows_reread", settle(shard, reads))
         if positions and bound is not None:
             with counters.cpu("stream_seal_cpu_s"):
                 frames.set_confirmed(buffer, bound(frame.data_versions))

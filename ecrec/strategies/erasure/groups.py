@@ -48,9 +48,9 @@ class PushGroup:
             for u in p.dense:
                 found = out.get(u.dense.spec.name)
                 if found is None:
-                    out[u.dense.spec.name] = [_delta(u).reshape(-1).copy(), u.old_version, p.seq]
+                    out[u.dense.spec.name] = [delta_of(u).reshape(-1).copy(), u.old_version, p.seq]
                 else:
-                    np.bitwise_xor(found[0], _delta(u).reshape(-1), out=found[0])
+                    np.bitwise_xor(found[0], delta_of(u).reshape(-1), out=found[0])
                     found[2] = p.seq
         return {name: tuple(v) for name, v in out.items()}
 
@@ -69,9 +69,78 @@ class WidthDeltas:
     versions: np.ndarray  # the sequence of the group's last push to it
 
 
-def _delta(u) -> np.ndarray:
+def delta_of(u) -> np.ndarray:
     """A change's delta: the server's (``needs_delta``), or ``old XOR new`` when it handed over both."""
     return u.delta if u.delta is not None else np.bitwise_xor(u.old, u.new)
+
+
+@dataclass
+class OpenChanges:
+    """Every change an open group made to one table, for reads at the last closed group (:func:`before_group`):
+    sorted by slot (a slot's changes in push order), each with its segment (a push's update of the table), its row
+    there and the row's version before it.  Made once per group size (:meth:`of`), searched per read."""
+
+    slots: np.ndarray
+    segment: np.ndarray
+    row: np.ndarray
+    old_versions: np.ndarray
+    updates: list  # the segments (``TableUpdate``), in push order
+
+    @classmethod
+    def of(cls, pushes: list[AppliedPush], shard) -> "OpenChanges":
+        empty = np.zeros(0, np.int64)
+        return cls(empty, empty, empty, empty, []).extended(pushes, shard)
+
+    def extended(self, pushes: list[AppliedPush], shard) -> "OpenChanges":
+        """These changes and those of ``pushes`` (later pushes of the same group) to ``shard``'s table: the new
+        ones sorted and merged after the old (a stable sort of two sorted runs is a merge: linear)."""
+        updates = [u for p in pushes for u in p.tables if u.shard is shard and len(u.slots)]
+        if not updates:
+            return self
+        lengths = np.array([len(u.slots) for u in updates], np.int64)
+        slots = np.concatenate([self.slots] + [u.slots for u in updates]).astype(np.int64, copy=False)
+        segment = np.concatenate([self.segment, len(self.updates) + np.repeat(np.arange(len(updates)), lengths)])
+        row = np.concatenate([self.row, np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                   lengths)])
+        old = np.concatenate([self.old_versions] + [u.old_versions for u in updates])
+        n = len(self.slots)  # the first n are sorted already: sort the new ones, then merge the two runs
+        runs = np.concatenate([np.arange(n), n + np.argsort(slots[n:], kind="stable")])
+        order = runs[np.argsort(slots[runs], kind="stable")]  # stable: a slot's older changes stay first
+        return OpenChanges(slots[order], segment[order], row[order], old[order], self.updates + updates)
+
+
+def before_group(changes: OpenChanges, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
+    """Rows ``slots`` of a table as they are now (``payload`` and ``versions``, changed in place) made what they
+    were before an open group (``changes``: what it changed in that table): a row it changed gets its deltas XORed
+    back out (they XOR to ``payload before the group's first push to it XOR payload now``) and the version it had
+    before that push.  Rows it did not change stay as they are.  ``slots`` may repeat, in any order."""
+    if not len(changes.slots) or not len(slots):
+        return
+    lo = np.searchsorted(changes.slots, slots, "left")
+    count = np.searchsorted(changes.slots, slots, "right") - lo
+    read = np.flatnonzero(count)  # the rows read that the group changed
+    if not len(read):
+        return
+    versions[read] = changes.old_versions[lo[read]]  # before the group's first change to each
+    counts = count[read]
+    at = np.repeat(read, counts)  # each change to a row read, and where that row is in the read
+    change = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo[read], counts)
+    segment = changes.segment[change]
+    for s in np.unique(segment):
+        mine = segment == s  # within one segment every row read is at most once
+        payload[at[mine]] ^= delta_of(changes.updates[s])[changes.row[change[mine]]]
+
+
+def dense_before_group(pushes: list[AppliedPush], name: str, payload: np.ndarray) -> int | None:
+    """Dense tensor ``name``'s payload bytes as they are now (changed in place) made what they were before
+    ``pushes``; returns its version then, or None when none of them changed it (``payload`` unchanged)."""
+    version = None
+    for push in reversed(pushes):
+        for u in push.dense:
+            if u.dense.spec.name == name:
+                np.bitwise_xor(payload, delta_of(u).reshape(-1), out=payload)
+                version = u.old_version
+    return version
 
 
 def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
@@ -89,7 +158,7 @@ def group_deltas(group: PushGroup, k: int) -> list[WidthDeltas]:
         mine = segments if len(by_width) == 1 else [seg for seg in segments if seg[0].shard in rank]
         counts, slots, deltas, old_versions, versions = merge_rows(
             [u.slots for u, _ in mine], [rank[u.shard] for u, _ in mine], [seq for _, seq in mine],
-            [_delta(u) for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
+            [delta_of(u) for u, _ in mine], [u.old_versions for u, _ in mine], k, len(names))
         bounds = np.concatenate(([0], np.cumsum(counts.sum(axis=1))))
         out.append(WidthDeltas(names, bounds, counts, slots, deltas, old_versions, versions))
     return out

@@ -64,8 +64,8 @@ class ErasureOptions:
                                           "groups) closes at (i + 1) / S of coalesce_bytes (index i of S servers), "
                                           "so that groups closed by size close in different steps on different "
                                           "servers, not all in one")
-    coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers: one push. "
-                                    "A group no push came to for this long is sent directly")
+    coalesce_s: float = option(0.5, "... or the first of them is this old (s); while a server recovers, at the "
+                                    "owner's next timer tick. A group no push came to for this long is sent directly")
     direct_bytes: int = option(1 << 20, "a group whose pushes hold at least this many bytes of deltas is built off "
                                         "the push path (the owner's closer thread) and its batches go to their "
                                         "parity servers directly, not through the worker")

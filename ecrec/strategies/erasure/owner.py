@@ -21,10 +21,15 @@ come back with the worker's next push (:meth:`ParityOwner.on_acks`); one that do
 relayed batch not acknowledged within ``relay_timeout_s`` (a worker that stopped, died, or dropped it) is sent
 directly by the destination's sender.
 
-A rebuild must read a data row at a group boundary (a merged delta is all or nothing): while any server recovers
-every group is one push (sent directly by the closer thread and the senders, not relayed: the worker's next
-request may be a step away, and its bandwidth is training's), and a read of data rows for a rebuild first closes
-the group still open, with pushes paused (:meth:`ParityOwner.seal_for_read`).
+A rebuild must read a data row at a group boundary (a merged delta is all or nothing: a parity that embeds a row
+between two pushes of one group would take the first push's delta twice).  So a rebuild reads every row as it was
+after this owner's last *closed* group (:meth:`ParityOwner.settle_rows`, :meth:`ParityOwner.rows_at_boundary`): in
+a pause of pushes, the open group's deltas are XORed back out of the rows it changed, and each gets the version it
+had before the group's first push to it.  The open group then reaches the rebuilt parity whole, as one delta from
+that version; groups go on coalescing while a server recovers (one-push groups, as before, cost training a batch
+per push and destination).  While a server recovers or is missing, groups still go directly (built by the closer
+thread and sent by the senders, not relayed: the worker's next request may be a step away, and its bandwidth is
+training's), and the owner's timer closes an open group at its next tick.
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
@@ -48,11 +53,14 @@ import threading
 import time
 from collections import deque
 
+import numpy as np
+
 from ecrec import errors
 from ecrec.net.cluster_map import live_servers
 from ecrec.strategies.base import AppliedPush, PushOutcome, StrategyHost
 from ecrec.strategies.erasure import batch_frames, merge
-from ecrec.strategies.erasure.groups import PushGroup, build_batches
+from ecrec.strategies.erasure.groups import (OpenChanges, PushGroup, before_group, build_batches,
+                                             dense_before_group)
 from ecrec.strategies.erasure.outbox import (ACKED, BEYOND, EVERY_VERSION, Chain, Outbox, OutboxEntry, SealedBatch,
                                              confirmed_bound)
 from ecrec.strategies.erasure.sender import DestinationSender
@@ -60,8 +68,8 @@ from ecrec.wire import cluster_pb2, parity_pb2
 
 log = logging.getLogger("ecrec.strategies.erasure")
 
-#: after a rebuild read data rows here, groups stay one push each this long (s), unless this server's map turns
-#: first from a server recovering or missing to every server back and none recovering (the rebuild is over)
+#: after a verification read data rows here (seal_for_read), groups stay one push each this long (s), unless this
+#: server's map turns first from a server recovering or missing to every server back and none recovering
 READ_EAGER_S = 5.0
 #: the closer thread, with nothing to build, looks again this often anyway (s): a safety net
 IDLE_CLOSER_WAKE_S = 5.0
@@ -86,8 +94,9 @@ class ParityOwner:
         self.senders: dict[int, DestinationSender] = {}
         self.lock = threading.Condition()
         self._group: PushGroup | None = None  # pushes not closed into batches yet
-        self._eager = False  # close every group at once (a server is recovering or missing)
-        self._eager_until = 0.0  # ... and until then (a rebuild read data rows here: seal_for_read)
+        self._open_changes: dict = {}  # table -> (group, its pushes, OpenChanges): the open group's, for reads
+        self._eager = False  # a server is recovering or missing: groups go directly, the timer closes them early
+        self._eager_until = 0.0  # every group one push until then (seal_for_read: a verification read rows here)
         self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
         self._closing: deque[tuple[PushGroup, OutboxEntry]] = deque()  # groups for the closer thread, in order
         self._closer: threading.Thread | None = None
@@ -124,17 +133,85 @@ class ParityOwner:
 
     def deliver_now(self) -> None:
         """A rebuild found rows here above the confirmed bound: every batch the workers still carry goes directly,
-        now, so that the bound passes them (instead of after ``relay_timeout_s``)."""
+        now, so that the bound passes them (instead of after ``relay_timeout_s``).  The open group stays open: a
+        rebuild reads rows at the last closed group (:meth:`rows_at_boundary`), so none of its pushes is in them."""
         with self.lock:
             destinations = set()
             for e in self.outbox.values():
                 e.relayed = False
                 destinations |= e.pending
-            group_open = self._group is not None
-        if group_open:
-            self.close_group()
         for d in sorted(destinations):
             self.sender(d).wake(due_now=True)
+
+    # --- reads for a rebuild: at the last closed group -----------------------------------------------------------
+    def rows_at_boundary(self, shard, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
+        """Rows ``slots`` of ``shard`` read just now (``payload`` and ``versions``, changed in place) made what they
+        were after this owner's last closed group: the open group's pushes taken back out of them
+        (:func:`~ecrec.strategies.erasure.groups.before_group`).  Call with pushes paused
+        (``host.pushes_paused()``), the rows read in the same pause, so that the rows and the open group agree.
+        The timer or a flush may close the group meanwhile (they need no pause): the rows are then as they were
+        before it, a closed group's boundary too."""
+        with self.lock:
+            changes = self._changes_locked(shard, self._group, len(self._group.pushes) if self._group else 0)
+        if changes is not None:
+            before_group(changes, slots, payload, versions)
+
+    def _changes_locked(self, shard, group: PushGroup | None, size: int) -> OpenChanges | None:
+        """The first ``size`` pushes of the open ``group`` indexed for reads of ``shard`` (None: no group), kept
+        per table and extended as the group grows (dropped when it closes)."""
+        if group is None or not size:
+            return None
+        cached = self._open_changes.get(shard.spec.name)
+        if cached is None or cached[0] is not group or cached[1] > size:
+            cached = (group, 0, OpenChanges.of([], shard))
+        if cached[1] < size:
+            cached = (group, size, cached[2].extended(group.pushes[cached[1]:size], shard))
+            self._open_changes[shard.spec.name] = cached
+        return cached[2]
+
+    def dense_at_boundary(self, name: str, payload: np.ndarray) -> int | None:
+        """:meth:`rows_at_boundary` for dense tensor ``name`` (this server its primary): its payload bytes as read
+        just now, changed in place; returns its version after the last closed group, or None when the open group
+        did not change it (the version read stands).  Call with pushes paused."""
+        with self.lock:
+            pushes = list(self._group.pushes) if self._group is not None else []
+        return dense_before_group(pushes, name, payload) if pushes else None
+
+    def settle_rows(self, shard, reads: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]) -> int:
+        """Rows of ``shard`` copied without pushes paused (by ``TableShard.read_into``: ``(slots, payload, versions,
+        ready, rewrites)`` per read, arrays changed in place: a frame of the fast rebuild, a ``ReadRows``) made what
+        they were after this owner's last closed group: rows a push changed since they were copied are read again
+        (``TableShard.reread_changed``), then the open group is taken out of them (:func:`before_group`).  Returns
+        how many rows were read again.
+
+        Pushes are not paused when they need not be: every push numbered was handed to the open group before the
+        re-read and no push was numbered, added or closed until after it (the sequencer, the outbox's last push and
+        the group, read before and after), so the rows re-read are the table as the open group left it.  Else (a
+        push under way: numbered, not handed over yet) the same is done in a pause of pushes, which is short: the
+        rows are copied already.  Threads that read for a rebuild may run at a low OS priority
+        (``rebuild_nice``): they seldom hold the apply lock that every push needs."""
+        with self.lock:
+            group, handed = self._group, self.box.last_seq
+            size = len(group.pushes) if group is not None else 0
+        if self.host.last_push_seq() == handed:
+            again = sum(shard.reread_changed(*read) for read in reads)
+            with self.lock:
+                still = (self._group is group and (len(group.pushes) if group is not None else 0) == size
+                         and self.box.last_seq == handed and self.host.last_push_seq() == handed)
+                changes = self._changes_locked(shard, group, size) if still else None
+            if still:
+                if changes is not None:
+                    for slots, payload, versions, _, _ in reads:
+                        before_group(changes, slots, payload, versions)
+                return again
+        else:
+            again = 0
+        with self.host.pushes_paused():
+            for read in reads:
+                again += shard.reread_changed(*read)
+                self.rows_at_boundary(shard, read[0], read[1], read[2])
+        self.counters.add("settled_paused", 1)
+        return again
 
     def unconfirmed(self) -> int:
         """Pushes not yet applied at every destination (in closed batches or the open group)."""
@@ -169,9 +246,9 @@ class ParityOwner:
     # --- a push -----------------------------------------------------------------------------------------------
     def on_push(self, push: AppliedPush) -> PushOutcome:
         """Adds the push to the open group (called in push order, under the server's apply lock); when the group
-        is full (pushes, bytes) or old, or while any server recovers or is missing (a rebuild reads parity: it
-        must not lag), closes it: its batches go directly, or, where the owner relays (option ``relay``), a small
-        group's go back in this reply -- never while a server recovers or is missing (:meth:`_close_locked`)."""
+        is full (pushes, bytes) or old, closes it: its batches go directly, or, where the owner relays (option
+        ``relay``), a small group's go back in this reply -- never while a server recovers or is missing
+        (:meth:`_close_locked`)."""
         options, faults = self.options, self.host.faults
         with self.lock:
             self.box.numbered(push.seq)
@@ -183,14 +260,14 @@ class ParityOwner:
                 self._stagger = False
             group.add(push)
             group.last_push = now
-            eager = self._eager or now < self._eager_until
+            eager = now < self._eager_until  # a verification read rows here: one-push groups for a while
             self._stagger |= eager  # the first group after one-push groups is staggered again (close_group too)
             close = (len(group.pushes) >= options.coalesce_pushes or group.nbytes >= self._group_bytes
                      or now - group.started >= options.coalesce_s or eager
                      or faults.armed("after_partial_parity") or faults.armed("after_parity_before_ack"))
-            # while a server recovers, a group is one push and goes directly: relayed, every push's batches would
-            # cross the worker twice (sealed, in its reply and its next requests) and wait for its next step
-            entry, relay = self._close_locked(relayed=True, direct=eager) if close else (None, [])
+            # while a server recovers, a group goes directly: relayed, its batches would cross the worker twice
+            # (sealed, in its reply and its next requests) and wait for its next step
+            entry, relay = self._close_locked(relayed=True, direct=eager or self._eager) if close else (None, [])
             confirmed = self.box.confirmed
             if self.outbox:
                 oldest = next(iter(self.outbox.values()))
@@ -201,14 +278,15 @@ class ParityOwner:
         return PushOutcome(relay=relay, seq=push.seq, confirmed_upto=confirmed)
 
     def _first_group_bytes(self) -> int:
-        """The bytes that close this owner's first group (and the first after one-push groups): ``(i + 1) / S`` of
+        """The bytes that close this owner's first group (and the first after one-push groups, or after a close by
+        other than count or size): ``(i + 1) / S`` of
         ``coalesce_bytes`` at index ``i`` of ``S``.  A worker's step pushes to every server at once, so groups
         that all start at the same push and close at the same size close in the same step on every server -- the
         builds, frames and applies of the whole cluster in one burst (steps of 40-80 ms at 4M rows, where groups
         close by size); started at staggered sizes, each step meets about one server's.  Later groups close at
         ``coalesce_bytes`` (or ``coalesce_pushes``) and keep the phase while training goes on; a group closed
-        otherwise (:meth:`close_group`: training paused, a read, a flush) or one-push groups (a recovery) start
-        it again."""
+        otherwise (:meth:`close_group`: training paused, the timer while a server recovers, a verification's read,
+        a flush) or one-push groups (a verification's window) start it again."""
         layout, index = self.host.layout, self.host.index
         if not self.options.coalesce_stagger or layout is None or index is None or index < 0:
             return self.options.coalesce_bytes
@@ -223,6 +301,7 @@ class ParityOwner:
         group, self._group = self._group, None
         if group is None:
             return None, []
+        self._open_changes.clear()
         entry = OutboxEntry(group.last_seq, group.first_seq, time.monotonic(), {}, set(), relayed,
                             push_ids=group.push_ids)
         self.box.add(entry)
@@ -335,17 +414,19 @@ class ParityOwner:
         (``restagger``; the timer's close of a group only older than ``coalesce_s`` is not a pause)."""
         with self.lock:
             self._stagger |= restagger
-            entry, _ = self._close_locked(relayed=False)
+            # while a server recovers, off this thread (the timer's): built by the closer, sent directly
+            entry, _ = self._close_locked(relayed=False, direct=self._eager)
         if entry is not None:
             self._after_close(entry)
 
     def seal_for_read(self) -> None:
-        """Before this server's data rows are read for a rebuild.  A merged delta is all or nothing: a row must
-        not be read while a group holds some of its pushes and not others, or the rebuilt row would hold part of
-        a delta.  So groups become one push each (for ``READ_EAGER_S`` after the last such read, or until this
-        server's map turns to every server back and none recovering: :meth:`on_map_change`), and the group open
-        now closes with pushes paused (none is half applied).  A later read then finds every group either
-        contained in the row read (its versions say so: skipped) or after it whole."""
+        """Before this server's data rows are all read and compared with their parity (``verify_parity``; a rebuild
+        reads at the last closed group instead: :meth:`settle_rows`).  A merged delta is all or nothing: a row must
+        not be read while a group holds some of its pushes and not others.  So groups become one push each (for
+        ``READ_EAGER_S`` after the last such read, or until this server's map turns to every server back and none
+        recovering: :meth:`on_map_change`), and the group open now closes with pushes paused (none is half
+        applied).  A later read then finds every group either contained in the row read (its versions say so:
+        skipped) or after it whole."""
         with self.lock:
             self._eager_until = time.monotonic() + READ_EAGER_S
             if self._group is None:
@@ -355,8 +436,9 @@ class ParityOwner:
 
     def on_timer(self) -> None:
         """Closes a group no push came to for ``coalesce_s`` (training paused or ended: its parity must not wait
-        for the next push), one older than that, or any open group while a server recovers (its batches go
-        directly); wakes the senders of
+        for the next push), one older than that, or any open group while a server recovers or is missing (its
+        batches go directly, and the parity a rebuild compares lags training by about this timer's period); wakes the
+        senders of
         destinations with batches the relay did not deliver in time, and those owed a confirmation by an idle
         owner (so that they trim their logs)."""
         now = time.monotonic()
@@ -465,9 +547,9 @@ class ParityOwner:
     # --- destinations replaced -----------------------------------------------------------------------------------
     def on_map_change(self) -> None:
         """Restarts the chain of every destination whose server changed, with every batch it has not applied;
-        while a server recovers or is missing, groups close at every push, and once none does they stop closing
-        at every push at once, not ``READ_EAGER_S`` after the rebuild's last read (a group per push instead of
-        one per ``coalesce_pushes``: those seconds cost training up to a third of its speed)."""
+        while a server recovers or is missing, groups go directly (the timer closes them early), and once none does
+        a verification's window of one-push groups ends at once, not ``READ_EAGER_S`` after its last read (a group
+        per push instead of one per ``coalesce_pushes``: those seconds cost training up to a third of its speed)."""
         m = self.host.cluster_map
         live = live_servers(m)
         close_now = False
@@ -481,11 +563,11 @@ class ParityOwner:
                 for e in self.outbox.values():
                     e.relayed = False
             elif was_eager and not self._eager:
-                # every server is back and none recovers: the rebuild that read rows here is over, and so is its
-                # window of one-push groups.  Safe because a replacement turns ACTIVE only once its rebuild is
+                # every server is back and none recovers: a window of one-push groups a verification's read opened
+                # here ends (seal_for_read).  Safe because a replacement turns ACTIVE only once its rebuild is
                 # done, and it embedded only versions confirmed or in its log (bulk.embeddable, the version checks
-                # of data rows): the group of every version it used was closed before this map.  A later read
-                # still closes the open group first (seal_for_read) and opens the window again.
+                # of data rows), each read at a closed group.  A later verification closes the open group first
+                # and opens the window again.
                 self._eager_until = 0.0
             # every batch for a replaced destination not confirmed everywhere goes to the replacement (Outbox.restart)
             restarted = self.box.restart({i: s.server_id for i, s in live.items()})

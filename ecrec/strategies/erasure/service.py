@@ -159,8 +159,6 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
     def _read_rows(self, request) -> parity_pb2.ReadRowsReply:
         """``ReadRows`` of a proven peer (through gRPC or its parity channel)."""
         self.host.require_index()
-        if request.ids or request.dense or any(section.ids or section.dense for section in request.sections):
-            self.owner.seal_for_read()  # data rows and dense tensors are read at a group boundary (owner.py)
         if request.sections:
             if any(section.sections for section in request.sections):
                 raise errors.InvalidRequest("ReadRows sections cannot hold sections")
@@ -221,7 +219,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         # stream's CPU -- unless the generator ends elsewhere (a cancelled call finalized later): then not counted
         cpu0, thread = time.thread_time(), threading.get_ident()
         try:
-            for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.seal_for_read, self._bound_for):
+            for buffer in bulk.read_blocks(self.host, self.receiver, request, self.owner.settle_rows, self._bound_for):
                 yield buffer.tobytes()
         except errors.EcrecError as exc:
             code, message = transport.grpc_status_of(exc)
@@ -261,7 +259,7 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
                 with self.receiver.counters.cpu("stream_cpu_s"):  # the whole delivery (read_blocks counts its parts)
                     frame_socket.send_frames(caller_host, request.deliver_port, request.ticket,
                                              bulk.read_blocks(self.host, self.receiver, request,
-                                                              self.owner.seal_for_read, self._bound_for),
+                                                              self.owner.settle_rows, self._bound_for),
                                              DELIVER_TIMEOUT_S, stop=cancelled)
             except BaseException as exc:  # noqa: BLE001 - handed to the call, which reports it
                 failed.append(exc)
@@ -283,16 +281,24 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         host = self.host
         if request.dense:
             dense = host.dense(request.dense)
-            payload, version, ready = dense.read()
+            with host.pushes_paused():  # as it was at this owner's last closed group (owner.py)
+                payload, version, ready = dense.read()
+                before = self.owner.dense_at_boundary(request.dense, payload)
+            version = version if before is None else before
             ready = ready and not self.receiver.dense_unresolved(request.dense)
             return parity_pb2.ReadRowsReply(payload=payload.tobytes(),
                                             versions=transport.ids_to_bytes(np.array([version])),
                                             ready=bytes([1 if ready else 0]))
         if request.ids:
             shard = host.table(request.table)
-            rows = shard.read(shard.slots_for(transport.bytes_to_ids(request.ids)))
-            return parity_pb2.ReadRowsReply(payload=rows.payload.tobytes(), versions=transport.ids_to_bytes(rows.versions),
-                                            ready=rows.ready.astype(np.uint8).tobytes())
+            slots = shard.slots_for(transport.bytes_to_ids(request.ids))
+            payload = np.empty((len(slots), shard.spec.row_bytes), np.uint8)
+            versions, ready = np.empty(len(slots), np.int64), np.empty(len(slots), np.uint8)
+            rewrites = shard.read_into(slots, payload, versions, ready)
+            # as they were at this owner's last closed group (owner.py)
+            self.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)])
+            return parity_pb2.ReadRowsReply(payload=payload.tobytes(), versions=transport.ids_to_bytes(versions),
+                                            ready=ready.tobytes())
         if not request.table:
             raise errors.InvalidRequest("ReadRows needs a table (with ids or stripes) or a dense tensor")
         payload, versions, ready = self.receiver.read_parity(
