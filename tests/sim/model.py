@@ -10,12 +10,19 @@ join, apply in order or hold back or skip, what a resolution lists, undoes and k
 worker's keep-and-replay of its unconfirmed pushes (``client.courier.Courier``, on the same protobuf requests and
 replies), the placement (``Layout``), resolution's kept prefix (``resolution.decide``, on the same protobuf
 listings), which versions a rebuild may embed (``resolution.embeddable``), and each owner's outbox, chains, confirmation and committed push
-ids (``outbox.Outbox``).  What is modelled here: every push closes its own group (no coalescing), its batch
+ids (``outbox.Outbox``).  What is modelled here: every push closes its own group, its batch
 addressed and sent at once (as a relay did) or, with the closer, acknowledged first and built later, in push
 order, by a ``build`` action (as every group that goes directly is, on the owner's closer thread); one row per
 push, m = 1.  ``rule="any"`` replaces the last two by what the code did before the closing fix (a
 rebuild embeds any version it reads and takes no committed push ids; a restarted chain re-sends only what the
 old destination had not acknowledged): the simulator must find the window there.
+
+With ``coalesce`` (a schedule's ``("coalesce",)`` header), pushes join their owner's open group instead, and a
+``close`` action closes it: one delta per row it changed (the XOR of its pushes' deltas, from the version before
+the first to the last), one batch per destination; a rebuild reads each data row as it was after its owner's last
+closed group (``ParityOwner.rows_at_boundary``: the open group's deltas taken back out), so a parity never embeds a
+row between two pushes of one group.  ``rule="unsettled"`` reads the rows as they are instead, the open group's
+pushes in them: the simulator must find a parity holding part of a merged delta there.
 
 Actions are state-independent (``("deliver", 7)`` delivers message ``7 mod`` the number in flight, ``("kill", 9)``
 the server ``9 mod`` the number of servers; an action that does not apply is a no-op), so a failing schedule can be
@@ -25,6 +32,7 @@ shrunk by dropping actions and rerun from its list alone.  A schedule's first ac
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -68,6 +76,7 @@ class LogEntry:
     row: int
     delta: frozenset
     old_version: int
+    changes: list | None = None  # a coalesced group's: [(row, delta, old_version, version)]
 
 
 @dataclass
@@ -78,6 +87,24 @@ class Payload:
     row: int
     delta: frozenset
     old_version: int
+
+    def changes(self, seq: int) -> list[tuple[int, frozenset, int, int]]:
+        return [(self.row, self.delta, self.old_version, seq)]
+
+
+@dataclass
+class GroupPayload:
+    """What a coalesced group's batch carries to one destination: per row of it the group changed, one delta (the XOR
+    of its pushes' deltas), its version before the group's first push to it and the last one's sequence."""
+
+    pids: list
+    rows: list  # [(row, delta, old_version, version)]
+    first_seq: int
+    destinations: tuple = ()  # every destination of the group, and their incarnations (addressed when built)
+    destination_ids: tuple = ()
+
+    def changes(self, seq: int) -> list[tuple[int, frozenset, int, int]]:
+        return self.rows
 
 
 class Server:
@@ -98,7 +125,9 @@ class Server:
         self.payload: dict[int, Payload] = {}  # seq -> what its batch carries
         self.marks: dict[str, int] = {}  # worker -> highest sequence applied here (or kept)
         self.logs: dict[int, SourceLog] = {}
-        self.closing: list[tuple] = []  # (entry, destination, batch) acknowledged, not built yet (the closer)
+        self.closing: list[tuple] = []  # (entry, {destination: batch}) acknowledged, not built yet (the closer)
+        self.sent: dict[tuple[int, int], object] = {}  # (seq, destination) -> what that batch carries
+        self.open: list[tuple] = []  # the open group (coalesce): (seq, pid, row, delta, old_version) per push
 
     # --- owner (ParityOwner: every push closes its own group; sent at once, or built later by the closer) -----------
     @property
@@ -112,8 +141,12 @@ class Server:
         """One entry's batch to ``dest`` as addressed now (the relay or the direct sender), with the confirmation."""
         b = entry.batches[dest]
         if b.destination_id:
-            self.sim.net.append(("batch", self.index, self.sid, dest, b.destination_id, b.seq, b.prev_seq,
-                                 self.payload[b.seq], self.box.confirmed))
+            p = self.sent[(b.seq, dest)]
+            if isinstance(p, GroupPayload):  # every destination the batch names, as addressed now (a resolution
+                # keeps a group only where all of them have it)
+                p = dataclasses.replace(p, destinations=tuple(b.destinations), destination_ids=tuple(b.destination_ids))
+            self.sim.net.append(("batch", self.index, self.sid, dest, b.destination_id, b.seq, b.prev_seq, p,
+                                 self.box.confirmed))
 
     def apply_push(self, pid, row: int) -> tuple[int, bool]:
         """A push (or a replay) of ``pid`` to ``row``: ``(seq, already applied)``."""
@@ -129,26 +162,67 @@ class Server:
         self.rows[row], old_version, self.versions[row] = new, self.versions[row], seq
         self.sim.history[(row, seq)] = new
         self.marks[w] = n
+        if self.sim.coalesce:  # it joins the open group; a "close" action makes its batches
+            self.open.append((seq, pid, row, delta, old_version))
+            return seq, False
         dest = self.sim.parity_of(row // K)
-        self.payload[seq] = Payload(pid, row, delta, old_version)
+        self.payload[seq] = self.sent[(seq, dest)] = Payload(pid, row, delta, old_version)
         batch = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=seq, first_seq=seq)
         entry = OutboxEntry(seq, seq, 0.0, {}, relayed=not self.sim.closer, built=False, push_ids=[pid])
         self.box.add(entry)
-        self.closing.append((entry, dest, batch))
+        self.closing.append((entry, {dest: batch}))
         if not self.sim.closer:  # built and sent at once, as a relay did; else later, in push order (ParityOwner)
             self.build()
         return seq, False
+
+    def close(self) -> None:
+        """The open group closes (coalesce): one delta per row it changed, one batch per destination."""
+        if not self.open:
+            return
+        pushes, self.open = self.open, []
+        merged: dict[int, list] = {}  # row -> [delta, old_version, version], rows in order of first change
+        for seq, _, row, delta, old_version in pushes:
+            m = merged.get(row)
+            if m is None:
+                merged[row] = [delta, old_version, seq]
+            else:
+                m[0], m[2] = m[0] ^ delta, seq
+        first, last, pids = pushes[0][0], pushes[-1][0], [p for _, p, *_ in pushes]
+        by_dest: dict[int, list] = {}
+        for row, (delta, old_version, version) in merged.items():
+            by_dest.setdefault(self.sim.parity_of(row // K), []).append((row, delta, old_version, version))
+        batches = {}
+        for dest, rows in by_dest.items():
+            self.sent[(last, dest)] = GroupPayload(pids, rows, first)
+            batches[dest] = parity_pb2.ParityBatch(source=self.index, source_id=self.sid, seq=last, first_seq=first)
+        entry = OutboxEntry(last, first, 0.0, {}, relayed=not self.sim.closer, built=False, push_ids=pids)
+        self.box.add(entry)
+        self.closing.append((entry, batches))
+        if not self.sim.closer:
+            self.build()
+
+    def at_boundary(self, row: int) -> tuple[frozenset, int]:
+        """A data row as it was after this owner's last closed group: the open group's deltas to it taken back
+        out, its version before the group's first push to it (``ParityOwner.rows_at_boundary``)."""
+        value, version = self.rows[row], self.versions[row]
+        if self.sim.rule == "unsettled":  # the rows as they are, the open group's pushes in them (the wrong rule)
+            return value, version
+        for _, _, r, delta, old_version in reversed(self.open):
+            if r == row:
+                value, version = value ^ delta, old_version
+        return value, version
 
     def build(self) -> None:
         """The closer thread: the oldest group acknowledged and not built yet is built, addressed to the chains as
         they are now, and sent (``ParityOwner._close_pending``)."""
         if self.closing:
-            entry, dest, batch = self.closing.pop(0)
-            self.box.install(entry, {dest: batch}, lambda d: self.sim.live_ids().get(d, ""), group_open=False)
-            self.send(entry, dest)
+            entry, batches = self.closing.pop(0)
+            self.box.install(entry, batches, lambda d: self.sim.live_ids().get(d, ""), group_open=bool(self.open))
+            for dest in sorted(batches):
+                self.send(entry, dest)
 
     def on_ack(self, dest: int, dest_id: str, upto: int) -> None:
-        self.box.ack(dest, dest_id, upto, group_open=False)
+        self.box.ack(dest, dest_id, upto, group_open=bool(self.open))
 
     def on_map_change(self, old_rule: bool = False) -> None:
         """Chains restart at replaced destinations (``Outbox.restart``), every batch due there sent at once.
@@ -191,25 +265,34 @@ class Server:
         lg.confirm(confirmed)
         self.sim.net.append(("ack", self.index, self.sid, source, source_id, lg.applied_upto))
 
-    def _apply(self, lg: SourceLog, seq: int, p: Payload) -> None:
-        stripe, pos = divmod(p.row, K)
-        if self.built.get(stripe):
-            if self.pvv[stripe][pos] < seq:  # else the rebuilt parity holds it already: skipped
-                self.parity[stripe] ^= p.delta
-                self.pvv[stripe][pos] = seq
-        elif stripe in self.marked:
-            self.held_back.setdefault(stripe, []).append((seq, pos, p.delta))
-        # else dropped: the parity's rebuild has not read the stripe yet, and the data it will read holds this push
-        # (its owner applied it before sending it); the log still records it, for a resolution
-        lg.record(seq, LogEntry(seq, seq, [p.pid], (self.index,), (self.sid,), p.row, p.delta, p.old_version))
+    def _apply(self, lg: SourceLog, seq: int, p) -> None:
+        changes = p.changes(seq)
+        for row, delta, _, version in changes:
+            stripe, pos = divmod(row, K)
+            if self.built.get(stripe):
+                if self.pvv[stripe][pos] < version:  # else the rebuilt parity holds it already: skipped
+                    self.parity[stripe] ^= delta
+                    self.pvv[stripe][pos] = version
+            elif stripe in self.marked:
+                self.held_back.setdefault(stripe, []).append((version, pos, delta))
+            # else dropped: the parity's rebuild has not read the stripe yet, and the data it will read holds this
+            # change (its owner applied it before sending it); the log still records it, for a resolution
+        if isinstance(p, Payload):
+            lg.record(seq, LogEntry(seq, seq, [p.pid], (self.index,), (self.sid,), p.row, p.delta, p.old_version))
+        else:
+            lg.record(seq, LogEntry(seq, p.first_seq, list(p.pids), p.destinations, p.destination_ids, changes[0][0],
+                                    changes[0][1], changes[0][2], changes))
 
     def undo(self, e: LogEntry) -> None:
-        stripe, pos = divmod(e.row, K)
-        if self.built.get(stripe):
-            self.parity[stripe] ^= e.delta
-            self.pvv[stripe][pos] = e.old_version
-        else:
-            self.held_back[stripe] = [h for h in self.held_back.get(stripe, []) if h[0] != e.seq]
+        for row, delta, old_version, version in reversed(e.changes or [(e.row, e.delta, e.old_version, e.seq)]):
+            stripe, pos = divmod(row, K)
+            if self.built.get(stripe):
+                if e.changes is not None and self.pvv[stripe][pos] != version:
+                    continue  # as production's undo: only where the parity holds that delta as the row's newest
+                self.parity[stripe] ^= delta
+                self.pvv[stripe][pos] = old_version
+            else:
+                self.held_back[stripe] = [h for h in self.held_back.get(stripe, []) if h[0] != version]
 
 
 def _one(value: frozenset, row: int) -> str:
@@ -219,9 +302,10 @@ def _one(value: frozenset, row: int) -> str:
 
 
 class Sim:
-    def __init__(self, rule: str = "confirmed", servers: int = S, closer: bool = False):
+    def __init__(self, rule: str = "confirmed", servers: int = S, closer: bool = False, coalesce: bool = False):
         self.n = servers
         self.closer = closer  # groups built later, on the owner's closer thread ("build" actions), not at the push
+        self.coalesce = coalesce  # pushes join their owner's open group; "close" actions close it
         self.layout = Layout(servers, K, M)
         self._owners = [int(i) for i in self.layout.locate(np.arange(ROWS))[0]]
         self._parities = [int(i) for i in self.layout.parity_servers(np.arange(ROWS // K))[:, 0]]
@@ -342,6 +426,11 @@ class Sim:
         if s is not None:
             s.build()
 
+    def close(self, i: int) -> None:
+        s = self.live(i % self.n)
+        if s is not None:
+            s.close()
+
     def kill(self, i: int) -> None:
         """One failure at a time (m = 1): only while every index is served and fully rebuilt."""
         if self.down or any(not all(s.ready.values()) or not all(s.built.values()) for s in self.servers.values()):
@@ -400,9 +489,12 @@ class Sim:
             if r == row:
                 continue
             o = self.live(self.owner_of(r))
-            if o is None or not o.ready.get(r) or o.versions[r] != q.pvv[stripe][r % K]:
-                return False  # a member missing or a delta in flight: later
-            value ^= o.rows[r]
+            if o is None or not o.ready.get(r):
+                return False  # a member missing: later
+            row_value, row_version = o.at_boundary(r)  # read at its owner's last closed group
+            if row_version != q.pvv[stripe][r % K]:
+                return False  # a delta in flight: later
+            value ^= row_value
         _one(value, row)
         s.rows[row], s.versions[row], s.ready[row] = value, q.pvv[stripe][pos], True
         return True
@@ -423,15 +515,17 @@ class Sim:
                 if o is None or not o.ready.get(r):
                     return False
                 members.append((o, r))
+            read = [o.at_boundary(r) for o, r in members]  # each at its owner's last closed group
             if self.rule != "any" and not all(
-                    embeddable(o.versions[r], max(o.bound(), s.log_of(o.index).logged_upto(o.sid))) for o, r in members):
+                    embeddable(version, max(o.bound(), s.log_of(o.index).logged_upto(o.sid)))
+                    for (o, _), (_, version) in zip(members, read)):
                 for o, _ in members:  # the owner, told a rebuild waits, sends its batches now
                     o.tick()
                 return False
             value = frozenset()
-            for o, r in members:
-                value ^= o.rows[r]
-            s.reading[stripe] = (value, [o.versions[r] for o, r in members],
+            for row_value, _ in read:
+                value ^= row_value
+            s.reading[stripe] = (value, [version for _, version in read],
                                  [(o.index, o.sid, o.bound(), list(o.box.committed.items()), s.listings.get(o.index, 0))
                                   for o, _ in members])
             return False
@@ -462,7 +556,7 @@ class Sim:
         self.trace.append(f"{action}")
         {"push": self.push, "poll": self.poll, "deliver": self.deliver, "dup": lambda n: self.deliver(n, duplicate=True),
          "drop": lambda n: self.deliver(n, drop=True), "tick": self.tick, "kill": self.kill, "promote": self.promote,
-         "rebuild": self.rebuild, "build": self.build}[kind](*args)
+         "rebuild": self.rebuild, "build": self.build, "close": self.close}[kind](*args)
         if kind in ROW_CHANGING:
             self.check_rows()
         if kind in PARITY_CHANGING:
@@ -503,6 +597,8 @@ class Sim:
             for i in range(self.n):
                 for n in range(2 * ROWS):
                     self.act(("rebuild", i, n))
+                if self.live(i) is not None and self.servers[i].open:
+                    self.act(("close", i))
                 while self.live(i) is not None and self.servers[i].closing:
                     self.act(("build", i))
                 self.act(("tick", i))
@@ -528,10 +624,11 @@ class Sim:
                 raise Violation(f"acknowledged push {pid} is in row {row} {count} times")
 
 
-def schedule(seed: int, length: int | None = None, closer: bool = False) -> list[tuple]:
+def schedule(seed: int, length: int | None = None, closer: bool = False, coalesce: bool = False) -> list[tuple]:
     """A seeded list of actions (state-independent: see the module docstring), 30 to 150 of them by default.  With
     ``closer``, the owners build each group later, on their closer thread (a ``("closer",)`` header and ``build``
-    actions); without it, the same seed gives the same schedule as before the closer was modelled."""
+    actions); without it, the same seed gives the same schedule as before the closer was modelled.  With
+    ``coalesce``, pushes join their owner's open group (a ``("coalesce",)`` header and ``close`` actions)."""
     rng = random.Random(seed)
     length = length if length is not None else rng.randint(30, 150)
     kinds = ["push", "deliver", "poll", "tick", "dup", "drop", "kill", "promote", "rebuild"]
@@ -540,6 +637,9 @@ def schedule(seed: int, length: int | None = None, closer: bool = False) -> list
     if closer:
         kinds, weights = kinds + ["build"], weights + [12]
         out.append(("closer",))
+    if coalesce:
+        kinds, weights = kinds + ["close"], weights + [8]
+        out.append(("coalesce",))
     for _ in range(length):
         kind = rng.choices(kinds, weights)[0]
         if kind == "push":
@@ -548,7 +648,7 @@ def schedule(seed: int, length: int | None = None, closer: bool = False) -> list
             out.append((kind, rng.randrange(64)))
         elif kind == "poll":
             out.append(("poll", rng.choice(WORKERS)))
-        elif kind in ("tick", "kill", "build"):
+        elif kind in ("tick", "kill", "build", "close"):
             out.append((kind, rng.randrange(60)))
         elif kind == "promote":
             out.append(("promote",))
@@ -559,13 +659,16 @@ def schedule(seed: int, length: int | None = None, closer: bool = False) -> list
 
 def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
     """Runs ``actions`` then settles; the violation found (its message), or None.  A first action
-    ``("servers", n)`` sets the number of servers (else ``S``); a ``("closer",)`` after it models the closer."""
-    servers, closer = S, False
+    ``("servers", n)`` sets the number of servers (else ``S``); a ``("closer",)`` after it models the closer, a
+    ``("coalesce",)`` after those coalesced groups."""
+    servers, closer, coalesce = S, False, False
     if actions and actions[0][0] == "servers":
         servers, actions = actions[0][1], actions[1:]
     if actions and actions[0] == ("closer",):
         closer, actions = True, actions[1:]
-    sim = Sim(rule, servers, closer)
+    if actions and actions[0] == ("coalesce",):
+        coalesce, actions = True, actions[1:]
+    sim = Sim(rule, servers, closer, coalesce)
     try:
         for a in actions:
             sim.act(a)
@@ -578,10 +681,11 @@ def run(actions: list[tuple], rule: str = "confirmed") -> str | None:
 
 def shrink(actions: list[tuple], rule: str = "confirmed") -> list[tuple]:
     """A shorter schedule that still fails (greedy: drop chunks, then single actions, while it fails); a leading
-    ``("servers", n)`` and ``("closer",)`` stay."""
+    ``("servers", n)``, ``("closer",)`` and ``("coalesce",)`` stay."""
     assert run(actions, rule) is not None
     first = 1 if actions and actions[0][0] == "servers" else 0
     first += 1 if len(actions) > first and actions[first] == ("closer",) else 0
+    first += 1 if len(actions) > first and actions[first] == ("coalesce",) else 0
     chunk = max(1, len(actions) // 2)
     while chunk >= 1:
         i, changed = first, False

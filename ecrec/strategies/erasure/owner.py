@@ -22,14 +22,16 @@ relayed batch not acknowledged within ``relay_timeout_s`` (a worker that stopped
 directly by the destination's sender.
 
 A rebuild must read a data row at a group boundary (a merged delta is all or nothing: a parity that embeds a row
-between two pushes of one group would take the first push's delta twice).  So a rebuild reads every row as it was
-after this owner's last *closed* group (:meth:`ParityOwner.settle_rows`, :meth:`ParityOwner.rows_at_boundary`): in
-a pause of pushes, the open group's deltas are XORed back out of the rows it changed, and each gets the version it
-had before the group's first push to it.  The open group then reaches the rebuilt parity whole, as one delta from
-that version; groups go on coalescing while a server recovers (one-push groups, as before, cost training a batch
-per push and destination).  While a server recovers or is missing, groups still go directly (built by the closer
-thread and sent by the senders, not relayed: the worker's next request may be a step away, and its bandwidth is
-training's), and the owner's timer closes an open group at its next tick.
+between two pushes of one group would take the first push's delta twice). What a rebuild may embed already keeps
+that out (an open group's versions are above the confirmed bound and in no log: it would wait for the group to
+close), so this is for progress: a rebuild reads every row as it was after this owner's last *closed* group
+(:meth:`ParityOwner.settle_rows`, :meth:`ParityOwner.rows_at_boundary`): against the open group as it stands (read
+with no push under way), its deltas are XORed back out of the rows it changed, and each gets the version it had
+before the group's first push to it. The open group then reaches the rebuilt parity whole, as one delta from that
+version; groups go on coalescing while a server recovers (one-push groups, as before, cost training a batch per push
+and destination). While a server recovers or is missing, groups still go directly (built by the closer thread and
+sent by the senders, not relayed: the worker's next request may be a step away, and its bandwidth is training's),
+and the owner's timer closes an open group at its next tick.
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
