@@ -26,8 +26,11 @@ pytestmark = pytest.mark.cluster
 def test_injected_failure_is_recovered_bit_exactly(make_cluster, point, index, count):
     expected = baseline(make_cluster, 4, 2, 1)
     # after_partial_parity: the dying push reached one parity server; a long relay timeout keeps the owner's
-    # direct sends from completing it at the others however slowly the machine runs
-    options = {"relay_timeout_s": "5"} if point == "after_partial_parity" else {}
+    # direct sends from completing it at the others however slowly the machine runs.  before_parity_apply: groups
+    # of 8 pushes, so that the parity server meets its 40th push in batches during training however fast the steps
+    # run (groups closed only by age, 0.5 s, came after the last step when 60 steps took less)
+    options = ({"relay_timeout_s": "5"} if point == "after_partial_parity"
+               else {"coalesce_pushes": "8"} if point == "before_parity_apply" else {})
     local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1, options=options,
                          server_env={index: {"ECREC_FAULT": f"{point}@{count}"}})
     victim = local.pid_of_index(index)

@@ -380,10 +380,20 @@ def test_a_read_meeting_a_push_under_way_waits_for_it_and_still_reads_at_the_las
     thread = threading.Thread(target=push_under_way)
     thread.start()
     assert written.wait(5)
-    threading.Timer(0.05, release.set).start()
+    pause = owner.pushes_paused
+
+    def pushes_paused():  # the read is about to wait for the push: let the push go on now
+        release.set()
+        return pause()
+
+    owner.pushes_paused = pushes_paused
     paused = strategy.counters["settled_paused"]
-    strategy.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)])
-    thread.join(5)
+    try:
+        strategy.owner.settle_rows(shard, [(slots, payload, versions, ready, rewrites)])
+    finally:
+        release.set()
+        thread.join(5)
+        del owner.pushes_paused
     assert strategy.counters["settled_paused"] == paused + 1
     np.testing.assert_array_equal(payload, closed[0])
     np.testing.assert_array_equal(versions, closed[1])

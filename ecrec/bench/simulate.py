@@ -149,10 +149,10 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
     "reschedule_s": (0.09053, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
     "parity_overhead": (0.06154, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (427.5e6, "bytes/s per server",
+    "rebuild_bytes_per_s": (431.0e6, "bytes/s per server",
                             f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 21 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
-    "recovery_throughput_ratio": (0.4047, "fraction", f"{_RES}: median of ECRec's useful throughput while "
+    "recovery_throughput_ratio": (0.4209, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 14 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
@@ -170,7 +170,7 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3396, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "rebuild_latency_s": (0.3397, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
     "parity_s_per_update": (3.271e-6, "s per row update",
                             f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
                             "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "

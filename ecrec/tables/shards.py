@@ -508,6 +508,11 @@ class DenseShard(_HoldsCuts):
         with self._lock:
             return self._bytes.copy(), self.version, self.ready
 
+    def read_version(self) -> int:
+        """The version alone (a push stamps its own on the tensor; a copy read earlier is current while it holds)."""
+        with self._lock:
+            return self.version
+
     def read_at(self, cut) -> np.ndarray:
         """The payload bytes as they were at a snapshot's cut (``ecrec.server.cut.DenseCut``)."""
         with self._lock:

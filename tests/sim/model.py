@@ -22,7 +22,9 @@ With ``coalesce`` (a schedule's ``("coalesce",)`` header), pushes join their own
 the first to the last), one batch per destination; a rebuild reads each data row as it was after its owner's last
 closed group (``ParityOwner.rows_at_boundary``: the open group's deltas taken back out), so a parity never embeds a
 row between two pushes of one group.  ``rule="unsettled"`` reads the rows as they are instead, the open group's
-pushes in them: the simulator must find a parity holding part of a merged delta there.
+pushes in them: still safe (their versions are above the owner's confirmed bound and in no log, so a rebuild waits
+for the group to close), only slower.  ``rule="loose"`` reads them so and embeds any version read, as ``any`` does:
+the simulator must find a parity holding part of a merged delta there.
 
 Actions are state-independent (``("deliver", 7)`` delivers message ``7 mod`` the number in flight, ``("kill", 9)``
 the server ``9 mod`` the number of servers; an action that does not apply is a no-op), so a failing schedule can be
@@ -129,7 +131,7 @@ class Server:
         self.sent: dict[tuple[int, int], object] = {}  # (seq, destination) -> what that batch carries
         self.open: list[tuple] = []  # the open group (coalesce): (seq, pid, row, delta, old_version) per push
 
-    # --- owner (ParityOwner: every push closes its own group; sent at once, or built later by the closer) -----------
+    # --- owner (ParityOwner: every push its own group, or coalesced; sent at once, or built later by the closer) ----
     @property
     def confirmed(self) -> int:
         return self.box.confirmed
@@ -205,7 +207,7 @@ class Server:
         """A data row as it was after this owner's last closed group: the open group's deltas to it taken back
         out, its version before the group's first push to it (``ParityOwner.rows_at_boundary``)."""
         value, version = self.rows[row], self.versions[row]
-        if self.sim.rule == "unsettled":  # the rows as they are, the open group's pushes in them (the wrong rule)
+        if self.sim.rule in ("unsettled", "loose"):  # the rows as they are, the open group's pushes in them
             return value, version
         for _, _, r, delta, old_version in reversed(self.open):
             if r == row:
@@ -287,7 +289,7 @@ class Server:
         for row, delta, old_version, version in reversed(e.changes or [(e.row, e.delta, e.old_version, e.seq)]):
             stripe, pos = divmod(row, K)
             if self.built.get(stripe):
-                if e.changes is not None and self.pvv[stripe][pos] != version:
+                if self.pvv[stripe][pos] != version:
                     continue  # as production's undo: only where the parity holds that delta as the row's newest
                 self.parity[stripe] ^= delta
                 self.pvv[stripe][pos] = old_version
@@ -516,7 +518,7 @@ class Sim:
                     return False
                 members.append((o, r))
             read = [o.at_boundary(r) for o, r in members]  # each at its owner's last closed group
-            if self.rule != "any" and not all(
+            if self.rule not in ("any", "loose") and not all(
                     embeddable(version, max(o.bound(), s.log_of(o.index).logged_upto(o.sid)))
                     for (o, _), (_, version) in zip(members, read)):
                 for o, _ in members:  # the owner, told a rebuild waits, sends its batches now
@@ -530,7 +532,7 @@ class Sim:
                                   for o, _ in members])
             return False
         value, versions, owners = read
-        if self.rule != "any":
+        if self.rule not in ("any", "loose"):
             for index, sid, bound, committed, listed in owners:  # receiver.adopt_locked
                 if s.listings.get(index, 0) != listed or not s.log_of(index).adopt(sid, bound, committed):
                     return False  # an owner resolved since the read: read again

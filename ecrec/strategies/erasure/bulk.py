@@ -165,7 +165,8 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
     pidx = np.array(request.parity_indices, dtype=np.int64)
     step = frame_step(shard.spec, layout, request)
     num_stripes = layout.num_stripes(shard.spec.num_rows)
-    counters = receiver.counters  # this stream's CPU by part: gathering rows, and sealing them (not the send)
+    counters = receiver.counters  # this stream's CPU by part: gathering rows, and sealing them -- settled at the last
+    # closed group, their confirmed bound read (``stream_seal_cpu_s``) -- not the send
     for b0 in range(request.first_block, request.end_block, step):
         b1 = min(request.end_block, b0 + step)
         with counters.cpu("stream_read_cpu_s"):
@@ -178,7 +179,7 @@ def read_blocks(host: StrategyHost, receiver: ParityReceiver, request: parity_pb
                 reads.append((slots, frame.data[c], frame.data_versions[c], frame.data_ready[c], rewrites))
         if positions and settle is not None:
             with counters.cpu("stream_seal_cpu_s"):
-                counters.add("stream_rows_reread", settle(shard, reads))
+                settle(shard, reads)
         if positions and bound is not None:
             with counters.cpu("stream_seal_cpu_s"):
                 frames.set_confirmed(buffer, bound(frame.data_versions))

@@ -96,7 +96,7 @@ class ParityOwner:
         self.senders: dict[int, DestinationSender] = {}
         self.lock = threading.Condition()
         self._group: PushGroup | None = None  # pushes not closed into batches yet
-        self._open_changes: dict = {}  # table -> (group, its pushes, OpenChanges): the open group's, for reads
+        self._open_changes: dict = {}  # table -> (group, its pushes, OpenChanges, shard): the open group's, for reads
         self._eager = False  # a server is recovering or missing: groups go directly, the timer closes them early
         self._eager_until = 0.0  # every group one push until then (seal_for_read: a verification read rows here)
         self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
@@ -154,22 +154,30 @@ class ParityOwner:
         The timer or a flush may close the group meanwhile (they need no pause): the rows are then as they were
         before it, a closed group's boundary too."""
         with self.lock:
-            changes = self._changes_locked(shard, self._group, len(self._group.pushes) if self._group else 0)
+            group = self._group
+            size = len(group.pushes) if group is not None else 0
+        changes = self._changes(shard, group, size)
         if changes is not None:
             before_group(changes, slots, payload, versions)
 
-    def _changes_locked(self, shard, group: PushGroup | None, size: int) -> OpenChanges | None:
+    def _changes(self, shard, group: PushGroup | None, size: int) -> OpenChanges | None:
         """The first ``size`` pushes of the open ``group`` indexed for reads of ``shard`` (None: no group), kept
-        per table and extended as the group grows (dropped when it closes)."""
+        per table and extended as the group grows (dropped when it closes).  Built outside the lock (a push waits
+        for it there): a group's pushes never change, and the list only grows."""
         if group is None or not size:
             return None
-        cached = self._open_changes.get(shard.spec.name)
-        if cached is None or cached[0] is not group or cached[1] > size:
-            cached = (group, 0, OpenChanges.of([], shard))
-        if cached[1] < size:
-            cached = (group, size, cached[2].extended(group.pushes[cached[1]:size], shard))
-            self._open_changes[shard.spec.name] = cached
-        return cached[2]
+        with self.lock:
+            cached = self._open_changes.get(shard.spec.name)
+        if cached is None or cached[0] is not group or cached[3] is not shard or cached[1] > size:
+            cached = (group, 0, OpenChanges.of([], shard), shard)
+        if cached[1] == size:
+            return cached[2]
+        changes = cached[2].extended(group.pushes[cached[1]:size], shard)
+        with self.lock:
+            now = self._open_changes.get(shard.spec.name)
+            if self._group is group and (now is None or now[0] is not group or now[1] < size):
+                self._open_changes[shard.spec.name] = (group, size, changes, shard)
+        return changes
 
     def dense_at_boundary(self, name: str, payload: np.ndarray) -> int | None:
         """:meth:`rows_at_boundary` for dense tensor ``name`` (this server its primary): its payload bytes as read
@@ -200,8 +208,8 @@ class ParityOwner:
             with self.lock:
                 still = (self._group is group and (len(group.pushes) if group is not None else 0) == size
                          and self.box.last_seq == handed and self.host.last_push_seq() == handed)
-                changes = self._changes_locked(shard, group, size) if still else None
             if still:
+                changes = self._changes(shard, group, size)
                 if changes is not None:
                     for slots, payload, versions, _, _ in reads:
                         before_group(changes, slots, payload, versions)

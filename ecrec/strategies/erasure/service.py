@@ -281,8 +281,10 @@ class ParityServicer(parity_pb2_grpc.ParityServiceServicer):
         host = self.host
         if request.dense:
             dense = host.dense(request.dense)
-            with host.pushes_paused():  # as it was at this owner's last closed group (owner.py)
-                payload, version, ready = dense.read()
+            payload, version, ready = dense.read()  # copied without pausing pushes, then, as it was at this owner's
+            with host.pushes_paused():  # last closed group (owner.py): read again only if a push changed it since
+                if dense.read_version() != version:
+                    payload, version, ready = dense.read()
                 before = self.owner.dense_at_boundary(request.dense, payload)
             version = version if before is None else before
             ready = ready and not self.receiver.dense_unresolved(request.dense)
