@@ -59,6 +59,10 @@ class _HoldsCuts:
     """The snapshot cuts a shard keeps while they are written (``ecrec.server.cut``), by holder; ``_lock`` and
     ``_cuts`` are the shard's."""
 
+    #: rewrites outside pushes so far (a restore, a rollback: no version changes): a read made outside the lock
+    #: compares it (``TableShard.reread_changed``)
+    _rewrites = 0
+
     def add_cut(self, holder: str, cut) -> None:
         with self._lock:
             self._cuts[holder] = cut
@@ -68,7 +72,9 @@ class _HoldsCuts:
             self._cuts.pop(holder, None)
 
     def _break_cuts(self, why: str) -> None:
-        """Data rewritten outside any push (the lock held): no cut can keep what it was."""
+        """Data rewritten outside any push (the lock held): no cut can keep what it was, and a read made before
+        it is stale whatever the versions say."""
+        self._rewrites += 1
         for cut in self._cuts.values():
             cut.broken = why
 
@@ -96,9 +102,6 @@ class TableShard(_HoldsCuts):
             fill_initial_payload(spec, self.owned_ids, self._floats, self.owned_slots)
         self._versions = np.zeros(self.num_slots, dtype=np.int64)
         self._ready = np.ones(self.num_slots, dtype=bool)
-        # rows rewritten outside pushes and rebuilds, which change no version (a restore, a rollback): a read outside
-        # the lock (read_into) compares it (reread_changed)
-        self._rewrites = 0
         self.row_updates = 0  # distinct rows updated, summed over pushes
         # CPU spent keeping rows' old bytes and XORing them into deltas (a strategy's); in the compiled pass the old
         # bytes are kept as the rows are gathered, at no cost of their own: only the XOR is counted there
@@ -129,7 +132,6 @@ class TableShard(_HoldsCuts):
             ids, slots = self.owned_ids[start:start + block], self.owned_slots[start:start + block]
             with self._lock:
                 self._break_cuts("rows were rewritten (a restore)")
-                self._rewrites += 1
                 gather(ids, self._floats, slots)
                 if check is not None:
                     run = _as_slice(slots)
@@ -337,14 +339,12 @@ class TableShard(_HoldsCuts):
         cannot keep their bytes, so it fails rather than mix states."""
         with self._lock:
             self._break_cuts("rows were rewritten (a rollback)")
-            self._rewrites += 1
             self._payload[slots] = payload
 
     def reset_to_initial(self) -> None:
         """Every owned row back to its initial value."""
         with self._lock:
             self._break_cuts("rows were reset to their initial values (a rollback)")
-            self._rewrites += 1
             fill_initial_payload(self.spec, self.owned_ids, self._floats, self.owned_slots)
 
     # --- rebuilding ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ old destination had not acknowledged): the simulator must find the window there.
 With ``coalesce`` (a schedule's ``("coalesce",)`` header), pushes join their owner's open group instead, and a
 ``close`` action closes it: one delta per row it changed (the XOR of its pushes' deltas, from the version before
 the first to the last), one batch per destination; a rebuild reads each data row as it was after its owner's last
-closed group (``ParityOwner.rows_at_boundary``: the open group's deltas taken back out), so a parity never embeds a
+closed group (``ParityOwner.settle_rows``: the open group's deltas taken back out), so a parity never embeds a
 row between two pushes of one group.  ``rule="unsettled"`` reads the rows as they are instead, the open group's
 pushes in them: still safe (their versions are above the owner's confirmed bound and in no log, so a rebuild waits
 for the group to close), only slower.  ``rule="loose"`` reads them so and embeds any version read, as ``any`` does:
@@ -205,7 +205,7 @@ class Server:
 
     def at_boundary(self, row: int) -> tuple[frozenset, int]:
         """A data row as it was after this owner's last closed group: the open group's deltas to it taken back
-        out, its version before the group's first push to it (``ParityOwner.rows_at_boundary``)."""
+        out, its version before the group's first push to it (``ParityOwner.settle_rows``)."""
         value, version = self.rows[row], self.versions[row]
         if self.sim.rule in ("unsettled", "loose"):  # the rows as they are, the open group's pushes in them
             return value, version

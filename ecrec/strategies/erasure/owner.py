@@ -25,13 +25,13 @@ A rebuild must read a data row at a group boundary (a merged delta is all or not
 between two pushes of one group would take the first push's delta twice). What a rebuild may embed already keeps
 that out (an open group's versions are above the confirmed bound and in no log: it would wait for the group to
 close), so this is for progress: a rebuild reads every row as it was after this owner's last *closed* group
-(:meth:`ParityOwner.settle_rows`, :meth:`ParityOwner.rows_at_boundary`): against the open group as it stands (read
-with no push under way), its deltas are XORed back out of the rows it changed, and each gets the version it had
-before the group's first push to it. The open group then reaches the rebuilt parity whole, as one delta from that
-version; groups go on coalescing while a server recovers (one-push groups, as before, cost training a batch per push
-and destination). While a server recovers or is missing, groups still go directly (built by the closer thread and
-sent by the senders, not relayed: the worker's next request may be a step away, and its bandwidth is training's),
-and the owner's timer closes an open group at its next tick.
+(:meth:`ParityOwner.settle_rows`): against the open group as it stands (read with no push under way), its deltas are
+XORed back out of the rows it changed, and each gets the version it had before the group's first push to it. The
+open group then reaches the rebuilt parity whole, as one delta from that version; groups go on coalescing while a
+server recovers (one-push groups, as before, cost training a batch per push and destination). While a server
+recovers or is missing, groups still go directly (built by the closer thread and sent by the senders, not relayed:
+the worker's next request may be a step away, and its bandwidth is training's), and the owner's timer closes an open
+group at its next tick.
 
 Each destination incarnation gets the owner's batches as a *chain*: every batch names the previous one
 (``prev_seq``) and the destination applies them strictly in that order, whichever path brought them.
@@ -96,7 +96,7 @@ class ParityOwner:
         self.senders: dict[int, DestinationSender] = {}
         self.lock = threading.Condition()
         self._group: PushGroup | None = None  # pushes not closed into batches yet
-        self._open_changes: dict = {}  # table -> (group, its pushes, OpenChanges, shard): the open group's, for reads
+        self._open_changes: dict = {}  # shard -> (group, its pushes, OpenChanges): the open group's, for reads
         self._eager = False  # a server is recovering or missing: groups go directly, the timer closes them early
         self._eager_until = 0.0  # every group one push until then (seal_for_read: a verification read rows here)
         self._last_ack = 0.0  # when a destination last acknowledged (monotonic): confirmations wait a heartbeat
@@ -136,7 +136,7 @@ class ParityOwner:
     def deliver_now(self) -> None:
         """A rebuild found rows here above the confirmed bound: every batch the workers still carry goes directly,
         now, so that the bound passes them (instead of after ``relay_timeout_s``).  The open group stays open: a
-        rebuild reads rows at the last closed group (:meth:`rows_at_boundary`), so none of its pushes is in them."""
+        rebuild reads rows at the last closed group (:meth:`settle_rows`), so none of its pushes is in them."""
         with self.lock:
             destinations = set()
             for e in self.outbox.values():
@@ -146,20 +146,6 @@ class ParityOwner:
             self.sender(d).wake(due_now=True)
 
     # --- reads for a rebuild: at the last closed group -----------------------------------------------------------
-    def rows_at_boundary(self, shard, slots: np.ndarray, payload: np.ndarray, versions: np.ndarray) -> None:
-        """Rows ``slots`` of ``shard`` read just now (``payload`` and ``versions``, changed in place) made what they
-        were after this owner's last closed group: the open group's pushes taken back out of them
-        (:func:`~ecrec.strategies.erasure.groups.before_group`).  Call with pushes paused
-        (``host.pushes_paused()``), the rows read in the same pause, so that the rows and the open group agree.
-        The timer or a flush may close the group meanwhile (they need no pause): the rows are then as they were
-        before it, a closed group's boundary too."""
-        with self.lock:
-            group = self._group
-            size = len(group.pushes) if group is not None else 0
-        changes = self._changes(shard, group, size)
-        if changes is not None:
-            before_group(changes, slots, payload, versions)
-
     def _changes(self, shard, group: PushGroup | None, size: int) -> OpenChanges | None:
         """The first ``size`` pushes of the open ``group`` indexed for reads of ``shard`` (None: no group), kept
         per table and extended as the group grows (dropped when it closes).  Built outside the lock (a push waits
@@ -167,20 +153,27 @@ class ParityOwner:
         if group is None or not size:
             return None
         with self.lock:
-            cached = self._open_changes.get(shard.spec.name)
-        if cached is None or cached[0] is not group or cached[3] is not shard or cached[1] > size:
-            cached = (group, 0, OpenChanges.of([], shard), shard)
+            cached = self._open_changes.get(shard)
+        if cached is None or cached[0] is not group or cached[1] > size:
+            cached = (group, 0, OpenChanges.of([], shard))
         if cached[1] == size:
             return cached[2]
         changes = cached[2].extended(group.pushes[cached[1]:size], shard)
         with self.lock:
-            now = self._open_changes.get(shard.spec.name)
+            now = self._open_changes.get(shard)
             if self._group is group and (now is None or now[0] is not group or now[1] < size):
-                self._open_changes[shard.spec.name] = (group, size, changes, shard)
+                self._open_changes[shard] = (group, size, changes)
         return changes
 
+    def _take_out(self, shard, group: PushGroup | None, size: int, reads) -> None:
+        """The first ``size`` pushes of ``group`` taken back out of ``reads`` (:func:`before_group`)."""
+        changes = self._changes(shard, group, size)
+        if changes is not None:
+            for slots, payload, versions, _, _ in reads:
+                before_group(changes, slots, payload, versions)
+
     def dense_at_boundary(self, name: str, payload: np.ndarray) -> int | None:
-        """:meth:`rows_at_boundary` for dense tensor ``name`` (this server its primary): its payload bytes as read
+        """:meth:`settle_rows` for dense tensor ``name`` (this server its primary): its payload bytes as read
         just now, changed in place; returns its version after the last closed group, or None when the open group
         did not change it (the version read stands).  Call with pushes paused."""
         with self.lock:
@@ -209,17 +202,16 @@ class ParityOwner:
                 still = (self._group is group and (len(group.pushes) if group is not None else 0) == size
                          and self.box.last_seq == handed and self.host.last_push_seq() == handed)
             if still:
-                changes = self._changes(shard, group, size)
-                if changes is not None:
-                    for slots, payload, versions, _, _ in reads:
-                        before_group(changes, slots, payload, versions)
+                self._take_out(shard, group, size, reads)
                 return again
         else:
             again = 0
-        with self.host.pushes_paused():
-            for read in reads:
-                again += shard.reread_changed(*read)
-                self.rows_at_boundary(shard, read[0], read[1], read[2])
+        with self.host.pushes_paused():  # no push under way now: the rows and the open group agree
+            again += sum(shard.reread_changed(*read) for read in reads)
+            with self.lock:  # the timer may close the group meanwhile (no pause): an earlier boundary, as good
+                group = self._group
+                size = len(group.pushes) if group is not None else 0
+            self._take_out(shard, group, size, reads)
         self.counters.add("settled_paused", 1)
         return again
 
