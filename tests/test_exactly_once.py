@@ -341,6 +341,49 @@ def test_a_replay_larger_than_one_request_goes_in_rounds(make_cluster):
         client.close(confirm_timeout_s=0)
 
 
+def test_two_threads_meeting_a_replaced_owner_replay_its_pushes_once(make_cluster):
+    """The step's call and the idle keeper's poll can both find a worker's pushes held for a replaced owner; each
+    replayed them all (the server answered the second "already applied", and the client counted every push twice:
+    CI saw 6 replays of 3 pushes).  One replay of an index at a time: the second finds nothing left to replay."""
+    import threading
+
+    import torch
+
+    from ecrec.client import EmbeddingBag
+
+    local = make_cluster(servers=4, standby=1, strategy="ecrec", k=2, m=1,
+                         options={"coalesce_s": "30", "coalesce_pushes": "1000", "coalesce_bytes": str(1 << 30)})
+    client = Cluster.connect(local.coordinator_address, worker="twice",
+                             config=ClientConfig(rpc_timeout_s=10.0, retry_deadline_s=60.0))
+    try:
+        client.create_table("t", 4000, 4, optimizer="sgd", lr=1.0, init="zeros")
+        bag = EmbeddingBag(client, "t")
+        for _ in range(3):
+            bag(torch.arange(0, 4000, 2)[None, :]).sum().backward()
+            client.step()
+        held = client.courier.to_replay(0, "")
+        assert held
+        old = client._live_ids.get(0)
+        kill_index(local, 0)
+        wait_for(lambda: client.refresh_map() and client._live_ids.get(0) not in (None, old), 60, "index 0 replaced")
+        start_together = threading.Barrier(4)
+
+        def replay():
+            start_together.wait(10)
+            client._replay_if_replaced(0)
+
+        threads = [threading.Thread(target=replay) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert client.courier.stats["replayed"] == len(held), client.courier.stats
+        np.testing.assert_array_equal(client.read_rows("t", np.arange(0, 4000, 2)), np.full((2000, 4), -3.0,
+                                                                                              np.float32))
+    finally:
+        client.close(confirm_timeout_s=0)
+
+
 def test_parity_verification_waits_for_a_rebuild_instead_of_reporting_unbuilt_rows(make_cluster, tmp_path):
     """``verify_parity`` on a replacement still rebuilding compared the parity rows it had not built yet with a
     fresh encode and reported them mismatched (6 of 7 in CI, the tampering test under parallel load).  It waits

@@ -335,6 +335,7 @@ class Cluster:
         self.incarnation = uuid.uuid4().hex
         self._closed = False
         self._lock = threading.RLock()
+        self._replaying: dict[int, threading.Lock] = {}  # index -> held while this worker replays its pushes there
         self.coordinator = CoordinatorClient(address, self.config.rpc_timeout_s, self.config.max_message_bytes,
                                              on_map=self._adopt, security=self.config.security)
         self._coordinator = self.coordinator.stub
@@ -531,6 +532,12 @@ class Cluster:
         retrying for up to ``retry_deadline_s`` (the client's own by default)."""
         if not self.courier.held_elsewhere(index, self._live_ids.get(index)):
             return
+        # one replay of an index at a time: the step's call and the idle keeper's poll may both find the pushes held
+        # (the second then finds them replayed, not sent twice)
+        with self._replaying.setdefault(index, threading.Lock()):
+            self._replay_held(index, retry_deadline_s)
+
+    def _replay_held(self, index: int, retry_deadline_s: float | None) -> None:
         retry_s = self.config.retry_deadline_s if retry_deadline_s is None else retry_deadline_s
         deadline = time.monotonic() + retry_s
         said, busy = None, BusyWait()  # what was last logged; a server's busy answers
