@@ -89,6 +89,14 @@ def test_the_rounds_give_the_median_and_spread_of_each_figure():
     (["--against", "ecrec", "--against-option", "coalesce_stagger=perhaps"], "coalesce_stagger='perhaps'"),
     (["--against", "none", "--against-option", "x=1"], "strategy 'none' takes no options"),
     (["--k", "4", "--m", "1"], "k + m = 5 exceeds the number of servers (4)"),
+    (["--against-server-option", "no_gc_freeze=true"], "--against-server-option needs --against"),
+    (["--against", "ecrec", "--server-option", "nosuch=1"], "--server-option nosuch: no such server setting"),
+    (["--against", "ecrec", "--against-server-option", "no_gc_freeze=maybe"],
+     "--against-server-option no_gc_freeze=maybe: expected true or false"),
+    (["--against", "ecrec", "--against-server-option", "rpc_timeout_s=soon"], "expected a number"),
+    (["--against", "ecrec", "--server-option", "no_gc_freeze"], "--server-option 'no_gc_freeze': expected KEY=VALUE"),
+    (["--against", "ecrec", "--server-option", "no_gc_freeze=true", "--against-server-option", "no_gc_freeze=1"],
+     "another setting"),
 ])
 def test_profile_refuses_bad_arguments(argv, message, capsys):
     assert cli.main(["profile", "--no-py-spy", *argv]) == 2
@@ -125,6 +133,25 @@ def test_profile_against_none_on_tables_of_any_size_measures_every_part(tmp_path
         [spread["min"], spread["max"]])
     printed = capsys.readouterr().out
     assert "ecrec over none:" in printed and "per row update, by part (us):" in printed
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+def test_profile_one_server_setting_against_another(tmp_path, capsys):
+    """``--against ecrec --against-server-option ...``: the baseline's servers run with the setting (here their
+    start-up objects left in garbage collections), the profiled ones without; the file records both and counts
+    the servers' full collections per step."""
+    out = tmp_path / "profile.json"
+    assert cli.main(["profile", "--against", "ecrec", "--against-server-option", "no_gc_freeze=true", "--rows", "3000",
+                     "--dim", "8", "--servers", "3", "--batch-size", "64", "--no-py-spy", "--seconds", "2",
+                     "--rounds", "2", "--out", str(tmp_path / "work"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["against"] == "ecrec (no_gc_freeze=true)" and doc["against_server_options"] == {"no_gc_freeze": True}
+    assert "server_options" not in doc and "--against-server-option no_gc_freeze=true" in doc["flags"]
+    for name, run in doc["runs"].items():
+        assert run["servers_per_step"]["gc:full_collections"] >= 0 and run["servers_per_step"]["gc:pause_s"] >= 0
+    assert doc["added"]["gc_pause_ms_per_step"] >= 0 and doc["added"]["base_gc_full_collections_per_step"] >= 0
+    assert "servers' full garbage collections" in capsys.readouterr().out
 
 
 @pytest.mark.benchmark

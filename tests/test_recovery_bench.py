@@ -60,6 +60,8 @@ def test_lost_training_counts_slow_steps_as_deficit():
     (["--option", "rebuild_slowdown=-1"], "rebuild_slowdown must be >= 0"),
     (["--option", "no_such_option=1"], "no_such_option"),
     (["--target-pls", "1.5"], "--target-pls"),
+    (["--server-option", "no_gc_freeze"], "--server-option 'no_gc_freeze': expected KEY=VALUE"),
+    (["--server-option", "gc=off"], "--server-option gc: no such server setting"),
 ])
 def test_argument_errors_start_nothing(argv, message, monkeypatch, capsys):
     def must_not_run(*a, **kw):
@@ -89,6 +91,11 @@ def test_small_recovery_of_every_strategy(tmp_path, capsys):
         assert row["restored_bytes"] > 0 and row["restored_mb_per_s"] > 0, name
         assert row["model_bytes"] == 2 * 30000 * row_bytes
         assert row["memory_gb_per_model_gb"] > 0
+        # every server's full garbage collections since it started serving (the replacement's since its own start),
+        # with its start-up's objects frozen out of them (ecrec.ops.collector)
+        assert sorted(row["server_gc"]) == ["0", "1", "2", "3"], name
+        for gc_status in row["server_gc"].values():
+            assert gc_status["gc_frozen_objects"] > 20_000 and gc_status["gc_full_collections"] >= 0, name
     ecrec = rows["ecrec"]
     # the failed server held a quarter of the rows and (k=2, m=1) half as many parity rows
     assert ecrec["rows_rebuilt"] == pytest.approx(2 * 30000 / 4 * 1.5, rel=0.01)

@@ -96,7 +96,8 @@ class StrategyRun:
         options.update(cfg.get("strategy_options", {}).get(strategy, {}))  # e.g. profile's --option
         self.full_mode = self.kind == "checkpoint" and self.full_only  # cpr*: also when CPR's plan picks full
         self.local = LocalCluster(LocalClusterSpec(servers=cfg["servers"], standby=1,
-                                                   strategy=strategy, k=k, m=m, options=options))
+                                                   strategy=strategy, k=k, m=m, options=options,
+                                                   server_options=dict(cfg.get("server_options", {}))))
         self.records_dir = work / f"records-{label}"
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.kills: list[dict] = []

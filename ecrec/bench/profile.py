@@ -14,6 +14,8 @@ speedscope).
     ecrec-bench profile --against none --rows 4000000 --no-py-spy --seconds 20         # ... on 4M x 64 rows
     ecrec-bench profile --against ecrec --against-option parity_transport=grpc --rows 4000000 --no-py-spy
                                                       # one setting of ecrec against another, side by side
+    ecrec-bench profile --against ecrec --against-server-option no_gc_freeze=true --rows 4000000 --no-py-spy
+                                                      # ... or one server setting against another
 
 ``--against none`` runs a cluster of the baseline beside it, on the same workload (the two train in alternate
 slices, ``--rounds`` of each, so that both meet the same machine), and reports what ``--strategy`` adds: the
@@ -91,6 +93,12 @@ def add_arguments(p) -> None:
                    help="a strategy option of --against's cluster (repeatable): with --against naming --strategy "
                         "itself, one setting against another side by side (e.g. --strategy ecrec --against ecrec "
                         "--against-option parity_transport=grpc)")
+    p.add_argument("--server-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of --strategy's servers (repeatable; an `ecrec-server serve` flag with underscores, "
+                        "a switch as true/false: e.g. no_gc_freeze=true)")
+    p.add_argument("--against-server-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of --against's servers (repeatable): one server setting against another side by "
+                        "side (e.g. --strategy ecrec --against ecrec --against-server-option no_gc_freeze=true)")
     p.add_argument("--rows", type=int, help="rows per table: the recovery benchmark's training workload on tables of "
                                             "this size instead of the quick preset's DLRM")
     p.add_argument("--dim", type=int, default=64, help="--rows: embedding dimension (default 64)")
@@ -132,6 +140,8 @@ def _server_counters(cluster) -> dict[str, float]:
         items = [(f"thread:{k}", v) for k, v in server.get("threads_cpu_s", {}).items()]
         items += [(f"handler:{k}", v) for k, v in server.get("cpu_seconds", {}).items()]
         items += [(f"rows:{k}", v) for k, v in server.get("rows", {}).items()]
+        items += [("gc:full_collections", server.get("gc_full_collections", 0)),  # (ecrec.ops.collector)
+                  ("gc:pause_s", server.get("gc_pause_s", 0.0))]
         items += [(f"strategy:{k}", v) for k, v in stats.items() if isinstance(v, (int, float))
                   and not isinstance(v, bool) and (k.endswith("_cpu_s") or k in COUNTED)]
         for key, value in items:
@@ -146,8 +156,9 @@ COUNTED = ("groups_closed", "group_pushes", "batches_built", "relay_batches", "d
 
 
 def _cpu_like(key: str) -> bool:
-    """Whether a server counter is CPU seconds (reported in ms) rather than a count."""
-    return key.startswith(("thread:", "handler:")) or key.endswith("_cpu_s")
+    """Whether a server counter is seconds (reported in ms: CPU, or ``gc:pause_s``, the wall time full garbage
+    collections held the servers) rather than a count."""
+    return key.startswith(("thread:", "handler:")) or key.endswith(("_cpu_s", "pause_s"))
 
 
 def print_summary(report: dict) -> None:
@@ -205,6 +216,7 @@ def _slice(work, pids: list[int], seconds: float) -> dict:
     from ecrec.bench.compare_running import process_cpu_seconds
 
     counters_before = _server_counters(work.cluster)
+    gc_before = _worker_gc()
     before = work.cpu_seconds()
     records: list[tuple[float, float, list[float]]] = []
     servers = [process_cpu_seconds(p) for p in pids]
@@ -218,10 +230,22 @@ def _slice(work, pids: list[int], seconds: float) -> dict:
         servers = now
     elapsed = time.perf_counter() - t0
     after = work.cpu_seconds()
+    gc_after = _worker_gc()
     counters_after = _server_counters(work.cluster)
+    counters = {k: counters_after.get(k, 0.0) - counters_before.get(k, 0.0)
+                for k in set(counters_after) | set(counters_before)}
+    counters.update({k: gc_after[k] - gc_before[k] for k in gc_before})
     return {"elapsed_s": elapsed, "records": records, "cpu_s": {k: after[k] - before[k] for k in before},
-            "counters": {k: counters_after.get(k, 0.0) - counters_before.get(k, 0.0)
-                         for k in set(counters_after) | set(counters_before)}}
+            "counters": counters}
+
+
+def _worker_gc() -> dict[str, float]:
+    """This process's (the worker's) full garbage collections so far and the time they held it (``worker_gc:*``:
+    reported beside the servers' counters)."""
+    from ecrec.ops import collector
+
+    w = collector.watch()
+    return {"worker_gc:full_collections": float(w.full_collections), "worker_gc:pause_s": w.pause_s}
 
 
 def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: str | None = None) -> dict:
@@ -241,12 +265,14 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: s
             "cpu_ms_per_step": cpu,
             "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
             "step_times": profile_runs.step_records(records),
-            "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s; counts for the rest",
+            "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s, ms for gc:pause_s; counts for the "
+                     "rest",
             "sampled": {}}
 
 
-def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tuple[dict, list[dict]]:
-    """The clusters of ``runs`` (``(name, strategy, options)``, :func:`profile_runs.clusters`) side by side: each
+def profile(runs: list[tuple[str, str, dict, dict]], args, out: Path, spy: str) -> tuple[dict, list[dict]]:
+    """The clusters of ``runs`` (``(name, strategy, options, server options)``, :func:`profile_runs.clusters`) side
+    by side: each
     started and warmed, then ``args.rounds`` rounds in which each trains a slice of ``args.seconds / args.rounds``
     (the order alternating from round to round, the other cluster idle meanwhile); py-spy samples the last one's
     server and this worker throughout when ``spy``.  Returns each cluster's report by name (its slices summed) and
@@ -256,12 +282,12 @@ def profile(runs: list[tuple[str, str, dict]], args, out: Path, spy: str) -> tup
     works: dict = {}
     recorders: dict = {}
     failed: dict = {}
-    strategies = [name for name, _, _ in runs]
-    kinds = {name: strategy for name, strategy, _ in runs}
+    strategies = [name for name, *_ in runs]
+    kinds = {name: strategy for name, strategy, *_ in runs}
     try:
-        for i, (name, strategy, options) in enumerate(runs):
+        for i, (name, strategy, options, settings) in enumerate(runs):
             print(f"ecrec-bench profile: starting a cluster of {name} ...", file=sys.stderr)
-            works[name] = profile_runs.workload(strategy, args, out / f"{i}-{strategy}", options)
+            works[name] = profile_runs.workload(strategy, args, out / f"{i}-{strategy}", options, settings)
             works[name].warm()
         target = strategies[-1]
         pids = {s: w.server_pids() for s, w in works.items()}
@@ -355,6 +381,8 @@ def _run(args, out: Path, spy: str, kept: set[Path]) -> int:
         print(f"\n{name} ({report.get('sampled_files', {}).get(name, '')}):")
         print("\n".join(lines))
     document = {**report, "options": runs[-1][2]}  # the options of the profiled cluster (reproduce the file)
+    if runs[-1][3]:
+        document["server_options"] = runs[-1][3]
     if args.against:
         added = profile_runs.added_by(reports[base], report)
         rounds_added = [profile_runs.added_by(r[base], r[args.strategy]) for r in per_round]
@@ -365,6 +393,9 @@ def _run(args, out: Path, spy: str, kept: set[Path]) -> int:
                     "seconds": args.seconds, "rounds": args.rounds, "flags": _flags(args), "runs": reports,
                     "per_round": per_round, "added": added, "rounds_added": rounds_added,
                     "summary": profile_runs.summarize(rounds_added)}
+        for key, settings in (("server_options", runs[-1][3]), ("against_server_options", runs[0][3])):
+            if settings:
+                document[key] = settings
         if args.rounds > 1:
             print()
             profile_runs.print_summary_of_runs(document["summary"], base, args.strategy)
@@ -384,6 +415,8 @@ def _flags(args) -> str:
             out.append(f"--{name.replace('_', '-')} {value}")
     out += [f"--option {o}" for o in args.option]
     out += [f"--against-option {o}" for o in args.against_option]
+    out += [f"--server-option {o}" for o in args.server_option]
+    out += [f"--against-server-option {o}" for o in args.against_server_option]
     return " ".join(out)
 
 
@@ -402,9 +435,19 @@ def _check(args) -> str:
             return f"{flag} {value!r} is not a strategy (installed: {', '.join(names)})"
     if args.against_option and not args.against:
         return "--against-option needs --against"
-    if args.against and args.against == args.strategy and sorted(args.against_option) == sorted(args.option):
+    if args.against_server_option and not args.against:
+        return "--against-server-option needs --against"
+    from ecrec.bench.profile_runs import server_options
+
+    try:
+        mine = server_options(args.server_option)
+        theirs = server_options(args.against_server_option, "--against-server-option")
+    except ValueError as exc:
+        return str(exc)
+    if (args.against and args.against == args.strategy and sorted(args.against_option) == sorted(args.option)
+            and mine == theirs):
         return ("--against names --strategy itself with the same options: give the baseline another setting "
-                "(--against-option KEY=VALUE) or name another strategy")
+                "(--against-option KEY=VALUE, --against-server-option KEY=VALUE) or name another strategy")
     from ecrec.bench.checks import servers_problem
 
     if args.servers < 1:

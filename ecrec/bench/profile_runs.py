@@ -31,12 +31,13 @@ PARTS = ("delta", "merge", "build", "serialize", "seal", "frame", "verify", "par
 class QuickWorkload:
     """The quick preset's DLRM trained by ``compare``'s worker on a local cluster of ``strategy``."""
 
-    def __init__(self, strategy: str, args, out: Path, options: dict[str, str]):
+    def __init__(self, strategy: str, args, out: Path, options: dict[str, str], server_options: dict | None = None):
         from ecrec.bench import compare
 
         # the keys compare's _config adds to a preset: none given (full: interval_steps, then the warm saves')
         cfg = dict(compare.PRESETS["quick"], servers=args.servers, k=args.k, m=args.m, steps=100_000,
-                   checkpoint_interval_steps=None, cpr_interval_s=None, strategy_options={strategy: dict(options)})
+                   checkpoint_interval_steps=None, cpr_interval_s=None, strategy_options={strategy: dict(options)},
+                   server_options=dict(server_options or {}))
         cargs = Namespace(dataset="synthetic", seed=0, mtbf_hours=None, checkpoint_interval_steps=None, workers=1,
                           keep=False)
         data_path, _ = compare.prepare_data(cargs, cfg, out)
@@ -69,7 +70,7 @@ class QuickWorkload:
 class RowsWorkload:
     """The recovery benchmark's training worker (``ecrec.bench.recovery_training``) on tables of ``--rows``."""
 
-    def __init__(self, strategy: str, args, out: Path, options: dict[str, str]):
+    def __init__(self, strategy: str, args, out: Path, options: dict[str, str], server_options: dict | None = None):
         from ecrec.bench.compare_running import process_cpu_seconds, wait_until_idle
         from ecrec.bench.recovery_training import _Worker
         from ecrec.client import Cluster
@@ -84,7 +85,8 @@ class RowsWorkload:
         options = dict(options)
         if kind == "checkpoint":  # its checkpoints under the profile's directory
             options.setdefault("dir", str(out / "checkpoints"))
-        self.local = LocalCluster(LocalClusterSpec(servers=args.servers, strategy=strategy, k=k, m=m, options=options))
+        self.local = LocalCluster(LocalClusterSpec(servers=args.servers, strategy=strategy, k=k, m=m, options=options,
+                                                   server_options=dict(server_options or {})))
         self.local.start(timeout_s=180)
         self.servers = args.servers
         self.client = None
@@ -136,26 +138,60 @@ def _options(items) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items or [])
 
 
-def clusters(args) -> list[tuple[str, str, dict[str, str]]]:
-    """``(name, strategy, options)`` of each cluster to run, the baseline (``--against``) first, with its
-    ``--against-option``s (the profiled one has the ``--option``s): the profiled one is named by its strategy, the
-    baseline by its strategy too, or, when it is the same strategy, by it and its options
-    (``ecrec (parity_transport=grpc)``)."""
-    profiled = (args.strategy, args.strategy, _options(args.option))
+def server_options(items, flag: str = "--server-option") -> dict:
+    """``flag KEY=VALUE`` items as ``ServerConfig`` field -> value (``true``/``false`` for a switch); raises
+    ValueError naming an unknown field or a value of the wrong kind."""
+    from ecrec.config import ServerConfig, cli_fields
+
+    fields = {f.name: f for f in cli_fields(ServerConfig)}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
+    out = {}
+    for key, value in _options(items).items():
+        f = fields.get(key)
+        if f is None:
+            raise ValueError(f"{flag} {key}: no such server setting (ecrec-server serve --help lists them; "
+                             "write the flag's name with underscores, e.g. no_gc_freeze=true)")
+        kind = f.type if isinstance(f.type, type) else type(f.default)
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{flag} {key}={value}: expected true or false")
+            out[key] = value.lower() in ("true", "1", "yes")
+        elif kind in (int, float):
+            try:
+                out[key] = kind(value)
+            except ValueError:
+                raise ValueError(f"{flag} {key}={value}: expected a number") from None
+        else:
+            out[key] = value
+    return out
+
+
+def clusters(args) -> list[tuple[str, str, dict[str, str], dict]]:
+    """``(name, strategy, options, server options)`` of each cluster to run, the baseline (``--against``) first,
+    with its ``--against-option``s and ``--against-server-option``s (the profiled one has the ``--option``s and
+    ``--server-option``s): the profiled one is named by its strategy, the baseline by its strategy too, or, when it
+    is the same strategy, by it and its options (``ecrec (parity_transport=grpc)``)."""
+    profiled = (args.strategy, args.strategy, _options(args.option),
+                server_options(getattr(args, "server_option", None)))
     if not args.against:
         return [profiled]
     against = getattr(args, "against_option", None) or []
+    against_server = getattr(args, "against_server_option", None) or []
     name = args.against
     if args.against == args.strategy:
-        name = f"{args.against} ({' '.join(against or ['defaults'])})"
-    return [(name, args.against, _options(against)), profiled]
+        name = f"{args.against} ({' '.join(against + against_server or ['defaults'])})"
+    return [(name, args.against, _options(against), server_options(against_server, "--against-server-option")),
+            profiled]
 
 
-def workload(strategy: str, args, out: Path, options: dict[str, str]):
-    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` with ``options`` (its files under
-    ``out``)."""
+def workload(strategy: str, args, out: Path, options: dict[str, str], server_settings: dict | None = None):
+    """The workload ``args`` ask for, on a fresh local cluster of ``strategy`` with ``options`` and its servers'
+    ``server_settings`` (its files under ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
-    return RowsWorkload(strategy, args, out, options) if args.rows else QuickWorkload(strategy, args, out, options)
+    kind = RowsWorkload if args.rows else QuickWorkload
+    return kind(strategy, args, out, options, server_settings)
 
 
 def step_records(records: list[tuple[float, float, list[float]]]) -> dict:
@@ -202,7 +238,16 @@ def added_by(base: dict, run: dict) -> dict:
             "total_cpu_ratio": sum(run["cpu_ms_per_step"].values()) / sum(base["cpu_ms_per_step"].values()),
             "samples_per_s_ratio": run["samples_per_s"] / base["samples_per_s"],
             "median_step_ratio": ratio("median_ms"), "p99_step_ratio": ratio("p99_ms"),
-            "stall_share": rt.get("stall_share", math.nan), "base_stall_share": bt.get("stall_share", math.nan)}
+            "stall_share": rt.get("stall_share", math.nan), "base_stall_share": bt.get("stall_share", math.nan),
+            # the servers' full garbage collections (all of them together, per step) and the time they held them
+            "gc_full_collections_per_step": rs.get("gc:full_collections", 0.0),
+            "base_gc_full_collections_per_step": bs.get("gc:full_collections", 0.0),
+            "gc_pause_ms_per_step": rs.get("gc:pause_s", 0.0), "base_gc_pause_ms_per_step": bs.get("gc:pause_s", 0.0),
+            # and the worker's (this process: one worker trains both clusters, in turn)
+            "worker_gc_full_collections_per_step": rs.get("worker_gc:full_collections", 0.0),
+            "base_worker_gc_full_collections_per_step": bs.get("worker_gc:full_collections", 0.0),
+            "worker_gc_pause_ms_per_step": rs.get("worker_gc:pause_s", 0.0),
+            "base_worker_gc_pause_ms_per_step": bs.get("worker_gc:pause_s", 0.0)}
 
 
 def print_added(added: dict, base: str, strategy: str) -> None:
@@ -213,6 +258,13 @@ def print_added(added: dict, base: str, strategy: str) -> None:
           f"samples/s {added['samples_per_s_ratio']:.3f}x; median step {added['median_step_ratio']:.2f}x, "
           f"p99 {added['p99_step_ratio']:.2f}x; time in steps over {STALL_MS:.0f} ms {added['stall_share']:.1%} "
           f"({base}: {added['base_stall_share']:.1%})")
+    print(f"  servers' full garbage collections: {added['gc_full_collections_per_step'] * 1e3:.2f} per 1000 steps, "
+          f"holding them {added['gc_pause_ms_per_step']:.3f} ms per step ({base}: "
+          f"{added['base_gc_full_collections_per_step'] * 1e3:.2f}, {added['base_gc_pause_ms_per_step']:.3f} ms); the "
+          f"worker's: {added['worker_gc_full_collections_per_step'] * 1e3:.2f} per 1000 steps, "
+          f"{added['worker_gc_pause_ms_per_step']:.3f} ms per step ({base}: "
+          f"{added['base_worker_gc_full_collections_per_step'] * 1e3:.2f}, "
+          f"{added['base_worker_gc_pause_ms_per_step']:.3f} ms)")
     print("  per row update, by part (us):  " + "  ".join(f"{name} {us:.3f}"
                                                           for name, us in added["parts_us_per_row_update"].items()))
     print("  per row update, by place (us): " + "  ".join(f"{place.split(':', 1)[1]} {us:+.3f}"

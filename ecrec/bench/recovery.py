@@ -126,6 +126,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-pls", type=float, default=0.02, help="--during-training: cpr's target PLS (default 0.02)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra option of strategy ecrec (e.g. rebuild_batch_rows=65536); repeatable")
+    p.add_argument("--server-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of every server (an `ecrec-server serve` flag with underscores, a switch as "
+                        "true/false: e.g. no_gc_freeze=true); repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG: restore rates, and with --during-training the "
@@ -190,6 +193,12 @@ def check_args(args) -> str | None:
             parse(dict(item.split("=", 1) for item in args.option)).validate()
         except ValueError as exc:
             return f"--option: {exc}"
+    from ecrec.bench.profile_runs import server_options
+
+    try:
+        server_options(args.server_option)
+    except ValueError as exc:
+        return str(exc)
     from ecrec.bench.cli import ignored_flag
 
     return ignored_flag(args)
@@ -244,6 +253,14 @@ def _wait_event(local, kind: str, index: int, since: float, timeout_s: float) ->
     return None
 
 
+def server_gc(cluster) -> dict:
+    """Each server's full garbage collections since it started serving, and the longest (``ecrec.ops.collector``;
+    a replacement's since its own start), by index."""
+    keys = ("gc_full_collections", "gc_pause_s", "gc_longest_pause_ms", "gc_frozen_objects")
+    return {str(i): {k: stats.get("server", {}).get(k) for k in keys}
+            for i, stats in sorted(cluster.strategy_call("stats").items())}
+
+
 def run_strategy(strategy: str, args, work: Path) -> dict:
     """One strategy: cluster, tables, protection, the kill, the measurements; the cluster is stopped after."""
     from ecrec.client import Cluster
@@ -253,8 +270,11 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
 
     k, m = (args.k, args.m) if strategy == "ecrec" else (0, 0)
     out: dict = {"strategy": strategy}
+    from ecrec.bench.profile_runs import server_options
+
     spec = LocalClusterSpec(servers=args.servers, standby=1, strategy=strategy, k=k, m=m,
-                            options=_options(strategy, args, work), coordinator_options=COORDINATOR_OPTIONS)
+                            options=_options(strategy, args, work), coordinator_options=COORDINATOR_OPTIONS,
+                            server_options=server_options(getattr(args, "server_option", None)))
     local = LocalCluster(spec)
     local.start(timeout_s=180)
     try:
@@ -289,6 +309,7 @@ def run_strategy(strategy: str, args, work: Path) -> dict:
                 out["checkpoint_write_mb_per_s"] = out["checkpoint_bytes"] / 1e6 / out["checkpoint_write_s"]
             out.update(_memory(local, cluster, model_bytes))
             out.update(_kill_idle(strategy, args, local, cluster, names, row_bytes))
+        out["server_gc"] = server_gc(cluster)
         if verify:
             after = {name: cluster.read_payload(name)[1] for name in names}
             out["exact"] = all(np.array_equal(before[n].view(np.uint32), after[n].view(np.uint32)) for n in names)

@@ -23,6 +23,7 @@ from ecrec.control.lease import ServingLease
 from ecrec.net import transport
 from ecrec.net.peers import CoordinatorClient, Peers
 from ecrec.net.seal import Sealer
+from ecrec.ops import collector
 from ecrec.server.applied import AppliedPushes, PushSequencer
 from ecrec.server.cut import PushHold, ServerCuts
 from ecrec.server.counters import HandlerCounters
@@ -259,7 +260,8 @@ class ServerState:
                 "dense_tensors": len(self.dense_tensors()),
                 "standby_reserve_bytes": self.reserve.nbytes, "standby_reserve_pending": self.reserve.pending,
                 "standby_reserve_used_bytes": self.reserve.used_bytes, "kernels_ready": tables.kernels_ready(),
-                "snapshot_cuts": len(self.cuts), "snapshot_cut_bytes": self.cuts.nbytes}
+                "snapshot_cuts": len(self.cuts), "snapshot_cut_bytes": self.cuts.nbytes,
+                **collector.watch().status()}
 
     # --- map changes -----------------------------------------------------------------------------------------
     def adopt_map(self, new_map: cluster_pb2.ClusterMap) -> None:
