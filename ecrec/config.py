@@ -238,7 +238,7 @@ class ServerConfig(SecurityOptions, EtcdClientOptions):
                                              "it waits (then a promotion writes fresh pages: slower go-on and rebuild)")
     no_gc_freeze: bool = option(False, "keep the objects of this server's start-up in Python's garbage collections "
                                        "(by default they are frozen once it started: a full collection then walks "
-                                       "only what serving made, not the ~130,000 objects that took it 80-200 ms)")
+                                       "only what serving made, not the ~130,000 objects of the start-up)")
     want_index: int = option(-1, "take this index (a restarted server replacing itself)", flag="--index")
     rpc_timeout_s: float = option(10.0, "deadline of a call to another server (parity batches, row reads)")
     coordinator_timeout_s: float = option(5.0, "deadline of a call to the coordinator (reports, map reads)")

@@ -1,4 +1,4 @@
-"""Full garbage collections counted and kept short (``ecrec.ops.collector``): a server freezes the objects of its
+"""Full garbage collections counted and kept short (``ecrec.server.collector``): a server freezes the objects of its
 start-up, so that a full collection walks only what serving made since."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ecrec.client import Cluster
-from ecrec.ops import collector
+import ecrec.server.collector as collector
 
 
 @pytest.fixture
@@ -39,14 +39,28 @@ def test_a_watch_counts_full_collections_and_their_pauses_only():
         assert watch.full_collections == 2
         assert watch.pause_s > 0 and 0 < watch.longest_s <= watch.pause_s
         status = watch.status()
-        assert status["gc_full_collections"] == 2
+        assert status["gc_full_collections"] == status["gc_full_collections_total"] == 2
         assert status["gc_longest_pause_ms"] == pytest.approx(1e3 * watch.longest_s)
+        watch.mark()  # (a server's start-up over): the status counts from here, the totals go on
+        status = watch.status()
+        assert (status["gc_full_collections"], status["gc_pause_s"], status["gc_longest_pause_ms"]) == (0, 0.0, 0.0)
+        gc.collect()
+        status = watch.status()
+        assert status["gc_full_collections"] == 1 and status["gc_full_collections_total"] == 3
+        assert 0 < status["gc_pause_s"] < status["gc_pause_total_s"]
     finally:
         watch.close()
-    watch.reset()
-    assert (watch.full_collections, watch.pause_s, watch.longest_s) == (0, 0.0, 0.0)
     gc.collect()
-    assert watch.full_collections == 0  # closed: no longer counting
+    assert watch.full_collections == 3  # closed: no longer counting
+
+
+def test_a_watch_made_during_a_collection_ignores_its_stop():
+    watch = collector.Watch()
+    try:
+        watch._on_gc("stop", {"generation": 2, "collected": 0})  # the stop of a collection it never saw start
+        assert watch.full_collections == 0 and watch.pause_s == 0.0
+    finally:
+        watch.close()
 
 
 def test_freeze_collects_the_garbage_first_then_keeps_every_live_object_out_of_collections(unfrozen):
@@ -56,11 +70,13 @@ def test_freeze_collects_the_garbage_first_then_keeps_every_live_object_out_of_c
     del a, b
     kept = [_Node() for _ in range(20_000)]  # live, tracked
     before = _tracked()
-    frozen = collector.freeze()
+    frozen, took = collector.freeze()
     assert dead() is None  # collected, not frozen
     assert frozen == gc.get_freeze_count() >= len(kept)
     assert _tracked() <= before - len(kept)  # a full collection no longer walks them
-    assert collector.watch().status()["gc_frozen_objects"] == frozen
+    status = collector.watch().status()
+    assert status["gc_frozen_objects"] == frozen and took > 0
+    assert status["gc_freeze_collect_ms"] == pytest.approx(1e3 * took)
     new = [_Node() for _ in range(1000)]
     assert _tracked() >= len(new)  # what is made after the freeze is collected as ever
     assert len(kept) == 20_000
@@ -80,7 +96,7 @@ def test_servers_freeze_their_start_up_unless_told_not_to(make_cluster):
     frozen = _gc_status(make_cluster(servers=3, strategy="ecrec", k=2, m=1))
     for status in frozen:
         # the imports, kernels and strategy of a server: tens of thousands of objects no collection walks again
-        assert status["gc_frozen_objects"] > 20_000, status
+        assert status["gc_frozen_objects"] > 20_000 and status["gc_freeze_collect_ms"] > 0, status
         assert status["gc_full_collections"] >= 0 and status["gc_pause_s"] >= 0  # counted from the start-up's end
     kept = _gc_status(make_cluster(servers=3, strategy="ecrec", k=2, m=1, server_options={"no_gc_freeze": True}))
     for status in kept:
@@ -90,8 +106,17 @@ def test_servers_freeze_their_start_up_unless_told_not_to(make_cluster):
 def test_a_server_setting_of_the_profile_is_checked_against_the_servers_settings():
     from ecrec.bench.profile_runs import server_options
 
-    assert server_options(["no_gc_freeze=true", "rpc_timeout_s=3"]) == {"no_gc_freeze": True, "rpc_timeout_s": 3.0}
-    assert server_options(["no_gc_freeze=0"]) == {"no_gc_freeze": False}
+    options = server_options(["no_gc_freeze=true", "rpc_timeout_s=3"])
+    assert options == {"no_gc_freeze": True, "rpc_timeout_s": 3.0} and type(options["rpc_timeout_s"]) is float
+    assert server_options(["no_gc_freeze=1"]) == {"no_gc_freeze": True}
     assert np.isclose(server_options(["map_refresh_interval_s=0.5"])["map_refresh_interval_s"], 0.5)
+    assert server_options(["no_gc_freeze=false", "rpc_timeout_s=10"]) == {}  # the defaults: nothing to set
     with pytest.raises(ValueError, match="no such server setting"):
         server_options(["gc=off"])
+    for managed in ("port=7000", "standby=true", "want_index=0", "metrics_port=9100", "host=0.0.0.0"):
+        with pytest.raises(ValueError, match="sets it for each server itself"):
+            server_options([managed])
+    with pytest.raises(ValueError, match="expected an integer"):
+        server_options(["max_workers=many"])
+    with pytest.raises(ValueError, match="rpc_timeout_s"):
+        server_options(["rpc_timeout_s=-1"])  # as the server would refuse it

@@ -150,6 +150,10 @@ def test_profile_one_server_setting_against_another(tmp_path, capsys):
     assert "server_options" not in doc and "--against-server-option no_gc_freeze=true" in doc["flags"]
     for name, run in doc["runs"].items():
         assert run["servers_per_step"]["gc:full_collections"] >= 0 and run["servers_per_step"]["gc:pause_s"] >= 0
+        frozen = [s["gc_frozen_objects"] for s in run["servers_gc"].values()]
+        assert len(frozen) == 3, name
+        # the setting reached the baseline's servers only: theirs froze nothing, the profiled ones their start-up
+        assert all(n == 0 for n in frozen) if name == doc["against"] else all(n > 20_000 for n in frozen), name
     assert doc["added"]["gc_pause_ms_per_step"] >= 0 and doc["added"]["base_gc_full_collections_per_step"] >= 0
     assert "servers' full garbage collections" in capsys.readouterr().out
 

@@ -92,7 +92,7 @@ def test_small_recovery_of_every_strategy(tmp_path, capsys):
         assert row["model_bytes"] == 2 * 30000 * row_bytes
         assert row["memory_gb_per_model_gb"] > 0
         # every server's full garbage collections since it started serving (the replacement's since its own start),
-        # with its start-up's objects frozen out of them (ecrec.ops.collector)
+        # with its start-up's objects frozen out of them (ecrec.server.collector)
         assert sorted(row["server_gc"]) == ["0", "1", "2", "3"], name
         for gc_status in row["server_gc"].values():
             assert gc_status["gc_frozen_objects"] > 20_000 and gc_status["gc_full_collections"] >= 0, name

@@ -140,7 +140,7 @@ def _server_counters(cluster) -> dict[str, float]:
         items = [(f"thread:{k}", v) for k, v in server.get("threads_cpu_s", {}).items()]
         items += [(f"handler:{k}", v) for k, v in server.get("cpu_seconds", {}).items()]
         items += [(f"rows:{k}", v) for k, v in server.get("rows", {}).items()]
-        items += [("gc:full_collections", server.get("gc_full_collections", 0)),  # (ecrec.ops.collector)
+        items += [("gc:full_collections", server.get("gc_full_collections", 0)),  # (ecrec.server.collector)
                   ("gc:pause_s", server.get("gc_pause_s", 0.0))]
         items += [(f"strategy:{k}", v) for k, v in stats.items() if isinstance(v, (int, float))
                   and not isinstance(v, bool) and (k.endswith("_cpu_s") or k in COUNTED)]
@@ -239,13 +239,19 @@ def _slice(work, pids: list[int], seconds: float) -> dict:
             "counters": counters}
 
 
-def _worker_gc() -> dict[str, float]:
-    """This process's (the worker's) full garbage collections so far and the time they held it (``worker_gc:*``:
-    reported beside the servers' counters)."""
-    from ecrec.ops import collector
+def _servers_gc(cluster) -> dict:
+    """Each server's objects frozen out of garbage collections (0: ``--no-gc-freeze``) and the full collection
+    over them before (``ecrec.server.collector``), by index."""
+    return {str(i): {k: stats.get("server", {}).get(k) for k in ("gc_frozen_objects", "gc_freeze_collect_ms")}
+            for i, stats in sorted(cluster.strategy_call("stats").items())}
 
-    w = collector.watch()
-    return {"worker_gc:full_collections": float(w.full_collections), "worker_gc:pause_s": w.pause_s}
+
+def _worker_gc() -> dict[str, float]:
+    """This process's (the worker's) full garbage collections so far (``worker_gc:*``: reported beside the servers'
+    counters)."""
+    import gc
+
+    return {"worker_gc:full_collections": float(gc.get_stats()[2]["collections"])}
 
 
 def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: str | None = None) -> dict:
@@ -265,8 +271,9 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: s
             "cpu_ms_per_step": cpu,
             "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
             "step_times": profile_runs.step_records(records),
+            "servers_gc": _servers_gc(work.cluster),
             "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s, ms for gc:pause_s; counts for the "
-                     "rest",
+                     "rest (worker_gc:*: the worker's, this process's)",
             "sampled": {}}
 
 

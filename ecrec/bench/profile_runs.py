@@ -139,11 +139,17 @@ def _options(items) -> dict[str, str]:
 
 
 def server_options(items, flag: str = "--server-option") -> dict:
-    """``flag KEY=VALUE`` items as ``ServerConfig`` field -> value (``true``/``false`` for a switch); raises
-    ValueError naming an unknown field or a value of the wrong kind."""
-    from ecrec.config import ServerConfig, cli_fields
+    """``flag KEY=VALUE`` items as ``ServerConfig`` field -> value (``true``/``false`` for a switch), those equal
+    to the default left out; raises ValueError naming an unknown field, a setting the local cluster gives each
+    server itself (its coordinator, address, port, index, role, security), a value of the wrong kind or one the
+    server would refuse."""
+    import dataclasses
+
+    from ecrec.config import EtcdClientOptions, SecurityOptions, ServerConfig, _field_type, cli_fields
 
     fields = {f.name: f for f in cli_fields(ServerConfig)}
+    managed = {"coordinator", "host", "advertise_host", "port", "device", "standby", "want_index", "metrics_port"}
+    managed |= {f.name for cls in (SecurityOptions, EtcdClientOptions) for f in dataclasses.fields(cls)}
     for item in items or []:
         if "=" not in item:
             raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
@@ -153,18 +159,27 @@ def server_options(items, flag: str = "--server-option") -> dict:
         if f is None:
             raise ValueError(f"{flag} {key}: no such server setting (ecrec-server serve --help lists them; "
                              "write the flag's name with underscores, e.g. no_gc_freeze=true)")
-        kind = f.type if isinstance(f.type, type) else type(f.default)
+        if key in managed:
+            raise ValueError(f"{flag} {key}: the local cluster sets it for each server itself")
+        kind = _field_type(ServerConfig, f)
         if kind is bool:
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(f"{flag} {key}={value}: expected true or false")
-            out[key] = value.lower() in ("true", "1", "yes")
+            parsed = value.lower() in ("true", "1", "yes")
         elif kind in (int, float):
             try:
-                out[key] = kind(value)
+                parsed = kind(value)
             except ValueError:
-                raise ValueError(f"{flag} {key}={value}: expected a number") from None
+                raise ValueError(f"{flag} {key}={value}: expected {'an integer' if kind is int else 'a number'}") \
+                    from None
         else:
-            out[key] = value
+            parsed = value
+        if parsed != f.default:
+            out[key] = parsed
+    try:  # what the server would refuse at its start, said now
+        ServerConfig(coordinator="127.0.0.1:1", **out)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{flag}: {exc}") from None
     return out
 
 
@@ -245,9 +260,7 @@ def added_by(base: dict, run: dict) -> dict:
             "gc_pause_ms_per_step": rs.get("gc:pause_s", 0.0), "base_gc_pause_ms_per_step": bs.get("gc:pause_s", 0.0),
             # and the worker's (this process: one worker trains both clusters, in turn)
             "worker_gc_full_collections_per_step": rs.get("worker_gc:full_collections", 0.0),
-            "base_worker_gc_full_collections_per_step": bs.get("worker_gc:full_collections", 0.0),
-            "worker_gc_pause_ms_per_step": rs.get("worker_gc:pause_s", 0.0),
-            "base_worker_gc_pause_ms_per_step": bs.get("worker_gc:pause_s", 0.0)}
+            "base_worker_gc_full_collections_per_step": bs.get("worker_gc:full_collections", 0.0)}
 
 
 def print_added(added: dict, base: str, strategy: str) -> None:
@@ -261,10 +274,8 @@ def print_added(added: dict, base: str, strategy: str) -> None:
     print(f"  servers' full garbage collections: {added['gc_full_collections_per_step'] * 1e3:.2f} per 1000 steps, "
           f"holding them {added['gc_pause_ms_per_step']:.3f} ms per step ({base}: "
           f"{added['base_gc_full_collections_per_step'] * 1e3:.2f}, {added['base_gc_pause_ms_per_step']:.3f} ms); the "
-          f"worker's: {added['worker_gc_full_collections_per_step'] * 1e3:.2f} per 1000 steps, "
-          f"{added['worker_gc_pause_ms_per_step']:.3f} ms per step ({base}: "
-          f"{added['base_worker_gc_full_collections_per_step'] * 1e3:.2f}, "
-          f"{added['base_worker_gc_pause_ms_per_step']:.3f} ms)")
+          f"worker's: {added['worker_gc_full_collections_per_step'] * 1e3:.2f} per 1000 steps ({base}: "
+          f"{added['base_worker_gc_full_collections_per_step'] * 1e3:.2f})")
     print("  per row update, by part (us):  " + "  ".join(f"{name} {us:.3f}"
                                                           for name, us in added["parts_us_per_row_update"].items()))
     print("  per row update, by place (us): " + "  ".join(f"{place.split(':', 1)[1]} {us:+.3f}"

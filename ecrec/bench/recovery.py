@@ -254,9 +254,10 @@ def _wait_event(local, kind: str, index: int, since: float, timeout_s: float) ->
 
 
 def server_gc(cluster) -> dict:
-    """Each server's full garbage collections since it started serving, and the longest (``ecrec.ops.collector``;
-    a replacement's since its own start), by index."""
-    keys = ("gc_full_collections", "gc_pause_s", "gc_longest_pause_ms", "gc_frozen_objects")
+    """Each server's full garbage collections since it started serving, and the longest (``ecrec.server.collector``;
+    a replacement's since its own start), its objects frozen out of them and the full collection over those
+    before, by index."""
+    keys = ("gc_full_collections", "gc_pause_s", "gc_longest_pause_ms", "gc_frozen_objects", "gc_freeze_collect_ms")
     return {str(i): {k: stats.get("server", {}).get(k) for k in keys}
             for i, stats in sorted(cluster.strategy_call("stats").items())}
 

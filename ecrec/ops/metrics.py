@@ -132,12 +132,12 @@ class ServerCollector:
         yield GaugeMetricFamily("ecrec_server_standby_reserve_bytes", "table memory a standby holds ready for its "
                                 "promotion (ecrec.server.reserve)", value=status["standby_reserve_bytes"])
         yield CounterMetricFamily("ecrec_server_gc_full_collections", "Python's full garbage collections in this "
-                                  "process (each holds the interpreter: ecrec.ops.collector)",
-                                  value=status["gc_full_collections"])
+                                  "process (each holds the interpreter: ecrec.server.collector)",
+                                  value=status["gc_full_collections_total"])
         yield CounterMetricFamily("ecrec_server_gc_pause_seconds", "time held by full garbage collections",
-                                  value=status["gc_pause_s"])
-        yield GaugeMetricFamily("ecrec_server_gc_longest_pause_seconds", "the longest full garbage collection",
-                                value=status["gc_longest_pause_ms"] / 1e3)
+                                  value=status["gc_pause_total_s"])
+        yield GaugeMetricFamily("ecrec_server_gc_longest_pause_seconds", "the longest full garbage collection since "
+                                "the server started serving", value=status["gc_longest_pause_ms"] / 1e3)
         yield GaugeMetricFamily("ecrec_server_lease_remaining_seconds",
                                 "seconds left of this server's lease from the coordinator (0: none; it stops serving)",
                                 value=status["lease_remaining_s"])

@@ -22,7 +22,7 @@ from ecrec.control.etcd import EtcdTLS
 from ecrec.control.etcd_lease import EtcdLease
 from ecrec.control.lease import CoordinatorLease, LeaseKeeper, Renewal
 from ecrec.net import transport
-from ecrec.ops import collector
+import ecrec.server.collector as collector
 from ecrec.server.service import EmbeddingServicer
 from ecrec.server.state import ServerState
 from ecrec.snapshot import bulk as snapshot_bulk
@@ -109,9 +109,10 @@ class EmbeddingServer:
         log.info("kernels warm in %.2f s", time.perf_counter() - started)
         self._first_map(deadline)
         if not self.config.no_gc_freeze:  # the start-up's objects (imports, kernels, the strategy) out of every
-            frozen = collector.freeze()  # later full collection (which walked them for 80-200 ms)
-            log.info("%d objects of the start-up kept out of garbage collections", frozen)
-        collector.watch().reset()  # full collections counted from here: while serving
+            frozen, took = collector.freeze()  # later full collection
+            log.info("%d objects of the start-up kept out of garbage collections (a full collection over them took "
+                     "%.0f ms)", frozen, 1e3 * took)
+        collector.watch().mark()  # the status counts full collections from here: while serving
         if self.state.map is not None and self.state.map.lease_store:
             files, shared = self.config.etcd_tls_files()
             tls = EtcdTLS(*files) if files else None

@@ -23,7 +23,7 @@ from ecrec.control.lease import ServingLease
 from ecrec.net import transport
 from ecrec.net.peers import CoordinatorClient, Peers
 from ecrec.net.seal import Sealer
-from ecrec.ops import collector
+import ecrec.server.collector as collector
 from ecrec.server.applied import AppliedPushes, PushSequencer
 from ecrec.server.cut import PushHold, ServerCuts
 from ecrec.server.counters import HandlerCounters
