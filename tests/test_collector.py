@@ -72,7 +72,8 @@ def test_freeze_collects_the_garbage_first_then_keeps_every_live_object_out_of_c
     before = _tracked()
     frozen, took = collector.freeze()
     assert dead() is None  # collected, not frozen
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # (a frozen object that dies later still leaves: the count can only fall from what the freeze reported)
+    assert frozen >= gc.get_freeze_count() >= len(kept)
     assert _tracked() <= before - len(kept)  # a full collection no longer walks them
     status = collector.watch().status()
     assert status["gc_frozen_objects"] == frozen and took > 0

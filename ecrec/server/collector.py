@@ -44,7 +44,7 @@ class Watch:
         self._totals = (0, 0.0, 0.0)  # full collections, their pauses, the longest
         self._mark = (0, 0.0)  # the totals' first two at mark()
         self._longest_since_mark = 0.0
-        self.frozen = 0  # objects frozen by freeze() (0: none)
+        self.frozen = 0  # objects freeze() froze, counted then (0: none; those that die later leave the count)
         self.freeze_collect_s = 0.0  # the full collection freeze() made over them
         gc.callbacks.append(self._on_gc)
 
