@@ -239,13 +239,6 @@ def _slice(work, pids: list[int], seconds: float) -> dict:
             "counters": counters}
 
 
-def _servers_gc(cluster) -> dict:
-    """Each server's objects frozen out of garbage collections (0: ``--no-gc-freeze``) and the full collection
-    over them before (``ecrec.server.collector``), by index."""
-    return {str(i): {k: stats.get("server", {}).get(k) for k in ("gc_frozen_objects", "gc_freeze_collect_ms")}
-            for i, stats in sorted(cluster.strategy_call("stats").items())}
-
-
 def _worker_gc() -> dict[str, float]:
     """This process's (the worker's) full garbage collections so far (``worker_gc:*``: reported beside the servers'
     counters)."""
@@ -264,6 +257,8 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: s
     cpu = {part: 1e3 * sum(s["cpu_s"][part] for s in slices) / n for part in ("worker", "servers", "coordinator")}
     keys = sorted({k for s in slices for k in s["counters"]})
     per_step = {k: sum(s["counters"].get(k, 0.0) for s in slices) / n for k in keys}
+    from ecrec.bench.recovery import server_gc
+
     named = {"name": name} if name and name != strategy else {}
     return {"strategy": strategy, **named, "servers": args.servers, "k": args.k, "m": args.m, "steps": len(records),
             "elapsed_s": elapsed, "load_average_before": list(loads[0]), "load_average_after": list(loads[1]),
@@ -271,7 +266,7 @@ def _report(strategy: str, args, work, slices: list[dict], loads: tuple, name: s
             "cpu_ms_per_step": cpu,
             "servers_per_step": {k: (1e3 * v if _cpu_like(k) else v) for k, v in per_step.items()},
             "step_times": profile_runs.step_records(records),
-            "servers_gc": _servers_gc(work.cluster),
+            "servers_gc": server_gc(work.cluster),
             "units": "servers_per_step: CPU ms for thread:*, handler:* and *_cpu_s, ms for gc:pause_s; counts for the "
                      "rest (worker_gc:*: the worker's, this process's)",
             "sampled": {}}
