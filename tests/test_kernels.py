@@ -99,6 +99,40 @@ def test_cpu_kernel_duplicates_and_cancellation(name):
     assert np.array_equal(parity, before)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 300])
+@pytest.mark.parametrize("width", [16, 128, 512, 2048])
+def test_the_fused_versioned_loop_keeps_its_contract_around_its_prefetch_distance(rows, width):
+    """The ISA-L loops fetch the parity row ``PREFETCH_ROWS`` ahead: batches shorter, as long and longer than that,
+    over rows wider and narrower than what is fetched, with repeated rows, rows not built and stale versions, come
+    out as the contract says, row after row (``KernelBackend.apply_versioned``)."""
+    from ecrec.coding.kernels import isal_loops
+
+    assert isal_loops.PREFETCHES  # here the loops do prefetch: a numba that cannot would log it and lose the speed
+    rng = np.random.default_rng(rows * 10_000 + width)
+    impl = get_kernel("isal")
+    k, arena = 3, 40
+    parity = rng.integers(0, 256, (arena, width), dtype=np.uint8)
+    versions = rng.integers(0, 5, (arena, k)).astype(np.int64)
+    built = rng.random(arena) > 0.2
+    slots = rng.integers(0, arena, rows).astype(np.int64)  # repeats likely
+    positions = rng.integers(0, k, rows).astype(np.int64)
+    seqs = np.arange(1, rows + 1, dtype=np.int64) + rng.integers(0, 3, rows)  # increasing: a later push, later
+    seqs[rng.random(rows) < 0.2] = 2  # and some stale ones
+    coeff_row = np.array([1, 0x8E, 0], dtype=np.uint8)  # a plain XOR, a multiply, and a zero coefficient
+    delta = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+    expect, expect_versions = parity.copy(), versions.copy()
+    mul = gf_mul_table()
+    applied = 0
+    for r in range(rows):  # the contract, row after row
+        s, p = slots[r], positions[r]
+        if built[s] and seqs[r] > expect_versions[s, p]:
+            expect_versions[s, p] = seqs[r]
+            expect[s] ^= mul[coeff_row[p]][delta[r]]
+            applied += 1
+    assert impl.apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs) == applied
+    assert np.array_equal(parity, expect) and np.array_equal(versions, expect_versions)
+
+
 @pytest.mark.parametrize("name", CPU_KERNELS)
 def test_cpu_kernel_empty_batches(name):
     kernel = get_kernel(name)

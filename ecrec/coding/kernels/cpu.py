@@ -28,7 +28,8 @@ GB/s of delta bytes applied ("-": not measured):
     numpy 256-byte table       -      -      -     0.3     -      0.3
 
 Small rows at random slots are bound by cache misses on the parity rows (64-byte rows
-at sequential slots run at 3 GB/s through ISA-L).  Hence ISA-L when it is there
+at sequential slots run at 3 GB/s through ISA-L), so ISA-L's row loops fetch each parity
+row a few rows before they update it (``isal_loops``).  Hence ISA-L when it is there
 (``gf_vect_mad`` for rows >= 64 bytes, ``ec_encode_data_update`` below), otherwise
 32-bit-word numba (as fast as 64-bit without shifts, and needs only 4-byte alignment).
 """
@@ -323,8 +324,11 @@ class IsalKernel(KernelBackend):
 
     @property
     def description(self) -> str:
+        from ecrec.coding.kernels import isal_loops
+
         how = "gf_vect_mad" if self._isal.use_mad else "ec_encode_data_update"
-        return f"isal ({how}, {Path(self._isal.path).name})"
+        fetch = ", parity rows prefetched" if isal_loops.PREFETCHES else ""
+        return f"isal ({how}, {Path(self._isal.path).name}{fetch})"
 
     def _apply(self, parity, slots, coeffs, delta) -> None:
         self._isal.apply(parity, slots, coeffs, delta)
