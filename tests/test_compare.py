@@ -398,6 +398,15 @@ def test_fairness_argument_errors_start_nothing(argv, message, monkeypatch, caps
     assert message in capsys.readouterr().err
 
 
+def test_a_range_of_negative_figures_reads_as_two_numbers():
+    """The reports' ranges: ``[low, high]``, not ``low-high`` (which printed a run that gained time as
+    ``-0.01--0.01``)."""
+    from ecrec.bench.table import span
+
+    assert span("{:.2f}")((-0.37, -0.01)) == "[-0.37, -0.01]"
+    assert span("{:.3f}")((0.4, 0.5)) == "[0.400, 0.500]"
+
+
 def test_failures_are_summarized_as_mean_and_range():
     """Two failures of a rollback strategy: per-failure lost training time, their mean and range."""
     # rate 10 samples / 0.1 s; kill 1 at 0.5 (step 5 stalls 0.3 s, rolled back to step 3; 3, 4 replayed);

@@ -20,8 +20,9 @@ def megabytes(spec: str) -> Callable:
 
 
 def span(spec: str) -> Callable:
-    """A format for a ``(low, high)`` pair, each with ``spec``: ``low-high``."""
-    return lambda v: f"{spec.format(v[0])}-{spec.format(v[1])}"
+    """A format for a ``(low, high)`` pair, each with ``spec``: ``[low, high]`` (a dash would read as a minus sign
+    next to a negative figure: ``-0.37--0.37``)."""
+    return lambda v: f"[{spec.format(v[0])}, {spec.format(v[1])}]"
 
 
 def print_rows(rows: list[dict], columns, stream=None, cell_of: Callable | None = None) -> None:
