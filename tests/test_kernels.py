@@ -351,6 +351,39 @@ def test_cpu_kernel_falls_back_to_numba_without_isal(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_isal_loops_do_without_prefetching_where_llvm_will_not_take_it(tmp_path):
+    """Where this numba's LLVM cannot emit ``llvm.prefetch`` (simulated: declaring it raises), the ISA-L loops compile
+    without it, say so, and give the same results (a fresh process, with an empty numba cache: nothing compiled
+    with the hint is loaded instead)."""
+    import os
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    code = (
+        "from llvmlite import ir\n"
+        "declare = ir.Module.declare_intrinsic\n"
+        "def refuse(self, name, *args, **kwargs):\n"
+        "    if name == 'llvm.prefetch':\n"
+        "        raise NotImplementedError('no llvm.prefetch here')\n"
+        "    return declare(self, name, *args, **kwargs)\n"
+        "ir.Module.declare_intrinsic = refuse\n"
+        "import numpy as np\n"
+        "from ecrec.coding.kernels import get_kernel, gf_mul_table, isal_loops\n"
+        "assert not isal_loops.PREFETCHES\n"
+        "k = get_kernel('cpu'); print(k.description)\n"
+        "rng = np.random.default_rng(1); p = rng.integers(0, 256, (5, 64), dtype=np.uint8); e = p.copy()\n"
+        "d = rng.integers(0, 256, (20, 64), dtype=np.uint8); s = rng.integers(0, 5, 20); c = rng.integers(0, 256, 20)\n"
+        "k.apply_delta_batch(p, s, c.astype(np.uint8), d)\n"
+        "m = gf_mul_table()\n"
+        "for r in range(20): e[s[r]] ^= m[c[r]][d[r]]\n"
+        "assert (p == e).all()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().startswith("cpu: isal (gf_vect_mad") and "prefetched" not in proc.stdout
+    assert "compile without prefetching" in proc.stderr  # logged at warning level: the speed lost is said
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(gpu_mod.probe()[0], reason="a GPU works here: scripts/gpu_check.sh runs the GPU tests")
 def test_gpu_check_without_a_gpu_fails_and_says_why(tmp_path):
     """The prepared GPU check must not pass on a machine where nothing on the GPU path ran."""
