@@ -5,6 +5,7 @@ GPU tests are marked ``gpu`` and skip unless cupy imports and a CUDA device is u
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import subprocess
@@ -99,38 +100,69 @@ def test_cpu_kernel_duplicates_and_cancellation(name):
     assert np.array_equal(parity, before)
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 300])
-@pytest.mark.parametrize("width", [16, 128, 512, 2048])
-def test_the_fused_versioned_loop_keeps_its_contract_around_its_prefetch_distance(rows, width):
-    """The ISA-L loops fetch the parity row ``PREFETCH_ROWS`` ahead: batches shorter, as long and longer than that,
-    over rows wider and narrower than what is fetched, with repeated rows, rows not built and stale versions, come
-    out as the contract says, row after row (``KernelBackend.apply_versioned``)."""
+@functools.lru_cache(maxsize=1)
+def _checked_isal_loops():
+    """The ISA-L loops as servers run them, compiled again with bounds checks (not cached): an index past a batch's
+    end -- a prefetch one row too far -- raises ``IndexError`` here instead of reading whatever lies there."""
+    from numba import njit
+
     from ecrec.coding.kernels import isal_loops
 
-    assert isal_loops.PREFETCHES  # here the loops do prefetch: a numba that cannot would log it and lose the speed
+    checked = dict(nogil=True, boundscheck=True, cache=False)
+    return njit(**checked)(isal_loops._loop), njit(**checked)(isal_loops._versioned)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 16, 17, 300])
+@pytest.mark.parametrize("width", [16, 100, 512, 2048])
+def test_the_isal_loops_keep_their_contract_around_their_prefetch_distance(rows, width):
+    """The ISA-L loops fetch the parity row ``PREFETCH_ROWS`` ahead: batches shorter, as long and longer than that,
+    over rows wider and narrower than what is fetched (and not starting at a cache line), with repeated rows (later
+    pushes later, as the contract has them), rows not built and versions already held, come out as
+    ``KernelBackend.apply_versioned``'s contract says, row after row; and no loop reads past a batch's end (the same
+    loops with bounds checks)."""
+    from ecrec.coding.kernels import isal_loops
+    from ecrec.coding.kernels.cpu import _load_isal
+
     rng = np.random.default_rng(rows * 10_000 + width)
-    impl = get_kernel("isal")
     k, arena = 3, 40
     parity = rng.integers(0, 256, (arena, width), dtype=np.uint8)
-    versions = rng.integers(0, 5, (arena, k)).astype(np.int64)
+    versions = rng.integers(0, 6, (arena, k)).astype(np.int64)
     built = rng.random(arena) > 0.2
     slots = rng.integers(0, arena, rows).astype(np.int64)  # repeats likely
     positions = rng.integers(0, k, rows).astype(np.int64)
-    seqs = np.arange(1, rows + 1, dtype=np.int64) + rng.integers(0, 3, rows)  # increasing: a later push, later
-    seqs[rng.random(rows) < 0.2] = 2  # and some stale ones
+    seqs = np.cumsum(rng.integers(1, 3, rows)).astype(np.int64)  # increasing; the first ones below some versions
     coeff_row = np.array([1, 0x8E, 0], dtype=np.uint8)  # a plain XOR, a multiply, and a zero coefficient
     delta = rng.integers(0, 256, (rows, width), dtype=np.uint8)
-    expect, expect_versions = parity.copy(), versions.copy()
+    expect, expect_versions, applied = parity.copy(), versions.copy(), 0
     mul = gf_mul_table()
-    applied = 0
     for r in range(rows):  # the contract, row after row
         s, p = slots[r], positions[r]
         if built[s] and seqs[r] > expect_versions[s, p]:
             expect_versions[s, p] = seqs[r]
             expect[s] ^= mul[coeff_row[p]][delta[r]]
             applied += 1
-    assert impl.apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs) == applied
+    generic_parity, generic_versions = parity.copy(), versions.copy()
+    assert KernelBackend.apply_versioned(get_kernel("numpy"), generic_parity, slots, positions, coeff_row, delta,
+                                         generic_versions, built, seqs) == applied  # the generic path agrees
+    assert np.array_equal(generic_parity, expect) and np.array_equal(generic_versions, expect_versions)
+    checked_parity, checked_versions = parity.copy(), versions.copy()
+    isal = get_kernel("isal")
+    assert isal.apply_versioned(parity, slots, positions, coeff_row, delta, versions, built, seqs) == applied
     assert np.array_equal(parity, expect) and np.array_equal(versions, expect_versions)
+
+    loop, versioned = _checked_isal_loops()
+    lib = _load_isal()
+    parity2, versions2 = checked_parity, checked_versions
+    args = (*lib._entry, parity2.ctypes.data, parity2.strides[0], delta.ctypes.data, delta.strides[0])
+    assert versioned(*args, slots, positions, coeff_row, versions2.reshape(-1), built, seqs, k,
+                     lib.tables.ctypes.data, width, 64) == applied
+    assert np.array_equal(parity2, expect) and np.array_equal(versions2, expect_versions)
+    plain = rng.integers(0, 256, (arena, width), dtype=np.uint8)
+    plain_expect = reference(plain, slots, coeff_row[positions], delta)
+    loop(*lib._entry, plain.ctypes.data, plain.strides[0], delta.ctypes.data, delta.strides[0], slots,
+         coeff_row[positions], lib.tables.ctypes.data, width, 64)
+    assert np.array_equal(plain, plain_expect)
+    assert isal_loops.PREFETCH_ROWS == 8  # the distance these batch sizes are chosen around
 
 
 @pytest.mark.parametrize("name", CPU_KERNELS)

@@ -250,7 +250,7 @@ def _rows(report: dict) -> dict:
 
 def _lost(row: dict) -> str:
     lo, hi = row["lost_training_s_range"]
-    return f"{row['lost_training_s']:.2f} s ({lo:.2f}-{hi:.2f})"
+    return f"{row['lost_training_s']:.2f} s [{lo:.2f}, {hi:.2f}]"
 
 
 def _cost(report: dict, hours: float) -> dict:
@@ -354,7 +354,7 @@ def section_compare_realistic(files: _Files) -> list[str]:
             f"{oc['load_average_before'][0]:.2f} before): "
             + ", ".join(f"`{s}` {_pct(orows[s]['overhead_vs_none'])} / {_pct(orows[s]['cpu_overhead_vs_none'])} CPU"
                         for s in ("full", "cpr", "cpr-mfu", "cpr-ssu"))
-            + f"; `cpr*`'s lost training {min(olost):.2f}-{max(olost):.2f} s per failure, counted without the lost "
+            + f"; `cpr*`'s lost training [{min(olost):.2f}, {max(olost):.2f}] s per failure, counted without the lost "
               "samples. Its table:")
         from ecrec.bench import compare_report
 

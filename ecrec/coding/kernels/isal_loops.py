@@ -25,7 +25,7 @@ log = logging.getLogger("ecrec.kernels")
 #: bytes of one coefficient's ISA-L table (``ec_init_tables`` with k = rows = 1)
 TABLE_BYTES = 32
 #: how many rows ahead the loops fetch the parity row they will update (8: 1.24x the deltas applied per second at
-#: random slots, docs/results/apply-prefetch; 4 and 16 did about the same in a first trial)
+#: random slots of 512-byte rows, docs/results/apply-prefetch)
 PREFETCH_ROWS = 8
 #: and how much of it: its first cache lines (the hardware's own prefetcher follows a longer row)
 PREFETCH_BYTES = 1024
@@ -56,9 +56,13 @@ def _prefetch(typingctx, address):  # pragma: no cover - numba
 
 @njit(nogil=True, boundscheck=False, inline="always")
 def _fetch_row(address, width):  # pragma: no cover - numba
-    """Prefetches the first ``PREFETCH_BYTES`` of the row at ``address``."""
-    for offset in range(0, min(width, PREFETCH_BYTES), LINE):
-        _prefetch(address + offset)
+    """Prefetches the cache lines of the first ``PREFETCH_BYTES`` of the row at ``address`` (a row need not start
+    at a line: every line it touches there)."""
+    line = address - address % LINE
+    end = address + min(width, PREFETCH_BYTES)
+    while line < end:
+        _prefetch(line)
+        line += LINE
 
 
 @intrinsic
@@ -132,6 +136,8 @@ def _versioned(mad, update, p_addr, p_stride, d_addr, d_stride, slots, positions
     v_addr, b_addr = vflat.ctypes.data, built.ctypes.data
     for r in range(min(n, PREFETCH_ROWS)):
         _fetch_row(p_addr + slots[r] * p_stride, width)
+        _prefetch(v_addr + (slots[r] * k + positions[r]) * 8)
+        _prefetch(b_addr + slots[r])
     for r in range(n):
         if r + PREFETCH_ROWS < n:  # this row's parity, version and built flag on their way by then
             ahead = slots[r + PREFETCH_ROWS]
@@ -154,16 +160,17 @@ def _versioned(mad, update, p_addr, p_stride, d_addr, d_stride, slots, positions
     return applied
 
 
-def _compile():
+def _compile(cache: bool = True):
     """Both loops, compiled eagerly (explicit signatures; loaded from numba's cache when there): never inside a
-    first request."""
+    first request.  The cache is keyed by the code, not by :data:`PREFETCHES`: loops built without the hint are
+    never cached (``cache=False``), so none is ever loaded where the hint compiles."""
     ip = types.intp
     loop_signature = types.void(ip, ip, ip, ip, ip, ip, _ro(types.int64), _ro(types.uint8), ip, ip, ip)
     versioned_signature = types.int64(ip, ip, ip, ip, ip, ip, _ro(types.int64), _ro(types.int64), _ro(types.uint8),
                                       types.Array(types.int64, 1, "C"), types.Array(types.boolean, 1, "C"),
                                       _ro(types.int64), ip, ip, ip, ip)
-    return (njit(loop_signature, cache=True, nogil=True, boundscheck=False)(_loop),
-            njit(versioned_signature, cache=True, nogil=True, boundscheck=False)(_versioned))
+    return (njit(loop_signature, cache=cache, nogil=True, boundscheck=False)(_loop),
+            njit(versioned_signature, cache=cache, nogil=True, boundscheck=False)(_versioned))
 
 
 try:
@@ -171,4 +178,4 @@ try:
 except Exception as exc:  # noqa: BLE001 - an LLVM that will not take the hint: the same loops without it
     log.warning("the ISA-L loops compile without prefetching (%s)", exc)
     PREFETCHES = False
-    loop, versioned = _compile()
+    loop, versioned = _compile(cache=False)
