@@ -112,6 +112,62 @@ def apply_batch(stores, destination: int, batch: parity_pb2.ParityBatch):
     return results
 
 
+def _place_reference(local, counts, offsets, limits, positions, k, slot_to_stripe):
+    """``place_rows``'s contract in plain Python: the arena slots, and how many rows passed before the first bad one
+    (-1 when the counts do not add up to the rows)."""
+    out, r = [], 0
+    for t, count in enumerate(counts):
+        for _ in range(count):
+            if r >= len(local):
+                return out, -1
+            s, p = int(local[r]), int(positions[r])
+            if not (0 <= s < limits[t] and 0 <= p < k) or slot_to_stripe[s + offsets[t]] < 0:
+                return out, r
+            out.append(s + offsets[t])
+            r += 1
+    return out, (len(local) if r == len(local) else -1)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 40])
+def test_the_placement_check_finds_the_first_bad_row_around_its_fetch_distance(rows):
+    """The check fetches the entry ``FETCH_ROWS`` rows ahead (from a slot nobody checked yet): batches shorter, as long
+    and longer than that, valid or with one bad row anywhere (a slot out of its table, far out of range, negative, a
+    stripe position not below k, a slot holding no parity row), give the contract's answer; the same loop with
+    bounds checks reads nothing past a batch's end."""
+    from numba import njit
+
+    from ecrec.strategies.erasure import place_kernel
+
+    checked_place = njit(boundscheck=True, cache=False)(place_kernel.place.py_func)
+    rng = np.random.default_rng(rows)
+    k, offsets, limits = 3, np.array([0, 30], np.int64), np.array([30, 20], np.int64)
+    slot_to_stripe = np.arange(50, dtype=np.int64)
+    holes = [3, 35]
+    slot_to_stripe[holes] = -1
+    counts = np.array([rows // 2, rows - rows // 2], np.int64)
+    table = np.repeat([0, 1], counts)
+    local = np.array([rng.choice([s for s in range(limits[t]) if s + offsets[t] not in holes]) for t in table],
+                     dtype=np.int64)
+    positions = rng.integers(0, k, rows).astype(np.int64)
+    cases = [(local, positions, counts)]
+    for at in sorted({0, rows // 2, rows - 1}) if rows else []:
+        t = table[at]
+        for bad in (limits[t], 2**40, -1, "position", holes[t] - offsets[t]):
+            bad_local, bad_positions = local.copy(), positions.copy()
+            if bad == "position":
+                bad_positions[at] = k
+            else:
+                bad_local[at] = bad
+            cases.append((bad_local, bad_positions, counts))
+    cases.append((local, positions, counts + np.array([0, 1])))  # the counts name one row more than there are
+    for case_local, case_positions, case_counts in cases:
+        want_slots, want = _place_reference(case_local, case_counts, offsets, limits, case_positions, k, slot_to_stripe)
+        for place in (place_rows, checked_place):
+            slots, got = place(case_local, case_counts, offsets, limits, case_positions, k, slot_to_stripe)
+            assert got == want
+            assert slots[:len(want_slots)].tolist() == want_slots
+
+
 @pytest.mark.parametrize("servers,k,m", [(4, 2, 1), (5, 2, 2), (6, 3, 3)])
 def test_batches_keep_every_parity_row_equal_to_a_fresh_encode(servers, k, m):
     layout = Layout(servers, k, m)

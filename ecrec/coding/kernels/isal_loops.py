@@ -8,7 +8,8 @@ them at every start (0.8 s of CPU each time before).  Per row: ``dst ^= c * src`
 The parity rows a batch updates are scattered over the arena (at millions of rows, each a cache miss and often a
 TLB miss), and each row's ISA-L call is too long for the CPU to run ahead to the next row's: so the loops ask for
 the parity row :data:`PREFETCH_ROWS` rows ahead (its first :data:`PREFETCH_BYTES`, and its version and built
-flags) while they work on this one.  Where this numba cannot emit ``llvm.prefetch``, the loops do without it.
+flags) while they work on this one (:mod:`~ecrec.coding.kernels.prefetch`).  Where this numba cannot emit
+``llvm.prefetch``, the loops do without it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ecrec.coding.kernels import prefetch
+
 log = logging.getLogger("ecrec.kernels")
 
 #: bytes of one coefficient's ISA-L table (``ec_init_tables`` with k = rows = 1)
@@ -29,40 +32,15 @@ TABLE_BYTES = 32
 PREFETCH_ROWS = 8
 #: and how much of it: its first cache lines (the hardware's own prefetcher follows a longer row)
 PREFETCH_BYTES = 1024
-#: a cache line
-LINE = 64
-#: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``)
+#: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``; set
+#: below, once they are compiled)
 PREFETCHES = True
-
-
-@intrinsic
-def _prefetch(typingctx, address):  # pragma: no cover - numba
-    """A hint to fetch the cache line at ``address`` for writing (``llvm.prefetch``: no fault, no effect on
-    results; a no-op where the CPU has no such instruction)."""
-    signature = types.void(types.intp)
-
-    def codegen(context, builder, sig, args):
-        if PREFETCHES:
-            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-            fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                                  ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-            # rw = 1 (a write follows), locality = 3 (keep it in every cache level), cache type = 1 (data)
-            builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 1), ir.Constant(i32, 3),
-                              ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return signature, codegen
 
 
 @njit(nogil=True, boundscheck=False, inline="always")
 def _fetch_row(address, width):  # pragma: no cover - numba
-    """Prefetches the cache lines of the first ``PREFETCH_BYTES`` of the row at ``address`` (a row need not start
-    at a line: every line it touches there)."""
-    line = address - address % LINE
-    end = address + min(width, PREFETCH_BYTES)
-    while line < end:
-        _prefetch(line)
-        line += LINE
+    """Prefetches the cache lines of the first ``PREFETCH_BYTES`` of the row at ``address``."""
+    prefetch.fetch_lines(address, min(width, PREFETCH_BYTES))
 
 
 @intrinsic
@@ -136,14 +114,14 @@ def _versioned(mad, update, p_addr, p_stride, d_addr, d_stride, slots, positions
     v_addr, b_addr = vflat.ctypes.data, built.ctypes.data
     for r in range(min(n, PREFETCH_ROWS)):
         _fetch_row(p_addr + slots[r] * p_stride, width)
-        _prefetch(v_addr + (slots[r] * k + positions[r]) * 8)
-        _prefetch(b_addr + slots[r])
+        prefetch.fetch(v_addr + (slots[r] * k + positions[r]) * 8)
+        prefetch.fetch(b_addr + slots[r])
     for r in range(n):
         if r + PREFETCH_ROWS < n:  # this row's parity, version and built flag on their way by then
             ahead = slots[r + PREFETCH_ROWS]
             _fetch_row(p_addr + ahead * p_stride, width)
-            _prefetch(v_addr + (ahead * k + positions[r + PREFETCH_ROWS]) * 8)
-            _prefetch(b_addr + ahead)
+            prefetch.fetch(v_addr + (ahead * k + positions[r + PREFETCH_ROWS]) * 8)
+            prefetch.fetch(b_addr + ahead)
         s = slots[r]
         if not built[s]:
             continue
@@ -174,8 +152,9 @@ def _compile(cache: bool = True):
 
 
 try:
-    loop, versioned = _compile()
+    loop, versioned = _compile(cache=prefetch.ENABLED)
 except Exception as exc:  # noqa: BLE001 - an LLVM that will not take the hint: the same loops without it
     log.warning("the ISA-L loops compile without prefetching (%s)", exc)
-    PREFETCHES = False
+    prefetch.ENABLED = False
     loop, versioned = _compile(cache=False)
+PREFETCHES = prefetch.ENABLED

@@ -17,7 +17,6 @@ device memory; versions and held deltas stay on the host.
 
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 
@@ -31,36 +30,12 @@ from ecrec.tables.spec import TableSpec, fill_initial_payload
 ENCODE_CHUNK_STRIPES = 16384
 
 
-@functools.lru_cache(maxsize=1)
 def _place_kernel():
-    """Compiles (once, cached on disk by numba) the check that places a batch in an arena."""
-    from numba import njit
+    """The compiled check that places a batch in an arena (``place_kernel.place``: loaded from numba's disk cache, or
+    compiled once and cached there)."""
+    from ecrec.strategies.erasure import place_kernel
 
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def place(local, counts, offsets, limits, positions, k, slot_to_stripe):  # pragma: no cover - numba
-        """Arena slots of a batch's rows (table after table), or -1 at the first row out of range or
-        holding no parity row here (the caller refuses the batch)."""
-        n = local.shape[0]
-        slots = np.empty(n, dtype=np.int64)
-        r = 0
-        for t in range(counts.shape[0]):
-            for _ in range(counts[t]):
-                if r >= n:
-                    return slots, -1
-                s = local[r]
-                p = positions[r]
-                if s < 0 or s >= limits[t] or p < 0 or p >= k:
-                    return slots, r
-                s += offsets[t]
-                if slot_to_stripe[s] < 0:
-                    return slots, r
-                slots[r] = s
-                r += 1
-        if r != n:
-            return slots, -1
-        return slots, n
-
-    return place
+    return place_kernel.place
 
 
 def place_rows(local, counts, offsets, limits, positions, k, slot_to_stripe) -> tuple[np.ndarray, int]:

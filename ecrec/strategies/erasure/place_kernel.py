@@ -1,0 +1,44 @@
+"""The compiled placement check of :mod:`ecrec.strategies.erasure.parity_store` (numba; imported when first used).
+
+Module-level, with no closure, so that numba caches it on disk (see ``merge_kernel``).  A batch's rows name parity
+slots at random: at millions of rows each ``slot_to_stripe`` entry read is a cache miss, so the loop fetches the
+one :data:`FETCH_ROWS` rows ahead (:mod:`~ecrec.coding.kernels.prefetch`) while it checks this one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ecrec.coding.kernels.prefetch import fetch
+
+#: how many rows ahead the check fetches the ``slot_to_stripe`` entry it will read
+FETCH_ROWS = 16
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def place(local, counts, offsets, limits, positions, k, slot_to_stripe):  # pragma: no cover - numba
+    """Arena slots of a batch's rows (table after table), or -1 at the first row out of range or holding no parity
+    row here (the caller refuses the batch)."""
+    n = local.shape[0]
+    slots = np.empty(n, dtype=np.int64)
+    base = slot_to_stripe.ctypes.data
+    r = 0
+    for t in range(counts.shape[0]):
+        for _ in range(counts[t]):
+            if r >= n:
+                return slots, -1
+            if r + FETCH_ROWS < n:  # a hint: an address out of range is never read (the row is refused below)
+                fetch(base + (local[r + FETCH_ROWS] + offsets[t]) * 8)
+            s = local[r]
+            p = positions[r]
+            if s < 0 or s >= limits[t] or p < 0 or p >= k:
+                return slots, r
+            s += offsets[t]
+            if slot_to_stripe[s] < 0:
+                return slots, r
+            slots[r] = s
+            r += 1
+    if r != n:
+        return slots, -1
+    return slots, n
