@@ -130,3 +130,30 @@ def test_read_only_gradients_and_slots_out_of_range():
         with pytest.raises(IndexError, match="out of range"):
             optim_kernel.update_rows(table, np.array(slots), grads, "sgd", 2, 0.1, 0.0, keep_old=True)
     assert (table == 1).all()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 20])
+def test_the_pass_reads_nothing_past_a_push_around_its_fetch_distance(rows):
+    """The pass fetches the table row ``FETCH_ROWS`` rows ahead: pushes shorter, as long and longer than that give the
+    numpy reference's rows, bit for bit, and the same loop compiled with bounds checks (an index one row too far
+    raises there) gives the same rows, old bytes and flags."""
+    from numba import njit
+
+    assert optim_kernel.FETCH_ROWS == 8  # the distance these sizes are chosen around
+    checked = njit(boundscheck=True, cache=False, error_model="numpy")(optim_kernel._update.py_func)
+    rng = np.random.default_rng(rows)
+    dim = 16
+    table = _table(rng, 64, dim, optim.state_width("adagrad"), 1.0)
+    slots = rng.choice(64, size=rows, replace=False).astype(np.int64)
+    grads = rng.standard_normal((rows, dim)).astype(np.float32)
+    rows_out, delta, _ = optim_kernel.update_rows(table, slots, grads, "adagrad", dim, 0.05, 1e-10, False, True)
+    expected = table[slots]
+    optim.apply("adagrad", expected, grads, dim, 0.05, 1e-10)
+    assert rows_out.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()
+    again = np.empty_like(rows_out)
+    old = np.empty((rows, table.shape[1] * 4), np.uint8)
+    bad = np.empty(rows, np.bool_)
+    assert checked(table, table.view(np.uint32), slots, grads, dim, optim_kernel.ADAGRAD, np.float32(-0.05),
+                   np.float32(1e-10), again, again.view(np.uint32), old.view(np.uint32), optim_kernel.KEEP_DELTA,
+                   bad) == 0
+    assert again.tobytes() == rows_out.tobytes() and old.tobytes() == delta.tobytes() and not bad.any()

@@ -8,6 +8,10 @@ parity's update, written once, while both are in cache), apply the optimizer, an
 finite.  Per table and push that is one compiled call with the GIL
 released, where numpy takes about a dozen calls, each a pass over the rows and a temporary.  Compiled once and
 cached on disk by numba (``cache=True``), like the parity merge.
+
+A push's rows are at random slots of a table of millions: each a cache miss that one row's work is too long for
+the CPU to start early, so the pass fetches the row :data:`FETCH_ROWS` rows ahead
+(:mod:`~ecrec.coding.kernels.prefetch`) while it updates this one.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ecrec.coding.kernels.prefetch import fetch_lines
+
 SGD, ADAGRAD = 0, 1
+#: how many rows ahead the pass fetches the table row it will update
+FETCH_ROWS = 8
 KINDS = {"sgd": SGD, "adagrad": ADAGRAD}
 #: what the pass keeps of each row's bytes before the update: nothing, the bytes, or the delta (bytes XOR after)
 KEEP_NOTHING, KEEP_OLD, KEEP_DELTA = 0, 1, 2
@@ -32,7 +40,12 @@ def _update(table_f, table_u, slots, grads, dim, kind, neg_lr, eps, rows_f, rows
         if slots[i] < 0 or slots[i] >= table_f.shape[0]:
             return -1 - i
     any_bad = 0
+    base, row_bytes = table_u.ctypes.data, width * 4  # C-contiguous rows (``usable``), every slot in range
+    for i in range(min(n, FETCH_ROWS)):
+        fetch_lines(base + slots[i] * row_bytes, row_bytes)
     for i in range(n):
+        if i + FETCH_ROWS < n:
+            fetch_lines(base + slots[i + FETCH_ROWS] * row_bytes, row_bytes)
         s = slots[i]
         for c in range(width):  # the row's bits as they are (NaN payloads included): the old bytes, exactly
             rows_u[i, c] = table_u[s, c]
