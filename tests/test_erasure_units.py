@@ -130,22 +130,24 @@ def _place_reference(local, counts, offsets, limits, positions, k, slot_to_strip
 
 @pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 40])
 def test_the_placement_check_finds_the_first_bad_row_around_its_fetch_distance(rows):
-    """The check fetches the entry ``FETCH_ROWS`` rows ahead (from a slot nobody checked yet): batches shorter, as long
-    and longer than that, valid or with one bad row anywhere (a slot out of its table, far out of range, negative, a
-    stripe position not below k, a slot holding no parity row), give the contract's answer; the same loop with
-    bounds checks reads nothing past a batch's end."""
+    """The check fetches the entry ``FETCH_ROWS`` rows ahead (from a slot nobody checked yet, of the table that row is
+    in): batches shorter, as long and longer than that, over three tables (the middle one empty), valid or with one
+    bad row first, in the middle or last (a slot out of its table, far out of range, negative, a stripe position not
+    below k, a slot holding no parity row), give the contract's answer; the same loop with bounds checks reads
+    nothing past a batch's end or its tables."""
     from numba import njit
 
     from ecrec.strategies.erasure import place_kernel
 
+    assert place_kernel.FETCH_ROWS == 16  # the distance these sizes are chosen around
     checked_place = njit(boundscheck=True, cache=False)(place_kernel.place.py_func)
     rng = np.random.default_rng(rows)
-    k, offsets, limits = 3, np.array([0, 30], np.int64), np.array([30, 20], np.int64)
-    slot_to_stripe = np.arange(50, dtype=np.int64)
-    holes = [3, 35]
+    k, offsets, limits = 3, np.array([0, 50, 30], np.int64), np.array([30, 5, 20], np.int64)
+    slot_to_stripe = np.arange(55, dtype=np.int64)
+    holes = [3, 52, 35]  # one per table, at offsets[t] + a slot in range
     slot_to_stripe[holes] = -1
-    counts = np.array([rows // 2, rows - rows // 2], np.int64)
-    table = np.repeat([0, 1], counts)
+    counts = np.array([rows // 2, 0, rows - rows // 2], np.int64)
+    table = np.repeat([0, 1, 2], counts)
     local = np.array([rng.choice([s for s in range(limits[t]) if s + offsets[t] not in holes]) for t in table],
                      dtype=np.int64)
     positions = rng.integers(0, k, rows).astype(np.int64)
@@ -159,7 +161,7 @@ def test_the_placement_check_finds_the_first_bad_row_around_its_fetch_distance(r
             else:
                 bad_local[at] = bad
             cases.append((bad_local, bad_positions, counts))
-    cases.append((local, positions, counts + np.array([0, 1])))  # the counts name one row more than there are
+    cases.append((local, positions, counts + np.array([0, 0, 1])))  # the counts name one row more than there are
     for case_local, case_positions, case_counts in cases:
         want_slots, want = _place_reference(case_local, case_counts, offsets, limits, case_positions, k, slot_to_stripe)
         for place in (place_rows, checked_place):

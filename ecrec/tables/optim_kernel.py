@@ -7,11 +7,11 @@ out of the table, keep its old bytes when a strategy needs them (a row to restor
 parity's update, written once, while both are in cache), apply the optimizer, and flag it when a result is not
 finite.  Per table and push that is one compiled call with the GIL
 released, where numpy takes about a dozen calls, each a pass over the rows and a temporary.  Compiled once and
-cached on disk by numba (``cache=True``), like the parity merge.
+cached on disk by numba, like the parity merge (where the prefetch hint below compiles).
 
 A push's rows are at random slots of a table of millions: each a cache miss that one row's work is too long for
 the CPU to start early, so the pass fetches the row :data:`FETCH_ROWS` rows ahead
-(:mod:`~ecrec.coding.kernels.prefetch`) while it updates this one.
+(:mod:`~ecrec.coding.kernels.prefetch`: its first kilobyte; the pass only reads the table) while it updates this one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ecrec.coding.kernels.prefetch import fetch_lines
+from ecrec.coding.kernels import prefetch
+from ecrec.coding.kernels.prefetch import fetch_lines_read
 
 SGD, ADAGRAD = 0, 1
 #: how many rows ahead the pass fetches the table row it will update
@@ -31,7 +32,7 @@ KEEP_NOTHING, KEEP_OLD, KEEP_DELTA = 0, 1, 2
 
 # error_model="numpy": a division by zero gives inf or NaN, as in numpy (the row is then refused as not finite),
 # not a ZeroDivisionError
-@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+@njit(cache=prefetch.ENABLED, nogil=True, boundscheck=False, error_model="numpy")
 def _update(table_f, table_u, slots, grads, dim, kind, neg_lr, eps, rows_f, rows_u, old_u, keep,
             bad):  # pragma: no cover - numba
     n = slots.shape[0]
@@ -42,10 +43,10 @@ def _update(table_f, table_u, slots, grads, dim, kind, neg_lr, eps, rows_f, rows
     any_bad = 0
     base, row_bytes = table_u.ctypes.data, width * 4  # C-contiguous rows (``usable``), every slot in range
     for i in range(min(n, FETCH_ROWS)):
-        fetch_lines(base + slots[i] * row_bytes, row_bytes)
+        fetch_lines_read(base + slots[i] * row_bytes, row_bytes)
     for i in range(n):
         if i + FETCH_ROWS < n:
-            fetch_lines(base + slots[i + FETCH_ROWS] * row_bytes, row_bytes)
+            fetch_lines_read(base + slots[i + FETCH_ROWS] * row_bytes, row_bytes)
         s = slots[i]
         for c in range(width):  # the row's bits as they are (NaN payloads included): the old bytes, exactly
             rows_u[i, c] = table_u[s, c]

@@ -31,7 +31,7 @@ TABLE_BYTES = 32
 #: random slots of 512-byte rows, docs/results/apply-prefetch)
 PREFETCH_ROWS = 8
 #: and how much of it: its first cache lines (the hardware's own prefetcher follows a longer row)
-PREFETCH_BYTES = 1024
+PREFETCH_BYTES = prefetch.MAX_BYTES
 #: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``; set
 #: below, once they are compiled)
 PREFETCHES = True
@@ -40,7 +40,7 @@ PREFETCHES = True
 @njit(nogil=True, boundscheck=False, inline="always")
 def _fetch_row(address, width):  # pragma: no cover - numba
     """Prefetches the cache lines of the first ``PREFETCH_BYTES`` of the row at ``address``."""
-    prefetch.fetch_lines(address, min(width, PREFETCH_BYTES))
+    prefetch.fetch_lines(address, width)
 
 
 @intrinsic
@@ -115,13 +115,13 @@ def _versioned(mad, update, p_addr, p_stride, d_addr, d_stride, slots, positions
     for r in range(min(n, PREFETCH_ROWS)):
         _fetch_row(p_addr + slots[r] * p_stride, width)
         prefetch.fetch(v_addr + (slots[r] * k + positions[r]) * 8)
-        prefetch.fetch(b_addr + slots[r])
+        prefetch.fetch_read(b_addr + slots[r])
     for r in range(n):
         if r + PREFETCH_ROWS < n:  # this row's parity, version and built flag on their way by then
             ahead = slots[r + PREFETCH_ROWS]
             _fetch_row(p_addr + ahead * p_stride, width)
             prefetch.fetch(v_addr + (ahead * k + positions[r + PREFETCH_ROWS]) * 8)
-            prefetch.fetch(b_addr + ahead)
+            prefetch.fetch_read(b_addr + ahead)
         s = slots[r]
         if not built[s]:
             continue
@@ -153,8 +153,8 @@ def _compile(cache: bool = True):
 
 try:
     loop, versioned = _compile(cache=prefetch.ENABLED)
-except Exception as exc:  # noqa: BLE001 - an LLVM that will not take the hint: the same loops without it
+except Exception as exc:  # noqa: BLE001 - the hint compiled in the probe, not here: the same loops without it
     log.warning("the ISA-L loops compile without prefetching (%s)", exc)
-    prefetch.ENABLED = False
+    prefetch.ENABLED = False  # and so every loop compiled after (none of them cached)
     loop, versioned = _compile(cache=False)
 PREFETCHES = prefetch.ENABLED
