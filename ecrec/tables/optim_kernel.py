@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from ecrec.coding.kernels import prefetch
-from ecrec.coding.kernels.prefetch import fetch_lines_read
+from ecrec.coding.kernels.prefetch import fetch_lines
 
 SGD, ADAGRAD = 0, 1
 #: how many rows ahead the pass fetches the table row it will update
@@ -43,10 +43,10 @@ def _update(table_f, table_u, slots, grads, dim, kind, neg_lr, eps, rows_f, rows
     any_bad = 0
     base, row_bytes = table_u.ctypes.data, width * 4  # C-contiguous rows (``usable``), every slot in range
     for i in range(min(n, FETCH_ROWS)):
-        fetch_lines_read(base + slots[i] * row_bytes, row_bytes)
+        fetch_lines(base + slots[i] * row_bytes, row_bytes, False)
     for i in range(n):
         if i + FETCH_ROWS < n:
-            fetch_lines_read(base + slots[i + FETCH_ROWS] * row_bytes, row_bytes)
+            fetch_lines(base + slots[i + FETCH_ROWS] * row_bytes, row_bytes, False)
         s = slots[i]
         for c in range(width):  # the row's bits as they are (NaN payloads included): the old bytes, exactly
             rows_u[i, c] = table_u[s, c]

@@ -7,7 +7,7 @@ them at every start (0.8 s of CPU each time before).  Per row: ``dst ^= c * src`
 
 The parity rows a batch updates are scattered over the arena (at millions of rows, each a cache miss and often a
 TLB miss), and each row's ISA-L call is too long for the CPU to run ahead to the next row's: so the loops ask for
-the parity row :data:`PREFETCH_ROWS` rows ahead (its first :data:`PREFETCH_BYTES`, and its version and built
+the parity row :data:`PREFETCH_ROWS` rows ahead (its first ``prefetch.MAX_BYTES``, and its version and built
 flags) while they work on this one (:mod:`~ecrec.coding.kernels.prefetch`).  Where this numba cannot emit
 ``llvm.prefetch``, the loops do without it.
 """
@@ -30,17 +30,9 @@ TABLE_BYTES = 32
 #: how many rows ahead the loops fetch the parity row they will update (8: 1.24x the deltas applied per second at
 #: random slots of 512-byte rows, docs/results/apply-prefetch)
 PREFETCH_ROWS = 8
-#: and how much of it: its first cache lines (the hardware's own prefetcher follows a longer row)
-PREFETCH_BYTES = prefetch.MAX_BYTES
 #: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``; set
 #: below, once they are compiled)
 PREFETCHES = True
-
-
-@njit(nogil=True, boundscheck=False, inline="always")
-def _fetch_row(address, width):  # pragma: no cover - numba
-    """Prefetches the cache lines of the first ``PREFETCH_BYTES`` of the row at ``address``."""
-    prefetch.fetch_lines(address, width)
 
 
 @intrinsic
@@ -94,10 +86,10 @@ def _loop(mad, update, p_addr, p_stride, d_addr, d_stride, slots, coeffs, t_addr
     coding_addr = coding.ctypes.data
     n = slots.shape[0]
     for r in range(min(n, PREFETCH_ROWS)):
-        _fetch_row(p_addr + slots[r] * p_stride, width)
+        prefetch.fetch_lines(p_addr + slots[r] * p_stride, width)
     for r in range(n):
         if r + PREFETCH_ROWS < n:
-            _fetch_row(p_addr + slots[r + PREFETCH_ROWS] * p_stride, width)
+            prefetch.fetch_lines(p_addr + slots[r + PREFETCH_ROWS] * p_stride, width)
         c = coeffs[r]
         if c == 0:
             continue
@@ -113,13 +105,13 @@ def _versioned(mad, update, p_addr, p_stride, d_addr, d_stride, slots, positions
     n = slots.shape[0]
     v_addr, b_addr = vflat.ctypes.data, built.ctypes.data
     for r in range(min(n, PREFETCH_ROWS)):
-        _fetch_row(p_addr + slots[r] * p_stride, width)
+        prefetch.fetch_lines(p_addr + slots[r] * p_stride, width)
         prefetch.fetch(v_addr + (slots[r] * k + positions[r]) * 8)
         prefetch.fetch_read(b_addr + slots[r])
     for r in range(n):
         if r + PREFETCH_ROWS < n:  # this row's parity, version and built flag on their way by then
             ahead = slots[r + PREFETCH_ROWS]
-            _fetch_row(p_addr + ahead * p_stride, width)
+            prefetch.fetch_lines(p_addr + ahead * p_stride, width)
             prefetch.fetch(v_addr + (ahead * k + positions[r + PREFETCH_ROWS]) * 8)
             prefetch.fetch_read(b_addr + ahead)
         s = slots[r]

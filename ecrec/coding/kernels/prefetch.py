@@ -3,7 +3,7 @@ loops: the parity apply, the placement check, the optimizer's pass).
 
 ``fetch(address)`` asks the CPU for the cache line at ``address`` to write it, ``fetch_read(address)`` to read it
 (``llvm.prefetch``): no fault on any address, no effect on results, only on when the line arrives.
-``fetch_lines(address, nbytes)`` and ``fetch_lines_read`` ask for every line of ``nbytes`` from ``address`` (at most
+``fetch_lines(address, nbytes[, write])`` asks for every line of ``nbytes`` from ``address`` (at most
 :data:`MAX_BYTES`: the hardware's own prefetcher follows a longer row).  A loop fetches the row it will touch a few
 iterations ahead, so that the misses of rows scattered over a large array overlap instead of coming one after
 another.
@@ -63,23 +63,17 @@ def fetch_read(typingctx, address):  # pragma: no cover - numba
 
 
 @njit(nogil=True, boundscheck=False, inline="always")
-def fetch_lines(address, nbytes):  # pragma: no cover - numba
-    """Fetches, to write them, the cache lines of ``nbytes`` (at most ``MAX_BYTES``) from ``address`` (which need not
-    start a line)."""
+def fetch_lines(address, nbytes, write=True):  # pragma: no cover - numba
+    """Fetches, to write them (or, ``write=False``, to read them), the cache lines of ``nbytes`` (at most
+    ``MAX_BYTES``) from ``address`` (which need not start a line).  ``write`` is a constant at every call: the
+    branch compiles away."""
     line = address - address % LINE
     end = address + min(nbytes, MAX_BYTES)
     while line < end:
-        fetch(line)
-        line += LINE
-
-
-@njit(nogil=True, boundscheck=False, inline="always")
-def fetch_lines_read(address, nbytes):  # pragma: no cover - numba
-    """Like :func:`fetch_lines`, to read them."""
-    line = address - address % LINE
-    end = address + min(nbytes, MAX_BYTES)
-    while line < end:
-        fetch_read(line)
+        if write:
+            fetch(line)
+        else:
+            fetch_read(line)
         line += LINE
 
 

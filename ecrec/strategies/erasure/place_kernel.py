@@ -18,6 +18,16 @@ from ecrec.coding.kernels.prefetch import fetch_read
 FETCH_ROWS = 16
 
 
+@njit(nogil=True, boundscheck=False, inline="always")
+def _next_row(counts, table, left):  # pragma: no cover - numba
+    """A cursor over a batch's rows, table after table, moved one row on: ``(table, rows of it left after this)``
+    (past the last row it stays in the last table)."""
+    while left <= 0 and table + 1 < counts.shape[0]:
+        table += 1
+        left = counts[table]
+    return table, left - 1
+
+
 @njit(cache=prefetch.ENABLED, nogil=True, boundscheck=False)
 def place(local, counts, offsets, limits, positions, k, slot_to_stripe):  # pragma: no cover - numba
     """Arena slots of a batch's rows (table after table), or -1 at the first row out of range or holding no parity
@@ -29,10 +39,7 @@ def place(local, counts, offsets, limits, positions, k, slot_to_stripe):  # prag
     # a second cursor, FETCH_ROWS rows ahead: the table of that row (-1: none), and its rows left after it
     ahead_table, ahead_left = -1, 0
     for _ in range(FETCH_ROWS + 1):
-        while ahead_left <= 0 and ahead_table + 1 < tables:
-            ahead_table += 1
-            ahead_left = counts[ahead_table]
-        ahead_left -= 1
+        ahead_table, ahead_left = _next_row(counts, ahead_table, ahead_left)
     r = 0
     for t in range(tables):
         for _ in range(counts[t]):
@@ -40,10 +47,7 @@ def place(local, counts, offsets, limits, positions, k, slot_to_stripe):  # prag
                 return slots, -1
             if r + FETCH_ROWS < n and ahead_table >= 0:  # a hint: an address out of range is never read
                 fetch_read(base + (local[r + FETCH_ROWS] + offsets[ahead_table]) * 8)
-            while ahead_left <= 0 and ahead_table + 1 < tables:
-                ahead_table += 1
-                ahead_left = counts[ahead_table]
-            ahead_left -= 1
+            ahead_table, ahead_left = _next_row(counts, ahead_table, ahead_left)
             s = local[r]
             p = positions[r]
             if s < 0 or s >= limits[t] or p < 0 or p >= k:
