@@ -54,3 +54,42 @@ def test_the_cli_refuses_a_coordinators_port_for_a_second_coordinator_and_a_serv
         except subprocess.TimeoutExpired:
             os.kill(coordinator.pid, signal.SIGKILL)
             coordinator.wait()
+
+
+def test_a_new_channel_reaches_a_server_restarted_on_its_port_while_an_old_one_waits_out_its_backoff():
+    """gRPC pools connections process-wide: a new channel to an address used to share an older channel's connection,
+    and failed at once (UNAVAILABLE, connection refused) while that one waited out its reconnect backoff after the
+    process serving there stopped -- though another served the address by then (CI lost a run to it: a test's
+    in-process coordinator got a port an earlier test's server had used)."""
+    import grpc
+
+    def serve(port):
+        server = transport.make_server(2)
+        echo = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {"Echo": echo})])
+        port = bind(server, "127.0.0.1", port, None)
+        server.start()
+        return server, port
+
+    def call(channel):
+        return channel.unary_unary("/test.Echo/Echo")(b"ping", timeout=5)
+
+    first, port = serve(0)
+    old = transport.make_channel(f"127.0.0.1:{port}")
+    second = new = None
+    try:
+        assert call(old) == b"ping"
+        first.stop(0).wait()
+        with pytest.raises(grpc.RpcError) as failed:  # the old channel now knows the address refuses, and backs off
+            call(old)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        second, _ = serve(port)
+        new = transport.make_channel(f"127.0.0.1:{port}")
+        assert call(new) == b"ping"  # not UNAVAILABLE from the old channel's connection
+    finally:
+        for channel in (old, new):
+            if channel is not None:
+                channel.close()
+        for server in (first, second):
+            if server is not None:
+                server.stop(0)

@@ -94,6 +94,11 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
         ("grpc.enable_retries", 0),
+        # each channel its own connections: in gRPC's process-wide pool a new channel to an address shared the
+        # connection of an older one, and failed at once (UNAVAILABLE, "connection refused") while that one
+        # waited out its reconnect backoff after the process that had served there stopped -- though a new
+        # process served the address now (a server or coordinator restarted on its port)
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 
