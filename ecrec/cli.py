@@ -187,17 +187,17 @@ def _snapshot_command(args) -> int:
             logs.fatal(f"ecrec-server {args.command}: {flag} must be a positive number of seconds (at most "
                        f"{MAX_SECONDS:g}), got {value}")
             return 2
+    try:
+        check_path(args.path)  # before the cluster is waited for, and before the handler below is installed
+    except SnapshotError as exc:  # (installed first, it stayed on in a program that called main() itself)
+        logs.fatal(f"ecrec-server {args.command}: {exc}")
+        return 2
     # SIGTERM (an orchestrator's stop, `timeout`) ends the command as Ctrl-C does: through the save's own
     # failure path, which takes back what it wrote once the servers' writes returned (it killed the process and
     # left the files and the in-progress marker)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        check_path(args.path)  # before the cluster is waited for
-    except SnapshotError as exc:
-        logs.fatal(f"ecrec-server {args.command}: {exc}")
-        return 2
     manifest = None
     try:
         options = dataclasses.asdict(from_arguments(SecurityOptions, args))
@@ -378,10 +378,6 @@ def _stop_all(*stops):
     return stop
 
 
-#: the most coordinators, and etcd members, ``local`` starts on this host
-LOCAL_MEMBERS = 9
-
-
 def main(argv: list[str] | None = None) -> int:
     """``ecrec-server``: a Ctrl-C no command handles itself (during its imports, while ``local`` starts its
     cluster) ends it with status 130 and a line, not a traceback (what it started is stopped on the way out)."""
@@ -434,7 +430,12 @@ def _main(argv: list[str] | None) -> int:
         from ecrec.ops import status
 
         try:
-            security = from_arguments(SecurityOptions, args).security
+            options = from_arguments(SecurityOptions, args)
+        except ValueError as exc:  # an empty --token-file or --tls-*: what was asked cannot be
+            logs.fatal(f"ecrec-server status: {exc}")
+            return 2
+        try:
+            security = options.security
             outcome: dict = {}
             return status.run(args.coordinator, as_json=args.json, timeout_s=args.timeout, wait_s=args.wait,
                               security=security, outcome=outcome)
@@ -523,7 +524,7 @@ def _main(argv: list[str] | None) -> int:
     if args.standby < 0:
         logs.fatal(f"ecrec-server local: --standby {args.standby}: a number of spare servers is >= 0")
         return 2
-    from ecrec.config import MAX_LOCAL_SERVERS, empty_flag
+    from ecrec.config import LOCAL_MEMBERS, MAX_LOCAL_SERVERS, empty_flag
 
     problem = None  # (each process of this host's cluster is started here: a typo must not start a thousand)
     if args.num_servers + args.standby > MAX_LOCAL_SERVERS:

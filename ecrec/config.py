@@ -72,6 +72,11 @@ class SecurityOptions:
     tls_ca: str | None = option(None, "PEM certificate of the CA that signed every process's certificate")
     token_file: str | None = option(None, "file holding a shared secret every call carries and every process checks")
 
+    def __post_init__(self) -> None:
+        problem = empty_path_problem(self, PATH_SETTINGS)  # "" turned TLS or the token off without a word
+        if problem:
+            raise ValueError(problem)
+
     @property
     def security(self):
         """The loaded :class:`ecrec.net.security.Security` (files read once; raises naming an unusable file)."""
@@ -151,6 +156,8 @@ MOST_BYTES = {"max_message_bytes": 2**31 - 1}
 MAX_SERVERS = 4096
 #: the most server processes one machine is asked to start (``ecrec-server local``, the benchmarks)
 MAX_LOCAL_SERVERS = 64
+#: the most coordinators, and etcd members, one machine is asked to start (``ecrec-server local``, the benchmarks)
+LOCAL_MEMBERS = 9
 
 
 def empty_path_problem(config, names: tuple[str, ...]) -> str | None:
@@ -396,6 +403,9 @@ class ClientConfig(SecurityOptions):
 
     def __post_init__(self) -> None:
         check_numbers(self, zero_allowed=("idle_poll_s", "confirm_at_exit_s"))
+        problem = empty_path_problem(self, PATH_SETTINGS)  # "" turned TLS or the token off, and a TLS cluster
+        if problem:                                          # was waited for in plaintext
+            raise ValueError(problem)
         if not isinstance(self.exit_on_sigterm, bool):  # "no" was taken, and turned it on
             raise ValueError(f"exit_on_sigterm {self.exit_on_sigterm!r}: must be True or False")
 

@@ -41,6 +41,15 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
     (["profile", "--servers", "0", "--no-py-spy"], "--servers must be >= 1"),  # (it said "--server must be ...")
     (["recovery", "--rows", "1000", "--probe-rows", "1000000000"], "--probe-rows 1,000,000,000: at most "
                                                                       "1,048,576"),
+    # a second review: past the servers' bounds for one call (a gRPC traceback once a cluster had started), and
+    # process counts with no cap at all
+    (["server", "--rows", "2000", "--dim", "65536", "--batch", "1100"], "--batch 1,100 x --dim 65,536: at most "),
+    (["server", "--servers", "2000"], "--servers 2,000: at most 64"),
+    (["snapshot", "--servers", "2000"], "--servers 2,000: at most 64"),
+    (["snapshot", "--restore-servers", "500"], "--restore-servers 500: at most 64"),
+    (["control-plane", "--coordinators", "50"], "--coordinators 50: at most 9"),
+    (["control-plane", "--etcd-members", "20"], "--etcd-members 20: at most 9"),
+    (["compare", "--workers", "500"], "--workers 500: at most 64"),
 ])
 def test_arguments_it_cannot_run_are_refused_in_one_line(argv, says, capsys):
     assert cli.main(argv) == 2

@@ -441,3 +441,25 @@ def test_server_commands_refuse_what_they_would_run_wrongly_before_anything_serv
     except subprocess.TimeoutExpired:
         pytest.fail(f"{argv} was taken: it started and served")
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr[-800:])
+
+
+def test_a_bad_snapshot_path_leaves_the_callers_sigterm_handler_and_empty_security_flags_are_refused(tmp_path,
+                                                                                                      capsys):
+    """``main()`` called in a program: a path refused at once used to leave its SIGTERM handler installed (a later
+    SIGTERM raised its exception in whatever ran next); ``status``, ``snapshot`` and ``restore`` took an empty
+    ``--token-file`` or ``--tls-*`` (an unset shell variable) as none, and called a TLS cluster in plaintext."""
+    from ecrec import cli
+    from ecrec.config import ClientConfig
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["snapshot", "--coordinator", "127.0.0.1:1", " "]) == 2
+    assert signal.getsignal(signal.SIGTERM) is before
+    for argv in (["status", "--coordinator", "127.0.0.1:1", "--token-file", ""],
+                 ["snapshot", "--coordinator", "127.0.0.1:1", "--tls-ca", " ", str(tmp_path / "s")],
+                 ["restore", "--coordinator", "127.0.0.1:1", "--token-file", "", str(tmp_path / "s")]):
+        assert cli.main(argv) == 2, argv
+        assert "is empty" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGTERM) is before
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ValueError, match="--token-file is empty"):
+        ClientConfig(token_file="")

@@ -453,3 +453,38 @@ def test_module_inputs_that_failed_far_from_their_cause_are_refused_naming_it(sh
             == (1, 4)
     finally:
         cluster.close()
+
+
+@pytest.mark.cluster
+def test_calls_that_hung_overwrote_or_failed_far_away_refuse_their_input_and_change_nothing(shared_cluster, tmp_path):
+    """Found by a review: ``strategy_call`` to index 2 of two servers waited two minutes for a server that cannot
+    come (after running on index 0); ``save(overwrite="false")`` replaced the snapshot there; ``wait_confirmed(nan)``
+    never ended while a push waited; ``pull_dense("abc")`` read three names, and a name not registered raised a
+    bare KeyError from the reply."""
+    local = shared_cluster(servers=2, strategy="none")
+    cluster = Cluster.connect(local.coordinator_address, worker="review-inputs")
+    try:
+        for bad, error in (([0, 2], ValueError), ([-1], ValueError), ([True], ValueError), (["0"], ValueError),
+                           ("01", TypeError), (0, TypeError)):
+            with pytest.raises(error, match="strategy_call: "):
+                cluster.strategy_call("no-such-command", indices=bad)
+        for bad in (float("nan"), None, "5", -1.0, True, 1e300):
+            with pytest.raises(ValueError, match="wait_confirmed: timeout_s must be a number of seconds"):
+                cluster.wait_confirmed(bad)
+        assert cluster.wait_confirmed(math.inf) == 0  # nothing waits: at once
+        cluster.create_table("review-kept", 4, 2, init=np.zeros((4, 2), np.float32))
+        path = tmp_path / "snap"
+        cluster.save(str(path))
+        files = {p: p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()}
+        cluster.write_rows("review-kept", [0], [[9.0, 9.0]])
+        for bad in ("false", "no", 1, None):
+            with pytest.raises(ValueError, match="save: overwrite must be True or False"):
+                cluster.save(str(path), overwrite=bad)
+        assert {p: p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()} == files  # not written again
+        with pytest.raises(TypeError, match="pull_dense: names must be a list of names, not the string 'abc'"):
+            cluster.pull_dense("abc")
+        with pytest.raises(ValueError, match="pull_dense: 'w' not registered by this client"):
+            cluster.pull_dense(["w"])
+        cluster.pull_dense([])  # nothing asked: nothing done
+    finally:
+        cluster.close()

@@ -153,6 +153,12 @@ def test_from_configs_refuses_what_it_cannot_do(make_cluster):
     with pytest.raises(ValueError, match="table .z.: .*dim"):
         EmbeddingBagCollection.from_configs(cluster, [config(name="c3", feature_names=["g"]),
                                                       config(name="z", embedding_dim=0, feature_names=["h"])])
+    # sizes create_table refuses, refused here first (int() took 1000.5; the table before it was made)
+    for field, value in (("num_embeddings", 1000.5), ("embedding_dim", 4.5)):
+        with pytest.raises(ValueError, match=f"from_configs: table 'z2': {field} must be a whole number, got "
+                                             f"{value!r}"):
+            EmbeddingBagCollection.from_configs(cluster, [config(name="c5", feature_names=["g"]),
+                                                          config(name="z2", feature_names=["h"], **{field: value})])
     cluster.create_table("other", 5, 2)
     with pytest.raises(ValueError, match="table 'other' exists with another spec"):
         EmbeddingBagCollection.from_configs(cluster, [config(name="c4", feature_names=["g"]),

@@ -409,6 +409,14 @@ def run(args) -> int:
     if args.workers < 1:
         print("ecrec-bench compare: --workers must be >= 1", file=sys.stderr)
         return 2
+    from ecrec.bench.checks import count_problem
+    from ecrec.config import MAX_LOCAL_SERVERS
+
+    problem = count_problem("--workers", args.workers, MAX_LOCAL_SERVERS, "each is a process of its own on this "
+                            "machine, started by torchrun")
+    if problem:
+        print(f"ecrec-bench compare: {problem}", file=sys.stderr)
+        return 2
     if args.rounds < 1:
         print("ecrec-bench compare: --rounds must be >= 1", file=sys.stderr)
         return 2

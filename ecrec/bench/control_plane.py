@@ -39,9 +39,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _positive(args) -> None:
+    """Raises ValueError naming a count below 1, or more processes than this machine is asked to start."""
+    from ecrec.bench.checks import count_problem, servers_problem
+    from ecrec.config import LOCAL_MEMBERS
+
     for name in ("servers", "rows", "dim", "batch", "rounds", "steps", "coordinators", "etcd_members"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    problem = (servers_problem(args.servers)
+               or count_problem("--coordinators", args.coordinators, LOCAL_MEMBERS, "each is a process of its own")
+               or count_problem("--etcd-members", args.etcd_members, LOCAL_MEMBERS, "each is a process of its own"))
+    if problem:
+        raise ValueError(problem)
 
 
 def _processes(local) -> dict[str, list[int]]:

@@ -145,9 +145,18 @@ def run(args) -> int:
     if args.batch > args.rows:
         print(f"ecrec-bench server: --batch must not exceed --rows ({args.batch} > {args.rows})", file=sys.stderr)
         return 2
-    from ecrec.bench.checks import tables_problem
+    from ecrec.bench.checks import servers_problem, tables_problem
+    from ecrec.config import ServerConfig
 
-    problem = tables_problem(f"--rows {args.rows} x --dim {args.dim}", 1, args.rows, args.dim, "sgd")
+    defaults = ServerConfig(coordinator="")  # the servers' bounds, as the cluster starts them
+    # the one-server measurement pulls and pushes a whole batch in one raw call: past the servers' bounds it was
+    # refused with a gRPC traceback after a cluster had started
+    most = min(defaults.max_ids_per_request, (defaults.max_message_bytes - (1 << 20)) // (4 * args.dim + 8))
+    problem = (servers_problem(args.servers)
+               or tables_problem(f"--rows {args.rows} x --dim {args.dim}", 1, args.rows, args.dim, "sgd")
+               or (f"--batch {args.batch:,} x --dim {args.dim:,}: at most {most:,} rows of {args.dim:,} float32 go in "
+                   f"one call (the servers' bounds: {defaults.max_ids_per_request:,} ids, "
+                   f"{defaults.max_message_bytes:,}-byte messages)" if args.batch > most else None))
     if problem:
         print(f"ecrec-bench server: {problem}", file=sys.stderr)
         return 2

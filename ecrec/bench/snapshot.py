@@ -183,6 +183,14 @@ def run(args) -> int:
     if args.rows < 1 or args.dim < 1 or args.tables < 1 or args.servers < 1 or args.restore_servers < 1:
         print("ecrec-bench snapshot: --rows, --dim, --tables and the server counts must be positive", file=sys.stderr)
         return 2
+    from ecrec.bench.checks import count_problem, servers_problem
+    from ecrec.config import MAX_LOCAL_SERVERS
+
+    problem = servers_problem(args.servers) or count_problem(
+        "--restore-servers", args.restore_servers, MAX_LOCAL_SERVERS, "each is a process of its own on this machine")
+    if problem:  # (a typo must not start two thousand processes)
+        print(f"ecrec-bench snapshot: {problem}", file=sys.stderr)
+        return 2
     from ecrec.strategies import get_spec
     from ecrec.strategies.registry import cluster_error
 

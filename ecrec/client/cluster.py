@@ -276,7 +276,7 @@ def _cluster_error(exc: Exception) -> ClusterError:
     return ClusterError(str(exc))
 
 
-def _whole(value, table: str, what: str) -> int:
+def _whole(value, table: str, what: str, call: str = "create_table") -> int:
     """A size or seed given to create_table as an int: 10.9 rows made a table of 10 before, "12" one of 12."""
     if not isinstance(value, (bool, np.bool_, str, bytes)):
         try:
@@ -289,7 +289,20 @@ def _whole(value, table: str, what: str) -> int:
             number = math.nan
         if number.is_integer():
             return int(number)
-    raise ValueError(f"create_table {table!r}: {what} must be a whole number, got {value!r}")
+    raise ValueError(f"{call} {table!r}: {what} must be a whole number, got {value!r}")
+
+
+def _indices(indices, n: int, call: str) -> list[int]:
+    """Server indices a caller named, checked: each an integer in ``range(n)`` (one past it waited two minutes for a
+    server that cannot come, after the call had run on the others)."""
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        raise TypeError(f"{call}: indices must be a list of server indices, not {indices!r}")
+    out = []
+    for i in indices:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+            raise ValueError(f"{call}: server index {i!r} is not one of this cluster's (0 to {n - 1})")
+        out.append(int(i))
+    return out
 
 
 def _not_a_number(value) -> bool:
@@ -772,7 +785,9 @@ class Cluster:
         applied, also while workers train (``ecrec.snapshot.cut``).  See :mod:`ecrec.snapshot`."""
         from ecrec import snapshot
 
-        return snapshot.save(self, path, on_progress, overwrite=overwrite)
+        if not isinstance(overwrite, (bool, np.bool_)):  # "false" was taken, and replaced the snapshot there
+            raise ValueError(f"save: overwrite must be True or False, not {overwrite!r}")
+        return snapshot.save(self, path, on_progress, overwrite=bool(overwrite))
 
     @_open
     def load(self, path: str, on_progress=None) -> dict:
@@ -787,7 +802,8 @@ class Cluster:
     def strategy_call(self, command: str, args: dict | None = None, indices: list[int] | None = None) -> dict[int, dict]:
         """Runs a strategy command on servers (all by default); returns each server's JSON result."""
         request = embedding_pb2.StrategyCallRequest(command=command, args_json=json.dumps(args or {}))
-        indices = range(self.layout.num_servers) if indices is None else indices
+        n = self.layout.num_servers
+        indices = range(n) if indices is None else _indices(indices, n, "strategy_call")
         replies = self._fan_out("StrategyCall", {i: request for i in indices})
         return {i: json.loads(r.result_json) for i, r in replies.items()}
 
@@ -869,8 +885,14 @@ class Cluster:
 
     @_open
     def pull_dense(self, names: list[str] | None = None) -> None:
-        """Loads the servers' current values into the registered parameters."""
-        names = list(self._dense) if names is None else names
+        """Loads the servers' current values into the registered parameters (``names``: some of them)."""
+        if isinstance(names, (str, bytes)):  # "abc" was read as the names "a", "b" and "c"
+            raise TypeError(f"pull_dense: names must be a list of names, not the string {names!r}")
+        names = list(self._dense) if names is None else list(names)
+        unknown = [name for name in names if name not in self._dense]
+        if unknown:  # a KeyError after the call, from the reply
+            raise ValueError(f"pull_dense: {', '.join(map(repr, unknown[:8]))} not registered by this client "
+                             f"(register_dense); registered: {sorted(self._dense)[:8]}")
         by_primary: dict[int, list[str]] = {}
         for name in names:
             by_primary.setdefault(self.layout.dense_servers(name)[0], []).append(name)
@@ -1136,7 +1158,11 @@ class Cluster:
         """Waits until every push this worker made is *confirmed* (its parity applied at every destination),
         so that its owner may fail later without the worker's help; returns how many are still unconfirmed
         after ``timeout_s``.  Confirmations ride on replies, so this pulls a few rows meanwhile."""
-        deadline = time.monotonic() + timeout_s
+        if isinstance(timeout_s, (bool, np.bool_)) or _not_a_number(timeout_s) or \
+                not (0 <= float(timeout_s) <= MAX_SECONDS or float(timeout_s) == math.inf):  # NaN: never ended
+            raise ValueError(f"wait_confirmed: timeout_s must be a number of seconds from 0 to {MAX_SECONDS:g} (or "
+                             f"math.inf: until confirmed), not {timeout_s!r}")
+        deadline = time.monotonic() + float(timeout_s)
         while self.courier.unconfirmed():
             if time.monotonic() > deadline:
                 break

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from ecrec.client.cluster import Cluster, ClusterError
+from ecrec.client.cluster import Cluster, ClusterError, _whole
 from ecrec.client.rows import as_array
 from ecrec.tables.spec import TableSpec
 from ecrec.tables.values import check_values
@@ -179,11 +179,15 @@ class EmbeddingBagCollection(_Placed):
         if not tables:
             raise ValueError("need at least one EmbeddingBagConfig")
         seen_features: dict[str, str] = {}
-        modes, scales = [], []
+        modes, scales, sizes = [], [], []
         for config in tables:
             name = getattr(config, "name", None)
             if not name or not isinstance(name, str):
                 raise ValueError(f"an EmbeddingBagConfig needs a name, got {config!r}")
+            # sizes as create_table takes them: 1000.5 passed int() here, and was refused there, after the tables
+            # before it were made
+            sizes.append(tuple(_whole(getattr(config, size, None), name, size, "from_configs: table")
+                               for size in ("num_embeddings", "embedding_dim")))
             pooling = getattr(getattr(config, "pooling", None), "name", str(getattr(config, "pooling", "SUM")))
             if pooling not in ("SUM", "MEAN"):
                 raise ValueError(f"table {name!r}: pooling {pooling} is not supported (SUM or MEAN)")
@@ -215,12 +219,11 @@ class EmbeddingBagCollection(_Placed):
                                  f"got ({low}, {high})")
             scales.append(scale)
         specs = []
-        for config, scale in zip(tables, scales):  # shapes and optimizer too, and against tables that exist
-            try:
-                specs.append(TableSpec(name=config.name, num_rows=int(config.num_embeddings),
-                                       dim=int(config.embedding_dim), optimizer=optimizer, lr=float(lr), eps=float(eps),
-                                       initial_accumulator_value=float(initial_accumulator_value), init="uniform",
-                                       init_scale=float(scale), seed=int(seed)).validate())
+        for config, scale, (rows, dim) in zip(tables, scales, sizes):  # shapes and optimizer too, and against
+            try:                                                         # tables that exist
+                specs.append(TableSpec(name=config.name, num_rows=rows, dim=dim, optimizer=optimizer, lr=float(lr),
+                                       eps=float(eps), initial_accumulator_value=float(initial_accumulator_value),
+                                       init="uniform", init_scale=float(scale), seed=int(seed)).validate())
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"table {config.name!r}: {exc}") from None
         existing = {t.name: TableSpec.from_proto(t) for t in cluster.refresh_map().tables}
@@ -228,8 +231,8 @@ class EmbeddingBagCollection(_Placed):
             if spec.name in existing and existing[spec.name] != spec:
                 raise ValueError(f"table {spec.name!r} exists with another spec ({existing[spec.name]}); nothing "
                                  "was created")
-        for n, (config, scale) in enumerate(zip(tables, scales)):  # every config checked before anything is created
-            cluster.create_table(config.name, config.num_embeddings, config.embedding_dim, optimizer=optimizer, lr=lr,
+        for n, (spec, scale) in enumerate(zip(specs, scales)):  # every config checked before anything is created
+            cluster.create_table(spec.name, spec.num_rows, spec.dim, optimizer=optimizer, lr=lr,
                                  eps=eps, initial_accumulator_value=initial_accumulator_value, init="uniform",
                                  init_scale=scale, seed=seed)
             if on_table is not None:
