@@ -515,3 +515,34 @@ def test_a_run_closes_its_client_after_its_pushes_are_confirmed(tmp_path):
     run.args, run.records_dir = Namespace(keep=False), tmp_path / "records"
     run.close()
     assert waits and 0 < waits[0] <= 10, waits
+
+
+def test_simulate_names_result_files_it_cannot_read_and_refuses_damaged_figures_in_one_line(tmp_path, capsys):
+    """A file of the directory that is no result file (cut short, a list, a config that is a string) was left out
+    without a word, or raised AttributeError; figures of the wrong kind raised a traceback."""
+    shutil.copy(RESULTS / "compare-quick.json", tmp_path)
+    (tmp_path / "cut.json").write_text('{"config": {"comm')
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "named.json").write_text('{"config": "train.yaml"}')
+    assert cli.main(["simulate", "--from-results", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "left out, not result files" in err and "cut.json, list.json, named.json" in err, err
+    recovery = json.loads((RESULTS / "recovery-4m-ecrec-1.json").read_text())
+    recovery["strategies"] = ["ecrec"]
+    (tmp_path / "recovery-damaged.json").write_text(json.dumps(recovery))
+    assert cli.main(["simulate", "--from-results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "a result file is not as ecrec-bench wrote it" in err and "Traceback" not in err, err
+
+
+def test_report_of_a_file_with_no_samples_before_a_kill_fails_cleanly(tmp_path, capsys):
+    """A rate of zero before a kill was divided by (ZeroDivisionError, a traceback)."""
+    report = {"config": {"strategies": [], "fail_at": None},
+              "runs": {"reference": {"strategy": "none", "kind": "none", "events": [], "kills": [{"time": 1.5}],
+                                     "steps": {"worker": [0, 0, 0], "step": [0, 1, 2], "start": [0, 1, 2],
+                                               "end": [1, 2, 3], "samples": [0, 0, 0]}}}}
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps(report))
+    assert cli.main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot recompute" in err and "Traceback" not in err, err

@@ -976,3 +976,39 @@ def test_ecrec_etcd_may_name_a_command_on_path(monkeypatch, tmp_path):
     monkeypatch.setenv("ECREC_ETCD", str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="no executable file there"):
         etcd_binary()
+
+
+def test_a_coordinator_restarted_on_its_map_file_with_a_shorter_lease_waits_out_the_leases_granted_before(tmp_path):
+    """A server keeps the longer of two grants: restarted with --lease-s 3 on a map whose servers were granted 60 s,
+    the coordinator waited 3 s before promoting over one, which could serve 57 s more (two servers on an index).
+    It waits the saved length now, keeps it in the map for a second restart, and a renewal at 3 s shortens no
+    earlier grant."""
+    from ecrec.config import MIN_LEASE_S
+    from ecrec.control.coordinator import MIN_ETCD_TIMEOUT_S, etcd_timeout_s
+
+    spec, path = ClusterSpec(num_servers=2), str(tmp_path / "map.pb")
+    first = Coordinator(CoordinatorConfig(cluster=spec, state_path=path, lease_s=60.0))
+    with first.state.lock:
+        first.map.servers.add(server_id="s1", address="127.0.0.1:9", index=0, state=cluster_pb2.ACTIVE)
+        first.state.bump_locked()
+        first.state.save_locked()
+    second = Coordinator(CoordinatorConfig(cluster=spec, state_path=path, lease_s=3.0))
+    assert second.map.lease_s == 60.0 and second.state.lease_wait_s == 60.0
+    s1 = [s for s in second.map.servers if s.server_id == "s1"]
+    assert second.state.leases["s1"] >= time.monotonic() + 59.0
+    reply = second.RenewLease(coordinator_pb2.RenewLeaseRequest(server_id="s1", index=0), None)
+    assert reply.granted and reply.lease_s == 3.0  # granted leases are the new length
+    assert second.state.leases["s1"] >= time.monotonic() + 59.0  # ... and shorten no earlier one
+    assert not second.promoter.safe_to_replace(s1, None)
+    with second.state.lock:
+        second.state.save_locked()
+    third = Coordinator(CoordinatorConfig(cluster=spec, state_path=path, lease_s=3.0))
+    assert third.state.lease_wait_s == 60.0
+    fresh = Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "new.pb"), lease_s=3.0))
+    assert fresh.state.lease_wait_s == 3.0 and fresh.map.lease_s == 3.0
+    # a lease too short to serve between renewals, and an etcd deadline taken from a tiny health check: refused,
+    # floored
+    with pytest.raises(ValueError, match=f"--lease-s 0.01: at least {MIN_LEASE_S:g} s"):
+        CoordinatorConfig(cluster=spec, lease_s=0.01)
+    assert etcd_timeout_s(CoordinatorConfig(cluster=spec, health_timeout_s=0.005)) == MIN_ETCD_TIMEOUT_S
+    assert etcd_timeout_s(CoordinatorConfig(cluster=spec)) == 1.5  # two health checks, at most half the TTL

@@ -226,3 +226,21 @@ def test_the_group_size_runs_say_the_group_sizes_and_steps_their_files_measured(
     for n in (1, 2, 3):
         (results_copy / f"profile-quick-coalesce-{n}.json").unlink()
     assert "64 minus 16" not in dict(results_page.sections(results_copy))[section]
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("dataset", "has no attribute"),  # the preset's "synthetic" for the dataset object: a traceback before
+    ("truncated", "compare-quick.json: "),  # cut short: the directory of fifty files was all it named
+    ("zero", "division"),           # a zero interval divided by
+])
+def test_a_damaged_result_file_is_one_line_naming_its_section_and_file(damage, says, results_copy, capsys):
+    path = results_copy / "compare-quick.json"
+    if damage == "dataset":
+        _edit(path, lambda r: r["config"].__setitem__("dataset", "synthetic"))
+    elif damage == "truncated":
+        path.write_text(path.read_text()[:1000])
+    else:
+        _edit(path, lambda r: r["intervals"]["cpr"].__setitem__("interval_s", 0))
+    assert cli.main(["results", "--dir", str(results_copy), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "compare-quick.json" in err and says in err, err

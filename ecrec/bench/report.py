@@ -86,7 +86,7 @@ def run(args) -> int:
         with contextlib.redirect_stdout(table):
             compare_report.print_report(figures, report["config"], warnings)
         worst, where = largest_difference(report, figures)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:  # a damaged file
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:  # damaged
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         print(f"ecrec-bench report: cannot recompute {args.path!r}: {what}", file=sys.stderr)
         return 2

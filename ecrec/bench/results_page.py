@@ -82,6 +82,7 @@ class _Files:
         self.dir = Path(results_dir)
         self.read: set[str] = set()
         self._cache: dict[str, dict] = {}
+        self.last: str | None = None
 
     def names(self, suffix: str = ".json") -> list[str]:
         return sorted(p.name for p in self.dir.iterdir() if p.name.endswith(suffix))
@@ -90,8 +91,12 @@ class _Files:
         return (self.dir / name).is_file()
 
     def __getitem__(self, name: str) -> dict:
+        self.last = name  # named when a section cannot render from it
         if name not in self._cache:
-            self._cache[name] = _read_json(self.dir / name)
+            try:
+                self._cache[name] = _read_json(self.dir / name)
+            except ValueError as exc:  # not JSON (cut short, empty): said with its name, of some fifty
+                raise ValueError(f"{name}: {exc}") from None
         self.read.add(name)
         return self._cache[name]
 
@@ -1352,13 +1357,23 @@ def _raw_section(files: _Files) -> list[str]:
     return lines and ["\n".join(lines)]
 
 
+#: what a result file not as its command wrote it raises in a section (a key missing, a list or a string for an
+#: object, a zero it divides by)
+_DAMAGED = (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError)
+
+
 def sections(results_dir) -> list[tuple[str, str]]:
     """``(title, markdown)`` of every section of the page, in order (the header first, titled ``""``)."""
     files = _Files(results_dir)
     toc = "\n".join(f"- [{title}](#{_anchor(title)})" for title, _ in SECTIONS) + "\n- [Raw data](#raw-data)"
     out = [("", HEADER + "\n\n" + toc)]
     for title, render_section in SECTIONS:
-        out.append((title, "\n\n".join([f"## {title}", *render_section(files)])))
+        try:
+            out.append((title, "\n\n".join([f"## {title}", *render_section(files)])))
+        except _DAMAGED as exc:  # a file not as its command writes it: the section and the file named
+            what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+            named = files.last and not what.startswith(f"{files.last}: ")  # (a file not JSON says its name)
+            raise ValueError(f"section {title!r}" + (f", from {files.last}" if named else "") + f": {what}") from None
     raw = _raw_section(files)
     out.append(("Raw data", "\n\n".join(["## Raw data", "Kept beside the files above, rendered by no section:",
                                          *(raw or ["(none)"])])))
@@ -1422,7 +1437,7 @@ def run(args) -> int:
         return 2
     try:
         page = render(args.dir)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, *_DAMAGED) as exc:
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         print(f"ecrec-bench results: cannot render {args.dir!r}: {what}", file=sys.stderr)
         return 2

@@ -734,12 +734,16 @@ def fit_latency_bandwidth(points, relative: bool = True) -> dict:
 
 
 def _load_json(path) -> dict | None:
+    """A result file's object, or None for a file that is none (not JSON -- cut short, empty, not UTF-8 --, not an
+    object, or with a config that is not an object)."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("config") or {}, dict):
+        return None
+    return data
 
 
 def _is_current_compare(report: dict) -> bool:
@@ -812,6 +816,7 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
     fits: dict = {}
     files = sorted(glob.glob(os.path.join(str(results_dir), "*.json")))
     reports = {os.path.basename(p): _load_json(p) for p in files}
+    unreadable = sorted(k for k, v in reports.items() if v is None)  # left out, and listed as such
     reports = {k: v for k, v in reports.items() if v}
     compares = {k: v for k, v in reports.items() if k.startswith("compare") and _is_current_compare(v)}
     recoveries = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "recovery"}
@@ -823,6 +828,7 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
                      "snapshot": sorted(snapshots),
                      "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares),
                      "strategy options set (not the defaults)": optioned,
+                     "not result files (not JSON, not an object, or a config that is not one)": unreadable,
                      "other checkpoint layout": sorted(k for k, v in {**compares, **recoveries}.items()
                                                        if checkpoint_layout(v.get("config") or {}) != layout)}
 
@@ -1312,6 +1318,14 @@ def run(args) -> int:
         inputs, notes = resolve_inputs(args)
         for name, inp in inputs.items():
             check_input(name, inp.value)
+        fits = measured_results(args.from_results)[1] if getattr(args, "from_results", None) else {}
+    except (KeyError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:  # a file's figures damaged
+        source = (f"--from-compare {args.from_compare}" if args.from_compare
+                  else f"--from-results {getattr(args, 'from_results', None)}")
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+        print(f"ecrec-bench simulate: {source}: a result file is not as ecrec-bench wrote it ({what})",
+              file=sys.stderr)
+        return 2
     except FileNotFoundError as exc:
         print(f"ecrec-bench simulate: no such file {exc.filename or exc.args[0]!r}", file=sys.stderr)
         return 2
@@ -1327,7 +1341,10 @@ def run(args) -> int:
         where = f" (from {args.from_compare!r})" if args.from_compare else ""
         print(f"ecrec-bench simulate: {exc}{where}", file=sys.stderr)
         return 2
-    fits = measured_results(args.from_results)[1] if getattr(args, "from_results", None) else {}
+    left_out = fits.get("files", {}).get("not result files (not JSON, not an object, or a config that is not one)")
+    if left_out:  # said, not silently fitted without them
+        print(f"ecrec-bench simulate: --from-results: left out, not result files (not JSON, not an object, or a "
+              f"config that is not one): {', '.join(left_out)}", file=sys.stderr)
     basis = getattr(args, "basis", "fit")
     job = getattr(args, "job_mtbf_hours", None)
     config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "job_mtbf_hours": job,

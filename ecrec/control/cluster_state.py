@@ -91,10 +91,10 @@ class ClusterState:
         # map's, when longer: ``load``)
         self.own_lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
         self.lease_wait_s = self.own_lease_wait_s
-        if kind == "etcd":  # servers hold etcd leases there (ecrec.control.etcd_lease)
-            for m in (self.map, self.initial):
+        for m in (self.map, self.initial):  # kept with the map: a restart waits at least the leases granted
+            if kind == "etcd":  # servers hold etcd leases there (ecrec.control.etcd_lease)
                 m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
-                m.lease_s = self.lease_wait_s
+            m.lease_s = self.lease_wait_s
         path = store_args.get("path") or config.state_path
         self.store = FileStore(path)
         if path and os.path.exists(path):
@@ -131,8 +131,15 @@ class ClusterState:
             log.warning("the saved map's servers hold %g s etcd leases, longer than this coordinator's %g s "
                         "(--lease-s): keeping %g s", saved.lease_s, self.own_lease_wait_s, saved.lease_s)
             self.lease_wait_s = lease_ttl_s(saved.lease_s)
-        if self.map.lease_store:
-            self.map.lease_s = self.lease_wait_s
+        elif saved.lease_s > self.own_lease_wait_s:
+            # the coordinator before granted leases that long, and a server keeps the longer of two grants: a
+            # restart with a shorter --lease-s promoted over a server still serving on its old lease.  Waited here
+            # and kept in the map (a second restart soon after must wait it too); granted leases are --lease-s
+            log.warning("the saved map's servers were granted %g s leases, longer than this coordinator's %g s "
+                        "(--lease-s): a server is replaced only once %g s have passed since its last renewal",
+                        saved.lease_s, self.own_lease_wait_s, saved.lease_s)
+            self.lease_wait_s = saved.lease_s
+        self.map.lease_s = self.lease_wait_s
         for d in state.dense:
             self.dense[d.spec.name] = d
         for p in state.promoting:
@@ -145,6 +152,11 @@ class ClusterState:
         for s in self.map.servers:
             self.leases[s.server_id] = now + self.lease_wait_s
         log.info("restored the cluster map from %s (epoch %d, %d tables)", path, self.map.epoch, len(self.map.tables))
+
+    def extend_lease_locked(self, server_id: str, length_s: float) -> None:
+        """A lease granted to ``server_id`` now for ``length_s``: one never shortens an earlier, longer grant (the
+        server keeps the longer of the two, so must the wait before a promotion over it)."""
+        self.leases[server_id] = max(self.leases.get(server_id, 0.0), time.monotonic() + length_s)
 
     def take_over(self, store) -> cluster_pb2.ClusterMap:
         """This coordinator was elected through ``store`` (etcd): adopts the state it holds (a fresh map when

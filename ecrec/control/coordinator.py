@@ -49,6 +49,16 @@ def default_server_bytes() -> int:
 #: a create call's error that says its server went away under it, not that it refused
 _GONE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 
+#: the shortest deadline of a coordinator's calls to etcd (s): taken from --health-timeout-s alone, a 5 ms health
+#: check gave every etcd call 10 ms, and no coordinator could lead
+MIN_ETCD_TIMEOUT_S = 0.5
+
+
+def etcd_timeout_s(config) -> float:
+    """The deadline of a coordinator's etcd calls: two health checks', at most half the leader's TTL, at least
+    :data:`MIN_ETCD_TIMEOUT_S`."""
+    return max(MIN_ETCD_TIMEOUT_S, min(config.health_timeout_s * 2, float(config.election_ttl_s) / 2))
+
 
 class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
     """The coordinator's RPCs over its parts (see the module); :meth:`start` serves them."""
@@ -117,7 +127,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             for s in self.state.map.servers:
                 if s.address == request.address and s.state != FAILED:
                     if s.server_id == request.server_id:  # a retried Register
-                        self.state.leases[s.server_id] = time.monotonic() + self.config.lease_s
+                        self.state.extend_lease_locked(s.server_id, self.config.lease_s)
                         return coordinator_pb2.RegisterReply(map=self.state.map, index=s.index, lease_s=self.config.lease_s,
                                                              server_key=self.state.server_key)
                     s.state = FAILED  # the same address re-registers: the old process is gone or unresponsive
@@ -143,7 +153,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if index < 0 and request.want_index >= 0:
                 self.state.wanted[info.server_id] = request.want_index
             self.links.forget(request.address)  # a new process at this address: new stubs, new counters
-            self.state.leases[info.server_id] = time.monotonic() + self.config.lease_s
+            self.state.extend_lease_locked(info.server_id, self.config.lease_s)
             snapshot = self.state.bump_locked()
         log.info("registered %s as %s (epoch %d)", request.address, f"index {index}" if index >= 0 else "standby", snapshot.epoch)
         self.links.broadcast(snapshot)
@@ -184,7 +194,7 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
             if request.index >= 0 and info.index != request.index and info.state != STANDBY:
                 return coordinator_pb2.RenewLeaseReply(granted=False, epoch=self.state.map.epoch,
                                                        reason=f"holds index {info.index}, not {request.index}")
-            self.state.leases[request.server_id] = time.monotonic() + self.config.lease_s
+            self.state.extend_lease_locked(request.server_id, self.config.lease_s)
             return coordinator_pb2.RenewLeaseReply(granted=True, lease_s=self.config.lease_s, epoch=self.state.map.epoch)
 
     def ReportDataLoss(self, request, context):
@@ -405,4 +415,4 @@ class Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
         me = f"{socket.gethostname()}-{os.getpid()}"
         return CoordinatorServer(self, lambda address: EtcdStore(
             args["endpoints"], args["prefix"], me=me, address=address, ttl_s=cfg.election_ttl_s,
-            timeout_s=min(cfg.health_timeout_s * 2, float(cfg.election_ttl_s) / 2), tls=tls))
+            timeout_s=etcd_timeout_s(cfg), tls=tls))

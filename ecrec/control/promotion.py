@@ -206,7 +206,7 @@ class Promoter:
                 entry.state = RECOVERING if ack.recovering else ACTIVE
                 cs.wanted.pop(server_id, None)
                 cs.promoting.pop(server_id, None)
-                cs.leases[server_id] = time.monotonic() + self.config.lease_s
+                cs.extend_lease_locked(server_id, self.config.lease_s)
                 cs.event_locked("promoted", index, address)
                 if not ack.recovering:
                     cs.event_locked("redundant", index, address)
