@@ -1004,6 +1004,23 @@ def test_a_coordinator_restarted_on_its_map_file_with_a_shorter_lease_waits_out_
         second.state.save_locked()
     third = Coordinator(CoordinatorConfig(cluster=spec, state_path=path, lease_s=3.0))
     assert third.state.lease_wait_s == 60.0
+    # once those longer leases have run out, the map goes back to --lease-s (a restart later waits only that)
+    short = Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "short.pb"), lease_s=2.0))
+    with short.state.lock:
+        short.map.servers.add(server_id="s2", address="127.0.0.1:8", index=0, state=cluster_pb2.ACTIVE)
+        short.state.bump_locked()
+        short.state.save_locked()
+    restarted = Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "short.pb"), lease_s=0.5))
+    with restarted.state.lock:
+        restarted.state.save_locked()  # within the 2 s: kept
+    assert Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "short.pb"),
+                                         lease_s=0.5)).state.lease_wait_s == 2.0
+    time.sleep(2.1)
+    with restarted.state.lock:
+        restarted.state.save_locked()
+    assert restarted.map.lease_s == 0.5
+    assert Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "short.pb"),
+                                         lease_s=0.5)).state.lease_wait_s == 0.5
     fresh = Coordinator(CoordinatorConfig(cluster=spec, state_path=str(tmp_path / "new.pb"), lease_s=3.0))
     assert fresh.state.lease_wait_s == 3.0 and fresh.map.lease_s == 3.0
     # a lease too short to serve between renewals, and an etcd deadline taken from a tiny health check: refused,

@@ -464,14 +464,14 @@ def test_calls_that_hung_overwrote_or_failed_far_away_refuse_their_input_and_cha
     local = shared_cluster(servers=2, strategy="none")
     cluster = Cluster.connect(local.coordinator_address, worker="review-inputs")
     try:
-        for bad, error in (([0, 2], ValueError), ([-1], ValueError), ([True], ValueError), (["0"], ValueError),
+        for bad, error in (([0, 2], ValueError), ([-1], ValueError), ([True], TypeError), (["0"], TypeError),
                            ("01", TypeError), (0, TypeError)):
             with pytest.raises(error, match="strategy_call: "):
                 cluster.strategy_call("no-such-command", indices=bad)
-        for bad in (float("nan"), None, "5", -1.0, True, 1e300):
+        for bad in (float("nan"), None, "5", -1.0, True):
             with pytest.raises(ValueError, match="wait_confirmed: timeout_s must be a number of seconds"):
                 cluster.wait_confirmed(bad)
-        assert cluster.wait_confirmed(math.inf) == 0  # nothing waits: at once
+        assert cluster.wait_confirmed(math.inf) == cluster.wait_confirmed(1e300) == 0  # nothing waits: at once
         cluster.create_table("review-kept", 4, 2, init=np.zeros((4, 2), np.float32))
         path = tmp_path / "snap"
         cluster.save(str(path))

@@ -1373,7 +1373,8 @@ def sections(results_dir) -> list[tuple[str, str]]:
         except _DAMAGED as exc:  # a file not as its command writes it: the section and the file named
             what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
             named = files.last and not what.startswith(f"{files.last}: ")  # (a file not JSON says its name)
-            raise ValueError(f"section {title!r}" + (f", from {files.last}" if named else "") + f": {what}") from None
+            raise ValueError(f"section {title!r}" + (f" (last read: {files.last})" if named else "") + f": {what}") \
+                from None
     raw = _raw_section(files)
     out.append(("Raw data", "\n\n".join(["## Raw data", "Kept beside the files above, rendered by no section:",
                                          *(raw or ["(none)"])])))

@@ -148,20 +148,20 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                          f"{_RES}: one server's checkpoint reload, fit over 5 points (0.11-520 MB; with load_latency_s)"),
     "reschedule_s": (0.09053, "s", f"{_RES}: median promotion_s of none in 12 runs (kill -> a local standby serving); "
                                   "production schedulers take far longer, see --reschedule-s"),
-    "parity_overhead": (0.06154, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
-    "rebuild_bytes_per_s": (431.0e6, "bytes/s per server",
+    "parity_overhead": (0.09060, "fraction", "(--basis overhead) parity_s_per_update x updates_per_server_s"),
+    "rebuild_bytes_per_s": (411.4e6, "bytes/s per server",
                             f"{_RES}: ECRec rebuilds (data + parity rows of the replacement), fit over 21 points "
                             "(0.15-768 MB, some of them while training; with rebuild_latency_s)"),
-    "recovery_throughput_ratio": (0.4209, "fraction", f"{_RES}: median of ECRec's useful throughput while "
+    "recovery_throughput_ratio": (0.4410, "fraction", f"{_RES}: median of ECRec's useful throughput while "
                                                       "recovering in 14 runs"),
     "target_pls": (0.01, "fraction", "CPR's accuracy bound on lost updates (a choice, not a measurement)"),
     "partial_saves_per_interval": (4.0, "saves", "r: cpr-mfu/ssu save hot rows every interval / r (baselines.cpr's default)"),
-    "mfu_save_fraction": (0.04120, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
+    "mfu_save_fraction": (0.04053, "fraction", "f: median over the compare reports of cpr-mfu's rows per partial save "
                                                "of their shards (the quick runs and the realistic ones)"),
-    "mfu_update_coverage": (0.8042, "fraction", "h, the compare reports (modelled): from cpr-mfu's equal-PLS replays "
+    "mfu_update_coverage": (0.8053, "fraction", "h, the compare reports (modelled): from cpr-mfu's equal-PLS replays "
                                                 "(g of cpr's updates left unsaved), h = (1 - g) / (1 - 1/r)"),
-    "ssu_save_fraction": (0.1045, "fraction", "f: the same median for cpr-ssu"),
-    "ssu_update_coverage": (0.9252, "fraction", "h, the compare reports (modelled): the same for cpr-ssu's replays "
+    "ssu_save_fraction": (0.1043, "fraction", "f: the same median for cpr-ssu"),
+    "ssu_update_coverage": (0.9317, "fraction", "h, the compare reports (modelled): the same for cpr-ssu's replays "
                                                 "(a g below 1/r clamped to 1)"),
     # --- the fit basis (issue 24) ---
     "save_latency_s": (0.05211, "s", f"{_RES}: persisted saves of full/cpr, fit latency + bytes / bandwidth over 16 "
@@ -170,12 +170,12 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
                                                             "one local disk at once)"),
     "stall_latency_s": (0.006744, "s", f"{_RES}: training stall per save, the fit's latency (see save_bytes_per_s)"),
     "load_latency_s": (0.002091, "s", f"{_RES}: one server's reload, the fit's latency (see load_bytes_per_s)"),
-    "rebuild_latency_s": (0.3397, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
-    "parity_s_per_update": (3.271e-6, "s per row update",
+    "rebuild_latency_s": (0.2589, "s", f"{_RES}: ECRec rebuild, the fit's latency (see rebuild_bytes_per_s)"),
+    "parity_s_per_update": (4.756e-6, "s per row update",
                             f"{_RES}: pooled median of 88 paired measurements from 11 runs (the rounds of each compare "
                             "report, the recovery runs at 4M rows) of slowdown x step / row updates per server per "
-                            "step; 95 % interval +2.27 to +4.88 us"),
-    "updates_per_server_s": (18817.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
+                            "step; 95 % interval +2.07 to +6.37 us"),
+    "updates_per_server_s": (19049.0, "row updates/s per server", f"{_RES}: median row-update rate per server of "
                                                                   "those 11 runs"),
     "snapshot_bytes_per_s": (139.3e6, "bytes/s per server", "snapshot-4m-{1,2,3}.json: the median of 2,049 MB over 4 "
                                                             "servers in 4.11, 3.53 and 3.68 s"),
@@ -816,7 +816,7 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
     fits: dict = {}
     files = sorted(glob.glob(os.path.join(str(results_dir), "*.json")))
     reports = {os.path.basename(p): _load_json(p) for p in files}
-    unreadable = sorted(k for k, v in reports.items() if v is None)  # left out, and listed as such
+    unreadable = sorted(k for k, v in reports.items() if not v)  # left out ({} too), and listed as such
     reports = {k: v for k, v in reports.items() if v}
     compares = {k: v for k, v in reports.items() if k.startswith("compare") and _is_current_compare(v)}
     recoveries = {k: v for k, v in reports.items() if (v.get("config") or {}).get("command") == "recovery"}
@@ -1320,10 +1320,10 @@ def run(args) -> int:
             check_input(name, inp.value)
         fits = measured_results(args.from_results)[1] if getattr(args, "from_results", None) else {}
     except (KeyError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:  # a file's figures damaged
-        source = (f"--from-compare {args.from_compare}" if args.from_compare
-                  else f"--from-results {getattr(args, 'from_results', None)}")
+        source = " and ".join(f"{flag} {value}" for flag, value in (
+            ("--from-results", getattr(args, "from_results", None)), ("--from-compare", args.from_compare)) if value)
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
-        print(f"ecrec-bench simulate: {source}: a result file is not as ecrec-bench wrote it ({what})",
+        print(f"ecrec-bench simulate: {source or 'the inputs'}: a result file is not as ecrec-bench wrote it ({what})",
               file=sys.stderr)
         return 2
     except FileNotFoundError as exc:

@@ -299,9 +299,15 @@ def _indices(indices, n: int, call: str) -> list[int]:
         raise TypeError(f"{call}: indices must be a list of server indices, not {indices!r}")
     out = []
     for i in indices:
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-            raise ValueError(f"{call}: server index {i!r} is not one of this cluster's (0 to {n - 1})")
-        out.append(int(i))
+        if isinstance(i, (bool, np.bool_)):
+            raise TypeError(f"{call}: a server index is an integer, not {i!r}")
+        try:
+            i = operator.index(i)  # an int, a numpy integer, a 0-d integer tensor
+        except TypeError:
+            raise TypeError(f"{call}: a server index is an integer, not {i!r}") from None
+        if not 0 <= i < n:
+            raise ValueError(f"{call}: server index {i} is not one of this cluster's (0 to {n - 1})")
+        out.append(i)
     return out
 
 
@@ -1158,10 +1164,10 @@ class Cluster:
         """Waits until every push this worker made is *confirmed* (its parity applied at every destination),
         so that its owner may fail later without the worker's help; returns how many are still unconfirmed
         after ``timeout_s``.  Confirmations ride on replies, so this pulls a few rows meanwhile."""
-        if isinstance(timeout_s, (bool, np.bool_)) or _not_a_number(timeout_s) or \
-                not (0 <= float(timeout_s) <= MAX_SECONDS or float(timeout_s) == math.inf):  # NaN: never ended
-            raise ValueError(f"wait_confirmed: timeout_s must be a number of seconds from 0 to {MAX_SECONDS:g} (or "
-                             f"math.inf: until confirmed), not {timeout_s!r}")
+        if isinstance(timeout_s, (bool, np.bool_)) or _not_a_number(timeout_s) or not float(timeout_s) >= 0:
+            # NaN never ended (close(confirm_timeout_s=1e9), "as long as it takes", still waits)
+            raise ValueError(f"wait_confirmed: timeout_s must be a number of seconds, at least 0 (math.inf: until "
+                             f"confirmed), not {timeout_s!r}")
         deadline = time.monotonic() + float(timeout_s)
         while self.courier.unconfirmed():
             if time.monotonic() > deadline:

@@ -91,6 +91,7 @@ class ClusterState:
         # map's, when longer: ``load``)
         self.own_lease_wait_s = lease_ttl_s(config.lease_s) if kind == "etcd" else config.lease_s
         self.lease_wait_s = self.own_lease_wait_s
+        self.longer_lease_until = 0.0  # (file store) when the longer leases granted before a restart have run out
         for m in (self.map, self.initial):  # kept with the map: a restart waits at least the leases granted
             if kind == "etcd":  # servers hold etcd leases there (ecrec.control.etcd_lease)
                 m.lease_store = etcd_url(store_args["endpoints"], store_args["prefix"])
@@ -139,6 +140,7 @@ class ClusterState:
                         "(--lease-s): a server is replaced only once %g s have passed since its last renewal",
                         saved.lease_s, self.own_lease_wait_s, saved.lease_s)
             self.lease_wait_s = saved.lease_s
+            self.longer_lease_until = time.monotonic() + saved.lease_s
         self.map.lease_s = self.lease_wait_s
         for d in state.dense:
             self.dense[d.spec.name] = d
@@ -208,6 +210,11 @@ class ClusterState:
     def save_locked(self) -> None:
         """Records the state in the store; when the store refuses it (not the leader, or unreachable) every change
         since the last recorded state is rolled back and the error raised, so nothing unrecorded is acted on."""
+        if not self.map.lease_store and self.lease_wait_s > self.own_lease_wait_s and \
+                time.monotonic() >= self.longer_lease_until:
+            # every lease granted before the restart has run out (renewals since grant --lease-s): the map's
+            # length goes back to it, and a later restart waits only that
+            self.lease_wait_s = self.map.lease_s = self.own_lease_wait_s
         state = self.state_locked()
         try:
             self.faults.hit("record_map")

@@ -171,8 +171,17 @@ class LocalCluster:
         return ClientConfig(**{**self.spec.security_of("client"), **overrides})
 
     def _stub(self):
+        """A stub for the coordinator, kept while its address stays (made per call, each opened a connection of its
+        own -- channels keep their own -- and left it open: a benchmark asks for the map every step after a kill)."""
         from ecrec.net.peers import coordinator_stub
-        return coordinator_stub(self.coordinator_address, security=self.client_config().security)
+        cached = self.__dict__.get("_coordinator_stub")
+        if cached is not None and cached[0] == self.coordinator_address:
+            return cached[1]
+        stub = coordinator_stub(self.coordinator_address, security=self.client_config().security)
+        self.__dict__["_coordinator_stub"] = (self.coordinator_address, stub)
+        if cached is not None:
+            cached[1].close()
+        return stub
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
         s = self.spec
@@ -407,6 +416,9 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
+        cached = self.__dict__.pop("_coordinator_stub", None)
+        if cached is not None:
+            cached[1].close()
         procs = [p for p in [*self.server_procs, *self.old_coordinator_procs, self.coordinator_proc,
                              *self.coordinator_procs] if p is not None]
         procs = list({p.pid: p for p in procs}.values())
