@@ -411,9 +411,7 @@ class ClientConfig(SecurityOptions):
 
     def __post_init__(self) -> None:
         check_numbers(self, zero_allowed=("idle_poll_s", "confirm_at_exit_s"))
-        problem = empty_path_problem(self, PATH_SETTINGS)  # "" turned TLS or the token off, and a TLS cluster
-        if problem:                                          # was waited for in plaintext
-            raise ValueError(problem)
+        super().__post_init__()  # an empty path: a TLS cluster was waited for in plaintext
         if not isinstance(self.exit_on_sigterm, bool):  # "no" was taken, and turned it on
             raise ValueError(f"exit_on_sigterm {self.exit_on_sigterm!r}: must be True or False")
 

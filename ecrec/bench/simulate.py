@@ -733,6 +733,10 @@ def fit_latency_bandwidth(points, relative: bool = True) -> dict:
             "rms_relative_residual": math.sqrt(sum(r * r for r in resid) / len(resid)), "method": method}
 
 
+#: the files of a results directory :func:`measured_results` leaves out (:func:`_load_json` gives None)
+NOT_RESULT_FILES = "not result files (not JSON, not an object, or a config that is not one)"
+
+
 def _load_json(path) -> dict | None:
     """A result file's object, or None for a file that is none (not JSON -- cut short, empty, not UTF-8 --, not an
     object, or with a config that is not an object)."""
@@ -828,7 +832,7 @@ def measured_results(results_dir, layout: str = FIT_LAYOUT) -> tuple[dict[str, I
                      "snapshot": sorted(snapshots),
                      "skipped": sorted(k for k in reports if k.startswith("compare") and k not in compares),
                      "strategy options set (not the defaults)": optioned,
-                     "not result files (not JSON, not an object, or a config that is not one)": unreadable,
+                     NOT_RESULT_FILES: unreadable,
                      "other checkpoint layout": sorted(k for k, v in {**compares, **recoveries}.items()
                                                        if checkpoint_layout(v.get("config") or {}) != layout)}
 
@@ -1341,10 +1345,10 @@ def run(args) -> int:
         where = f" (from {args.from_compare!r})" if args.from_compare else ""
         print(f"ecrec-bench simulate: {exc}{where}", file=sys.stderr)
         return 2
-    left_out = fits.get("files", {}).get("not result files (not JSON, not an object, or a config that is not one)")
+    left_out = fits.get("files", {}).get(NOT_RESULT_FILES)
     if left_out:  # said, not silently fitted without them
-        print(f"ecrec-bench simulate: --from-results: left out, not result files (not JSON, not an object, or a "
-              f"config that is not one): {', '.join(left_out)}", file=sys.stderr)
+        print(f"ecrec-bench simulate: --from-results: left out, {NOT_RESULT_FILES}: {', '.join(left_out)}",
+              file=sys.stderr)
     basis = getattr(args, "basis", "fit")
     job = getattr(args, "job_mtbf_hours", None)
     config = {"servers": list(args.servers), "mtbf_hours": args.mtbf_hours, "job_mtbf_hours": job,

@@ -112,6 +112,7 @@ class LocalCluster:
         if self.spec.store == "etcd" and self.spec.etcd_members < 1:
             raise ValueError(f"{self.spec.etcd_members} etcd members: an etcd store needs at least 1")
         self.coordinator_address: str | None = None
+        self._coordinator_stub = None  # (address, stub): :meth:`_stub`'s
         self.coordinator_proc: subprocess.Popen | None = None
         #: with an etcd store: every coordinator's address and process (coordinator_address names them all)
         self.coordinator_addresses: list[str] = []
@@ -174,11 +175,11 @@ class LocalCluster:
         """A stub for the coordinator, kept while its address stays (made per call, each opened a connection of its
         own -- channels keep their own -- and left it open: a benchmark asks for the map every step after a kill)."""
         from ecrec.net.peers import coordinator_stub
-        cached = self.__dict__.get("_coordinator_stub")
+        cached = self._coordinator_stub
         if cached is not None and cached[0] == self.coordinator_address:
             return cached[1]
         stub = coordinator_stub(self.coordinator_address, security=self.client_config().security)
-        self.__dict__["_coordinator_stub"] = (self.coordinator_address, stub)
+        self._coordinator_stub = (self.coordinator_address, stub)
         if cached is not None:
             cached[1].close()
         return stub
@@ -416,7 +417,7 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
-        cached = self.__dict__.pop("_coordinator_stub", None)
+        cached, self._coordinator_stub = self._coordinator_stub, None
         if cached is not None:
             cached[1].close()
         procs = [p for p in [*self.server_procs, *self.old_coordinator_procs, self.coordinator_proc,

@@ -30,9 +30,6 @@ TABLE_BYTES = 32
 #: how many rows ahead the loops fetch the parity row they will update (8: 1.24x the deltas applied per second at
 #: random slots of 512-byte rows, docs/results/apply-prefetch)
 PREFETCH_ROWS = 8
-#: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``; set
-#: below, once they are compiled)
-PREFETCHES = True
 
 
 @intrinsic
@@ -149,4 +146,5 @@ except Exception as exc:  # noqa: BLE001 - the hint compiled in the probe, not h
     log.warning("the ISA-L loops compile without prefetching (%s)", exc)
     prefetch.ENABLED = False  # and so every loop compiled after (none of them cached)
     loop, versioned = _compile(cache=False)
+#: whether the loops prefetch (False where this numba's LLVM would not compile them with ``llvm.prefetch``)
 PREFETCHES = prefetch.ENABLED
